@@ -1,0 +1,122 @@
+"""The records that flow through the pipeline: lines, samples, alerts.
+
+Every stage speaks these types and nothing else, so a stage can be tested
+with plain values and replaced without touching its neighbours.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Severity(StrEnum):
+    """How bad an alert is; ordered, so ``Severity.WARNING < Severity.CRITICAL``."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self]
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank < other.rank
+
+    def __le__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank <= other.rank
+
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank > other.rank
+
+    def __ge__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank >= other.rank
+
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of a job's output or of a tailed file, without its terminator.
+
+    ``time`` is when sentinel read it (epoch seconds); ``source`` names where it
+    came from: a file path, ``stdout`` or ``stderr``.
+    """
+
+    source: str
+    text: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One metric value: ``loss`` was 2.31 at step 120.
+
+    ``step`` is None when the line carried no step (the engine fills it in from
+    the last progress it saw); ``time`` is the data's own timestamp in epoch
+    seconds, or None when the line had none.
+    """
+
+    name: str
+    value: float
+    step: int | None = None
+    time: float | None = None
+
+
+#: Sample name a parser uses to report progress without a metric (a tqdm bar's "120/1000").
+PROGRESS = "step"
+
+
+def json_number(value: float | None) -> float | str | None:
+    """A float as strict JSON allows it: NaN and infinities become "nan", "inf", "-inf"."""
+    if value is None or math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "nan"
+    return "inf" if value > 0 else "-inf"
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """What a detector reports. ``to_json`` is the public alert schema (DESIGN.md).
+
+    ``onset_step`` is the first step of the evidence (where rollback must go
+    back before); ``resolves`` marks the all-clear of an earlier alert of the
+    same rule. Neither is part of the JSON schema.
+    """
+
+    rule: str
+    severity: Severity
+    message: str
+    time: float
+    source: str = ""
+    step: int | None = None
+    metric: str | None = None
+    value: float | None = None
+    onset_step: int | None = None
+    resolves: bool = False
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "severity": str(self.severity),
+            "step": self.step,
+            "metric": self.metric,
+            "value": json_number(self.value),
+            "message": self.message,
+            "time": self.time,
+            "source": self.source,
+        }
