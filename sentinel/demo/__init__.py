@@ -1,1 +1,81 @@
-"""demo."""
+"""``sentinel demo``: a toy job diverges, is caught, rolled back, restarted, and finishes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TextIO
+
+from sentinel.actions.report import clock
+from sentinel.config import load_settings
+from sentinel.sources.checkpoints import scan
+
+
+def run_demo(keep: Path | None, *, out: TextIO) -> int:
+    """Run the toy job under ``sentinel run``; print what happened; the run's exit status."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        return _run(keep.resolve(), out)
+    with tempfile.TemporaryDirectory(prefix="sentinel-demo-") as work:
+        return _run(Path(work), out)
+
+
+def _run(work: Path, out: TextIO) -> int:
+    from sentinel.supervisor import Supervisor
+
+    job_out = work / "run"
+    checkpoints = job_out / "checkpoints"
+    command = [sys.executable, "-m", "sentinel.demo.toy_job", "--out", str(job_out)]
+    settings = load_settings(
+        None,
+        environ={},
+        cli={
+            "checkpoints": str(checkpoints),
+            "state_dir": str(work / "state"),
+            "max_restarts": 2,
+        },
+    )
+    settings.job.name = "toy-job"
+    settings.job.restart_backoff_s = 0.5
+    settings.job.grace_period_s = 5.0
+    out.write(
+        "sentinel demo: a toy job trains with a learning-rate schedule that jumps too high at\n"
+        "step 30, so it will diverge. sentinel watches its output and checkpoints.\n"
+        f"  work dir: {work}\n  job: {' '.join(command[1:])}\n\n"
+    )
+    out.flush()
+    started = time.time()
+    # The job's stdout is its JSON metric lines: read by sentinel, not shown, to keep this readable.
+    with open(os.devnull, "wb") as devnull:
+        supervisor = Supervisor(settings, command, stdout=devnull, stderr=None)
+        status = supervisor.run()
+    elapsed = time.time() - started
+
+    out.write("\nTimeline\n")
+    incidents = supervisor.watch.tracker.closed + list(supervisor.watch.tracker.open.values())
+    for incident in incidents:
+        events = [
+            (alert.time, f"{alert.severity.upper()} {alert.rule}: {alert.message}")
+            for alert in incident.alerts
+        ]
+        events += incident.actions
+        for at, text in sorted(events, key=lambda event: event[0]):
+            out.write(f"  {clock(at)}  {text}\n")
+    out.write(
+        f"\nResult: the job finished with exit status {status} after {supervisor.restarts}"
+        f" restart(s), in {elapsed:.1f} s.\n\nCheckpoints now ({checkpoints}):\n"
+    )
+    for checkpoint in scan(checkpoints):
+        out.write(f"  {checkpoint.path.name:<16} {checkpoint.status}\n")
+    quarantine = checkpoints / "quarantine"
+    if quarantine.is_dir():
+        for moved in sorted(quarantine.glob("*/*")):
+            out.write(f"  quarantine/{moved.parent.name}/{moved.name}\n")
+    out.write(
+        f"\nAlert journal: {settings.state_dir / 'alerts.jsonl'}\n"
+        f"Incident reports: {settings.state_dir / 'reports'}\n"
+    )
+    return status

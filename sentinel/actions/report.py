@@ -1,0 +1,116 @@
+"""The record of what happened: the alert journal and incident reports.
+
+Every alert goes to ``<state_dir>/alerts.jsonl`` as one JSON object a line
+(the public schema). Every critical incident gets a short report in
+``<state_dir>/reports/<incident>.md`` and ``.json``: its timeline, the last
+samples before onset, and what sentinel did.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+from sentinel.incidents import Incident
+from sentinel.records import Alert, Sample, json_number
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def clock(epoch_s: float) -> str:
+    """An epoch time as a short UTC wall-clock string for humans."""
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """``▁▂▄█ nan``: finite values scaled to bars, non-finite ones spelled out."""
+    finite = [value for value in values if math.isfinite(value)]
+    low, high = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    span = (high - low) or 1.0
+    marks = []
+    for value in values:
+        if math.isfinite(value):
+            marks.append(_BARS[min(len(_BARS) - 1, int((value - low) / span * len(_BARS)))])
+        else:
+            marks.append(f" {value} ")
+    return "".join(marks).strip()
+
+
+class Journal:
+    """Appends alerts to ``alerts.jsonl``, one flushed line each."""
+
+    def __init__(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.path = state_dir / "alerts.jsonl"
+        self._lock = threading.Lock()
+        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+
+    def append(self, alert: Alert) -> None:
+        line = json.dumps(alert.to_json(), allow_nan=False) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def write_report(
+    incident: Incident, recent: Mapping[str, Sequence[Sample]], state_dir: Path
+) -> Path:
+    """Write (or rewrite) the incident's markdown and JSON reports; returns the markdown path."""
+    reports = state_dir / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    data = incident.to_json()
+    data["recent_samples"] = {
+        name: [{"step": s.step, "value": json_number(s.value)} for s in samples]
+        for name, samples in recent.items()
+    }
+    markdown = render_markdown(incident, recent)
+    json_path = reports / f"{incident.id}.json"
+    md_path = reports / f"{incident.id}.md"
+    _atomic_write(json_path, json.dumps(data, indent=2, allow_nan=False) + "\n")
+    _atomic_write(md_path, markdown)
+    return md_path
+
+
+def render_markdown(incident: Incident, recent: Mapping[str, Sequence[Sample]]) -> str:
+    first = incident.first
+    lines = [
+        f"# {incident.severity.upper()} {incident.rule} — incident {incident.id}",
+        "",
+        f"- first alert: {first.message}",
+        f"- onset step: {incident.onset_step if incident.onset_step is not None else 'unknown'}",
+        f"- opened: {clock(incident.opened_at)} UTC",
+    ]
+    if incident.resolved_at is not None:
+        lines.append(f"- closed: {clock(incident.resolved_at)} UTC")
+    advice = first.details.get("advice")
+    if advice:
+        lines.append(f"- diagnosis: {advice}")
+    lines += ["", "## Timeline", ""]
+    events = [
+        (alert.time, f"{alert.severity} {alert.rule}: {alert.message}") for alert in incident.alerts
+    ]
+    events += incident.actions
+    for time, text in sorted(events, key=lambda event: event[0]):
+        lines.append(f"- {clock(time)} {text}")
+    if recent:
+        lines += ["", "## Last samples before onset", ""]
+        for name, samples in sorted(recent.items()):
+            shown = ", ".join(f"{s.step}: {s.value:g}" for s in samples)
+            lines.append(f"- `{name}` {sparkline([s.value for s in samples])}  ({shown})")
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,265 @@
+"""The ``sentinel`` command. The only module that prints to the terminal or exits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sentinel import __version__
+from sentinel.config import ConfigError, Settings, effective_config, load_settings
+from sentinel.records import Severity
+
+EXIT_USAGE = 2
+
+log = logging.getLogger("sentinel")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    """The options every verb shares; each maps onto one settings field (config.CLI_FIELDS)."""
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML or YAML config file")
+    parser.add_argument(
+        "--log", action="append", metavar="PATH", help="log or metrics file, or glob (repeatable)"
+    )
+    parser.add_argument("--checkpoints", metavar="DIR", help="the job's checkpoint directory")
+    parser.add_argument(
+        "--notify", action="append", metavar="URL", help="apprise URL to alert (repeatable)"
+    )
+    parser.add_argument("--state-dir", metavar="DIR", help="where sentinel keeps its state")
+    parser.add_argument("--max-restarts", type=int, metavar="N", help="restarts before giving up")
+    parser.add_argument(
+        "--resume-command", metavar="CMD", help="command to restart with ({checkpoint}, {step})"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="detect and notify; never signal, move or restart"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sentinel",
+        description="A watchdog for ML training jobs: catches NaN, stalls and crashes, "
+        "notifies, rolls back to the last clean checkpoint and restarts.",
+    )
+    parser.add_argument("--version", action="version", version=f"sentinel {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    run = verbs.add_parser("run", help="launch the job, watch it, act, restart")
+    _common(run)
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    replay = verbs.add_parser("replay", help="run the detectors over finished logs")
+    _common(replay)
+    replay.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    replay.add_argument(
+        "--fail-on",
+        choices=[str(severity) for severity in Severity],
+        help="exit 1 if an alert this severe or worse was found",
+    )
+
+    checkpoints = verbs.add_parser("checkpoints", help="list checkpoints and their status")
+    checkpoints.add_argument("directory", type=Path, metavar="DIR")
+    checkpoints.add_argument("--json", action="store_true", help="machine-readable output")
+
+    notify_test = verbs.add_parser("notify-test", help="send a test alert to every target")
+    _common(notify_test)
+
+    check = verbs.add_parser("check-config", help="validate and print the effective config")
+    _common(check)
+
+    demo = verbs.add_parser("demo", help="watch a bundled toy job diverge, roll back and finish")
+    demo.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR and keep it")
+    demo.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(getattr(args, "verbose", False))
+    handler = {
+        "run": _run,
+        "replay": _replay,
+        "checkpoints": _checkpoints,
+        "notify-test": _notify_test,
+        "check-config": _check_config,
+        "demo": _demo,
+    }[args.verb]
+    try:
+        return handler(args)
+    except ConfigError as error:
+        for problem in error.problems:
+            print(f"sentinel: config error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("[sentinel %(asctime)s] %(levelname)s %(message)s", "%H:%M:%S")
+    )
+    root = logging.getLogger("sentinel")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    from sentinel.config import CLI_FIELDS
+
+    cli: dict[str, Any] = {dest: getattr(args, dest, None) for dest in CLI_FIELDS}
+    return load_settings(args.config, cli=cli)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sentinel.supervisor import Supervisor
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("sentinel run: give the job's command after --", file=sys.stderr)
+        return EXIT_USAGE
+    settings = _settings(args)
+    return Supervisor(settings, command).run()
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from sentinel.replay import replay
+
+    settings = _settings(args)
+    missing = [str(path) for path in args.paths if not path.is_file()]
+    if missing:
+        print(f"sentinel replay: no such file: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_USAGE
+    result = replay(list(args.paths), settings)
+    if args.json:
+        for alert in result.alerts:
+            print(json.dumps(alert.to_json(), allow_nan=False))
+    else:
+        _print_replay_table(result, settings)
+    worst = result.worst()
+    if args.fail_on and worst is not None and worst >= Severity(args.fail_on):
+        return 1
+    return 0
+
+
+def _print_replay_table(result: Any, settings: Settings) -> None:
+    from sentinel.detectors import DETECTORS
+
+    rules = [rule for rule in DETECTORS if settings.rule(rule).enabled]
+    print(
+        f"{result.lines} lines, {result.samples} samples, {result.garbled} garbled lines skipped,"
+        f" {result.incidents} incident(s)"
+    )
+    print(f"{'rule':<16} {'fired':<6} {'worst':<9} {'first step':>10} {'alerts':>7}")
+    for row in result.summary(rules):
+        fired = "yes" if row.count else "no"
+        worst = str(row.worst) if row.worst else "-"
+        first = "-" if row.first_step is None else str(row.first_step)
+        print(f"{row.rule:<16} {fired:<6} {worst:<9} {first:>10} {row.count:>7}")
+    for alert in result.alerts:
+        if not alert.resolves:
+            print(f"  step {alert.step}: {alert.severity} {alert.rule}: {alert.message}")
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    from sentinel.sources.checkpoints import last_clean, scan
+
+    if not args.directory.is_dir():
+        print(f"sentinel checkpoints: not a directory: {args.directory}", file=sys.stderr)
+        return EXIT_USAGE
+    found = scan(args.directory)
+    clean = last_clean(found)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "directory": str(args.directory.resolve()),
+                    "last_clean": str(clean.path) if clean else None,
+                    "checkpoints": [
+                        {
+                            "path": str(c.path),
+                            "step": c.step,
+                            "status": str(c.status),
+                            "reason": c.reason,
+                        }
+                        for c in found
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    if not found:
+        print(f"no checkpoints in {args.directory}")
+        return 0
+    print(f"{'step':>8}  {'status':<11} {'checkpoint':<32} reason")
+    for c in found:
+        mark = "  <- last clean" if clean is not None and c.path == clean.path else ""
+        print(f"{c.step:>8}  {c.status!s:<11} {c.path.name:<32} {c.reason}{mark}")
+    return 0
+
+
+def _notify_test(args: argparse.Namespace) -> int:
+    import socket
+    import time
+
+    from sentinel.actions.notify import DeliveryError, Message, mask_url, send_apprise
+    from sentinel.records import Alert
+
+    settings = _settings(args)
+    if not settings.notify.urls:
+        print(
+            "sentinel notify-test: no targets (give --notify URL or [notify] urls)", file=sys.stderr
+        )
+        return EXIT_USAGE
+    alert = Alert(
+        rule="notify_test",
+        severity=Severity.INFO,
+        message=f"test alert from sentinel on {socket.gethostname()}",
+        time=time.time(),
+        source="sentinel",
+    )
+    message = Message(
+        title="[sentinel] TEST notify_test",
+        body=alert.message,
+        severity=Severity.INFO,
+        alert=alert.to_json(),
+        key=f"notify-test-{time.time()}",
+    )
+    failed = 0
+    for url in settings.notify.urls:
+        target = url.get_secret_value()
+        try:
+            send_apprise(target, message, settings.notify.timeout_s)
+        except DeliveryError as error:
+            failed += 1
+            print(f"FAILED  {mask_url(target)}: {error}")
+        else:
+            print(f"ok      {mask_url(target)}")
+    return 1 if failed else 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    print(json.dumps(effective_config(settings), indent=2))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from sentinel.demo import run_demo
+
+    return run_demo(args.keep, out=sys.stdout)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

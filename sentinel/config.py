@@ -1,0 +1,347 @@
+"""The one settings tree: file (TOML or YAML), then ``SENTINEL_*`` environment, then CLI flags.
+
+Each option is declared once, here. The CLI flags of the common case map onto
+fields through ``CLI_FIELDS``; the environment uses the field path joined by
+``__`` (``SENTINEL_RULES__STALL__SOFT_TIMEOUT_S``). Validation happens before
+anything starts, and every error names the key and where its value came from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import create_model as _create_model
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+
+from sentinel.detectors import DETECTORS, RuleConfig
+from sentinel.records import Severity
+
+ENV_PREFIX = "SENTINEL_"
+#: Variables sentinel sets for the job it restarts; never config.
+RESTART_ENV = ("SENTINEL_RESUME_FROM", "SENTINEL_RESUME_STEP", "SENTINEL_RESTART")
+
+
+class ConfigError(Exception):
+    """An invalid setting: names the key and the source of its value."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+def _split_words(value: object) -> object:
+    """Let a plain string stand for a list: ``"a.log b.log"`` or ``"a.log,b.log"``."""
+    if isinstance(value, str):
+        return [part for part in re.split(r"[\s,]+", value) if part]
+    return value
+
+
+def _split_urls(value: object) -> object:
+    """Apprise URLs from one string are separated by whitespace (a URL may hold commas)."""
+    if isinstance(value, str):
+        return value.split()
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobConfig(_Model):
+    """``[job]``: how the job is run and restarted."""
+
+    name: str = ""
+    #: Run instead of the original command after a rollback; ``{checkpoint}``
+    #: and ``{step}`` are substituted.
+    resume_command: str | None = None
+    max_restarts: int = Field(default=3, ge=0)
+    #: Between SIGTERM and SIGKILL: long enough for the job to save and exit.
+    grace_period_s: float = Field(default=30.0, ge=0)
+    #: First wait before a restart; doubles with each restart up to the max.
+    restart_backoff_s: float = Field(default=5.0, ge=0)
+    restart_backoff_max_s: float = Field(default=300.0, ge=0)
+    #: A job that lives this long counts as started (Supervisor's ``startsecs``).
+    min_uptime_s: float = Field(default=10.0, ge=0)
+    #: Set PYTHONUNBUFFERED=1 for the job, so its printed metrics arrive as written.
+    unbuffered: bool = True
+
+
+class TailConfig(_Model):
+    """``[tail]``: how log files are followed."""
+
+    #: Poll instead of using inotify (network filesystems); automatic when inotify fails.
+    poll: bool = False
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    max_line_bytes: int = Field(default=1 << 20, ge=1024)
+
+
+class ParserConfig(_Model):
+    """``[parsers]``: extra line formats."""
+
+    #: Regular expressions with named groups; each group but ``step`` and ``time`` is a metric.
+    regexes: list[str] = Field(default_factory=list)
+
+    @field_validator("regexes")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as error:
+                raise ValueError(
+                    f"{pattern!r} is not a valid regular expression: {error}"
+                ) from None
+            if not compiled.groupindex:
+                raise ValueError(f"{pattern!r} has no named group such as (?P<loss>...)")
+        return patterns
+
+
+class NotifyConfig(_Model):
+    """``[notify]``: where alerts go."""
+
+    #: Apprise URLs (https://github.com/caronc/apprise/wiki); they hold tokens and are never logged.
+    urls: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    min_severity: Severity = Severity.WARNING
+    timeout_s: float = Field(default=10.0, gt=0)
+    retry_max_s: float = Field(default=300.0, gt=0)
+
+    _split = field_validator("urls", mode="before")(_split_urls)
+
+    @field_validator("urls")
+    @classmethod
+    def _apprise_accepts(cls, urls: list[SecretStr]) -> list[SecretStr]:
+        from sentinel.actions.notify import mask_url, validate_url
+
+        for url in urls:
+            problem = validate_url(url.get_secret_value())
+            if problem:
+                raise ValueError(f"{mask_url(url.get_secret_value())}: {problem}")
+        return urls
+
+
+_RULE_FIELDS: dict[str, Any] = {
+    rule: (detector.config_model, Field(default_factory=detector.config_model))
+    for rule, detector in DETECTORS.items()
+}
+#: ``[rules]``: one table per registered detector, so a new rule needs no edit here.
+RulesConfig: type[BaseModel] = _create_model(
+    "RulesConfig", __config__=ConfigDict(extra="forbid"), **_RULE_FIELDS
+)
+
+
+class Settings(BaseSettings):
+    """Everything sentinel can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid"
+    )
+
+    #: Files to follow, by path or glob; they need not exist yet.
+    logs: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: The job's checkpoint directory (rollback quarantines in here).
+    checkpoints: Path | None = None
+    state_dir: Path = Path(".sentinel")
+    #: Detect and notify, but never signal, move or restart.
+    dry_run: bool = False
+    #: Granularity of the time-based rules (stall).
+    tick_interval_s: float = Field(default=1.0, gt=0)
+    job: JobConfig = Field(default_factory=JobConfig)
+    tail: TailConfig = Field(default_factory=TailConfig)
+    parsers: ParserConfig = Field(default_factory=ParserConfig)
+    notify: NotifyConfig = Field(default_factory=NotifyConfig)
+    rules: RulesConfig = Field(default_factory=RulesConfig)  # type: ignore[valid-type]
+
+    _split_logs = field_validator("logs", mode="before")(_split_words)
+
+    def rule(self, rule: str) -> RuleConfig:
+        """The config of one rule by its id."""
+        config = getattr(self.rules, rule)
+        assert isinstance(config, RuleConfig)
+        return config
+
+
+#: CLI option dest -> the field it sets. The CLI declares no option of its own.
+CLI_FIELDS: dict[str, tuple[str, ...]] = {
+    "log": ("logs",),
+    "checkpoints": ("checkpoints",),
+    "notify": ("notify", "urls"),
+    "state_dir": ("state_dir",),
+    "max_restarts": ("job", "max_restarts"),
+    "resume_command": ("job", "resume_command"),
+    "dry_run": ("dry_run",),
+}
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One source of values and how to name it in an error."""
+
+    values: dict[str, Any]
+    describe: Any  # Callable[[tuple[str | int, ...]], str]
+
+
+def load_settings(
+    config_file: Path | None = None,
+    *,
+    cli: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Validate file, environment and CLI values into one ``Settings``; raise ``ConfigError``."""
+    environ = os.environ if environ is None else environ
+    if config_file is None and environ.get("SENTINEL_CONFIG"):
+        config_file = Path(environ["SENTINEL_CONFIG"])
+    file_values = _read_file(config_file) if config_file is not None else {}
+    env_values = _read_env(environ)
+    cli_values: dict[str, Any] = {}
+    for dest, value in (cli or {}).items():
+        if value is None or value == [] or value is False:
+            continue
+        _set_path(cli_values, CLI_FIELDS[dest], value)
+
+    layers = [
+        _Layer(cli_values, lambda loc: f"--{str(_flag_for(loc)).replace('_', '-')}"),
+        _Layer(env_values, lambda loc: ENV_PREFIX + "__".join(str(p) for p in loc).upper()),
+        _Layer(file_values, lambda loc: str(config_file)),
+    ]
+    merged: dict[str, Any] = {}
+    for layer in reversed(layers):
+        _deep_merge(merged, layer.values)
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as error:
+        raise ConfigError([_describe(problem, layers) for problem in error.errors()]) from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError([f"--config: cannot read {path}: {error.strerror}"]) from None
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            data = _load_yaml(path, text)
+        else:
+            data = tomllib.loads(text)
+    except ValueError as error:
+        raise ConfigError([f"{path}: not valid {_kind(path)}: {error}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: the top level must be a table of settings"])
+    return data
+
+
+def _kind(path: Path) -> str:
+    return "YAML" if path.suffix.lower() in (".yaml", ".yml") else "TOML"
+
+
+def _load_yaml(path: Path, text: str) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(
+            [f"{path}: YAML config needs PyYAML: pip install 'sentinel-watchdog[yaml]'"]
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(str(error)) from None
+
+
+def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    source = EnvSettingsSource(
+        Settings, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False
+    )
+    source.env_vars = {key.lower(): value for key, value in environ.items()}
+    values: dict[str, Any] = source()
+    known = {name.lower() for name in Settings.model_fields} | {"config"}
+    for key in environ:
+        upper = key.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in RESTART_ENV:
+            continue
+        top = upper[len(ENV_PREFIX) :].split("__", 1)[0].lower()
+        if top not in known:
+            values.setdefault(top, environ[key])  # rejected by extra="forbid", named below
+    return values
+
+
+def _flag_for(loc: tuple[str | int, ...]) -> str:
+    for dest, path in CLI_FIELDS.items():
+        if tuple(loc[: len(path)]) == path:
+            return dest
+    return ".".join(str(part) for part in loc)
+
+
+def _describe(problem: Any, layers: list[_Layer]) -> str:
+    loc: tuple[str | int, ...] = tuple(problem["loc"])
+    key = _dotted(loc)
+    message = str(problem["msg"]).removeprefix("Value error, ")
+    if problem["type"] == "extra_forbidden":
+        message = "unknown setting" + _suggestion(loc)
+    for layer in layers:
+        if _has_path(layer.values, loc):
+            return f"{key} (from {layer.describe(loc)}): {message}"
+    return f"{key}: {message}"
+
+
+def _suggestion(loc: tuple[str | int, ...]) -> str:
+    import difflib
+
+    model: Any = Settings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None or not isinstance(field.annotation, type):
+            return ""
+        model = field.annotation
+    if not hasattr(model, "model_fields"):
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _has_path(values: Any, loc: tuple[str | int, ...]) -> bool:
+    for part in loc:
+        in_dict = isinstance(values, dict) and part in values
+        in_list = isinstance(values, list) and isinstance(part, int) and part < len(values)
+        if in_dict or in_list:
+            values = values[part]
+        else:
+            return False
+    return True
+
+
+def _set_path(values: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        values = values.setdefault(part, {})
+    values[path[-1]] = value
+
+
+def _deep_merge(into: dict[str, Any], values: Mapping[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def effective_config(settings: Settings) -> dict[str, Any]:
+    """The settings as plain data with every secret masked (for ``check-config``)."""
+    from sentinel.actions.notify import mask_url
+
+    data = settings.model_dump(mode="json")
+    data["notify"]["urls"] = [mask_url(url.get_secret_value()) for url in settings.notify.urls]
+    return data

@@ -1,0 +1,91 @@
+"""Detectors: samples, output lines, clock ticks and job events in; alerts out.
+
+A detector is pure: it does no I/O and reads no clock, it is handed ``now``.
+That is what lets ``replay`` and live mode run the very same code.
+
+Adding a rule is one new module here plus one line in ``DETECTORS``: the
+module defines a config model (a ``RuleConfig`` subclass, which becomes the
+``[rules.<rule>]`` table of the config file) and a ``BaseDetector`` subclass.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from sentinel.records import Alert, Line, Sample
+
+
+class RuleConfig(BaseModel):
+    """Settings every rule has."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    #: What sentinel does when this rule raises a critical alert during ``run``:
+    #: notify only, stop the job, or stop it, roll back and restart it.
+    on_critical: Literal["notify", "stop", "restart"] = "restart"
+
+
+class Detector(Protocol):
+    """The contract of a rule. Every hook returns the alerts it raises (often none)."""
+
+    rule: ClassVar[str]
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        """A metric value arrived (its step already filled in by the engine)."""
+        ...
+
+    def output(self, line: Line) -> list[Alert]:
+        """Any line of output arrived, metric or not (progress, warnings, tracebacks)."""
+        ...
+
+    def tick(self, now: float) -> list[Alert]:
+        """Time passed; time-based rules decide here."""
+        ...
+
+    def job_started(self, now: float) -> None:
+        """A new attempt of the job began: forget the previous attempt's episode."""
+        ...
+
+    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+        """The job exited; ``expected`` when sentinel itself stopped it."""
+        ...
+
+
+class BaseDetector:
+    """A detector whose hooks do nothing; subclasses override what they need."""
+
+    rule: ClassVar[str]
+    config_model: ClassVar[type[RuleConfig]] = RuleConfig
+
+    def __init__(self, config: RuleConfig) -> None:
+        self.config = config
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        return []
+
+    def output(self, line: Line) -> list[Alert]:
+        return []
+
+    def tick(self, now: float) -> list[Alert]:
+        return []
+
+    def job_started(self, now: float) -> None:
+        return None
+
+    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+        return []
+
+
+# The registry imports the plugins, which import the base classes above.
+from sentinel.detectors.job_crash import JobCrashDetector  # noqa: E402
+from sentinel.detectors.nan_inf import NanInfDetector  # noqa: E402
+from sentinel.detectors.stall import StallDetector  # noqa: E402
+
+DETECTORS: dict[str, type[BaseDetector]] = {
+    "nan_inf": NanInfDetector,
+    "stall": StallDetector,
+    "job_crash": JobCrashDetector,
+}

@@ -1,0 +1,127 @@
+"""The engine: the one owner of detector state, the same live and in replay.
+
+It turns lines into samples (filling in the step of step-less lines from the
+last progress it saw), hands every event to every enabled detector, and
+returns the alerts. It does no I/O and reads no clock: the caller passes
+``now``, from the wall clock when live, from the data when replaying.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from sentinel.detectors import DETECTORS, BaseDetector
+from sentinel.parsers import LineParser
+from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
+
+if TYPE_CHECKING:
+    from sentinel.config import Settings
+
+log = logging.getLogger(__name__)
+
+#: Samples of each metric kept for incident reports ("the last samples before onset").
+HISTORY_LEN = 32
+
+
+def build_detectors(settings: Settings) -> list[BaseDetector]:
+    """One detector per enabled rule, in registry order."""
+    detectors = []
+    for rule, detector_class in DETECTORS.items():
+        config = settings.rule(rule)
+        if config.enabled:
+            detectors.append(detector_class(config))
+    return detectors
+
+
+class Engine:
+    """Feeds lines, samples, ticks and job events to the detectors; returns alerts."""
+
+    def __init__(self, detectors: Sequence[BaseDetector], parser: LineParser) -> None:
+        self.detectors = list(detectors)
+        self.parser = parser
+        #: The newest step seen from any source: progress bars and stepped metrics.
+        self.current_step: int | None = None
+        #: The data's own newest timestamp (replay's clock).
+        self.data_time: float | None = None
+        self.history: dict[str, deque[Sample]] = {}
+        self.samples_seen = 0
+
+    def feed_line(self, line: Line) -> list[Alert]:
+        """One line of output: parsed into samples, and shown to rules that watch output."""
+        samples = self.parser.parse(line.text)
+        alerts = self._each(lambda detector: detector.output(line))
+        if samples:
+            alerts += self.feed_samples(samples, line.source, line.time)
+        return alerts
+
+    def feed_samples(self, samples: Iterable[Sample], source: str, now: float) -> list[Alert]:
+        """Samples from a parser or a structured reader (e.g. ``trainer_state.json``)."""
+        alerts: list[Alert] = []
+        for sample in samples:
+            if sample.time is not None:
+                self.data_time = sample.time
+            if sample.name == PROGRESS:
+                if sample.step is not None:
+                    self.current_step = sample.step
+                continue
+            if sample.step is None:
+                sample = Sample(sample.name, sample.value, self.current_step, sample.time)
+            elif self.current_step is None or sample.step > self.current_step:
+                self.current_step = sample.step
+            self.samples_seen += 1
+            history = self.history.get(sample.name)
+            if history is None:
+                history = self.history[sample.name] = deque(maxlen=HISTORY_LEN)
+            history.append(sample)
+            alerts += self._observe(sample, source, now)
+        return alerts
+
+    def _observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        return self._each(lambda detector: detector.observe(sample, source, now))
+
+    def tick(self, now: float) -> list[Alert]:
+        return self._each(lambda detector: detector.tick(now))
+
+    def job_started(self, now: float) -> None:
+        """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
+        self.current_step = None
+        self.history.clear()
+        self._each(lambda detector: detector.job_started(now))
+
+    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+        return self._each(lambda detector: detector.job_exited(exit_code, now, expected=expected))
+
+    def recent(self, before_step: int | None, per_metric: int = 8) -> dict[str, list[Sample]]:
+        """The last samples of each metric up to ``before_step`` (inclusive), for reports."""
+        out: dict[str, list[Sample]] = {}
+        for name, history in self.history.items():
+            kept = [
+                s for s in history if before_step is None or s.step is None or s.step <= before_step
+            ]
+            if kept:
+                out[name] = kept[-per_metric:]
+        return out
+
+    def _each(self, hook: Callable[[BaseDetector], list[Alert] | None]) -> list[Alert]:
+        """Run one hook on every detector; a detector that raises is disabled, not fatal."""
+        alerts: list[Alert] = []
+        for detector in list(self.detectors):
+            try:
+                alerts += hook(detector) or []
+            except Exception as error:
+                log.exception("rule %s failed and is disabled", detector.rule)
+                self.detectors.remove(detector)
+                alerts.append(
+                    Alert(
+                        rule="sentinel_internal",
+                        severity=Severity.WARNING,
+                        message=f"rule {detector.rule} failed and was disabled: {error!r}",
+                        time=self.data_time or 0.0,
+                        source="sentinel",
+                        step=self.current_step,
+                    )
+                )
+        return alerts

@@ -1,0 +1,138 @@
+"""The job as a source: one attempt of it, started in its own session, its output captured.
+
+The job's stdout and stderr are passed through to sentinel's own, byte for
+byte as they arrive, and also split into lines for the engine, so a job that
+prints its metrics needs no ``--log``. The exit code is reported only after
+both pipes are drained: the last lines (the traceback) are what a crash is
+classified from.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import BinaryIO
+
+from sentinel.actions.terminate import ProcessIdentity
+from sentinel.sources.lines import LineSplitter
+
+log = logging.getLogger(__name__)
+
+OnLines = Callable[[str, list[str], float], None]
+
+_CHUNK = 65536
+
+
+def exit_status(returncode: int) -> int:
+    """A Popen return code as a shell would report it (killed by signal N -> 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class JobProcess:
+    """One attempt of the job."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        on_lines: OnLines,
+        on_exit: Callable[[int], None],
+        stdout: BinaryIO | None,
+        stderr: BinaryIO | None,
+        max_line_bytes: int = 1 << 20,
+    ) -> None:
+        self.argv = list(argv)
+        self._env = dict(env)
+        self._on_lines = on_lines
+        self._on_exit = on_exit
+        self._passthrough = {"stdout": stdout, "stderr": stderr}
+        self._max_line_bytes = max_line_bytes
+        self._popen: subprocess.Popen[bytes] | None = None
+        self.identity: ProcessIdentity | None = None
+        self.started_at = 0.0
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._popen is not None
+        return self._popen.pid
+
+    def start(self) -> None:
+        """Launch the job in a new session (its own process group) and start the readers."""
+        self._popen = subprocess.Popen(
+            self.argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.started_at = time.time()
+        try:
+            self.identity = ProcessIdentity.of(self._popen.pid)
+        except ProcessLookupError:
+            # Exited before we looked: nothing to signal, the waiter reports the exit.
+            self.identity = None
+        readers = [
+            threading.Thread(
+                target=self._read,
+                args=(name, pipe),
+                name=f"job-{name}",
+                daemon=True,
+            )
+            for name, pipe in (("stdout", self._popen.stdout), ("stderr", self._popen.stderr))
+        ]
+        for reader in readers:
+            reader.start()
+        threading.Thread(target=self._wait, args=(readers,), name="job-wait", daemon=True).start()
+
+    def wait(self, timeout_s: float) -> bool:
+        """True if the job has exited within ``timeout_s`` (the parent reaps it here)."""
+        assert self._popen is not None
+        try:
+            self._popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def _read(self, name: str, pipe: BinaryIO | None) -> None:
+        assert pipe is not None
+        splitter = LineSplitter(self._max_line_bytes)
+        passthrough = self._passthrough[name]
+        fd = pipe.fileno()
+        try:
+            while chunk := os.read(fd, _CHUNK):
+                if passthrough is not None:
+                    self._pass(passthrough, chunk)
+                lines = splitter.feed(chunk)
+                if lines:
+                    self._on_lines(name, lines, time.time())
+            rest = splitter.flush()
+            if rest:
+                self._on_lines(name, rest, time.time())
+        except Exception:
+            log.exception("reading the job's %s failed", name)
+        finally:
+            pipe.close()
+
+    @staticmethod
+    def _pass(stream: BinaryIO, chunk: bytes) -> None:
+        try:
+            stream.write(chunk)
+            stream.flush()
+        except (OSError, ValueError):
+            # Our own terminal went away; keep watching the job regardless.
+            pass
+
+    def _wait(self, readers: list[threading.Thread]) -> None:
+        assert self._popen is not None
+        self.returncode = self._popen.wait()
+        for reader in readers:
+            # A grandchild may hold the pipes open after the job exits: do not wait forever.
+            reader.join(timeout=5.0)
+        self._on_exit(self.returncode)

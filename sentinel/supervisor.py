@@ -1,0 +1,405 @@
+"""``sentinel run``: launch the job, watch it, act, restart it from a clean checkpoint.
+
+One thread owns every decision: it takes events (output lines, the job's
+exit, clock ticks, signals) from one queue, runs them through the engine,
+and acts. Slow effects stay off it: notification goes through the outbox
+worker, the SIGTERM-grace-SIGKILL sequence runs on its own thread and
+reports back through the queue.
+
+The job's life follows Supervisor's states: STARTING (launched, younger than
+``min_uptime_s``), RUNNING, STOPPING (sentinel asked it to stop), BACKOFF
+(waiting to restart), and the final EXITED or FATAL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shlex
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from sentinel.actions.notify import Notifier, Outbox
+from sentinel.actions.rollback import apply_rollback, plan_rollback
+from sentinel.actions.terminate import TerminateResult, terminate
+from sentinel.config import Settings
+from sentinel.detectors import DETECTORS
+from sentinel.detectors.job_crash import describe_exit
+from sentinel.incidents import Incident
+from sentinel.records import Alert, Line, Severity
+from sentinel.sources.logfile import LogTailer
+from sentinel.sources.process import JobProcess, exit_status
+from sentinel.state import StateStore
+from sentinel.watch import Watch
+
+log = logging.getLogger(__name__)
+
+
+class JobState(StrEnum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    BACKOFF = "BACKOFF"
+    EXITED = "EXITED"
+    FATAL = "FATAL"
+
+
+@dataclass
+class _Stop:
+    """A stop sentinel decided on: why, and whether a restart follows."""
+
+    incident: Incident | None
+    restart: bool
+    started_at: float = field(default_factory=time.time)
+
+
+class Supervisor:
+    """Runs the job under watch until it finishes, or restarts run out."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        command: list[str],
+        *,
+        stdout: BinaryIO | None = None,
+        stderr: BinaryIO | None = None,
+    ) -> None:
+        self.settings = settings
+        self.command = command
+        self.stdout = stdout if stdout is not None else sys.stdout.buffer
+        self.stderr = stderr if stderr is not None else sys.stderr.buffer
+        self.state = JobState.STARTING
+        self.restarts = 0
+        self.exit_code = 0
+        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._job: JobProcess | None = None
+        self._attempt = 0
+        self._stop: _Stop | None = None
+        self._restart_at: float | None = None
+        self._resume: tuple[str, int | None] = ("", None)
+        self._last_failure: tuple[str, int | None] | None = None
+        self._shutdown_signals = 0
+        self._finished = False
+
+    # -- the loop -------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run to the end; the exit status of the job's last attempt (0 if it finished)."""
+        settings = self.settings
+        store = StateStore(settings.state_dir)
+        notifier = Notifier(
+            Outbox(store, [url.get_secret_value() for url in settings.notify.urls]),
+            timeout_s=settings.notify.timeout_s,
+            retry_max_s=settings.notify.retry_max_s,
+        )
+        self.watch = Watch(settings, store=store, notifier=notifier, job_name=self._job_name())
+        tailer = LogTailer(
+            settings.logs,
+            lambda path, lines: self._events.put(("lines", (path, lines, time.time()))),
+            offsets=store,
+            poll=settings.tail.poll,
+            poll_interval_s=settings.tail.poll_interval_s,
+            max_line_bytes=settings.tail.max_line_bytes,
+        )
+        previous_handlers = self._install_signal_handlers()
+        notifier.start()
+        tailer.start()
+        try:
+            self._start_attempt()
+            self._loop()
+        finally:
+            tailer.stop()
+            self._drain_lines()
+            notifier.stop(drain_s=settings.notify.timeout_s)
+            self.watch.close()
+            store.close()
+            self._restore_signal_handlers(previous_handlers)
+        return self.exit_code
+
+    def _loop(self) -> None:
+        tick_s = self.settings.tick_interval_s
+        next_tick = time.monotonic() + tick_s
+        while not self._finished:
+            deadline = next_tick if self._restart_at is None else min(next_tick, self._restart_at)
+            try:
+                kind, payload = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                kind, payload = "timer", None
+            now_mono = time.monotonic()
+            if kind == "lines":
+                self._on_lines(*payload)
+            elif kind == "exit":
+                self._on_exit(*payload)
+            elif kind == "terminated":
+                self._on_terminated(*payload)
+            elif kind == "signal":
+                self._on_signal(payload)
+            if now_mono >= next_tick:
+                next_tick = now_mono + tick_s
+                self._on_tick()
+            if self._restart_at is not None and now_mono >= self._restart_at:
+                self._restart_at = None
+                self._start_attempt()
+
+    def _drain_lines(self) -> None:
+        while True:
+            try:
+                kind, payload = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "lines":
+                self._on_lines(*payload)
+
+    # -- events ---------------------------------------------------------------
+
+    def _on_lines(self, source: str, lines: list[str], read_at: float) -> None:
+        alerts: list[Alert] = []
+        for text in lines:
+            alerts += self.watch.engine.feed_line(Line(source, text, read_at))
+        self._handle(alerts)
+
+    def _on_tick(self) -> None:
+        now = time.time()
+        job = self._job
+        uptime_s = now - job.started_at if job is not None else 0.0
+        if self.state is JobState.STARTING and uptime_s >= self.settings.job.min_uptime_s:
+            self._set_state(JobState.RUNNING)
+        if self.state in (JobState.STARTING, JobState.RUNNING):
+            self._handle(self.watch.engine.tick(now))
+
+    def _handle(self, alerts: list[Alert]) -> None:
+        for incident in self.watch.handle(alerts):
+            self._act(incident)
+
+    def _act(self, incident: Incident) -> None:
+        """A critical incident opened or escalated: stop the job if its rule says so."""
+        known = incident.rule in DETECTORS
+        policy = self.settings.rule(incident.rule).on_critical if known else "notify"
+        if policy == "notify" or self._stop is not None:
+            return
+        job = self._job
+        if job is None or self.state not in (JobState.STARTING, JobState.RUNNING):
+            return
+        if self.settings.dry_run:
+            text = f"dry run: would SIGTERM the job (pid {job.pid}), " + (
+                "roll back and restart it" if policy == "restart" else "and not restart it"
+            )
+            log.warning("%s", text)
+            incident.record(time.time(), text)
+            self.watch.update(incident)
+            return
+        self._stop = _Stop(incident, restart=policy == "restart")
+        incident.record(
+            time.time(),
+            f"SIGTERM to the job's process group (pid {job.pid}),"
+            f" SIGKILL after {self.settings.job.grace_period_s:g} s if still running",
+        )
+        self._terminate(job)
+
+    def _terminate(self, job: JobProcess) -> None:
+        self._set_state(JobState.STOPPING)
+        identity = job.identity
+        if identity is None:
+            return  # it already exited; the waiter reports the exit
+        stop = self._stop
+
+        def run_terminate() -> None:
+            result = terminate(
+                identity, grace_s=self.settings.job.grace_period_s, wait_exit=job.wait
+            )
+            self._events.put(("terminated", (stop, result)))
+
+        threading.Thread(target=run_terminate, name="terminate", daemon=True).start()
+
+    def _on_terminated(self, stop: _Stop | None, result: TerminateResult) -> None:
+        if stop is not None and stop.incident is not None and (result.killed or not result.exited):
+            stop.incident.record(time.time(), result.detail)
+            self.watch.update(stop.incident)
+
+    def _on_exit(self, attempt: int, returncode: int) -> None:
+        if attempt != self._attempt:
+            return
+        now = time.time()
+        status = exit_status(returncode)
+        stop = self._stop
+        log.info("job (attempt %d) %s", attempt, describe_exit(returncode))
+        self._handle(self.watch.engine.job_exited(returncode, now, expected=stop is not None))
+        stop = self._stop  # a job_crash incident may have decided on a restart just now
+        self._job = None
+        if stop is None:
+            self._finish(status, JobState.EXITED if status == 0 else JobState.FATAL)
+            return
+        self._stop = None
+        incident = stop.incident
+        if incident is not None:
+            took = now - stop.started_at
+            incident.record(now, f"job stopped: {describe_exit(returncode)} after {took:.1f} s")
+        if not stop.restart or self._shutdown_signals:
+            self._finish(status, JobState.EXITED if status == 0 else JobState.FATAL, incident)
+            return
+        assert incident is not None
+        self._plan_restart(incident, status)
+
+    def _plan_restart(self, incident: Incident, status: int) -> None:
+        job = self.settings.job
+        failure = (incident.rule, incident.first.step)
+        if failure == self._last_failure:
+            self._escalate(
+                incident,
+                f"{incident.rule} recurred at the same step ({incident.first.step}) after a"
+                " restart: not restarting again",
+            )
+            self._finish(status, JobState.FATAL, incident)
+            return
+        if self.restarts >= job.max_restarts:
+            self._escalate(incident, f"gave up after {self.restarts} restart(s) (--max-restarts)")
+            self._finish(status, JobState.FATAL, incident)
+            return
+        self._last_failure = failure
+        self._resume = self._rollback(incident)
+        backoff_s = min(job.restart_backoff_s * 2**self.restarts, job.restart_backoff_max_s)
+        self.restarts += 1
+        incident.record(
+            time.time(), f"restarting ({self.restarts} of {job.max_restarts}) in {backoff_s:g} s"
+        )
+        self.watch.update(incident, final=True)
+        self._set_state(JobState.BACKOFF)
+        self._restart_at = time.monotonic() + backoff_s
+
+    def _rollback(self, incident: Incident) -> tuple[str, int | None]:
+        """Quarantine what came after onset; the checkpoint to resume from ("" for none)."""
+        directory = self.settings.checkpoints
+        if directory is None:
+            incident.record(time.time(), "no checkpoint dir configured: restarting from scratch")
+            return "", None
+        plan = plan_rollback(directory, incident.onset_step)
+        label = f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}"
+        moved = apply_rollback(plan, directory, label=label)
+        names = ", ".join(f"{c.path.name} ({c.status})" for c in plan.quarantine)
+        if plan.restore is None:
+            text = "no clean checkpoint before onset: restarting from scratch"
+        else:
+            text = f"rolled back to {plan.restore.path.name}"
+        if moved:
+            text += f"; quarantined {names} in {moved[0].parent}"
+        incident.record(time.time(), text)
+        if plan.restore is None:
+            return "", None
+        return str(plan.restore.path.resolve()), plan.restore.step
+
+    def _escalate(self, incident: Incident, text: str) -> None:
+        log.error("%s", text)
+        incident.record(time.time(), text)
+        self._handle(
+            [
+                Alert(
+                    rule=incident.rule,
+                    severity=Severity.CRITICAL,
+                    message=text,
+                    time=time.time(),
+                    source="sentinel",
+                    step=incident.first.step,
+                    details={"escalation": True},
+                )
+            ]
+        )
+        self.watch.update(incident, final=True, force_notify=True)
+
+    def _finish(self, status: int, state: JobState, incident: Incident | None = None) -> None:
+        if incident is not None:
+            self.watch.update(incident, final=True)
+        self.exit_code = status
+        self._set_state(state)
+        self._finished = True
+
+    def _on_signal(self, signum: int) -> None:
+        self._shutdown_signals += 1
+        name = signal.Signals(signum).name
+        job = self._job
+        if self._shutdown_signals >= 2 or job is None or job.identity is None:
+            log.warning("%s again: stopping now", name)
+            if job is not None and job.identity is not None and job.identity.matches():
+                os.killpg(job.identity.pid, signal.SIGKILL)
+            self._finish(exit_status(-signum), JobState.EXITED)
+            return
+        log.warning("%s received: stopping the job (again to force)", name)
+        if self._stop is None:
+            self._stop = _Stop(None, restart=False)
+            self._terminate(job)
+
+    # -- attempts ---------------------------------------------------------------
+
+    def _start_attempt(self) -> None:
+        self._attempt += 1
+        attempt = self._attempt
+        env = dict(os.environ)
+        argv = self.command
+        if self.settings.job.unbuffered:
+            env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.restarts:
+            checkpoint, step = self._resume
+            env["SENTINEL_RESUME_FROM"] = checkpoint
+            env["SENTINEL_RESUME_STEP"] = "" if step is None else str(step)
+            env["SENTINEL_RESTART"] = str(self.restarts)
+            if self.settings.job.resume_command:
+                formatted = self.settings.job.resume_command.format(
+                    checkpoint=checkpoint, step="" if step is None else step
+                )
+                argv = shlex.split(formatted)
+        job = JobProcess(
+            argv,
+            env=env,
+            on_lines=lambda source, lines, at: self._events.put(("lines", (source, lines, at))),
+            on_exit=lambda code: self._events.put(("exit", (attempt, code))),
+            stdout=self.stdout,
+            stderr=self.stderr,
+            max_line_bytes=self.settings.tail.max_line_bytes,
+        )
+        try:
+            job.start()
+        except OSError as error:
+            log.error("cannot start the job %s: %s", shlex.join(argv), error)
+            self._finish(127, JobState.FATAL)
+            return
+        self._job = job
+        self.watch.job_started(job.started_at)
+        self._set_state(JobState.STARTING)
+        log.info("job started (attempt %d, pid %d): %s", attempt, job.pid, shlex.join(argv))
+
+    def _set_state(self, state: JobState) -> None:
+        if state is not self.state:
+            log.info("job state %s -> %s", self.state, state)
+            self.state = state
+
+    def _job_name(self) -> str:
+        if self.settings.job.name:
+            return self.settings.job.name
+        for arg in self.command:
+            base = Path(arg).name
+            if not base.startswith("python") and not base.startswith("-"):
+                return base
+        return Path(self.command[0]).name
+
+    # -- signals -----------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum: int, _frame: object) -> None:
+            # Queue.put takes a lock the interrupted main thread may hold: hand it to a thread.
+            threading.Thread(target=self._events.put, args=(("signal", signum),)).start()
+
+        return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,140 @@
+"""What every live mode shares: engine, incidents, journal, reports, notifications.
+
+``Watch`` turns alerts into incidents and their records and messages, and
+tells its owner which incidents call for action. It decides nothing about
+the job itself: that is the supervisor's part.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from sentinel.actions.notify import Message, Notifier
+from sentinel.actions.report import Journal, clock, write_report
+from sentinel.config import Settings
+from sentinel.engine import Engine, build_detectors
+from sentinel.incidents import Incident, IncidentEvent, IncidentTracker
+from sentinel.parsers import LineParser
+from sentinel.records import Alert, Severity
+from sentinel.state import StateStore
+
+log = logging.getLogger(__name__)
+
+
+def new_run_id() -> str:
+    """A sortable id, unique across restarts of sentinel (idempotency keys build on it)."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class Watch:
+    """Alerts in; journal lines, reports, messages and actionable incidents out."""
+
+    def __init__(
+        self, settings: Settings, *, store: StateStore, notifier: Notifier, job_name: str
+    ) -> None:
+        self.settings = settings
+        self.notifier = notifier
+        self.job_name = job_name
+        self.host = socket.gethostname()
+        self.run_id = new_run_id()
+        store.put("last_run_id", self.run_id)
+        self.engine = Engine(
+            build_detectors(settings), LineParser(regexes=settings.parsers.regexes)
+        )
+        self.tracker = IncidentTracker(self.run_id)
+        self.journal = Journal(settings.state_dir)
+        self.state_dir: Path = settings.state_dir
+        self._notified: set[str] = set()
+
+    def handle(self, alerts: list[Alert]) -> list[Incident]:
+        """Record and announce alerts; the critical incidents that just opened or escalated."""
+        actionable = []
+        for alert in alerts:
+            self.journal.append(alert)
+            log.log(
+                _LEVELS[alert.severity],
+                "%s %s step=%s: %s",
+                alert.severity.upper(),
+                alert.rule,
+                alert.step,
+                alert.message,
+            )
+            change = self.tracker.observe(alert)
+            if change is None:
+                continue
+            event, incident = change
+            self._announce(event, incident, alert)
+            if event is not IncidentEvent.RESOLVED and incident.severity is Severity.CRITICAL:
+                write_report(incident, self._recent(incident), self.state_dir)
+                actionable.append(incident)
+        return actionable
+
+    def update(
+        self, incident: Incident, *, final: bool = False, force_notify: bool = False
+    ) -> None:
+        """Rewrite the incident's report; when ``final``, tell people what sentinel did."""
+        write_report(incident, self._recent(incident), self.state_dir)
+        if final and incident.actions and (incident.id in self._notified or force_notify):
+            body = "\n".join(f"{clock(time)} {text}" for time, text in incident.actions)
+            self._send(incident, incident.first, "actions", "ACTIONS", body)
+
+    def job_started(self, now: float) -> None:
+        """A new attempt: the previous attempt's episodes are over."""
+        for incident in self.tracker.close_all(now):
+            if incident.severity is Severity.CRITICAL:
+                write_report(incident, self._recent(incident), self.state_dir)
+        self.engine.job_started(now)
+
+    def close(self) -> None:
+        stats = self.engine.parser.stats
+        log.info(
+            "parsed %d lines: %d with metrics, %d garbled (skipped), %d plain text",
+            stats.lines,
+            stats.parsed,
+            stats.garbled,
+            stats.unparsed,
+        )
+        self.journal.close()
+
+    def _recent(self, incident: Incident) -> dict[str, list]:  # type: ignore[type-arg]
+        return dict(self.engine.recent(incident.onset_step))
+
+    def _announce(self, event: IncidentEvent, incident: Incident, alert: Alert) -> None:
+        if event is IncidentEvent.RESOLVED:
+            if incident.id in self._notified:
+                self._send(incident, alert, "resolved", "RESOLVED", alert.message)
+            return
+        if incident.severity < self.settings.notify.min_severity:
+            return
+        self._notified.add(incident.id)
+        body = alert.message
+        advice = alert.details.get("advice")
+        if advice:
+            body += f"\ndiagnosis: {advice}"
+        self._send(incident, alert, str(event), alert.severity.upper(), body)
+
+    def _send(self, incident: Incident, alert: Alert, event: str, label: str, body: str) -> None:
+        step = f" step={alert.step}" if alert.step is not None else ""
+        title = f"[sentinel] {label} {incident.rule} job={self.job_name}{step}"
+        text = f"{body}\n\njob: {self.job_name} on {self.host}\nincident: {incident.id}"
+        severity = Severity.INFO if event == "resolved" else incident.severity
+        self.notifier.notify(
+            Message(
+                title=title,
+                body=text,
+                severity=severity,
+                alert=alert.to_json(),
+                key=f"{incident.id}:{event}:{len(incident.alerts)}",
+            )
+        )
+
+
+_LEVELS = {
+    Severity.INFO: logging.INFO,
+    Severity.WARNING: logging.WARNING,
+    Severity.CRITICAL: logging.ERROR,
+}
