@@ -259,7 +259,10 @@ class Supervisor:
             self._finish(status, JobState.FATAL, incident)
             return
         if self.restarts >= job.max_restarts:
-            self._escalate(incident, f"gave up after {self.restarts} restart(s) (--max-restarts)")
+            if job.max_restarts == 0:
+                incident.record(time.time(), "not restarting (max_restarts is 0)")
+            else:
+                self._escalate(incident, f"gave up after {self.restarts} restart(s) (max_restarts)")
             self._finish(status, JobState.FATAL, incident)
             return
         self._last_failure = failure

@@ -1,0 +1,231 @@
+"""``sentinel run`` end to end: a real job, real signals, real checkpoints, a real webhook."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.webhook import WebhookReceiver
+
+pytestmark = pytest.mark.slow
+
+# A training script in miniature: JSON metric lines, a step_<N> checkpoint every 5 steps
+# (saved before the step's log line, as the HF Trainer does), the restart protocol honoured.
+JOB = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    from pathlib import Path
+
+    ckpt, record, nan_at, steps = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    mode = sys.argv[5] if len(sys.argv) > 5 else "once"
+    restart = int(os.environ.get("SENTINEL_RESTART") or 0)
+
+    def note(**fields):
+        with record.open("a") as f:
+            f.write(json.dumps(fields) + "\\n")
+
+    def on_term(signum, frame):
+        note(event="sigterm", restart=restart)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    note(event="start", restart=restart, argv=sys.argv[1:],
+         resume_from=os.environ.get("SENTINEL_RESUME_FROM"),
+         resume_step=os.environ.get("SENTINEL_RESUME_STEP"))
+    start = int(os.environ.get("SENTINEL_RESUME_STEP") or 0)
+    diverges = restart == 0 or mode == "always"
+    for step in range(start + 1, steps + 1):
+        if step % 5 == 0:
+            (ckpt / f"step_{step}").mkdir(parents=True, exist_ok=True)
+            (ckpt / f"step_{step}" / "weights.json").write_text(json.dumps({"step": step}))
+        grad_norm = float("nan") if diverges and step == nan_at else 1.0
+        print(json.dumps({"step": step, "loss": 2.0 - step / 100, "grad_norm": grad_norm}), flush=True)
+        if diverges and step == nan_at:
+            time.sleep(60)  # a real job would go on; sentinel must stop it
+        time.sleep(0.01)
+    note(event="finished", restart=restart)
+    """
+)
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _alerts(state: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (state / "alerts.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    return script
+
+
+def sentinel(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "SENTINEL_JOB__RESTART_BACKOFF_S": "0.1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", *args],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_nan_grad_norm_stops_quarantines_restarts_and_finishes(job: Path, tmp_path: Path) -> None:
+    ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
+    with WebhookReceiver() as hook:
+        result = sentinel(
+            "--checkpoints", str(ckpt), "--notify", hook.url, "--state-dir", str(state),
+            "--max-restarts", "2",
+            "--", sys.executable, str(job), str(ckpt), str(record), "15", "20",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        alert_posts = [
+            json.loads(r.json["message"]) for r in hook.wait_for(1, timeout=10)
+        ]
+
+    events = _records(record)
+    assert [(e["event"], e["restart"]) for e in events] == [
+        ("start", 0),
+        ("sigterm", 0),
+        ("start", 1),
+        ("finished", 1),
+    ]
+    restarted = events[2]
+    assert restarted["resume_from"] == str((ckpt / "step_10").resolve())
+    assert restarted["resume_step"] == "10"
+
+    # The checkpoint written at the NaN step is quarantined, never deleted; the clean ones stay.
+    quarantined = list((ckpt / "quarantine").glob("*/step_15"))
+    assert len(quarantined) == 1
+    assert json.loads((quarantined[0] / "weights.json").read_text()) == {"step": 15}
+    assert sorted(p.name for p in ckpt.iterdir() if p.name != "quarantine") == [
+        "step_10", "step_15", "step_20", "step_5"
+    ]  # fmt: skip  (step_15 again: written by the restarted attempt)
+
+    first = _alerts(state)[0]
+    assert (first["rule"], first["severity"], first["step"], first["metric"], first["value"]) == (
+        "nan_inf", "critical", 15, "grad_norm", "nan"
+    )  # fmt: skip
+    assert any(a["rule"] == "nan_inf" and a["step"] == 15 for a in alert_posts)
+    reports = list((state / "reports").glob("*.md"))
+    assert reports and "rolled back to step_10" in reports[0].read_text()
+
+
+def test_resume_command_gets_checkpoint_and_step(job: Path, tmp_path: Path) -> None:
+    ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
+    resume = f"{sys.executable} {job} {ckpt} {record} 15 20 once --from={{checkpoint}} --at={{step}}"
+    result = sentinel(
+        "--checkpoints", str(ckpt), "--state-dir", str(state), "--resume-command", resume,
+        "--", sys.executable, str(job), str(ckpt), str(record), "15", "20",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    restarted = _records(record)[2]
+    assert restarted["argv"][-2:] == [f"--from={(ckpt / 'step_10').resolve()}", "--at=10"]
+
+
+def test_same_failure_at_same_step_is_not_restarted_forever(job: Path, tmp_path: Path) -> None:
+    ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
+    result = sentinel(
+        "--checkpoints", str(ckpt), "--state-dir", str(state), "--max-restarts", "5",
+        "--", sys.executable, str(job), str(ckpt), str(record), "7", "20", "always",
+    )  # fmt: skip
+    assert result.returncode == 143, result.stderr
+    starts = [e for e in _records(record) if e["event"] == "start"]
+    assert len(starts) == 2, "one restart, then the recurrence at step 7 stops the loop"
+    assert any("recurred at the same step" in a["message"] for a in _alerts(state))
+
+
+def test_dry_run_never_signals_or_moves(job: Path, tmp_path: Path) -> None:
+    ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
+    script = tmp_path / "short.py"
+    # The same job, but its NaN step does not hang, so it finishes on its own.
+    script.write_text(JOB.replace("time.sleep(60)", "pass"))
+    result = sentinel(
+        "--dry-run", "--checkpoints", str(ckpt), "--state-dir", str(state),
+        "--", sys.executable, str(script), str(ckpt), str(record), "5", "12",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert [e["event"] for e in _records(record)] == ["start", "finished"]
+    assert not (ckpt / "quarantine").exists()
+    assert _alerts(state)[0]["rule"] == "nan_inf"
+    assert "dry run: would SIGTERM" in result.stderr
+
+
+def test_crash_is_classified_from_the_jobs_last_output(tmp_path: Path) -> None:
+    crash = tmp_path / "crash.py"
+    crash.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            print('{"step": 1, "loss": 2.0}', flush=True)
+            print("Traceback (most recent call last):", file=sys.stderr)
+            print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                  file=sys.stderr)
+            sys.exit(1)
+            """
+        )
+    )
+    state = tmp_path / "state"
+    result = sentinel(
+        "--state-dir", str(state), "--max-restarts", "0", "--", sys.executable, str(crash)
+    )
+    assert result.returncode == 1
+    crash_alerts = [a for a in _alerts(state) if a["rule"] == "job_crash"]
+    assert crash_alerts and crash_alerts[0]["severity"] == "critical"
+    assert "oom" in crash_alerts[0]["message"]
+    assert "CUDA out of memory" in result.stderr  # passed through to sentinel's own stderr
+
+
+def test_stall_soft_warns_then_hard_stops(tmp_path: Path) -> None:
+    hang = tmp_path / "hang.py"
+    hang.write_text(
+        'import time\nprint(\'{"step": 1, "loss": 2.0}\', flush=True)\ntime.sleep(120)\n'
+    )
+    state = tmp_path / "state"
+    result = sentinel(
+        "--state-dir", str(state), "--max-restarts", "0", "--", sys.executable, str(hang),
+        env={
+            "SENTINEL_TICK_INTERVAL_S": "0.05",
+            "SENTINEL_RULES__STALL__SOFT_TIMEOUT_S": "0.5",
+            "SENTINEL_RULES__STALL__HARD_TIMEOUT_S": "1.0",
+        },
+    )  # fmt: skip
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    stall = [(a["severity"], a["step"]) for a in _alerts(state) if a["rule"] == "stall"]
+    assert stall == [("warning", 1), ("critical", 1)]
+
+
+def test_sigterm_to_sentinel_stops_the_job_and_exits_with_its_status(tmp_path: Path) -> None:
+    slow = tmp_path / "slow.py"
+    slow.write_text(
+        "import time\nfor i in range(1000):\n"
+        "    print('{\"step\": %d, \"loss\": 1.0}' % i, flush=True)\n    time.sleep(0.05)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(tmp_path / "state"),
+         "--", sys.executable, str(slow)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the job's first line, passed through: it is running
+        assert json.loads(first)["step"] == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.communicate()
