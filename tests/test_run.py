@@ -24,7 +24,8 @@ JOB = textwrap.dedent(
     import json, os, signal, sys, time
     from pathlib import Path
 
-    ckpt, record, nan_at, steps = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    ckpt, record = Path(sys.argv[1]), Path(sys.argv[2])
+    nan_at, steps = int(sys.argv[3]), int(sys.argv[4])
     mode = sys.argv[5] if len(sys.argv) > 5 else "once"
     restart = int(os.environ.get("SENTINEL_RESTART") or 0)
 
@@ -47,7 +48,8 @@ JOB = textwrap.dedent(
             (ckpt / f"step_{step}").mkdir(parents=True, exist_ok=True)
             (ckpt / f"step_{step}" / "weights.json").write_text(json.dumps({"step": step}))
         grad_norm = float("nan") if diverges and step == nan_at else 1.0
-        print(json.dumps({"step": step, "loss": 2.0 - step / 100, "grad_norm": grad_norm}), flush=True)
+        metrics = {"step": step, "loss": 2.0 - step / 100, "grad_norm": grad_norm}
+        print(json.dumps(metrics), flush=True)
         if diverges and step == nan_at:
             time.sleep(60)  # a real job would go on; sentinel must stop it
         time.sleep(0.01)
@@ -127,7 +129,8 @@ def test_nan_grad_norm_stops_quarantines_restarts_and_finishes(job: Path, tmp_pa
 
 def test_resume_command_gets_checkpoint_and_step(job: Path, tmp_path: Path) -> None:
     ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
-    resume = f"{sys.executable} {job} {ckpt} {record} 15 20 once --from={{checkpoint}} --at={{step}}"
+    resume = f"{sys.executable} {job} {ckpt} {record} 15 20 once"
+    resume += " --from={checkpoint} --at={step}"
     result = sentinel(
         "--checkpoints", str(ckpt), "--state-dir", str(state), "--resume-command", resume,
         "--", sys.executable, str(job), str(ckpt), str(record), "15", "20",
