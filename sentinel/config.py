@@ -287,8 +287,29 @@ def _describe(problem: Any, layers: list[_Layer]) -> str:
         message = "unknown setting" + _suggestion(loc)
     for layer in layers:
         if _has_path(layer.values, loc):
-            return f"{key} (from {layer.describe(loc)}): {message}"
+            # A table-level error (e.g. hard <= soft) names the keys this layer set inside it.
+            sources = sorted({layer.describe(leaf) for leaf in _leaves(layer.values, loc)})
+            return f"{key} (from {', '.join(sources)}): {message}"
     return f"{key}: {message}"
+
+
+def _leaves(values: Any, loc: tuple[str | int, ...]) -> list[tuple[str | int, ...]]:
+    """The full paths of the values set at or below ``loc``."""
+    for part in loc:
+        values = values[part]
+    if isinstance(values, dict) and values:
+        return [loc + rest for rest in _sub_leaves(values)]
+    return [loc]
+
+
+def _sub_leaves(values: dict[str, Any]) -> list[tuple[str | int, ...]]:
+    out: list[tuple[str | int, ...]] = []
+    for sub_key, sub_value in values.items():
+        if isinstance(sub_value, dict) and sub_value:
+            out += [(sub_key, *rest) for rest in _sub_leaves(sub_value)]
+        else:
+            out.append((sub_key,))
+    return out
 
 
 def _suggestion(loc: tuple[str | int, ...]) -> str:

@@ -39,8 +39,12 @@ def build_detectors(settings: Settings) -> list[BaseDetector]:
 class Engine:
     """Feeds lines, samples, ticks and job events to the detectors; returns alerts."""
 
-    def __init__(self, detectors: Sequence[BaseDetector], parser: LineParser) -> None:
+    def __init__(
+        self, detectors: Sequence[BaseDetector], parser: LineParser, *, data_clock: bool = False
+    ) -> None:
         self.detectors = list(detectors)
+        #: Replay: time comes from the data's own timestamps, not from the caller.
+        self.data_clock = data_clock
         self.parser = parser
         #: The newest step seen from any source: progress bars and stepped metrics.
         self.current_step: int | None = None
@@ -52,16 +56,39 @@ class Engine:
     def feed_line(self, line: Line) -> list[Alert]:
         """One line of output: parsed into samples, and shown to rules that watch output."""
         samples = self.parser.parse(line.text)
-        alerts = self._each(lambda detector: detector.output(line))
+        alerts: list[Alert] = []
+        if self.data_clock:
+            alerts += self._advance_clock(samples)
+            if self.data_time is None:
+                # Before the data's first timestamp there is no clock: only the crash
+                # classifier's tail of output and the metrics themselves matter.
+                return alerts + self.feed_samples(samples, line.source, 0.0)
+            line = Line(line.source, line.text, self.data_time)
+        alerts += self._each(lambda detector: detector.output(line), line.time)
         if samples:
             alerts += self.feed_samples(samples, line.source, line.time)
         return alerts
+
+    def _advance_clock(self, samples: list[Sample]) -> list[Alert]:
+        """Replay: move the clock to the line's own time before its samples are seen."""
+        stamped = [sample.time for sample in samples if sample.time is not None]
+        if not stamped:
+            return []
+        new_time = max(stamped)
+        if self.data_time is None:
+            self.data_time = new_time
+            self._each(lambda detector: detector.job_started(new_time), new_time)
+            return []
+        if new_time <= self.data_time:
+            return []
+        self.data_time = new_time
+        return self.tick(new_time)
 
     def feed_samples(self, samples: Iterable[Sample], source: str, now: float) -> list[Alert]:
         """Samples from a parser or a structured reader (e.g. ``trainer_state.json``)."""
         alerts: list[Alert] = []
         for sample in samples:
-            if sample.time is not None:
+            if sample.time is not None and not self.data_clock:
                 self.data_time = sample.time
             if sample.name == PROGRESS:
                 if sample.step is not None:
@@ -80,19 +107,21 @@ class Engine:
         return alerts
 
     def _observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        return self._each(lambda detector: detector.observe(sample, source, now))
+        return self._each(lambda detector: detector.observe(sample, source, now), now)
 
     def tick(self, now: float) -> list[Alert]:
-        return self._each(lambda detector: detector.tick(now))
+        return self._each(lambda detector: detector.tick(now), now)
 
     def job_started(self, now: float) -> None:
         """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
         self.current_step = None
         self.history.clear()
-        self._each(lambda detector: detector.job_started(now))
+        self._each(lambda detector: detector.job_started(now), now)
 
     def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
-        return self._each(lambda detector: detector.job_exited(exit_code, now, expected=expected))
+        return self._each(
+            lambda detector: detector.job_exited(exit_code, now, expected=expected), now
+        )
 
     def recent(self, before_step: int | None, per_metric: int = 8) -> dict[str, list[Sample]]:
         """The last samples of each metric up to ``before_step`` (inclusive), for reports."""
@@ -105,7 +134,7 @@ class Engine:
                 out[name] = kept[-per_metric:]
         return out
 
-    def _each(self, hook: Callable[[BaseDetector], list[Alert] | None]) -> list[Alert]:
+    def _each(self, hook: Callable[[BaseDetector], list[Alert] | None], now: float) -> list[Alert]:
         """Run one hook on every detector; a detector that raises is disabled, not fatal."""
         alerts: list[Alert] = []
         for detector in list(self.detectors):
@@ -119,7 +148,7 @@ class Engine:
                         rule="sentinel_internal",
                         severity=Severity.WARNING,
                         message=f"rule {detector.rule} failed and was disabled: {error!r}",
-                        time=self.data_time or 0.0,
+                        time=now,
                         source="sentinel",
                         step=self.current_step,
                     )

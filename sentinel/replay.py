@@ -61,7 +61,7 @@ class ReplayResult:
 def replay(paths: list[Path], settings: Settings) -> ReplayResult:
     """Run every enabled rule over the files, in order, as if they were being written."""
     parser = LineParser(regexes=settings.parsers.regexes)
-    engine = Engine(build_detectors(settings), parser)
+    engine = Engine(build_detectors(settings), parser, data_clock=True)
     tracker = IncidentTracker("replay")
     result = ReplayResult()
 
@@ -76,12 +76,8 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
             samples = read_trainer_state(path.read_text(encoding="utf-8"))
             keep(engine.feed_samples(samples, source, engine.data_time or 0.0))
             continue
-        last_time = engine.data_time
         for text in _lines(path):
-            keep(engine.feed_line(Line(source, text, engine.data_time or 0.0)))
-            if engine.data_time is not None and engine.data_time != last_time:
-                last_time = engine.data_time
-                keep(engine.tick(last_time))
+            keep(engine.feed_line(Line(source, text, 0.0)))
     result.lines = parser.stats.lines
     result.garbled = parser.stats.garbled
     result.samples = engine.samples_seen

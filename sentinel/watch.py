@@ -11,6 +11,7 @@ import logging
 import socket
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from sentinel.actions.notify import Message, Notifier
@@ -79,8 +80,16 @@ class Watch:
         """Rewrite the incident's report; when ``final``, tell people what sentinel did."""
         write_report(incident, self._recent(incident), self.state_dir)
         if final and incident.actions and (incident.id in self._notified or force_notify):
-            body = "\n".join(f"{clock(time)} {text}" for time, text in incident.actions)
-            self._send(incident, incident.first, "actions", "ACTIONS", body)
+            body = "\n".join(f"{clock(at)} {text}" for at, text in incident.actions)
+            first = incident.first
+            # The webhook's JSON says what was done, in the alert schema.
+            summary = replace(
+                first,
+                message="; ".join(text for _, text in incident.actions),
+                time=incident.actions[-1][0],
+                source="sentinel",
+            )
+            self._send(incident, summary, "actions", "ACTIONS", body)
 
     def job_started(self, now: float) -> None:
         """A new attempt: the previous attempt's episodes are over."""

@@ -18,7 +18,8 @@ CRASH_CLASSES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         "oom",
         "out of memory: lower the batch size, enable gradient checkpointing, or shard more",
         re.compile(
-            r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED"
+            r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError"
+            r"|CUBLAS_STATUS_ALLOC_FAILED"
             r"|RuntimeError: out of memory|\bMemoryError\b|Cannot allocate memory"
             r"|HIP out of memory|XLA.*RESOURCE_EXHAUSTED",
             re.IGNORECASE,
@@ -28,7 +29,12 @@ CRASH_CLASSES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         "device_assert",
         "device-side assert: usually a label or token id out of range; rerun with"
         " CUDA_LAUNCH_BLOCKING=1 to find the op",
-        re.compile(r"device-side assert|CUDA error: an illegal memory access", re.IGNORECASE),
+        # Not bare "device-side assert": torch appends a TORCH_USE_CUDA_DSA hint naming
+        # device-side assertions to every CUDA error, OOM included.
+        re.compile(
+            r"device-side assert(?:ion)? triggered|CUDA error: an illegal memory access",
+            re.IGNORECASE,
+        ),
     ),
     (
         "distributed",

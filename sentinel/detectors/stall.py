@@ -60,8 +60,9 @@ class StallDetector(BaseDetector):
         return self._progress(line.time, line.source)
 
     def _progress(self, now: float, source: str) -> list[Alert]:
-        if self._last_progress is None or now > self._last_progress:
-            self._last_progress = now
+        if self._last_progress is None:
+            return []  # not started: no clock to measure silence against
+        self._last_progress = max(self._last_progress, now)
         if self._level is None:
             return []
         self._level = None

@@ -1,0 +1,199 @@
+"""job_crash: a non-zero exit the job chose itself, classified from its last output."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from sentinel.detectors.job_crash import JobCrashConfig, JobCrashDetector, classify
+from sentinel.records import Alert, Line, Sample, Severity
+
+NOW = 1_700_000_000.0
+
+CUDA_HINT = [
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the"
+    " stacktrace below might be incorrect.",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+]
+
+CUDA_OOM = [
+    "{'loss': 2.1, 'grad_norm': 0.9, 'learning_rate': 5e-05, 'epoch': 0.3}",
+    "Traceback (most recent call last):",
+    '  File "/home/me/train.py", line 120, in <module>',
+    "    trainer.train()",
+    '  File "/opt/venv/lib/python3.11/site-packages/transformers/trainer.py", line 1938, in train',
+    "    return inner_training_loop(",
+    '  File "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 116,'
+    " in forward",
+    "    return F.linear(input, self.weight, self.bias)",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
+    " capacity of 79.15 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process"
+    " has 77.91 GiB memory in use. Of the allocated memory 75.12 GiB is allocated by PyTorch, and"
+    " 1.29 GiB is reserved by PyTorch but unallocated.",
+]
+
+CUDA_ERROR_OOM = [
+    "Traceback (most recent call last):",
+    '  File "/home/me/train.py", line 40, in <module>',
+    "    model.to('cuda')",
+    "RuntimeError: CUDA error: out of memory",
+    *CUDA_HINT,
+]
+
+DEVICE_ASSERT = [
+    "../aten/src/ATen/native/cuda/Indexing.cu:1289: indexSelectLargeIndex: block: [71,0,0],"
+    " thread: [96,0,0] Assertion `srcIndex < srcSelectDimSize` failed.",
+    "Traceback (most recent call last):",
+    '  File "/home/me/train.py", line 88, in <module>',
+    "    loss.backward()",
+    "RuntimeError: CUDA error: device-side assert triggered",
+    *CUDA_HINT,
+]
+
+DEVICE_ASSERT_INDEX = [
+    "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0],"
+    ' thread: [32,0,0] Assertion `-sizes[i] <= index && index < sizes[i] && "index out of'
+    ' bounds"` failed.',
+    "Traceback (most recent call last):",
+    '  File "/home/me/train.py", line 88, in <module>',
+    "    logits = model(batch)",
+    "RuntimeError: CUDA error: device-side assert triggered",
+    *CUDA_HINT,
+]
+
+NCCL_TIMEOUT = [
+    "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout:"
+    " WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for"
+    " 600039 milliseconds before timing out.",
+    "[rank0]:[E ProcessGroupNCCL.cpp:577] [Rank 0] Some NCCL operations have failed or timed out."
+    " Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on"
+    " corrupted/incomplete data.",
+    "[rank0]:[E ProcessGroupNCCL.cpp:583] [Rank 0] To avoid data inconsistency, we are taking the"
+    " entire process down.",
+]
+
+BAD_INDEX = [
+    "Traceback (most recent call last):",
+    '  File "/home/me/train.py", line 70, in <module>',
+    "    out = model(input_ids)",
+    '  File "/opt/venv/lib/python3.11/site-packages/torch/nn/functional.py", line 2264, in'
+    " embedding",
+    "    return torch.embedding(weight, input, padding_idx, scale_grad_by_freq, sparse)",
+    "IndexError: index out of range in self",
+]
+
+PLAIN_VALUE_ERROR = [
+    "  5%|▌         | 10/200 [00:01<00:19,  9.81it/s]",
+    "Traceback (most recent call last):",
+    '  File "/home/me/train.py", line 61, in main',
+    '    lr = float(config["lr"])',
+    "ValueError: could not convert string to float: '3e-4x'",
+]
+
+
+def crashed(lines: list[str], exit_code: int, *, expected: bool = False) -> list[Alert]:
+    detector = JobCrashDetector(JobCrashConfig())
+    detector.job_started(NOW)
+    for text in lines:
+        detector.output(Line("stderr", text, NOW))
+    return detector.job_exited(exit_code, NOW + 1, expected=expected)
+
+
+@pytest.mark.parametrize(
+    ("lines", "exit_code", "crash_class"),
+    [
+        (CUDA_OOM, 1, "oom"),
+        (CUDA_ERROR_OOM, 1, "oom"),
+        (DEVICE_ASSERT, 1, "device_assert"),
+        (DEVICE_ASSERT_INDEX, 1, "device_assert"),
+        (NCCL_TIMEOUT, -signal.SIGABRT, "distributed"),
+        (BAD_INDEX, 1, "bad_data"),
+        ([], -signal.SIGKILL, "oom"),
+        ([], 128 + signal.SIGKILL, "oom"),
+        (PLAIN_VALUE_ERROR, 1, "other"),
+    ],
+    ids=[
+        "cuda-oom-traceback",
+        "cuda-error-out-of-memory",
+        "device-side-assert",
+        "device-assert-with-index-out-of-bounds",
+        "nccl-watchdog-timeout",
+        "index-error",
+        "sigkill-no-output-host-oom",
+        "exit-137-no-output-host-oom",
+        "plain-value-error",
+    ],
+)
+def test_crash_is_classified(lines: list[str], exit_code: int, crash_class: str) -> None:
+    (alert,) = crashed(lines, exit_code)
+    assert alert.details["class"] == crash_class
+    assert crash_class in alert.message
+
+
+def test_crash_alert_is_critical_with_exit_code_and_last_step() -> None:
+    detector = JobCrashDetector(JobCrashConfig())
+    detector.job_started(NOW)
+    detector.observe(Sample("loss", 2.0, 312), "stdout", NOW)
+    for text in PLAIN_VALUE_ERROR:
+        detector.output(Line("stderr", text, NOW))
+    (alert,) = detector.job_exited(1, NOW + 5, expected=False)
+    assert alert.rule == "job_crash"
+    assert alert.severity is Severity.CRITICAL
+    assert alert.step == 312
+    assert alert.value == 1.0
+    assert alert.time == NOW + 5
+    assert "exited with code 1" in alert.message
+
+
+def test_evidence_is_the_matching_line() -> None:
+    (alert,) = crashed(CUDA_OOM, 1)
+    assert alert.details["evidence"].startswith("torch.OutOfMemoryError: CUDA out of memory")
+
+
+def test_other_crash_evidence_is_last_output_line() -> None:
+    (alert,) = crashed(PLAIN_VALUE_ERROR, 1)
+    assert alert.details["evidence"] == "ValueError: could not convert string to float: '3e-4x'"
+
+
+def test_signal_is_named_in_message() -> None:
+    (alert,) = crashed([], -signal.SIGKILL)
+    assert "SIGKILL" in alert.message
+
+
+def test_exit_zero_raises_nothing() -> None:
+    assert crashed(CUDA_OOM, 0) == []
+
+
+@pytest.mark.parametrize(
+    "exit_code", [1, -signal.SIGTERM, -signal.SIGKILL], ids=["code-1", "sigterm", "sigkill"]
+)
+def test_expected_exit_raises_nothing(exit_code: int) -> None:
+    assert crashed(CUDA_OOM, exit_code, expected=True) == []
+
+
+def test_job_started_forgets_previous_attempts_output() -> None:
+    detector = JobCrashDetector(JobCrashConfig())
+    detector.job_started(NOW)
+    for text in CUDA_OOM:
+        detector.output(Line("stderr", text, NOW))
+    detector.job_started(NOW + 10)
+    for text in PLAIN_VALUE_ERROR:
+        detector.output(Line("stderr", text, NOW + 11))
+    (alert,) = detector.job_exited(1, NOW + 12, expected=False)
+    assert alert.details["class"] == "other"
+
+
+def test_only_the_last_tail_lines_are_kept() -> None:
+    detector = JobCrashDetector(JobCrashConfig(tail_lines=3))
+    for text in [*CUDA_OOM, "step 1", "step 2", "step 3"]:
+        detector.output(Line("stdout", text, NOW))
+    (alert,) = detector.job_exited(1, NOW, expected=False)
+    assert alert.details["class"] == "other"
+
+
+def test_classify_prefers_device_assert_over_bad_data() -> None:
+    crash_class, _, evidence = classify(DEVICE_ASSERT_INDEX, 1)
+    assert crash_class == "device_assert"
+    assert "device-side assert" in evidence

@@ -1,0 +1,200 @@
+"""The engine: lines to samples (steps filled in), every event to every detector, alerts out."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from sentinel.detectors import BaseDetector, RuleConfig
+from sentinel.detectors.job_crash import JobCrashConfig, JobCrashDetector
+from sentinel.detectors.nan_inf import NanInfConfig, NanInfDetector
+from sentinel.detectors.stall import StallConfig, StallDetector
+from sentinel.engine import Engine
+from sentinel.parsers import LineParser
+from sentinel.records import Alert, Line, Sample, Severity
+
+T0 = 1_700_000_000.0
+TQDM_10 = "  5%|▌   | 10/200 [00:01<00:19,  9.81it/s]"
+HF_NAN_GRAD = "{'loss': 2.3, 'grad_norm': nan, 'learning_rate': 5e-05, 'epoch': 0.01}"
+
+
+class Exploding(BaseDetector):
+    """A rule with a bug: raises on whatever hook it is told to."""
+
+    rule = "exploding"
+
+    def __init__(self, on: str) -> None:
+        super().__init__(RuleConfig())
+        self.on = on
+        self.calls = 0
+
+    def _maybe_raise(self, hook: str) -> None:
+        self.calls += 1
+        if hook == self.on:
+            raise ZeroDivisionError("boom")
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        self._maybe_raise("observe")
+        return []
+
+    def output(self, line: Line) -> list[Alert]:
+        self._maybe_raise("output")
+        return []
+
+    def tick(self, now: float) -> list[Alert]:
+        self._maybe_raise("tick")
+        return []
+
+
+def engine(*detectors: BaseDetector) -> Engine:
+    return Engine(list(detectors) or [NanInfDetector(NanInfConfig())], LineParser())
+
+
+def feed(eng: Engine, *texts: str, source: str = "stdout", at: float = T0) -> list[Alert]:
+    alerts: list[Alert] = []
+    for text in texts:
+        alerts += eng.feed_line(Line(source, text, at))
+    return alerts
+
+
+def test_hf_dict_line_gets_the_step_of_the_last_progress_bar() -> None:
+    eng = engine()
+    alerts = feed(eng, TQDM_10, HF_NAN_GRAD)
+    (alert,) = alerts
+    assert alert.rule == "nan_inf"
+    assert alert.metric == "grad_norm"
+    assert alert.step == 10
+    assert alert.onset_step == 10
+    assert alert.source == "stdout"
+
+
+def test_progress_bar_alone_raises_nothing_but_sets_the_step() -> None:
+    eng = engine()
+    assert feed(eng, TQDM_10) == []
+    assert eng.current_step == 10
+    assert eng.samples_seen == 0
+
+
+def test_hf_dict_line_before_any_progress_has_no_step() -> None:
+    eng = engine()
+    (alert,) = feed(eng, HF_NAN_GRAD)
+    assert alert.step is None
+
+
+def test_json_lines_carry_their_own_steps() -> None:
+    eng = engine()
+    lines = [json.dumps({"step": s, "loss": 2.0 - s / 10}) for s in range(1, 7)]
+    lines.append('{"step": 7, "loss": NaN}')
+    alerts = feed(eng, *lines)
+    assert [(a.rule, a.step, a.metric) for a in alerts] == [("nan_inf", 7, "loss")]
+    assert eng.current_step == 7
+    assert eng.samples_seen == 7
+
+
+def test_json_line_time_becomes_the_data_clock() -> None:
+    eng = engine()
+    feed(eng, json.dumps({"step": 1, "loss": 1.0, "time": T0 + 42}))
+    assert eng.data_time == T0 + 42
+
+
+def test_garbled_line_is_counted_and_does_not_raise() -> None:
+    eng = engine()
+    alerts = feed(eng, '{"step": 3, "loss": 2.', '{"step": 4, "loss": NaN}')
+    assert eng.parser.stats.garbled == 1
+    assert [a.step for a in alerts] == [4]
+
+
+def test_plain_text_is_not_garbled() -> None:
+    eng = engine()
+    assert feed(eng, "Loading checkpoint shards...", "saving model") == []
+    assert eng.parser.stats.garbled == 0
+    assert eng.parser.stats.lines == 2
+
+
+@pytest.mark.parametrize("hook", ["observe", "output", "tick"])
+def test_raising_detector_is_disabled_and_reported(hook: str) -> None:
+    bad = Exploding(on=hook)
+    good = NanInfDetector(NanInfConfig())
+    eng = engine(bad, good)
+    alerts = feed(eng, '{"step": 5, "loss": NaN}') + eng.tick(T0 + 1)
+    internal = [a for a in alerts if a.rule == "sentinel_internal"]
+    assert len(internal) == 1
+    assert internal[0].severity is Severity.WARNING
+    assert "exploding" in internal[0].message
+    assert "ZeroDivisionError" in internal[0].message
+    assert bad not in eng.detectors
+    assert [a.step for a in alerts if a.rule == "nan_inf"] == [5]
+
+
+def test_disabled_detector_is_never_called_again() -> None:
+    bad = Exploding(on="observe")
+    eng = engine(bad, NanInfDetector(NanInfConfig()))
+    feed(eng, '{"step": 1, "loss": 1.0}')
+    calls = bad.calls
+    alerts = feed(eng, '{"step": 2, "loss": 1.0}', '{"step": 3, "loss": Infinity}')
+    assert bad.calls == calls
+    assert [a.rule for a in alerts] == ["nan_inf"]
+
+
+def test_internal_alert_time_is_the_callers_now() -> None:
+    eng = engine(Exploding(on="tick"))
+    (alert,) = eng.tick(T0 + 30)
+    # An alert stamped 1970 (time 0.0) is wrong in the journal and in every webhook.
+    assert alert.time == T0 + 30
+
+
+def test_feed_samples_fills_missing_steps() -> None:
+    eng = engine()
+    eng.feed_samples([Sample("step", 20.0, 20)], "trainer_state.json", T0)
+    (alert,) = eng.feed_samples([Sample("loss", math.inf)], "trainer_state.json", T0)
+    assert alert.step == 20
+
+
+def test_recent_returns_last_samples_up_to_onset() -> None:
+    eng = engine()
+    lines = [json.dumps({"step": s, "loss": 1.0 + s, "grad_norm": 0.5}) for s in range(1, 21)]
+    feed(eng, *lines)
+    recent = eng.recent(before_step=12, per_metric=4)
+    assert [s.step for s in recent["loss"]] == [9, 10, 11, 12]
+    assert [s.value for s in recent["loss"]] == [10.0, 11.0, 12.0, 13.0]
+    assert [s.step for s in recent["grad_norm"]] == [9, 10, 11, 12]
+
+
+def test_recent_without_onset_returns_newest() -> None:
+    eng = engine()
+    feed(eng, *[json.dumps({"step": s, "loss": float(s)}) for s in range(1, 11)])
+    assert [s.step for s in eng.recent(None, per_metric=3)["loss"]] == [8, 9, 10]
+
+
+def test_recent_leaves_out_metrics_only_seen_after_onset() -> None:
+    eng = engine()
+    feed(eng, json.dumps({"step": 1, "loss": 1.0}), json.dumps({"step": 5, "eval_loss": 2.0}))
+    assert set(eng.recent(before_step=3)) == {"loss"}
+
+
+def test_job_started_resets_step_history_and_detectors() -> None:
+    eng = engine()
+    feed(eng, '{"step": 50, "loss": NaN}')
+    eng.job_started(T0 + 100)
+    assert eng.current_step is None
+    assert eng.recent(None) == {}
+    (alert,) = feed(eng, '{"step": 40, "loss": NaN}')
+    assert alert.step == 40
+
+
+def test_tick_drives_time_based_rules() -> None:
+    eng = engine(StallDetector(StallConfig(soft_timeout_s=60, hard_timeout_s=120)))
+    eng.job_started(T0)
+    assert eng.tick(T0 + 59) == []
+    assert [a.severity for a in eng.tick(T0 + 60)] == [Severity.WARNING]
+
+
+def test_job_exited_reaches_detectors_with_output() -> None:
+    eng = engine(JobCrashDetector(JobCrashConfig()))
+    eng.job_started(T0)
+    feed(eng, TQDM_10, "RuntimeError: CUDA error: device-side assert triggered", source="stderr")
+    (alert,) = eng.job_exited(1, T0 + 5, expected=False)
+    assert alert.details["class"] == "device_assert"
+    assert eng.job_exited(1, T0 + 6, expected=True) == []
