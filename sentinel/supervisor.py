@@ -28,14 +28,14 @@ from typing import Any, BinaryIO
 
 from sentinel.actions.notify import Notifier, Outbox
 from sentinel.actions.rollback import apply_rollback, plan_rollback
-from sentinel.actions.terminate import TerminateResult, terminate
+from sentinel.actions.terminate import TerminateResult, send_sigterm, terminate
 from sentinel.config import Settings
 from sentinel.detectors import DETECTORS
 from sentinel.detectors.job_crash import describe_exit
 from sentinel.incidents import Incident
 from sentinel.records import Alert, Line, Severity
-from sentinel.sources.logfile import LogTailer
 from sentinel.sources.process import JobProcess, exit_status
+from sentinel.sources.tailer import LogTailer
 from sentinel.state import StateStore
 from sentinel.watch import Watch
 
@@ -176,7 +176,8 @@ class Supervisor:
 
     def _handle(self, alerts: list[Alert]) -> None:
         for incident in self.watch.handle(alerts):
-            self._act(incident)
+            self._act(incident)  # first: the report and messages can wait a millisecond
+            self.watch.update(incident)
 
     def _act(self, incident: Incident) -> None:
         """A critical incident opened or escalated: stop the job if its rule says so."""
@@ -204,16 +205,21 @@ class Supervisor:
         self._terminate(job)
 
     def _terminate(self, job: JobProcess) -> None:
-        self._set_state(JobState.STOPPING)
         identity = job.identity
         if identity is None:
             return  # it already exited; the waiter reports the exit
         stop = self._stop
+        # SIGTERM right here, on the deciding thread: every millisecond is a step of training.
+        if not send_sigterm(identity):
+            return  # gone, or no longer our process: the waiter reports the exit
+        self._set_state(JobState.STOPPING)
+        grace_s = self.settings.job.grace_period_s
 
         def run_terminate() -> None:
-            result = terminate(
-                identity, grace_s=self.settings.job.grace_period_s, wait_exit=job.wait
-            )
+            if job.wait(grace_s):
+                return
+            # Still running after the grace period: the full sequence again, ending in SIGKILL.
+            result = terminate(identity, grace_s=0.0, wait_exit=job.wait)
             self._events.put(("terminated", (stop, result)))
 
         threading.Thread(target=run_terminate, name="terminate", daemon=True).start()

@@ -70,8 +70,7 @@ class Watch:
             event, incident = change
             self._announce(event, incident, alert)
             if event is not IncidentEvent.RESOLVED and incident.severity is Severity.CRITICAL:
-                write_report(incident, self._recent(incident), self.state_dir)
-                actionable.append(incident)
+                actionable.append(incident)  # the caller acts, then writes the report (update)
         return actionable
 
     def update(

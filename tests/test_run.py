@@ -232,3 +232,19 @@ def test_sigterm_to_sentinel_stops_the_job_and_exits_with_its_status(tmp_path: P
     finally:
         proc.kill()
         proc.communicate()
+
+
+def test_job_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    stubborn = tmp_path / "stubborn.py"
+    stubborn.write_text(
+        "import json, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print(json.dumps({'step': 3, 'loss': float('nan')}), flush=True)\ntime.sleep(120)\n"
+    )
+    state = tmp_path / "state"
+    result = sentinel(
+        "--state-dir", str(state), "--max-restarts", "0", "--", sys.executable, str(stubborn),
+        env={"SENTINEL_JOB__GRACE_PERIOD_S": "0.5"},
+    )  # fmt: skip
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr
+    (report,) = (state / "reports").glob("*.md")
+    assert "SIGKILL" in report.read_text()

@@ -1,0 +1,271 @@
+"""Run :class:`FileFollower` instances for paths and globs on one thread, like ``tail -F``.
+
+A :class:`LogTailer` finds the files its patterns match (files may not exist
+yet), reads each to its end and hands the lines on. watchdog events only wake
+its thread; the truth is always re-read with ``stat`` and ``pread``, because
+events can be dropped (queue overflow) or never come (NFS, some overlays).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from watchdog import events
+from watchdog.events import FileSystemEvent
+from watchdog.observers import Observer
+from watchdog.observers.polling import PollingObserver
+
+from sentinel.sources.logfile import FileFollower, OffsetStore
+
+logger = logging.getLogger(__name__)
+
+#: A globbed file gone this long is dropped (a rotated-away one may still be written first).
+VANISHED_GRACE_S = 10.0
+
+
+def _watch_dir(pattern: str) -> tuple[str, bool]:
+    """The directory to watch for ``pattern`` and whether to watch it recursively."""
+    parts = Path(pattern).parts
+    fixed: list[str] = []
+    for part in parts[:-1]:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    directory = os.path.join(*fixed) if fixed else "."
+    return directory, "**" in pattern or len(fixed) < len(parts) - 1
+
+
+def _existing_ancestor(directory: str) -> str:
+    """``directory`` or its nearest existing parent: where its creation will show."""
+    current = os.path.abspath(directory)
+    while not os.path.isdir(current) and os.path.dirname(current) != current:
+        current = os.path.dirname(current)
+    return current
+
+
+class LogTailer:
+    """Follows paths and globs (files may not exist yet); delivers lines from its own thread.
+
+    ``on_lines(path, lines)`` gets each batch in file order; offsets are
+    committed only after it returns. Events from watchdog only wake the thread,
+    which also re-checks every ``poll_interval_s`` because events can be missed.
+    """
+
+    def __init__(
+        self,
+        patterns: Sequence[str],
+        on_lines: Callable[[str, list[str]], None],
+        *,
+        offsets: OffsetStore | None = None,
+        poll: bool = False,
+        poll_interval_s: float = 1.0,
+        max_line_bytes: int = 1 << 20,
+    ) -> None:
+        self._patterns = [os.path.expanduser(pattern) for pattern in patterns]
+        self._on_lines = on_lines
+        self._offsets = offsets
+        self._poll_interval_s = poll_interval_s
+        self._max_line_bytes = max_line_bytes
+        self._mode = "polling" if poll else "inotify"
+        self._followers: dict[str, FileFollower] = {}
+        self._files: tuple[str, ...] = ()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._observer: Any = None
+        self._watched: set[tuple[str, bool]] = set()
+        self._globbed: set[str] = set()
+        self._missing_since: dict[str, float] = {}
+
+    @property
+    def mode(self) -> str:
+        """``"inotify"`` (woken by file events) or ``"polling"``."""
+        return self._mode
+
+    @property
+    def files(self) -> list[str]:
+        """Paths currently followed."""
+        return list(self._files)
+
+    def start(self) -> None:
+        """Read every matching file once, then follow them on a thread."""
+        if self._mode == "inotify":
+            self._start_observer()
+        # Watches first, then the first read: nothing written in between is missed.
+        self._cycle()
+        self._thread = threading.Thread(target=self._run, name="sentinel-log-tailer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and the observer, then read what was appended before stop."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._stop_observer()
+        self._cycle()
+        for follower in self._followers.values():
+            follower.close()
+        self._followers.clear()
+        self._files = ()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(self._poll_interval_s)
+            # Cleared before reading, so a write during the read wakes us again.
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            self._cycle()
+
+    def _cycle(self) -> None:
+        """Find files, read each to its end and hand the lines on."""
+        try:
+            self._rescan()
+        except Exception:
+            logger.exception("cannot scan the log patterns %s", self._patterns)
+        for path, follower in list(self._followers.items()):
+            try:
+                self._pump(path, follower)
+                if self._vanished(path):
+                    self._deliver(path, follower.finish())
+                    follower.commit()
+                    follower.close()
+                    del self._followers[path]
+                    self._globbed.discard(path)
+                    self._missing_since.pop(path, None)
+            except Exception:
+                logger.exception("cannot follow %s", path)
+        self._files = tuple(self._followers)
+
+    def _vanished(self, path: str) -> bool:
+        """Whether a globbed file has been gone long enough to stop following it.
+
+        The grace keeps the old file open through a rename rotation, when its
+        writer may still append to it until the new file appears.
+        """
+        if path not in self._globbed or os.path.lexists(path):
+            self._missing_since.pop(path, None)
+            return False
+        since = self._missing_since.setdefault(path, time.monotonic())
+        return time.monotonic() - since >= VANISHED_GRACE_S
+
+    def _pump(self, path: str, follower: FileFollower) -> None:
+        while True:
+            self._deliver(path, follower.read())
+            follower.commit()
+            if not follower.has_backlog:
+                return
+
+    def _deliver(self, path: str, lines: list[str]) -> None:
+        if not lines:
+            return
+        try:
+            self._on_lines(path, lines)
+        except Exception:
+            logger.exception("on_lines failed for %d lines of %s", len(lines), path)
+
+    def _rescan(self) -> None:
+        for pattern in self._patterns:
+            globbed = glob.has_magic(pattern)
+            paths = sorted(glob.glob(pattern, recursive=True)) if globbed else [pattern]
+            for path in paths:
+                if path not in self._followers and not os.path.isdir(path):
+                    if globbed:
+                        self._globbed.add(path)
+                    self._followers[path] = FileFollower(
+                        Path(path), offsets=self._offsets, max_line_bytes=self._max_line_bytes
+                    )
+        self._files = tuple(self._followers)
+        if self._observer is not None:
+            self._update_watches()
+
+    # -- wake-ups -----------------------------------------------------------
+
+    def _start_observer(self) -> None:
+        observer = Observer()
+        if isinstance(observer, PollingObserver):
+            # watchdog's own polling would only duplicate ours.
+            self._fall_back("no native file events on this platform")
+            return
+        self._observer = observer
+        try:
+            self._update_watches()
+            if self._observer is not None:
+                observer.start()
+        except OSError as exc:
+            self._fall_back(str(exc))
+
+    def _update_watches(self) -> None:
+        """Watch the directory of every pattern and of every symlink's target."""
+        wanted = {_watch_dir(pattern) for pattern in self._patterns}
+        for path in self._files:
+            real = os.path.realpath(path)
+            if real != os.path.abspath(path):
+                wanted.add((os.path.dirname(real), False))
+        for directory, recursive in wanted:
+            watch = (_existing_ancestor(directory), recursive)
+            if watch in self._watched:
+                continue
+            try:
+                self._observer.schedule(
+                    _WakeHandler(self._wake),
+                    watch[0],
+                    recursive=watch[1],
+                    event_filter=_WAKE_EVENTS,
+                )
+            except OSError as exc:
+                self._fall_back(str(exc))
+                return
+            self._watched.add(watch)
+            # Something may have appeared before the watch was in place: look again.
+            self._wake.set()
+
+    def _fall_back(self, reason: str) -> None:
+        logger.warning(
+            "file events unavailable (%s); polling the logs every %g s",
+            reason,
+            self._poll_interval_s,
+        )
+        self._mode = "polling"
+        self._stop_observer()
+
+    def _stop_observer(self) -> None:
+        observer, self._observer = self._observer, None
+        if observer is None:
+            return
+        with contextlib.suppress(Exception):
+            observer.stop()
+            if observer.is_alive():
+                observer.join()
+
+
+#: Events that can mean new bytes or a new file; opens and closes by readers are noise.
+_WAKE_EVENTS: list[type[FileSystemEvent]] = [
+    events.FileModifiedEvent,
+    events.FileCreatedEvent,
+    events.FileMovedEvent,
+    events.FileDeletedEvent,
+    events.DirCreatedEvent,
+    events.DirMovedEvent,
+    events.DirDeletedEvent,
+]
+
+
+class _WakeHandler:
+    """A watchdog handler that only wakes the tailer; the tailer reads for itself."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        self._wake = wake
+
+    def dispatch(self, event: object) -> None:
+        self._wake.set()
