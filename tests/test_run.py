@@ -95,9 +95,7 @@ def test_nan_grad_norm_stops_quarantines_restarts_and_finishes(job: Path, tmp_pa
             "--", sys.executable, str(job), str(ckpt), str(record), "15", "20",
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
-        alert_posts = [
-            json.loads(r.json["message"]) for r in hook.wait_for(1, timeout=10)
-        ]
+        alert_posts = [json.loads(r.json["message"]) for r in hook.wait_for(1, timeout=10)]
 
     events = _records(record)
     assert [(e["event"], e["restart"]) for e in events] == [
@@ -115,7 +113,10 @@ def test_nan_grad_norm_stops_quarantines_restarts_and_finishes(job: Path, tmp_pa
     assert len(quarantined) == 1
     assert json.loads((quarantined[0] / "weights.json").read_text()) == {"step": 15}
     assert sorted(p.name for p in ckpt.iterdir() if p.name != "quarantine") == [
-        "step_10", "step_15", "step_20", "step_5"
+        "step_10",
+        "step_15",
+        "step_20",
+        "step_5",
     ]  # fmt: skip  (step_15 again: written by the restarted attempt)
 
     first = _alerts(state)[0]
@@ -216,7 +217,7 @@ def test_sigterm_to_sentinel_stops_the_job_and_exits_with_its_status(tmp_path: P
     slow = tmp_path / "slow.py"
     slow.write_text(
         "import time\nfor i in range(1000):\n"
-        "    print('{\"step\": %d, \"loss\": 1.0}' % i, flush=True)\n    time.sleep(0.05)\n"
+        '    print(\'{"step": %d, "loss": 1.0}\' % i, flush=True)\n    time.sleep(0.05)\n'
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "sentinel", "run", "--state-dir", str(tmp_path / "state"),
