@@ -87,6 +87,10 @@ class ParserConfig(_Model):
 
     #: Regular expressions with named groups; each group but ``step`` and ``time`` is a metric.
     regexes: list[str] = Field(default_factory=list)
+    #: The HF Trainer's ``logging_steps``. When set, the step of each printed metric dict
+    #: is counted (exact even when the job's stdout was buffered); unset, it is taken from
+    #: the last progress bar seen, which can lag by a step when tqdm skipped a redraw.
+    logging_steps: int | None = Field(default=None, ge=1)
 
     @field_validator("regexes")
     @classmethod

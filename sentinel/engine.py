@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sentinel.detectors import DETECTORS, BaseDetector
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from sentinel.config import Settings
 
 log = logging.getLogger(__name__)
+
+#: Metrics that mark a line as a training log line (as opposed to an eval line).
+TRAINING_LOG_METRICS = frozenset({"loss", "grad_norm", "lr"})
 
 #: Samples of each metric kept for incident reports ("the last samples before onset").
 HISTORY_LEN = 32
@@ -40,9 +44,18 @@ class Engine:
     """Feeds lines, samples, ticks and job events to the detectors; returns alerts."""
 
     def __init__(
-        self, detectors: Sequence[BaseDetector], parser: LineParser, *, data_clock: bool = False
+        self,
+        detectors: Sequence[BaseDetector],
+        parser: LineParser,
+        *,
+        data_clock: bool = False,
+        logging_steps: int | None = None,
     ) -> None:
         self.detectors = list(detectors)
+        #: Step-less training log lines are ``logging_steps`` apart (HF's printed dicts).
+        self.logging_steps = logging_steps
+        self.start_step = 0
+        self._logged = 0
         #: Replay: time comes from the data's own timestamps, not from the caller.
         self.data_clock = data_clock
         self.parser = parser
@@ -56,6 +69,8 @@ class Engine:
     def feed_line(self, line: Line) -> list[Alert]:
         """One line of output: parsed into samples, and shown to rules that watch output."""
         samples = self.parser.parse(line.text)
+        if self.logging_steps is not None and samples:
+            samples = self._count_step(samples)
         alerts: list[Alert] = []
         if self.data_clock:
             alerts += self._advance_clock(samples)
@@ -68,6 +83,19 @@ class Engine:
         if samples:
             alerts += self.feed_samples(samples, line.source, line.time)
         return alerts
+
+    def _count_step(self, samples: list[Sample]) -> list[Sample]:
+        """Give a step-less line the step its position implies: start + n x logging_steps."""
+        assert self.logging_steps is not None
+        metrics = [sample for sample in samples if sample.name != PROGRESS]
+        if not metrics or any(sample.step is not None for sample in metrics):
+            return samples
+        if any(sample.name in TRAINING_LOG_METRICS for sample in metrics):
+            self._logged += 1  # an eval line belongs to the step last logged
+        step = self.start_step + self._logged * self.logging_steps
+        return [
+            sample if sample.name == PROGRESS else replace(sample, step=step) for sample in samples
+        ]
 
     def _advance_clock(self, samples: list[Sample]) -> list[Alert]:
         """Replay: move the clock to the line's own time before its samples are seen."""
@@ -112,8 +140,10 @@ class Engine:
     def tick(self, now: float) -> list[Alert]:
         return self._each(lambda detector: detector.tick(now), now)
 
-    def job_started(self, now: float) -> None:
+    def job_started(self, now: float, start_step: int = 0) -> None:
         """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
+        self.start_step = start_step
+        self._logged = 0
         self.current_step = None
         self.history.clear()
         self._each(lambda detector: detector.job_started(now), now)

@@ -61,7 +61,12 @@ class ReplayResult:
 def replay(paths: list[Path], settings: Settings) -> ReplayResult:
     """Run every enabled rule over the files, in order, as if they were being written."""
     parser = LineParser(regexes=settings.parsers.regexes)
-    engine = Engine(build_detectors(settings), parser, data_clock=True)
+    engine = Engine(
+        build_detectors(settings),
+        parser,
+        data_clock=True,
+        logging_steps=settings.parsers.logging_steps,
+    )
     tracker = IncidentTracker("replay")
     result = ReplayResult()
 

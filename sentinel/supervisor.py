@@ -378,7 +378,8 @@ class Supervisor:
             self._finish(127, JobState.FATAL)
             return
         self._job = job
-        self.watch.job_started(job.started_at)
+        resumed_at = self._resume[1] if self.restarts else None
+        self.watch.job_started(job.started_at, resumed_at or 0)
         self._set_state(JobState.STARTING)
         log.info("job started (attempt %d, pid %d): %s", attempt, job.pid, shlex.join(argv))
 

@@ -44,7 +44,9 @@ class Watch:
         self.run_id = new_run_id()
         store.put("last_run_id", self.run_id)
         self.engine = Engine(
-            build_detectors(settings), LineParser(regexes=settings.parsers.regexes)
+            build_detectors(settings),
+            LineParser(regexes=settings.parsers.regexes),
+            logging_steps=settings.parsers.logging_steps,
         )
         self.tracker = IncidentTracker(self.run_id)
         self.journal = Journal(settings.state_dir)
@@ -90,12 +92,12 @@ class Watch:
             )
             self._send(incident, summary, "actions", "ACTIONS", body)
 
-    def job_started(self, now: float) -> None:
-        """A new attempt: the previous attempt's episodes are over."""
+    def job_started(self, now: float, start_step: int = 0) -> None:
+        """A new attempt (resuming at ``start_step``): the previous attempt's episodes are over."""
         for incident in self.tracker.close_all(now):
             if incident.severity is Severity.CRITICAL:
                 write_report(incident, self._recent(incident), self.state_dir)
-        self.engine.job_started(now)
+        self.engine.job_started(now, start_step)
 
     def close(self) -> None:
         stats = self.engine.parser.stats

@@ -1,0 +1,227 @@
+"""JSON lines: one JSON object per line, its numeric fields become samples.
+
+``{"step": 120, "loss": 2.31, "lr": 3e-4}`` gives ``loss`` and ``lr`` at step
+120. Numbers and numeric strings ("nan", "2.5") are metrics; booleans, nested
+objects and other strings are ignored. ``step``/``global_step``/``iteration``/
+``iter`` give the step, ``time``/``timestamp``/``ts``/``wall_time`` the time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sentinel.parsers import (
+    STEP_KEYS,
+    TIME_KEYS,
+    Garbled,
+    as_epoch_seconds,
+    as_float,
+    as_step,
+    normalise_name,
+)
+from sentinel.records import PROGRESS, Sample
+
+_STDLIB_DECODER = json.JSONDecoder()
+
+
+def _loads_lenient(text: str) -> Any:
+    """orjson first, the stdlib when orjson refuses (bare NaN/Infinity, which HF writes)."""
+    try:
+        return _orjson_loads(text)
+    except ValueError:
+        return json.loads(text)
+
+
+def _decode_prefix_lenient(text: str) -> tuple[Any, int]:
+    """``decode_prefix`` with orjson, which only decodes whole documents."""
+    return _loads_lenient(text), len(text)
+
+
+try:
+    import orjson  # type: ignore[import-not-found, unused-ignore]
+except ImportError:  # pragma: no cover - depends on the environment
+    #: Decode one JSON document, accepting bare NaN/Infinity.
+    loads: Callable[[str], Any] = json.loads
+    #: Decode the JSON document at the start of a string: (value, index where it ends).
+    #: ``raw_decode`` skips the wrapper layers of ``json.loads``, which cost more than
+    #: the decoding itself on a short metrics line.
+    decode_prefix: Callable[[str], tuple[Any, int]] = _STDLIB_DECODER.raw_decode
+else:  # pragma: no cover - depends on the environment
+    _orjson_loads: Callable[[str], Any] = orjson.loads
+    loads = _loads_lenient
+    decode_prefix = _decode_prefix_lenient
+
+
+def _sample_setters() -> tuple[Callable[[Sample, object], None], ...]:
+    """Slot setters for Sample's fields; empty when Sample must be built by its __init__.
+
+    Filling the slots of ``object.__new__(Sample)`` builds the same frozen
+    object about twice as fast as the dataclass ``__init__``, which matters
+    when every line of a metrics file makes several samples.
+    """
+    fields = ("name", "value", "step", "time")
+    if getattr(Sample, "__slots__", ()) != fields or hasattr(Sample, "__post_init__"):
+        return ()  # pragma: no cover - only if records.Sample changes shape
+    return tuple(getattr(Sample, field).__set__ for field in fields)
+
+
+def _unused_setter(sample: Sample, value: object) -> None:  # pragma: no cover
+    raise AssertionError("slot setters are only used when Sample has the expected slots")
+
+
+_SETTERS = _sample_setters()
+_FAST_SAMPLES = bool(_SETTERS)
+_SET_NAME, _SET_VALUE, _SET_STEP, _SET_TIME = _SETTERS or (_unused_setter,) * 4
+
+
+_STEP_PRIORITY = {key: rank for rank, key in enumerate(STEP_KEYS)}
+_TIME_PRIORITY = {key: rank for rank, key in enumerate(TIME_KEYS)}
+
+
+@dataclass(frozen=True, slots=True)
+class _Schema:
+    """How to read records with one set of field names, in their order: each field's
+    sample name (None for the step and time fields), and the step and time fields in
+    order of preference."""
+
+    names: tuple[str | None, ...]
+    step_keys: tuple[str, ...]
+    time_keys: tuple[str, ...]
+
+
+# Field names -> schema. A metrics file repeats one set of names on every line, so the
+# names are normalised once per file, not once per line. Bounded against unique keys.
+_SCHEMAS: dict[tuple[str, ...], _Schema] = {}
+_SCHEMAS_MAX = 1024
+
+
+def _schema(keys: tuple[str, ...]) -> _Schema:
+    """The schema of a record with these field names, cached."""
+    names: list[str | None] = []
+    step_keys: list[str] = []
+    time_keys: list[str] = []
+    for key in keys:
+        lowered = key.strip().lower()
+        if lowered in _STEP_PRIORITY:
+            step_keys.append(key)
+            names.append(None)
+        elif lowered in _TIME_PRIORITY:
+            time_keys.append(key)
+            names.append(None)
+        else:
+            names.append(normalise_name(key))
+    step_keys.sort(key=lambda key: _STEP_PRIORITY[key.strip().lower()])
+    time_keys.sort(key=lambda key: _TIME_PRIORITY[key.strip().lower()])
+    schema = _Schema(tuple(names), tuple(step_keys), tuple(time_keys))
+    if len(_SCHEMAS) < _SCHEMAS_MAX:
+        _SCHEMAS[keys] = schema
+    return schema
+
+
+def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
+    """The samples of one record of named values (a decoded JSON object, an HF log dict).
+
+    A record with a step and no metric gives one ``PROGRESS`` sample, so a
+    step-only line still counts as progress.
+    """
+    keys = tuple(fields)
+    schema = _SCHEMAS.get(keys) or _schema(keys)
+    step: int | None = None
+    for key in schema.step_keys:
+        value = fields[key]
+        step = value if type(value) is int else as_step(value)
+        if step is not None:
+            break
+    time: float | None = None
+    for key in schema.time_keys:
+        time = as_epoch_seconds(fields[key])
+        if time is not None:
+            break
+    if not _FAST_SAMPLES:  # pragma: no cover - only if records.Sample changes shape
+        return _samples_by_init(schema, fields, step, time)
+    samples: list[Sample] = []
+    append = samples.append
+    set_name, set_value, set_step, set_time = _SET_NAME, _SET_VALUE, _SET_STEP, _SET_TIME
+    new = object.__new__
+    # The schema was built from these very keys, so names and values line up.
+    for name, value in zip(schema.names, fields.values(), strict=False):
+        if name is None:
+            continue
+        if type(value) is not float:
+            if type(value) is not int and type(value) is not str:
+                continue
+            try:
+                value = float(value)
+            except (ValueError, OverflowError):
+                continue
+        sample = new(Sample)
+        set_name(sample, name)
+        set_value(sample, value)
+        set_step(sample, step)
+        set_time(sample, time)
+        append(sample)
+    if not samples and step is not None:
+        append(Sample(PROGRESS, float(step), step, time))
+    return samples
+
+
+def _samples_by_init(  # pragma: no cover - only if records.Sample changes shape
+    schema: _Schema, fields: Mapping[str, object], step: int | None, time: float | None
+) -> list[Sample]:
+    """``samples_from_mapping``'s loop through ``Sample.__init__``."""
+    samples = []
+    for name, value in zip(schema.names, fields.values(), strict=False):
+        number = as_float(value)
+        if name is not None and number is not None:
+            samples.append(Sample(name, number, step, time))
+    if not samples and step is not None:
+        samples.append(Sample(PROGRESS, float(step), step, time))
+    return samples
+
+
+def _looks_like_json_object(stripped: str) -> bool:
+    """Whether a line starting with ``{`` was meant to be a JSON object (so broken = garbled)."""
+    rest = stripped[1:].lstrip()
+    return not rest or rest[0] in "\"'}"
+
+
+def parse_jsonl(text: str) -> list[Sample] | None:
+    """Samples of one JSON-object line; an HF dict line is handed to ``hf_trainer``.
+
+    None for JSON arrays and scalars and for lines that do not start with
+    ``{``; ``Garbled`` for a line that starts like a JSON object but does not
+    decode (a truncated write).
+    """
+    stripped = text.strip()
+    if stripped[:1] != "{":
+        return None
+    if stripped[1:].lstrip()[:1] == "'":
+        return _parse_hf_or_garbled(stripped)
+    try:
+        decoded = loads(stripped)
+    except ValueError:  # JSONDecodeError, and RecursionError's cousins are not expected
+        decoded = None
+    except RecursionError as error:
+        raise Garbled(f"JSON nested too deeply: {stripped[:80]!r}") from error
+    if isinstance(decoded, dict):
+        return samples_from_mapping(decoded)
+    if decoded is not None:
+        return None
+    return _parse_hf_or_garbled(stripped)
+
+
+def _parse_hf_or_garbled(stripped: str) -> list[Sample] | None:
+    """A ``{`` line that is not JSON: an HF log dict, garbled JSON, or not ours."""
+    found = hf_trainer.parse_hf_dict(stripped)
+    if found is not None:
+        return found
+    if _looks_like_json_object(stripped):
+        raise Garbled(f"not a valid JSON object: {stripped[:80]!r}")
+    return None
+
+
+# At the end: hf_trainer builds on this module's samples_from_mapping.
+from sentinel.parsers import hf_trainer  # noqa: E402

@@ -1,0 +1,190 @@
+"""HF Trainer output: printed log dicts (4.x bare floats, 5.x strings) and trainer_state.json."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from sentinel.parsers import Garbled
+from sentinel.parsers.hf_trainer import parse_hf_dict, read_trainer_state, trainer_state_info
+from sentinel.records import PROGRESS, Sample
+
+NAN = math.nan
+INF = math.inf
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(
+            "{'loss': 2.3141, 'grad_norm': 1.25, 'learning_rate': 4.9e-05, 'epoch': 0.02}",
+            [
+                Sample("loss", 2.3141),
+                Sample("grad_norm", 1.25),
+                Sample("lr", 4.9e-05),
+                Sample("epoch", 0.02),
+            ],
+            id="v4-train-line",
+        ),
+        pytest.param(
+            "{'loss': 2.3141, 'grad_norm': nan, 'learning_rate': 4.9e-05, 'epoch': 0.02}",
+            [
+                Sample("loss", 2.3141),
+                Sample("grad_norm", NAN),
+                Sample("lr", 4.9e-05),
+                Sample("epoch", 0.02),
+            ],
+            id="v4-bare-nan",
+        ),
+        pytest.param(
+            "{'loss': inf, 'grad_norm': -inf}",
+            [Sample("loss", INF), Sample("grad_norm", -INF)],
+            id="v4-bare-inf",
+        ),
+        pytest.param(
+            "{'loss': '2.3141', 'grad_norm': 'nan', 'learning_rate': '4.9e-05', 'epoch': '0.02'}",
+            [
+                Sample("loss", 2.3141),
+                Sample("grad_norm", NAN),
+                Sample("lr", 4.9e-05),
+                Sample("epoch", 0.02),
+            ],
+            id="v5-strings",
+        ),
+        pytest.param(
+            "{'eval_loss': 2.1, 'eval_runtime': 1.2, 'eval_samples_per_second': 80.1, "
+            "'eval_steps_per_second': 10.0, 'epoch': 1.0}",
+            [
+                Sample("eval_loss", 2.1),
+                Sample("eval_runtime", 1.2),
+                Sample("eval_samples_per_second", 80.1),
+                Sample("eval_steps_per_second", 10.0),
+                Sample("epoch", 1.0),
+            ],
+            id="eval-line",
+        ),
+        pytest.param(
+            "{'train_runtime': 12.3, 'train_samples_per_second': 40.5, "
+            "'train_steps_per_second': 5.1, 'train_loss': 2.5, 'epoch': 3.0}",
+            [
+                Sample("train_runtime", 12.3),
+                Sample("train_samples_per_second", 40.5),
+                Sample("train_steps_per_second", 5.1),
+                Sample("train_loss", 2.5),
+                Sample("epoch", 3.0),
+            ],
+            id="summary-keeps-mean-train-loss-apart",
+        ),
+        pytest.param(
+            "{'loss': tensor(2.5, device='cuda:0'), 'grad_norm': 0.5}",
+            [Sample("loss", 2.5), Sample("grad_norm", 0.5)],
+            id="tensor-value",
+        ),
+        pytest.param(
+            "{'loss': 1.0, 'done': True, 'note': 'warmup', 'x': None, 'ids': [1, 2]}",
+            [Sample("loss", 1.0)],
+            id="ignores-bool-text-none-list",
+        ),
+        pytest.param("{'loss': 1.0, }", [Sample("loss", 1.0)], id="trailing-comma"),
+        pytest.param("  {'loss': 1.0}  \r", [Sample("loss", 1.0)], id="spaces-and-cr"),
+        pytest.param('{"loss": 1.0}', None, id="json-not-mine"),
+        pytest.param("loss: 1.0", None, id="text-not-mine"),
+    ],
+)
+def test_parse_hf_dict(line: str, expected: list[Sample] | None) -> None:
+    assert repr(parse_hf_dict(line)) == repr(expected)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param("{'loss': 2.3141, 'grad_norm': na", id="truncated-value"),
+        pytest.param("{'loss': 2.3141, 'gra", id="truncated-key"),
+        pytest.param("{'loss' 2.3}", id="missing-colon"),
+        pytest.param("{'loss': 2.3}}", id="extra-brace"),
+    ],
+)
+def test_broken_hf_dict_is_garbled(line: str) -> None:
+    with pytest.raises(Garbled):
+        parse_hf_dict(line)
+
+
+TRAINER_STATE = """{
+  "best_metric": null,
+  "epoch": 1.0,
+  "global_step": 20,
+  "logging_steps": 10,
+  "max_steps": 40,
+  "num_train_epochs": 2,
+  "train_batch_size": 8,
+  "is_hyper_param_search": false,
+  "log_history": [
+    {"epoch": 0.5, "grad_norm": 1.5, "learning_rate": 4e-05, "loss": 2.5, "step": 10},
+    {"epoch": 1.0, "grad_norm": NaN, "learning_rate": 3e-05, "loss": Infinity, "step": 20},
+    {"epoch": 1.0, "eval_loss": 2.4, "eval_runtime": 0.5, "step": 20}
+  ]
+}"""
+
+
+def test_read_trainer_state_gives_each_entry_at_its_step() -> None:
+    assert repr(read_trainer_state(TRAINER_STATE)) == repr(
+        [
+            Sample("epoch", 0.5, 10),
+            Sample("grad_norm", 1.5, 10),
+            Sample("lr", 4e-05, 10),
+            Sample("loss", 2.5, 10),
+            Sample("epoch", 1.0, 20),
+            Sample("grad_norm", NAN, 20),
+            Sample("lr", 3e-05, 20),
+            Sample("loss", INF, 20),
+            Sample("epoch", 1.0, 20),
+            Sample("eval_loss", 2.4, 20),
+            Sample("eval_runtime", 0.5, 20),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param('{"log_history": []}', [], id="empty-history"),
+        pytest.param("{}", [], id="no-history"),
+        pytest.param(
+            '{"log_history": [{"step": 5}, 3, {"loss": 1.0, "step": 6}]}',
+            [Sample(PROGRESS, 5.0, 5), Sample("loss", 1.0, 6)],
+            id="skips-non-objects",
+        ),
+    ],
+)
+def test_read_trainer_state_edges(text: str, expected: list[Sample]) -> None:
+    assert read_trainer_state(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('{"log_history": [', id="truncated"),
+        pytest.param("[]", id="not-an-object"),
+        pytest.param('{"log_history": {}}', id="history-not-a-list"),
+    ],
+)
+def test_broken_trainer_state_is_garbled(text: str) -> None:
+    with pytest.raises(Garbled):
+        read_trainer_state(text)
+
+
+def test_trainer_state_info() -> None:
+    assert trainer_state_info(TRAINER_STATE) == {
+        "max_steps": 40,
+        "logging_steps": 10,
+        "train_batch_size": 8,
+        "global_step": 20,
+        "num_train_epochs": 2,
+    }
+
+
+def test_trainer_state_info_skips_missing_and_non_integers() -> None:
+    text = json.dumps({"max_steps": 10, "logging_steps": True, "train_batch_size": "big"})
+    assert trainer_state_info(text) == {"max_steps": 10}

@@ -1,0 +1,96 @@
+"""Human-written metric lines: key=value, key: value, and known-key value pairs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sentinel.parsers.keyvalue import parse_keyvalue
+from sentinel.records import Sample
+
+NAN = math.nan
+INF = math.inf
+STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(
+            "step 120 | loss 2.3141 | tok/s 15321",
+            [Sample("loss", 2.3141, 120), Sample("tokens_per_sec", 15321.0, 120)],
+            id="pipes-and-spaces",
+        ),
+        pytest.param(
+            "Step 10: loss=2.45, lr=6.67e-05",
+            [Sample("loss", 2.45, 10), Sample("lr", 6.67e-05, 10)],
+            id="step-colon-then-equals",
+        ),
+        pytest.param(
+            "iter 50/1000 loss: 2.1 grad_norm: 0.5",
+            [Sample("loss", 2.1, 50), Sample("grad_norm", 0.5, 50)],
+            id="iter-of-total-and-colons",
+        ),
+        pytest.param(
+            "[2024-05-01 12:00:01] step=5 loss=nan grad_norm=inf",
+            [Sample("loss", NAN, 5, STAMP), Sample("grad_norm", INF, 5, STAMP)],
+            id="bracketed-timestamp-nan-inf",
+        ),
+        pytest.param(
+            "2024-05-01 12:00:01,500 INFO loss=1.5",
+            [Sample("loss", 1.5, None, STAMP + 0.5)],
+            id="logging-timestamp-with-millis",
+        ),
+        pytest.param(
+            "epoch 1 step 300 loss 1.92 lr 3e-4",
+            [Sample("epoch", 1.0, 300), Sample("loss", 1.92, 300), Sample("lr", 3e-4, 300)],
+            id="all-spaces",
+        ),
+        pytest.param(
+            "loss=-NaN grad_norm=+Inf lr=-1.5E-3",
+            [Sample("loss", NAN), Sample("grad_norm", INF), Sample("lr", -1.5e-3)],
+            id="signs-and-case",
+        ),
+        pytest.param(
+            "global_step=7 train/loss=1.0 val_loss=2.0",
+            [Sample("loss", 1.0, 7), Sample("eval_loss", 2.0, 7)],
+            id="aliases",
+        ),
+        pytest.param(
+            "eval loss 2.1, val loss: 2.2",
+            [Sample("eval_loss", 2.1), Sample("eval_loss", 2.2)],
+            id="two-word-eval-loss",
+        ),
+        pytest.param(
+            "custom_metric.top-1=0.75 mfu: 0.41",
+            [Sample("custom_metric.top-1", 0.75), Sample("mfu", 0.41)],
+            id="any-identifier-with-separator",
+        ),
+        pytest.param(
+            "loss_scale=1024 loss 2.0",
+            [Sample("loss_scale", 1024.0), Sample("loss", 2.0)],
+            id="longer-key-not-split",
+        ),
+        pytest.param("loss=2.3   \r", [Sample("loss", 2.3)], id="trailing-space-and-cr"),
+        pytest.param(
+            "Epoch 3 done, loss 2.31.",
+            [Sample("epoch", 3.0), Sample("loss", 2.31)],
+            id="sentence-full-stop",
+        ),
+        pytest.param("WARNING: loss scale reduced to 1024", None, id="warning-prose"),
+        pytest.param("Loading checkpoint shards: 100%", None, id="percent-is-not-a-metric"),
+        pytest.param("started at 12:00:01", None, id="clock-is-not-a-metric"),
+        pytest.param("time: 12:00:01", None, id="clock-after-key"),
+        pytest.param("connecting to host=10.0.0.1 port: 8080x", None, id="ip-and-suffixed"),
+        pytest.param("version=4.40.0", None, id="version-string"),
+        pytest.param("took 1.5s/it", None, id="units-are-not-metrics"),
+        pytest.param("Saving model checkpoint to out/checkpoint-500", None, id="path-prose"),
+        pytest.param("Step 500: saving checkpoint", None, id="step-only-is-not-a-metric"),
+        pytest.param("we ran 3 epochs with batch 8", None, id="unknown-space-keys"),
+        pytest.param("Num examples = 1,000", None, id="thousands-separator"),
+        pytest.param("cuda:0 ready", None, id="device-name"),
+    ],
+)
+def test_parse_keyvalue(line: str, expected: list[Sample] | None) -> None:
+    assert repr(parse_keyvalue(line)) == repr(expected)

@@ -1,0 +1,62 @@
+"""tqdm progress bars: a training bar's count is progress; other bars give none."""
+
+from __future__ import annotations
+
+import pytest
+
+from sentinel.parsers.tqdm import parse_tqdm
+from sentinel.records import PROGRESS, Sample
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(
+            "  5%|▌         | 10/200 [00:01<00:19,  9.81it/s]",
+            [Sample(PROGRESS, 10.0, 10)],
+            id="hf-training-bar",
+        ),
+        pytest.param(
+            "100%|██████████| 200/200 [01:02:03<00:00,  3.21s/it]",
+            [Sample(PROGRESS, 200.0, 200)],
+            id="hours-and-seconds-per-it",
+        ),
+        pytest.param(
+            "  0%|          | 0/200 [00:00<?, ?it/s]", [Sample(PROGRESS, 0.0, 0)], id="first-frame"
+        ),
+        pytest.param(
+            "10/200 [00:01<00:19,  9.81it/s]", [Sample(PROGRESS, 10.0, 10)], id="without-bar"
+        ),
+        pytest.param("10it [00:01,  9.81it/s]", [Sample(PROGRESS, 10.0, 10)], id="no-total"),
+        pytest.param(
+            "Training:  45%|████▌     | 45/100 [00:01<00:02, 25.3it/s, loss=2.3, lr=1e-4]",
+            [Sample("loss", 2.3, 45), Sample("lr", 1e-4, 45), Sample(PROGRESS, 45.0, 45)],
+            id="training-bar-with-postfix",
+        ),
+        pytest.param(
+            "Epoch 0:  45%|████▌     | 45/100 [00:01<00:02, 25.3it/s, v_num=0, loss=2.3]",
+            [Sample("loss", 2.3)],
+            id="lightning-epoch-bar-no-progress",
+        ),
+        pytest.param(
+            "Loading checkpoint shards: 100%|██████████| 2/2 [00:03<00:00,  1.50s/it]",
+            [],
+            id="other-bar-no-progress",
+        ),
+        pytest.param(
+            "Map: 100%|██████████| 1000/1000 [00:00<00:00, 9000.00 examples/s]",
+            [],
+            id="datasets-map-bar",
+        ),
+        pytest.param(
+            "  5%|▌  | 10/200 [00:01<00:19]  \r",
+            [Sample(PROGRESS, 10.0, 10)],
+            id="trailing-space-and-cr",
+        ),
+        pytest.param("iter 50/1000 loss: 2.1", None, id="count-without-clock-not-mine"),
+        pytest.param("[2024-05-01 12:00:01] step=5", None, id="bracket-not-a-bar"),
+        pytest.param("loss=2.3", None, id="no-bracket"),
+    ],
+)
+def test_parse_tqdm(line: str, expected: list[Sample] | None) -> None:
+    assert parse_tqdm(line) == expected

@@ -1,0 +1,58 @@
+"""``sentinel replay`` on real HF Trainer artifacts (tests/fixtures/make_hf_logs.py made them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sentinel.config import Settings, load_settings
+from sentinel.replay import replay
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"
+ARTIFACTS = ["train.log", "train.unbuffered.log", "trainer_state.json"]
+
+
+def settings() -> Settings:
+    return load_settings(None, environ={"SENTINEL_PARSERS__LOGGING_STEPS": "1"})
+
+
+@pytest.mark.parametrize("artifact", ARTIFACTS)
+def test_first_nan_inf_is_at_the_exact_step(artifact: str) -> None:
+    expected = json.loads((FIXTURES / "nan" / "expected.json").read_text())
+    result = replay([FIXTURES / "nan" / artifact], settings())
+    first = next(alert for alert in result.alerts if alert.rule == "nan_inf")
+    assert (first.step, first.metric) == (expected["first_nonfinite_step"], expected["metric"])
+    assert result.garbled == 0
+
+
+@pytest.mark.parametrize("artifact", ARTIFACTS)
+def test_healthy_run_raises_nothing(artifact: str) -> None:
+    result = replay([FIXTURES / "healthy" / artifact], settings())
+    assert result.worst() is None, [alert.message for alert in result.alerts]
+    assert result.samples > 0
+
+
+def test_every_printed_dict_is_read_even_when_glued_to_the_progress_bar() -> None:
+    # With stdout buffered, the first dict after each flush follows tqdm's bar text directly.
+    expected = json.loads((FIXTURES / "nan" / "expected.json").read_text())
+    result = replay([FIXTURES / "nan" / "train.log"], settings())
+    dicts = expected["train.log"]["n_metric_dicts"]
+    assert result.samples >= dicts * 3  # loss, grad_norm and learning rate in each
+
+
+def test_replay_cli_json_on_hf_log() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env["SENTINEL_PARSERS__LOGGING_STEPS"] = "1"
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "replay", "--json", "--fail-on", "critical",
+         str(FIXTURES / "nan" / "train.log")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    first = json.loads(result.stdout.splitlines()[0])
+    assert (first["rule"], first["step"], first["value"]) == ("nan_inf", 19, "nan")
