@@ -1,0 +1,76 @@
+"""The smaller verbs: notify-test, checkpoints, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.webhook import WebhookReceiver
+
+
+def sentinel(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", *args],
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_notify_test_reports_each_target_and_fails_if_one_did() -> None:
+    with WebhookReceiver() as live:
+        dead = WebhookReceiver(listening=False)
+        result = sentinel("notify-test", "--notify", live.url, "--notify", dead.url)
+        (request,) = live.wait_for(1)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("ok") and str(live.port) in lines[0]
+    assert lines[1].startswith("FAILED") and str(dead.port) in lines[1]
+    assert json.loads(request.json["message"])["rule"] == "notify_test"
+
+
+def test_notify_test_without_targets_is_a_usage_error() -> None:
+    assert sentinel("notify-test").returncode == 2
+
+
+def _safetensors(path: Path, *, truncated: bool = False) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    data = len(header).to_bytes(8, "little") + header + b"\0" * (4 if truncated else 8)
+    path.write_bytes(data)
+
+
+def test_checkpoints_lists_statuses_and_the_last_clean_one(tmp_path: Path) -> None:
+    for step, truncated in ((100, False), (200, False), (300, True)):
+        ckpt = tmp_path / f"checkpoint-{step}"
+        ckpt.mkdir()
+        _safetensors(ckpt / "model.safetensors", truncated=truncated)
+        (ckpt / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-400").mkdir()  # being written: nothing in it yet
+
+    table = sentinel("checkpoints", str(tmp_path))
+    assert table.returncode == 0
+    rows = {line.split()[2]: line for line in table.stdout.splitlines()[1:]}
+    assert "<- last clean" in rows["checkpoint-200"]
+    assert " corrupt " in rows["checkpoint-300"] and " incomplete " in rows["checkpoint-400"]
+
+    listing = json.loads(sentinel("checkpoints", "--json", str(tmp_path)).stdout)
+    assert listing["last_clean"] == str((tmp_path / "checkpoint-200").resolve())
+    assert [c["status"] for c in listing["checkpoints"]] == [
+        "clean", "clean", "corrupt", "incomplete"
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_demo_diverges_rolls_back_restarts_and_finishes(tmp_path: Path) -> None:
+    result = sentinel("demo", "--keep", str(tmp_path), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "CRITICAL nan_inf" in result.stdout
+    assert "after 1 restart(s)" in result.stdout
+    quarantined = list((tmp_path / "run" / "checkpoints" / "quarantine").glob("*/checkpoint-*"))
+    assert [q.name for q in quarantined] == ["checkpoint-40"]
+    alerts = (tmp_path / "state" / "alerts.jsonl").read_text().splitlines()
+    assert json.loads(alerts[0])["rule"] == "nan_inf"
