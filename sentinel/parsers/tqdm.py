@@ -30,7 +30,8 @@ _TRAINING_DESCRIPTION = re.compile(
 
 def parse_tqdm(text: str) -> list[Sample] | None:
     """A progress sample from a training bar, ``[]`` for another bar, None for no bar."""
-    if "[" not in text:
+    # Cheap gate: a bar has "elapsed<remaining" or, with no total, "Nit [".
+    if "[" not in text or ("<" not in text and "it [" not in text):
         return None
     bar = _BAR.search(text)
     if bar is None:
