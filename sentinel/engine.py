@@ -119,7 +119,10 @@ class Engine:
             if sample.time is not None and not self.data_clock:
                 self.data_time = sample.time
             if sample.name == PROGRESS:
-                if sample.step is not None:
+                # Forward only: an evaluation's own progress bar counts batches from 0 again.
+                if sample.step is not None and (
+                    self.current_step is None or sample.step > self.current_step
+                ):
                     self.current_step = sample.step
                 continue
             if sample.step is None:
