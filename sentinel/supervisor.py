@@ -116,7 +116,7 @@ class Supervisor:
             self._loop()
         finally:
             tailer.stop()
-            self._drain_lines()
+            self._drain()
             notifier.stop(drain_s=settings.notify.timeout_s)
             self.watch.close()
             store.close()
@@ -148,7 +148,8 @@ class Supervisor:
                 self._restart_at = None
                 self._start_attempt()
 
-    def _drain_lines(self) -> None:
+    def _drain(self) -> None:
+        """Take in what arrived after the end: late output, a SIGKILL's outcome for the report."""
         while True:
             try:
                 kind, payload = self._events.get_nowait()
@@ -156,6 +157,8 @@ class Supervisor:
                 return
             if kind == "lines":
                 self._on_lines(*payload)
+            elif kind == "terminated":
+                self._on_terminated(*payload)
 
     # -- events ---------------------------------------------------------------
 

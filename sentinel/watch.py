@@ -20,7 +20,7 @@ from sentinel.config import Settings
 from sentinel.engine import Engine, build_detectors
 from sentinel.incidents import Incident, IncidentEvent, IncidentTracker
 from sentinel.parsers import LineParser
-from sentinel.records import Alert, Severity
+from sentinel.records import Alert, Sample, Severity
 from sentinel.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class Watch:
         )
         self.journal.close()
 
-    def _recent(self, incident: Incident) -> dict[str, list]:  # type: ignore[type-arg]
+    def _recent(self, incident: Incident) -> dict[str, list[Sample]]:
         return dict(self.engine.recent(incident.onset_step))
 
     def _announce(self, event: IncidentEvent, incident: Incident, alert: Alert) -> None:

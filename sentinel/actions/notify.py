@@ -275,14 +275,8 @@ class Outbox:
 
     def next_due_at(self) -> float | None:
         """When the earliest undelivered row becomes due, or None if nothing is pending."""
-        marks, hashes = self._configured()
-        with self._store.transaction() as conn:
-            row = conn.execute(
-                "SELECT MIN(next_attempt_at) FROM notify_outbox"
-                f" WHERE delivered_at IS NULL AND target_hash IN ({marks})",
-                hashes,
-            ).fetchone()
-        return None if row[0] is None else float(row[0])
+        earliest = self._pending("MIN(next_attempt_at)")
+        return None if earliest is None else float(earliest)
 
     def mark_delivered(self, delivery_id: int, now: float) -> None:
         with self._store.transaction() as conn:
@@ -302,14 +296,18 @@ class Outbox:
 
     def pending_count(self) -> int:
         """Undelivered rows for the configured targets."""
+        return int(self._pending("COUNT(*)"))
+
+    def _pending(self, aggregate: str) -> Any:
+        """One aggregate over the undelivered rows of the configured targets."""
         marks, hashes = self._configured()
         with self._store.transaction() as conn:
             row = conn.execute(
-                "SELECT COUNT(*) FROM notify_outbox"
+                f"SELECT {aggregate} FROM notify_outbox"
                 f" WHERE delivered_at IS NULL AND target_hash IN ({marks})",
                 hashes,
             ).fetchone()
-        return int(row[0])
+        return row[0]
 
 
 def backoff_s(attempts: int, initial_s: float, max_s: float) -> float:
