@@ -73,6 +73,29 @@ class JobConfig(_Model):
     unbuffered: bool = True
 
 
+class TrainingConfig(_Model):
+    """``[training]``: facts about the training run that its log may not say.
+
+    Used to explain incidents (the sample range of the step to inspect) and, for
+    facts the log does state (HF's "Total train batch size"), a fallback.
+    """
+
+    #: Samples per device per forward pass (HF ``per_device_train_batch_size``).
+    batch_size: int | None = Field(default=None, ge=1)
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    #: Data-parallel processes (ranks) sharing each optimizer step.
+    world_size: int = Field(default=1, ge=1)
+    #: Optimizer steps the run will take (HF ``max_steps``).
+    max_steps: int | None = Field(default=None, ge=1)
+
+    @property
+    def samples_per_step(self) -> int | None:
+        """Samples consumed by one optimizer step, when the batch size is known."""
+        if self.batch_size is None:
+            return None
+        return self.batch_size * self.gradient_accumulation_steps * self.world_size
+
+
 class TailConfig(_Model):
     """``[tail]``: how log files are followed."""
 
@@ -157,6 +180,7 @@ class Settings(BaseSettings):
     #: Granularity of the time-based rules (stall).
     tick_interval_s: float = Field(default=1.0, gt=0)
     job: JobConfig = Field(default_factory=JobConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
     tail: TailConfig = Field(default_factory=TailConfig)
     parsers: ParserConfig = Field(default_factory=ParserConfig)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from sentinel.detectors import DETECTORS, BaseDetector
 from sentinel.parsers import LineParser
+from sentinel.parsers.files import FileReader, reader_for
 from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
 
 if TYPE_CHECKING:
@@ -65,10 +66,22 @@ class Engine:
         self.data_time: float | None = None
         self.history: dict[str, deque[Sample]] = {}
         self.samples_seen = 0
+        # Per source: the reader of a structured file (CSV, MLflow...), or None for a log.
+        self._readers: dict[str, FileReader | None] = {}
+        # Per metric name: the detectors that watch it (see BaseDetector.watches).
+        self._routes: dict[str, list[BaseDetector]] = {}
 
     def feed_line(self, line: Line) -> list[Alert]:
         """One line of output: parsed into samples, and shown to rules that watch output."""
-        samples = self.parser.parse(line.text)
+        source = line.source
+        if source in self._readers:
+            reader = self._readers[source]
+        else:
+            reader = self._readers[source] = reader_for(source)
+        if reader is None:
+            samples = self.parser.parse(line.text)
+        else:
+            samples = self.parser.parse_with(reader, line.text)
         if self.logging_steps is not None and samples:
             samples = self._count_step(samples)
         alerts: list[Alert] = []
@@ -138,7 +151,16 @@ class Engine:
         return alerts
 
     def _observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        return self._each(lambda detector: detector.observe(sample, source, now), now)
+        route = self._routes.get(sample.name)
+        if route is None:
+            route = self._routes[sample.name] = [
+                detector
+                for detector in self.detectors
+                if detector.watches is None or sample.name in detector.watches
+            ]
+        if not route:
+            return []
+        return self._each(lambda detector: detector.observe(sample, source, now), now, route)
 
     def tick(self, now: float) -> list[Alert]:
         return self._each(lambda detector: detector.tick(now), now)
@@ -167,15 +189,21 @@ class Engine:
                 out[name] = kept[-per_metric:]
         return out
 
-    def _each(self, hook: Callable[[BaseDetector], list[Alert] | None], now: float) -> list[Alert]:
+    def _each(
+        self,
+        hook: Callable[[BaseDetector], list[Alert] | None],
+        now: float,
+        detectors: Sequence[BaseDetector] | None = None,
+    ) -> list[Alert]:
         """Run one hook on every detector; a detector that raises is disabled, not fatal."""
         alerts: list[Alert] = []
-        for detector in list(self.detectors):
+        for detector in list(self.detectors if detectors is None else detectors):
             try:
                 alerts += hook(detector) or []
             except Exception as error:
                 log.exception("rule %s failed and is disabled", detector.rule)
                 self.detectors.remove(detector)
+                self._routes.clear()
                 alerts.append(
                     Alert(
                         rule="sentinel_internal",

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from sentinel.records import Alert, Line, Sample
+from sentinel.records import Alert, Line, Sample, Severity
 
 
 class RuleConfig(BaseModel):
@@ -28,10 +28,23 @@ class RuleConfig(BaseModel):
     on_critical: Literal["notify", "stop", "restart"] = "restart"
 
 
+class MetricRuleConfig(RuleConfig):
+    """Settings of the rules that judge a metric against its own recent history."""
+
+    #: Severity of the alert the rule raises.
+    severity: Severity = Severity.WARNING
+    #: Steps at the start of each attempt that are never judged. Besides these, the
+    #: learning-rate warmup is skipped by itself when the job logs ``lr``: while the
+    #: logged learning rate is still rising the rule only learns, it does not judge.
+    warmup_steps: int = Field(default=0, ge=0)
+
+
 class Detector(Protocol):
     """The contract of a rule. Every hook returns the alerts it raises (often none)."""
 
     rule: ClassVar[str]
+    #: The metric names ``observe`` is called for; None means every metric.
+    watches: frozenset[str] | None
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         """A metric value arrived (its step already filled in by the engine)."""
@@ -59,6 +72,10 @@ class BaseDetector:
 
     rule: ClassVar[str]
     config_model: ClassVar[type[RuleConfig]] = RuleConfig
+    #: The metric names ``observe`` is called for (canonical names, see
+    #: ``sentinel.parsers.ALIASES``); None means every metric. The engine routes
+    #: samples by it, so a rule pays nothing for metrics it ignores.
+    watches: frozenset[str] | None = None
 
     def __init__(self, config: RuleConfig) -> None:
         self.config = config
@@ -80,12 +97,24 @@ class BaseDetector:
 
 
 # The registry imports the plugins, which import the base classes above.
+from sentinel.detectors.eval_loss_rise import EvalLossRiseDetector  # noqa: E402
+from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepDetector  # noqa: E402
+from sentinel.detectors.grad_norm_run import GradNormRunDetector  # noqa: E402
 from sentinel.detectors.job_crash import JobCrashDetector  # noqa: E402
+from sentinel.detectors.loss_plateau import LossPlateauDetector  # noqa: E402
+from sentinel.detectors.loss_spike import LossSpikeDetector  # noqa: E402
 from sentinel.detectors.nan_inf import NanInfDetector  # noqa: E402
 from sentinel.detectors.stall import StallDetector  # noqa: E402
+from sentinel.detectors.throughput_drop import ThroughputDropDetector  # noqa: E402
 
 DETECTORS: dict[str, type[BaseDetector]] = {
     "nan_inf": NanInfDetector,
+    "grad_norm_run": GradNormRunDetector,
+    "loss_spike": LossSpikeDetector,
+    "throughput_drop": ThroughputDropDetector,
+    "eval_loss_rise": EvalLossRiseDetector,
+    "loss_plateau": LossPlateauDetector,
+    "gpu_memory_creep": GpuMemoryCreepDetector,
     "stall": StallDetector,
     "job_crash": JobCrashDetector,
 }

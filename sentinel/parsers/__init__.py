@@ -151,6 +151,7 @@ def iso_to_epoch_seconds(text: str) -> float | None:
 
 # The format modules import the names above, so they are imported after them.
 from sentinel.parsers import hf_trainer, jsonl, keyvalue, tqdm  # noqa: E402
+from sentinel.parsers.files import FileReader  # noqa: E402
 from sentinel.parsers.regex import UserRegex, compile_regexes, parse_with_regexes  # noqa: E402
 
 #: Built-in parsers by name, in the order auto-detection tries them.
@@ -248,6 +249,24 @@ class LineParser:
         else:
             stats.unparsed += 1
         return samples
+
+    def parse_with(self, reader: FileReader, text: str) -> list[Sample]:
+        """One line of a structured file, read by its file's own reader; counted like ``parse``."""
+        stats = self.stats
+        stats.lines += 1
+        try:
+            samples = reader.parse(text)
+        except Garbled:
+            stats.garbled += 1
+            return []
+        except Exception:
+            self._bug(text)
+            return []
+        if samples:
+            stats.parsed += 1
+            return samples
+        stats.unparsed += 1
+        return []
 
     def _parse_segment(self, text: str) -> list[Sample]:
         """One ``\\r``-free piece of a line; raises ``Garbled``."""

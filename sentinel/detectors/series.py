@@ -1,0 +1,77 @@
+"""Small helpers the statistical rules share: a rolling window and warmup tracking.
+
+Pure and cheap: each call is O(window) at worst, and windows are tens of values.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+from sentinel.records import Sample
+
+
+class Rolling:
+    """The last ``size`` finite values of a series, with mean and median."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, size: int) -> None:
+        self.values: deque[float] = deque(maxlen=size)
+
+    def add(self, value: float) -> None:
+        """Append a value; non-finite values are not a level and are ignored."""
+        if math.isfinite(value):
+            self.values.append(value)
+
+    def clear(self) -> None:
+        self.values.clear()
+
+    @property
+    def full(self) -> bool:
+        return len(self.values) == self.values.maxlen
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def mean(self) -> float:
+        return math.fsum(self.values) / len(self.values)
+
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+
+class Warmup:
+    """Whether a step is still in warmup: the configured steps, or the LR still rising.
+
+    Feed it every ``lr`` sample (``observe``); ``active(step)`` then says whether
+    a rule should only learn at that step. ``warmup_steps`` counts global steps
+    (a job resumed at step 1200 is past a 100-step warmup). The LR warmup ends
+    at the first logged learning rate that is not higher than the one before
+    it, and does not come back (a cyclic schedule's later rises are not warmup).
+    """
+
+    __slots__ = ("_last_lr", "_lr_rising", "warmup_steps")
+
+    def __init__(self, warmup_steps: int) -> None:
+        self.warmup_steps = warmup_steps
+        self._last_lr: float | None = None
+        self._lr_rising: bool | None = None
+
+    def reset(self) -> None:
+        """A new attempt: what the learning rate does is learned again."""
+        self._last_lr = None
+        self._lr_rising = None
+
+    def observe(self, sample: Sample) -> None:
+        if sample.name != "lr" or not math.isfinite(sample.value) or self._lr_rising is False:
+            return
+        if self._last_lr is not None:
+            self._lr_rising = sample.value > self._last_lr
+        self._last_lr = sample.value
+
+    def active(self, step: int | None) -> bool:
+        if self._lr_rising:
+            return True
+        return step is not None and step < self.warmup_steps
