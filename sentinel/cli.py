@@ -160,15 +160,31 @@ def _print_replay_table(result: Any, settings: Settings) -> None:
         f"{result.lines} lines, {result.samples} samples, {result.garbled} garbled lines skipped,"
         f" {result.incidents} incident(s)"
     )
-    print(f"{'rule':<16} {'fired':<6} {'worst':<9} {'first step':>10} {'alerts':>7}")
+    print(
+        f"{'rule':<17} {'fired':<6} {'worst':<9} {'first step':>10} {'episodes':>8}"
+        f" {'alerts':>6}  lead before first nan_inf"
+    )
     for row in result.summary(rules):
         fired = "yes" if row.count else "no"
         worst = str(row.worst) if row.worst else "-"
         first = "-" if row.first_step is None else str(row.first_step)
-        print(f"{row.rule:<16} {fired:<6} {worst:<9} {first:>10} {row.count:>7}")
+        lead = ""
+        if row.lead_steps is not None:
+            lead = f"{row.lead_steps} steps"
+            if row.lead_s is not None:
+                lead += f" ({row.lead_s:.0f} s)"
+        print(
+            f"{row.rule:<17} {fired:<6} {worst:<9} {first:>10} {row.episodes:>8}"
+            f" {row.count:>6}  {lead}".rstrip()
+        )
     for alert in result.alerts:
         if not alert.resolves:
             print(f"  step {alert.step}: {alert.severity} {alert.rule}: {alert.message}")
+            diagnosis = alert.details.get("diagnosis")
+            if diagnosis:
+                print(f"    diagnosis: {diagnosis['cause']}: {diagnosis['advice']}")
+                if diagnosis["sparkline"]:
+                    print(f"    {diagnosis['sparkline']}")
 
 
 def _checkpoints(args: argparse.Namespace) -> int:

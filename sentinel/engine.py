@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sentinel.detectors import DETECTORS, BaseDetector
+from sentinel.facts import RunFacts
 from sentinel.parsers import LineParser
 from sentinel.parsers.files import FileReader, reader_for
 from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
@@ -66,6 +67,8 @@ class Engine:
         self.data_time: float | None = None
         self.history: dict[str, deque[Sample]] = {}
         self.samples_seen = 0
+        #: Batch size and total steps, as the log states them (the owner seeds it from config).
+        self.facts = RunFacts()
         # Per source: the reader of a structured file (CSV, MLflow...), or None for a log.
         self._readers: dict[str, FileReader | None] = {}
         # Per metric name: the detectors that watch it (see BaseDetector.watches).
@@ -80,6 +83,8 @@ class Engine:
             reader = self._readers[source] = reader_for(source)
         if reader is None:
             samples = self.parser.parse(line.text)
+            if not samples:
+                self.facts.observe_line(line.text)
         else:
             samples = self.parser.parse_with(reader, line.text)
         if self.logging_steps is not None and samples:

@@ -3,6 +3,13 @@
 A detector may repeat itself; people must not be woken twice for one
 episode. The tracker turns the alert stream into a few events: an incident
 opened, escalated to a worse severity, or resolved.
+
+Rules that tell one story share an incident: a grad-norm run, then a loss
+spike, then a NaN are one divergence with one timeline, not three pages. An
+alert of a rule in ``EPISODE_GROUPS`` joins the open incident of another rule
+of its group; the incident's onset is the earliest evidence of any of them
+(where a rollback must go back before), and it resolves when every rule in
+it has resolved.
 """
 
 from __future__ import annotations
@@ -13,6 +20,11 @@ from typing import Any
 
 from sentinel.records import Alert, Severity
 
+#: Rules whose episodes join one incident while both are open.
+EPISODE_GROUPS: tuple[frozenset[str], ...] = (
+    frozenset({"grad_norm_run", "loss_spike", "nan_inf"}),
+)
+
 
 class IncidentEvent(StrEnum):
     OPENED = "opened"
@@ -22,7 +34,11 @@ class IncidentEvent(StrEnum):
 
 @dataclass
 class Incident:
-    """One episode of one rule, with everything that happened in it."""
+    """One episode (of one rule, or of rules of one group), with everything that happened in it.
+
+    ``rule`` is the rule of its worst alert: the one whose ``on_critical`` decides
+    what sentinel does.
+    """
 
     id: str
     rule: str
@@ -34,10 +50,19 @@ class Incident:
     #: What sentinel did, in order: (time, text).
     actions: list[tuple[float, str]] = field(default_factory=list)
     resolved_at: float | None = None
+    #: Rules with an open episode in this incident.
+    open_rules: set[str] = field(default_factory=set)
+    #: What the evidence suggests (``sentinel.diagnosis.Diagnosis``), set by the owner.
+    diagnosis: Any = None
 
     @property
     def first(self) -> Alert:
         return self.alerts[0]
+
+    @property
+    def rules(self) -> list[str]:
+        """Every rule that raised an alert in this incident, in order of first alert."""
+        return list(dict.fromkeys(alert.rule for alert in self.alerts))
 
     @property
     def worst(self) -> Alert:
@@ -50,6 +75,7 @@ class Incident:
         return {
             "id": self.id,
             "rule": self.rule,
+            "rules": self.rules,
             "severity": str(self.severity),
             "opened_at": self.opened_at,
             "resolved_at": self.resolved_at,
@@ -57,6 +83,7 @@ class Incident:
             "onset_time": self.onset_time,
             "alerts": [alert.to_json() for alert in self.alerts],
             "actions": [{"time": time, "text": text} for time, text in self.actions],
+            "diagnosis": None if self.diagnosis is None else self.diagnosis.to_json(),
         }
 
 
@@ -76,7 +103,20 @@ class IncidentTracker:
             if incident is None:
                 return None
             incident.alerts.append(alert)
+            incident.open_rules.discard(alert.rule)
+            del self.open[alert.rule]
+            if incident.open_rules:
+                return None  # another rule of the story is still going
             return IncidentEvent.RESOLVED, self._close(incident, alert.time)
+        onset = alert.onset_step if alert.onset_step is not None else alert.step
+        if incident is None:
+            incident = self._peer(alert.rule)
+            if incident is not None:
+                self.open[alert.rule] = incident
+                incident.open_rules.add(alert.rule)
+                earlier = incident.onset_step is None or (onset or 0) < incident.onset_step
+                if onset is not None and earlier:
+                    incident.onset_step = onset
         if incident is None:
             self._count += 1
             incident = Incident(
@@ -84,24 +124,39 @@ class IncidentTracker:
                 rule=alert.rule,
                 severity=alert.severity,
                 opened_at=alert.time,
-                onset_step=alert.onset_step if alert.onset_step is not None else alert.step,
+                onset_step=onset,
                 onset_time=alert.time,
                 alerts=[alert],
+                open_rules={alert.rule},
             )
             self.open[alert.rule] = incident
             return IncidentEvent.OPENED, incident
         incident.alerts.append(alert)
         if alert.severity > incident.severity:
             incident.severity = alert.severity
+            incident.rule = alert.rule
             return IncidentEvent.ESCALATED, incident
         return None
 
     def close_all(self, now: float) -> list[Incident]:
         """End every open episode (the job attempt they belong to is over)."""
-        return [self._close(incident, now) for incident in list(self.open.values())]
+        incidents = list({id(incident): incident for incident in self.open.values()}.values())
+        return [self._close(incident, now) for incident in incidents]
+
+    def _peer(self, rule: str) -> Incident | None:
+        """The open incident of another rule of ``rule``'s group, if any."""
+        for group in EPISODE_GROUPS:
+            if rule in group:
+                for other in group:
+                    incident = self.open.get(other)
+                    if incident is not None:
+                        return incident
+        return None
 
     def _close(self, incident: Incident, now: float) -> Incident:
         incident.resolved_at = now
-        del self.open[incident.rule]
+        incident.open_rules.clear()
+        for rule in [rule for rule, other in self.open.items() if other is incident]:
+            del self.open[rule]
         self.closed.append(incident)
         return incident

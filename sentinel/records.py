@@ -110,7 +110,8 @@ class Alert:
     details: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """The public schema; an alert that opened or escalated an incident adds ``diagnosis``."""
+        out = {
             "rule": self.rule,
             "severity": str(self.severity),
             "step": self.step,
@@ -120,3 +121,7 @@ class Alert:
             "time": self.time,
             "source": self.source,
         }
+        diagnosis = self.details.get("diagnosis")
+        if diagnosis is not None:
+            out["diagnosis"] = diagnosis
+        return out

@@ -1,25 +1,31 @@
 """``sentinel replay``: the live detectors over finished logs, to backtest thresholds.
 
 The clock comes from the data: each line's own timestamp when it has one, so
-time-based rules (stall) see the run's real gaps; a log without timestamps
-is replayed in step order and time-based rules stay silent.
+time-based rules (stall, throughput) see the run's real gaps; a log without
+timestamps is replayed in step order and time-based rules stay silent.
+
+The result is a backtest table: per rule, whether it fired, its first step,
+how many episodes, and for the warning rules their lead over the first
+``nan_inf`` (how many steps of warning a kill would have had).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sentinel.config import Settings
 from sentinel.engine import Engine, build_detectors
-from sentinel.incidents import IncidentTracker
-from sentinel.parsers import LineParser
-from sentinel.parsers.hf_trainer import read_trainer_state
+from sentinel.facts import RunFacts
+from sentinel.incidents import IncidentEvent, IncidentTracker
+from sentinel.parsers import Garbled, LineParser
+from sentinel.parsers.files import iter_replay
+from sentinel.parsers.hf_trainer import read_trainer_state, trainer_state_info
 from sentinel.records import Alert, Line, Severity
-from sentinel.sources.lines import LineSplitter
+from sentinel.watch import explain
 
-_CHUNK = 1 << 20
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -27,9 +33,16 @@ class RuleSummary:
     """How one rule fared over the replayed data."""
 
     rule: str
+    #: Alerts raised (resolutions not counted).
     count: int = 0
+    #: Episodes: alerts that opened one (escalations and repeats are not new episodes).
+    episodes: int = 0
     first_step: int | None = None
+    first_time: float | None = None
     worst: Severity | None = None
+    #: Steps from this rule's first alert to the first ``nan_inf`` (warning rules only).
+    lead_steps: int | None = None
+    lead_s: float | None = None
 
 
 @dataclass
@@ -39,6 +52,8 @@ class ReplayResult:
     lines: int = 0
     garbled: int = 0
     samples: int = 0
+    #: Alerts that opened an episode of their rule, by rule (an episode's first alert).
+    _openers: list[Alert] = field(default_factory=list)
 
     def summary(self, rules: list[str]) -> list[RuleSummary]:
         table = {rule: RuleSummary(rule) for rule in rules}
@@ -49,8 +64,19 @@ class ReplayResult:
             row.count += 1
             if row.first_step is None:
                 row.first_step = alert.step
+                row.first_time = alert.time
             if row.worst is None or alert.severity > row.worst:
                 row.worst = alert.severity
+        for alert in self._openers:
+            table.setdefault(alert.rule, RuleSummary(alert.rule)).episodes += 1
+        nan = table.get("nan_inf")
+        if nan is not None and nan.first_step is not None:
+            for row in table.values():
+                if row is nan or row.first_step is None or row.first_step > nan.first_step:
+                    continue
+                row.lead_steps = nan.first_step - row.first_step
+                if row.first_time and nan.first_time:
+                    row.lead_s = nan.first_time - row.first_time
         return list(table.values())
 
     def worst(self) -> Severity | None:
@@ -67,32 +93,44 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         data_clock=True,
         logging_steps=settings.parsers.logging_steps,
     )
+    engine.facts = RunFacts.from_config(settings.training)
     tracker = IncidentTracker("replay")
     result = ReplayResult()
+    episodes: dict[str, bool] = {}  # rule -> in an episode
 
     def keep(alerts: list[Alert]) -> None:
         for alert in alerts:
+            change = tracker.observe(alert)
+            if change is not None and change[0] is not IncidentEvent.RESOLVED:
+                explain(change[1], alert, engine)
             result.alerts.append(alert)
-            tracker.observe(alert)
+            if alert.resolves:
+                episodes.pop(alert.rule, None)
+            elif not episodes.get(alert.rule):
+                episodes[alert.rule] = True
+                result._openers.append(alert)
 
+    states: list[tuple[Path, str]] = []
     for path in paths:
-        source = str(path)
         if path.name == "trainer_state.json":
-            samples = read_trainer_state(path.read_text(encoding="utf-8"))
-            keep(engine.feed_samples(samples, source, engine.data_time or 0.0))
-            continue
-        for text in _lines(path):
-            keep(engine.feed_line(Line(source, text, 0.0)))
+            text = path.read_text(encoding="utf-8")
+            try:
+                engine.facts.observe_trainer_state(trainer_state_info(text), settings.training)
+            except Garbled as error:
+                log.warning("%s: %s (skipped)", path, error)
+                result.garbled += 1
+                continue
+            states.append((path, text))
+    logs = [path for path in paths if path.name != "trainer_state.json"]
+    for source, text in iter_replay(logs):
+        keep(engine.feed_line(Line(source, text, 0.0)))
+    for path, text in states:
+        samples = read_trainer_state(text)
+        keep(engine.feed_samples(samples, str(path), engine.data_time or 0.0))
     result.lines = parser.stats.lines
-    result.garbled = parser.stats.garbled
+    result.garbled += parser.stats.garbled
     result.samples = engine.samples_seen
-    result.incidents = len(tracker.open) + len(tracker.closed)
+    result.incidents = len({id(incident) for incident in tracker.open.values()}) + len(
+        tracker.closed
+    )
     return result
-
-
-def _lines(path: Path) -> Iterator[str]:
-    splitter = LineSplitter()
-    with path.open("rb") as file:
-        while chunk := file.read(_CHUNK):
-            yield from splitter.feed(chunk)
-    yield from splitter.flush()

@@ -17,7 +17,9 @@ from pathlib import Path
 from sentinel.actions.notify import Message, Notifier
 from sentinel.actions.report import Journal, clock, write_report
 from sentinel.config import Settings
+from sentinel.diagnosis import diagnose
 from sentinel.engine import Engine, build_detectors
+from sentinel.facts import RunFacts
 from sentinel.incidents import Incident, IncidentEvent, IncidentTracker
 from sentinel.parsers import LineParser
 from sentinel.records import Alert, Sample, Severity
@@ -48,6 +50,7 @@ class Watch:
             LineParser(regexes=settings.parsers.regexes),
             logging_steps=settings.parsers.logging_steps,
         )
+        self.engine.facts = RunFacts.from_config(settings.training)
         self.tracker = IncidentTracker(self.run_id)
         self.journal = Journal(settings.state_dir)
         self.state_dir: Path = settings.state_dir
@@ -57,6 +60,9 @@ class Watch:
         """Record and announce alerts; the critical incidents that just opened or escalated."""
         actionable = []
         for alert in alerts:
+            change = self.tracker.observe(alert)
+            if change is not None and change[0] is not IncidentEvent.RESOLVED:
+                explain(change[1], alert, self.engine)
             self.journal.append(alert)
             log.log(
                 _LEVELS[alert.severity],
@@ -66,7 +72,6 @@ class Watch:
                 alert.step,
                 alert.message,
             )
-            change = self.tracker.observe(alert)
             if change is None:
                 continue
             event, incident = change
@@ -122,9 +127,8 @@ class Watch:
             return
         self._notified.add(incident.id)
         body = alert.message
-        advice = alert.details.get("advice")
-        if advice:
-            body += f"\ndiagnosis: {advice}"
+        if incident.diagnosis is not None:
+            body += "\n" + incident.diagnosis.text()
         self._send(incident, alert, str(event), alert.severity.upper(), body)
 
     def _send(self, incident: Incident, alert: Alert, event: str, label: str, body: str) -> None:
@@ -141,6 +145,14 @@ class Watch:
                 key=f"{incident.id}:{event}:{len(incident.alerts)}",
             )
         )
+
+
+def explain(incident: Incident, alert: Alert, engine: Engine) -> None:
+    """Diagnose an incident that just opened or escalated; the alert carries the diagnosis."""
+    incident.diagnosis = diagnose(
+        incident, engine.recent(None), samples_per_step=engine.facts.samples_per_step
+    )
+    alert.details["diagnosis"] = incident.diagnosis.to_json()
 
 
 _LEVELS = {

@@ -144,3 +144,59 @@ def test_incident_json_is_serialisable() -> None:
     assert data["onset_step"] == 3
     assert data["actions"] == [{"time": T0 + 1, "text": "notified"}]
     assert data["alerts"][0]["step"] == 3
+
+
+def test_grad_norm_run_then_nan_join_one_incident_with_the_earliest_onset() -> None:
+    tracker = IncidentTracker("run")
+    opened = tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4, onset_step=2))
+    assert opened is not None and opened[0] is IncidentEvent.OPENED
+    spike = tracker.observe(alert("loss_spike", Severity.WARNING, step=5, onset_step=3))
+    assert spike is None  # joins, no new page
+    escalated = tracker.observe(alert("nan_inf", Severity.CRITICAL, step=19, onset_step=19))
+    assert escalated is not None
+    event, incident = escalated
+    assert event is IncidentEvent.ESCALATED
+    assert incident is opened[1]
+    assert incident.rule == "nan_inf"  # the worst alert's rule decides the action
+    assert incident.rules == ["grad_norm_run", "loss_spike", "nan_inf"]
+    assert incident.onset_step == 2
+    assert len(tracker.open) == 3 and len({id(i) for i in tracker.open.values()}) == 1
+
+
+def test_joined_incident_resolves_only_when_every_rule_has() -> None:
+    tracker = IncidentTracker("run")
+    tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4))
+    tracker.observe(alert("loss_spike", Severity.WARNING, step=5))
+    assert tracker.observe(alert("grad_norm_run", Severity.INFO, step=9, resolves=True)) is None
+    resolved = tracker.observe(alert("loss_spike", Severity.INFO, step=12, resolves=True))
+    assert resolved is not None
+    assert resolved[0] is IncidentEvent.RESOLVED
+    assert tracker.open == {}
+    assert len(tracker.closed) == 1
+
+
+def test_rules_outside_a_group_never_join() -> None:
+    tracker = IncidentTracker("run")
+    tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4))
+    other = tracker.observe(alert("throughput_drop", Severity.WARNING, step=5))
+    assert other is not None and other[0] is IncidentEvent.OPENED
+    assert other[1].id == "run-2"
+
+
+def test_a_resolved_episode_is_not_joined_later() -> None:
+    tracker = IncidentTracker("run")
+    tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4))
+    tracker.observe(alert("grad_norm_run", Severity.INFO, step=9, resolves=True))
+    later = tracker.observe(alert("nan_inf", Severity.CRITICAL, step=50))
+    assert later is not None and later[0] is IncidentEvent.OPENED
+    assert later[1].onset_step == 50
+
+
+def test_close_all_closes_a_joined_incident_once() -> None:
+    tracker = IncidentTracker("run")
+    tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4))
+    tracker.observe(alert("nan_inf", Severity.CRITICAL, step=6))
+    closed = tracker.close_all(T0 + 5)
+    assert len(closed) == 1
+    assert closed[0].resolved_at == T0 + 5
+    assert tracker.open == {}

@@ -54,5 +54,10 @@ def test_replay_cli_json_on_hf_log() -> None:
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1
-    first = json.loads(result.stdout.splitlines()[0])
+    alerts = [json.loads(line) for line in result.stdout.splitlines()]
+    first = next(alert for alert in alerts if alert["rule"] == "nan_inf")
     assert (first["rule"], first["step"], first["value"]) == ("nan_inf", 19, "nan")
+    # The early warning came first, and the NaN's diagnosis reads the blow-up.
+    assert alerts[0]["rule"] == "grad_norm_run"
+    assert alerts[0]["step"] < 19
+    assert first["diagnosis"]["cause"].startswith("optimisation blow-up")

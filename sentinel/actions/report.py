@@ -9,7 +9,6 @@ samples before onset, and what sentinel did.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -17,29 +16,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from sentinel.diagnosis import sparkline
 from sentinel.incidents import Incident
 from sentinel.records import Alert, Sample, json_number
-
-_BARS = "▁▂▃▄▅▆▇█"
 
 
 def clock(epoch_s: float) -> str:
     """An epoch time as a short UTC wall-clock string for humans."""
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%H:%M:%S.%f")[:-3]
-
-
-def sparkline(values: Sequence[float]) -> str:
-    """``▁▂▄█ nan``: finite values scaled to bars, non-finite ones spelled out."""
-    finite = [value for value in values if math.isfinite(value)]
-    low, high = (min(finite), max(finite)) if finite else (0.0, 0.0)
-    span = (high - low) or 1.0
-    marks = []
-    for value in values:
-        if math.isfinite(value):
-            marks.append(_BARS[min(len(_BARS) - 1, int((value - low) / span * len(_BARS)))])
-        else:
-            marks.append(f" {value} ")
-    return "".join(marks).strip()
 
 
 class Journal:
@@ -92,9 +76,15 @@ def render_markdown(incident: Incident, recent: Mapping[str, Sequence[Sample]]) 
     ]
     if incident.resolved_at is not None:
         lines.append(f"- closed: {clock(incident.resolved_at)} UTC")
-    advice = first.details.get("advice")
-    if advice:
-        lines.append(f"- diagnosis: {advice}")
+    if len(incident.rules) > 1:
+        lines.append(f"- rules: {', '.join(incident.rules)}")
+    if incident.diagnosis is not None:
+        lines += ["", "## Diagnosis", ""]
+        lines += [f"- {line}" for line in incident.diagnosis.lines()]
+    else:
+        advice = first.details.get("advice")
+        if advice:
+            lines.append(f"- diagnosis: {advice}")
     lines += ["", "## Timeline", ""]
     events = [
         (alert.time, f"{alert.severity} {alert.rule}: {alert.message}") for alert in incident.alerts

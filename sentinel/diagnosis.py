@@ -1,0 +1,248 @@
+"""What the evidence suggests: the runbooks' reading of an incident.
+
+``diagnose`` looks at which rules fired together and at the metrics just
+before onset, and says, as an on-call engineer would read it at 3 AM: the
+likely cause, what to do, the step (and sample range) to inspect, and a
+sparkline of the metric around onset (``grad_norm ▁▁▂▃▅▇█ nan``).
+
+The readings follow the field's runbooks:
+
+- a grad-norm run or spike just before a NaN: an optimisation blow-up;
+- a NaN with a flat grad-norm before it: a bad batch or a numerics bug;
+- a NaN in the first steps: the data;
+- a loss flat from the start: data or label masking, frozen parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sentinel.incidents import Incident
+from sentinel.records import Sample
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+#: A NaN with at most this many finite values of its metric before it is "in the first steps".
+FIRST_STEPS = 5
+#: A last grad-norm this many times its earlier median before a NaN is a blow-up.
+BLOW_UP_FACTOR = 5.0
+#: Points of the sparkline around onset.
+SPARK_POINTS = 12
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """``▁▂▄█ nan``: finite values scaled to bars, non-finite ones spelled out."""
+    finite = [value for value in values if math.isfinite(value)]
+    low, high = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    span = (high - low) or 1.0
+    marks = []
+    for value in values:
+        if math.isfinite(value):
+            marks.append(_BARS[min(len(_BARS) - 1, int((value - low) / span * len(_BARS)))])
+        else:
+            marks.append(f" {value} ")
+    return "".join(marks).strip()
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The reading of one incident."""
+
+    cause: str
+    advice: str
+    #: The step whose batch to look at first (the onset of the evidence).
+    inspect_step: int | None = None
+    #: Global sample indices ``[first, last]`` of that step, when the batch size is known.
+    sample_range: tuple[int, int] | None = None
+    #: ``metric ▁▂▃▅█ nan`` around onset.
+    sparkline: str = ""
+
+    def lines(self) -> list[str]:
+        """The diagnosis as a few short lines for messages and reports."""
+        out = [f"{self.cause}: {self.advice}"]
+        if self.inspect_step is not None:
+            where = f"inspect step {self.inspect_step}"
+            if self.sample_range is not None:
+                first, last = self.sample_range
+                where += f" (samples {first}-{last} in the order the data loader served them)"
+            out.append(where)
+        if self.sparkline:
+            out.append(self.sparkline)
+        return out
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause,
+            "advice": self.advice,
+            "inspect_step": self.inspect_step,
+            "sample_range": list(self.sample_range) if self.sample_range else None,
+            "sparkline": self.sparkline,
+        }
+
+
+def diagnose(
+    incident: Incident,
+    recent: Mapping[str, Sequence[Sample]],
+    *,
+    samples_per_step: int | None = None,
+) -> Diagnosis:
+    """Read an incident: which rules fired together, and the metrics just before onset.
+
+    ``recent`` holds the last samples of each metric up to the incident's latest
+    step; ``samples_per_step`` (batch size x accumulation x ranks) turns the step
+    to inspect into a sample range.
+    """
+    rules = set(incident.rules)
+    worst = incident.worst
+    cause, advice, metric = _reading(incident, rules, recent)
+    inspect = incident.onset_step
+    return Diagnosis(
+        cause=cause,
+        advice=advice,
+        inspect_step=inspect,
+        sample_range=_sample_range(inspect, samples_per_step),
+        sparkline=_spark(metric or worst.metric, recent),
+    )
+
+
+def _reading(
+    incident: Incident, rules: set[str], recent: Mapping[str, Sequence[Sample]]
+) -> tuple[str, str, str | None]:
+    """(cause, advice, metric to draw) for the incident."""
+    worst = incident.worst
+    if "nan_inf" in rules:
+        nan_alert = next(alert for alert in incident.alerts if alert.rule == "nan_inf")
+        metric = nan_alert.metric
+        before = _finite_before(recent.get(metric or "", ()), nan_alert.step)
+        if len(before) <= FIRST_STEPS and not rules & {"grad_norm_run", "loss_spike"}:
+            return (
+                f"{metric} non-finite in the first steps",
+                "look at the data: empty sequences, labels out of range, inf or NaN in the"
+                " inputs, a bad tokenizer pad id",
+                metric,
+            )
+        if rules & {"grad_norm_run", "loss_spike"} or _grad_norm_blew_up(recent, nan_alert.step):
+            return (
+                "optimisation blow-up (grad-norm rose before the NaN)",
+                "lower the learning rate, add or lengthen warmup, clip gradients at 1.0,"
+                " use bf16 rather than fp16",
+                "grad_norm" if "grad_norm" in recent else metric,
+            )
+        return (
+            "NaN with a flat grad-norm before it: a bad batch or a numerics bug in a layer",
+            "inspect the batch at this step; look for log(0), division by zero or fp16"
+            " overflow in one layer (torch.autograd.detect_anomaly for one step finds it)",
+            metric,
+        )
+    rule = worst.rule
+    details = worst.details
+    if rule == "grad_norm_run":
+        if details.get("kind") == "clipping":
+            return (
+                "gradient clipping engaged on most steps",
+                "the learning rate is likely too high: lower it or add warmup",
+                "grad_norm",
+            )
+        return (
+            "grad-norm running high: the usual smoke before a NaN",
+            "lower the learning rate, clip gradients at 1.0, check fp16 loss scaling;"
+            " roll back to the last checkpoint before the run if it does not settle",
+            "grad_norm",
+        )
+    if rule == "loss_spike":
+        return (
+            "loss spike: a bad batch or an optimiser instability",
+            "inspect the batch at this step; if spikes repeat, lower the learning rate or"
+            " Adam's beta2 (0.95), or skip the offending batches",
+            worst.metric,
+        )
+    if rule == "loss_plateau":
+        if details.get("from_start"):
+            return (
+                "loss flat from the start",
+                "check the data and label masking (all labels -100?), frozen parameters"
+                " (requires_grad), a learning rate of 0 or a scheduler stuck at 0",
+                worst.metric,
+            )
+        return (
+            "loss plateaued high (underfitting)",
+            "raise the learning rate or the model's capacity; check the schedule has not"
+            " decayed to 0",
+            worst.metric,
+        )
+    if rule == "eval_loss_rise":
+        best = details.get("best_step")
+        keep = f"keep the checkpoint at step {best}; " if best is not None else ""
+        return (
+            "overfitting: eval loss rises while train loss falls",
+            f"{keep}stop early, add regularisation (dropout, weight decay) or more data",
+            worst.metric,
+        )
+    if rule == "throughput_drop":
+        return (
+            "throughput fell and stayed down",
+            "look for data-loader starvation, GPU throttling, a straggler rank, host"
+            " memory swapping, or another job on the GPUs",
+            worst.metric,
+        )
+    if rule == "gpu_memory_creep":
+        if details.get("kind") == "capacity":
+            return (
+                "GPU memory near capacity: an OOM is ahead",
+                "lower the batch size, enable gradient checkpointing, or shard more",
+                worst.metric,
+            )
+        return (
+            "GPU memory climbs step over step: a leak",
+            "look for tensors kept across steps (a loss appended without .item(), growing"
+            " caches or lists of outputs)",
+            worst.metric,
+        )
+    if rule == "stall":
+        return (
+            "no progress",
+            "a hang (an NCCL collective, a data-loader deadlock) or a very long save;"
+            " py-spy dump --pid shows where it waits",
+            None,
+        )
+    advice = str(details.get("advice") or "")
+    return (rule.replace("_", " "), advice or "see the timeline", worst.metric)
+
+
+def _finite_before(samples: Sequence[Sample], step: int | None) -> list[float]:
+    """The finite values logged before ``step``."""
+    return [
+        sample.value
+        for sample in samples
+        if math.isfinite(sample.value)
+        and (step is None or sample.step is None or sample.step < step)
+    ]
+
+
+def _grad_norm_blew_up(recent: Mapping[str, Sequence[Sample]], step: int | None) -> bool:
+    values = _finite_before(recent.get("grad_norm", ()), step)
+    if len(values) < 3:
+        return False
+    baseline = statistics.median(values[:-2])
+    return baseline > 0 and max(values[-2:]) > BLOW_UP_FACTOR * baseline
+
+
+def _sample_range(step: int | None, samples_per_step: int | None) -> tuple[int, int] | None:
+    """Global indices of the samples step ``step`` (1-based, as HF counts) consumed."""
+    if step is None or samples_per_step is None or step < 1:
+        return None
+    return (step - 1) * samples_per_step, step * samples_per_step - 1
+
+
+def _spark(metric: str | None, recent: Mapping[str, Sequence[Sample]]) -> str:
+    if metric is None or metric not in recent:
+        return ""
+    values = [sample.value for sample in recent[metric]][-SPARK_POINTS:]
+    return f"{metric} {sparkline(values)}" if values else ""

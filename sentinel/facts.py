@@ -1,0 +1,57 @@
+"""Facts about the run that its log states in passing: batch size, total steps.
+
+Explaining an incident needs them ("inspect samples 72-75"), and the HF
+Trainer prints them once at the start (at info verbosity)::
+
+    Total train batch size (w. parallel, distributed & accumulation) = 32
+    Total optimization steps = 1,000
+
+``RunFacts`` picks them up from lines and from ``trainer_state.json``, with
+the ``[training]`` config as the fallback. The line check is a substring
+test first, so it costs nothing on the usual line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sentinel.config import TrainingConfig
+
+_TOTAL_BATCH = re.compile(r"Total train batch size[^=]*=\s*([\d,]+)")
+_TOTAL_STEPS = re.compile(r"Total optimization steps\s*=\s*([\d,]+)")
+
+
+@dataclass
+class RunFacts:
+    """What is known about the run; each fact from the log, else from the config."""
+
+    samples_per_step: int | None = None
+    max_steps: int | None = None
+
+    @classmethod
+    def from_config(cls, training: TrainingConfig) -> RunFacts:
+        return cls(samples_per_step=training.samples_per_step, max_steps=training.max_steps)
+
+    def observe_line(self, text: str) -> None:
+        """Take any fact the line states (the log beats the config: it is what ran)."""
+        if "Total " not in text:
+            return
+        batch = _TOTAL_BATCH.search(text)
+        if batch:
+            self.samples_per_step = int(batch.group(1).replace(",", ""))
+        steps = _TOTAL_STEPS.search(text)
+        if steps:
+            self.max_steps = int(steps.group(1).replace(",", ""))
+
+    def observe_trainer_state(self, state: dict[str, Any], training: TrainingConfig) -> None:
+        """Facts from HF's ``trainer_state.json``; its batch size is per device, per micro-batch."""
+        max_steps = state.get("max_steps")
+        if isinstance(max_steps, int) and max_steps > 0:
+            self.max_steps = max_steps
+        batch = state.get("train_batch_size")
+        if self.samples_per_step is None and isinstance(batch, int) and batch > 0:
+            self.samples_per_step = (
+                batch * training.gradient_accumulation_steps * training.world_size
+            )
