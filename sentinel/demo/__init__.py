@@ -55,7 +55,9 @@ def _run(work: Path, out: TextIO) -> int:
     elapsed = time.time() - started
 
     out.write("\nTimeline\n")
-    incidents = supervisor.watch.tracker.closed + list(supervisor.watch.tracker.open.values())
+    tracker = supervisor.watch.tracker
+    # A joined incident is open under each of its rules: list it once.
+    incidents = list({id(i): i for i in [*tracker.closed, *tracker.open.values()]}.values())
     for incident in incidents:
         events = [
             (alert.time, f"{alert.severity.upper()} {alert.rule}: {alert.message}")
@@ -64,6 +66,10 @@ def _run(work: Path, out: TextIO) -> int:
         events += incident.actions
         for at, text in sorted(events, key=lambda event: event[0]):
             out.write(f"  {clock(at)}  {text}\n")
+        if incident.diagnosis is not None and incident.severity == "critical":
+            out.write("  diagnosis:\n")
+            for line in incident.diagnosis.lines():
+                out.write(f"    {line}\n")
     out.write(
         f"\nResult: the job finished with exit status {status} after {supervisor.restarts}"
         f" restart(s), in {elapsed:.1f} s.\n\nCheckpoints now ({checkpoints}):\n"

@@ -27,6 +27,9 @@ from types import FrameType
 
 FP16_MAX = 65504.0
 DIM = 8
+#: The loss no model gets under (the data's own entropy, as in a language model's loss), so
+#: the logged loss has a realistic level and noise instead of shrinking towards zero.
+LOSS_FLOOR = 1.2
 
 
 def fp16(value: float) -> float:
@@ -99,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             fp16(2 * (w - t) + rng.gauss(0, 0.05)) for w, t in zip(weights, target, strict=True)
         ]
         weights = [fp16(w - lr * g) for w, g in zip(weights, grads, strict=True)]
-        loss = fp16(sum(fp16((w - t) ** 2) for w, t in zip(weights, target, strict=True)) / DIM)
+        error = fp16(sum(fp16((w - t) ** 2) for w, t in zip(weights, target, strict=True)) / DIM)
+        loss = fp16(LOSS_FLOOR + error)
         grad_norm = fp16(math.sqrt(sum(fp16(g * g) for g in grads)))
         if step % args.save_every == 0:
             save_checkpoint(checkpoints, step, weights, lr)

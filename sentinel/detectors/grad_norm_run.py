@@ -1,17 +1,250 @@
 """grad_norm_run: grad-norm above a bar for several logged steps in a row.
 
-Placeholder until the rule lands: registered, configurable, raises nothing.
+The smoke before the NaN: a divergence shows in the gradient norm a few steps
+before the loss turns NaN, so this rule is what lets sentinel stop (and roll back)
+a job before its checkpoints are poisoned. Three kinds, one rule, one episode
+(``details["kind"]``):
+
+- ``"absolute"``: grad-norm above ``threshold`` on ``run_length`` consecutive
+  logged steps;
+- ``"relative"``: above ``relative_factor`` x its own rolling median (the last
+  ``window`` values that were not in a run; judged once it holds ``min_history``)
+  on ``run_length`` consecutive steps, some of them under ``threshold``;
+- ``"clipping"``: when ``max_grad_norm`` is known, at least ``clip_fraction`` of
+  the last ``clip_window`` logged grad-norms are >= it. Trainers log the norm
+  before clipping (``clip_grad_norm_`` returns it), so that is clipping engaged
+  on most steps: the learning rate is likely too high.
+
+During warmup (configured steps, or the logged LR still rising) a high grad-norm
+is normal: the rule only learns the median then. Non-finite values are
+``nan_inf``'s business and are skipped. The episode resolves after
+``resolve_after`` consecutive values under every bar (not in a run, and clipping
+under ``clip_fraction``). ``onset_step`` is the first step of the run (of the
+clipped values, for ``"clipping"``).
+
+``details``: ``kind``, ``threshold`` (the bar crossed), ``median`` (None before
+``min_history``), ``run_length``, ``onset_step``, ``max_grad_norm``, and
+``values``/``steps``: the values before the run and the run itself (the clip
+window, for ``"clipping"``), plus ``clipped`` and ``clip_window`` for clipping.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
+from typing import Any
+
+from pydantic import Field, model_validator
+
 from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors.series import Rolling, Warmup
+from sentinel.records import Alert, Sample, Severity
+
+METRIC = "grad_norm"
+#: Values before a run's onset kept as evidence.
+CONTEXT = 10
 
 
 class GradNormRunConfig(MetricRuleConfig):
-    """``[rules.grad_norm_run]``."""
+    """``[rules.grad_norm_run]``.
+
+    The defaults are the runbooks': a grad-norm above 10 for 3 consecutive logged
+    steps, or far above its own median, is the usual prelude to a NaN loss; a
+    trainer that clips on most steps (HF's ``max_grad_norm`` is 1.0) is running
+    with too high a learning rate.
+    """
+
+    #: A grad-norm above this is high whatever the run's history.
+    threshold: float = Field(default=10.0, gt=0)
+    #: Consecutive logged steps above a bar that make a run.
+    run_length: int = Field(default=3, ge=1, le=1000)
+    #: A grad-norm above this multiple of its rolling median is high.
+    relative_factor: float = Field(default=5.0, gt=1.0)
+    #: Values (not in a run) whose median is the relative baseline.
+    window: int = Field(default=50, ge=1, le=100_000)
+    #: Values the median needs before the relative test is made.
+    min_history: int = Field(default=10, ge=1)
+    #: The job's gradient clipping norm; None (unknown) turns the clipping test off.
+    max_grad_norm: float | None = Field(default=None, gt=0)
+    #: Fraction of the last ``clip_window`` grad-norms at or above ``max_grad_norm`` that warns.
+    clip_fraction: float = Field(default=0.9, gt=0, le=1)
+    #: Logged grad-norms the clipping fraction is taken over.
+    clip_window: int = Field(default=20, ge=1, le=100_000)
+    #: Consecutive values under every bar that end the episode.
+    resolve_after: int = Field(default=5, ge=1)
+
+    @model_validator(mode="after")
+    def _history_fits(self) -> GradNormRunConfig:
+        if self.min_history > self.window:
+            raise ValueError("min_history must not exceed window")
+        return self
 
 
 class GradNormRunDetector(BaseDetector):
+    """Warns when grad-norm stays high for a run of steps, or clipping is the rule."""
+
     rule = "grad_norm_run"
     config_model = GradNormRunConfig
+    watches = frozenset({METRIC, "lr"})
+
+    def __init__(self, config: GradNormRunConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self._warmup = Warmup(config.warmup_steps)
+        self._median = Rolling(config.window)
+        self._clips: deque[bool] = deque(maxlen=config.clip_window)
+        self._recent: deque[tuple[int | None, float]] = deque(
+            maxlen=max(config.clip_window, config.run_length + CONTEXT)
+        )
+        #: The current run of high values, as (step, value).
+        self._run: list[tuple[int | None, float]] = []
+        self._open = False
+        self._onset_step: int | None = None
+        self._calm = 0
+
+    def job_started(self, now: float) -> None:
+        self._warmup.reset()
+        self._median.clear()
+        self._clips.clear()
+        self._recent.clear()
+        self._run.clear()
+        self._open = False
+        self._onset_step = None
+        self._calm = 0
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        if sample.name == "lr":
+            self._warmup.observe(sample)
+            return []
+        value = sample.value
+        if sample.name != METRIC or not math.isfinite(value):
+            return []
+        if self._warmup.active(sample.step):
+            self._median.add(value)
+            return []
+        settings = self.settings
+        median = self._median.median() if len(self._median) >= settings.min_history else None
+        relative_bar = settings.relative_factor * median if median else math.inf
+        high = value > settings.threshold or value > relative_bar
+        if high:
+            self._run.append((sample.step, value))
+        else:
+            self._run.clear()
+            self._median.add(value)
+        self._recent.append((sample.step, value))
+        if settings.max_grad_norm is not None:
+            self._clips.append(value >= settings.max_grad_norm)
+        clipping = self._clipping()
+        time = sample.time if sample.time is not None else now
+        if self._open:
+            return self._count_calm(high or clipping, sample, source, time)
+        if len(self._run) >= settings.run_length:
+            return [self._open_run(median, relative_bar, sample, source, time)]
+        if clipping:
+            return [self._open_clipping(sample, source, time)]
+        return []
+
+    def _clipping(self) -> bool:
+        if self.settings.max_grad_norm is None or len(self._clips) < self.settings.clip_window:
+            return False
+        needed = math.ceil(round(self.settings.clip_fraction * self.settings.clip_window, 9))
+        return sum(self._clips) >= needed
+
+    def _open_run(
+        self, median: float | None, relative_bar: float, sample: Sample, source: str, time: float
+    ) -> Alert:
+        settings = self.settings
+        onset = self._run[0][0]
+        self._open, self._onset_step, self._calm = True, onset, 0
+        steps = f"{len(self._run)} consecutive steps since step {onset}"
+        if all(value > settings.threshold for _, value in self._run):
+            kind, bar = "absolute", settings.threshold
+            message = f"grad_norm above {bar:g} for {steps} (now {sample.value:.4g})"
+        else:
+            assert median is not None  # a run is relative only once there is a median
+            kind, bar = "relative", relative_bar
+            message = (
+                f"grad_norm {sample.value:.4g} at step {sample.step} is"
+                f" {sample.value / median:.1f}x its rolling median {median:.4g},"
+                f" above {settings.relative_factor:g}x for {steps}"
+            )
+        evidence = list(self._recent)[-(len(self._run) + CONTEXT) :]
+        details = self._details(kind, bar, median, onset, evidence)
+        return self._alert(message, sample, source, time, onset, details)
+
+    def _open_clipping(self, sample: Sample, source: str, time: float) -> Alert:
+        settings = self.settings
+        window = list(self._recent)[-settings.clip_window :]
+        clipped = [step for (step, _), hit in zip(window, self._clips, strict=True) if hit]
+        onset = clipped[0]
+        self._open, self._onset_step, self._calm = True, onset, 0
+        message = (
+            f"clipping engaged on {len(clipped)} of the last {settings.clip_window} steps"
+            f" (grad_norm >= max_grad_norm {settings.max_grad_norm}):"
+            " the learning rate is likely too high"
+        )
+        median = self._median.median() if len(self._median) >= settings.min_history else None
+        assert settings.max_grad_norm is not None
+        details = self._details("clipping", settings.max_grad_norm, median, onset, window)
+        details.update(clipped=len(clipped), clip_window=settings.clip_window)
+        return self._alert(message, sample, source, time, onset, details)
+
+    def _count_calm(self, busy: bool, sample: Sample, source: str, time: float) -> list[Alert]:
+        if busy:
+            self._calm = 0
+            return []
+        self._calm += 1
+        if self._calm < self.settings.resolve_after:
+            return []
+        onset = self._onset_step
+        self._open, self._onset_step, self._calm = False, None, 0
+        message = (
+            f"grad_norm under every bar for {self.settings.resolve_after} steps"
+            f" (last {sample.value:.4g} at step {sample.step})"
+        )
+        details = {"kind": "recovered", "onset_step": onset}
+        return [self._alert(message, sample, source, time, onset, details, resolves=True)]
+
+    def _details(
+        self,
+        kind: str,
+        bar: float,
+        median: float | None,
+        onset: int | None,
+        evidence: list[tuple[int | None, float]],
+    ) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "threshold": bar,
+            "median": median,
+            "run_length": len(self._run),
+            "onset_step": onset,
+            "max_grad_norm": self.settings.max_grad_norm,
+            "values": [value for _, value in evidence],
+            "steps": [step for step, _ in evidence],
+        }
+
+    def _alert(
+        self,
+        message: str,
+        sample: Sample,
+        source: str,
+        time: float,
+        onset: int | None,
+        details: dict[str, Any],
+        *,
+        resolves: bool = False,
+    ) -> Alert:
+        return Alert(
+            rule=self.rule,
+            severity=Severity.INFO if resolves else self.settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            step=sample.step,
+            metric=METRIC,
+            value=sample.value,
+            onset_step=onset,
+            resolves=resolves,
+            details=details,
+        )

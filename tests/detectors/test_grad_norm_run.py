@@ -1,0 +1,251 @@
+"""grad_norm_run: grad-norm high for a run of steps, or clipping on most steps, warns once."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pydantic
+import pytest
+
+from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
+from sentinel.records import Alert, Sample, Severity
+
+NAN = math.nan
+INF = math.inf
+NOW = 1_700_000_000.0
+WARN, INFO = Severity.WARNING, Severity.INFO
+CALM = [1.0] * 5
+
+
+def feed(detector: GradNormRunDetector, samples: Sequence[Sample]) -> list[Alert]:
+    alerts: list[Alert] = []
+    for sample in samples:
+        alerts += detector.observe(sample, "train.log", NOW)
+    return alerts
+
+
+def norms(values: Sequence[float], first_step: int = 1) -> list[Sample]:
+    return [Sample("grad_norm", value, first_step + i) for i, value in enumerate(values)]
+
+
+def run(values: Sequence[float], **config: Any) -> list[Alert]:
+    return feed(GradNormRunDetector(GradNormRunConfig(**config)), norms(values))
+
+
+def summary(alerts: Sequence[Alert]) -> list[tuple[Severity, int | None, int | None, bool]]:
+    return [(alert.severity, alert.step, alert.onset_step, alert.resolves) for alert in alerts]
+
+
+def noisy(count: int, low: float, high: float, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.uniform(low, high) for _ in range(count)]
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([*CALM, 20.0, 20.0, 20.0], [(WARN, 8, 6, False)]),
+        ([*CALM, 20.0, 20.0, 1.0, 20.0, 20.0, 1.0], []),
+        ([*CALM, 10.0, 10.0, 10.0], []),
+        ([1.06, 347424.0, 458866.0, 507514.0, NAN, NAN], [(WARN, 4, 2, False)]),
+        ([*CALM, 20.0, NAN, 20.0, INF, 20.0], [(WARN, 10, 6, False)]),
+        ([*CALM, 20.0, 20.0, 20.0, *[1.0] * 5], [(WARN, 8, 6, False), (INFO, 13, 6, True)]),
+        (
+            [*CALM, 20.0, 20.0, 20.0, *[1.0] * 4, 20.0, *[1.0] * 5],
+            [(WARN, 8, 6, False), (INFO, 18, 6, True)],
+        ),
+        (
+            [*CALM, *[20.0] * 3, *[1.0] * 5, *[20.0] * 3],
+            [(WARN, 8, 6, False), (INFO, 13, 6, True), (WARN, 16, 14, False)],
+        ),
+        ([*CALM, *[20.0] * 30], [(WARN, 8, 6, False)]),
+    ],
+    ids=[
+        "absolute-run-fires-at-third-consecutive-step",
+        "runs-of-two-never-fire",
+        "at-threshold-is-not-above",
+        "diverging-series-fires-before-the-nan",
+        "non-finite-values-are-skipped",
+        "resolves-after-five-normal-values",
+        "high-value-restarts-the-resolve-count",
+        "separate-runs-are-separate-episodes",
+        "one-alert-for-a-long-run",
+    ],
+)
+def test_absolute_runs(
+    values: list[float], expected: list[tuple[Severity, int, int, bool]]
+) -> None:
+    assert summary(run(values)) == expected
+
+
+def test_absolute_alert_says_the_numbers() -> None:
+    (alert,) = run([*CALM, 20.0, 30.0, 40.0])
+    assert alert.rule == "grad_norm_run"
+    assert alert.message == "grad_norm above 10 for 3 consecutive steps since step 6 (now 40)"
+    assert alert.metric == "grad_norm"
+    assert alert.value == 40.0
+    assert alert.details["kind"] == "absolute"
+    assert alert.details["threshold"] == 10.0
+    assert alert.details["values"] == [*CALM, 20.0, 30.0, 40.0]
+    assert alert.details["steps"] == list(range(1, 9))
+    assert alert.details["onset_step"] == 6
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([*[1.0] * 20, 6.0, 6.0, 6.0], [(WARN, 23, 21, False)]),
+        ([*[1.0] * 20, 6.0, 6.0], []),
+        ([*[1.0] * 20, 4.9, 4.9, 4.9], []),
+        ([*[1.0] * 9, 6.0, 6.0, 6.0], []),
+        ([*[1.0] * 10, *[6.0] * 30], [(WARN, 13, 11, False)]),
+    ],
+    ids=[
+        "relative-run-fires",
+        "relative-run-of-two-silent",
+        "under-relative-factor-silent",
+        "relative-needs-min-history",
+        "run-values-are-not-learned-into-the-median",
+    ],
+)
+def test_relative_runs(
+    values: list[float], expected: list[tuple[Severity, int, int, bool]]
+) -> None:
+    assert summary(run(values)) == expected
+
+
+def test_relative_alert_details() -> None:
+    (alert,) = run([*[1.0] * 20, 6.0, 7.0, 8.0])
+    assert alert.details["kind"] == "relative"
+    assert alert.details["median"] == 1.0
+    assert alert.details["threshold"] == 5.0
+    assert alert.message == (
+        "grad_norm 8 at step 23 is 8.0x its rolling median 1,"
+        " above 5x for 3 consecutive steps since step 21"
+    )
+
+
+def test_clipping_on_most_steps_warns() -> None:
+    (alert,) = run([0.9, *[1.2] * 19], max_grad_norm=1.0)
+    assert summary([alert]) == [(WARN, 20, 2, False)]
+    assert alert.message == (
+        "clipping engaged on 19 of the last 20 steps (grad_norm >= max_grad_norm 1.0):"
+        " the learning rate is likely too high"
+    )
+    assert alert.details["kind"] == "clipping"
+    assert alert.details["clipped"] == 19
+    assert alert.details["threshold"] == 1.0
+    assert alert.details["values"] == [0.9, *[1.2] * 19]
+
+
+@pytest.mark.parametrize(
+    ("clipped", "fires"),
+    [(17, False), (18, True), (20, True)],
+    ids=["17-of-20", "18-of-20", "20-of-20"],
+)
+def test_clip_fraction_is_the_bar(clipped: int, fires: bool) -> None:
+    values = [0.5] * (20 - clipped) + [1.0] * clipped
+    assert bool(run(values, max_grad_norm=1.0)) is fires
+
+
+def test_clipping_needs_a_full_clip_window() -> None:
+    assert run([1.5] * 19, max_grad_norm=1.0) == []
+
+
+def test_clipping_and_runs_share_one_episode() -> None:
+    alerts = run([*[1.5] * 20, 20.0, 20.0, 20.0], max_grad_norm=1.0)
+    assert [alert.details["kind"] for alert in alerts] == ["clipping"]
+
+
+def test_clipping_resolves_once_under_the_fraction_for_five_steps() -> None:
+    # 19/20 and 18/20 clipped still hold the episode; 17/20 at step 23 is the first calm one.
+    alerts = run([*[1.5] * 20, *[0.5] * 7], max_grad_norm=1.0)
+    assert summary(alerts) == [(WARN, 20, 1, False), (INFO, 27, 1, True)]
+
+
+@pytest.mark.parametrize(
+    ("values", "config"),
+    [
+        (noisy(2000, 0.9, 1.1), {}),
+        (noisy(2000, 0.89, 1.09), {"max_grad_norm": 1.0}),
+    ],
+    ids=["healthy-noisy-series", "healthy-clipping-45-percent"],
+)
+def test_healthy_series_is_silent(values: list[float], config: dict[str, Any]) -> None:
+    if "max_grad_norm" in config:
+        clipped = sum(value >= 1.0 for value in values) / len(values)
+        assert 0.4 < clipped < 0.5
+    assert run(values, **config) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "lr_values"),
+    [({}, [0.1 * i for i in range(1, 11)] + [1.0] * 10), ({"warmup_steps": 10}, [])],
+    ids=["lr-still-rising", "warmup-steps"],
+)
+def test_warmup_is_ignored(config: dict[str, Any], lr_values: list[float]) -> None:
+    detector = GradNormRunDetector(GradNormRunConfig(max_grad_norm=1.0, **config))
+    grad_norms = [50.0] * 9 + [1.0] * 4 + [20.0] * 3  # high through step 9, a run at 14-16
+    samples: list[Sample] = []
+    for step in range(1, 17):
+        if step <= len(lr_values):
+            samples.append(Sample("lr", lr_values[step - 1], step))
+        samples.append(Sample("grad_norm", grad_norms[step - 1], step))
+    assert summary(feed(detector, samples)) == [(WARN, 16, 14, False)]
+
+
+def test_watches_grad_norm_and_lr() -> None:
+    assert GradNormRunDetector(GradNormRunConfig()).watches == frozenset({"grad_norm", "lr"})
+
+
+def test_job_started_resets_run_and_episode() -> None:
+    detector = GradNormRunDetector(GradNormRunConfig())
+    assert feed(detector, norms([20.0, 20.0])) == []
+    detector.job_started(NOW)
+    assert feed(detector, norms([20.0], first_step=3)) == []  # the run starts again
+    assert summary(feed(detector, norms([20.0, 20.0], first_step=4))) == [(WARN, 5, 3, False)]
+    detector.job_started(NOW)
+    assert summary(feed(detector, norms([20.0] * 3, first_step=3))) == [(WARN, 5, 3, False)]
+
+
+def test_alert_time_is_the_sample_time() -> None:
+    detector = GradNormRunDetector(GradNormRunConfig(run_length=1))
+    (alert,) = detector.observe(Sample("grad_norm", 20.0, 7, time=123.5), "m.jsonl", NOW)
+    assert (alert.time, alert.source, alert.step) == (123.5, "m.jsonl", 7)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"threshold": 0},
+        {"run_length": 0},
+        {"relative_factor": 1.0},
+        {"window": 0},
+        {"min_history": 0},
+        {"min_history": 60},
+        {"max_grad_norm": 0},
+        {"clip_fraction": 0},
+        {"clip_fraction": 1.5},
+        {"clip_window": 0},
+        {"resolve_after": 0},
+    ],
+    ids=[
+        "threshold-0",
+        "run-length-0",
+        "factor-1",
+        "window-0",
+        "min-history-0",
+        "min-history-over-window",
+        "max-grad-norm-0",
+        "clip-fraction-0",
+        "clip-fraction-over-1",
+        "clip-window-0",
+        "resolve-0",
+    ],
+)
+def test_config_rejects_bad_values(config: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        GradNormRunConfig(**config)

@@ -1,0 +1,237 @@
+"""loss_spike: a value over ``factor`` x the median of recent non-spike values opens an episode."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pydantic
+import pytest
+
+from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
+from sentinel.records import Alert, Sample, Severity
+
+NAN = math.nan
+NOW = 1_700_000_000.0
+WARN, CRIT, INFO = Severity.WARNING, Severity.CRITICAL, Severity.INFO
+#: Ten values at 2.0: a full default window, steps 1-10.
+BASE = [2.0] * 10
+
+
+def feed(detector: LossSpikeDetector, samples: Sequence[Sample]) -> list[Alert]:
+    alerts: list[Alert] = []
+    for sample in samples:
+        alerts += detector.observe(sample, "train.log", NOW)
+    return alerts
+
+
+def losses(values: Sequence[float], first_step: int = 1, name: str = "loss") -> list[Sample]:
+    return [Sample(name, value, first_step + i) for i, value in enumerate(values)]
+
+
+def summary(alerts: Sequence[Alert]) -> list[tuple[Severity, int | None, bool]]:
+    return [(alert.severity, alert.step, alert.resolves) for alert in alerts]
+
+
+def run(values: Sequence[float], **config: Any) -> list[Alert]:
+    return feed(LossSpikeDetector(LossSpikeConfig(**config)), losses(values))
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([*BASE, 9.0, 2.0, 2.0, 2.0], [(WARN, 11, False), (INFO, 14, True)]),
+        (
+            [*BASE, 9.0, 2.0, 2.0, 2.0, 9.0, 2.0, 2.0, 2.0],
+            [(WARN, 11, False), (INFO, 14, True), (WARN, 15, False), (INFO, 18, True)],
+        ),
+        ([*BASE, 9.0, 2.0, 9.0, 2.0, 2.0, 2.0], [(WARN, 11, False), (INFO, 16, True)]),
+        (BASE + [9.0] * 6 + [2.0] * 3, [(WARN, 11, False), (CRIT, 14, False), (INFO, 19, True)]),
+        (
+            [*BASE, 9.0, 9.0, 9.0, 2.0, 9.0, 9.0, 9.0, 2.0, 2.0, 2.0],
+            [(WARN, 11, False), (INFO, 20, True)],
+        ),
+        ([*BASE, 4.0, 4.0001], [(WARN, 12, False)]),
+        ([2.0] * 9 + [9.0], []),
+        ([-1.0] * 10 + [5.0, 50.0], []),
+        ([0.0] * 10 + [5.0], []),
+    ],
+    ids=[
+        "spike-recovers-one-warning-then-resolve",
+        "two-separate-spikes-two-episodes",
+        "spikes-closer-than-resolve-after-one-episode",
+        "persistent-spike-escalates-to-critical-once",
+        "runs-of-3-below-persist-steps-never-escalate",
+        "exactly-factor-times-is-not-a-spike",
+        "window-not-full-judges-nothing",
+        "negative-baseline-skips-the-relative-test",
+        "zero-baseline-skips-the-relative-test",
+    ],
+)
+def test_episodes(values: list[float], expected: list[tuple[Severity, int, bool]]) -> None:
+    assert summary(run(values)) == expected
+
+
+def test_opening_alert_says_the_numbers() -> None:
+    (opened, _) = run([*BASE, 9.0, 2.0, 2.0, 2.0])
+    assert opened.rule == "loss_spike"
+    assert opened.message == "loss 9 at step 11 is 4.5x its recent median 2"
+    assert opened.metric == "loss"
+    assert opened.value == 9.0
+    assert opened.onset_step == 11
+    assert opened.source == "train.log"
+    assert opened.time == NOW
+    assert opened.details["kind"] == "spike"
+    assert opened.details["baseline"] == 2.0
+    assert opened.details["threshold"] == 4.0
+    assert opened.details["values"] == [*BASE, 9.0]
+    assert opened.details["steps"] == list(range(1, 12))
+
+
+def test_every_alert_of_an_episode_carries_its_onset() -> None:
+    alerts = run(BASE + [9.0] * 5 + [2.0] * 3)
+    assert [alert.onset_step for alert in alerts] == [11, 11, 11]
+    assert [alert.details["kind"] for alert in alerts] == ["spike", "persistent", "recovered"]
+
+
+def test_escalation_message_and_evidence() -> None:
+    _, escalated = run([*BASE, 9.0, 9.5, 9.2, 9.8])
+    assert escalated.message == (
+        "loss above 4 (2x its recent median 2) for 4 consecutive values since step 11"
+        " (now 9.8 at step 14)"
+    )
+    assert escalated.details["run_length"] == 4
+    assert escalated.details["values"] == [*BASE, 9.0, 9.5, 9.2, 9.8]
+
+
+def test_second_spike_is_not_masked_by_the_first() -> None:
+    # A mean of the last 10 with the first spike in it is 3.8, and 5.0 < 2 x 3.8.
+    alerts = run([*BASE, 20.0, 2.0, 2.0, 2.0, 5.0])
+    assert summary(alerts) == [(WARN, 11, False), (INFO, 14, True), (WARN, 15, False)]
+    assert alerts[2].details["baseline"] == 2.0
+
+
+def test_spikes_are_not_learned_into_the_baseline() -> None:
+    # With the six spikes learned, the median of steps 10-19 would be 5.5 and 5.0 no spike.
+    alerts = run([*BASE, *[9.0] * 6, 2.0, 2.0, 2.0, 5.0])
+    assert summary(alerts) == [
+        (WARN, 11, False),
+        (CRIT, 14, False),
+        (INFO, 19, True),
+        (WARN, 20, False),
+    ]
+    assert alerts[3].details["baseline"] == 2.0
+
+
+def test_level_shift_resolves_and_rebaselines() -> None:
+    detector = LossSpikeDetector(LossSpikeConfig())
+    alerts = feed(detector, losses(BASE + [5.0] * 10))
+    assert summary(alerts) == [(WARN, 11, False), (CRIT, 14, False), (INFO, 20, True)]
+    shift = alerts[-1]
+    assert shift.details["kind"] == "level_shift"
+    assert shift.details["new_baseline"] == 5.0
+    assert "level shift" in shift.message
+    assert "baseline re-learned at 5" in shift.message
+    assert feed(detector, losses([5.0] * 5, first_step=21)) == []
+    (spike,) = feed(detector, losses([11.0], first_step=26))
+    assert (spike.severity, spike.onset_step, spike.details["baseline"]) == (WARN, 26, 5.0)
+
+
+def test_persist_severity_equal_to_severity_does_not_escalate() -> None:
+    alerts = run(BASE + [9.0] * 6, severity="critical", persist_severity="critical")
+    assert summary(alerts) == [(CRIT, 11, False)]
+
+
+@pytest.mark.parametrize(
+    ("config", "lr_values"),
+    [({}, [0.1 * i for i in range(1, 16)] + [1.5] * 10), ({"warmup_steps": 15}, [])],
+    ids=["lr-still-rising", "warmup-steps"],
+)
+def test_warmup_only_learns(config: dict[str, Any], lr_values: list[float]) -> None:
+    detector = LossSpikeDetector(LossSpikeConfig(**config))
+    samples: list[Sample] = []
+    loss = [2.0] * 11 + [9.0] + [2.0] * 8 + [9.0]  # spikes at steps 12 and 21
+    for step in range(1, 26):
+        if step <= len(lr_values):
+            samples.append(Sample("lr", lr_values[step - 1], step))
+        if step <= len(loss):
+            samples.append(Sample("loss", loss[step - 1], step))
+    alerts = feed(detector, samples)
+    assert summary(alerts) == [(WARN, 21, False)]
+
+
+def test_watches_the_metrics_and_lr() -> None:
+    detector = LossSpikeDetector(LossSpikeConfig(metrics=["loss", "eval_loss"]))
+    assert detector.watches == frozenset({"loss", "eval_loss", "lr"})
+
+
+def test_non_finite_values_are_skipped() -> None:
+    # Ten finite values at odd steps 1-19 fill the window; the spike is at step 22.
+    values = [2.0, NAN] * 10 + [math.inf, 9.0, NAN, 2.0, -math.inf, 2.0, 2.0]
+    alerts = run(values)
+    assert summary(alerts) == [(WARN, 22, False), (INFO, 27, True)]
+    assert alerts[0].details["baseline"] == 2.0
+
+
+def test_nan_does_not_fill_the_window() -> None:
+    assert run([2.0] * 9 + [NAN, 9.0]) == []
+
+
+def test_metrics_share_one_episode() -> None:
+    detector = LossSpikeDetector(LossSpikeConfig(metrics=["loss", "eval_loss"]))
+    feed(detector, losses(BASE) + losses(BASE, name="eval_loss"))
+    alerts = feed(detector, losses([9.0], 11) + losses([9.0], 11, "eval_loss"))
+    assert summary(alerts) == [(WARN, 11, False)]
+    assert feed(detector, losses([2.0] * 3, 12)) == []  # eval_loss still above its bar
+    (resolved,) = feed(detector, losses([2.0] * 3, 12, "eval_loss"))
+    assert (resolved.resolves, resolved.metric, resolved.step) == (True, "eval_loss", 14)
+
+
+def test_job_started_resets_window_and_episode() -> None:
+    detector = LossSpikeDetector(LossSpikeConfig())
+    assert len(feed(detector, losses([*BASE, 9.0]))) == 1
+    detector.job_started(NOW)
+    assert feed(detector, losses([9.0], first_step=5)) == []  # the window is empty again
+    alerts = feed(detector, losses([*BASE, 9.0], first_step=6))
+    assert summary(alerts) == [(WARN, 16, False)]
+    assert alerts[0].onset_step == 16
+
+
+def test_alert_time_is_the_sample_time() -> None:
+    detector = LossSpikeDetector(LossSpikeConfig())
+    feed(detector, losses(BASE))
+    (alert,) = detector.observe(Sample("loss", 9.0, 11, time=123.5), "m.jsonl", NOW)
+    assert (alert.time, alert.source) == (123.5, "m.jsonl")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"factor": 1.0},
+        {"factor": 0.5},
+        {"window": 2},
+        {"persist_steps": 0},
+        {"persist_steps": 10},
+        {"resolve_after": 0},
+        {"metrics": []},
+        {"warmup_steps": -1},
+        {"persist_severity": "info"},
+        {"typo": 1},
+    ],
+    ids=[
+        "factor-1",
+        "factor-below-1",
+        "window-2",
+        "persist-0",
+        "persist-not-below-window",
+        "resolve-0",
+        "no-metrics",
+        "negative-warmup",
+        "persist-severity-below-severity",
+        "unknown-key",
+    ],
+)
+def test_config_rejects_bad_values(config: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        LossSpikeConfig(**config)
