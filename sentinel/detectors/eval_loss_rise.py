@@ -1,17 +1,192 @@
-"""eval_loss_rise: eval loss rising while train loss falls (overfitting).
-
-Placeholder until the rule lands: registered, configurable, raises nothing.
-"""
+"""eval_loss_rise: eval loss rising while train loss falls (overfitting)."""
 
 from __future__ import annotations
 
+import math
+from collections import deque
+
+from pydantic import Field, model_validator
+
 from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors.series import Rolling, Warmup
+from sentinel.records import Alert, Sample, Severity
+
+#: Evaluations since the best kept as evidence for the alert's details.
+KEPT_EVALS = 32
 
 
 class EvalLossRiseConfig(MetricRuleConfig):
-    """``[rules.eval_loss_rise]``."""
+    """``[rules.eval_loss_rise]``.
+
+    DESIGN's table: "rising for 3 evals, or > 5-10% above its minimum"; the margin
+    takes the top of that range, since eval loss is noisy when the eval set is small.
+    """
+
+    #: The eval metric judged (canonical name).
+    metric: str = Field(default="eval_loss", min_length=1)
+    #: The train metric that must be falling for a rise to be overfitting; a job that
+    #: never logs it is judged on the eval metric alone.
+    train_metric: str = Field(default="loss", min_length=1)
+    #: Consecutive evaluations, each higher than the one before, that make a rise.
+    rises: int = Field(default=3, ge=1)
+    #: An eval this fraction above the best one (0.1: 10%) is a rise however it got there.
+    margin: float = Field(default=0.1, gt=0, le=10)
+    #: Train values whose median is the train level at an evaluation (around the best
+    #: one, and now).
+    train_window: int = Field(default=10, ge=1)
+
+    @model_validator(mode="after")
+    def _distinct_metrics(self) -> EvalLossRiseConfig:
+        if self.metric == self.train_metric:
+            raise ValueError("metric and train_metric must differ")
+        return self
 
 
 class EvalLossRiseDetector(BaseDetector):
+    """Warns once when eval loss climbs away from its best while train loss keeps falling.
+
+    The train level is the median of the last ``train_window`` train values, taken at
+    each evaluation; it is falling when its level now is below its level at the best
+    evaluation. The episode ends when an evaluation beats the best. Evaluations
+    and train values logged in warmup are ignored: the best is a post-warmup one.
+    """
+
     rule = "eval_loss_rise"
     config_model = EvalLossRiseConfig
+
+    def __init__(self, config: EvalLossRiseConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self.watches = frozenset({config.metric, config.train_metric, "lr"})
+        self._warmup = Warmup(config.warmup_steps)
+        self._train_label = "train loss" if config.train_metric == "loss" else config.train_metric
+        self._reset()
+
+    def _reset(self) -> None:
+        self._warmup.reset()
+        self._train = Rolling(self.settings.train_window)
+        self._train_seen = False
+        self._best: tuple[int | None, float] | None = None
+        #: Train level at the best evaluation (or at the first one after it that had one).
+        self._train_at_best: float | None = None
+        self._after_best: deque[tuple[int | None, float]] = deque(maxlen=KEPT_EVALS)
+        self._first_after_best: int | None = None
+        self._last_eval: tuple[int | None, float] | None = None
+        self._rise_run = 0
+        self._open = False
+
+    def job_started(self, now: float) -> None:
+        self._reset()
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        if sample.name == "lr":
+            self._warmup.observe(sample)
+        if not math.isfinite(sample.value) or self._warmup.active(sample.step):
+            return []
+        if sample.name == self.settings.train_metric:
+            self._train.add(sample.value)
+            self._train_seen = True
+            return []
+        if sample.name != self.settings.metric:
+            return []
+        return self._evaluation(sample, source, now)
+
+    def _evaluation(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        step, value = sample.step, sample.value
+        last = self._last_eval
+        if last is not None and step is not None and last[0] is not None and step <= last[0]:
+            return []  # the same evaluation again (a log line and trainer_state.json)
+        self._rise_run = self._rise_run + 1 if last is not None and value > last[1] else 0
+        self._last_eval = (step, value)
+        train_now = self._train.median() if len(self._train) else None
+        time = sample.time if sample.time is not None else now
+        best = self._best
+        if best is None or value < best[1]:
+            alerts = [self._resolve(sample, source, time, best)] if self._open else []
+            self._open = False
+            self._best = (step, value)
+            self._train_at_best = train_now
+            self._after_best.clear()
+            self._first_after_best = None
+            return alerts
+        if not self._after_best:
+            self._first_after_best = step
+        self._after_best.append((step, value))
+        if self._train_at_best is None:
+            self._train_at_best = train_now
+        if self._open:
+            return []
+        best_step, best_value = best
+        by_rises = self._rise_run >= self.settings.rises
+        if not by_rises and value <= best_value + self.settings.margin * abs(best_value):
+            return []
+        if self._train_seen and (
+            train_now is None or self._train_at_best is None or train_now >= self._train_at_best
+        ):
+            return []  # train loss not falling: divergence or a data problem, not overfitting
+        self._open = True
+        return [self._alert(sample, source, time, best_step, best_value, train_now, by_rises)]
+
+    def _alert(
+        self,
+        sample: Sample,
+        source: str,
+        time: float,
+        best_step: int | None,
+        best_value: float,
+        train_now: float | None,
+        by_rises: bool,
+    ) -> Alert:
+        name, value = self.settings.metric, sample.value
+        above = (value - best_value) / abs(best_value) if best_value else math.inf
+        at = f" at step {best_step}" if best_step is not None else ""
+        if by_rises:
+            what = f"{name} rose {self._rise_run} evaluations in a row to {value:.4g}, {above:.0%}"
+        else:
+            what = f"{name} at {value:.4g} is {above:.0%}"
+        if train_now is not None and self._train_at_best is not None:
+            train = (
+                f", while {self._train_label} fell from {self._train_at_best:.4g}"
+                f" to {train_now:.4g}"
+            )
+        else:
+            train = f" (no {self._train_label} logged to compare)"
+        keep = f"; the best checkpoint is the one{at}" if best_step is not None else ""
+        return Alert(
+            rule=self.rule,
+            severity=self.settings.severity,
+            message=f"{what} above its best {best_value:.4g}{at}{train}: overfitting{keep}",
+            time=time,
+            source=source,
+            step=sample.step,
+            metric=name,
+            value=value,
+            onset_step=self._first_after_best,
+            details={
+                "kind": "rises" if by_rises else "margin",
+                "best_step": best_step,
+                "best_value": best_value,
+                "above_best": above,
+                "rises": self._rise_run,
+                "train_at_best": self._train_at_best,
+                "train_now": train_now,
+                "steps": [best_step] + [step for step, _ in self._after_best],
+                "values": [best_value] + [v for _, v in self._after_best],
+            },
+        )
+
+    def _resolve(
+        self, sample: Sample, source: str, time: float, best: tuple[int | None, float] | None
+    ) -> Alert:
+        before = f" (was {best[1]:.4g} at step {best[0]})" if best is not None else ""
+        return Alert(
+            rule=self.rule,
+            severity=Severity.INFO,
+            message=f"{self.settings.metric} at a new best {sample.value:.4g}{before}",
+            time=time,
+            source=source,
+            step=sample.step,
+            metric=self.settings.metric,
+            value=sample.value,
+            resolves=True,
+        )

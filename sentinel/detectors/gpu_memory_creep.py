@@ -1,17 +1,279 @@
-"""gpu_memory_creep: logged GPU memory climbing, or near capacity.
-
-Placeholder until the rule lands: registered, configurable, raises nothing.
-"""
+"""gpu_memory_creep: GPU memory climbing step over step (a leak), or near capacity (OOM ahead)."""
 
 from __future__ import annotations
 
+import math
+from collections import deque
+from typing import Any, Literal
+
+from pydantic import Field
+
 from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors.series import Warmup
+from sentinel.records import Alert, Sample, Severity
+
+#: GPU memory metrics as common loggers name them (lower-cased, ``train/`` stripped):
+#: hand-written loops, MosaicML Composer's MemoryMonitor, torchtitan, Megatron-LM,
+#: axolotl; sentinel's own NVML readings use ``gpu_memory_used``.
+MEMORY_METRICS: tuple[str, ...] = (
+    "gpu_memory",
+    "gpu_memory_used",
+    "gpu_memory_gb",
+    "gpu_memory_mb",
+    "gpu_mem",
+    "gpu_mem_used",
+    "gpu_mem_gb",
+    "gpu_mem_mb",
+    "cuda_mem",
+    "cuda_memory_allocated",
+    "cuda_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_allocated",
+    "mem_reserved",
+    "memory/allocated",
+    "memory/reserved",
+    "memory/memory_allocated",
+    "memory/max_memory_allocated",
+    "memory/current_allocated_mem",
+    "memory/current_reserved_mem",
+    "memory/peak_allocated_mem",
+    "memory/peak_reserved_mem",
+    "memory/max_active(gib)",
+    "memory/max_reserved(gib)",
+    "memory/max_active(%)",
+    "memory/max_reserved(%)",
+    "mem-allocated-bytes",
+    "mem-max-allocated-bytes",
+)
+
+#: Logged totals (same unit as the watched metrics) that give the capacity.
+CAPACITY_METRICS: tuple[str, ...] = (
+    "gpu_memory_total",
+    "gpu_mem_total",
+    "memory_total",
+    "total_memory",
+)
+
+#: Name endings of metrics logged as a percentage of the device: their capacity is 100.
+PERCENT_SUFFIXES: tuple[str, ...] = ("(%)", "_pct", "_percent")
+
+Kind = Literal["creep", "capacity"]
 
 
 class GpuMemoryCreepConfig(MetricRuleConfig):
-    """``[rules.gpu_memory_creep]``."""
+    """``[rules.gpu_memory_creep]``.
+
+    DESIGN gives no numbers; these follow the other windowed rules: 20 logged values
+    is long enough that the allocator's noise averages out, and 10% growth in that
+    window is no fragmentation wobble. 95% of capacity leaves the caching allocator
+    no room for the next long batch.
+    """
+
+    #: Memory metrics to watch (names as logged, lower-cased); each is its own series.
+    metrics: list[str] = Field(default_factory=lambda: list(MEMORY_METRICS))
+    #: Values of a series judged together for a creep.
+    window: int = Field(default=20, ge=3)
+    #: Share of the window's step-to-step changes that must be increases.
+    rising_fraction: float = Field(default=0.8, gt=0, le=1)
+    #: Growth over the window (0.1: 10%) that makes a creep; the window's low point must
+    #: also have risen by half of it, so an allocate/free sawtooth is no creep.
+    min_growth: float = Field(default=0.1, gt=0)
+    #: Device capacity in the metrics' own unit; else a logged total (``capacity_metrics``).
+    #: Metrics named as a percentage (``(%)``, ``_pct``, ``_percent``) have capacity 100.
+    capacity: float | None = Field(default=None, gt=0)
+    #: Logged metrics carrying the device's total memory, in the watched metrics' unit.
+    capacity_metrics: list[str] = Field(default_factory=lambda: list(CAPACITY_METRICS))
+    #: Usage at or above this fraction of capacity is "OOM ahead".
+    capacity_fraction: float = Field(default=0.95, gt=0, le=1)
+    #: Steps never judged. PyTorch allocates the optimizer's state at the first
+    #: ``optimizer.step()`` and the caching allocator finds its working set over the first
+    #: iterations; 10 steps covers both (and a resumed job is past them).
+    warmup_steps: int = Field(default=10, ge=0)
 
 
 class GpuMemoryCreepDetector(BaseDetector):
+    """Warns once per episode on a creeping memory series or one near capacity.
+
+    A creep: over the last ``window`` values, at least ``rising_fraction`` of the
+    changes are increases, the last value is ``min_growth`` above the first, and the
+    lowest value of the window's second half is half that above the lowest of its
+    first half. One episode covers every series and both kinds; it ends when every
+    offending series is clear: a creep when its window grew less than ``min_growth``,
+    a capacity when the value is back under the bar.
+    """
+
     rule = "gpu_memory_creep"
     config_model = GpuMemoryCreepConfig
+
+    def __init__(self, config: GpuMemoryCreepConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self._memory = frozenset(config.metrics)
+        self._totals = frozenset(config.capacity_metrics)
+        self.watches = self._memory | self._totals | {"lr"}
+        self._warmup = Warmup(config.warmup_steps)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._warmup.reset()
+        self._series: dict[str, deque[tuple[int | None, float]]] = {}
+        self._logged_capacity: float | None = None
+        #: (metric, kind) pairs that are offending in the open episode.
+        self._offending: set[tuple[str, Kind]] = set()
+
+    def job_started(self, now: float) -> None:
+        self._reset()
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        name, value = sample.name, sample.value
+        if name == "lr":
+            self._warmup.observe(sample)
+        if not math.isfinite(value):
+            return []
+        if name in self._totals:
+            if value > 0:
+                self._logged_capacity = value
+            return []
+        if name not in self._memory or self._warmup.active(sample.step):
+            return []
+        window = self._series.get(name)
+        if window is None:
+            window = self._series[name] = deque(maxlen=self.settings.window)
+        last_step = window[-1][0] if window else None
+        if sample.step is not None and last_step is not None and sample.step <= last_step:
+            return []  # the same step again
+        window.append((sample.step, value))
+        time = sample.time if sample.time is not None else now
+        was_open = bool(self._offending)
+        found: list[tuple[Kind, dict[str, Any]]] = []
+        creep = self._creep(name, window)
+        if creep is not None:
+            found.append(("creep", creep))
+        elif (name, "creep") in self._offending and self._growth(window) < self.settings.min_growth:
+            self._offending.discard((name, "creep"))
+        capacity = self._capacity_of(name)
+        if capacity is not None and value >= self.settings.capacity_fraction * capacity:
+            found.append(("capacity", self._near_capacity(name, window)))
+        else:
+            self._offending.discard((name, "capacity"))
+        for kind, _ in found:
+            self._offending.add((name, kind))
+        if not was_open and found:
+            kind, details = found[0]
+            return [self._alert(sample, source, time, kind, details)]
+        if was_open and not self._offending:
+            return [self._resolve(sample, source, time)]
+        return []
+
+    def _capacity_of(self, name: str) -> float | None:
+        if name.endswith(PERCENT_SUFFIXES):
+            return 100.0
+        if self.settings.capacity is not None:
+            return self.settings.capacity
+        return self._logged_capacity
+
+    @staticmethod
+    def _growth(window: deque[tuple[int | None, float]]) -> float:
+        """Relative growth from the window's first value to its last."""
+        first, last = window[0][1], window[-1][1]
+        if first > 0:
+            return (last - first) / first
+        return math.inf if last > first else 0.0
+
+    def _creep(self, name: str, window: deque[tuple[int | None, float]]) -> dict[str, Any] | None:
+        """The evidence of a creep over the full window, or None."""
+        settings = self.settings
+        if len(window) < settings.window:
+            return None
+        values = [value for _, value in window]
+        rises = [i for i in range(1, len(values)) if values[i] > values[i - 1]]
+        if len(rises) < settings.rising_fraction * (len(values) - 1):
+            return None
+        growth = self._growth(window)
+        if growth < settings.min_growth:
+            return None
+        half = len(values) // 2
+        low_before, low_after = min(values[:half]), min(values[half:])
+        floor_growth = (low_after - low_before) / low_before if low_before > 0 else growth
+        if floor_growth < settings.min_growth / 2:
+            return None
+        onset_step = window[rises[0]][0]
+        details = self._trend(name, window)
+        details.update(
+            onset_step=onset_step,
+            growth=growth,
+            rising_share=len(rises) / (len(values) - 1),
+            values=values,
+        )
+        return details
+
+    def _trend(self, name: str, window: deque[tuple[int | None, float]]) -> dict[str, Any]:
+        """Growth per step over the window and, with a capacity, the steps left until it."""
+        (first_step, first), (last_step, last) = window[0], window[-1]
+        span = (last_step - first_step) if first_step is not None and last_step is not None else 0
+        per_step = (last - first) / (span if span > 0 else max(len(window) - 1, 1))
+        capacity = self._capacity_of(name)
+        projected = None
+        if capacity is not None and per_step > 0:
+            projected = max(0, math.ceil((capacity - last) / per_step))
+        return {"growth_per_step": per_step, "capacity": capacity, "projected_steps": projected}
+
+    def _near_capacity(self, name: str, window: deque[tuple[int | None, float]]) -> dict[str, Any]:
+        details = self._trend(name, window)
+        details.update(onset_step=window[-1][0], values=[value for _, value in window])
+        return details
+
+    def _alert(
+        self, sample: Sample, source: str, time: float, kind: Kind, details: dict[str, Any]
+    ) -> Alert:
+        name, value = sample.name, sample.value
+        projected = details["projected_steps"]
+        capacity = details["capacity"]
+        per_step = details["growth_per_step"]
+        if kind == "creep":
+            first = details["values"][0]
+            message = (
+                f"{name} climbed {details['growth']:.0%} over {len(details['values'])} values"
+                f" since step {details['onset_step']} ({first:.4g} to {value:.4g},"
+                f" +{per_step:.3g} per step): a leak"
+            )
+            if projected is not None:
+                message += f"; capacity {capacity:.4g} reached in about {projected} steps"
+        else:
+            message = (
+                f"{name} at {value:.4g} is {value / capacity:.0%} of capacity {capacity:.4g}:"
+                " OOM ahead"
+            )
+            if projected is not None:
+                message += f"; rising {per_step:.3g} per step, full in about {projected} steps"
+        return Alert(
+            rule=self.rule,
+            severity=self.settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            step=sample.step,
+            metric=name,
+            value=value,
+            onset_step=details.pop("onset_step"),
+            details={"kind": kind, **details},
+        )
+
+    def _resolve(self, sample: Sample, source: str, time: float) -> Alert:
+        return Alert(
+            rule=self.rule,
+            severity=Severity.INFO,
+            message=(
+                f"GPU memory steady again ({sample.name} at {sample.value:.4g}"
+                f" at step {sample.step})"
+            ),
+            time=time,
+            source=source,
+            step=sample.step,
+            metric=sample.name,
+            value=sample.value,
+            resolves=True,
+        )

@@ -1,17 +1,277 @@
-"""throughput_drop: throughput below a fraction of the run's baseline.
+"""throughput_drop: throughput below a fraction of the run's own baseline, sustained.
 
-Placeholder until the rule lands: registered, configurable, raises nothing.
+The series is the first throughput metric the job logs (tokens/sec, samples/sec...);
+a job that logs none is judged on steps/sec derived from the time at which each
+new step first appears in its training log lines.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections import deque
+
+from pydantic import Field
+
 from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors.series import Rolling, Warmup
+from sentinel.records import Alert, Sample, Severity
+
+#: Throughput metrics as the common loggers name them (lower-cased, ``train/`` stripped):
+#: sentinel's canonical name, MosaicML Composer, Lightning's ThroughputMonitor, torchtitan.
+#: Not HF's ``train_samples_per_second``: the Trainer logs it once, in its end-of-run summary.
+THROUGHPUT_METRICS: tuple[str, ...] = (
+    "tokens_per_sec",
+    "throughput/tokens_per_sec",
+    "items_per_sec",
+    "throughput(tps)",
+    "perf/throughput(tps)",
+    "wps",
+    "samples_per_sec",
+    "samples_per_second",
+    "throughput/samples_per_sec",
+    "steps_per_sec",
+    "steps_per_second",
+    "batches_per_sec",
+    "throughput/batches_per_sec",
+    "it_per_sec",
+)
+
+#: Name of the series derived from timestamps.
+DERIVED = "steps_per_sec"
 
 
 class ThroughputDropConfig(MetricRuleConfig):
-    """``[rules.throughput_drop]``."""
+    """``[rules.throughput_drop]``.
+
+    DESIGN's table: "< 50% of the run's baseline, sustained". Five values in a row
+    outlast a checkpoint save or an evaluation, which slow one logging interval;
+    the baseline is the median of 20 values, so a slow first step (compilation,
+    allocator warmup) does not set it.
+    """
+
+    #: Throughput metrics (names as logged, lower-cased). The first of them the job logs
+    #: becomes the series and the others are ignored, so only like is compared with like.
+    metrics: list[str] = Field(default_factory=lambda: list(THROUGHPUT_METRICS))
+    #: Metrics whose steps time the run when it logs no throughput: steps/sec is derived
+    #: from the time each new step first appears in them. Empty: never derive.
+    step_metrics: list[str] = Field(default_factory=lambda: ["loss", "grad_norm", "lr"])
+    #: Throughput below this fraction of the baseline is a drop.
+    fraction: float = Field(default=0.5, gt=0, lt=1)
+    #: Values (after warmup) whose median is the first baseline; also the rolling window
+    #: whose median can later raise it (it never lowers it).
+    baseline_window: int = Field(default=20, ge=3)
+    #: Consecutive values below the bar that make a drop.
+    sustain: int = Field(default=5, ge=1)
+    #: Seconds the drop must also have lasted (from its first low value); 0 counts values only.
+    sustain_s: float = Field(default=0.0, ge=0)
+    #: Consecutive values back at or above the bar that end the episode.
+    resolve_after: int = Field(default=5, ge=1)
 
 
 class ThroughputDropDetector(BaseDetector):
+    """Warns once when throughput stays below ``fraction`` of its baseline; resolves on recovery.
+
+    The baseline is learned once, after warmup, as the median of the first
+    ``baseline_window`` values. Later it follows the rolling median of the values
+    above the bar, but only upwards: a slow decline never teaches it a lower level.
+    Derived steps/sec is measured between the moments the clock moved: lines read
+    in one burst (same time) are one point, so a buffered log still gives true rates;
+    without any timestamps (replay of a log without times) there is no rate at all.
+    """
+
     rule = "throughput_drop"
     config_model = ThroughputDropConfig
+
+    def __init__(self, config: ThroughputDropConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self._throughput = frozenset(config.metrics)
+        self._step_metrics = frozenset(config.step_metrics)
+        self.watches = self._throughput | self._step_metrics | {"lr"}
+        self._warmup = Warmup(config.warmup_steps)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._warmup.reset()
+        #: The logged throughput metric judged; None while steps/sec is derived.
+        self._series: str | None = None
+        # Derived steps/sec: (time, highest step) of the last closed and of the open time point.
+        self._data_clock = False
+        self._previous: tuple[float, int] | None = None
+        self._point: tuple[float, int] | None = None
+        self._clear_baseline()
+
+    def _clear_baseline(self) -> None:
+        size = self.settings.baseline_window
+        self._learning: list[float] = []
+        self._baseline: float | None = None
+        self._recent = Rolling(size)
+        self._values: deque[float] = deque(maxlen=self.settings.sustain + 5)
+        self._low_run = 0
+        self._low_since: tuple[int | None, float] = (None, 0.0)
+        self._open = False
+        self._high_run = 0
+
+    def job_started(self, now: float) -> None:
+        self._reset()
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        name = sample.name
+        if name == "lr":
+            self._warmup.observe(sample)
+        if name in self._throughput:
+            time = sample.time if sample.time is not None else now
+            alerts = [] if self._series is not None else self._adopt(name, source, time)
+            if name != self._series:
+                return alerts
+            return alerts + self._judge(sample.value, sample.step, time, source, derived=False)
+        if self._series is None and name in self._step_metrics:
+            rate = self._derive(sample, now)
+            if rate is not None:
+                value, step, time = rate
+                return self._judge(value, step, time, source, derived=True)
+        return []
+
+    def _adopt(self, name: str, source: str, now: float) -> list[Alert]:
+        """The job logs throughput after all: judge it from now on, not derived steps/sec."""
+        self._series = name
+        was_open = self._open
+        self._clear_baseline()
+        if not was_open:
+            return []
+        return [
+            Alert(
+                rule=self.rule,
+                severity=Severity.INFO,
+                message=f"derived steps/sec no longer judged: the job logs {name}",
+                time=now,
+                source=source,
+                metric=DERIVED,
+                resolves=True,
+            )
+        ]
+
+    def _derive(self, sample: Sample, now: float) -> tuple[float, int, float] | None:
+        """Steps/sec over the last closed interval between time points, once the clock moves."""
+        step = sample.step
+        if step is None:
+            return None
+        if sample.time is not None and not self._data_clock:
+            # The data's own clock from now on; never mixed with the time lines were read.
+            self._data_clock = True
+            self._previous = self._point = None
+        elif sample.time is None and self._data_clock:
+            return None
+        time = sample.time if sample.time is not None else now
+        point = self._point
+        if point is None:
+            self._point = (time, step)
+            return None
+        point_time, point_step = point
+        if step <= point_step:
+            return None  # not a new step
+        if time <= point_time:
+            self._point = (point_time, step)  # same burst: one time point
+            return None
+        previous, self._previous, self._point = self._previous, point, (time, step)
+        if previous is None:
+            return None  # the first time point: nothing before it to measure from
+        rate = (point_step - previous[1]) / (point_time - previous[0])
+        return rate, point_step, point_time
+
+    def _judge(
+        self, value: float, step: int | None, time: float, source: str, *, derived: bool
+    ) -> list[Alert]:
+        if not math.isfinite(value) or self._warmup.active(step):
+            return []
+        if self._baseline is None:
+            self._learning.append(value)
+            if len(self._learning) == self.settings.baseline_window:
+                self._baseline = statistics.median(self._learning)
+                for learned in self._learning:
+                    self._recent.add(learned)
+            return []
+        self._values.append(value)
+        bar = self.settings.fraction * self._baseline
+        if value >= bar:
+            self._recent.add(value)
+            if self._recent.full:
+                self._baseline = max(self._baseline, self._recent.median())
+            self._low_run = 0
+            if not self._open:
+                return []
+            self._high_run += 1
+            if self._high_run < self.settings.resolve_after:
+                return []
+            self._open = False
+            return [self._alert(value, step, time, source, derived, resolves=True)]
+        self._high_run = 0
+        if self._open:
+            return []
+        if self._low_run == 0:
+            self._low_since = (step, time)
+        self._low_run += 1
+        if self._low_run < self.settings.sustain or (
+            time - self._low_since[1] < self.settings.sustain_s
+        ):
+            return []
+        self._open = True
+        return [self._alert(value, step, time, source, derived, resolves=False)]
+
+    def _alert(
+        self,
+        value: float,
+        step: int | None,
+        time: float,
+        source: str,
+        derived: bool,
+        *,
+        resolves: bool,
+    ) -> Alert:
+        assert self._baseline is not None
+        baseline = self._baseline
+        metric = DERIVED if derived else (self._series or DERIVED)
+        label = f"{metric} (derived from timestamps)" if derived else metric
+        share = value / baseline if baseline else math.inf
+        if resolves:
+            return Alert(
+                rule=self.rule,
+                severity=Severity.INFO,
+                message=(
+                    f"{label} back to {value:.4g} ({share:.0%} of its baseline {baseline:.4g})"
+                    f" for {self.settings.resolve_after} values"
+                ),
+                time=time,
+                source=source,
+                step=step,
+                metric=metric,
+                value=value,
+                resolves=True,
+            )
+        onset_step = self._low_since[0]
+        since = f" since step {onset_step}" if onset_step is not None else ""
+        return Alert(
+            rule=self.rule,
+            severity=self.settings.severity,
+            message=(
+                f"{label} down to {value:.4g} for {self._low_run} values{since}:"
+                f" {share:.0%} of its baseline {baseline:.4g}"
+                f" (the bar is {self.settings.fraction:.0%})"
+            ),
+            time=time,
+            source=source,
+            step=step,
+            metric=metric,
+            value=value,
+            onset_step=onset_step,
+            details={
+                "baseline": baseline,
+                "bar": self.settings.fraction * baseline,
+                "fraction_of_baseline": share,
+                "low_values": self._low_run,
+                "low_for_s": time - self._low_since[1],
+                "derived": derived,
+                "values": list(self._values),
+            },
+        )

@@ -1,0 +1,209 @@
+"""eval_loss_rise: eval loss climbing from its best while train loss falls warns once."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pydantic
+import pytest
+
+from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
+from sentinel.records import Alert, Sample, Severity
+
+NOW = 1_700_000_000.0
+EVAL_EVERY = 100
+
+
+def feed(detector: EvalLossRiseDetector, samples: Sequence[Sample]) -> list[Alert]:
+    alerts: list[Alert] = []
+    for sample in samples:
+        alerts += detector.observe(sample, "train.log", NOW)
+    return alerts
+
+
+def run(
+    evals: Sequence[float],
+    train: Sequence[float] | None = None,
+    *,
+    first_eval_step: int = EVAL_EVERY,
+) -> list[Sample]:
+    """An eval every 100 steps; before each, 10 train losses (one every 10 steps)."""
+    samples: list[Sample] = []
+    for i, value in enumerate(evals):
+        step = first_eval_step + i * EVAL_EVERY
+        if train is not None:
+            samples += [Sample("loss", train[i], step - 90 + 10 * k) for k in range(10)]
+        samples.append(Sample("eval_loss", value, step))
+    return samples
+
+
+def falling(n: int, start: float = 3.0, by: float = 0.1) -> list[float]:
+    return [start - by * i for i in range(n)]
+
+
+def rising(n: int, start: float = 1.0, by: float = 0.1) -> list[float]:
+    return [start + by * i for i in range(n)]
+
+
+def detector(**config: Any) -> EvalLossRiseDetector:
+    return EvalLossRiseDetector(EvalLossRiseConfig(**config))
+
+
+OVERFIT = [3.0, 2.8, 2.7, 2.69, 2.75, 2.83, 2.91, 2.95, 3.0, 3.1]
+
+
+def test_overfit_curve_fires_once_at_the_third_rise_with_the_best_step() -> None:
+    alerts = feed(detector(), run(OVERFIT, falling(len(OVERFIT))))
+    assert len(alerts) == 1
+    (alert,) = alerts
+    assert alert.rule == "eval_loss_rise"
+    assert alert.severity is Severity.WARNING
+    assert not alert.resolves
+    assert alert.step == 700
+    assert alert.onset_step == 500  # the first eval after the best
+    assert alert.metric == "eval_loss"
+    assert alert.value == 2.91
+    assert alert.details["best_step"] == 400
+    assert alert.details["best_value"] == 2.69
+    assert alert.details["kind"] == "rises"
+    assert alert.details["values"] == [2.69, 2.75, 2.83, 2.91]
+    assert alert.details["train_at_best"] == pytest.approx(2.7)
+    assert alert.details["train_now"] == pytest.approx(2.4)
+    assert alert.message == (
+        "eval_loss rose 3 evaluations in a row to 2.91, 8% above its best 2.69 at step 400,"
+        " while train loss fell from 2.7 to 2.4: overfitting;"
+        " the best checkpoint is the one at step 400"
+    )
+
+
+def test_margin_above_the_best_fires_without_consecutive_rises() -> None:
+    evals = [3.0, 2.5, 2.0, 2.05, 2.02, 2.3]  # 2.3 is 15% above 2.0, after a dip
+    (alert,) = feed(detector(), run(evals, falling(len(evals))))
+    assert alert.step == 600
+    assert alert.onset_step == 400
+    assert alert.details["kind"] == "margin"
+    assert alert.details["best_step"] == 300
+    assert "15% above its best 2 at step 300" in alert.message
+
+
+@pytest.mark.parametrize(
+    ("evals", "train"),
+    [
+        ([3.0, 2.9, 2.95, 2.8, 2.85, 2.7, 2.75, 2.6, 2.62, 2.5], falling(10)),
+        ([3.0, 2.9, 2.95, 2.97, 2.85, 2.7], falling(6)),
+        ([2.0, 2.02, 2.05, 2.09], rising(4)),
+        ([2.0, 2.02, 2.05, 2.3], [1.5] * 4),
+    ],
+    ids=[
+        "noisy-but-improving",
+        "two-rises-then-better",
+        "train-loss-rising-too",
+        "train-loss-flat",
+    ],
+)
+def test_not_overfitting_is_silent(evals: list[float], train: list[float]) -> None:
+    assert feed(detector(), run(evals, train)) == []
+
+
+def test_without_train_loss_eval_alone_is_enough() -> None:
+    (alert,) = feed(detector(), run(OVERFIT))
+    assert alert.step == 700
+    assert alert.details["train_now"] is None
+    assert "no train loss logged" in alert.message
+
+
+def test_best_eval_before_any_train_loss_compares_with_the_first_train_level_after_it() -> None:
+    samples = [Sample("eval_loss", 2.0, 100)]  # evaluated before training logged anything
+    samples += run([2.05, 2.1, 2.15], [1.5, 1.4, 1.3], first_eval_step=200)
+    (alert,) = feed(detector(), samples)
+    assert alert.step == 400
+    assert alert.details["train_at_best"] == 1.5
+    assert alert.details["train_now"] == 1.3
+
+
+def test_new_best_resolves_the_episode() -> None:
+    evals = [*OVERFIT[:7], 2.6]
+    alerts = feed(detector(), run(evals, falling(len(evals))))
+    assert [(a.resolves, a.severity, a.step) for a in alerts] == [
+        (False, Severity.WARNING, 700),
+        (True, Severity.INFO, 800),
+    ]
+    assert "new best 2.6" in alerts[1].message
+
+
+def test_rises_after_a_resolve_open_a_new_episode() -> None:
+    evals = [*OVERFIT[:7], 2.6, 2.65, 2.7, 2.8]
+    alerts = feed(detector(), run(evals, falling(len(evals))))
+    assert [(a.resolves, a.step, a.onset_step) for a in alerts] == [
+        (False, 700, 500),
+        (True, 800, None),
+        (False, 1100, 900),
+    ]
+    assert alerts[2].details["best_step"] == 800
+
+
+def test_rises_from_config() -> None:
+    (alert,) = feed(detector(rises=2), run(OVERFIT, falling(len(OVERFIT))))
+    assert alert.step == 600
+
+
+def test_evals_in_warmup_are_ignored() -> None:
+    # The eval at step 100 (in warmup) would be the best, and 2.0 100% above it.
+    evals = [1.0, 2.0, 2.05, 2.1]
+    assert len(feed(detector(), run(evals))) == 1
+    assert feed(detector(warmup_steps=150), run(evals)) == []
+
+
+def test_the_same_evaluation_twice_counts_once() -> None:
+    samples = run([2.0, 2.1, 2.2])
+    samples += [Sample("eval_loss", 2.3, 300)]  # a re-read of step 300, as a rise
+    assert feed(detector(), samples) == []
+
+
+def test_non_finite_eval_is_ignored() -> None:
+    evals = [2.69, math.nan, 2.75, 2.83, 2.91]
+    (alert,) = feed(detector(), run(evals))
+    assert alert.details["values"] == [2.69, 2.75, 2.83, 2.91]
+
+
+def test_watches_eval_train_and_lr() -> None:
+    assert detector(metric="val_acc_loss").watches == frozenset({"val_acc_loss", "loss", "lr"})
+
+
+def test_job_started_forgets_the_best() -> None:
+    rose = detector()
+    assert len(feed(rose, run(OVERFIT))) == 1
+    rose.job_started(NOW)
+    # The restarted attempt evaluates from step 100 again and rises from a new best.
+    (alert,) = feed(rose, run([2.0, 2.1, 2.2, 2.3]))
+    assert alert.details["best_step"] == 100
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rises": 0},
+        {"margin": 0.0},
+        {"margin": -0.1},
+        {"train_window": 0},
+        {"metric": ""},
+        {"metric": "loss"},
+        {"severity": "loud"},
+        {"patience": 3},
+    ],
+    ids=[
+        "no-rises",
+        "zero-margin",
+        "negative-margin",
+        "no-train-window",
+        "empty-metric",
+        "metric-is-train-metric",
+        "unknown-severity",
+        "unknown-key",
+    ],
+)
+def test_config_rejects_bad_values(bad: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        EvalLossRiseConfig(**bad)
