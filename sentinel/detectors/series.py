@@ -72,6 +72,6 @@ class Warmup:
         self._last_lr = sample.value
 
     def active(self, step: int | None) -> bool:
-        if self._lr_rising or (self._lr_rising is None and self._last_lr is not None):
-            return True  # rising, or one learning rate seen and no telling yet
+        if self._lr_rising:
+            return True
         return step is not None and step < self.warmup_steps
