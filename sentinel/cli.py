@@ -12,6 +12,8 @@ from typing import Any
 
 from sentinel import __version__
 from sentinel.config import ConfigError, Settings, effective_config, load_settings
+from sentinel.parsers.files import require_extras
+from sentinel.parsers.tensorboard import MissingExtra
 from sentinel.records import Severity
 
 EXIT_USAGE = 2
@@ -129,6 +131,11 @@ def _run(args: argparse.Namespace) -> int:
         print("sentinel run: give the job's command after --", file=sys.stderr)
         return EXIT_USAGE
     settings = _settings(args)
+    try:
+        require_extras(settings.logs)
+    except MissingExtra as error:
+        print(f"sentinel run: {error}", file=sys.stderr)
+        return EXIT_USAGE
     return Supervisor(settings, command).run()
 
 
@@ -136,11 +143,15 @@ def _replay(args: argparse.Namespace) -> int:
     from sentinel.replay import replay
 
     settings = _settings(args)
-    missing = [str(path) for path in args.paths if not path.is_file()]
+    missing = [str(path) for path in args.paths if not path.exists()]
     if missing:
         print(f"sentinel replay: no such file: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
-    result = replay(list(args.paths), settings)
+    try:
+        result = replay(list(args.paths), settings)
+    except (MissingExtra, FileNotFoundError) as error:
+        print(f"sentinel replay: {error}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         for alert in result.alerts:
             print(json.dumps(alert.to_json(), allow_nan=False))

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from sentinel.sources.lines import LineSplitter
+from sentinel.parsers.files import Splitter, splitter_for
 from sentinel.state import FileOffset
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class FileFollower:
         self.path = path
         self._offsets = offsets
         self._max_line_bytes = max_line_bytes
-        self._splitter = LineSplitter(max_line_bytes)
+        self._splitter: Splitter = splitter_for(path, max_line_bytes)
         self._fd: int | None = None
         self._dev = 0
         self._inode = 0
@@ -165,7 +165,7 @@ class FileFollower:
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         opened = os.fstat(fd)
         self._fd, self._dev, self._inode = fd, opened.st_dev, opened.st_ino
-        self._splitter = LineSplitter(self._max_line_bytes)
+        self._splitter = splitter_for(self.path, self._max_line_bytes)
         self._position, self._tail, self._head_hash = 0, b"", ""
         # Only the first file of this follower may be the one an earlier run was
         # reading; any later one appeared while we watched and starts at 0.
@@ -203,7 +203,7 @@ class FileFollower:
         else:
             return
         logger.info("%s %s (truncated); reading from the start", self.path, reason)
-        self._splitter = LineSplitter(self._max_line_bytes)
+        self._splitter = splitter_for(self.path, self._max_line_bytes)
         self._position, self._tail, self._head_hash = 0, b"", ""
 
     def _drain(self, lines: list[str]) -> None:
