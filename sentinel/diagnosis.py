@@ -141,6 +141,13 @@ def _reading(
             " overflow in one layer (torch.autograd.detect_anomaly for one step finds it)",
             metric,
         )
+    if {"grad_norm_run", "loss_spike"} <= rules:
+        return (
+            "optimisation blow-up (grad-norm and loss rising together)",
+            "lower the learning rate, add or lengthen warmup, clip gradients at 1.0,"
+            " use bf16 rather than fp16",
+            "grad_norm",
+        )
     rule = worst.rule
     details = worst.details
     if rule == "grad_norm_run":

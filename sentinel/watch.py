@@ -61,8 +61,8 @@ class Watch:
         actionable = []
         for alert in alerts:
             change = self.tracker.observe(alert)
-            if change is not None and change[0] is not IncidentEvent.RESOLVED:
-                explain(change[1], alert, self.engine)
+            if not alert.resolves and alert.rule in self.tracker.open:
+                explain(self.tracker.open[alert.rule], alert, self.engine)
             self.journal.append(alert)
             log.log(
                 _LEVELS[alert.severity],
@@ -148,7 +148,7 @@ class Watch:
 
 
 def explain(incident: Incident, alert: Alert, engine: Engine) -> None:
-    """Diagnose an incident that just opened or escalated; the alert carries the diagnosis."""
+    """Diagnose an incident anew with the alert just folded in; the alert carries it."""
     incident.diagnosis = diagnose(
         incident, engine.recent(None), samples_per_step=engine.facts.samples_per_step
     )

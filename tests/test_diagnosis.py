@@ -1,0 +1,144 @@
+"""Diagnosis: the runbooks' reading of an incident, from its rules and the metrics before it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from sentinel.diagnosis import Diagnosis, diagnose, sparkline
+from sentinel.incidents import Incident, IncidentTracker
+from sentinel.records import Alert, Sample, Severity
+
+NAN = math.nan
+T0 = 1_700_000_000.0
+
+
+def alert(
+    rule: str, severity: Severity, step: int, metric: str = "loss", **details: object
+) -> Alert:
+    return Alert(
+        rule=rule,
+        severity=severity,
+        message="m",
+        time=T0 + step,
+        step=step,
+        metric=metric,
+        onset_step=step,
+        details=dict(details),
+    )
+
+
+def incident_of(*alerts: Alert) -> Incident:
+    tracker = IncidentTracker("t")
+    for each in alerts:
+        tracker.observe(each)
+    (incident,) = {id(i): i for i in tracker.open.values()}.values()
+    return incident
+
+
+def series(name: str, values: Sequence[float], first_step: int = 1) -> list[Sample]:
+    return [Sample(name, value, first_step + i) for i, value in enumerate(values)]
+
+
+def test_grad_norm_run_before_the_nan_reads_as_an_optimisation_blow_up() -> None:
+    incident = incident_of(
+        alert("grad_norm_run", Severity.WARNING, 14, "grad_norm"),
+        alert("nan_inf", Severity.CRITICAL, 19, "grad_norm"),
+    )
+    recent = {"grad_norm": series("grad_norm", [1.0] * 10 + [50.0, 400.0, NAN], first_step=7)}
+    diagnosis = diagnose(incident, recent)
+    assert diagnosis.cause.startswith("optimisation blow-up")
+    assert "lower the learning rate" in diagnosis.advice
+    assert "bf16" in diagnosis.advice
+    assert diagnosis.inspect_step == 14  # the onset of the earliest evidence
+    assert diagnosis.sparkline.startswith("grad_norm ") and diagnosis.sparkline.endswith("nan")
+
+
+def test_a_grad_norm_that_shot_up_reads_as_a_blow_up_even_without_the_rule() -> None:
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 30, "loss"))
+    recent = {
+        "loss": series("loss", [2.0] * 20 + [NAN], first_step=10),
+        "grad_norm": series("grad_norm", [1.0] * 18 + [30.0, 90.0], first_step=10),
+    }
+    assert diagnose(incident, recent).cause.startswith("optimisation blow-up")
+
+
+def test_nan_after_a_flat_grad_norm_reads_as_a_bad_batch_or_numerics() -> None:
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 40, "loss"))
+    recent = {
+        "loss": series("loss", [2.0] * 20 + [NAN], first_step=20),
+        "grad_norm": series("grad_norm", [1.0, 1.1, 0.9] * 7, first_step=20),
+    }
+    diagnosis = diagnose(incident, recent)
+    assert diagnosis.cause.startswith("NaN with a flat grad-norm")
+    assert "inspect the batch" in diagnosis.advice
+
+
+def test_nan_in_the_first_steps_reads_as_the_data() -> None:
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 3, "loss"))
+    recent = {"loss": series("loss", [2.3, 2.2, NAN])}
+    diagnosis = diagnose(incident, recent)
+    assert "first steps" in diagnosis.cause
+    assert "labels out of range" in diagnosis.advice
+
+
+@pytest.mark.parametrize(
+    ("details", "cause"),
+    [
+        ({"from_start": True}, "loss flat from the start"),
+        ({}, "loss plateaued high (underfitting)"),
+    ],
+    ids=["from-start", "later"],
+)
+def test_plateau_readings(details: dict[str, object], cause: str) -> None:
+    incident = incident_of(alert("loss_plateau", Severity.INFO, 200, **details))
+    diagnosis = diagnose(incident, {})
+    assert diagnosis.cause == cause
+    if details:
+        assert "frozen parameters" in diagnosis.advice
+
+
+def test_overfitting_names_the_checkpoint_to_keep() -> None:
+    incident = incident_of(
+        alert("eval_loss_rise", Severity.WARNING, 120, "eval_loss", best_step=90)
+    )
+    diagnosis = diagnose(incident, {})
+    assert diagnosis.cause.startswith("overfitting")
+    assert "checkpoint at step 90" in diagnosis.advice
+
+
+@pytest.mark.parametrize(
+    ("step", "samples_per_step", "expected"),
+    [(1, 32, (0, 31)), (19, 4, (72, 75)), (19, None, None), (0, 4, None)],
+    ids=["first-step", "step-19-batch-4", "batch-unknown", "step-0"],
+)
+def test_sample_range_of_the_step_to_inspect(
+    step: int, samples_per_step: int | None, expected: tuple[int, int] | None
+) -> None:
+    incident = incident_of(alert("loss_spike", Severity.WARNING, step))
+    diagnosis = diagnose(incident, {}, samples_per_step=samples_per_step)
+    assert diagnosis.sample_range == expected
+    if expected:
+        assert f"samples {expected[0]}-{expected[1]}" in diagnosis.text()
+
+
+def test_to_json_is_plain_data() -> None:
+    diagnosis = Diagnosis("c", "a", 5, (16, 19), "loss ▁█")
+    assert diagnosis.to_json() == {
+        "cause": "c",
+        "advice": "a",
+        "inspect_step": 5,
+        "sample_range": [16, 19],
+        "sparkline": "loss ▁█",
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [([1.0, 2.0, 3.0, 4.0], "▁▃▆█"), ([1.0, 1.0], "▁▁"), ([1.0, 8.0, NAN], "▁█ nan")],
+    ids=["rising", "flat", "ends-in-nan"],
+)
+def test_sparkline(values: list[float], expected: str) -> None:
+    assert sparkline(values) == expected
