@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sentinel.detectors import DETECTORS, BaseDetector
@@ -73,54 +72,86 @@ class Engine:
         self._readers: dict[str, FileReader | None] = {}
         # Per metric name: the detectors that watch it (see BaseDetector.watches).
         self._routes: dict[str, list[BaseDetector]] = {}
+        # Per hook name (output, tick): the detectors that implement it (see _hooked).
+        self._hooks: dict[str, list[BaseDetector]] = {}
 
     def feed_line(self, line: Line) -> list[Alert]:
         """One line of output: parsed into samples, and shown to rules that watch output."""
-        source = line.source
+        return self.feed_text(line.source, line.text, line.time)
+
+    def feed_text(self, source: str, text: str, now: float) -> list[Alert]:
+        """``feed_line`` for a line read at ``now`` (ignored with the data's clock).
+
+        The ``Line`` the rules see is made only when a rule watches output:
+        replay feeds every line of a log through here.
+        """
         if source in self._readers:
             reader = self._readers[source]
         else:
             reader = self._readers[source] = reader_for(source)
         if reader is None:
-            samples = self.parser.parse(line.text)
+            samples = self.parser.parse(text)
             if not samples:
-                self.facts.observe_line(line.text)
+                self.facts.observe_line(text)
         else:
-            samples = self.parser.parse_with(reader, line.text)
+            samples = self.parser.parse_with(reader, text)
         if self.logging_steps is not None and samples:
             samples = self._count_step(samples)
         alerts: list[Alert] = []
         if self.data_clock:
-            alerts += self._advance_clock(samples)
+            if samples:
+                alerts += self._advance_clock(samples)
             if self.data_time is None:
                 # Before the data's first timestamp there is no clock: only the crash
                 # classifier's tail of output and the metrics themselves matter.
-                return alerts + self.feed_samples(samples, line.source, 0.0)
-            line = Line(line.source, line.text, self.data_time)
-        alerts += self._each(lambda detector: detector.output(line), line.time)
+                return alerts + self.feed_samples(samples, source, 0.0) if samples else alerts
+            now = self.data_time
+        watching = self._hooked("output")
+        if watching:
+            line = Line(source, text, now)
+            for detector in watching:
+                try:
+                    found = detector.output(line)
+                except Exception as error:
+                    alerts.append(self._disable(detector, error, now))
+                    continue
+                if found:
+                    alerts += found
         if samples:
-            alerts += self.feed_samples(samples, line.source, line.time)
+            alerts += self.feed_samples(samples, source, now)
         return alerts
 
     def _count_step(self, samples: list[Sample]) -> list[Sample]:
         """Give a step-less line the step its position implies: start + n x logging_steps."""
         assert self.logging_steps is not None
-        metrics = [sample for sample in samples if sample.name != PROGRESS]
-        if not metrics or any(sample.step is not None for sample in metrics):
+        has_metric = training = False
+        for sample in samples:
+            if sample.name != PROGRESS:
+                if sample.step is not None:
+                    return samples
+                has_metric = True
+                training = training or sample.name in TRAINING_LOG_METRICS
+        if not has_metric:
             return samples
-        if any(sample.name in TRAINING_LOG_METRICS for sample in metrics):
+        if training:
             self._logged += 1  # an eval line belongs to the step last logged
         step = self.start_step + self._logged * self.logging_steps
         return [
-            sample if sample.name == PROGRESS else replace(sample, step=step) for sample in samples
+            sample
+            if sample.name == PROGRESS
+            else Sample(sample.name, sample.value, step, sample.time)
+            for sample in samples
         ]
 
     def _advance_clock(self, samples: list[Sample]) -> list[Alert]:
         """Replay: move the clock to the line's own time before its samples are seen."""
-        stamped = [sample.time for sample in samples if sample.time is not None]
-        if not stamped:
+        new_time: float | None = None
+        for sample in samples:
+            stamp = sample.time
+            if stamp is not None and (new_time is None or stamp > new_time):
+                new_time = stamp
+        if new_time is None:
             return []
-        new_time = max(stamped)
         if self.data_time is None:
             self.data_time = new_time
             self._each(lambda detector: detector.job_started(new_time), new_time)
@@ -134,41 +165,45 @@ class Engine:
         """Samples from a parser or a structured reader (e.g. ``trainer_state.json``)."""
         alerts: list[Alert] = []
         for sample in samples:
+            name = sample.name
             if sample.time is not None and not self.data_clock:
                 self.data_time = sample.time
-            if sample.name == PROGRESS:
+            step = sample.step
+            if name == PROGRESS:
                 # Forward only: an evaluation's own progress bar counts batches from 0 again.
-                if sample.step is not None and (
-                    self.current_step is None or sample.step > self.current_step
-                ):
-                    self.current_step = sample.step
+                if step is not None and (self.current_step is None or step > self.current_step):
+                    self.current_step = step
                 continue
-            if sample.step is None:
-                sample = Sample(sample.name, sample.value, self.current_step, sample.time)
-            elif self.current_step is None or sample.step > self.current_step:
-                self.current_step = sample.step
+            if step is None:
+                sample = Sample(name, sample.value, self.current_step, sample.time)
+            elif self.current_step is None or step > self.current_step:
+                self.current_step = step
             self.samples_seen += 1
-            history = self.history.get(sample.name)
+            history = self.history.get(name)
             if history is None:
-                history = self.history[sample.name] = deque(maxlen=HISTORY_LEN)
+                history = self.history[name] = deque(maxlen=HISTORY_LEN)
             history.append(sample)
-            alerts += self._observe(sample, source, now)
+            route = self._routes.get(name)
+            if route is None:
+                route = self._routes[name] = [
+                    detector
+                    for detector in self.detectors
+                    if detector.watches is None or name in detector.watches
+                ]
+            # The hot loop of a replay: a plain loop, not _each's closure per detector.
+            for detector in route:
+                try:
+                    found = detector.observe(sample, source, now)
+                except Exception as error:
+                    alerts.append(self._disable(detector, error, now))
+                    continue
+                if found:
+                    alerts += found
         return alerts
 
-    def _observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        route = self._routes.get(sample.name)
-        if route is None:
-            route = self._routes[sample.name] = [
-                detector
-                for detector in self.detectors
-                if detector.watches is None or sample.name in detector.watches
-            ]
-        if not route:
-            return []
-        return self._each(lambda detector: detector.observe(sample, source, now), now, route)
-
     def tick(self, now: float) -> list[Alert]:
-        return self._each(lambda detector: detector.tick(now), now)
+        detectors = self._hooked("tick")
+        return self._each(lambda detector: detector.tick(now), now, detectors) if detectors else []
 
     def job_started(self, now: float, start_step: int = 0) -> None:
         """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
@@ -194,6 +229,18 @@ class Engine:
                 out[name] = kept[-per_metric:]
         return out
 
+    def _hooked(self, hook: str) -> list[BaseDetector]:
+        """The detectors whose ``hook`` does something (BaseDetector's own hooks do nothing).
+
+        ``output`` and ``tick`` run once a line in a replay, and most rules have neither.
+        """
+        detectors = self._hooks.get(hook)
+        if detectors is None:
+            detectors = self._hooks[hook] = [
+                detector for detector in self.detectors if _overrides(detector, hook)
+            ]
+        return detectors
+
     def _each(
         self,
         hook: Callable[[BaseDetector], list[Alert] | None],
@@ -206,17 +253,27 @@ class Engine:
             try:
                 alerts += hook(detector) or []
             except Exception as error:
-                log.exception("rule %s failed and is disabled", detector.rule)
-                self.detectors.remove(detector)
-                self._routes.clear()
-                alerts.append(
-                    Alert(
-                        rule="sentinel_internal",
-                        severity=Severity.WARNING,
-                        message=f"rule {detector.rule} failed and was disabled: {error!r}",
-                        time=now,
-                        source="sentinel",
-                        step=self.current_step,
-                    )
-                )
+                alerts.append(self._disable(detector, error, now))
         return alerts
+
+    def _disable(self, detector: BaseDetector, error: Exception, now: float) -> Alert:
+        """Take a rule that raised out of the engine; the alert that says so."""
+        log.exception("rule %s failed and is disabled", detector.rule)
+        self.detectors.remove(detector)
+        # Routes are rebuilt without it; a loop over an old route list finishes safely.
+        self._routes.clear()
+        self._hooks.clear()
+        return Alert(
+            rule="sentinel_internal",
+            severity=Severity.WARNING,
+            message=f"rule {detector.rule} failed and was disabled: {error!r}",
+            time=now,
+            source="sentinel",
+            step=self.current_step,
+        )
+
+
+def _overrides(detector: BaseDetector, hook: str) -> bool:
+    """Whether ``detector.hook`` is its own, not BaseDetector's do-nothing method."""
+    method = getattr(detector, hook)
+    return getattr(method, "__func__", None) is not getattr(BaseDetector, hook)

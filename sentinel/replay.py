@@ -18,11 +18,11 @@ from pathlib import Path
 from sentinel.config import Settings
 from sentinel.engine import Engine, build_detectors
 from sentinel.facts import RunFacts
-from sentinel.incidents import IncidentEvent, IncidentTracker
+from sentinel.incidents import IncidentTracker
 from sentinel.parsers import Garbled, LineParser
 from sentinel.parsers.files import iter_replay
 from sentinel.parsers.hf_trainer import read_trainer_state, trainer_state_info
-from sentinel.records import Alert, Line, Severity
+from sentinel.records import Alert, Severity
 from sentinel.watch import explain
 
 log = logging.getLogger(__name__)
@@ -100,9 +100,9 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
 
     def keep(alerts: list[Alert]) -> None:
         for alert in alerts:
-            change = tracker.observe(alert)
-            if change is not None and change[0] is not IncidentEvent.RESOLVED:
-                explain(change[1], alert, engine)
+            tracker.observe(alert)
+            if not alert.resolves and alert.rule in tracker.open:
+                explain(tracker.open[alert.rule], alert, engine)
             result.alerts.append(alert)
             if alert.resolves:
                 episodes.pop(alert.rule, None)
@@ -122,8 +122,11 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
                 continue
             states.append((path, text))
     logs = [path for path in paths if path.name != "trainer_state.json"]
+    feed_text = engine.feed_text
     for source, text in iter_replay(logs):
-        keep(engine.feed_line(Line(source, text, 0.0)))
+        alerts = feed_text(source, text, 0.0)  # 0.0: the engine keeps the data's own clock
+        if alerts:
+            keep(alerts)
     for path, text in states:
         samples = read_trainer_state(text)
         keep(engine.feed_samples(samples, str(path), engine.data_time or 0.0))

@@ -11,7 +11,7 @@ from sentinel.detectors import BaseDetector, RuleConfig
 from sentinel.detectors.job_crash import JobCrashConfig, JobCrashDetector
 from sentinel.detectors.nan_inf import NanInfConfig, NanInfDetector
 from sentinel.detectors.stall import StallConfig, StallDetector
-from sentinel.engine import Engine
+from sentinel.engine import HISTORY_LEN, Engine
 from sentinel.parsers import LineParser
 from sentinel.records import Alert, Line, Sample, Severity
 
@@ -198,3 +198,93 @@ def test_job_exited_reaches_detectors_with_output() -> None:
     (alert,) = eng.job_exited(1, T0 + 5, expected=False)
     assert alert.details["class"] == "device_assert"
     assert eng.job_exited(1, T0 + 6, expected=True) == []
+
+
+class Recorder(BaseDetector):
+    """A rule that records the lines and samples it is shown."""
+
+    rule = "recorder"
+
+    def __init__(self) -> None:
+        super().__init__(RuleConfig())
+        self.lines: list[Line] = []
+        self.samples: list[Sample] = []
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        self.samples.append(sample)
+        return []
+
+    def output(self, line: Line) -> list[Alert]:
+        self.lines.append(line)
+        return []
+
+
+def test_output_rules_see_each_line_with_its_source_and_time() -> None:
+    recorder = Recorder()
+    eng = engine(recorder)
+    eng.feed_line(Line("stderr", "Traceback (most recent call last):", T0))
+    eng.feed_text("train.log", '{"step": 1, "loss": 2.0}', T0 + 1)
+    assert recorder.lines == [
+        Line("stderr", "Traceback (most recent call last):", T0),
+        Line("train.log", '{"step": 1, "loss": 2.0}', T0 + 1),
+    ]
+
+
+def test_with_the_data_clock_output_rules_see_the_datas_time() -> None:
+    recorder = Recorder()
+    eng = Engine([recorder], LineParser(), data_clock=True)
+    eng.feed_text("log", "before any timestamp", 0.0)
+    eng.feed_text("log", json.dumps({"step": 1, "loss": 2.0, "time": T0 + 5}), 0.0)
+    eng.feed_text("log", "no timestamp of its own", 0.0)
+    # No clock before the first timestamp: that line is not shown to output rules.
+    assert [(line.text[:6], line.time) for line in recorder.lines] == [
+        ('{"step', T0 + 5),
+        ("no tim", T0 + 5),
+    ]
+
+
+def test_rules_without_their_own_hooks_still_get_samples() -> None:
+    class OnlyObserves(BaseDetector):
+        rule = "only_observes"
+        watches = frozenset({"loss"})
+
+        def __init__(self) -> None:
+            super().__init__(RuleConfig())
+            self.seen: list[float] = []
+
+        def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+            self.seen.append(sample.value)
+            return []
+
+    rule = OnlyObserves()
+    eng = Engine([rule], LineParser(), data_clock=True)
+    alerts = feed(eng, *[json.dumps({"step": s, "loss": s / 2, "time": T0 + s}) for s in (1, 2)])
+    assert alerts == []
+    assert rule.seen == [0.5, 1.0]
+
+
+HF_TRAIN = "{'loss': '2.5', 'grad_norm': '1.0', 'learning_rate': '0.0005', 'epoch': '0.1'}"
+HF_EVAL = "{'eval_loss': '2.7', 'eval_runtime': '1.5', 'epoch': '0.1'}"
+
+
+def test_logging_steps_count_the_steps_of_printed_dicts() -> None:
+    recorder = Recorder()
+    eng = Engine([recorder], LineParser(), logging_steps=10)
+    eng.job_started(T0, start_step=100)
+    feed(eng, HF_TRAIN, TQDM_10, HF_TRAIN, HF_EVAL, '{"step": 7, "loss": 1.0}', HF_TRAIN)
+    steps = [(sample.name, sample.step) for sample in recorder.samples]
+    assert steps == [
+        *[(name, 110) for name in ("loss", "grad_norm", "lr", "epoch")],
+        *[(name, 120) for name in ("loss", "grad_norm", "lr", "epoch")],
+        # An eval line belongs to the step last logged; a line with a step keeps it.
+        *[(name, 120) for name in ("eval_loss", "eval_runtime", "epoch")],
+        ("loss", 7),
+        *[(name, 130) for name in ("loss", "grad_norm", "lr", "epoch")],
+    ]
+
+
+def test_history_per_metric_is_bounded() -> None:
+    eng = engine()
+    feed(eng, *[json.dumps({"step": s, "loss": 1.0}) for s in range(1, 1001)])
+    assert len(eng.history["loss"]) == HISTORY_LEN
+    assert eng.history["loss"][-1].step == 1000

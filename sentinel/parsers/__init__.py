@@ -74,6 +74,7 @@ _EPOCH_US = 1e14
 _EPOCH_NS = 1e17
 
 _DIGIT = re.compile(r"\d")
+_MAX_STEP = 1 << 63
 
 
 @functools.lru_cache(maxsize=4096)
@@ -102,19 +103,27 @@ def as_float(value: object) -> float | None:
 
 
 def as_step(value: object) -> int | None:
-    """A step as an int: ints, integral floats and their strings; else None."""
+    """A step as an int: ints, integral floats and their strings, below 2**63; else None.
+
+    The bound: no run counts that far, and orjson returns larger integers as
+    floats, so without it a huge step would depend on the JSON library.
+    """
     kind = type(value)
     if kind is int:
-        return value  # type: ignore[return-value]
+        return _bounded_step(value)  # type: ignore[arg-type]
     if kind is str:
         try:
-            return int(value)  # type: ignore[call-overload, no-any-return]
+            return _bounded_step(int(value))  # type: ignore[call-overload]
         except ValueError:
             pass
     number = as_float(value)
     if number is None or not math.isfinite(number) or not number.is_integer():
         return None
-    return int(number)
+    return _bounded_step(int(number))
+
+
+def _bounded_step(step: int) -> int | None:
+    return step if -_MAX_STEP < step < _MAX_STEP else None
 
 
 def as_epoch_seconds(value: object) -> float | None:
@@ -201,26 +210,17 @@ class LineParser:
         self._human: tuple[ParseFn, ...] = tuple(
             PARSERS[name] for name in ("tqdm", "keyvalue") if name in names
         )
-        self._json_fast = self._brace is jsonl.parse_jsonl and not self._regexes
+        # User regexes come first, so with any the fast path is off.
+        self._brace_fast = self._brace is not None and not self._regexes
 
     def parse(self, text: str) -> list[Sample]:
         """The samples in one line; an empty list for plain text or a garbled line."""
         stats = self.stats
         stats.lines += 1
-        # Fast path: a JSON metrics line, the common case of a metrics file. Anything
-        # unusual (no JSON object, user regexes, HF dicts, garbled) takes the full path.
-        if self._json_fast and text[:1] == "{" and text[1:2] != "'":
-            try:
-                decoded, end = jsonl.decode_prefix(text)
-            except Exception:
-                decoded, end = None, 0
-            if type(decoded) is dict and (end == len(text) or text[end:].isspace()):
-                samples = jsonl.samples_from_mapping(decoded)
-                if samples:
-                    stats.parsed += 1
-                else:
-                    stats.unparsed += 1
-                return samples
+        if self._brace_fast and text[:1] == "{":
+            found = self._parse_brace(text)
+            if found is not None:
+                return found
         if "\r" not in text:
             try:
                 samples = self._parse_segment(text)
@@ -249,6 +249,46 @@ class LineParser:
         else:
             stats.unparsed += 1
         return samples
+
+    def _parse_brace(self, text: str) -> list[Sample] | None:
+        """Fast path for a line that starts with ``{``: a JSON object or an HF dict, the
+        lines of a metrics file. Counted; None sends the line down the full path.
+
+        The full path would reach the same parser after stripping and splitting the
+        line and trying other forms; here a JSON line is decoded in place, and other
+        ``{`` lines go straight to the brace parser.
+        """
+        stats = self.stats
+        if text[1:2] != "'" and self._brace is jsonl.parse_jsonl:
+            try:
+                decoded, end = jsonl.decode_prefix(text)
+            except Exception:
+                decoded, end = None, 0
+            if type(decoded) is dict and (end == len(text) or text[end:].isspace()):
+                samples = jsonl.samples_from_mapping(decoded)
+                if samples:
+                    stats.parsed += 1
+                else:
+                    stats.unparsed += 1
+                return samples
+        if "\r" in text:
+            return None  # a progress bar's redraws may hide in it: split it first
+        # An HF dict is what parse_jsonl would hand on to parse_hf_dict anyway.
+        parse = hf_trainer.parse_hf_dict if text[1:2] == "'" else self._brace
+        assert parse is not None
+        try:
+            found = parse(text)
+        except Garbled:
+            stats.garbled += 1
+            return []
+        except Exception:
+            self._bug(text)
+            return []
+        if found:
+            stats.parsed += 1
+        elif found is not None:
+            stats.unparsed += 1
+        return found
 
     def parse_with(self, reader: FileReader, text: str) -> list[Sample]:
         """One line of a structured file, read by its file's own reader; counted like ``parse``."""

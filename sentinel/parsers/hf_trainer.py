@@ -9,11 +9,10 @@ engine takes it from the progress bar.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 
-from sentinel.parsers import Garbled, as_step
+from sentinel.parsers import Garbled, as_step, jsonl
 from sentinel.parsers.jsonl import samples_from_mapping
 from sentinel.records import Sample
 
@@ -67,16 +66,41 @@ def parse_hf_dict(text: str) -> list[Sample] | None:
     stripped = text.strip()
     if stripped[:1] != "{" or stripped[1:].lstrip()[:1] != "'":
         return None
-    if _DICT_LINE.fullmatch(stripped) is None:
-        raise Garbled(f"not a valid HF log dict: {stripped[:80]!r}")
-    fields = {match.group("key"): _value_of(match) for match in _PAIR.finditer(stripped)}
+    fields = _fields_as_json(stripped)
+    if fields is None:
+        if _DICT_LINE.fullmatch(stripped) is None:
+            raise Garbled(f"not a valid HF log dict: {stripped[:80]!r}")
+        fields = {match.group("key"): _value_of(match) for match in _PAIR.finditer(stripped)}
     samples = samples_from_mapping(fields)
     if "train_runtime" in fields:
         samples = [
-            dataclasses.replace(sample, name="train_loss") if sample.name == "loss" else sample
+            sample._replace(name="train_loss") if sample.name == "loss" else sample
             for sample in samples
         ]
     return samples
+
+
+def _fields_as_json(stripped: str) -> dict[str, object] | None:
+    """The common dict read as JSON with its quotes swapped; None where the regexes must decide.
+
+    A fast path: decoding is several times cheaper than the regexes. It is taken only
+    where it reads exactly what they read: no double quote or backslash in the line
+    (so every quote is a single-quoted key or string), and every value a string (5.x)
+    or a float (4.x). Anything else (bare ``nan``, ``True``, ints, lists, ``tensor(...)``,
+    nesting, a cut-off line) goes to the regexes, which also tell garbled lines apart.
+    """
+    if '"' in stripped or "\\" in stripped:
+        return None
+    try:
+        decoded = jsonl.loads(stripped.replace("'", '"'))
+    except (ValueError, RecursionError):
+        return None
+    if type(decoded) is not dict:
+        return None
+    for value in decoded.values():
+        if type(value) is not str and type(value) is not float:
+            return None
+    return decoded
 
 
 def _load_state(text: str) -> dict[str, object]:

@@ -18,63 +18,56 @@ from sentinel.parsers import (
     TIME_KEYS,
     Garbled,
     as_epoch_seconds,
-    as_float,
     as_step,
     normalise_name,
 )
 from sentinel.records import PROGRESS, Sample
 
-_STDLIB_DECODER = json.JSONDecoder()
-
-
-def _loads_lenient(text: str) -> Any:
-    """orjson first, the stdlib when orjson refuses (bare NaN/Infinity, which HF writes)."""
-    try:
-        return _orjson_loads(text)
-    except ValueError:
-        return json.loads(text)
-
-
-def _decode_prefix_lenient(text: str) -> tuple[Any, int]:
-    """``decode_prefix`` with orjson, which only decodes whole documents."""
-    return _loads_lenient(text), len(text)
-
-
+#: Which library decodes JSON: "orjson" when it is installed (the ``fast`` extra), else "json".
+JSON_LIBRARY: str
 try:
     import orjson  # type: ignore[import-not-found, unused-ignore]
 except ImportError:  # pragma: no cover - depends on the environment
-    #: Decode one JSON document, accepting bare NaN/Infinity.
-    loads: Callable[[str], Any] = json.loads
-    #: Decode the JSON document at the start of a string: (value, index where it ends).
-    #: ``raw_decode`` skips the wrapper layers of ``json.loads``, which cost more than
-    #: the decoding itself on a short metrics line.
-    decode_prefix: Callable[[str], tuple[Any, int]] = _STDLIB_DECODER.raw_decode
+    JSON_LIBRARY = "json"
 else:  # pragma: no cover - depends on the environment
-    _orjson_loads: Callable[[str], Any] = orjson.loads
-    loads = _loads_lenient
-    decode_prefix = _decode_prefix_lenient
+    JSON_LIBRARY = "orjson"
+
+_STDLIB_DECODER = json.JSONDecoder()
 
 
-def _sample_setters() -> tuple[Callable[[Sample, object], None], ...]:
-    """Slot setters for Sample's fields; empty when Sample must be built by its __init__.
+def _orjson_loads(text: str) -> Any:
+    """orjson's decode, or the stdlib's where orjson refuses the text.
 
-    Filling the slots of ``object.__new__(Sample)`` builds the same frozen
-    object about twice as fast as the dataclass ``__init__``, which matters
-    when every line of a metrics file makes several samples.
+    orjson refuses bare NaN/Infinity (which HF and ``json.dumps`` write), numbers
+    beyond a double, nesting past 1024 and lone surrogates, all of which the stdlib
+    reads. Where both decode a text they agree, but for integers beyond 64 bits,
+    which orjson returns as floats: the samples are the same all the same (floats
+    either way; ``as_step`` takes no step that large).
     """
-    fields = ("name", "value", "step", "time")
-    if getattr(Sample, "__slots__", ()) != fields or hasattr(Sample, "__post_init__"):
-        return ()  # pragma: no cover - only if records.Sample changes shape
-    return tuple(getattr(Sample, field).__set__ for field in fields)
+    try:
+        return orjson.loads(text)
+    except ValueError:  # orjson.JSONDecodeError
+        return json.loads(text)
 
 
-def _unused_setter(sample: Sample, value: object) -> None:  # pragma: no cover
-    raise AssertionError("slot setters are only used when Sample has the expected slots")
+def _orjson_decode_prefix(text: str) -> tuple[Any, int]:
+    """``decode_prefix`` with orjson, which decodes whole documents only."""
+    try:
+        return orjson.loads(text), len(text)
+    except ValueError:  # orjson.JSONDecodeError
+        return _STDLIB_DECODER.raw_decode(text)
 
 
-_SETTERS = _sample_setters()
-_FAST_SAMPLES = bool(_SETTERS)
-_SET_NAME, _SET_VALUE, _SET_STEP, _SET_TIME = _SETTERS or (_unused_setter,) * 4
+#: Decode one JSON document, accepting bare NaN/Infinity.
+loads: Callable[[str], Any]
+#: Decode the JSON document at the start of a string (no leading whitespace):
+#: (value, index where it ends). The stdlib's ``raw_decode`` skips the wrapper
+#: layers of ``json.loads``, which cost more than the decoding on a short line.
+decode_prefix: Callable[[str], tuple[Any, int]]
+if JSON_LIBRARY == "orjson":  # pragma: no cover - depends on the environment
+    loads, decode_prefix = _orjson_loads, _orjson_decode_prefix
+else:  # pragma: no cover - depends on the environment
+    loads, decode_prefix = json.loads, _STDLIB_DECODER.raw_decode
 
 
 _STEP_PRIORITY = {key: rank for rank, key in enumerate(STEP_KEYS)}
@@ -131,8 +124,7 @@ def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
     schema = _SCHEMAS.get(keys) or _schema(keys)
     step: int | None = None
     for key in schema.step_keys:
-        value = fields[key]
-        step = value if type(value) is int else as_step(value)
+        step = as_step(fields[key])
         if step is not None:
             break
     time: float | None = None
@@ -140,16 +132,12 @@ def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
         time = as_epoch_seconds(fields[key])
         if time is not None:
             break
-    if not _FAST_SAMPLES:  # pragma: no cover - only if records.Sample changes shape
-        return _samples_by_init(schema, fields, step, time)
     samples: list[Sample] = []
-    append = samples.append
-    set_name, set_value, set_step, set_time = _SET_NAME, _SET_VALUE, _SET_STEP, _SET_TIME
-    new = object.__new__
     # The schema was built from these very keys, so names and values line up.
-    for name, value in zip(schema.names, fields.values(), strict=False):
+    for name, value in zip(schema.names, fields.values(), strict=True):
         if name is None:
             continue
+        # as_float inlined: this loop runs for every field of every line of a metrics file.
         if type(value) is not float:
             if type(value) is not int and type(value) is not str:
                 continue
@@ -157,26 +145,7 @@ def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
                 value = float(value)
             except (ValueError, OverflowError):
                 continue
-        sample = new(Sample)
-        set_name(sample, name)
-        set_value(sample, value)
-        set_step(sample, step)
-        set_time(sample, time)
-        append(sample)
-    if not samples and step is not None:
-        append(Sample(PROGRESS, float(step), step, time))
-    return samples
-
-
-def _samples_by_init(  # pragma: no cover - only if records.Sample changes shape
-    schema: _Schema, fields: Mapping[str, object], step: int | None, time: float | None
-) -> list[Sample]:
-    """``samples_from_mapping``'s loop through ``Sample.__init__``."""
-    samples = []
-    for name, value in zip(schema.names, fields.values(), strict=False):
-        number = as_float(value)
-        if name is not None and number is not None:
-            samples.append(Sample(name, number, step, time))
+        samples.append(Sample(name, value, step, time))
     if not samples and step is not None:
         samples.append(Sample(PROGRESS, float(step), step, time))
     return samples

@@ -7,9 +7,12 @@ import math
 
 import pytest
 
-from sentinel.parsers import Garbled
+from sentinel.parsers import Garbled, hf_trainer
 from sentinel.parsers.hf_trainer import parse_hf_dict, read_trainer_state, trainer_state_info
 from sentinel.records import PROGRESS, Sample
+
+# Each test runs with the stdlib and with orjson (tests/parsers/conftest.py).
+pytestmark = pytest.mark.usefixtures("json_library")
 
 NAN = math.nan
 INF = math.inf
@@ -188,3 +191,66 @@ def test_trainer_state_info() -> None:
 def test_trainer_state_info_skips_missing_and_non_integers() -> None:
     text = json.dumps({"max_steps": 10, "logging_steps": True, "train_batch_size": "big"})
     assert trainer_state_info(text) == {"max_steps": 10}
+
+
+DICT_LINES = [
+    "{'loss': '4.704', 'grad_norm': '1.061', 'learning_rate': '0.0005', 'epoch': '0.01562'}",
+    "{'loss': 2.3141, 'grad_norm': 1.25, 'learning_rate': 4.9e-05, 'epoch': 0.02}",
+    "{'loss': 2.3141, 'grad_norm': nan, 'learning_rate': 4.9e-05, 'epoch': 0.02}",
+    "{'loss': 'nan', 'grad_norm': 'inf', 'x': '-Infinity', 'y': ' 2.5 ', 'z': 'abc'}",
+    "{'loss': NaN, 'grad_norm': Infinity, 'lr': -Infinity}",
+    "{'loss': 1e999, 'grad_norm': -1e999, 'lr': 1e-999}",
+    "{'loss': 1" + "0" * 400 + ", 'lr': 5}",
+    "{'step': 5, 'loss': 1.0}",
+    "{'step': 5.0, 'loss': 1.0}",
+    "{'step': '5', 'loss': '1.0'}",
+    "{'loss': 1.0, 'loss': 2.0, 'lr': 0.5}",
+    "{'train_runtime': '8.28', 'train_loss': '4.709', 'loss': '1.0', 'epoch': '0.625'}",
+    "{'loss': 1.0, 'done': True, 'note': 'warmup', 'x': None, 'ids': [1, 2]}",
+    "{'loss': 1.0, 'nested': {'a': 1}}",
+    "{'loss': 1.0, 'ids': [[1], 2]}",
+    "{'loss': tensor(2.5, device='cuda:0'), 'grad_norm': 0.5}",
+    "{'name': \"it's\", 'loss': 1.0}",
+    "{'loss': 1.0, }",
+    "{ 'loss' :\t1.0 }",
+    "{'loss': +1.0, 'lr': .5, 'x': 1.}",
+    "{'lo\\'ss': 1.0}",
+    "{'loss': '1,5', 'lr': 'a,b'}",
+    "{'loss': 2.3141, 'gra",
+    "{'loss': 2.3}}",
+    "{'loss' 2.3}",
+]
+
+
+@pytest.mark.parametrize("line", DICT_LINES, ids=[f"dict{i}" for i in range(len(DICT_LINES))])
+def test_json_fast_path_reads_what_the_regexes_read(
+    line: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def outcome() -> object:
+        try:
+            samples = parse_hf_dict(line)
+        except Garbled:
+            return "garbled"
+        assert samples is not None
+        return [(s.name, repr(s.value), s.step, s.time) for s in samples]
+
+    fast = outcome()
+    monkeypatch.setattr(hf_trainer, "_fields_as_json", lambda stripped: None)
+    assert fast == outcome()
+
+
+@pytest.mark.parametrize(
+    ("line", "fast"),
+    [
+        pytest.param(DICT_LINES[0], True, id="v5-strings"),
+        pytest.param(DICT_LINES[1], True, id="v4-floats"),
+        pytest.param(DICT_LINES[2], False, id="bare-nan"),
+        pytest.param(DICT_LINES[7], False, id="int"),
+        pytest.param(DICT_LINES[12], False, id="true-none-list"),
+        pytest.param(DICT_LINES[13], False, id="nested"),
+        pytest.param(DICT_LINES[16], False, id="double-quote"),
+        pytest.param(DICT_LINES[20], False, id="backslash"),
+    ],
+)
+def test_json_fast_path_takes_only_plain_dicts(line: str, fast: bool) -> None:
+    assert (hf_trainer._fields_as_json(line) is not None) is fast

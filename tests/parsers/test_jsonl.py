@@ -10,6 +10,9 @@ from sentinel.parsers import Garbled
 from sentinel.parsers.jsonl import parse_jsonl, samples_from_mapping
 from sentinel.records import PROGRESS, Sample
 
+# Each test runs with the stdlib and with orjson (tests/parsers/conftest.py).
+pytestmark = pytest.mark.usefixtures("json_library")
+
 
 @pytest.mark.parametrize(
     ("line", "expected"),

@@ -9,6 +9,9 @@ import pytest
 from sentinel.parsers import PARSERS, LineParser, ParseStats
 from sentinel.records import PROGRESS, Sample
 
+# Each test runs with the stdlib and with orjson (tests/parsers/conftest.py).
+pytestmark = pytest.mark.usefixtures("json_library")
+
 
 @pytest.mark.parametrize(
     ("line", "expected"),
