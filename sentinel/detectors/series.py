@@ -5,28 +5,38 @@ Pure and cheap: each call is O(window) at worst, and windows are tens of values.
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 from collections import deque
 
 from sentinel.records import Sample
 
 
 class Rolling:
-    """The last ``size`` finite values of a series, with mean and median."""
+    """The last ``size`` finite values of a series, with mean and median.
 
-    __slots__ = ("values",)
+    A sorted copy of the window is kept up to date as values come and go, so the
+    median, asked for on every sample by several rules, costs no sort.
+    """
+
+    __slots__ = ("_sorted", "values")
 
     def __init__(self, size: int) -> None:
         self.values: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] = []
 
     def add(self, value: float) -> None:
         """Append a value; non-finite values are not a level and are ignored."""
-        if math.isfinite(value):
-            self.values.append(value)
+        if not math.isfinite(value):
+            return
+        if len(self.values) == self.values.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self.values[0])]
+        self.values.append(value)
+        bisect.insort(self._sorted, value)
 
     def clear(self) -> None:
         self.values.clear()
+        self._sorted.clear()
 
     @property
     def full(self) -> bool:
@@ -39,7 +49,11 @@ class Rolling:
         return math.fsum(self.values) / len(self.values)
 
     def median(self) -> float:
-        return statistics.median(self.values)
+        ordered = self._sorted
+        middle = len(ordered) // 2
+        if len(ordered) % 2:
+            return ordered[middle]
+        return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 class Warmup:
