@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic import create_model as _create_model
@@ -94,6 +94,37 @@ class TrainingConfig(_Model):
         if self.batch_size is None:
             return None
         return self.batch_size * self.gradient_accumulation_steps * self.world_size
+
+
+class GpuConfig(_Model):
+    """``[gpu]``: the NVML source. Without NVML (no driver, no GPU) the GPU rules are off."""
+
+    enabled: bool = True
+    #: Seconds between readings of every GPU. One reading costs a few NVML calls a GPU.
+    interval_s: float = Field(default=5.0, gt=0)
+    #: Which GPUs are the job's: "auto" takes those running one of the job's processes, or
+    #: every visible GPU when NVML shows none of them (a container's own PID namespace
+    #: hides them); "job" only the former; "all" every visible GPU.
+    attribution: Literal["auto", "job", "all"] = "auto"
+    #: Wait for XID critical errors on a thread of their own (NVML event set).
+    xid_events: bool = True
+
+
+class ProcessConfig(_Model):
+    """``[process]``: the job's process tree (psutil)."""
+
+    enabled: bool = True
+    #: Seconds between readings of the tree: CPU, RSS, states, I/O.
+    interval_s: float = Field(default=5.0, gt=0)
+
+
+class CostConfig(_Model):
+    """``[cost]``: what the job's GPUs cost, for ``cost_overrun``, ``gpu_idle`` and reports."""
+
+    #: Price of one GPU for one hour, in your currency. Unset: no money is counted.
+    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    #: GPUs the job holds. Unset: those attributed to it by the GPU source.
+    gpus: int | None = Field(default=None, ge=1)
 
 
 class TailConfig(_Model):
@@ -181,6 +212,9 @@ class Settings(BaseSettings):
     tick_interval_s: float = Field(default=1.0, gt=0)
     job: JobConfig = Field(default_factory=JobConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    process: ProcessConfig = Field(default_factory=ProcessConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
     tail: TailConfig = Field(default_factory=TailConfig)
     parsers: ParserConfig = Field(default_factory=ParserConfig)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)

@@ -18,6 +18,7 @@ from sentinel.facts import RunFacts
 from sentinel.parsers import LineParser
 from sentinel.parsers.files import FileReader, reader_for
 from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
+from sentinel.sources import GPU_JOB
 
 if TYPE_CHECKING:
     from sentinel.config import Settings
@@ -53,6 +54,8 @@ class Engine:
         logging_steps: int | None = None,
     ) -> None:
         self.detectors = list(detectors)
+        for detector in self.detectors:
+            detector.facts = RunFacts()
         #: Step-less training log lines are ``logging_steps`` apart (HF's printed dicts).
         self.logging_steps = logging_steps
         self.start_step = 0
@@ -66,14 +69,25 @@ class Engine:
         self.data_time: float | None = None
         self.history: dict[str, deque[Sample]] = {}
         self.samples_seen = 0
-        #: Batch size and total steps, as the log states them (the owner seeds it from config).
-        self.facts = RunFacts()
+        self._facts = RunFacts()
         # Per source: the reader of a structured file (CSV, MLflow...), or None for a log.
         self._readers: dict[str, FileReader | None] = {}
         # Per metric name: the detectors that watch it (see BaseDetector.watches).
         self._routes: dict[str, list[BaseDetector]] = {}
         # Per hook name (output, tick): the detectors that implement it (see _hooked).
         self._hooks: dict[str, list[BaseDetector]] = {}
+
+    @property
+    def facts(self) -> RunFacts:
+        """Batch size, total steps, GPUs and price, as the log states them (the owner seeds
+        it from config). The detectors read the same object."""
+        return self._facts
+
+    @facts.setter
+    def facts(self, facts: RunFacts) -> None:
+        self._facts = facts
+        for detector in self.detectors:
+            detector.facts = facts
 
     def feed_line(self, line: Line) -> list[Alert]:
         """One line of output: parsed into samples, and shown to rules that watch output."""
@@ -160,6 +174,17 @@ class Engine:
             return []
         self.data_time = new_time
         return self.tick(new_time)
+
+    def feed_system(self, source: str, samples: list[Sample], now: float) -> list[Alert]:
+        """Samples of the GPU or process source (``sentinel.sources``), read at ``now``.
+
+        A GPU's ``gpu_job`` sample updates the facts (which GPUs are the job's) before
+        any rule sees the reading.
+        """
+        for sample in samples:
+            if sample.name == GPU_JOB:
+                self._facts.observe_gpu(source, sample.value >= 0.5)
+        return self.feed_samples(samples, source, now)
 
     def feed_samples(self, samples: Iterable[Sample], source: str, now: float) -> list[Alert]:
         """Samples from a parser or a structured reader (e.g. ``trainer_state.json``)."""

@@ -14,10 +14,10 @@ test first, so it costs nothing on the usual line.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from sentinel.config import TrainingConfig
+from sentinel.config import CostConfig, TrainingConfig
 
 _TOTAL_BATCH = re.compile(r"Total train batch size[^=]*=\s*([\d,]+)")
 _TOTAL_STEPS = re.compile(r"Total optimization steps\s*=\s*([\d,]+)")
@@ -29,10 +29,37 @@ class RunFacts:
 
     samples_per_step: int | None = None
     max_steps: int | None = None
+    #: GPUs the job holds, when configured (``[cost] gpus``); else the rules count the
+    #: GPUs the GPU source attributes to the job.
+    gpus: int | None = None
+    #: ``[cost] price_per_gpu_hour``; None when no money is counted.
+    price_per_gpu_hour: float | None = None
+    #: GPU sources (``gpu:<index>``) the GPU source attributes to the job, as last read.
+    job_gpus: set[str] = field(default_factory=set)
+
+    @property
+    def gpu_count(self) -> int | None:
+        """GPUs the job holds: configured, else attributed, else unknown (None)."""
+        if self.gpus is not None:
+            return self.gpus
+        return len(self.job_gpus) or None
+
+    def observe_gpu(self, source: str, attached: bool) -> None:
+        """The GPU source says whether GPU ``source`` is the job's."""
+        if attached:
+            self.job_gpus.add(source)
+        else:
+            self.job_gpus.discard(source)
 
     @classmethod
-    def from_config(cls, training: TrainingConfig) -> RunFacts:
-        return cls(samples_per_step=training.samples_per_step, max_steps=training.max_steps)
+    def from_config(cls, training: TrainingConfig, cost: CostConfig | None = None) -> RunFacts:
+        cost = cost or CostConfig()
+        return cls(
+            samples_per_step=training.samples_per_step,
+            max_steps=training.max_steps,
+            gpus=cost.gpus,
+            price_per_gpu_hour=cost.price_per_gpu_hour,
+        )
 
     def observe_line(self, text: str) -> None:
         """Take any fact the line states (the log beats the config: it is what ran)."""

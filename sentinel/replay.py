@@ -93,7 +93,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         data_clock=True,
         logging_steps=settings.parsers.logging_steps,
     )
-    engine.facts = RunFacts.from_config(settings.training)
+    engine.facts = RunFacts.from_config(settings.training, settings.cost)
     tracker = IncidentTracker("replay")
     result = ReplayResult()
     episodes: dict[str, bool] = {}  # rule -> in an episode

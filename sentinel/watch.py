@@ -50,7 +50,7 @@ class Watch:
             LineParser(regexes=settings.parsers.regexes),
             logging_steps=settings.parsers.logging_steps,
         )
-        self.engine.facts = RunFacts.from_config(settings.training)
+        self.engine.facts = RunFacts.from_config(settings.training, settings.cost)
         self.tracker = IncidentTracker(self.run_id)
         self.journal = Journal(settings.state_dir)
         self.state_dir: Path = settings.state_dir

@@ -10,11 +10,14 @@ module defines a config model (a ``RuleConfig`` subclass, which becomes the
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sentinel.records import Alert, Line, Sample, Severity
+
+if TYPE_CHECKING:
+    from sentinel.facts import RunFacts
 
 
 class RuleConfig(BaseModel):
@@ -76,9 +79,15 @@ class BaseDetector:
     #: ``sentinel.parsers.ALIASES``); None means every metric. The engine routes
     #: samples by it, so a rule pays nothing for metrics it ignores.
     watches: frozenset[str] | None = None
+    #: What is known about the run (batch size, total steps, GPUs, price), shared with
+    #: the engine, which sets it; plain data, read-only to the rules.
+    facts: RunFacts
 
     def __init__(self, config: RuleConfig) -> None:
         self.config = config
+        from sentinel.facts import RunFacts
+
+        self.facts = RunFacts()
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         return []
@@ -97,7 +106,10 @@ class BaseDetector:
 
 
 # The registry imports the plugins, which import the base classes above.
+from sentinel.detectors.cost_overrun import CostOverrunDetector  # noqa: E402
 from sentinel.detectors.eval_loss_rise import EvalLossRiseDetector  # noqa: E402
+from sentinel.detectors.gpu_health import GpuHealthDetector  # noqa: E402
+from sentinel.detectors.gpu_idle import GpuIdleDetector  # noqa: E402
 from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepDetector  # noqa: E402
 from sentinel.detectors.grad_norm_run import GradNormRunDetector  # noqa: E402
 from sentinel.detectors.job_crash import JobCrashDetector  # noqa: E402
@@ -115,6 +127,9 @@ DETECTORS: dict[str, type[BaseDetector]] = {
     "eval_loss_rise": EvalLossRiseDetector,
     "loss_plateau": LossPlateauDetector,
     "gpu_memory_creep": GpuMemoryCreepDetector,
+    "gpu_health": GpuHealthDetector,
+    "gpu_idle": GpuIdleDetector,
+    "cost_overrun": CostOverrunDetector,
     "stall": StallDetector,
     "job_crash": JobCrashDetector,
 }
