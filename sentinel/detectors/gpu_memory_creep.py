@@ -1,4 +1,9 @@
-"""gpu_memory_creep: GPU memory climbing step over step (a leak), or near capacity (OOM ahead)."""
+"""gpu_memory_creep: GPU memory climbing step over step (a leak), or near capacity (OOM ahead).
+
+Two kinds of series: memory metrics the job logs (one series per metric name), and
+sentinel's own NVML readings (``gpu_mem_used_bytes``, one series per GPU the job
+holds, its capacity the same GPU's ``gpu_mem_total_bytes``).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from pydantic import Field
 from sentinel.detectors import BaseDetector, MetricRuleConfig
 from sentinel.detectors.series import Warmup
 from sentinel.records import Alert, Sample, Severity
+from sentinel.sources import GPU_JOB, GPU_MEM_TOTAL, GPU_MEM_USED
 
 #: GPU memory metrics as common loggers name them (lower-cased, ``train/`` stripped):
 #: hand-written loops, MosaicML Composer's MemoryMonitor, torchtitan, Megatron-LM,
@@ -61,6 +67,9 @@ CAPACITY_METRICS: tuple[str, ...] = (
 PERCENT_SUFFIXES: tuple[str, ...] = ("(%)", "_pct", "_percent")
 
 Kind = Literal["creep", "capacity"]
+#: A series: (metric, GPU source) for NVML readings, (metric, "") for a logged metric.
+Key = tuple[str, str]
+Window = deque[tuple[int | None, float]]
 
 
 class GpuMemoryCreepConfig(MetricRuleConfig):
@@ -92,6 +101,8 @@ class GpuMemoryCreepConfig(MetricRuleConfig):
     #: ``optimizer.step()`` and the caching allocator finds its working set over the first
     #: iterations; 10 steps covers both (and a resumed job is past them).
     warmup_steps: int = Field(default=10, ge=0)
+    #: Judge the NVML readings of the job's GPUs too (``gpu_mem_used_bytes``).
+    nvml: bool = True
 
 
 class GpuMemoryCreepDetector(BaseDetector):
@@ -103,6 +114,14 @@ class GpuMemoryCreepDetector(BaseDetector):
     first half. One episode covers every series and both kinds; it ends when every
     offending series is clear: a creep when its window grew less than ``min_growth``,
     a capacity when the value is back under the bar.
+
+    NVML readings come every few seconds, several a step, and NVML's "used" includes
+    the caching allocator's reserve, which grows in steps and then holds flat. So a
+    GPU's series records a reading only when the value changed: the holds are no
+    evidence either way, a reserve that settles fills no window, and only memory that
+    keeps taking new, higher levels creeps. A creep also ends once the GPU held one
+    level for ``window`` readings. Only GPUs attributed to the job (``gpu_job`` 1) are
+    judged, and only once the job logs steps (before its first step it is loading).
     """
 
     rule = "gpu_memory_creep"
@@ -113,16 +132,21 @@ class GpuMemoryCreepDetector(BaseDetector):
         self.settings = config
         self._memory = frozenset(config.metrics)
         self._totals = frozenset(config.capacity_metrics)
-        self.watches = self._memory | self._totals | {"lr"}
+        self._nvml = frozenset({GPU_MEM_USED, GPU_MEM_TOTAL, GPU_JOB}) if config.nvml else None
+        self.watches = self._memory | self._totals | {"lr"} | (self._nvml or frozenset())
         self._warmup = Warmup(config.warmup_steps)
         self._reset()
 
     def _reset(self) -> None:
         self._warmup.reset()
-        self._series: dict[str, deque[tuple[int | None, float]]] = {}
+        self._series: dict[Key, Window] = {}
         self._logged_capacity: float | None = None
-        #: (metric, kind) pairs that are offending in the open episode.
-        self._offending: set[tuple[str, Kind]] = set()
+        #: (series, kind) pairs that are offending in the open episode.
+        self._offending: set[tuple[Key, Kind]] = set()
+        #: Per GPU source: attributed to the job, its total memory, readings on one level.
+        self._attached: dict[str, bool] = {}
+        self._gpu_capacity: dict[str, float] = {}
+        self._held: dict[str, int] = {}
 
     def job_started(self, now: float) -> None:
         self._reset()
@@ -133,42 +157,102 @@ class GpuMemoryCreepDetector(BaseDetector):
             self._warmup.observe(sample)
         if not math.isfinite(value):
             return []
+        if self._nvml is not None and name in self._nvml:
+            return self._observe_gpu(sample, source, now)
         if name in self._totals:
             if value > 0:
                 self._logged_capacity = value
             return []
         if name not in self._memory or self._warmup.active(sample.step):
             return []
-        window = self._series.get(name)
+        window = self._series.get((name, ""))
         if window is None:
-            window = self._series[name] = deque(maxlen=self.settings.window)
+            window = self._series[(name, "")] = deque(maxlen=self.settings.window)
         last_step = window[-1][0] if window else None
         if sample.step is not None and last_step is not None and sample.step <= last_step:
             return []  # the same step again
         window.append((sample.step, value))
         time = sample.time if sample.time is not None else now
+        return self._judge((name, ""), window, sample, source, time)
+
+    def _observe_gpu(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        """An NVML reading of GPU ``source``."""
+        name, value = sample.name, sample.value
+        if name == GPU_JOB:
+            self._attached[source] = value >= 0.5
+            return [] if value >= 0.5 else self._forget(source, sample, now)
+        if name == GPU_MEM_TOTAL:
+            if value > 0:
+                self._gpu_capacity[source] = value
+            return []
+        step = sample.step
+        # The engine's facts know the attribution before this reading's own gpu_job comes.
+        attached = self._attached.get(source) or source in self.facts.job_gpus
+        if not attached or step is None or self._warmup.active(step):
+            return []
+        key = (name, source)
+        window = self._series.get(key)
+        if window is None:
+            window = self._series[key] = deque(maxlen=self.settings.window)
+        if window and window[-1][1] == value:
+            held = self._held[source] = self._held.get(source, 0) + 1
+            if held >= self.settings.window and (key, "creep") in self._offending:
+                return self._clear(key, "creep", sample, source, now)
+            capacity = self._capacity_of(key)
+            full = capacity is not None and value >= self.settings.capacity_fraction * capacity
+            if not full or (key, "capacity") in self._offending:
+                return []
+            # Full from the first reading, before this GPU's total was read.
+            return self._judge(key, window, sample, source, now)
+        self._held[source] = 0
+        window.append((step, value))
+        return self._judge(key, window, sample, source, now)
+
+    def _forget(self, source: str, sample: Sample, now: float) -> list[Alert]:
+        """GPU ``source`` left the job: its series is dropped, its episode part ends."""
+        key = (GPU_MEM_USED, source)
+        self._series.pop(key, None)
+        self._held.pop(source, None)
+        alerts = self._clear(key, "creep", sample, source, now)
+        return alerts + self._clear(key, "capacity", sample, source, now)
+
+    def _clear(self, key: Key, kind: Kind, sample: Sample, source: str, now: float) -> list[Alert]:
+        """One series is clear of one kind; the resolve when it was the last offence."""
+        if (key, kind) not in self._offending:
+            return []
+        self._offending.discard((key, kind))
+        return [] if self._offending else [self._resolve(key, sample, source, now)]
+
+    def _judge(
+        self, key: Key, window: Window, sample: Sample, source: str, time: float
+    ) -> list[Alert]:
+        """Judge series ``key`` after its newest value was appended to ``window``."""
+        value = sample.value
         was_open = bool(self._offending)
         found: list[tuple[Kind, dict[str, Any]]] = []
-        creep = self._creep(name, window)
+        creep = self._creep(key, window)
         if creep is not None:
             found.append(("creep", creep))
-        elif (name, "creep") in self._offending and self._growth(window) < self.settings.min_growth:
-            self._offending.discard((name, "creep"))
-        capacity = self._capacity_of(name)
+        elif (key, "creep") in self._offending and self._growth(window) < self.settings.min_growth:
+            self._offending.discard((key, "creep"))
+        capacity = self._capacity_of(key)
         if capacity is not None and value >= self.settings.capacity_fraction * capacity:
-            found.append(("capacity", self._near_capacity(name, window)))
+            found.append(("capacity", self._near_capacity(key, window)))
         else:
-            self._offending.discard((name, "capacity"))
+            self._offending.discard((key, "capacity"))
         for kind, _ in found:
-            self._offending.add((name, kind))
+            self._offending.add((key, kind))
         if not was_open and found:
             kind, details = found[0]
-            return [self._alert(sample, source, time, kind, details)]
+            return [self._alert(key, sample, source, time, kind, details)]
         if was_open and not self._offending:
-            return [self._resolve(sample, source, time)]
+            return [self._resolve(key, sample, source, time)]
         return []
 
-    def _capacity_of(self, name: str) -> float | None:
+    def _capacity_of(self, key: Key) -> float | None:
+        name, gpu = key
+        if gpu:
+            return self._gpu_capacity.get(gpu)
         if name.endswith(PERCENT_SUFFIXES):
             return 100.0
         if self.settings.capacity is not None:
@@ -176,14 +260,14 @@ class GpuMemoryCreepDetector(BaseDetector):
         return self._logged_capacity
 
     @staticmethod
-    def _growth(window: deque[tuple[int | None, float]]) -> float:
+    def _growth(window: Window) -> float:
         """Relative growth from the window's first value to its last."""
         first, last = window[0][1], window[-1][1]
         if first > 0:
             return (last - first) / first
         return math.inf if last > first else 0.0
 
-    def _creep(self, name: str, window: deque[tuple[int | None, float]]) -> dict[str, Any] | None:
+    def _creep(self, key: Key, window: Window) -> dict[str, Any] | None:
         """The evidence of a creep over the full window, or None."""
         settings = self.settings
         if len(window) < settings.window:
@@ -201,7 +285,7 @@ class GpuMemoryCreepDetector(BaseDetector):
         if floor_growth < settings.min_growth / 2:
             return None
         onset_step = window[rises[0]][0]
-        details = self._trend(name, window)
+        details = self._trend(key, window)
         details.update(
             onset_step=onset_step,
             growth=growth,
@@ -210,45 +294,59 @@ class GpuMemoryCreepDetector(BaseDetector):
         )
         return details
 
-    def _trend(self, name: str, window: deque[tuple[int | None, float]]) -> dict[str, Any]:
+    def _trend(self, key: Key, window: Window) -> dict[str, Any]:
         """Growth per step over the window and, with a capacity, the steps left until it."""
         (first_step, first), (last_step, last) = window[0], window[-1]
         span = (last_step - first_step) if first_step is not None and last_step is not None else 0
         per_step = (last - first) / (span if span > 0 else max(len(window) - 1, 1))
-        capacity = self._capacity_of(name)
+        capacity = self._capacity_of(key)
         projected = None
         if capacity is not None and per_step > 0:
             projected = max(0, math.ceil((capacity - last) / per_step))
         return {"growth_per_step": per_step, "capacity": capacity, "projected_steps": projected}
 
-    def _near_capacity(self, name: str, window: deque[tuple[int | None, float]]) -> dict[str, Any]:
-        details = self._trend(name, window)
+    def _near_capacity(self, key: Key, window: Window) -> dict[str, Any]:
+        details = self._trend(key, window)
         details.update(onset_step=window[-1][0], values=[value for _, value in window])
         return details
 
+    @staticmethod
+    def _amount(key: Key, value: float) -> str:
+        """A value as the message shows it: NVML's bytes in GiB, logged values as logged."""
+        return f"{value / 2**30:.2f} GiB" if key[1] else f"{value:.4g}"
+
     def _alert(
-        self, sample: Sample, source: str, time: float, kind: Kind, details: dict[str, Any]
+        self,
+        key: Key,
+        sample: Sample,
+        source: str,
+        time: float,
+        kind: Kind,
+        details: dict[str, Any],
     ) -> Alert:
         name, value = sample.name, sample.value
+        label = f"{name} on {key[1]}" if key[1] else name
         projected = details["projected_steps"]
         capacity = details["capacity"]
-        per_step = details["growth_per_step"]
+        per_step = self._amount(key, details["growth_per_step"])
         if kind == "creep":
-            first = details["values"][0]
+            first = self._amount(key, details["values"][0])
             message = (
-                f"{name} climbed {details['growth']:.0%} over {len(details['values'])} values"
-                f" since step {details['onset_step']} ({first:.4g} to {value:.4g},"
-                f" +{per_step:.3g} per step): a leak"
+                f"{label} climbed {details['growth']:.0%} over {len(details['values'])} values"
+                f" since step {details['onset_step']} ({first} to {self._amount(key, value)},"
+                f" +{per_step} per step): a leak"
             )
             if projected is not None:
-                message += f"; capacity {capacity:.4g} reached in about {projected} steps"
+                message += (
+                    f"; capacity {self._amount(key, capacity)} reached in about {projected} steps"
+                )
         else:
             message = (
-                f"{name} at {value:.4g} is {value / capacity:.0%} of capacity {capacity:.4g}:"
-                " OOM ahead"
+                f"{label} at {self._amount(key, value)} is {value / capacity:.0%} of capacity"
+                f" {self._amount(key, capacity)}: OOM ahead"
             )
             if projected is not None:
-                message += f"; rising {per_step:.3g} per step, full in about {projected} steps"
+                message += f"; rising {per_step} per step, full in about {projected} steps"
         return Alert(
             rule=self.rule,
             severity=self.settings.severity,
@@ -262,14 +360,17 @@ class GpuMemoryCreepDetector(BaseDetector):
             details={"kind": kind, **details},
         )
 
-    def _resolve(self, sample: Sample, source: str, time: float) -> Alert:
+    def _resolve(self, key: Key, sample: Sample, source: str, time: float) -> Alert:
+        name = key[0]
+        label = f"{name} on {key[1]}" if key[1] else name
+        if sample.name == GPU_JOB:
+            why = f"{key[1]} left the job"
+        else:
+            why = f"{label} at {self._amount(key, sample.value)} at step {sample.step}"
         return Alert(
             rule=self.rule,
             severity=Severity.INFO,
-            message=(
-                f"GPU memory steady again ({sample.name} at {sample.value:.4g}"
-                f" at step {sample.step})"
-            ),
+            message=f"GPU memory steady again ({why})",
             time=time,
             source=source,
             step=sample.step,

@@ -11,6 +11,7 @@ import pytest
 
 from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
 from sentinel.records import Alert, Sample, Severity
+from sentinel.sources import GPU_JOB, GPU_MEM_TOTAL, GPU_MEM_USED
 
 NOW = 1_700_000_000.0
 WARMUP = 10
@@ -190,9 +191,17 @@ def test_the_same_step_read_twice_counts_once() -> None:
     assert alert.step == 56
 
 
-def test_watches_memory_capacity_metrics_and_lr() -> None:
-    watches = detector(metrics=["gpu_mem"], capacity_metrics=["gpu_mem_total"]).watches
-    assert watches == frozenset({"gpu_mem", "gpu_mem_total", "lr"})
+@pytest.mark.parametrize(
+    ("nvml", "expected"),
+    [
+        (False, {"gpu_mem", "gpu_mem_total", "lr"}),
+        (True, {"gpu_mem", "gpu_mem_total", "lr", GPU_MEM_USED, GPU_MEM_TOTAL, GPU_JOB}),
+    ],
+    ids=["logged-only", "with-nvml"],
+)
+def test_watches_memory_capacity_metrics_and_lr(nvml: bool, expected: set[str]) -> None:
+    rule = detector(metrics=["gpu_mem"], capacity_metrics=["gpu_mem_total"], nvml=nvml)
+    assert rule.watches == frozenset(expected)
 
 
 def test_job_started_forgets_the_series() -> None:
@@ -232,3 +241,132 @@ def test_job_started_forgets_the_series() -> None:
 def test_config_rejects_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(pydantic.ValidationError):
         GpuMemoryCreepConfig(**bad)
+
+
+# -- NVML readings (gpu_mem_used_bytes per GPU) ---------------------------------------------
+
+GIB = 2**30
+GPU0, GPU1 = "gpu:0", "gpu:1"
+
+
+def nvml(
+    rule: GpuMemoryCreepDetector,
+    used_gib: dict[str, list[float]],
+    total_gib: dict[str, float] | None = None,
+    job: dict[str, float] | None = None,
+    per_step: int = 3,
+    first_step: int | None = WARMUP,
+) -> list[Alert]:
+    """Readings every 5 s, ``per_step`` of them a step: each GPU's used, total, gpu_job."""
+    totals = total_gib or {}
+    attached = job or {}
+    alerts: list[Alert] = []
+    for i in range(max(len(values) for values in used_gib.values())):
+        now = NOW + 5 * i
+        step = None if first_step is None else first_step + i // per_step
+        for gpu, values in sorted(used_gib.items()):
+            reading = [
+                Sample(GPU_MEM_USED, values[i] * GIB, step),
+                Sample(GPU_MEM_TOTAL, totals.get(gpu, 80.0) * GIB, step),
+                Sample(GPU_JOB, attached.get(gpu, 1.0), step),
+            ]
+            for sample in reading:
+                alerts += rule.observe(sample, gpu, now)
+    return alerts
+
+
+def attached(rule: GpuMemoryCreepDetector, *gpus: str) -> GpuMemoryCreepDetector:
+    """A reading before the series began attributed ``gpus`` to the job."""
+    for gpu in gpus:
+        rule.observe(Sample(GPU_JOB, 1.0), gpu, NOW - 5)
+    return rule
+
+
+def climbing(n: int, start_gib: float = 40.0, by_gib: float = 1.0) -> list[float]:
+    return [start_gib + by_gib * i for i in range(n)]
+
+
+def test_nvml_creep_on_one_gpu_of_two() -> None:
+    rule = attached(detector(), GPU0, GPU1)
+    alerts = nvml(rule, {GPU0: climbing(30), GPU1: [40.0] * 30})
+    (alert,) = alerts
+    assert alert.details["kind"] == "creep"
+    assert (alert.source, alert.metric, alert.value) == (GPU0, GPU_MEM_USED, 59 * GIB)
+    assert alert.time == NOW + 5 * 19  # the 20th level
+    assert alert.details["capacity"] == 80 * GIB
+    assert alert.message.startswith(
+        "gpu_mem_used_bytes on gpu:0 climbed 48% over 20 values since step 10"
+        " (40.00 GiB to 59.00 GiB"
+    )
+
+
+@pytest.mark.parametrize(
+    ("used_gib", "total_gib", "gpu"),
+    [
+        ({GPU0: [70.0] * 5 + [76.5] * 5, GPU1: [70.0] * 10}, {}, GPU0),
+        ({GPU0: [120.0] * 10, GPU1: [76.5] * 10}, {GPU0: 141.0}, GPU1),
+    ],
+    ids=["the-full-one", "capacity-of-its-own-gpu"],
+)
+def test_nvml_near_the_gpus_own_capacity(
+    used_gib: dict[str, list[float]], total_gib: dict[str, float], gpu: str
+) -> None:
+    rule = attached(detector(), GPU0, GPU1)
+    (alert,) = nvml(rule, used_gib, total_gib)
+    assert alert.details["kind"] == "capacity"
+    assert alert.source == gpu
+    assert alert.details["capacity"] == 80 * GIB
+    assert "on " + gpu + " at 76.50 GiB is 96% of capacity 80.00 GiB: OOM ahead" in alert.message
+
+
+# The caching allocator reserves in steps while it finds its working set, then holds;
+# empty_cache() or a different batch shape gives some back and takes it again.
+STAIRCASE = [2.0] * 6 + [20.0] * 9 + [31.0] * 4 + [34.0] * 12 + [35.0] * 300
+RESERVE_AND_RELEASE = [30.0 + 4.0 * ((i // 7) % 2) for i in range(300)]
+JITTER = [35.0 + 0.002 * ((i * 7) % 5) for i in range(300)]
+
+
+@pytest.mark.parametrize(
+    "used_gib",
+    [STAIRCASE, RESERVE_AND_RELEASE, JITTER, climbing(40, by_gib=0.01)],
+    ids=["allocator-staircase", "reserve-and-release", "jitter", "growth-under-the-bar"],
+)
+def test_nvml_allocator_patterns_are_no_leak(used_gib: list[float]) -> None:
+    rule = attached(detector(), GPU0)
+    assert nvml(rule, {GPU0: used_gib}) == []
+
+
+@pytest.mark.parametrize(
+    ("job", "first_step"),
+    [({GPU0: 0.0}, WARMUP), ({}, None), ({}, 0)],
+    ids=["another-jobs-gpu", "before-the-first-step", "in-warmup-steps"],
+)
+def test_nvml_not_judged(job: dict[str, float], first_step: int | None) -> None:
+    rule = detector()
+    if job.get(GPU0, 1.0):
+        attached(rule, GPU0)
+    assert nvml(rule, {GPU0: climbing(30)}, job=job, first_step=first_step) == []
+
+
+def test_nvml_creep_resolves_once_memory_holds_for_a_window() -> None:
+    rule = attached(detector(), GPU0)
+    alerts = nvml(rule, {GPU0: climbing(25) + [64.0] * 25})
+    # Climbs until reading 24, then 20 readings on one level: clear at reading 44.
+    assert [(a.resolves, a.time - NOW) for a in alerts] == [(False, 95), (True, 220)]
+    assert alerts[1].source == GPU0
+
+
+def test_nvml_gpu_leaving_the_job_resolves() -> None:
+    rule = attached(detector(), GPU0)
+    alerts = nvml(rule, {GPU0: [70.0] * 3 + [77.0] * 3})
+    alerts += nvml(rule, {GPU0: [77.0] * 3}, job={GPU0: 0.0})
+    assert [(a.resolves, a.details.get("kind")) for a in alerts] == [
+        (False, "capacity"),
+        (True, None),
+    ]
+    assert alerts[1].message == "GPU memory steady again (gpu:0 left the job)"
+
+
+def test_nvml_off_ignores_gpu_readings() -> None:
+    rule = attached(detector(nvml=False), GPU0)
+    assert nvml(rule, {GPU0: [79.0] * 30}) == []
