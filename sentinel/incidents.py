@@ -117,6 +117,9 @@ class IncidentTracker:
                 earlier = incident.onset_step is None or (onset or 0) < incident.onset_step
                 if onset is not None and earlier:
                     incident.onset_step = onset
+                incident.onset_time = min(
+                    incident.onset_time, alert.details.get("onset_time", alert.time)
+                )
         if incident is None:
             self._count += 1
             incident = Incident(
@@ -125,7 +128,8 @@ class IncidentTracker:
                 severity=alert.severity,
                 opened_at=alert.time,
                 onset_step=onset,
-                onset_time=alert.time,
+                # A rule that knows when its evidence began says so (stall: the last progress).
+                onset_time=alert.details.get("onset_time", alert.time),
                 alerts=[alert],
                 open_rules={alert.rule},
             )

@@ -17,6 +17,7 @@ from pathlib import Path
 from sentinel.actions.notify import Message, Notifier
 from sentinel.actions.report import Journal, clock, write_report
 from sentinel.config import Settings
+from sentinel.cost import incident_cost
 from sentinel.diagnosis import diagnose
 from sentinel.engine import Engine, build_detectors
 from sentinel.facts import RunFacts
@@ -52,6 +53,14 @@ class Watch:
         )
         self.engine.facts = RunFacts.from_config(settings.training, settings.cost)
         self.tracker = IncidentTracker(self.run_id)
+        if settings.cost.price_per_gpu_hour is None:
+            budget = getattr(settings.rule("cost_overrun"), "budget", None)
+            if budget is not None:
+                log.warning(
+                    "[rules.cost_overrun] budget is %g but [cost] price_per_gpu_hour is unset:"
+                    " no money is counted",
+                    budget,
+                )
         self.journal = Journal(settings.state_dir)
         self.state_dir: Path = settings.state_dir
         self._notified: set[str] = set()
@@ -73,6 +82,10 @@ class Watch:
                 alert.message,
             )
             if change is None:
+                # An alert may ask for an action of its own on an incident already critical
+                # (cost_overrun's kill_at: stop the job).
+                if alert.details.get("on_critical") and alert.rule in self.tracker.open:
+                    actionable.append(self.tracker.open[alert.rule])
                 continue
             event, incident = change
             self._announce(event, incident, alert)
@@ -84,7 +97,7 @@ class Watch:
         self, incident: Incident, *, final: bool = False, force_notify: bool = False
     ) -> None:
         """Rewrite the incident's report; when ``final``, tell people what sentinel did."""
-        write_report(incident, self._recent(incident), self.state_dir)
+        self._report(incident, time.time())
         if final and incident.actions and (incident.id in self._notified or force_notify):
             body = "\n".join(f"{clock(at)} {text}" for at, text in incident.actions)
             first = incident.first
@@ -101,7 +114,7 @@ class Watch:
         """A new attempt (resuming at ``start_step``): the previous attempt's episodes are over."""
         for incident in self.tracker.close_all(now):
             if incident.severity is Severity.CRITICAL:
-                write_report(incident, self._recent(incident), self.state_dir)
+                self._report(incident, now)
         self.engine.job_started(now, start_step)
 
     def close(self) -> None:
@@ -114,6 +127,10 @@ class Watch:
             stats.unparsed,
         )
         self.journal.close()
+
+    def _report(self, incident: Incident, now: float) -> None:
+        cost = incident_cost(incident, self.engine.facts, now)
+        write_report(incident, self._recent(incident), self.state_dir, cost=cost)
 
     def _recent(self, incident: Incident) -> dict[str, list[Sample]]:
         return dict(self.engine.recent(incident.onset_step))

@@ -3,7 +3,8 @@
 Every alert goes to ``<state_dir>/alerts.jsonl`` as one JSON object a line
 (the public schema). Every critical incident gets a short report in
 ``<state_dir>/reports/<incident>.md`` and ``.json``: its timeline, the last
-samples before onset, and what sentinel did.
+samples before onset, what sentinel did, and the money the incident cost
+(``sentinel.cost.incident_cost``) when the owner counts it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from sentinel.cost import UNKNOWN_COST, IncidentCost
 from sentinel.diagnosis import sparkline
 from sentinel.incidents import Incident
 from sentinel.records import Alert, Sample, json_number
@@ -47,9 +49,17 @@ class Journal:
 
 
 def write_report(
-    incident: Incident, recent: Mapping[str, Sequence[Sample]], state_dir: Path
+    incident: Incident,
+    recent: Mapping[str, Sequence[Sample]],
+    state_dir: Path,
+    *,
+    cost: IncidentCost | None = None,
 ) -> Path:
-    """Write (or rewrite) the incident's markdown and JSON reports; returns the markdown path."""
+    """Write (or rewrite) the incident's markdown and JSON reports; returns the markdown path.
+
+    ``cost`` is the money lost to the incident; None when it is unknown (no price
+    or no GPU count), which the reports say.
+    """
     reports = state_dir / "reports"
     reports.mkdir(parents=True, exist_ok=True)
     data = incident.to_json()
@@ -57,7 +67,8 @@ def write_report(
         name: [{"step": s.step, "value": json_number(s.value)} for s in samples]
         for name, samples in recent.items()
     }
-    markdown = render_markdown(incident, recent)
+    data["cost"] = None if cost is None else cost.to_json()
+    markdown = render_markdown(incident, recent, cost=cost)
     json_path = reports / f"{incident.id}.json"
     md_path = reports / f"{incident.id}.md"
     _atomic_write(json_path, json.dumps(data, indent=2, allow_nan=False) + "\n")
@@ -65,7 +76,13 @@ def write_report(
     return md_path
 
 
-def render_markdown(incident: Incident, recent: Mapping[str, Sequence[Sample]]) -> str:
+def render_markdown(
+    incident: Incident,
+    recent: Mapping[str, Sequence[Sample]],
+    *,
+    cost: IncidentCost | None = None,
+) -> str:
+    """The incident's report for humans: what, when, why, what sentinel did, what it cost."""
     first = incident.first
     lines = [
         f"# {incident.severity.upper()} {incident.rule} — incident {incident.id}",
@@ -76,6 +93,7 @@ def render_markdown(incident: Incident, recent: Mapping[str, Sequence[Sample]]) 
     ]
     if incident.resolved_at is not None:
         lines.append(f"- closed: {clock(incident.resolved_at)} UTC")
+    lines.append(f"- money lost: {UNKNOWN_COST if cost is None else cost.text()}")
     if len(incident.rules) > 1:
         lines.append(f"- rules: {', '.join(incident.rules)}")
     if incident.diagnosis is not None:
