@@ -198,6 +198,16 @@ class Engine:
                 # Forward only: an evaluation's own progress bar counts batches from 0 again.
                 if step is not None and (self.current_step is None or step > self.current_step):
                     self.current_step = step
+                    # A progress bar's new step is progress for the rules that measure it
+                    # (stall): a job logging metrics every 500 steps still moves every step.
+                    for detector in self._progress_watchers():
+                        try:
+                            found = detector.observe(sample, source, now)
+                        except Exception as error:
+                            alerts.append(self._disable(detector, error, now))
+                            continue
+                        if found:
+                            alerts += found
                 continue
             if step is None:
                 sample = Sample(name, sample.value, self.current_step, sample.time)
@@ -253,6 +263,13 @@ class Engine:
             if kept:
                 out[name] = kept[-per_metric:]
         return out
+
+    def _progress_watchers(self) -> list[BaseDetector]:
+        """The detectors shown progress-bar samples (``BaseDetector.sees_progress``)."""
+        detectors = self._hooks.get(PROGRESS)
+        if detectors is None:
+            detectors = self._hooks[PROGRESS] = [d for d in self.detectors if d.sees_progress]
+        return detectors
 
     def _hooked(self, hook: str) -> list[BaseDetector]:
         """The detectors whose ``hook`` does something (BaseDetector's own hooks do nothing).

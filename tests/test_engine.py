@@ -288,3 +288,23 @@ def test_history_per_metric_is_bounded() -> None:
     feed(eng, *[json.dumps({"step": s, "loss": 1.0}) for s in range(1, 1001)])
     assert len(eng.history["loss"]) == HISTORY_LEN
     assert eng.history["loss"][-1].step == 1000
+
+
+@pytest.mark.parametrize(
+    ("advancing", "expected"),
+    [(True, []), (False, [Severity.WARNING])],
+    ids=["bar-advances", "bar-stuck"],
+)
+def test_progress_bar_steps_are_progress_for_stall(
+    advancing: bool, expected: list[Severity]
+) -> None:
+    """HF logs metrics every logging_steps; its progress bar moves every step in between."""
+    eng = engine(StallDetector(StallConfig(soft_timeout_s=60, hard_timeout_s=120)))
+    eng.job_started(T0)
+    feed(eng, '{"step": 1, "loss": 2.0}', at=T0)
+    alerts: list[Alert] = []
+    for second in range(1, 100):
+        step = 1 + second if advancing else 1
+        feed(eng, f"  1%|▏   | {step}/200 [00:01<00:19,  1.00it/s]", at=T0 + second)
+        alerts += eng.tick(T0 + second)
+    assert [a.severity for a in alerts] == expected

@@ -79,6 +79,9 @@ class BaseDetector:
     #: ``sentinel.parsers.ALIASES``); None means every metric. The engine routes
     #: samples by it, so a rule pays nothing for metrics it ignores.
     watches: frozenset[str] | None = None
+    #: Whether ``observe`` is also shown progress-bar samples (name ``PROGRESS``, "step")
+    #: when they advance the step; other rules see only metrics.
+    sees_progress: ClassVar[bool] = False
     #: What is known about the run (batch size, total steps, GPUs, price), shared with
     #: the engine, which sets it; plain data, read-only to the rules.
     facts: RunFacts

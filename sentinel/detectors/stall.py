@@ -1,24 +1,92 @@
-"""stall: no new step and no new output for too long."""
+"""stall: no new step for too long, judged against the run's own rhythm and the machine's state.
+
+Progress is a new step (a training sample whose step is above the last one seen).
+Until the job has logged any step, any output counts instead (jobs that log no
+steps); after that, output only shows the job is doing something.
+
+Timeouts adapt: once ``learn_steps`` gaps between steps are known, the soft one
+covers ``interval_factor`` normal steps and ``gap_factor`` times the longest gap
+seen (a checkpoint save, an evaluation), so a save as long as an earlier one
+raises nothing. Past the soft timeout a warning says what the GPUs and the
+process tree show; past the hard one the rule goes critical only on hang
+evidence (the job's GPUs at low power, its CPU idle, a process in D state) or
+when there is no evidence at all (replay, no GPU or process source). A job that
+is visibly busy is held at a warning until ``busy_factor`` times the hard timeout.
+GPU utilisation is never evidence: a hung NCCL collective shows 100% at idle power.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from sentinel.detectors import BaseDetector, RuleConfig
+from sentinel.detectors.series import Rolling
 from sentinel.records import Alert, Line, Sample, Severity
+from sentinel.sources import (
+    GPU_JOB,
+    GPU_POWER,
+    GPU_POWER_LIMIT,
+    GPU_UTIL,
+    PROC_CPU,
+    PROC_D_STATE,
+    PROCESS_SOURCE,
+    SYSTEM_METRICS,
+)
+
+#: The readings the rule keeps (the latest of each, per source).
+EVIDENCE_METRICS = frozenset(
+    {GPU_JOB, GPU_POWER, GPU_POWER_LIMIT, GPU_UTIL, PROC_CPU, PROC_D_STATE}
+)
+
+#: Step gaps kept for the median: recent enough to follow a run that changes pace.
+INTERVAL_WINDOW = 100
+
+Verdict = Literal["hang", "busy", "none"]
 
 
 class StallConfig(RuleConfig):
     """``[rules.stall]``.
 
-    The defaults follow torch.distributed: its NCCL watchdog gives up on a hung
-    collective after 10 minutes, so 10 minutes of silence is worth a warning;
+    The fixed timeouts follow torch.distributed: its NCCL watchdog gives up on a
+    hung collective after 10 minutes, so 10 minutes of silence is worth a warning;
     30 minutes outlasts the slowest checkpoint save or evaluation of a typical
-    fine-tune, so silence that long is a hang and is acted on.
+    fine-tune. They apply until the run's rhythm is learned, and always with
+    ``adaptive = false``.
     """
 
     soft_timeout_s: float = Field(default=600.0, gt=0)
     hard_timeout_s: float = Field(default=1800.0, gt=0)
+    #: Learn the timeouts from the run's own step gaps.
+    adaptive: bool = True
+    #: Step gaps learned before the timeouts adapt: 10 logged steps is past the slow first
+    #: steps (compilation, allocator warmup) of most runs and about a minute of a fast one.
+    learn_steps: int = Field(default=10, ge=2)
+    #: Floor of the learned soft timeout, and the least room between soft and hard: 5 minutes
+    #: covers the first save of a ~7B model's weights and optimizer state to local disk, which
+    #: a fast run meets before it has seen any long gap to learn from.
+    min_timeout_s: float = Field(default=300.0, gt=0)
+    #: Soft timeout in normal step gaps: 20 x a 30 s step is the fixed 10 minutes.
+    interval_factor: float = Field(default=20.0, gt=1)
+    #: Soft timeout over the longest gap seen: a save or eval may run 50% longer than its
+    #: longest earlier one (a busier filesystem, a bigger eval batch) without a warning.
+    gap_factor: float = Field(default=1.5, ge=1)
+    #: Hard timeout over the learned soft one, as the fixed 30 minutes is 3 x 10.
+    hard_factor: float = Field(default=3.0, gt=1)
+    #: A job that is visibly busy (GPUs at power, CPU working, printing) goes critical only
+    #: at this multiple of the hard timeout: twice the longest wait tolerated for a hang.
+    busy_factor: float = Field(default=2.0, ge=1)
+    #: GPU power under this fraction of its limit is no real work. A training step draws
+    #: well above half the limit; an idle or NCCL-spinning GPU draws 10-25%.
+    low_power_fraction: float = Field(default=0.3, gt=0, lt=1)
+    #: The process tree's CPU under this percent of one core is idle: a Python loop doing
+    #: anything at all keeps one core far above it.
+    idle_cpu_percent: float = Field(default=5.0, ge=0)
+    #: Readings older than this say nothing about now: 3 readings at the GPU and process
+    #: sources' default 5 s interval, with room for a slow NVML call.
+    evidence_max_age_s: float = Field(default=15.0, gt=0)
 
     @model_validator(mode="after")
     def _hard_after_soft(self) -> StallConfig:
@@ -27,42 +95,176 @@ class StallConfig(RuleConfig):
         return self
 
 
+@dataclass
+class Evidence:
+    """What the latest fresh readings show while the job makes no progress."""
+
+    #: The job's GPUs: source, utilisation (percent, None if not read), power, power limit.
+    gpus: list[tuple[str, float | None, float, float]] = field(default_factory=list)
+    cpu_percent: float | None = None
+    d_state: int | None = None
+    #: Seconds since the job last printed, when it printed during this silence.
+    output_age_s: float | None = None
+    low_power_fraction: float = 0.3
+    idle_cpu_percent: float = 5.0
+
+    @property
+    def gpus_low(self) -> bool:
+        return bool(self.gpus) and all(
+            power < self.low_power_fraction * limit for _, _, power, limit in self.gpus
+        )
+
+    @property
+    def cpu_idle(self) -> bool:
+        return self.cpu_percent is not None and self.cpu_percent < self.idle_cpu_percent
+
+    @property
+    def verdict(self) -> Verdict:
+        """Hang on any hang evidence, else busy on any sign of work, else none."""
+        if self.d_state or self.gpus_low or self.cpu_idle:
+            return "hang"
+        if self.gpus or self.cpu_percent is not None or self.output_age_s is not None:
+            return "busy"
+        return "none"
+
+    def describe(self) -> str:
+        """The evidence in words: "gpu:0 util 100% at 85 W of 700 W, process tree CPU 2%"."""
+        parts = []
+        for source, util, power, limit in self.gpus:
+            at = f"util {util:.0f}% at" if util is not None else "at"
+            parts.append(f"{source} {at} {power:.0f} W of {limit:.0f} W")
+        if self.cpu_percent is not None:
+            parts.append(f"process tree CPU {self.cpu_percent:.0f}%")
+        if self.output_age_s is not None:
+            parts.append(f"last output {self.output_age_s:.0f} s ago")
+        if self.d_state:
+            parts.append(
+                f"{self.d_state} process(es) in uninterruptible sleep (D state): SIGTERM will"
+                " not stop them until their I/O returns; the node may need draining"
+            )
+        return ", ".join(parts) if parts else "no GPU or process readings"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": [
+                {"source": source, "util_percent": util, "power_w": power, "power_limit_w": limit}
+                for source, util, power, limit in self.gpus
+            ],
+            "cpu_percent": self.cpu_percent,
+            "d_state": self.d_state,
+            "output_age_s": self.output_age_s,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The timeouts in force; ``learned`` when they come from the run's own step gaps."""
+
+    soft_s: float
+    hard_s: float
+    busy_s: float
+    learned: bool
+
+
 class StallDetector(BaseDetector):
-    """Warns after the soft timeout of silence, goes critical after the hard one."""
+    """Warns after the soft timeout of no progress; goes critical after the hard one on evidence.
+
+    One warning and one critical per episode; the next progress resolves it. The
+    learned rhythm survives a restart of the job (the same run); the silence clock
+    starts again at each attempt.
+    """
 
     rule = "stall"
     config_model = StallConfig
+    sees_progress = True
 
     def __init__(self, config: StallConfig) -> None:
         super().__init__(config)
         self.settings = config
+        # Learned over the run (kept across attempts).
+        self._intervals = Rolling(max(INTERVAL_WINDOW, config.learn_steps))
+        self._longest_gap_s = 0.0
+        self._longest_startup_s = 0.0
+        self._steps_seen = False
+        # This attempt.
+        self._started_at: float | None = None
         self._last_progress: float | None = None
         self._last_step: int | None = None
+        self._last_step_time: float | None = None
+        self._last_activity: float | None = None
         self._level: Severity | None = None
+        #: Per source, per metric: the latest (value, read at).
+        self._readings: dict[str, dict[str, tuple[float, float]]] = {}
 
     def job_started(self, now: float) -> None:
+        self._started_at = now
         self._last_progress = now
         self._last_step = None
+        self._last_step_time = None
+        self._last_activity = None
         self._level = None
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        new_step = sample.step is not None and (
-            self._last_step is None or sample.step > self._last_step
-        )
-        if new_step:
-            self._last_step = sample.step
-        if not new_step and sample.time is None:
-            return []
-        # A timestamped sample is new output even without a step (replay's only evidence).
-        return self._progress(sample.time if sample.time is not None else now, source)
+        # Progress bars count too (sees_progress): their step is the job's progress.
+        name = sample.name
+        if name in SYSTEM_METRICS:
+            if name in EVIDENCE_METRICS:
+                self._readings.setdefault(source, {})[name] = (sample.value, now)
+            return []  # the machine's state, never the job's progress
+        at = sample.time if sample.time is not None else now
+        step = sample.step
+        if step is not None and (self._last_step is None or step > self._last_step):
+            self._learn(at)
+            self._last_step = step
+            self._last_step_time = at
+            self._steps_seen = True
+            return self._progress(at, source)
+        if sample.time is not None and not self._steps_seen:
+            # A timestamped sample is new output even without a step (replay's only evidence).
+            return self._progress(at, source)
+        self._active(at)
+        return []
 
     def output(self, line: Line) -> list[Alert]:
+        if self._steps_seen:
+            self._active(line.time)
+            return []
         return self._progress(line.time, line.source)
 
-    def _progress(self, now: float, source: str) -> list[Alert]:
+    def _active(self, at: float) -> None:
+        if self._last_activity is None or at > self._last_activity:
+            self._last_activity = at
+
+    def _learn(self, at: float) -> None:
+        """Learn the gap that ends with a new step at ``at`` (capped at the hard timeout)."""
+        settings = self.settings
+        if not settings.adaptive or self._started_at is None:
+            return
+        if self._last_step_time is None:
+            startup_s = self._capped(at - self._started_at)
+            self._longest_startup_s = max(self._longest_startup_s, startup_s)
+            return
+        gap_s = at - self._last_step_time
+        if gap_s <= 0:
+            return  # lines read in one burst: one moment, not a gap
+        gap_s = self._capped(gap_s)
+        self._intervals.add(gap_s)
+        if gap_s > self._longest_gap_s:
+            self._longest_gap_s = gap_s
+
+    def _capped(self, gap_s: float) -> float:
+        """``gap_s``, at most the hard timeout in force (worked out only for a long gap)."""
+        settings = self.settings
+        # No hard timeout is shorter than this: the fixed one, or a learned soft + min_timeout_s.
+        if gap_s <= min(settings.hard_timeout_s, 2 * settings.min_timeout_s):
+            return gap_s  # the usual step: no need to work out the timeouts
+        return min(gap_s, self.timeouts().hard_s)
+
+    def _progress(self, at: float, source: str) -> list[Alert]:
         if self._last_progress is None:
             return []  # not started: no clock to measure silence against
-        self._last_progress = max(self._last_progress, now)
+        self._last_progress = max(self._last_progress, at)
         if self._level is None:
             return []
         self._level = None
@@ -71,38 +273,136 @@ class StallDetector(BaseDetector):
                 rule=self.rule,
                 severity=Severity.INFO,
                 message=f"progress resumed at step {self._last_step}",
-                time=now,
+                time=at,
                 source=source,
                 step=self._last_step,
                 resolves=True,
             )
         ]
 
+    def timeouts(self) -> Timeouts:
+        """The soft, hard and busy timeouts in force now."""
+        settings = self.settings
+        soft_s, hard_s = settings.soft_timeout_s, settings.hard_timeout_s
+        learned = settings.adaptive and len(self._intervals) >= settings.learn_steps
+        if learned:
+            soft_s = max(
+                settings.min_timeout_s,
+                settings.interval_factor * self._intervals.median(),
+                settings.gap_factor * self._longest_gap_s,
+            )
+            hard_s = self._hard_after(soft_s)
+        if settings.adaptive and self._last_step is None and self._longest_startup_s > 0:
+            # Before this attempt's first step: it may take as long as an earlier start did.
+            startup_soft_s = settings.gap_factor * self._longest_startup_s
+            if startup_soft_s > soft_s:
+                soft_s = startup_soft_s
+                hard_s = max(hard_s, self._hard_after(soft_s))
+        return Timeouts(soft_s, hard_s, hard_s * settings.busy_factor, learned)
+
+    def _hard_after(self, soft_s: float) -> float:
+        settings = self.settings
+        return max(soft_s * settings.hard_factor, soft_s + settings.min_timeout_s)
+
+    def evidence(self, now: float) -> Evidence:
+        """What the readings taken during this silence, and recently, show."""
+        settings = self.settings
+        evidence = Evidence(
+            low_power_fraction=settings.low_power_fraction,
+            idle_cpu_percent=settings.idle_cpu_percent,
+        )
+        since = self._last_progress if self._last_progress is not None else now
+        oldest = max(since, now - settings.evidence_max_age_s)
+
+        def fresh(readings: dict[str, tuple[float, float]], name: str) -> float | None:
+            reading = readings.get(name)
+            if reading is None or reading[1] < oldest:
+                return None
+            return reading[0]
+
+        for source, readings in sorted(self._readings.items()):
+            if source == PROCESS_SOURCE:
+                evidence.cpu_percent = fresh(readings, PROC_CPU)
+                d_state = fresh(readings, PROC_D_STATE)
+                evidence.d_state = None if d_state is None else int(d_state)
+                continue
+            attached = fresh(readings, GPU_JOB)
+            power = fresh(readings, GPU_POWER)
+            limit = fresh(readings, GPU_POWER_LIMIT)
+            if attached is None or attached < 0.5 or power is None or not limit:
+                continue
+            evidence.gpus.append((source, fresh(readings, GPU_UTIL), power, limit))
+        activity = self._last_activity
+        if activity is not None and activity > since:
+            age_s = now - activity
+            if age_s <= self.timeouts().soft_s:
+                evidence.output_age_s = max(0.0, age_s)
+        return evidence
+
     def tick(self, now: float) -> list[Alert]:
         if self._last_progress is None:
             # Nothing seen yet (replay before its first timestamp): no baseline to measure from.
             return []
         silent_s = now - self._last_progress
-        if silent_s >= self.settings.hard_timeout_s:
-            level = Severity.CRITICAL
-        elif silent_s >= self.settings.soft_timeout_s:
-            level = Severity.WARNING
-        else:
+        timeouts = self.timeouts()
+        if silent_s < timeouts.soft_s:
             return []
+        evidence = self.evidence(now)
+        verdict = evidence.verdict
+        level = Severity.WARNING
+        if (silent_s >= timeouts.hard_s and verdict != "busy") or silent_s >= timeouts.busy_s:
+            level = Severity.CRITICAL
         if self._level is not None and level <= self._level:
             return []
         self._level = level
-        after = "no step" if self._last_step is None else f"no step after {self._last_step}"
-        next_step = None if self._last_step is None else self._last_step + 1
-        return [
-            Alert(
-                rule=self.rule,
-                severity=level,
-                message=f"{after} and no output for {silent_s:.0f} s",
-                time=now,
-                step=self._last_step,
-                metric="silence_s",
-                value=round(silent_s, 3),
-                onset_step=next_step,
+        return [self._alert(now, silent_s, level, timeouts, evidence)]
+
+    def _alert(
+        self, now: float, silent_s: float, level: Severity, timeouts: Timeouts, evidence: Evidence
+    ) -> Alert:
+        verdict = evidence.verdict
+        seen = evidence.describe()
+        if self._last_step is None:
+            head = f"no step and no output for {silent_s:.0f} s"
+        else:
+            head = f"no step after {self._last_step} for {silent_s:.0f} s"
+        if level is Severity.CRITICAL and verdict == "busy":
+            message = (
+                f"no step for {silent_s:.0f} s although the job is busy ({seen}): an endless"
+                " loop or an evaluation far longer than any before"
             )
-        ]
+        else:
+            if level is Severity.CRITICAL:
+                basis = f"hard timeout {timeouts.hard_s:.0f} s"
+            else:
+                basis = f"soft timeout {timeouts.soft_s:.0f} s"
+            if timeouts.learned:
+                basis += (
+                    f", learned from {len(self._intervals)} step gaps: median"
+                    f" {self._intervals.median():.3g} s, longest {self._longest_gap_s:.3g} s"
+                )
+            meaning = {
+                "hang": "it looks hung",
+                "busy": "the job is busy (a long save or evaluation?)",
+                "none": "nothing tells a hang from a long save",
+            }[verdict]
+            message = f"{head} ({basis}); {seen}: {meaning}"
+        next_step = None if self._last_step is None else self._last_step + 1
+        return Alert(
+            rule=self.rule,
+            severity=level,
+            message=message,
+            time=now,
+            step=self._last_step,
+            metric="silence_s",
+            value=round(silent_s, 3),
+            onset_step=next_step,
+            details={
+                "evidence": evidence.to_json(),
+                "onset_time": self._last_progress,
+                "soft_timeout_s": timeouts.soft_s,
+                "hard_timeout_s": timeouts.hard_s,
+                "busy_timeout_s": timeouts.busy_s,
+                "learned": timeouts.learned,
+            },
+        )

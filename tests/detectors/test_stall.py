@@ -1,23 +1,53 @@
-"""stall: silence past the soft timeout warns, past the hard one is critical; progress resolves."""
+"""stall: timeouts from the run's own rhythm; critical only on hang evidence or none at all."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pydantic
 import pytest
 
 from sentinel.detectors.stall import StallConfig, StallDetector
 from sentinel.records import Alert, Line, Sample, Severity
+from sentinel.sources import (
+    GPU_JOB,
+    GPU_POWER,
+    GPU_POWER_LIMIT,
+    GPU_UTIL,
+    PROC_CPU,
+    PROC_D_STATE,
+    PROCESS_SOURCE,
+    SYSTEM_METRICS,
+    gpu_source,
+)
 
 T0 = 1_700_000_000.0
 SOFT = 600.0
 HARD = 1800.0
+#: Learned-timeout settings: 10 gaps of 1 s learn soft = max(60, 20 x 1, 1.5 x 1) = 60 s.
+MIN = 60.0
+
+#: What one reading feeds: (source, samples).
+Reading = list[tuple[str, list[Sample]]]
 
 
-def started(at: float = T0) -> StallDetector:
-    detector = StallDetector(StallConfig(soft_timeout_s=SOFT, hard_timeout_s=HARD))
+def started(at: float = T0, **config: Any) -> StallDetector:
+    settings = {"soft_timeout_s": SOFT, "hard_timeout_s": HARD, **config}
+    detector = StallDetector(StallConfig(**settings))
     detector.job_started(at)
+    return detector
+
+
+def step(detector: StallDetector, number: int, offset: float) -> list[Alert]:
+    return detector.observe(Sample("loss", 2.0, number), "stdout", T0 + offset)
+
+
+def learned(gaps: int = 10, **config: Any) -> StallDetector:
+    """A detector that saw steps 0..gaps one second apart (the last at T0 + gaps)."""
+    detector = started(min_timeout_s=MIN, **config)
+    for number in range(gaps + 1):
+        step(detector, number, number)
     return detector
 
 
@@ -26,6 +56,40 @@ def ticks(detector: StallDetector, offsets: list[float]) -> list[Alert]:
     for offset in offsets:
         alerts += detector.tick(T0 + offset)
     return alerts
+
+
+def gpu(
+    power_w: float, *, util: float = 100.0, limit_w: float = 700.0, job: bool = True, index: int = 0
+) -> Reading:
+    samples = [
+        Sample(GPU_UTIL, util),
+        Sample(GPU_POWER, power_w),
+        Sample(GPU_POWER_LIMIT, limit_w),
+        Sample(GPU_JOB, 1.0 if job else 0.0),
+    ]
+    return [(gpu_source(index), samples)]
+
+
+def proc(cpu: float, d_state: int = 0) -> Reading:
+    return [(PROCESS_SOURCE, [Sample(PROC_CPU, cpu), Sample(PROC_D_STATE, float(d_state))])]
+
+
+def watched(detector: StallDetector, offsets: list[float], reading: Reading) -> list[Alert]:
+    """At each offset: the sources read (``reading``), then the clock ticks."""
+    alerts: list[Alert] = []
+    for offset in offsets:
+        for source, samples in reading:
+            for sample in samples:
+                alerts += detector.observe(sample, source, T0 + offset)
+        alerts += detector.tick(T0 + offset)
+    return alerts
+
+
+def severities(alerts: list[Alert]) -> list[Severity]:
+    return [alert.severity for alert in alerts]
+
+
+# --- the fixed timeouts: not learned, no evidence (replay, no GPU or process source) ---------
 
 
 @pytest.mark.parametrize(
@@ -37,76 +101,101 @@ def test_silence_below_soft_raises_nothing(silent_s: float) -> None:
 
 def test_soft_timeout_warns_once() -> None:
     alerts = ticks(started(), [SOFT, SOFT + 1, SOFT + 100, HARD - 1])
-    assert len(alerts) == 1
-    assert alerts[0].severity is Severity.WARNING
+    assert severities(alerts) == [Severity.WARNING]
     assert alerts[0].rule == "stall"
     assert not alerts[0].resolves
 
 
-def test_hard_timeout_escalates_to_one_critical() -> None:
+def test_hard_timeout_without_evidence_escalates_to_one_critical() -> None:
     alerts = ticks(started(), [SOFT, HARD, HARD + 1, HARD * 3])
-    assert [a.severity for a in alerts] == [Severity.WARNING, Severity.CRITICAL]
+    assert severities(alerts) == [Severity.WARNING, Severity.CRITICAL]
+    assert alerts[1].details["evidence"]["verdict"] == "none"
 
 
 def test_jump_straight_past_hard_gives_only_critical() -> None:
     alerts = ticks(started(), [HARD + 5])
-    assert [a.severity for a in alerts] == [Severity.CRITICAL]
+    assert severities(alerts) == [Severity.CRITICAL]
     assert alerts[0].value == pytest.approx(HARD + 5)
 
 
-def test_alert_names_last_step_and_onset_is_the_next_step() -> None:
+def test_alert_names_last_step_onset_step_and_onset_time() -> None:
     detector = started()
-    detector.observe(Sample("loss", 2.0, 41), "stdout", T0 + 10)
+    step(detector, 41, 10)
     (alert,) = ticks(detector, [10 + SOFT])
     assert alert.step == 41
     assert alert.onset_step == 42
     assert alert.metric == "silence_s"
+    assert alert.details["onset_time"] == T0 + 10  # the silence began at the last step
+
+
+def test_new_step_resets_the_silence() -> None:
+    detector = started()
+    step(detector, 10, 0)
+    step(detector, 11, 500)
+    assert ticks(detector, [SOFT + 100]) == []  # 600 s after T0, only 100 s after progress
+    assert severities(ticks(detector, [500 + SOFT])) == [Severity.WARNING]
+
+
+def test_output_is_progress_while_the_job_has_logged_no_step() -> None:
+    detector = started()
+    detector.output(Line("stdout", "still alive", T0 + 500))
+    assert ticks(detector, [SOFT + 100]) == []
+    assert severities(ticks(detector, [500 + SOFT])) == [Severity.WARNING]
 
 
 @pytest.mark.parametrize(
-    "progress",
+    "activity",
     [
         lambda d: d.output(Line("stdout", "still alive", T0 + 500)),
-        lambda d: d.observe(Sample("loss", 2.0, 11), "stdout", T0 + 500),
+        lambda d: d.observe(Sample("loss", 2.0, 10), "stdout", T0 + 500),
+        lambda d: d.observe(Sample("grad_norm", 1.0, 10), "stdout", T0 + 550),
+        lambda d: d.observe(Sample("loss", 2.0, 9), "stdout", T0 + 500),
+        lambda d: d.observe(Sample("eval_loss", 2.0, 10, time=T0 + 500), "m.jsonl", T0 + 500),
     ],
-    ids=["output-line", "new-step"],
+    ids=[
+        "output-line",
+        "same-step",
+        "same-step-other-metric",
+        "lower-step",
+        "timestamped-same-step",
+    ],
 )
-def test_progress_resets_the_silence(progress: Callable[[StallDetector], object]) -> None:
+def test_activity_without_a_new_step_is_not_progress(
+    activity: Callable[[StallDetector], object],
+) -> None:
     detector = started()
-    detector.observe(Sample("loss", 2.0, 10), "stdout", T0)
-    progress(detector)
-    assert ticks(detector, [SOFT + 100]) == []  # 600 s after T0, only 100 s after progress
-    assert [a.severity for a in ticks(detector, [500 + SOFT])] == [Severity.WARNING]
+    step(detector, 10, 0)
+    activity(detector)
+    assert severities(ticks(detector, [SOFT])) == [Severity.WARNING]
 
 
-def test_repeated_same_step_is_not_progress() -> None:
+@pytest.mark.parametrize("name", sorted(SYSTEM_METRICS), ids=sorted(SYSTEM_METRICS))
+def test_system_samples_never_count_as_progress(name: str) -> None:
     detector = started()
-    detector.observe(Sample("loss", 2.0, 10), "stdout", T0)
-    detector.observe(Sample("loss", 2.0, 10), "stdout", T0 + 500)
-    detector.observe(Sample("grad_norm", 1.0, 10), "stdout", T0 + 550)
-    alerts = ticks(detector, [SOFT])
-    assert [a.severity for a in alerts] == [Severity.WARNING]
+    step(detector, 10, 0)
+    # Even with a higher step (the engine fills in its own), a reading is not progress.
+    detector.observe(Sample(name, 1.0, 11), PROCESS_SOURCE, T0 + 500)
+    assert severities(ticks(detector, [SOFT])) == [Severity.WARNING]
 
 
-def test_lower_step_is_not_progress() -> None:
+def test_system_samples_are_not_progress_before_any_step() -> None:
     detector = started()
-    detector.observe(Sample("loss", 2.0, 10), "stdout", T0)
-    detector.observe(Sample("loss", 2.0, 9), "stdout", T0 + 500)
-    assert [a.severity for a in ticks(detector, [SOFT])] == [Severity.WARNING]
+    detector.observe(Sample(GPU_POWER, 300.0), gpu_source(0), T0 + 500)
+    assert severities(ticks(detector, [SOFT])) == [Severity.WARNING]
 
 
 def test_progress_after_warning_resolves() -> None:
     detector = started()
-    detector.observe(Sample("loss", 2.0, 10), "stdout", T0)
+    step(detector, 10, 0)
     ticks(detector, [SOFT])
-    (resolved,) = detector.observe(Sample("loss", 2.0, 11), "stdout", T0 + SOFT + 5)
+    (resolved,) = step(detector, 11, SOFT + 5)
     assert resolved.resolves
     assert resolved.rule == "stall"
     assert resolved.severity is Severity.INFO
     assert resolved.step == 11
 
 
-def test_output_after_critical_resolves_once() -> None:
+def test_output_after_critical_resolves_once_before_any_step() -> None:
     detector = started()
     ticks(detector, [HARD])
     first = detector.output(Line("stdout", "back", T0 + HARD + 1))
@@ -118,26 +207,25 @@ def test_output_after_critical_resolves_once() -> None:
 def test_progress_without_a_stall_resolves_nothing() -> None:
     detector = started()
     assert detector.output(Line("stdout", "hello", T0 + 5)) == []
-    assert detector.observe(Sample("loss", 1.0, 1), "stdout", T0 + 6) == []
+    assert step(detector, 1, 6) == []
 
 
 def test_stall_again_after_resolve_warns_again() -> None:
     detector = started()
     ticks(detector, [SOFT])
     detector.output(Line("stdout", "back", T0 + SOFT + 1))
-    alerts = ticks(detector, [2 * SOFT + 1])
-    assert [a.severity for a in alerts] == [Severity.WARNING]
+    assert severities(ticks(detector, [2 * SOFT + 1])) == [Severity.WARNING]
 
 
 def test_nothing_before_job_started_or_first_data() -> None:
-    detector = StallDetector(StallConfig(soft_timeout_s=SOFT, hard_timeout_s=HARD))
+    detector = StallDetector(StallConfig())
     assert detector.tick(T0) == []
     assert detector.tick(T0 + HARD * 10) == []
 
 
 def test_samples_before_job_started_do_not_start_the_clock() -> None:
     # The engine starts the clock (job_started): live at launch, in replay at the first timestamp.
-    detector = StallDetector(StallConfig(soft_timeout_s=SOFT, hard_timeout_s=HARD))
+    detector = StallDetector(StallConfig())
     detector.observe(Sample("loss", 2.0, 1, time=T0), "m.jsonl", 0.0)
     assert ticks(detector, [SOFT, HARD * 2]) == []
 
@@ -147,7 +235,214 @@ def test_job_started_resets_level_and_clock() -> None:
     ticks(detector, [HARD])
     detector.job_started(T0 + HARD + 10)
     assert ticks(detector, [HARD + 10 + SOFT - 1]) == []
-    assert [a.severity for a in ticks(detector, [HARD + 10 + SOFT])] == [Severity.WARNING]
+    assert severities(ticks(detector, [HARD + 10 + SOFT])) == [Severity.WARNING]
+
+
+# --- adaptive timeouts --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("silent_s", "expected"),
+    [
+        (MIN - 1, []),
+        (MIN, [Severity.WARNING]),
+        (3 * MIN, [Severity.CRITICAL]),  # hard = max(3 x soft, soft + min)
+    ],
+    ids=["below-learned-soft", "learned-soft", "learned-hard"],
+)
+def test_learned_timeouts_follow_a_fast_run(silent_s: float, expected: list[Severity]) -> None:
+    detector = learned()
+    assert severities(ticks(detector, [10 + silent_s])) == expected
+
+
+@pytest.mark.parametrize(
+    ("gaps", "adaptive"), [(9, True), (20, False)], ids=["too-few-gaps", "adaptive-off"]
+)
+def test_fixed_timeouts_until_learned_or_when_off(gaps: int, adaptive: bool) -> None:
+    detector = learned(gaps, adaptive=adaptive)
+    assert ticks(detector, [gaps + SOFT - 1]) == []
+    assert severities(ticks(detector, [gaps + SOFT])) == [Severity.WARNING]
+
+
+def test_learned_timeouts_scale_with_a_slow_step() -> None:
+    detector = started(min_timeout_s=MIN)
+    for number in range(11):
+        step(detector, number, 30.0 * number)  # 30 s steps: soft = 20 x 30 s
+    assert detector.timeouts().soft_s == pytest.approx(600.0)
+    assert detector.timeouts().hard_s == pytest.approx(1800.0)
+
+
+def test_steps_read_in_one_burst_are_not_gaps() -> None:
+    detector = started(min_timeout_s=MIN)
+    for number in range(30):
+        step(detector, number, 5.0)  # a file read at once: one moment
+    assert not detector.timeouts().learned
+    assert detector.timeouts().soft_s == SOFT
+
+
+SAVE = 100.0  # a checkpoint save: warns the first time (learned soft is 60 s)
+
+
+def run_with_one_save() -> tuple[StallDetector, list[Alert], float]:
+    """10 quick steps, a save of SAVE seconds, 10 more quick steps; (detector, alerts, end)."""
+    detector = learned()
+    alerts = ticks(detector, [10 + MIN])  # the first save warns...
+    at = 10 + SAVE
+    alerts += step(detector, 11, at)  # ...and resolves when it ends
+    for number in range(12, 22):
+        at += 1
+        alerts += step(detector, number, at)
+    return detector, alerts, at
+
+
+def test_first_save_warns_and_resolves() -> None:
+    _, alerts, _ = run_with_one_save()
+    assert severities(alerts) == [Severity.WARNING, Severity.INFO]
+
+
+@pytest.mark.parametrize(
+    ("pause_s", "expected"),
+    [
+        (SAVE, []),
+        (1.4 * SAVE, []),
+        (1.5 * SAVE, [Severity.WARNING]),  # soft = gap_factor x the longest gap
+    ],
+    ids=["same-save-again", "save-a-bit-longer", "pause-beyond-gap-factor"],
+)
+def test_a_save_as_long_as_one_before_raises_nothing(
+    pause_s: float, expected: list[Severity]
+) -> None:
+    detector, _, end = run_with_one_save()
+    assert severities(ticks(detector, [end + pause_s / 2, end + pause_s])) == expected
+
+
+def test_a_gap_past_the_hard_timeout_is_learned_capped_at_it() -> None:
+    detector = learned()
+    hard_s = detector.timeouts().hard_s
+    assert severities(ticks(detector, [10 + 10 * hard_s])) == [Severity.CRITICAL]
+    step(detector, 11, 10 + 10 * hard_s)
+    assert detector.timeouts().soft_s == pytest.approx(1.5 * hard_s)
+
+
+def test_learning_survives_a_restart_but_the_clock_starts_again() -> None:
+    detector = learned()
+    detector.job_started(T0 + 1000)
+    assert ticks(detector, [1000 + MIN - 1]) == []
+    assert severities(ticks(detector, [1000 + MIN])) == [Severity.WARNING]
+
+
+def test_a_restart_may_take_as_long_as_the_first_start() -> None:
+    detector = started(min_timeout_s=MIN)
+    for number in range(11):
+        step(detector, number, 200.0 + number)  # 200 s to load before the first step
+    detector.job_started(T0 + 1000)
+    assert ticks(detector, [1000 + 1.5 * 200 - 1]) == []
+    assert severities(ticks(detector, [1000 + 1.5 * 200])) == [Severity.WARNING]
+
+
+# --- evidence -----------------------------------------------------------------------------
+
+
+def test_nccl_hang_signature_is_critical_at_the_hard_timeout() -> None:
+    detector = started()
+    alerts = watched(detector, [SOFT, HARD - 1, HARD], gpu(70.0, util=100.0))
+    assert severities(alerts) == [Severity.WARNING, Severity.CRITICAL]
+    critical = alerts[1]
+    assert "util 100% at 70 W of 700 W" in critical.message
+    assert critical.details["evidence"]["verdict"] == "hang"
+    assert critical.details["evidence"]["gpus"] == [
+        {"source": "gpu:0", "util_percent": 100.0, "power_w": 70.0, "power_limit_w": 700.0}
+    ]
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [
+        gpu(600.0, util=100.0),
+        gpu(600.0, util=0.0),  # utilisation is no evidence either way: power is
+        proc(cpu=100.0),
+        gpu(600.0) + gpu(70.0, index=1),  # not every GPU idle: not a collective hang
+        gpu(70.0, job=False) + proc(cpu=100.0),  # another job's idle GPU says nothing
+    ],
+    ids=["gpu-at-power", "gpu-at-power-util-0", "cpu-busy", "one-gpu-of-two-busy", "foreign-gpu"],
+)
+def test_busy_job_is_held_at_warning_past_the_hard_timeout(reading: Reading) -> None:
+    detector = started()
+    alerts = watched(detector, [SOFT, HARD, 2 * HARD - 1], reading)
+    assert severities(alerts) == [Severity.WARNING]
+    assert alerts[0].details["evidence"]["verdict"] == "busy"
+
+
+def test_busy_job_goes_critical_at_the_busy_timeout() -> None:
+    detector = started()
+    alerts = watched(detector, [SOFT, HARD, 2 * HARD], gpu(600.0))
+    assert severities(alerts) == [Severity.WARNING, Severity.CRITICAL]
+    assert "although the job is busy" in alerts[1].message
+    assert "evaluation far longer than any before" in alerts[1].message
+
+
+def test_output_during_the_silence_is_busy_evidence() -> None:
+    detector = started()
+    step(detector, 10, 0)
+    alerts = ticks(detector, [SOFT])
+    detector.output(Line("stderr", "Evaluating: 40%", T0 + HARD - 60))
+    alerts += ticks(detector, [HARD])
+    assert severities(alerts) == [Severity.WARNING]
+    evidence = detector.evidence(T0 + HARD)
+    assert (evidence.verdict, evidence.output_age_s) == ("busy", 60.0)
+    assert "last output 60 s ago" in evidence.describe()
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [proc(cpu=1.0), proc(cpu=100.0) + gpu(70.0)],
+    ids=["cpu-idle", "cpu-busy-gpus-low"],
+)
+def test_hang_evidence_is_critical_at_the_hard_timeout(reading: Reading) -> None:
+    detector = started()
+    alerts = watched(detector, [SOFT, HARD], reading)
+    assert severities(alerts) == [Severity.WARNING, Severity.CRITICAL]
+    assert alerts[1].details["evidence"]["verdict"] == "hang"
+
+
+D_STATE_TEXT = (
+    "1 process(es) in uninterruptible sleep (D state): SIGTERM will not stop them until"
+    " their I/O returns; the node may need draining"
+)
+
+
+def test_d_state_is_said_in_the_warning_and_the_critical() -> None:
+    detector = started()
+    alerts = watched(detector, [SOFT, HARD], proc(cpu=100.0, d_state=1) + gpu(600.0))
+    assert severities(alerts) == [Severity.WARNING, Severity.CRITICAL]
+    assert all(D_STATE_TEXT in alert.message for alert in alerts)
+    assert alerts[1].details["evidence"]["d_state"] == 1
+
+
+@pytest.mark.parametrize(
+    "read_at",
+    [HARD - 60, -1.0],
+    ids=["older-than-max-age", "before-the-silence"],
+)
+def test_stale_readings_are_no_evidence(read_at: float) -> None:
+    detector = started()
+    step(detector, 10, 0)
+    watched(detector, [read_at], gpu(600.0))
+    alerts = ticks(detector, [HARD])
+    assert severities(alerts) == [Severity.CRITICAL]
+    assert alerts[0].details["evidence"]["verdict"] == "none"
+
+
+def test_critical_message_reads_as_a_hang_with_its_evidence() -> None:
+    detector = started()
+    step(detector, 7, 0)
+    (alert,) = watched(detector, [HARD], proc(cpu=2.0))
+    assert alert.message.startswith("no step after 7 for 1800 s (hard timeout 1800 s)")
+    assert "process tree CPU 2%" in alert.message
+    assert alert.message.endswith("it looks hung")
+
+
+# --- config -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -158,6 +453,7 @@ def test_config_rejects_hard_not_after_soft(soft: float, hard: float) -> None:
         StallConfig(soft_timeout_s=soft, hard_timeout_s=hard)
 
 
-def test_config_defaults_are_ten_and_thirty_minutes() -> None:
+def test_config_defaults_are_ten_and_thirty_minutes_until_learned() -> None:
     config = StallConfig()
     assert (config.soft_timeout_s, config.hard_timeout_s) == (600.0, 1800.0)
+    assert config.adaptive
