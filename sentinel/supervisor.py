@@ -33,8 +33,9 @@ from sentinel.config import Settings
 from sentinel.detectors import DETECTORS
 from sentinel.detectors.job_crash import describe_exit
 from sentinel.incidents import Incident
-from sentinel.records import Alert, Line, Severity
+from sentinel.records import Alert, Line, Sample, Severity
 from sentinel.sources.process import JobProcess, exit_status
+from sentinel.sources.system import SystemSources
 from sentinel.sources.tailer import LogTailer
 from sentinel.state import StateStore
 from sentinel.watch import Watch
@@ -87,6 +88,7 @@ class Supervisor:
         self._last_failure: tuple[str, int | None] | None = None
         self._shutdown_signals = 0
         self._finished = False
+        self._system = SystemSources(settings, self._put_system)
 
     # -- the loop -------------------------------------------------------------
 
@@ -108,6 +110,7 @@ class Supervisor:
             poll_interval_s=settings.tail.poll_interval_s,
             max_line_bytes=settings.tail.max_line_bytes,
         )
+        self._system.start()
         previous_handlers = self._install_signal_handlers()
         notifier.start()
         tailer.start()
@@ -116,6 +119,7 @@ class Supervisor:
             self._loop()
         finally:
             tailer.stop()
+            self._system.stop()
             self._drain()
             notifier.stop(drain_s=settings.notify.timeout_s)
             self.watch.close()
@@ -135,6 +139,8 @@ class Supervisor:
             now_mono = time.monotonic()
             if kind == "lines":
                 self._on_lines(*payload)
+            elif kind == "system":
+                self._on_system(*payload)
             elif kind == "exit":
                 self._on_exit(*payload)
             elif kind == "terminated":
@@ -168,6 +174,13 @@ class Supervisor:
             alerts += self.watch.engine.feed_line(Line(source, text, read_at))
         self._handle(alerts)
 
+    def _put_system(self, source: str, samples: list[Sample], read_at: float) -> None:
+        """From a GPU or process source's thread: the reading joins the queue."""
+        self._events.put(("system", (source, samples, read_at)))
+
+    def _on_system(self, source: str, samples: list[Sample], read_at: float) -> None:
+        self._handle(self.watch.engine.feed_system(source, samples, read_at))
+
     def _on_tick(self) -> None:
         now = time.time()
         job = self._job
@@ -186,6 +199,12 @@ class Supervisor:
         """A critical incident opened or escalated: stop the job if its rule says so."""
         known = incident.rule in DETECTORS
         policy = self.settings.rule(incident.rule).on_critical if known else "notify"
+        # A rule may ask for more than its usual policy (cost_overrun's kill_at: stop).
+        for alert in reversed(incident.alerts):
+            requested = alert.details.get("on_critical")
+            if requested in ("notify", "stop", "restart"):
+                policy = requested
+                break
         if policy == "notify" or self._stop is not None:
             return
         job = self._job
@@ -242,6 +261,7 @@ class Supervisor:
         self._handle(self.watch.engine.job_exited(returncode, now, expected=stop is not None))
         stop = self._stop  # a job_crash incident may have decided on a restart just now
         self._job = None
+        self._system.set_job(None)
         if stop is None:
             self._finish(status, JobState.EXITED if status == 0 else JobState.FATAL)
             return
@@ -381,6 +401,7 @@ class Supervisor:
             self._finish(127, JobState.FATAL)
             return
         self._job = job
+        self._system.set_job(job.identity)
         resumed_at = self._resume[1] if self.restarts else None
         self.watch.job_started(job.started_at, resumed_at or 0)
         self._set_state(JobState.STARTING)

@@ -28,7 +28,5 @@ def test_ruff_check() -> None:
 
 
 def test_mypy_strict() -> None:
-    result = subprocess.run(
-        [_tool("mypy"), "sentinel"], cwd=ROOT, capture_output=True, text=True
-    )
+    result = subprocess.run([_tool("mypy"), "sentinel"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

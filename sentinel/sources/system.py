@@ -1,0 +1,67 @@
+"""The machine's side of the job: its process tree and its GPUs, each read on its own thread.
+
+``SystemSources`` starts what the config enables and hands every reading to one
+callback (the supervisor's queue). Without NVML the GPU source is simply absent:
+``GpuMonitor.start`` has said so once in the log.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sentinel.actions.terminate import ProcessIdentity
+from sentinel.config import Settings
+from sentinel.sources import OnSamples
+from sentinel.sources.gpu import GpuMonitor
+from sentinel.sources.proctree import ProcessMonitor
+
+
+class SystemSources:
+    """The process-tree and GPU sources of one ``sentinel run``."""
+
+    def __init__(self, settings: Settings, on_samples: OnSamples) -> None:
+        self.settings = settings
+        self.on_samples = on_samples
+        self.processes: ProcessMonitor | None = None
+        self.gpus: GpuMonitor | None = None
+        self._job: ProcessIdentity | None = None
+
+    def start(self) -> None:
+        settings = self.settings
+        if settings.process.enabled:
+            self.processes = ProcessMonitor(
+                interval_s=settings.process.interval_s, on_samples=self.on_samples
+            )
+            self.processes.start()
+        if settings.gpu.enabled:
+            gpus = GpuMonitor(
+                None,
+                interval_s=settings.gpu.interval_s,
+                on_samples=self.on_samples,
+                job_pids=self.job_pids,
+                attribution=settings.gpu.attribution,
+                xid_events=settings.gpu.xid_events,
+                # The job inherits sentinel's environment: watch the GPUs it can use.
+                visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            )
+            if gpus.start():
+                self.gpus = gpus
+
+    def set_job(self, identity: ProcessIdentity | None) -> None:
+        """The job's attempt now running (None between attempts)."""
+        self._job = identity
+        if self.processes is not None:
+            self.processes.set_root(identity)
+
+    def job_pids(self) -> frozenset[int]:
+        """The job's processes, for attributing GPUs: its tree, or its own pid alone."""
+        if self.processes is not None:
+            return self.processes.pids()
+        job = self._job
+        return frozenset() if job is None else frozenset({job.pid})
+
+    def stop(self) -> None:
+        if self.gpus is not None:
+            self.gpus.stop()
+        if self.processes is not None:
+            self.processes.stop()
