@@ -221,11 +221,15 @@ def test_stall_soft_warns_then_hard_stops(tmp_path: Path) -> None:
             "SENTINEL_TICK_INTERVAL_S": "0.05",
             "SENTINEL_RULES__STALL__SOFT_TIMEOUT_S": "0.5",
             "SENTINEL_RULES__STALL__HARD_TIMEOUT_S": "1.0",
+            "SENTINEL_PROCESS__INTERVAL_S": "0.2",
         },
     )  # fmt: skip
     assert result.returncode == 128 + signal.SIGTERM, result.stderr
-    stall = [(a["severity"], a["step"]) for a in _alerts(state) if a["rule"] == "stall"]
-    assert stall == [("warning", 1), ("critical", 1)]
+    stall = [a for a in _alerts(state) if a["rule"] == "stall"]
+    assert [(a["severity"], a["step"]) for a in stall] == [("warning", 1), ("critical", 1)]
+    # The process source saw the job asleep: evidence of a hang, not a long save.
+    assert stall[1]["message"].endswith("it looks hung"), stall[1]["message"]
+    assert "process tree CPU" in stall[1]["message"]
 
 
 def test_sigterm_to_sentinel_stops_the_job_and_exits_with_its_status(tmp_path: Path) -> None:

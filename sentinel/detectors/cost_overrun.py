@@ -102,7 +102,8 @@ class CostOverrunDetector(BaseDetector):
         super().__init__(config)
         self.settings = config
         self._step_metrics = frozenset(config.step_metrics)
-        self.watches = self._step_metrics | {GPU_JOB}
+        # Without a budget the rule has nothing to judge: it costs nothing per sample.
+        self.watches = self._step_metrics | {GPU_JOB} if config.budget is not None else frozenset()
         self._gpu_s = 0.0
         #: Seconds held before any GPU count was known: charged at the first count known
         #: (the GPU source attributes the GPUs a poll or two after the job took them).
@@ -141,6 +142,8 @@ class CostOverrunDetector(BaseDetector):
         return alerts
 
     def tick(self, now: float) -> list[Alert]:
+        if self.settings.budget is None:
+            return []
         if not self._started:
             self.job_started(now)
         return self._spend(now)
