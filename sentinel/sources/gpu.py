@@ -17,13 +17,12 @@ GPUs watched; it does not renumber them.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from sentinel.records import Sample
 from sentinel.sources import (
@@ -42,6 +41,7 @@ from sentinel.sources import (
     OnSamples,
     gpu_source,
 )
+from sentinel.sources.nvml import GpuProbe, address, is_wanted, parse_visible, shutdown
 
 log = logging.getLogger(__name__)
 
@@ -51,51 +51,6 @@ REPEAT_LOG_S = 600.0
 XID_FALLEN_OFF_BUS = 79
 
 Attribution = Literal["auto", "job", "all"]
-
-
-class GpuProbe(Protocol):
-    """The part of the ``pynvml`` module the GPU source uses; the module itself is one.
-
-    ``sentinel.testing.nvml.FakeNvml`` is another. Handles and event sets are opaque.
-    """
-
-    NVMLError: type[Exception]
-    NVMLError_NotSupported: type[Exception]
-    NVMLError_NoPermission: type[Exception]
-    NVMLError_DriverNotLoaded: type[Exception]
-    NVMLError_LibraryNotFound: type[Exception]
-    NVMLError_GpuIsLost: type[Exception]
-    NVMLError_Timeout: type[Exception]
-    NVML_TEMPERATURE_GPU: int
-    NVML_CLOCK_SM: int
-    NVML_MEMORY_ERROR_TYPE_CORRECTED: int
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED: int
-    NVML_VOLATILE_ECC: int
-    nvmlEventTypeXidCriticalError: int
-
-    def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int: ...
-    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> Any: ...
-    def nvmlDeviceGetUUID(self, handle: Any, /) -> str: ...
-    def nvmlDeviceGetUtilizationRates(self, handle: Any, /) -> Any: ...
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, /) -> Any: ...
-    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int, /) -> int: ...
-    def nvmlDeviceGetPowerUsage(self, handle: Any, /) -> int: ...
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, /) -> int: ...
-    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int, /) -> int: ...
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, /) -> int: ...
-    def nvmlDeviceGetTotalEccErrors(
-        self, handle: Any, error_type: int, counter_type: int, /
-    ) -> int: ...
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any, /) -> list[Any]: ...
-    def nvmlEventSetCreate(self) -> Any: ...
-    def nvmlDeviceRegisterEvents(
-        self, handle: Any, event_types: int, event_set: Any, /
-    ) -> None: ...
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Any, /) -> int: ...
-    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int, /) -> Any: ...
-    def nvmlEventSetFree(self, event_set: Any, /) -> None: ...
 
 
 def _real_nvml() -> GpuProbe:
@@ -198,13 +153,13 @@ class GpuMonitor:
             count = probe.nvmlDeviceGetCount()
         except probe.NVMLError as exc:
             log.warning("NVML cannot count the GPUs (%s): GPU rules are off", exc)
-            _shutdown(probe)
+            shutdown(probe)
             return False
-        wanted = _parse_visible(self._visible_devices)
+        wanted = parse_visible(self._visible_devices)
         for index in range(count):
             try:
                 handle = probe.nvmlDeviceGetHandleByIndex(index)
-                if wanted is not None and not _is_wanted(probe, handle, index, wanted):
+                if wanted is not None and not is_wanted(probe, handle, index, wanted):
                     continue
             except probe.NVMLError as exc:
                 log.warning("gpu:%d is not read: NVML cannot open it (%s)", index, exc)
@@ -253,7 +208,7 @@ class GpuMonitor:
             log.warning("NVML call still running in %s: NVML is left initialised", stuck)
             return
         assert self._probe is not None
-        _shutdown(self._probe)
+        shutdown(self._probe)
 
     # --- readings --------------------------------------------------------------------------
 
@@ -441,7 +396,7 @@ class GpuMonitor:
             except Exception as exc:
                 log.warning("%s: XID events not registered (%s)", gpu.source, exc)
                 continue
-            by_address[_address(gpu.handle)] = gpu.index
+            by_address[address(gpu.handle)] = gpu.index
         return by_address
 
     def _wait_for_xids(self, probe: GpuProbe, event_set: Any, by_address: dict[int, int]) -> None:
@@ -460,50 +415,9 @@ class GpuMonitor:
                 continue
             if not event.eventType & probe.nvmlEventTypeXidCriticalError:
                 continue
-            index = by_address.get(_address(event.device))
+            index = by_address.get(address(event.device))
             if index is None:
                 log.warning("XID %d on a GPU not watched", event.eventData)
                 continue
             log.warning("%s: XID %d", gpu_source(index), event.eventData)
             self._deliver(gpu_source(index), [Sample(GPU_XID, float(event.eventData))], now)
-
-
-def _shutdown(probe: GpuProbe) -> None:
-    try:
-        probe.nvmlShutdown()
-    except Exception as exc:
-        log.debug("nvmlShutdown: %s", exc)
-
-
-def _address(handle: Any) -> int:
-    """What identifies a device handle: the address it points at (a new object each time)."""
-    return ctypes.cast(handle, ctypes.c_void_p).value or 0
-
-
-def _parse_visible(value: str | None) -> list[str] | None:
-    """``CUDA_VISIBLE_DEVICES`` entries, up to the first that CUDA would reject too."""
-    if value is None:
-        return None
-    entries: list[str] = []
-    for entry in (e.strip() for e in value.split(",")):
-        if entry.isdigit():
-            entries.append(str(int(entry)))
-        elif entry.startswith("GPU-"):
-            entries.append(entry)
-        elif entry.startswith("MIG-"):
-            # MIG instances have no NVML index of their own here: watch every GPU.
-            log.info("CUDA_VISIBLE_DEVICES names MIG devices: watching every GPU")
-            return None
-        else:
-            break
-    return entries
-
-
-def _is_wanted(probe: GpuProbe, handle: Any, index: int, wanted: list[str]) -> bool:
-    if str(index) in wanted:
-        return True
-    uuids = [entry for entry in wanted if entry.startswith("GPU-")]
-    if not uuids:
-        return False
-    uuid = probe.nvmlDeviceGetUUID(handle)
-    return any(uuid.startswith(entry) for entry in uuids)

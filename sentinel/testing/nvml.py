@@ -451,6 +451,6 @@ def _check_function(function_name: str) -> None:
 
 
 if TYPE_CHECKING:
-    from sentinel.sources.gpu import GpuProbe
+    from sentinel.sources.nvml import GpuProbe
 
     _satisfies_probe: GpuProbe = FakeNvml()
