@@ -213,14 +213,61 @@ def _reading(
             worst.metric,
         )
     if rule == "stall":
+        return _stall_reading(details.get("evidence") or {})
+    if rule == "gpu_health":
         return (
-            "no progress",
-            "a hang (an NCCL collective, a data-loader deadlock) or a very long save;"
-            " py-spy dump --pid shows where it waits",
+            "a GPU hardware fault or throttling",
+            "drain the node if it is an XID or ECC error (nvidia-smi -q shows the GPU's"
+            " state); for throttling check the cooling and the power limit",
+            worst.metric,
+        )
+    if rule == "gpu_idle":
+        return (
+            "GPUs held by the job sit idle",
+            "look for a data loader that starves the GPUs, a rank waiting on another, or a"
+            " job that finished its work but not its process",
+            worst.metric,
+        )
+    if rule == "cost_overrun":
+        return (
+            "the run costs more than its budget",
+            "check throughput (a slowdown stretches the bill), or raise the budget",
             None,
         )
     advice = str(details.get("advice") or "")
     return (rule.replace("_", " "), advice or "see the timeline", worst.metric)
+
+
+def _stall_reading(evidence: Mapping[str, object]) -> tuple[str, str, str | None]:
+    """What a stall's evidence (``StallDetector``'s ``details["evidence"]``) points at."""
+    if evidence.get("d_state"):
+        return (
+            "no progress, with processes stuck in uninterruptible sleep (D state)",
+            "storage or a driver call that does not return (NFS, a GPU fallen off the bus):"
+            " SIGTERM and SIGKILL wait for it; the node may need draining",
+            None,
+        )
+    verdict = evidence.get("verdict")
+    if verdict == "hang":
+        return (
+            "a hang: no progress and no work being done",
+            "an NCCL collective waiting on a rank that died or diverged, or a data-loader"
+            " deadlock; py-spy dump --pid shows where each process waits",
+            None,
+        )
+    if verdict == "busy":
+        return (
+            "no progress although the job is busy",
+            "an endless loop, or an evaluation or save far longer than any before;"
+            " py-spy dump --pid shows what it is doing",
+            None,
+        )
+    return (
+        "no progress",
+        "a hang (an NCCL collective, a data-loader deadlock) or a very long save;"
+        " py-spy dump --pid shows where it waits",
+        None,
+    )
 
 
 def _finite_before(samples: Sequence[Sample], step: int | None) -> list[float]:

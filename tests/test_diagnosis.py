@@ -142,3 +142,20 @@ def test_to_json_is_plain_data() -> None:
 )
 def test_sparkline(values: list[float], expected: str) -> None:
     assert sparkline(values) == expected
+
+
+@pytest.mark.parametrize(
+    ("evidence", "cause_has"),
+    [
+        ({"verdict": "hang", "d_state": 0}, "a hang"),
+        ({"verdict": "hang", "d_state": 2}, "uninterruptible sleep"),
+        ({"verdict": "busy", "d_state": None}, "although the job is busy"),
+        ({}, "no progress"),
+    ],
+    ids=["hang", "d-state", "busy", "no-evidence"],
+)
+def test_stall_reads_its_evidence(evidence: dict[str, object], cause_has: str) -> None:
+    stall = alert("stall", Severity.CRITICAL, 40, metric="silence_s", evidence=evidence)
+    reading = diagnose(incident_of(stall), {})
+    assert cause_has in reading.cause
+    assert reading.inspect_step == 40
