@@ -10,7 +10,7 @@ module defines a config model (a ``RuleConfig`` subclass, which becomes the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -91,6 +91,29 @@ class BaseDetector:
         from sentinel.facts import RunFacts
 
         self.facts = RunFacts()
+
+    def sample_alert(
+        self,
+        sample: Sample,
+        severity: Severity,
+        message: str,
+        time: float,
+        source: str,
+        **fields: Any,
+    ) -> Alert:
+        """An alert of this rule about ``sample``: its step, metric and value; ``fields``
+        (``onset_step``, ``resolves``, ``details``) for the rest."""
+        return Alert(
+            rule=self.rule,
+            severity=severity,
+            message=message,
+            time=time,
+            source=source,
+            step=sample.step,
+            metric=sample.name,
+            value=sample.value,
+            **fields,
+        )
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         return []

@@ -324,14 +324,4 @@ class GpuHealthDetector(BaseDetector):
         now: float,
         **details: Any,
     ) -> Alert:
-        return Alert(
-            rule=self.rule,
-            severity=severity,
-            message=message,
-            time=now,
-            source=source,
-            step=sample.step,
-            metric=sample.name,
-            value=sample.value,
-            details=details,
-        )
+        return self.sample_alert(sample, severity, message, now, source, details=details)

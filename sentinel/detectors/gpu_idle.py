@@ -6,6 +6,7 @@ import math
 
 from pydantic import Field
 
+from sentinel.cost import format_money
 from sentinel.detectors import BaseDetector, RuleConfig
 from sentinel.records import Alert, Sample, Severity
 from sentinel.sources import GPU_JOB, GPU_UTIL
@@ -115,7 +116,11 @@ class GpuIdleDetector(BaseDetector):
         gpu_hours = wasted_s / 3600
         price = self.facts.price_per_gpu_hour
         money = None if price is None else gpu_hours * price
-        words = f"{gpu_hours:.2f} GPU-hours wasted" if money is None else f"${money:.2f} wasted"
+        words = (
+            f"{gpu_hours:.2f} GPU-hours wasted"
+            if money is None
+            else f"{format_money(money)} wasted"
+        )
         return {"gpu_hours": gpu_hours, "money": money}, words
 
     def _alert(self, sample: Sample, source: str, now: float) -> Alert:
@@ -130,7 +135,7 @@ class GpuIdleDetector(BaseDetector):
             f" while the job runs ({', '.join(flagged)}): {words} so far"
         )
         if price is not None:
-            message += f" (at ${price:.2f}/GPU-hour)"
+            message += f" (at {format_money(price)}/GPU-hour)"
         return Alert(
             rule=self.rule,
             severity=self.settings.severity,

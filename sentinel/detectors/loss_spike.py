@@ -246,15 +246,12 @@ class LossSpikeDetector(BaseDetector):
         *,
         resolves: bool = False,
     ) -> Alert:
-        return Alert(
-            rule=self.rule,
-            severity=severity,
-            message=message,
-            time=time,
-            source=source,
-            step=sample.step,
-            metric=sample.name,
-            value=sample.value,
+        return self.sample_alert(
+            sample,
+            severity,
+            message,
+            time,
+            source,
             onset_step=self._onset_step,
             resolves=resolves,
             details=details,
