@@ -8,6 +8,12 @@ across restarts. Delivery is at least once: a row is marked delivered right
 after apprise reports success, and (key, target) is unique, so re-enqueuing the
 same alert after a restart adds nothing.
 
+A target that answers 429 or 5xx with ``Retry-After`` is not tried again for
+that message before the time it names (capped at ``retry_max_s``, never sooner
+than the normal backoff); the row waits in the outbox, so the worker goes on
+with other messages and targets. apprise hides HTTP answers, so the header is
+read by a ``requests`` response hook (see ``sentinel.actions.retry_after``).
+
 Target URLs carry secrets. The DB stores only a hash and a masked form of each;
 logs and stored errors only ever show masked URLs.
 """
@@ -29,13 +35,14 @@ from urllib.parse import parse_qsl, quote, urlsplit
 import apprise
 from tenacity import (
     Retrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     stop_when_event_set,
     wait_exponential,
     wait_random,
 )
 
+from sentinel.actions.retry_after import observe_responses
 from sentinel.records import Severity
 from sentinel.state import StateStore
 
@@ -74,7 +81,19 @@ _MASK = "****"
 
 
 class DeliveryError(Exception):
-    """A delivery attempt failed; the message is safe to log (URLs masked)."""
+    """A delivery attempt failed; the message is safe to log (URLs masked).
+
+    ``retry_at`` (epoch seconds) is when the target asked to be tried again, if it did.
+    """
+
+    def __init__(self, message: str, retry_at: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at
+
+
+def _retry_now(exc: BaseException) -> bool:
+    """Retry in process unless the target asked to wait: that wait is the outbox's job."""
+    return isinstance(exc, DeliveryError) and exc.retry_at is None
 
 
 @dataclass(frozen=True)
@@ -203,7 +222,7 @@ def send_apprise(target: str, message: Message, timeout_s: float) -> None:
     notifier.add(plugin)
     body = json.dumps(message.alert) if _scheme(target) in _JSON_SCHEMES else message.body
     capture = apprise.LogCapture(level=logging.WARNING, fmt="%(message)s")  # type: ignore[no-untyped-call]
-    with capture as captured:
+    with capture as captured, observe_responses() as answers:
         try:
             result = notifier.notify(
                 body=body, title=message.title, notify_type=_NOTIFY_TYPES[message.severity]
@@ -215,7 +234,8 @@ def send_apprise(target: str, message: Message, timeout_s: float) -> None:
             lines = [e.message for e in result.logs() if e.level in ("WARNING", "ERROR")]
         else:
             lines = captured.getvalue().splitlines()
-        raise DeliveryError(scrub(" ".join(lines) or "apprise reported failure", target))
+        error = scrub(" ".join(lines) or "apprise reported failure", target)
+        raise DeliveryError(error, retry_at=answers.retry_at)
 
 
 def _target_hash(url: str) -> str:
@@ -407,7 +427,7 @@ class Notifier:
         retrying = Retrying(
             stop=stop_after_attempt(self._tries) | stop_when_event_set(self._stopping),
             wait=self._try_wait,
-            retry=retry_if_exception_type(DeliveryError),
+            retry=retry_if_exception(_retry_now),
             sleep=self._pause,
             reraise=True,
         )
@@ -417,6 +437,8 @@ class Notifier:
             error = scrub(str(exc), delivery.target)
             delay = backoff_s(delivery.attempts + 1, self._retry_initial_s, self._retry_max_s)
             now = time.time()
+            if isinstance(exc, DeliveryError) and exc.retry_at is not None:
+                delay = min(self._retry_max_s, max(delay, exc.retry_at - now))
             self._outbox.mark_failed(delivery.id, error, now + delay)
             self._set_status(masked, last_failure=now, last_error=error)
             logger.warning(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email
 import email.policy
+import email.utils
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
+from sentinel.actions import retry_after
 from sentinel.actions.notify import (
     Message,
     Notifier,
@@ -426,3 +428,126 @@ def test_backoff_grows_and_is_capped() -> None:
     assert 0.5 <= backoff_s(1, 1.0, 300.0) <= 1.0
     assert 4.0 <= backoff_s(4, 1.0, 300.0) <= 8.0
     assert 150.0 <= backoff_s(50, 1.0, 300.0) <= 300.0
+
+
+# A retry cap well above the Retry-After values below, so only the header sets the wait.
+PATIENT: dict[str, Any] = {**FAST, "retry_max_s": 30.0}
+
+
+def attempts_made(store: StateStore) -> list[int]:
+    with sqlite3.connect(store.path) as db:
+        return [row[0] for row in db.execute("SELECT attempts FROM notify_outbox ORDER BY id")]
+
+
+@pytest.mark.parametrize("status", [429, 503], ids=["429", "503"])
+def test_retry_after_seconds_delays_the_next_attempt(
+    store: StateStore, hook: WebhookReceiver, status: int
+) -> None:
+    hook.respond(status, headers={"Retry-After": "1"})
+    outbox = Outbox(store, [hook.url])
+    notifier = Notifier(outbox, **PATIENT)
+    notifier.start()
+    notifier.notify(make_message())
+    hook.wait_for(1)
+    notifier.stop()
+    refused, accepted = hook.requests
+    assert [refused.status, accepted.status] == [status, 200]
+    assert accepted.received_at - refused.received_at >= 1.0
+    assert len(hook.accepted) == 1
+    assert outbox.pending_count() == 0
+
+
+def test_retry_after_http_date_delays_the_next_attempt(
+    store: StateStore, hook: WebhookReceiver
+) -> None:
+    not_before = email.utils.formatdate(time.time() + 2, usegmt=True)
+    hook.respond(429, headers={"Retry-After": not_before})
+    outbox = Outbox(store, [hook.url])
+    notifier = Notifier(outbox, **PATIENT)
+    notifier.start()
+    notifier.notify(make_message())
+    hook.wait_for(1)
+    notifier.stop()
+    refused, accepted = hook.requests
+    assert refused.status == 429
+    assert accepted.received_at >= email.utils.parsedate_to_datetime(not_before).timestamp()
+    assert len(hook.accepted) == 1
+
+
+@pytest.mark.parametrize(
+    "headers", [{}, {"Retry-After": "soon"}], ids=["no-header", "unparsable-header"]
+)
+def test_503_without_usable_retry_after_retries_with_normal_backoff(
+    store: StateStore, hook: WebhookReceiver, headers: dict[str, str]
+) -> None:
+    hook.respond(503, headers=headers)
+    outbox = Outbox(store, [hook.url])
+    notifier = Notifier(outbox, **PATIENT)
+    notifier.start()
+    notifier.notify(make_message())
+    hook.wait_for(1)
+    notifier.stop()
+    assert [r.status for r in hook.requests] == [503, 200]
+    # Retried by the in-process tries, not deferred to a later outbox round.
+    assert attempts_made(store) == [1]
+
+
+def test_huge_retry_after_is_capped_at_retry_max(store: StateStore, hook: WebhookReceiver) -> None:
+    hook.respond(429, headers={"Retry-After": "3600"})
+    outbox = Outbox(store, [hook.url])
+    notifier = Notifier(outbox, **{**FAST, "retry_max_s": 0.5})
+    notifier.start()
+    notifier.notify(make_message())
+    hook.wait_for(1)
+    notifier.stop()
+    refused, accepted = hook.requests
+    assert refused.status == 429
+    # It waited the cap (far above FAST's backoff), not the hour asked for.
+    assert accepted.received_at - refused.received_at >= 0.5
+    assert attempts_made(store) == [2]
+
+
+def test_retry_after_blocks_neither_other_messages_nor_other_targets(store: StateStore) -> None:
+    with WebhookReceiver() as limited, WebhookReceiver() as other:
+        limited.respond(429, headers={"Retry-After": "60"})
+        outbox = Outbox(store, [limited.url, other.url])
+        notifier = Notifier(outbox, **{**FAST, "retry_max_s": 60.0})
+        notifier.start()
+        notifier.notify(make_message("inc-1:opened"))
+        other.wait_for(1)
+        eventually(lambda: notifier.results()[limited.url].last_failure is not None)
+        notifier.notify(make_message("inc-2:opened"))
+        limited.wait_for(1)
+        other.wait_for(2)
+        notifier.stop()
+    delivered = [json.loads(r.json["message"])["message"] for r in limited.accepted]
+    assert delivered == ["loss is NaN (inc-2:opened)"]
+    assert [r.status for r in limited.requests] == [429, 200]
+    assert outbox.pending_count() == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2", 1_000_002.0),
+        (" 7 ", 1_000_007.0),
+        ("1.5", 1_000_001.5),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 1_445_412_480.0),
+        ("Wed, 21 Oct 2015 07:28:00 -0000", 1_445_412_480.0),
+        ("soon", None),
+        ("-1", None),
+        ("", None),
+    ],
+    ids=[
+        "seconds",
+        "padded",
+        "fraction",
+        "http-date",
+        "http-date-no-zone",
+        "word",
+        "negative",
+        "empty",
+    ],
+)
+def test_retry_at_parses_retry_after(value: str, expected: float | None) -> None:
+    assert retry_after.retry_at(value, now=1_000_000.0) == expected

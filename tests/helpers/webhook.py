@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,13 +26,14 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ReceivedRequest:
-    """One POST as it arrived, and the status it was answered with."""
+    """One POST as it arrived, when (epoch seconds), and the status it was answered with."""
 
     path: str
     headers: dict[str, str]
     body: bytes
     json: Any
     status: int
+    received_at: float
 
     @property
     def accepted(self) -> bool:
@@ -160,7 +162,9 @@ class WebhookReceiver:
         with self._condition:
             status, headers = self._planned.popleft() if self._planned else (200, {})
             self.requests.append(
-                ReceivedRequest(handler.path, dict(handler.headers.items()), body, parsed, status)
+                ReceivedRequest(
+                    handler.path, dict(handler.headers.items()), body, parsed, status, time.time()
+                )
             )
             self._condition.notify_all()
         return status, headers, self.delay_s
