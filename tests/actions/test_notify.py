@@ -439,17 +439,23 @@ def attempts_made(store: StateStore) -> list[int]:
         return [row[0] for row in db.execute("SELECT attempts FROM notify_outbox ORDER BY id")]
 
 
+def send_one(store: StateStore, hook: WebhookReceiver, **options: float) -> Outbox:
+    """Deliver one message to ``hook`` through a started notifier; return once accepted."""
+    outbox = Outbox(store, [hook.url])
+    notifier = Notifier(outbox, **options)
+    notifier.start()
+    notifier.notify(make_message())
+    hook.wait_for(1)
+    notifier.stop()
+    return outbox
+
+
 @pytest.mark.parametrize("status", [429, 503], ids=["429", "503"])
 def test_retry_after_seconds_delays_the_next_attempt(
     store: StateStore, hook: WebhookReceiver, status: int
 ) -> None:
     hook.respond(status, headers={"Retry-After": "1"})
-    outbox = Outbox(store, [hook.url])
-    notifier = Notifier(outbox, **PATIENT)
-    notifier.start()
-    notifier.notify(make_message())
-    hook.wait_for(1)
-    notifier.stop()
+    outbox = send_one(store, hook, **PATIENT)
     refused, accepted = hook.requests
     assert [refused.status, accepted.status] == [status, 200]
     assert accepted.received_at - refused.received_at >= 1.0
@@ -462,12 +468,7 @@ def test_retry_after_http_date_delays_the_next_attempt(
 ) -> None:
     not_before = email.utils.formatdate(time.time() + 2, usegmt=True)
     hook.respond(429, headers={"Retry-After": not_before})
-    outbox = Outbox(store, [hook.url])
-    notifier = Notifier(outbox, **PATIENT)
-    notifier.start()
-    notifier.notify(make_message())
-    hook.wait_for(1)
-    notifier.stop()
+    send_one(store, hook, **PATIENT)
     refused, accepted = hook.requests
     assert refused.status == 429
     assert accepted.received_at >= email.utils.parsedate_to_datetime(not_before).timestamp()
@@ -481,12 +482,7 @@ def test_503_without_usable_retry_after_retries_with_normal_backoff(
     store: StateStore, hook: WebhookReceiver, headers: dict[str, str]
 ) -> None:
     hook.respond(503, headers=headers)
-    outbox = Outbox(store, [hook.url])
-    notifier = Notifier(outbox, **PATIENT)
-    notifier.start()
-    notifier.notify(make_message())
-    hook.wait_for(1)
-    notifier.stop()
+    send_one(store, hook, **PATIENT)
     assert [r.status for r in hook.requests] == [503, 200]
     # Retried by the in-process tries, not deferred to a later outbox round.
     assert attempts_made(store) == [1]
@@ -494,12 +490,7 @@ def test_503_without_usable_retry_after_retries_with_normal_backoff(
 
 def test_huge_retry_after_is_capped_at_retry_max(store: StateStore, hook: WebhookReceiver) -> None:
     hook.respond(429, headers={"Retry-After": "3600"})
-    outbox = Outbox(store, [hook.url])
-    notifier = Notifier(outbox, **{**FAST, "retry_max_s": 0.5})
-    notifier.start()
-    notifier.notify(make_message())
-    hook.wait_for(1)
-    notifier.stop()
+    send_one(store, hook, **{**FAST, "retry_max_s": 0.5})
     refused, accepted = hook.requests
     assert refused.status == 429
     # It waited the cap (far above FAST's backoff), not the hour asked for.
