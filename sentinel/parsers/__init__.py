@@ -222,33 +222,42 @@ class LineParser:
             if found is not None:
                 return found
         if "\r" not in text:
+            return self._counted(self._parse_segment, text) or []
+        samples: list[Sample] = []
+        garbled = False
+        for segment in text.split("\r"):
             try:
-                samples = self._parse_segment(text)
+                samples.extend(self._parse_segment(segment))
             except Garbled:
-                stats.garbled += 1
-                return []
+                garbled = True
             except Exception:
-                self._bug(text)
+                self._bug(segment)
                 return []
-        else:
-            samples = []
-            garbled = False
-            for segment in text.split("\r"):
-                try:
-                    samples.extend(self._parse_segment(segment))
-                except Garbled:
-                    garbled = True
-                except Exception:
-                    self._bug(segment)
-                    return []
-            if garbled:
-                stats.garbled += 1
-                return samples
-        if samples:
+        if garbled:
+            stats.garbled += 1
+        elif samples:
             stats.parsed += 1
         else:
             stats.unparsed += 1
         return samples
+
+    def _counted(self, parse: ParseFn, text: str) -> list[Sample] | None:
+        """``parse(text)``, counted in the stats: a garbled line or a parser's bug gives
+        an empty list; None (the parser declines the line) is passed on uncounted."""
+        stats = self.stats
+        try:
+            found = parse(text)
+        except Garbled:
+            stats.garbled += 1
+            return []
+        except Exception:
+            self._bug(text)
+            return []
+        if found:
+            stats.parsed += 1
+        elif found is not None:
+            stats.unparsed += 1
+        return found
 
     def _parse_brace(self, text: str) -> list[Sample] | None:
         """Fast path for a line that starts with ``{``: a JSON object or an HF dict, the
@@ -276,37 +285,12 @@ class LineParser:
         # An HF dict is what parse_jsonl would hand on to parse_hf_dict anyway.
         parse = hf_trainer.parse_hf_dict if text[1:2] == "'" else self._brace
         assert parse is not None
-        try:
-            found = parse(text)
-        except Garbled:
-            stats.garbled += 1
-            return []
-        except Exception:
-            self._bug(text)
-            return []
-        if found:
-            stats.parsed += 1
-        elif found is not None:
-            stats.unparsed += 1
-        return found
+        return self._counted(parse, text)
 
     def parse_with(self, reader: FileReader, text: str) -> list[Sample]:
         """One line of a structured file, read by its file's own reader; counted like ``parse``."""
-        stats = self.stats
-        stats.lines += 1
-        try:
-            samples = reader.parse(text)
-        except Garbled:
-            stats.garbled += 1
-            return []
-        except Exception:
-            self._bug(text)
-            return []
-        if samples:
-            stats.parsed += 1
-            return samples
-        stats.unparsed += 1
-        return []
+        self.stats.lines += 1
+        return self._counted(reader.parse, text) or []
 
     def _parse_segment(self, text: str) -> list[Sample]:
         """One ``\\r``-free piece of a line; raises ``Garbled``."""
