@@ -136,15 +136,12 @@ class GpuIdleDetector(BaseDetector):
         )
         if price is not None:
             message += f" (at {format_money(price)}/GPU-hour)"
-        return Alert(
-            rule=self.rule,
-            severity=self.settings.severity,
-            message=message,
-            time=now,
-            source=source,
-            step=sample.step,
-            metric=sample.name,
-            value=sample.value,
+        return self.sample_alert(
+            sample,
+            self.settings.severity,
+            message,
+            now,
+            source,
             details={
                 "onset_time": onset,
                 "idle_gpus": flagged,
