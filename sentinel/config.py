@@ -71,6 +71,10 @@ class JobConfig(_Model):
     min_uptime_s: float = Field(default=10.0, ge=0)
     #: Set PYTHONUNBUFFERED=1 for the job, so its printed metrics arrive as written.
     unbuffered: bool = True
+    #: A link to the run's dashboard put in every message, e.g.
+    #: ``https://wandb.ai/acme/llm/runs/{env[WANDB_RUN_ID]}``; ``{job}``, ``{host}``,
+    #: ``{run_id}`` (sentinel's) and ``{env[NAME]}`` are substituted.
+    dashboard_url: str = ""
 
 
 class TrainingConfig(_Model):
@@ -161,27 +165,75 @@ class ParserConfig(_Model):
         return patterns
 
 
+def _accepted_url(url: SecretStr) -> SecretStr:
+    """An apprise URL apprise accepts; the error shows it masked."""
+    from sentinel.actions.notify import mask_url, validate_url
+
+    problem = validate_url(url.get_secret_value())
+    if problem:
+        raise ValueError(f"{mask_url(url.get_secret_value())}: {problem}")
+    return url
+
+
+class NotifyTarget(_Model):
+    """``[[notify.targets]]``: one apprise URL with its own route."""
+
+    url: SecretStr
+    #: Shown instead of the masked URL in ``sentinel status`` and the logs.
+    name: str = ""
+    #: The least severe alert this target gets; unset: ``[notify] min_severity``.
+    min_severity: Severity | None = None
+    #: Only incidents of these rules reach this target; empty: every rule.
+    rules: list[str] = Field(default_factory=list)
+
+    _accepted = field_validator("url")(_accepted_url)
+
+    @field_validator("rules")
+    @classmethod
+    def _known_rules(cls, rules: list[str]) -> list[str]:
+        unknown = sorted(set(rules) - set(DETECTORS))
+        if unknown:
+            raise ValueError(f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(DETECTORS)}")
+        return rules
+
+
 class NotifyConfig(_Model):
-    """``[notify]``: where alerts go."""
+    """``[notify]``: where alerts go, and how often people hear of them."""
 
     #: Apprise URLs (https://github.com/caronc/apprise/wiki); they hold tokens and are never logged.
+    #: Each gets every incident at ``min_severity`` or worse.
     urls: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    #: Targets with routes of their own (severity, rules), beside ``urls``.
+    targets: list[NotifyTarget] = Field(default_factory=list)
     min_severity: Severity = Severity.WARNING
     timeout_s: float = Field(default=10.0, gt=0)
     retry_max_s: float = Field(default=300.0, gt=0)
+    #: Notices raised within this many seconds of the first go out as one message
+    #: (a NaN, the grad-norm run before it and the rollback that followed).
+    group_wait_s: float = Field(default=30.0, ge=0)
+    #: An incident still open and critical is announced again this often (Alertmanager: 4 h).
+    repeat_interval_s: float = Field(default=4 * 3600.0, gt=0)
+    #: Send a message when an announced incident resolves.
+    send_resolved: bool = True
+    #: At most this many messages per target per ``rate_window_s``; the rest are folded
+    #: into one digest (every alert stays in the journal).
+    rate_limit: int = Field(default=20, ge=1)
+    rate_window_s: float = Field(default=3600.0, gt=0)
+    #: A rule whose incidents open this many times within ``flap_window_s`` is flapping:
+    #: one message says so, and its opens and resolves are held until it settles.
+    flap_threshold: int = Field(default=3, ge=2)
+    flap_window_s: float = Field(default=3600.0, gt=0)
+    #: A URL pinged every ``heartbeat_interval_s`` while sentinel is healthy (a dead-man
+    #: switch such as healthchecks.io), so silence from sentinel itself is noticed.
+    heartbeat_url: SecretStr | None = None
+    heartbeat_interval_s: float = Field(default=300.0, gt=0)
 
     _split = field_validator("urls", mode="before")(_split_urls)
 
     @field_validator("urls")
     @classmethod
     def _apprise_accepts(cls, urls: list[SecretStr]) -> list[SecretStr]:
-        from sentinel.actions.notify import mask_url, validate_url
-
-        for url in urls:
-            problem = validate_url(url.get_secret_value())
-            if problem:
-                raise ValueError(f"{mask_url(url.get_secret_value())}: {problem}")
-        return urls
+        return [_accepted_url(url) for url in urls]
 
 
 _RULE_FIELDS: dict[str, Any] = {
@@ -201,6 +253,9 @@ class Settings(BaseSettings):
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid"
     )
 
+    #: A directory of secret files (a Kubernetes or Docker secret mount): a file named
+    #: like a setting's environment variable (``SENTINEL_NOTIFY__URLS``) holds its value.
+    secrets_dir: Path | None = None
     #: Files to follow, by path or glob; they need not exist yet.
     logs: Annotated[list[str], NoDecode] = Field(default_factory=list)
     #: The job's checkpoint directory (rollback quarantines in here).
