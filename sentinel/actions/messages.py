@@ -10,11 +10,17 @@ the body, and a JSON webhook the alert schema.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from sentinel.records import Severity
+import apprise
+
+from sentinel.actions.report import clock, render_markdown
+from sentinel.cost import IncidentCost
+from sentinel.incidents import Incident
+from sentinel.records import Alert, Sample, Severity
 
 
 class NoticeKind(StrEnum):
@@ -180,3 +186,56 @@ def render(envelope: Envelope, style: Style) -> Rendered:
         lines.append(f"dashboard: {job.dashboard_url}")
     lines.append(f"message: {envelope.key}")
     return Rendered(title=title, body="\n".join(lines), style=style)
+
+
+def incident_notice(
+    kind: NoticeKind,
+    incident: Incident,
+    alert: Alert,
+    *,
+    recent: Mapping[str, Sequence[Sample]],
+    cost: IncidentCost | None = None,
+) -> Notice:
+    """A notice about ``incident`` now, with its diagnosis, actions so far and report."""
+    diagnosis = incident.diagnosis
+    return Notice(
+        kind=kind,
+        incident_id=incident.id,
+        rule=incident.rule,
+        severity=incident.severity,
+        alert=alert.to_json(),
+        time=alert.time,
+        diagnosis=tuple(line for line in diagnosis.lines() if line != diagnosis.sparkline)
+        if diagnosis is not None
+        else (),
+        sparkline=diagnosis.sparkline if diagnosis is not None else "",
+        actions=tuple(f"{clock(at)} {text}" for at, text in incident.actions),
+        report=render_markdown(incident, recent, cost=cost),
+    )
+
+
+_NOTIFY_TYPES = {
+    Severity.CRITICAL: apprise.NotifyType.FAILURE,
+    Severity.WARNING: apprise.NotifyType.WARNING,
+    Severity.INFO: apprise.NotifyType.INFO,
+}
+_BODY_FORMATS = {
+    "text": apprise.NotifyFormat.TEXT,
+    "markdown": apprise.NotifyFormat.MARKDOWN,
+    "slack": apprise.NotifyFormat.MARKDOWN,
+    "json": apprise.NotifyFormat.TEXT,
+}
+
+
+def apprise_call(target_url: str, envelope: Envelope) -> tuple[str, dict[str, Any]]:
+    """The URL to instantiate for ``target_url`` and the keyword arguments of ``notify``."""
+    rendered = render(envelope, style_for(target_url))
+    notify_type = _NOTIFY_TYPES[envelope.severity]
+    if all(notice.kind is NoticeKind.RESOLVED for notice in envelope.notices):
+        notify_type = apprise.NotifyType.SUCCESS
+    return target_url, {
+        "title": rendered.title,
+        "body": rendered.body,
+        "body_format": _BODY_FORMATS[rendered.style],
+        "notify_type": notify_type,
+    }

@@ -42,6 +42,7 @@ from tenacity import (
     wait_random,
 )
 
+from sentinel import secrets
 from sentinel.actions.retry_after import observe_responses
 from sentinel.records import Severity
 from sentinel.state import StateStore
@@ -195,22 +196,6 @@ def validate_url(url: str) -> str | None:
     return None
 
 
-_known_secrets: list[str] = []
-
-
-def _mask_apprise_record(record: logging.LogRecord) -> bool:
-    """Mask the targets' secrets in apprise's own records (it logs webhook URLs at DEBUG)."""
-    if _known_secrets:
-        text = record.getMessage()
-        for secret in _known_secrets:
-            text = text.replace(secret, _MASK)
-        record.msg, record.args = text, None
-    return True
-
-
-logging.getLogger("apprise").addFilter(_mask_apprise_record)
-
-
 def send_apprise(target: str, message: Message, timeout_s: float) -> None:
     """Send ``message`` to one apprise URL; raise DeliveryError on failure."""
     plugin = _instantiate(target)
@@ -249,8 +234,8 @@ class Outbox:
         self._store = store
         self._targets = {_target_hash(url): url for url in targets}
         self.masked = {url: mask_url(url) for url in targets}
-        found = set(_known_secrets).union(*(_secrets(url) for url in targets))
-        _known_secrets[:] = sorted(found, key=len, reverse=True)
+        for url in targets:
+            secrets.register(_secrets(url))
         store.executescript(_SCHEMA)
 
     @property
