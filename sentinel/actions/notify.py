@@ -43,6 +43,7 @@ from tenacity import (
 )
 
 from sentinel import secrets
+from sentinel.actions.messages import Envelope, apprise_call
 from sentinel.actions.retry_after import observe_responses
 from sentinel.records import Severity
 from sentinel.state import StateStore
@@ -198,20 +199,34 @@ def validate_url(url: str) -> str | None:
 
 def send_apprise(target: str, message: Message, timeout_s: float) -> None:
     """Send ``message`` to one apprise URL; raise DeliveryError on failure."""
-    plugin = _instantiate(target)
+    body = json.dumps(message.alert) if _scheme(target) in _JSON_SCHEMES else message.body
+    _notify(
+        target,
+        target,
+        {"body": body, "title": message.title, "notify_type": _NOTIFY_TYPES[message.severity]},
+        timeout_s,
+    )
+
+
+def send_envelope(target: str, envelope: Envelope, timeout_s: float) -> None:
+    """Send ``envelope`` to one apprise URL, rendered for its kind; raise DeliveryError."""
+    url, arguments = apprise_call(target, envelope)
+    _notify(target, url, arguments, timeout_s)
+
+
+def _notify(target: str, url: str, arguments: dict[str, Any], timeout_s: float) -> None:
+    """One ``Apprise.notify`` to ``url`` (made from ``target``); errors name ``target`` masked."""
+    plugin = _instantiate(url)
     if plugin is None:
         raise DeliveryError(f"unsupported or malformed notification URL {mask_url(target)}")
     plugin.socket_connect_timeout = timeout_s
     plugin.socket_read_timeout = timeout_s
     notifier = apprise.Apprise()
     notifier.add(plugin)
-    body = json.dumps(message.alert) if _scheme(target) in _JSON_SCHEMES else message.body
     capture = apprise.LogCapture(level=logging.WARNING, fmt="%(message)s")  # type: ignore[no-untyped-call]
     with capture as captured, observe_responses() as answers:
         try:
-            result = notifier.notify(
-                body=body, title=message.title, notify_type=_NOTIFY_TYPES[message.severity]
-            )
+            result = notifier.notify(**arguments)
         except Exception as exc:  # a plugin bug must fail this row, not the worker
             raise DeliveryError(scrub(f"{type(exc).__name__}: {exc}", target)) from None
     if not result:
