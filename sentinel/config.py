@@ -8,18 +8,27 @@ anything starts, and every error names the key and where its value came from.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic import create_model as _create_model
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    SettingsConfigDict,
+    SettingsError,
+)
 
+from sentinel import secrets
 from sentinel.detectors import DETECTORS, RuleConfig
 from sentinel.records import Severity
 
@@ -301,7 +310,20 @@ class _Layer:
     """One source of values and how to name it in an error."""
 
     values: dict[str, Any]
-    describe: Any  # Callable[[tuple[str | int, ...]], str]
+    describe: Callable[[tuple[str | int, ...]], str]
+
+
+def _named_by(names: Mapping[tuple[str, ...], str], fallback: str) -> Any:
+    """Describe a key by the variable or file that set it: the longest prefix of its path."""
+
+    def describe(loc: tuple[str | int, ...]) -> str:
+        parts = tuple(str(part).lower() for part in loc)
+        for end in range(len(parts), 0, -1):
+            if parts[:end] in names:
+                return names[parts[:end]]
+        return fallback
+
+    return describe
 
 
 def load_settings(
@@ -310,12 +332,19 @@ def load_settings(
     cli: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Validate file, environment and CLI values into one ``Settings``; raise ``ConfigError``."""
+    """Validate file, secrets dir, environment and CLI values into one ``Settings``.
+
+    Raises ``ConfigError``. Every URL the settings hold is registered with
+    ``sentinel.secrets``, so its tokens are masked wherever sentinel writes.
+    """
     environ = os.environ if environ is None else environ
     if config_file is None and environ.get("SENTINEL_CONFIG"):
         config_file = Path(environ["SENTINEL_CONFIG"])
     file_values = _read_file(config_file) if config_file is not None else {}
-    env_values = _read_env(environ)
+    settings_env = {key: value for key, value in environ.items() if _is_setting(key)}
+    env_values, env_names = _read_env_like(settings_env, {key: key for key in settings_env})
+    secrets_dir = _secrets_dir(env_values, env_names, file_values, config_file)
+    secret_values, secret_names = _read_secrets_dir(secrets_dir) if secrets_dir else ({}, {})
     cli_values: dict[str, Any] = {}
     for dest, value in (cli or {}).items():
         if value is None or value == [] or value is False:
@@ -324,16 +353,48 @@ def load_settings(
 
     layers = [
         _Layer(cli_values, lambda loc: f"--{str(_flag_for(loc)).replace('_', '-')}"),
-        _Layer(env_values, lambda loc: ENV_PREFIX + "__".join(str(p) for p in loc).upper()),
+        _Layer(env_values, _named_by(env_names, "the environment")),
+        _Layer(secret_values, _named_by(secret_names, str(secrets_dir))),
         _Layer(file_values, lambda loc: str(config_file)),
     ]
     merged: dict[str, Any] = {}
     for layer in reversed(layers):
         _deep_merge(merged, layer.values)
     try:
-        return Settings.model_validate(merged)
+        settings = Settings.model_validate(merged)
     except ValidationError as error:
         raise ConfigError([_describe(problem, layers) for problem in error.errors()]) from None
+    heartbeat = settings.notify.heartbeat_url
+    if heartbeat is not None and urlsplit(heartbeat.get_secret_value()).scheme not in _HTTP:
+        loc = ("notify", "heartbeat_url")
+        raise ConfigError([_where(loc, layers) + ": must be an http:// or https:// URL"])
+    register_secrets(settings)
+    return settings
+
+
+_HTTP = ("http", "https")
+
+
+def register_secrets(settings: Settings) -> None:
+    """Register the secret fragments of every URL in ``settings`` with ``sentinel.secrets``."""
+    notify = settings.notify
+    urls = [url.get_secret_value() for url in notify.urls]
+    urls += [target.url.get_secret_value() for target in notify.targets]
+    if urls:
+        from sentinel.actions.notify import _secrets
+
+        for url in urls:
+            secrets.register(_secrets(url))
+    if notify.heartbeat_url is not None:
+        from sentinel.actions.heartbeat import heartbeat_secrets
+
+        secrets.register(heartbeat_secrets(notify.heartbeat_url.get_secret_value()))
+
+
+def _is_setting(name: str) -> bool:
+    """Whether an environment variable or secret file name is meant as a setting."""
+    upper = name.upper()
+    return upper.startswith(ENV_PREFIX) and upper not in RESTART_ENV
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -372,21 +433,99 @@ def _load_yaml(path: Path, text: str) -> Any:
         raise ValueError(str(error)) from None
 
 
-def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
+def _read_env_like(
+    values: Mapping[str, str], where: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """Settings from ``SENTINEL_*`` names (variables or secret files) and the path each sets.
+
+    ``values`` holds only names meant as settings; ``where`` names, for an error,
+    where each came from (the variable itself, or its secret file).
+    """
+    names = {_path_of(name): where[name] for name in values}
+    try:
+        parsed = _parse_env(values)
+    except SettingsError:
+        # One name's value is not valid JSON (a list or table): find which, without its value.
+        problems = []
+        for name, value in values.items():
+            try:
+                _parse_env({name: value})
+            except SettingsError as error:
+                cause = error.__cause__
+                reason = cause.msg if isinstance(cause, json.JSONDecodeError) else "unparsable"
+                key = _dotted(_path_of(name))
+                problems.append(f"{key} (from {where[name]}): not valid JSON: {reason}")
+        raise ConfigError(problems or ["a setting's value is not valid JSON"]) from None
+    known = {name.lower() for name in Settings.model_fields} | {"config"}
+    for name, value in values.items():
+        top = _path_of(name)[0]
+        if top not in known:
+            parsed.setdefault(top, value)  # rejected by extra="forbid", named by _describe
+    return parsed, names
+
+
+def _path_of(name: str) -> tuple[str, ...]:
+    """``SENTINEL_NOTIFY__URLS`` -> ``("notify", "urls")``."""
+    return tuple(name[len(ENV_PREFIX) :].lower().split("__"))
+
+
+def _parse_env(values: Mapping[str, str]) -> dict[str, Any]:
     source = EnvSettingsSource(
         Settings, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False
     )
-    source.env_vars = {key.lower(): value for key, value in environ.items()}
-    values: dict[str, Any] = source()
-    known = {name.lower() for name in Settings.model_fields} | {"config"}
-    for key in environ:
-        upper = key.upper()
-        if not upper.startswith(ENV_PREFIX) or upper in RESTART_ENV:
+    source.env_vars = {key.lower(): value for key, value in values.items()}
+    parsed: dict[str, Any] = source()
+    return parsed
+
+
+def _secrets_dir(
+    env_values: Mapping[str, Any],
+    env_names: Mapping[tuple[str, ...], str],
+    file_values: Mapping[str, Any],
+    config_file: Path | None,
+) -> Path | None:
+    """The secrets directory named by the environment, else the config file; it must exist."""
+    if "secrets_dir" in env_values:
+        value, source = env_values["secrets_dir"], env_names[("secrets_dir",)]
+    elif "secrets_dir" in file_values:
+        value, source = file_values["secrets_dir"], str(config_file)
+    else:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError([f"secrets_dir (from {source}): must be the path of a directory"])
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        why = "is not a directory" if path.exists() else "does not exist"
+        raise ConfigError([f"secrets_dir (from {source}): {path} {why}"])
+    return path
+
+
+def _read_secrets_dir(
+    directory: Path,
+) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """Settings from a secret mount: each ``SENTINEL_*`` file holds one setting's value.
+
+    Names match case-insensitively, as environment variables would be written;
+    other files (another program's secrets) and hidden entries (Kubernetes'
+    ``..data``) are ignored. A file's content is never shown, only its path.
+    """
+    values: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for entry in sorted(directory.iterdir()):
+        if entry.name.startswith(".") or not _is_setting(entry.name) or not entry.is_file():
             continue
-        top = upper[len(ENV_PREFIX) :].split("__", 1)[0].lower()
-        if top not in known:
-            values.setdefault(top, environ[key])  # rejected by extra="forbid", named below
-    return values
+        if entry.name.upper() in ("SENTINEL_SECRETS_DIR", "SENTINEL_CONFIG"):
+            raise ConfigError(
+                [f"{entry}: {entry.name} cannot come from the secrets directory it names"]
+            )
+        try:
+            values[entry.name] = entry.read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:
+            raise ConfigError([f"{entry}: the secret file is not UTF-8 text"]) from None
+        except OSError as error:
+            raise ConfigError([f"{entry}: cannot read the secret file: {error.strerror}"]) from None
+        where[entry.name] = str(entry)
+    return _read_env_like(values, where)
 
 
 def _flag_for(loc: tuple[str | int, ...]) -> str:
@@ -398,16 +537,21 @@ def _flag_for(loc: tuple[str | int, ...]) -> str:
 
 def _describe(problem: Any, layers: list[_Layer]) -> str:
     loc: tuple[str | int, ...] = tuple(problem["loc"])
-    key = _dotted(loc)
     message = str(problem["msg"]).removeprefix("Value error, ")
     if problem["type"] == "extra_forbidden":
         message = "unknown setting" + _suggestion(loc)
+    return f"{_where(loc, layers)}: {message}"
+
+
+def _where(loc: tuple[str | int, ...], layers: list[_Layer]) -> str:
+    """The dotted key and the source of its value: ``job.max_restarts (from c.toml)``."""
+    key = _dotted(loc)
     for layer in layers:
         if _has_path(layer.values, loc):
             # A table-level error (e.g. hard <= soft) names the keys this layer set inside it.
             sources = sorted({layer.describe(leaf) for leaf in _leaves(layer.values, loc)})
-            return f"{key} (from {', '.join(sources)}): {message}"
-    return f"{key}: {message}"
+            return f"{key} (from {', '.join(sources)})"
+    return key
 
 
 def _leaves(values: Any, loc: tuple[str | int, ...]) -> list[tuple[str | int, ...]]:
@@ -477,9 +621,21 @@ def _deep_merge(into: dict[str, Any], values: Mapping[str, Any]) -> None:
 
 
 def effective_config(settings: Settings) -> dict[str, Any]:
-    """The settings as plain data with every secret masked (for ``check-config``)."""
+    """The settings as plain data with every secret masked (for ``check-config``).
+
+    URLs keep their readable parts (scheme, host, routing); every other string
+    is masked too, in case a registered secret was pasted elsewhere.
+    """
+    from sentinel.actions.heartbeat import mask_heartbeat_url
     from sentinel.actions.notify import mask_url
 
+    notify = settings.notify
     data = settings.model_dump(mode="json")
-    data["notify"]["urls"] = [mask_url(url.get_secret_value()) for url in settings.notify.urls]
-    return data
+    shown = data["notify"]
+    shown["urls"] = [mask_url(url.get_secret_value()) for url in notify.urls]
+    for target, target_data in zip(notify.targets, shown["targets"], strict=True):
+        target_data["url"] = mask_url(target.url.get_secret_value())
+    if notify.heartbeat_url is not None:
+        shown["heartbeat_url"] = mask_heartbeat_url(notify.heartbeat_url.get_secret_value())
+    masked: dict[str, Any] = secrets.mask_data(data)
+    return masked

@@ -325,6 +325,28 @@ def test_bad_apprise_url_error_masks_its_secret(tmp_path: Path) -> None:
     assert "hunter2pw" not in message
 
 
+def test_bad_json_in_env_names_the_variable_not_its_value() -> None:
+    message = problems_of(environ={"SENTINEL_NOTIFY__TARGETS": '[{"url": "json://h/Vx7q'})
+    assert "notify.targets (from SENTINEL_NOTIFY__TARGETS): not valid JSON" in message
+    assert "Vx7q" not in message
+
+
+def test_error_inside_a_json_env_value_names_the_variable_that_holds_it() -> None:
+    targets = json.dumps([{"url": JSON_URL, "min_severity": "loud"}])
+    message = problems_of(environ={"SENTINEL_NOTIFY__TARGETS": targets})
+    assert "notify.targets[0].min_severity (from SENTINEL_NOTIFY__TARGETS)" in message
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://example.com/ping", "json://127.0.0.1/hook"], ids=["ftp", "apprise-scheme"]
+)
+def test_heartbeat_url_must_be_http(tmp_path: Path, url: str) -> None:
+    config = write(tmp_path / "c.toml", f"[notify]\nheartbeat_url = '{url}'\n")
+    message = problems_of(config)
+    assert f"notify.heartbeat_url (from {config})" in message
+    assert "http" in message
+
+
 @pytest.mark.parametrize(
     ("var", "key"),
     [
@@ -424,6 +446,28 @@ def test_check_config_prints_json_with_url_masked(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert "s3cr3tpass" not in result.stdout
     assert "127.0.0.1" in data["notify"]["urls"][0]
+
+
+@pytest.mark.slow
+def test_check_config_masks_urls_from_a_secrets_dir_targets_and_heartbeat(tmp_path: Path) -> None:
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    write(secrets_dir / "SENTINEL_NOTIFY__URLS", JSON_URL)
+    targets = [{"url": SLACK_URL, "name": "oncall"}]
+    write(secrets_dir / "SENTINEL_NOTIFY__TARGETS", json.dumps(targets))
+    config = write(
+        tmp_path / "c.toml",
+        f"secrets_dir = {str(secrets_dir)!r}\n"
+        "[notify]\nheartbeat_url = 'https://hc-ping.com/1e5d0c3b-9f1a-4e2b-8c7d-6a5b4c3d2e1f'\n",
+    )
+    result = sentinel("check-config", "--config", str(config), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for secret in ("s3cr3tpass", "secrettoken123", "1e5d0c3b-9f1a-4e2b-8c7d-6a5b4c3d2e1f"):
+        assert secret not in result.stdout
+    assert data["notify"]["urls"][0].startswith("json://")
+    assert data["notify"]["targets"][0]["url"].startswith("slack://")
+    assert data["notify"]["heartbeat_url"] == "https://hc-ping.com/****"
 
 
 @pytest.mark.slow

@@ -5,6 +5,9 @@ Every alert goes to ``<state_dir>/alerts.jsonl`` as one JSON object a line
 ``<state_dir>/reports/<incident>.md`` and ``.json``: its timeline, the last
 samples before onset, what sentinel did, and the money the incident cost
 (``sentinel.cost.incident_cost``) when the owner counts it.
+
+Both go through ``sentinel.secrets``: a token quoted in an alert (the job's own
+output, an error from a webhook) is masked before it reaches the disk.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from sentinel import secrets
 from sentinel.cost import UNKNOWN_COST, IncidentCost
 from sentinel.diagnosis import sparkline
 from sentinel.incidents import Incident
@@ -38,7 +42,7 @@ class Journal:
         self._file: IO[str] = self.path.open("a", encoding="utf-8")
 
     def append(self, alert: Alert) -> None:
-        line = json.dumps(alert.to_json(), allow_nan=False) + "\n"
+        line = json.dumps(secrets.mask_data(alert.to_json()), allow_nan=False) + "\n"
         with self._lock:
             self._file.write(line)
             self._file.flush()
@@ -68,7 +72,8 @@ def write_report(
         for name, samples in recent.items()
     }
     data["cost"] = None if cost is None else cost.to_json()
-    markdown = render_markdown(incident, recent, cost=cost)
+    data = secrets.mask_data(data)
+    markdown = secrets.mask(render_markdown(incident, recent, cost=cost))
     json_path = reports / f"{incident.id}.json"
     md_path = reports / f"{incident.id}.md"
     _atomic_write(json_path, json.dumps(data, indent=2, allow_nan=False) + "\n")

@@ -1,8 +1,9 @@
 """A real HTTP webhook receiver on 127.0.0.1 for tests.
 
-It records every POST, can answer with chosen error statuses, hang before
-answering, or stop listening and start again on the same port, so "endpoint
-down, then up" is a real refused connection followed by a real server.
+It records every POST (and GET, as a heartbeat ping is), can answer with chosen
+error statuses, hang before answering, or stop listening and start again on the
+same port, so "endpoint down, then up" is a real refused connection followed by
+a real server.
 
     with WebhookReceiver() as hook:
         notifier = Notifier(Outbox(store, [hook.url]))
@@ -26,7 +27,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ReceivedRequest:
-    """One POST as it arrived, when (epoch seconds), and the status it was answered with."""
+    """One request as it arrived, when (epoch seconds), and the status it was answered with."""
 
     path: str
     headers: dict[str, str]
@@ -34,6 +35,7 @@ class ReceivedRequest:
     json: Any
     status: int
     received_at: float
+    method: str = "POST"
 
     @property
     def accepted(self) -> bool:
@@ -52,7 +54,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length)
+        self._answer(self.rfile.read(length))
+
+    def do_GET(self) -> None:
+        self._answer(b"")
+
+    def _answer(self, body: bytes) -> None:
         status, extra_headers, delay_s = self.server.receiver._record(self, body)
         if delay_s > 0:
             self.server.receiver._release.wait(delay_s)
@@ -67,7 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class WebhookReceiver:
-    """An HTTP server on a fixed free port of 127.0.0.1 that records POSTs."""
+    """An HTTP server on a fixed free port of 127.0.0.1 that records POSTs and GETs."""
 
     def __init__(self, *, listening: bool = True) -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -89,6 +96,10 @@ class WebhookReceiver:
     def url(self) -> str:
         """The apprise URL of this receiver."""
         return f"json://127.0.0.1:{self.port}/hook"
+
+    def http_url(self, path: str = "/") -> str:
+        """A plain URL of this receiver (for ``requests``, e.g. a heartbeat ping)."""
+        return f"http://127.0.0.1:{self.port}{path}"
 
     @property
     def listening(self) -> bool:
@@ -119,7 +130,7 @@ class WebhookReceiver:
             self._thread.join(timeout=5)
 
     def respond(self, status: int, times: int = 1, headers: dict[str, str] | None = None) -> None:
-        """Answer the next ``times`` POSTs with ``status`` (and headers), then 200 again.
+        """Answer the next ``times`` requests with ``status`` (and headers), then 200 again.
 
         ``respond(429, 2, {"Retry-After": "1"})`` rate-limits the next two requests.
         """
@@ -163,7 +174,13 @@ class WebhookReceiver:
             status, headers = self._planned.popleft() if self._planned else (200, {})
             self.requests.append(
                 ReceivedRequest(
-                    handler.path, dict(handler.headers.items()), body, parsed, status, time.time()
+                    handler.path,
+                    dict(handler.headers.items()),
+                    body,
+                    parsed,
+                    status,
+                    time.time(),
+                    handler.command,
                 )
             )
             self._condition.notify_all()
