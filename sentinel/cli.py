@@ -72,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     notify_test = verbs.add_parser("notify-test", help="send a test alert to every target")
     _common(notify_test)
 
+    status = verbs.add_parser(
+        "status", help="the last run, the job, pending messages, each target's last delivery"
+    )
+    status.add_argument("--config", type=Path, metavar="FILE", help="TOML or YAML config file")
+    status.add_argument("--state-dir", metavar="DIR", help="where sentinel keeps its state")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
     check = verbs.add_parser("check-config", help="validate and print the effective config")
     _common(check)
 
@@ -90,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "replay": _replay,
         "checkpoints": _checkpoints,
         "notify-test": _notify_test,
+        "status": _status,
         "check-config": _check_config,
         "demo": _demo,
     }[args.verb]
@@ -240,40 +249,43 @@ def _notify_test(args: argparse.Namespace) -> int:
     import socket
     import time
 
-    from sentinel.actions.notify import DeliveryError, Message, mask_url, send_apprise
-    from sentinel.records import Alert
+    from sentinel.actions.dispatch import routes
+    from sentinel.actions.messages import JobInfo
+    from sentinel.actions.notify import send_notify_test
 
     settings = _settings(args)
-    if not settings.notify.urls:
+    targets = [route.target for route in routes(settings.notify)]
+    if not targets:
         print(
-            "sentinel notify-test: no targets (give --notify URL or [notify] urls)", file=sys.stderr
+            "sentinel notify-test: no targets (give --notify URL, [notify] urls or"
+            " [[notify.targets]])",
+            file=sys.stderr,
         )
         return EXIT_USAGE
-    alert = Alert(
-        rule="notify_test",
-        severity=Severity.INFO,
-        message=f"test alert from sentinel on {socket.gethostname()}",
-        time=time.time(),
-        source="sentinel",
-    )
-    message = Message(
-        title="[sentinel] TEST notify_test",
-        body=alert.message,
-        severity=Severity.INFO,
-        alert=alert.to_json(),
-        key=f"notify-test-{time.time()}",
-    )
-    failed = 0
-    for url in settings.notify.urls:
-        target = url.get_secret_value()
-        try:
-            send_apprise(target, message, settings.notify.timeout_s)
-        except DeliveryError as error:
-            failed += 1
-            print(f"FAILED  {mask_url(target)}: {error}")
+    job = JobInfo(settings.job.name or "notify-test", socket.gethostname(), "notify-test")
+    results = send_notify_test(targets, job, settings.notify.timeout_s, time.time())
+    for target, error in results:
+        if error is None:
+            print(f"ok      {target.name}")
         else:
-            print(f"ok      {mask_url(target)}")
-    return 1 if failed else 0
+            print(f"FAILED  {target.name}: {error}")
+    return 1 if any(error is not None for _, error in results) else 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from sentinel.status import NoState, gather
+
+    state_dir = Path(args.state_dir) if args.state_dir else _settings(args).state_dir
+    try:
+        status = gather(state_dir)
+    except NoState as error:
+        print(f"sentinel status: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(status.to_json(), indent=2))
+    else:
+        print("\n".join(status.lines()))
+    return 0
 
 
 def _check_config(args: argparse.Namespace) -> int:

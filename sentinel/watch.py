@@ -1,21 +1,30 @@
 """What every live mode shares: engine, incidents, journal, reports, notifications.
 
-``Watch`` turns alerts into incidents and their records and messages, and
+``Watch`` turns alerts into incidents and their records and notices, and
 tells its owner which incidents call for action. It decides nothing about
-the job itself: that is the supervisor's part.
+the job itself: that is the supervisor's part. Who hears of a notice, and
+when, is the dispatcher's (``sentinel.actions.dispatch``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from sentinel.actions.notify import Message, Notifier
-from sentinel.actions.report import Journal, clock, write_report
+from sentinel.actions.dispatch import Dispatcher, Policy, routes
+from sentinel.actions.messages import (
+    JobInfo,
+    NoticeKind,
+    format_dashboard_url,
+    incident_notice,
+)
+from sentinel.actions.notify import Notifier
+from sentinel.actions.report import Journal, write_report
 from sentinel.config import Settings
 from sentinel.cost import incident_cost
 from sentinel.diagnosis import diagnose
@@ -63,7 +72,17 @@ class Watch:
                 )
         self.journal = Journal(settings.state_dir)
         self.state_dir: Path = settings.state_dir
-        self._notified: set[str] = set()
+        dashboard_url = format_dashboard_url(
+            settings.job.dashboard_url,
+            job=job_name,
+            host=self.host,
+            run_id=self.run_id,
+            environ=os.environ,
+        )
+        self.job = JobInfo(job_name, self.host, self.run_id, dashboard_url)
+        self.dispatcher = Dispatcher(
+            notifier.outbox, routes(settings.notify), Policy.from_config(settings.notify), self.job
+        )
 
     def handle(self, alerts: list[Alert]) -> list[Incident]:
         """Record and announce alerts; the critical incidents that just opened or escalated."""
@@ -96,23 +115,35 @@ class Watch:
     def update(
         self, incident: Incident, *, final: bool = False, force_notify: bool = False
     ) -> None:
-        """Rewrite the incident's report; when ``final``, tell people what sentinel did."""
-        self._report(incident, time.time())
-        if final and incident.actions and (incident.id in self._notified or force_notify):
-            body = "\n".join(f"{clock(at)} {text}" for at, text in incident.actions)
-            first = incident.first
-            # The webhook's JSON says what was done, in the alert schema.
+        """Rewrite the incident's report; when ``final``, tell people what sentinel did.
+
+        What was done goes to the targets told of the incident; with ``force_notify``
+        to every target its route picks (sentinel gave up: someone must hear).
+        """
+        now = time.time()
+        self._report(incident, now)
+        if final and incident.actions:
+            # The notice's alert says what was done, in the alert schema, for machines.
             summary = replace(
-                first,
+                incident.first,
                 message="; ".join(text for _, text in incident.actions),
                 time=incident.actions[-1][0],
                 source="sentinel",
             )
-            self._send(incident, summary, "actions", "ACTIONS", body)
+            self._notify(NoticeKind.ACTIONS, incident, summary, now, force=force_notify)
+
+    def tick(self, now: float) -> None:
+        """Announce again each open critical incident whose ``repeat_interval_s`` has passed."""
+        for incident in {id(i): i for i in self.tracker.open.values()}.values():
+            if incident.severity is Severity.CRITICAL and self.dispatcher.repeat_due(
+                incident.id, now
+            ):
+                self._notify(NoticeKind.REPEAT, incident, incident.worst, now)
 
     def job_started(self, now: float, start_step: int = 0) -> None:
         """A new attempt (resuming at ``start_step``): the previous attempt's episodes are over."""
         for incident in self.tracker.close_all(now):
+            self.dispatcher.forget(incident.id)
             if incident.severity is Severity.CRITICAL:
                 self._report(incident, now)
         self.engine.job_started(now, start_step)
@@ -136,32 +167,29 @@ class Watch:
         return dict(self.engine.recent(incident.onset_step))
 
     def _announce(self, event: IncidentEvent, incident: Incident, alert: Alert) -> None:
-        if event is IncidentEvent.RESOLVED:
-            if incident.id in self._notified:
-                self._send(incident, alert, "resolved", "RESOLVED", alert.message)
-            return
-        if incident.severity < self.settings.notify.min_severity:
-            return
-        self._notified.add(incident.id)
-        body = alert.message
-        if incident.diagnosis is not None:
-            body += "\n" + incident.diagnosis.text()
-        self._send(incident, alert, str(event), alert.severity.upper(), body)
+        self._notify(_KINDS[event], incident, alert, time.time())
 
-    def _send(self, incident: Incident, alert: Alert, event: str, label: str, body: str) -> None:
-        step = f" step={alert.step}" if alert.step is not None else ""
-        title = f"[sentinel] {label} {incident.rule} job={self.job_name}{step}"
-        text = f"{body}\n\njob: {self.job_name} on {self.host}\nincident: {incident.id}"
-        severity = Severity.INFO if event == "resolved" else incident.severity
-        self.notifier.notify(
-            Message(
-                title=title,
-                body=text,
-                severity=severity,
-                alert=alert.to_json(),
-                key=f"{incident.id}:{event}:{len(incident.alerts)}",
-            )
+    def _notify(
+        self,
+        kind: NoticeKind,
+        incident: Incident,
+        alert: Alert,
+        now: float,
+        *,
+        force: bool = False,
+    ) -> None:
+        if not self.dispatcher.routes:
+            return  # no target: spare the report each notice carries
+        notice = incident_notice(
+            kind,
+            incident,
+            alert,
+            recent=self._recent(incident),
+            cost=incident_cost(incident, self.engine.facts, now),
+            # A repeat is news of now; any other notice is as of its alert.
+            now=now if kind is NoticeKind.REPEAT else None,
         )
+        self.dispatcher.dispatch(notice, incident.rules, now, force=force)
 
 
 def explain(incident: Incident, alert: Alert, engine: Engine) -> None:
@@ -172,6 +200,11 @@ def explain(incident: Incident, alert: Alert, engine: Engine) -> None:
     alert.details["diagnosis"] = incident.diagnosis.to_json()
 
 
+_KINDS = {
+    IncidentEvent.OPENED: NoticeKind.OPENED,
+    IncidentEvent.ESCALATED: NoticeKind.ESCALATED,
+    IncidentEvent.RESOLVED: NoticeKind.RESOLVED,
+}
 _LEVELS = {
     Severity.INFO: logging.INFO,
     Severity.WARNING: logging.WARNING,

@@ -28,9 +28,24 @@ def test_notify_test_reports_each_target_and_fails_if_one_did() -> None:
         (request,) = live.wait_for(1)
     assert result.returncode == 1
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("ok") and str(live.port) in lines[0]
-    assert lines[1].startswith("FAILED") and str(dead.port) in lines[1]
-    assert json.loads(request.json["message"])["rule"] == "notify_test"
+    assert lines[0] == f"ok      {live.url}"
+    assert lines[1].startswith(f"FAILED  {dead.url}: ") and "Connection error" in lines[1]
+    assert "notify_test" in request.json["message"]
+
+
+def test_notify_test_reaches_named_targets_and_exits_0_when_all_did(tmp_path: Path) -> None:
+    with WebhookReceiver() as slack, WebhookReceiver() as pager:
+        config = tmp_path / "sentinel.toml"
+        config.write_text(
+            f'[notify]\nurls = ["{slack.url}"]\n'
+            f'[[notify.targets]]\nurl = "{pager.url}"\nname = "pagerduty"\n'
+            'min_severity = "critical"\n'
+        )
+        result = sentinel("notify-test", "--config", str(config))
+        slack.wait_for(1)
+        pager.wait_for(1)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"ok      {slack.url}", "ok      pagerduty"]
 
 
 def test_notify_test_without_targets_is_a_usage_error() -> None:

@@ -1,12 +1,12 @@
-"""Notification delivery through apprise from a durable outbox in the state DB.
+"""Notification delivery through apprise, from the durable outbox (``outbox.py``).
 
-An alert becomes one outbox row per target, written in one SQLite transaction, so
-it survives a ``kill -9`` and a dead Slack never causes a second delivery to a
-working webhook. A worker thread sends what is due, retries in process with
-tenacity, and on exhaustion persists the next attempt time, so backoff goes on
-across restarts. Delivery is at least once: a row is marked delivered right
-after apprise reports success, and (key, target) is unique, so re-enqueuing the
-same alert after a restart adds nothing.
+A worker thread takes the messages that are due, renders each for its target
+(``messages.apprise_call``) and sends it, retrying in process with tenacity
+(exponential backoff with jitter); when those tries are spent it stores the
+next attempt time in the outbox, so backoff goes on across restarts. Delivery
+is at least once: a message is marked delivered right after apprise reports
+success, and its idempotency key, made with the row, is the same in every
+attempt, so a receiver can tell a repeat.
 
 A target that answers 429 or 5xx with ``Retry-After`` is not tried again for
 that message before the time it names (capped at ``retry_max_s``, never sooner
@@ -14,21 +14,24 @@ than the normal backoff); the row waits in the outbox, so the worker goes on
 with other messages and targets. apprise hides HTTP answers, so the header is
 read by a ``requests`` response hook (see ``sentinel.actions.retry_after``).
 
-Target URLs carry secrets. The DB stores only a hash and a masked form of each;
-logs and stored errors only ever show masked URLs.
+Every attempt's outcome is stored per target (``sentinel.status.record_result``:
+last success, last failure, last error) and logged, so ``sentinel status``
+shows them after sentinel is gone.
+
+Target URLs carry secrets. The DB stores only a hash and a name (the target's
+own, or its URL masked); logs and stored errors only ever show masked URLs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import random
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
@@ -43,40 +46,27 @@ from tenacity import (
 )
 
 from sentinel import secrets
-from sentinel.actions.messages import Envelope, apprise_call
+from sentinel.actions.messages import Envelope, JobInfo, Notice, NoticeKind, apprise_call
+from sentinel.actions.outbox import Delivery, Outbox, Target, target_hash
 from sentinel.actions.retry_after import observe_responses
-from sentinel.records import Severity
-from sentinel.state import StateStore
+from sentinel.records import Alert, Severity
+from sentinel.status import TargetResult, read_results, record_result
+
+__all__ = [
+    "DeliveryError",
+    "Notifier",
+    "Outbox",
+    "backoff_s",
+    "mask_url",
+    "notify_test_envelope",
+    "scrub",
+    "send_envelope",
+    "send_notify_test",
+    "validate_url",
+]
 
 logger = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS notify_outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    target_hash TEXT NOT NULL,
-    target_masked TEXT NOT NULL,
-    title TEXT NOT NULL,
-    body TEXT NOT NULL,
-    severity TEXT NOT NULL,
-    alert TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at REAL NOT NULL,
-    delivered_at REAL,
-    last_error TEXT,
-    UNIQUE (key, target_hash)
-);
-CREATE INDEX IF NOT EXISTS notify_outbox_due
-    ON notify_outbox (delivered_at, next_attempt_at);
-"""
-
-_NOTIFY_TYPES = {
-    Severity.CRITICAL: apprise.NotifyType.FAILURE,
-    Severity.WARNING: apprise.NotifyType.WARNING,
-    Severity.INFO: apprise.NotifyType.INFO,
-}
-_JSON_SCHEMES = frozenset({"json", "jsons"})
 # Query parameters that name routing, not credentials, and may be shown as given.
 _PLAIN_QUERY_KEYS = frozenset({"from", "to", "cc", "bcc", "smtp", "mode", "method", "format"})
 _MASK = "****"
@@ -98,37 +88,7 @@ def _retry_now(exc: BaseException) -> bool:
     return isinstance(exc, DeliveryError) and exc.retry_at is None
 
 
-@dataclass(frozen=True)
-class Message:
-    """One notification: text for people, the alert for machines, an idempotency key."""
-
-    title: str
-    body: str
-    severity: Severity
-    alert: dict[str, Any]
-    key: str
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One outbox row: a message still owed to one target."""
-
-    id: int
-    target: str
-    message: Message
-    attempts: int
-
-
-@dataclass(frozen=True)
-class TargetStatus:
-    """How delivery to one target went in this process (times are epoch seconds)."""
-
-    last_success: float | None = None
-    last_failure: float | None = None
-    last_error: str | None = None
-
-
-SendFn = Callable[[str, Message, float], None]
+SendFn = Callable[[str, Envelope, float], None]
 
 
 def _scheme(url: str) -> str:
@@ -197,17 +157,6 @@ def validate_url(url: str) -> str | None:
     return None
 
 
-def send_apprise(target: str, message: Message, timeout_s: float) -> None:
-    """Send ``message`` to one apprise URL; raise DeliveryError on failure."""
-    body = json.dumps(message.alert) if _scheme(target) in _JSON_SCHEMES else message.body
-    _notify(
-        target,
-        target,
-        {"body": body, "title": message.title, "notify_type": _NOTIFY_TYPES[message.severity]},
-        timeout_s,
-    )
-
-
 def send_envelope(target: str, envelope: Envelope, timeout_s: float) -> None:
     """Send ``envelope`` to one apprise URL, rendered for its kind; raise DeliveryError."""
     url, arguments = apprise_call(target, envelope)
@@ -238,98 +187,6 @@ def _notify(target: str, url: str, arguments: dict[str, Any], timeout_s: float) 
         raise DeliveryError(error, retry_at=answers.retry_at)
 
 
-def _target_hash(url: str) -> str:
-    return hashlib.sha256(url.encode()).hexdigest()
-
-
-class Outbox:
-    """Durable queue of (message, target) deliveries in the state DB."""
-
-    def __init__(self, store: StateStore, targets: Sequence[str]) -> None:
-        self._store = store
-        self._targets = {_target_hash(url): url for url in targets}
-        self.masked = {url: mask_url(url) for url in targets}
-        for url in targets:
-            secrets.register(_secrets(url))
-        store.executescript(_SCHEMA)
-
-    @property
-    def targets(self) -> list[str]:
-        return list(self._targets.values())
-
-    def _configured(self) -> tuple[str, tuple[str, ...]]:
-        hashes = tuple(self._targets)
-        return ", ".join("?" * len(hashes)) or "NULL", hashes
-
-    def enqueue(self, message: Message) -> int:
-        """Add one row per target unless (key, target) is already there; return rows added."""
-        now = time.time()
-        alert = json.dumps(message.alert)
-        head = (message.key,)
-        tail = (message.title, message.body, str(message.severity), alert, now, now)
-        rows = [(*head, hashed, self.masked[url], *tail) for hashed, url in self._targets.items()]
-        with self._store.transaction() as conn:
-            cursor = conn.executemany(
-                "INSERT OR IGNORE INTO notify_outbox (key, target_hash, target_masked, title,"
-                " body, severity, alert, created_at, next_attempt_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            return max(cursor.rowcount, 0)
-
-    def due(self, now: float, limit: int = 50) -> list[Delivery]:
-        """Undelivered rows for the configured targets whose next attempt is at or before now."""
-        marks, hashes = self._configured()
-        with self._store.transaction() as conn:
-            rows = conn.execute(
-                "SELECT id, target_hash, key, title, body, severity, alert, attempts"
-                f" FROM notify_outbox WHERE delivered_at IS NULL AND target_hash IN ({marks})"
-                " AND next_attempt_at <= ? ORDER BY next_attempt_at, id LIMIT ?",
-                (*hashes, now, limit),
-            ).fetchall()
-        deliveries = []
-        for row_id, hashed, key, title, body, severity, alert, attempts in rows:
-            message = Message(title, body, Severity(severity), json.loads(alert), key)
-            deliveries.append(Delivery(row_id, self._targets[hashed], message, attempts))
-        return deliveries
-
-    def next_due_at(self) -> float | None:
-        """When the earliest undelivered row becomes due, or None if nothing is pending."""
-        earliest = self._pending("MIN(next_attempt_at)")
-        return None if earliest is None else float(earliest)
-
-    def mark_delivered(self, delivery_id: int, now: float) -> None:
-        with self._store.transaction() as conn:
-            conn.execute(
-                "UPDATE notify_outbox SET delivered_at = ?, attempts = attempts + 1 WHERE id = ?",
-                (now, delivery_id),
-            )
-
-    def mark_failed(self, delivery_id: int, error: str, next_attempt_at: float) -> None:
-        """Count a failed attempt; ``error`` must already be masked."""
-        with self._store.transaction() as conn:
-            conn.execute(
-                "UPDATE notify_outbox SET attempts = attempts + 1, last_error = ?,"
-                " next_attempt_at = ? WHERE id = ?",
-                (error, next_attempt_at, delivery_id),
-            )
-
-    def pending_count(self) -> int:
-        """Undelivered rows for the configured targets."""
-        return int(self._pending("COUNT(*)"))
-
-    def _pending(self, aggregate: str) -> Any:
-        """One aggregate over the undelivered rows of the configured targets."""
-        marks, hashes = self._configured()
-        with self._store.transaction() as conn:
-            row = conn.execute(
-                f"SELECT {aggregate} FROM notify_outbox"
-                f" WHERE delivered_at IS NULL AND target_hash IN ({marks})",
-                hashes,
-            ).fetchone()
-        return row[0]
-
-
 def backoff_s(attempts: int, initial_s: float, max_s: float) -> float:
     """Delay before the next round after ``attempts`` failed rounds: exponential, jittered."""
     ceiling = min(max_s, initial_s * 2.0 ** min(max(attempts - 1, 0), 32))
@@ -351,8 +208,8 @@ class Notifier:
         try_wait_initial_s: float = 0.2,
         try_wait_max_s: float = 2.0,
     ) -> None:
-        self._outbox = outbox
-        self._send: SendFn = send or send_apprise
+        self.outbox = outbox
+        self._send: SendFn = send or send_envelope
         self._timeout_s = timeout_s
         self._retry_max_s = retry_max_s
         self._retry_initial_s = retry_initial_s
@@ -362,12 +219,16 @@ class Notifier:
         self._try_wait = wait_exponential(
             multiplier=try_wait_initial_s, max=try_wait_max_s
         ) + wait_random(0, try_wait_initial_s)
-        self._wake = threading.Event()
+        # Set by the outbox whenever a message is added, and by stop().
+        self._wake = outbox.changed
         self._stopping = threading.Event()
         self._drain_until = float("inf")
         self._thread: threading.Thread | None = None
-        self._status_lock = threading.Lock()
-        self._status = {outbox.masked[url]: TargetStatus() for url in outbox.targets}
+        for url in outbox.targets:
+            secrets.register(_secrets(url))
+        outbox.add_targets(
+            Target(url, mask_url(url)) for url in outbox.targets if not outbox.name(url)
+        )
 
     def start(self) -> None:
         if self._thread is not None:
@@ -377,13 +238,10 @@ class Notifier:
         self._thread = threading.Thread(target=self._run, name="sentinel-notify", daemon=True)
         self._thread.start()
 
-    def notify(self, message: Message) -> None:
-        """Enqueue ``message`` for every target and wake the worker; returns at once."""
-        self._outbox.enqueue(message)
-        self._wake.set()
-
     def stop(self, drain_s: float = 5.0) -> None:
-        """Deliver what is due for up to ``drain_s``, then stop; the rest stays in the DB."""
+        """Send what is due, messages still gathering their group included, for up to
+        ``drain_s``; then stop. The rest stays in the DB for the next start."""
+        self.outbox.release_groups(time.time())
         self._drain_until = time.monotonic() + drain_s
         self._stopping.set()
         self._wake.set()
@@ -394,27 +252,35 @@ class Notifier:
             logger.warning("notification worker still sending after %.1fs; leaving it", drain_s)
         self._thread = None
 
-    def results(self) -> dict[str, TargetStatus]:
-        """Per masked target: when delivery last succeeded and failed, and why."""
-        with self._status_lock:
-            return dict(self._status)
+    def results(self) -> dict[str, TargetResult]:
+        """Per configured target's name: how its deliveries last went (from the DB)."""
+        with self.outbox.store.transaction() as conn:
+            stored = read_results(conn)
+        results = {}
+        for url in self.outbox.targets:
+            name = self.outbox.name(url)
+            found = stored.get(target_hash(url))
+            results[name] = replace(found, name=name) if found else TargetResult(name)
+        return results
 
     def _run(self) -> None:
         while True:
             self._wake.clear()
+            # Read before the pass: a stop() during it released more, so one pass more.
+            stopping = self._stopping.is_set()
             try:
                 self._deliver_due()
-                next_due = self._outbox.next_due_at()
+                next_due = self.outbox.next_due_at()
             except Exception:
                 logger.exception("notification worker failed; retrying in %.1fs", 1.0)
                 next_due = time.time() + 1.0
-            if self._stopping.is_set():
+            if stopping:
                 return
             timeout = None if next_due is None else max(0.0, next_due - time.time())
             self._wake.wait(timeout)
 
     def _deliver_due(self, batch_size: int = 50) -> None:
-        while batch := self._outbox.due(time.time(), limit=batch_size):
+        while batch := self.outbox.due(time.time(), limit=batch_size):
             for delivery in batch:
                 if self._stopping.is_set() and time.monotonic() >= self._drain_until:
                     return
@@ -423,7 +289,6 @@ class Notifier:
                 return
 
     def _deliver(self, delivery: Delivery) -> None:
-        masked = self._outbox.masked[delivery.target]
         retrying = Retrying(
             stop=stop_after_attempt(self._tries) | stop_when_event_set(self._stopping),
             wait=self._try_wait,
@@ -431,34 +296,75 @@ class Notifier:
             sleep=self._pause,
             reraise=True,
         )
+        key = delivery.envelope.key
         try:
-            retrying(self._send, delivery.target, delivery.message, self._timeout_s)
+            retrying(self._send, delivery.target, delivery.envelope, self._timeout_s)
         except Exception as exc:
             error = scrub(str(exc), delivery.target)
             delay = backoff_s(delivery.attempts + 1, self._retry_initial_s, self._retry_max_s)
             now = time.time()
             if isinstance(exc, DeliveryError) and exc.retry_at is not None:
                 delay = min(self._retry_max_s, max(delay, exc.retry_at - now))
-            self._outbox.mark_failed(delivery.id, error, now + delay)
-            self._set_status(masked, last_failure=now, last_error=error)
+            self.outbox.mark_failed(delivery, error, now + delay)
+            record_result(self.outbox.store, delivery.target, delivery.name, now, error)
             logger.warning(
                 "notification %s to %s failed (attempt %d), next try in %.1fs: %s",
-                delivery.message.key,
-                masked,
+                key,
+                delivery.name,
                 delivery.attempts + 1,
                 delay,
                 error,
             )
             return
         now = time.time()
-        self._outbox.mark_delivered(delivery.id, now)
-        self._set_status(masked, last_success=now)
-        logger.info("notification %s delivered to %s", delivery.message.key, masked)
+        self.outbox.mark_delivered(delivery, now)
+        record_result(self.outbox.store, delivery.target, delivery.name, now, None)
+        logger.info(
+            "notification %s (%d notice(s)) delivered to %s",
+            key,
+            len(delivery.envelope.notices) + sum(delivery.envelope.folded.values()),
+            delivery.name,
+        )
 
     def _pause(self, seconds: float) -> None:
         # Between in-process tries; cut short by stop() so a drain is not spent sleeping.
         self._stopping.wait(seconds)
 
-    def _set_status(self, masked: str, **changes: Any) -> None:
-        with self._status_lock:
-            self._status[masked] = replace(self._status.get(masked, TargetStatus()), **changes)
+
+def notify_test_envelope(job: JobInfo, now: float) -> Envelope:
+    """A TEST message: proves a target is reachable, about no incident."""
+    alert = Alert(
+        rule="notify_test",
+        severity=Severity.INFO,
+        message=f"test message from sentinel on {job.host}: this target is reachable",
+        time=now,
+        source="sentinel",
+    )
+    notice = Notice(
+        kind=NoticeKind.TEST,
+        incident_id="notify-test",
+        rule="notify_test",
+        severity=Severity.INFO,
+        alert=alert.to_json(),
+        time=now,
+    )
+    return Envelope(key=f"notify-test:{uuid.uuid4().hex[:8]}", job=job, notices=(notice,))
+
+
+def send_notify_test(
+    targets: Sequence[Target], job: JobInfo, timeout_s: float, now: float
+) -> list[tuple[Target, str | None]]:
+    """Send a TEST message to each target, once, in order; each one's error (masked) or None."""
+    envelope = notify_test_envelope(job, now)
+    results: list[tuple[Target, str | None]] = []
+    for target in targets:
+        try:
+            send_envelope(target.url, envelope, timeout_s)
+        except DeliveryError as error:
+            message = scrub(str(error), target.url)
+            results.append((target, message))
+            logger.warning("test message to %s failed: %s", target.name, message)
+        else:
+            results.append((target, None))
+            logger.info("test message delivered to %s", target.name)
+    return results

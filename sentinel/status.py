@@ -1,0 +1,211 @@
+"""``sentinel status``: what the state dir says about the last run, the job and each target.
+
+``gather`` reads ``state.db`` without writing to it (another sentinel may be
+running): the last run id, the job's state as the supervisor last wrote it,
+messages still owed, each target's last delivery success and failure (with the
+masked error, stored here by the notifier with ``record_result``), and the
+heartbeat's last ping.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sentinel.actions.outbox import read_pending, target_hash
+from sentinel.state import StateStore
+
+UNKNOWN = "unknown"
+_T = TypeVar("_T")
+
+
+_RESULTS_TABLE = """
+CREATE TABLE IF NOT EXISTS notify_targets (
+    target_hash TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    last_attempt_at REAL,
+    last_success_at REAL,
+    last_failure_at REAL,
+    last_error TEXT
+)
+"""
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """How delivery to one target last went (epoch seconds; the error is masked)."""
+
+    name: str
+    last_attempt_at: float | None = None
+    last_success_at: float | None = None
+    last_failure_at: float | None = None
+    last_error: str | None = None
+
+
+def record_result(store: StateStore, url: str, name: str, now: float, error: str | None) -> None:
+    """Store the outcome of one delivery attempt to ``url`` (``error`` masked; None: success)."""
+    outcome = (
+        "last_success_at = :now" if error is None else "last_failure_at = :now, last_error = :error"
+    )
+    with store.transaction() as conn:
+        conn.execute(_RESULTS_TABLE)
+        conn.execute(
+            "INSERT INTO notify_targets (target_hash, name) VALUES (:hash, :name)"
+            " ON CONFLICT (target_hash) DO UPDATE SET name = excluded.name",
+            {"hash": target_hash(url), "name": name},
+        )
+        conn.execute(
+            f"UPDATE notify_targets SET last_attempt_at = :now, {outcome}"
+            " WHERE target_hash = :hash",
+            {"now": now, "error": error, "hash": target_hash(url)},
+        )
+
+
+def read_results(conn: sqlite3.Connection) -> dict[str, TargetResult]:
+    """Every target's last delivery outcome as stored, by target hash."""
+    rows: list[Any] = _or_empty(
+        lambda: conn.execute(
+            "SELECT target_hash, name, last_attempt_at, last_success_at, last_failure_at,"
+            " last_error FROM notify_targets ORDER BY name"
+        ).fetchall(),
+        [],
+    )
+    return {row[0]: TargetResult(*row[1:]) for row in rows}
+
+
+class NoState(Exception):
+    """The state dir holds no state.db: sentinel never ran with it."""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """The job as the supervisor last recorded it (kv ``job.*``); "unknown" when it did not."""
+
+    state: str = UNKNOWN
+    pid: str = UNKNOWN
+    restarts: str = UNKNOWN
+    updated_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Status:
+    """Everything ``sentinel status`` shows."""
+
+    state_dir: str
+    last_run_id: str | None
+    job: JobStatus
+    #: Undelivered messages, by target name.
+    pending: dict[str, int]
+    targets: list[TargetResult] = field(default_factory=list)
+    heartbeat_last_ok_at: float | None = None
+    heartbeat_last_error: str | None = None
+
+    @property
+    def pending_total(self) -> int:
+        return sum(self.pending.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state_dir": self.state_dir,
+            "last_run_id": self.last_run_id,
+            "job": asdict(self.job),
+            "pending_messages": self.pending_total,
+            "pending_by_target": self.pending,
+            "targets": [asdict(target) for target in self.targets],
+            "heartbeat": {
+                "last_ok_at": self.heartbeat_last_ok_at,
+                "last_error": self.heartbeat_last_error,
+            },
+        }
+
+    def lines(self) -> list[str]:
+        """The status for people, one line each."""
+        job = self.job
+        restarts = "" if job.restarts == UNKNOWN else f", {job.restarts} restart(s)"
+        pid = "" if job.pid == UNKNOWN else f", pid {job.pid}"
+        updated = "" if job.updated_at is None else f", since {when(job.updated_at)}"
+        heartbeat = "never sent"
+        if self.heartbeat_last_ok_at is not None:
+            heartbeat = f"last ok {when(self.heartbeat_last_ok_at)}"
+        if self.heartbeat_last_error:
+            heartbeat += f"; last error: {self.heartbeat_last_error}"
+        out = [
+            f"state dir:  {self.state_dir}",
+            f"last run:   {self.last_run_id or UNKNOWN}",
+            f"job:        {job.state}{pid}{restarts}{updated}",
+            f"messages:   {self.pending_total} pending",
+            f"heartbeat:  {heartbeat}",
+            "targets:" if self.targets or self.pending else "targets:    none tried yet",
+        ]
+        names = {target.name for target in self.targets} | set(self.pending)
+        results = {target.name: target for target in self.targets}
+        for name in sorted(names):
+            result = results.get(name, TargetResult(name))
+            out.append(f"  {name}")
+            out.append(
+                f"    last success: {when(result.last_success_at)}"
+                f"   last failure: {when(result.last_failure_at)}"
+                f"   pending: {self.pending.get(name, 0)}"
+            )
+            if result.last_error:
+                out.append(f"    last error:   {result.last_error}")
+        return out
+
+
+def when(epoch_s: float | None) -> str:
+    """An epoch time as UTC for people; "never" for None."""
+    if epoch_s is None:
+        return "never"
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def gather(state_dir: Path) -> Status:
+    """Read the status from ``state_dir``'s state.db; raise ``NoState`` when there is none."""
+    path = state_dir / "state.db"
+    if not path.is_file():
+        raise NoState(f"no sentinel state in {state_dir} (no state.db)")
+    with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+        kv = _kv(conn)
+        pending: dict[str, int] = _or_empty(lambda: read_pending(conn), {})
+        results = list(read_results(conn).values())
+    return Status(
+        state_dir=str(state_dir),
+        last_run_id=kv.get("last_run_id"),
+        job=JobStatus(
+            state=kv.get("job.state") or UNKNOWN,
+            pid=kv.get("job.pid") or UNKNOWN,
+            restarts=kv.get("job.restarts") or UNKNOWN,
+            updated_at=_float(kv.get("job.updated_at")),
+        ),
+        pending=pending,
+        targets=results,
+        heartbeat_last_ok_at=_float(kv.get("heartbeat.last_ok_at")),
+        heartbeat_last_error=kv.get("heartbeat.last_error") or None,
+    )
+
+
+def _kv(conn: sqlite3.Connection) -> dict[str, str]:
+    rows: list[Any] = _or_empty(lambda: conn.execute("SELECT key, value FROM kv").fetchall(), [])
+    return {str(key): str(value) for key, value in rows}
+
+
+def _or_empty(read: Callable[[], _T], empty: _T) -> _T:
+    """``read()``, or ``empty`` when its table does not exist (sentinel never got that far)."""
+    try:
+        return read()
+    except sqlite3.OperationalError as error:
+        if "no such table" in str(error):
+            return empty
+        raise
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None

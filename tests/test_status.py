@@ -1,0 +1,130 @@
+"""``sentinel status``: the last run, the job, pending messages, each target's last delivery."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.actions.messages import JobInfo, Notice, NoticeKind
+from sentinel.actions.notify import Notifier
+from sentinel.actions.outbox import Batching, Outbox, Target
+from sentinel.records import Severity
+from sentinel.state import StateStore
+from sentinel.status import NoState, gather
+from tests.helpers.webhook import WebhookReceiver
+
+T0 = 1_700_000_000.0
+
+
+def sentinel(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", *args],
+        capture_output=True, text=True, env={**clean, **(env or {})}, timeout=60,
+    )  # fmt: skip
+
+
+def seed(state: Path) -> None:
+    """A state dir as a run leaves it: a run id, the job's state, the heartbeat, and one
+    message really delivered to "slack" and refused by "pager"."""
+    store = StateStore(state)
+    try:
+        store.put("last_run_id", "20231114T221320-abc123")
+        store.put("job.state", "BACKOFF")
+        store.put("job.pid", "4242")
+        store.put("job.restarts", "1")
+        store.put("job.updated_at", str(T0 + 9))
+        store.put("heartbeat.last_ok_at", str(T0 + 8))
+        store.put("heartbeat.last_error", "HTTP 503 from hc-ping.com")
+        with WebhookReceiver() as slack, WebhookReceiver() as pager:
+            pager.respond(401, times=10)
+            outbox = Outbox(store, [Target(slack.url, "slack"), Target(pager.url, "pager")])
+            notifier = Notifier(outbox, tries=1, retry_initial_s=60.0, timeout_s=5.0)
+            notifier.start()
+            alert = {"rule": "nan_inf", "severity": "critical", "message": "loss is NaN"}
+            notice = Notice(NoticeKind.OPENED, "r-1", "nan_inf", Severity.CRITICAL, alert, T0)
+            job = JobInfo("llama-ft", "node", "r")
+            outbox.add(notice, job, outbox.targets, time.time(), Batching())
+            slack.wait_for(1)
+            pager.wait_for(1, accepted_only=False)
+            notifier.stop(drain_s=1.0)
+    finally:
+        store.close()
+
+
+def test_gather_reads_run_job_messages_targets_and_heartbeat(tmp_path: Path) -> None:
+    seed(tmp_path)
+    status = gather(tmp_path).to_json()
+    assert status["last_run_id"] == "20231114T221320-abc123"
+    job = {"state": "BACKOFF", "pid": "4242", "restarts": "1", "updated_at": T0 + 9}
+    assert status["job"] == job
+    assert (status["pending_messages"], status["pending_by_target"]) == (1, {"pager": 1})
+    pager, slack = status["targets"]
+    assert (pager["name"], slack["name"]) == ("pager", "slack")
+    assert pager["last_success_at"] is None
+    assert pager["last_failure_at"] == pager["last_attempt_at"] is not None
+    assert "401" in pager["last_error"]
+    assert slack["last_success_at"] == slack["last_attempt_at"] is not None
+    assert (slack["last_failure_at"], slack["last_error"]) == (None, None)
+    assert status["heartbeat"] == {"last_ok_at": T0 + 8, "last_error": "HTTP 503 from hc-ping.com"}
+
+
+def test_job_state_not_recorded_reads_unknown(tmp_path: Path) -> None:
+    StateStore(tmp_path).close()
+    status = gather(tmp_path)
+    assert (status.job.state, status.job.pid, status.job.restarts) == ("unknown",) * 3
+    assert (status.last_run_id, status.pending_total, status.targets) == (None, 0, [])
+
+
+def test_gather_without_state_db_raises(tmp_path: Path) -> None:
+    with pytest.raises(NoState, match=r"no state\.db"):
+        gather(tmp_path)
+
+
+def test_cli_prints_status_for_people(tmp_path: Path) -> None:
+    seed(tmp_path)
+    result = sentinel("status", "--state-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "20231114T221320-abc123" in text
+    assert "BACKOFF, pid 4242, 1 restart(s)" in text
+    assert "1 pending" in text
+    assert "last error:   " in text and "401" in text
+    assert "last ok 2023-11-14 22:13:28Z; last error: HTTP 503 from hc-ping.com" in text
+
+
+def test_cli_without_state_is_a_usage_error(tmp_path: Path) -> None:
+    result = sentinel("status", "--state-dir", str(tmp_path / "nowhere"), "--json")
+    assert result.returncode == 2
+    assert "no sentinel state in" in result.stderr
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_status_after_a_run_shows_each_targets_last_delivery(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    nan = "import json; print(json.dumps({'step': 1, 'loss': float('nan')}))"
+    env = {"SENTINEL_NOTIFY__GROUP_WAIT_S": "0", "SENTINEL_RULES__NAN_INF__ON_CRITICAL": "notify"}
+    with WebhookReceiver() as live, WebhookReceiver(listening=False) as dead:
+        run = sentinel(
+            "run", "--notify", live.url, "--notify", dead.url, "--state-dir", str(state),
+            "--", sys.executable, "-c", nan, env=env,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        live.wait_for(1)
+    result = sentinel("status", "--state-dir", str(state), "--json")
+    assert result.returncode == 0, result.stderr
+    status: dict[str, Any] = json.loads(result.stdout)
+    targets = {target["name"]: target for target in status["targets"]}
+    assert targets[live.url]["last_success_at"] is not None
+    assert targets[live.url]["last_failure_at"] is None
+    assert targets[dead.url]["last_success_at"] is None
+    assert "Connection error" in targets[dead.url]["last_error"]
+    assert status["pending_by_target"] == {dead.url: 1}
+    assert status["last_run_id"]
