@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sentinel import __version__
+from sentinel import __version__, secrets
 from sentinel.config import ConfigError, Settings, effective_config, load_settings
 from sentinel.parsers.files import require_extras
 from sentinel.parsers.tensorboard import MissingExtra
@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    secrets.install_excepthooks()
     _setup_logging(getattr(args, "verbose", False))
     handler = {
         "run": _run,
@@ -110,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except Exception as error:  # the last word: its traceback may quote a URL's token
+        secrets.print_exception(error)
+        return 1
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -117,10 +121,18 @@ def _setup_logging(verbose: bool) -> None:
     handler.setFormatter(
         logging.Formatter("[sentinel %(asctime)s] %(levelname)s %(message)s", "%H:%M:%S")
     )
+    secrets.install(handler)  # on the handler: masks the records of every logger reaching it
     root = logging.getLogger("sentinel")
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     root.propagate = False
+    # requests, urllib3 and apprise log through the root logger; without a handler there
+    # their warnings would reach stderr unmasked through logging's last resort.
+    top = logging.getLogger()
+    if not top.handlers:
+        top.addHandler(handler)
+        top.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    logging.getLogger("apprise").propagate = verbose  # its failures are in our own warnings
 
 
 def _settings(args: argparse.Namespace) -> Settings:

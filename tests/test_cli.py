@@ -101,3 +101,31 @@ def test_demo_diverges_rolls_back_restarts_and_finishes(tmp_path: Path) -> None:
     )
     assert quarantined[0] == 35
     assert "resumed from" in result.stderr and "checkpoint-30 at step 30" in result.stderr
+
+
+def test_run_never_prints_a_target_token_even_with_debug_logging(tmp_path: Path) -> None:
+    """A dead webhook's failures are logged by sentinel, apprise and urllib3: all masked."""
+    token = "tok3n-Zq81xWv"
+    with WebhookReceiver(listening=False) as hook:  # nothing listens: every try fails
+        url = f"json://127.0.0.1:{hook.port}/hooks/{token}?secret={token}"
+        job = "import json; print(json.dumps({'step': 1, 'loss': float('nan')}))"
+        result = sentinel(
+            "run",
+            "-v",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--notify",
+            url,
+            "--max-restarts",
+            "0",
+            "--",
+            sys.executable,
+            "-c",
+            job,
+        )
+    check = sentinel("check-config", "--notify", url)
+    assert "nan_inf" in result.stderr  # the alert was raised and its delivery tried
+    assert "json://127.0.0.1" in result.stderr
+    for output in (result.stdout, result.stderr, check.stdout, check.stderr):
+        assert token not in output
+    assert "****" in check.stdout

@@ -96,8 +96,20 @@ def _scheme(url: str) -> str:
     return scheme if re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme) else "unknown"
 
 
-def _instantiate(url: str) -> Any:
-    return apprise.Apprise.instantiate(url)
+def _instantiate(url: str, **options: Any) -> Any:
+    """apprise's plugin for ``url``; apprise's own log of the URL is dropped, since its
+    secrets may not be known yet (this is how they are found)."""
+    thread = threading.get_ident()
+
+    def other_threads(record: logging.LogRecord) -> bool:
+        return record.thread != thread
+
+    apprise_log = logging.getLogger("apprise")
+    apprise_log.addFilter(other_threads)
+    try:
+        return apprise.Apprise.instantiate(url, **options)
+    finally:
+        apprise_log.removeFilter(other_threads)
 
 
 def _tokens(url: str) -> set[str]:
@@ -149,7 +161,7 @@ def scrub(text: str, url: str) -> str:
 def validate_url(url: str) -> str | None:
     """None if apprise accepts ``url``, else why not (secrets masked)."""
     try:
-        plugin = apprise.Apprise.instantiate(url, suppress_exceptions=False)
+        plugin = _instantiate(url, suppress_exceptions=False)
     except Exception as exc:  # apprise raises TypeError and friends for bad arguments
         return scrub(f"invalid notification URL {mask_url(url)}: {exc}", url)
     if plugin is None:
