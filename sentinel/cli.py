@@ -262,7 +262,7 @@ def _notify_test(args: argparse.Namespace) -> int:
     import time
 
     from sentinel.actions.dispatch import routes
-    from sentinel.actions.messages import JobInfo
+    from sentinel.actions.notices import JobInfo
     from sentinel.actions.notify import send_notify_test
 
     settings = _settings(args)

@@ -17,12 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sentinel.actions.dispatch import Dispatcher, Policy, routes
-from sentinel.actions.messages import (
-    JobInfo,
-    NoticeKind,
-    format_dashboard_url,
-    incident_notice,
-)
+from sentinel.actions.notices import JobInfo, NoticeKind, format_dashboard_url, incident_notice
 from sentinel.actions.notify import Notifier
 from sentinel.actions.report import Journal, write_report
 from sentinel.config import Settings

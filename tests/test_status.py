@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sentinel.actions.messages import JobInfo, Notice, NoticeKind
+from sentinel.actions.notices import JobInfo, Notice, NoticeKind
 from sentinel.actions.notify import Notifier
 from sentinel.actions.outbox import Batching, Outbox, Target
 from sentinel.records import Severity

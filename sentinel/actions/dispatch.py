@@ -24,7 +24,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from sentinel.actions.messages import JobInfo, Notice, NoticeKind
+from sentinel.actions.notices import JobInfo, Notice, NoticeKind
 from sentinel.actions.notify import mask_url
 from sentinel.actions.outbox import Added, Batching, Outbox, Target
 from sentinel.config import NotifyConfig

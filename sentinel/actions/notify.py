@@ -46,7 +46,8 @@ from tenacity import (
 )
 
 from sentinel import secrets
-from sentinel.actions.messages import Envelope, JobInfo, Notice, NoticeKind, apprise_call
+from sentinel.actions.messages import apprise_call
+from sentinel.actions.notices import Envelope, JobInfo, Notice, NoticeKind
 from sentinel.actions.outbox import Delivery, Outbox, Target, target_hash
 from sentinel.actions.retry_after import observe_responses
 from sentinel.records import Alert, Severity

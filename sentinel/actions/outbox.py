@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sentinel.actions.messages import Envelope, JobInfo, Notice, NoticeKind
+from sentinel.actions.notices import Envelope, JobInfo, Notice, NoticeKind
 from sentinel.records import Severity
 from sentinel.state import StateStore
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sentinel.actions.dispatch import Dispatcher, Policy, Route, routes
-from sentinel.actions.messages import JobInfo, Notice, NoticeKind
+from sentinel.actions.notices import JobInfo, Notice, NoticeKind
 from sentinel.actions.notify import Notifier
 from sentinel.actions.outbox import Outbox
 from sentinel.config import NotifyConfig, load_settings

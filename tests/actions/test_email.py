@@ -11,7 +11,7 @@ from email.message import EmailMessage
 
 import pytest
 
-from sentinel.actions.messages import NoticeKind
+from sentinel.actions.notices import NoticeKind
 from sentinel.actions.notify import send_envelope
 from tests.helpers.notices import ACTIONS, JOB, KEY, T0, divergence, envelope, notice
 from tests.helpers.smtp import SmtpServer

@@ -17,16 +17,8 @@ from urllib.parse import quote
 import apprise
 import pytest
 
-from sentinel.actions.messages import (
-    Envelope,
-    NoticeKind,
-    Style,
-    apprise_call,
-    folded_line,
-    format_dashboard_url,
-    render,
-    style_for,
-)
+from sentinel.actions.messages import Style, apprise_call, folded_line, render, style_for
+from sentinel.actions.notices import Envelope, NoticeKind, format_dashboard_url
 from sentinel.actions.notify import send_envelope
 from sentinel.records import Severity
 from tests.helpers.notices import ACTIONS, JOB, KEY, T0, divergence, envelope, notice

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sentinel.actions import retry_after
-from sentinel.actions.messages import JobInfo, Notice, NoticeKind
+from sentinel.actions.notices import JobInfo, Notice, NoticeKind
 from sentinel.actions.notify import (
     DeliveryError,
     Notifier,
@@ -253,7 +253,7 @@ def test_apprise_debug_logs_are_masked(store: StateStore, caplog: pytest.LogCapt
 
 
 def test_send_error_is_masked() -> None:
-    from sentinel.actions.messages import Envelope
+    from sentinel.actions.notices import Envelope
 
     dead = dead_url().replace("json://", f"json://user:{SECRET}@")
     with pytest.raises(DeliveryError) as raised:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.actions.messages import JobInfo, Notice, NoticeKind
+from sentinel.actions.notices import JobInfo, Notice, NoticeKind
 from sentinel.actions.outbox import Added, Batching, Outbox, Target
 from sentinel.records import Severity
 from sentinel.state import StateStore

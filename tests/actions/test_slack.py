@@ -17,7 +17,7 @@ from typing import Any
 import apprise
 import pytest
 
-from sentinel.actions.messages import Envelope, NoticeKind
+from sentinel.actions.notices import Envelope, NoticeKind
 from sentinel.actions.notify import send_envelope
 from sentinel.records import Severity
 from tests.helpers.notices import ACTIONS, JOB, KEY, divergence, envelope, notice

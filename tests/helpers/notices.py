@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sentinel.actions.messages import Envelope, JobInfo, Notice, NoticeKind, incident_notice
+from sentinel.actions.notices import Envelope, JobInfo, Notice, NoticeKind, incident_notice
 from sentinel.diagnosis import diagnose
 from sentinel.incidents import IncidentEvent, IncidentTracker
 from sentinel.records import Alert, Sample, Severity
