@@ -28,6 +28,16 @@ _lock = threading.Lock()
 _known: tuple[str, ...] = ()
 
 
+#: A URL path segment this long, or holding a digit, is taken for a token (webhook and
+#: heartbeat ids, UUIDs, ping keys); words such as "api", "hooks" or "ping" are not.
+TOKEN_MIN_CHARS = 16
+
+
+def looks_like_token(segment: str) -> bool:
+    """Whether a URL path segment is likely a credential rather than a word."""
+    return len(segment) >= TOKEN_MIN_CHARS or any(char.isdigit() for char in segment)
+
+
 def register(secrets: Iterable[str]) -> None:
     """Remember ``secrets`` (fragments under 3 characters are ignored: they would mask words)."""
     global _known

@@ -105,9 +105,9 @@ def test_demo_diverges_rolls_back_restarts_and_finishes(tmp_path: Path) -> None:
 
 def test_run_never_prints_a_target_token_even_with_debug_logging(tmp_path: Path) -> None:
     """A dead webhook's failures are logged by sentinel, apprise and urllib3: all masked."""
-    token = "tok3n-Zq81xWv"
+    token, query_token = "tok3n-Zq81xWv", "qu3ry-Pk22"
     with WebhookReceiver(listening=False) as hook:  # nothing listens: every try fails
-        url = f"json://127.0.0.1:{hook.port}/hooks/{token}?secret={token}"
+        url = f"json://127.0.0.1:{hook.port}/hooks/{token}?secret={query_token}"
         job = "import json; print(json.dumps({'step': 1, 'loss': float('nan')}))"
         result = sentinel(
             "run",
@@ -127,5 +127,5 @@ def test_run_never_prints_a_target_token_even_with_debug_logging(tmp_path: Path)
     assert "nan_inf" in result.stderr  # the alert was raised and its delivery tried
     assert "json://127.0.0.1" in result.stderr
     for output in (result.stdout, result.stderr, check.stdout, check.stderr):
-        assert token not in output
+        assert token not in output and query_token not in output
     assert "****" in check.stdout

@@ -14,7 +14,6 @@ The URL holds its token in the path or the query; it is registered with
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -31,21 +30,13 @@ LAST_OK_KEY = "heartbeat.last_ok_at"
 LAST_ERROR_KEY = "heartbeat.last_error"
 LAST_ERROR_AT_KEY = "heartbeat.last_error_at"
 
-# A path segment that holds a digit or is this long is taken for a token
-# (healthchecks' UUIDs and ping keys, Dead Man's Snitch's ids); "api", "ping" are not.
-_TOKEN_MIN_CHARS = 16
-
-
-def _is_token(segment: str) -> bool:
-    return len(segment) >= _TOKEN_MIN_CHARS or bool(re.search(r"\d", segment))
-
 
 def heartbeat_secrets(url: str) -> list[str]:
     """The fragments of an http(s) heartbeat ``url`` that must never be shown, longest first."""
     parts = urlsplit(url)
     found = {value for _key, value in parse_qsl(parts.query)}
     found |= {parts.username or "", parts.password or ""}
-    found |= {segment for segment in parts.path.split("/") if _is_token(segment)}
+    found |= {segment for segment in parts.path.split("/") if secrets.looks_like_token(segment)}
     found = {secret for secret in found if len(secret) >= 3}
     found |= {quote(secret, safe="") for secret in found}
     return sorted(found, key=len, reverse=True)
@@ -57,9 +48,8 @@ def mask_heartbeat_url(url: str) -> str:
     host = parts.hostname or ""
     if parts.port is not None:
         host = f"{host}:{parts.port}"
-    path = "/".join(
-        secrets.MASK if _is_token(segment) else segment for segment in parts.path.split("/")
-    )
+    segments = parts.path.split("/")
+    path = "/".join(secrets.MASK if secrets.looks_like_token(s) else s for s in segments)
     query = "&".join(f"{key}={secrets.MASK}" for key, _value in parse_qsl(parts.query))
     return f"{parts.scheme}://{host}{path}" + (f"?{query}" if query else "")
 

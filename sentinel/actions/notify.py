@@ -69,6 +69,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Query parameters that name routing, not credentials, and may be shown as given.
+#: Webhooks to any URL: a token in their path is shown by apprise's privacy form.
+_GENERIC_SCHEMES = frozenset({"json", "jsons", "form", "forms", "xml", "xmls"})
 _PLAIN_QUERY_KEYS = frozenset({"from", "to", "cc", "bcc", "smtp", "mode", "method", "format"})
 _MASK = "****"
 
@@ -126,11 +128,19 @@ def _secrets(url: str) -> list[str]:
     plugin = _instantiate(url)
     if plugin is not None:
         found |= _tokens(plugin.url(privacy=False)) - _tokens(plugin.url(privacy=True))
+        found |= _path_tokens(url)
     else:  # nothing tells which part of an unknown URL is a token
         found |= _tokens(parts.path) | {parts.username or ""}
     found = {secret for secret in found if len(secret) >= 3}
     found |= {quote(secret, safe="") for secret in found}
     return sorted(found, key=len, reverse=True)
+
+
+def _path_tokens(url: str) -> set[str]:
+    """Token-like path segments of a generic webhook URL, which apprise shows as they are."""
+    if _scheme(url) not in _GENERIC_SCHEMES:
+        return set()
+    return {part for part in urlsplit(url).path.split("/") if secrets.looks_like_token(part)}
 
 
 def mask_url(url: str) -> str:
@@ -144,6 +154,8 @@ def mask_url(url: str) -> str:
     if plugin is None:
         return f"{_scheme(url)}://{_MASK}"
     masked = str(plugin.url(privacy=True)).partition("?")[0]
+    for token in sorted(_path_tokens(url), key=len, reverse=True):
+        masked = masked.replace(f"/{token}", f"/{_MASK}")
     query = [
         f"{key}={value if key in _PLAIN_QUERY_KEYS else _MASK}"
         for key, value in parse_qsl(urlsplit(url).query)
