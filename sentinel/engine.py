@@ -31,6 +31,17 @@ TRAINING_LOG_METRICS = frozenset({"loss", "grad_norm", "lr"})
 #: Samples of each metric kept for incident reports ("the last samples before onset").
 HISTORY_LEN = 32
 
+#: Routes kept (one per distinct tuple of sample names on a line): metrics files repeat a few.
+_ROUTES_MAX = 4096
+#: Hooks whose detectors also include those that override the faster variant.
+_ALSO_HOOKED = {"output": ("output_text",)}
+_UNSEEN = object()
+_new_sample = tuple.__new__
+
+
+def _position(found: tuple[int, Alert]) -> int:
+    return found[0]
+
 
 def build_detectors(settings: Settings) -> list[BaseDetector]:
     """One detector per enabled rule, in registry order."""
@@ -72,8 +83,9 @@ class Engine:
         self._facts = RunFacts()
         # Per source: the reader of a structured file (CSV, MLflow...), or None for a log.
         self._readers: dict[str, FileReader | None] = {}
-        # Per metric name: the detectors that watch it (see BaseDetector.watches).
-        self._routes: dict[str, list[BaseDetector]] = {}
+        # Per tuple of a line's sample names: the detectors shown that line (see
+        # BaseDetector.watches and sees_progress).
+        self._routes: dict[tuple[str, ...], list[tuple[BaseDetector, bool]]] = {}
         # Per hook name (output, tick): the detectors that implement it (see _hooked).
         self._hooks: dict[str, list[BaseDetector]] = {}
 
@@ -96,43 +108,52 @@ class Engine:
     def feed_text(self, source: str, text: str, now: float) -> list[Alert]:
         """``feed_line`` for a line read at ``now`` (ignored with the data's clock).
 
-        The ``Line`` the rules see is made only when a rule watches output:
-        replay feeds every line of a log through here.
+        The ``Line`` the rules see is made only when a rule watches output with
+        ``output`` rather than ``output_text``: replay feeds every line of a log here.
         """
-        if source in self._readers:
-            reader = self._readers[source]
-        else:
-            reader = self._readers[source] = reader_for(source)
+        readers = self._readers
+        reader = readers.get(source, _UNSEEN)
+        if reader is _UNSEEN:
+            reader = readers[source] = reader_for(source)
         if reader is None:
             samples = self.parser.parse(text)
             if not samples:
                 self.facts.observe_line(text)
         else:
-            samples = self.parser.parse_with(reader, text)
+            samples = self.parser.parse_with(reader, text)  # type: ignore[arg-type]
         if self.logging_steps is not None and samples:
             samples = self._count_step(samples)
         alerts: list[Alert] = []
         if self.data_clock:
             if samples:
-                alerts += self._advance_clock(samples)
+                # The line's own time: the latest timestamp among its samples.
+                new_time: float | None = None
+                for sample in samples:
+                    stamp = sample.time
+                    if stamp is not None and (new_time is None or stamp > new_time):
+                        new_time = stamp
+                if new_time is not None:
+                    alerts = self._advance_clock(new_time)
             if self.data_time is None:
                 # Before the data's first timestamp there is no clock: only the crash
                 # classifier's tail of output and the metrics themselves matter.
                 return alerts + self.feed_samples(samples, source, 0.0) if samples else alerts
             now = self.data_time
-        watching = self._hooked("output")
-        if watching:
-            line = Line(source, text, now)
-            for detector in watching:
-                try:
-                    found = detector.output(line)
-                except Exception as error:
-                    alerts.append(self._disable(detector, error, now))
-                    continue
-                if found:
-                    alerts += found
+        watching = self._hooks.get("output")
+        if watching is None:
+            watching = self._hooked("output")
+        for detector in watching:
+            try:
+                found = detector.output_text(text, source, now)
+            except Exception as error:
+                alerts.append(self._disable(detector, error, now))
+                continue
+            if found:
+                alerts += found
         if samples:
-            alerts += self.feed_samples(samples, source, now)
+            found = self.feed_samples(samples, source, now)
+            if found:
+                alerts += found
         return alerts
 
     def _count_step(self, samples: list[Sample]) -> list[Sample]:
@@ -153,19 +174,12 @@ class Engine:
         return [
             sample
             if sample.name == PROGRESS
-            else Sample(sample.name, sample.value, step, sample.time)
+            else _new_sample(Sample, (sample.name, sample.value, step, sample.time))
             for sample in samples
         ]
 
-    def _advance_clock(self, samples: list[Sample]) -> list[Alert]:
+    def _advance_clock(self, new_time: float) -> list[Alert]:
         """Replay: move the clock to the line's own time before its samples are seen."""
-        new_time: float | None = None
-        for sample in samples:
-            stamp = sample.time
-            if stamp is not None and (new_time is None or stamp > new_time):
-                new_time = stamp
-        if new_time is None:
-            return []
         if self.data_time is None:
             self.data_time = new_time
             self._each(lambda detector: detector.job_started(new_time), new_time)
@@ -187,58 +201,127 @@ class Engine:
         return self.feed_samples(samples, source, now)
 
     def feed_samples(self, samples: Iterable[Sample], source: str, now: float) -> list[Alert]:
-        """Samples from a parser or a structured reader (e.g. ``trainer_state.json``)."""
-        alerts: list[Alert] = []
+        """Samples from a parser or a structured reader (e.g. ``trainer_state.json``).
+
+        The samples of one call are one line's: each rule is shown them all at once
+        (``BaseDetector.observe_samples``), and the alerts come back in the order of
+        the samples that raised them, rules in registry order for the same sample:
+        what calling ``observe`` sample by sample, rule by rule, would give.
+        """
+        shown: list[Sample] = []
+        metrics = 0
+        current = self.current_step
+        history = self.history
+        data_clock = self.data_clock
         for sample in samples:
-            name = sample.name
-            if sample.time is not None and not self.data_clock:
-                self.data_time = sample.time
-            step = sample.step
+            name, value, step, stamp = sample
+            if stamp is not None and not data_clock:
+                self.data_time = stamp
             if name == PROGRESS:
                 # Forward only: an evaluation's own progress bar counts batches from 0 again.
-                if step is not None and (self.current_step is None or step > self.current_step):
-                    self.current_step = step
+                if step is not None and (current is None or step > current):
+                    current = step
                     # A progress bar's new step is progress for the rules that measure it
                     # (stall): a job logging metrics every 500 steps still moves every step.
-                    for detector in self._progress_watchers():
-                        try:
-                            found = detector.observe(sample, source, now)
-                        except Exception as error:
-                            alerts.append(self._disable(detector, error, now))
-                            continue
-                        if found:
-                            alerts += found
+                    shown.append(sample)
                 continue
             if step is None:
-                sample = Sample(name, sample.value, self.current_step, sample.time)
-            elif self.current_step is None or step > self.current_step:
-                self.current_step = step
-            self.samples_seen += 1
-            history = self.history.get(name)
-            if history is None:
-                history = self.history[name] = deque(maxlen=HISTORY_LEN)
-            history.append(sample)
-            route = self._routes.get(name)
-            if route is None:
-                route = self._routes[name] = [
-                    detector
-                    for detector in self.detectors
-                    if detector.watches is None or name in detector.watches
-                ]
-            # The hot loop of a replay: a plain loop, not _each's closure per detector.
-            for detector in route:
+                sample = _new_sample(Sample, (name, value, current, stamp))
+            elif current is None or step > current:
+                current = step
+            metrics += 1
+            kept = history.get(name)
+            if kept is None:
+                kept = history[name] = deque(maxlen=HISTORY_LEN)
+            kept.append(sample)
+            shown.append(sample)
+        self.current_step = current
+        if not shown:
+            return []
+        self.samples_seen += metrics
+        names = tuple([sample.name for sample in shown])
+        route = self._routes.get(names)
+        if route is None:
+            route = self._route(names)
+        found: list[tuple[int, Alert]] | None = None
+        merged = False
+        for detector, sample_by_sample in route:
+            if sample_by_sample:
+                raised = self._observe_each(detector, shown, source, now)
+            else:
                 try:
-                    found = detector.observe(sample, source, now)
+                    raised = detector.observe_samples(shown, source, now)
                 except Exception as error:
-                    alerts.append(self._disable(detector, error, now))
+                    raised = [(len(shown), self._disable(detector, error, now))]
+            if raised:
+                if found is None:
+                    found = raised
+                else:
+                    found = found + raised
+                    merged = True
+        if found is None:
+            return []
+        if merged:
+            # Sample order first; for one sample, the rules' order (a stable sort).
+            found.sort(key=_position)
+        return [alert for _, alert in found]
+
+    def _route(self, names: tuple[str, ...]) -> list[tuple[BaseDetector, bool]]:
+        """The detectors shown a line whose samples have these names, in registry order,
+        each with whether the engine calls its ``observe`` sample by sample."""
+        if len(self._routes) >= _ROUTES_MAX:
+            self._routes.clear()
+        route = self._routes[names] = [
+            (detector, not _overrides(detector, "observe_samples"))
+            for detector in self.detectors
+            if any(
+                detector.sees_progress
+                if name == PROGRESS
+                else detector.watches is None or name in detector.watches
+                for name in names
+            )
+        ]
+        return route
+
+    def _observe_each(
+        self, detector: BaseDetector, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """A rule without its own ``observe_samples``: ``observe`` per sample it watches.
+
+        A rule that raises is disabled at that sample, its earlier alerts kept.
+        """
+        found: list[tuple[int, Alert]] = []
+        watches = detector.watches
+        for index, sample in enumerate(samples):
+            name = sample.name
+            if name == PROGRESS:
+                if not detector.sees_progress:
                     continue
-                if found:
-                    alerts += found
-        return alerts
+            elif watches is not None and name not in watches:
+                continue
+            try:
+                raised = detector.observe(sample, source, now)
+            except Exception as error:
+                found.append((index, self._disable(detector, error, now)))
+                break
+            if raised:
+                found += [(index, alert) for alert in raised]
+        return found
 
     def tick(self, now: float) -> list[Alert]:
-        detectors = self._hooked("tick")
-        return self._each(lambda detector: detector.tick(now), now, detectors) if detectors else []
+        detectors = self._hooks.get("tick")
+        if detectors is None:
+            detectors = self._hooked("tick")
+        alerts: list[Alert] = []
+        for detector in detectors:
+            try:
+                found = detector.tick(now)
+            except Exception as error:
+                alerts.append(self._disable(detector, error, now))
+                continue
+            if found:
+                alerts += found
+        return alerts
 
     def job_started(self, now: float, start_step: int = 0) -> None:
         """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
@@ -264,22 +347,19 @@ class Engine:
                 out[name] = kept[-per_metric:]
         return out
 
-    def _progress_watchers(self) -> list[BaseDetector]:
-        """The detectors shown progress-bar samples (``BaseDetector.sees_progress``)."""
-        detectors = self._hooks.get(PROGRESS)
-        if detectors is None:
-            detectors = self._hooks[PROGRESS] = [d for d in self.detectors if d.sees_progress]
-        return detectors
-
     def _hooked(self, hook: str) -> list[BaseDetector]:
         """The detectors whose ``hook`` does something (BaseDetector's own hooks do nothing).
 
         ``output`` and ``tick`` run once a line in a replay, and most rules have neither.
+        A rule with its own ``output_text`` watches output as well.
         """
         detectors = self._hooks.get(hook)
         if detectors is None:
+            also = _ALSO_HOOKED.get(hook, ())
             detectors = self._hooks[hook] = [
-                detector for detector in self.detectors if _overrides(detector, hook)
+                detector
+                for detector in self.detectors
+                if _overrides(detector, hook) or any(_overrides(detector, h) for h in also)
             ]
         return detectors
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sentinel.records import Alert, Line, Sample, Severity
+from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
 
 if TYPE_CHECKING:
     from sentinel.facts import RunFacts
@@ -55,6 +55,19 @@ class Detector(Protocol):
 
     def output(self, line: Line) -> list[Alert]:
         """Any line of output arrived, metric or not (progress, warnings, tracebacks)."""
+        ...
+
+    def output_text(self, text: str, source: str, now: float) -> list[Alert]:
+        """``output`` for the line ``Line(source, text, now)``, without making it."""
+        ...
+
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """The samples of one line, in order: ``observe`` for each one the rule is shown.
+
+        Returns (index in ``samples``, alert) pairs in order.
+        """
         ...
 
     def tick(self, now: float) -> list[Alert]:
@@ -118,8 +131,36 @@ class BaseDetector:
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         return []
 
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """The samples of one line (their steps filled in), in order; (index, alert) pairs.
+
+        Exactly ``observe`` on each sample the rule is shown: a metric it ``watches``,
+        a progress sample when it ``sees_progress``. The engine calls this once a line
+        instead of ``observe`` once a sample; a rule overrides it where one pass over
+        the line is much cheaper (replay feeds millions of lines).
+        """
+        found: list[tuple[int, Alert]] = []
+        watches = self.watches
+        for index, sample in enumerate(samples):
+            name = sample.name
+            if name == PROGRESS:
+                if not self.sees_progress:
+                    continue
+            elif watches is not None and name not in watches:
+                continue
+            for alert in self.observe(sample, source, now):
+                found.append((index, alert))
+        return found
+
     def output(self, line: Line) -> list[Alert]:
         return []
+
+    def output_text(self, text: str, source: str, now: float) -> list[Alert]:
+        """``output(Line(source, text, now))``; a rule overrides it to skip making the
+        ``Line`` (the engine calls it for every line of output)."""
+        return self.output(Line(source, text, now))
 
     def tick(self, now: float) -> list[Alert]:
         return []

@@ -8,7 +8,7 @@ from collections import deque
 from pydantic import Field, model_validator
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
-from sentinel.detectors.series import Rolling, Warmup
+from sentinel.detectors.series import LazyRolling, Warmup
 from sentinel.records import Alert, Sample, Severity
 
 #: Evaluations since the best kept as evidence for the alert's details.
@@ -64,7 +64,8 @@ class EvalLossRiseDetector(BaseDetector):
 
     def _reset(self) -> None:
         self._warmup.reset()
-        self._train = Rolling(self.settings.train_window)
+        # Its median is asked for at evaluations only: sorted then, not on every train value.
+        self._train = LazyRolling(self.settings.train_window)
         self._train_seen = False
         self._best: tuple[int | None, float] | None = None
         #: Train level at the best evaluation (or at the first one after it that had one).
@@ -90,6 +91,34 @@ class EvalLossRiseDetector(BaseDetector):
         if sample.name != self.settings.metric:
             return []
         return self._evaluation(sample, source, now)
+
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """``observe`` per sample, a train value added without a call per sample."""
+        found: list[tuple[int, Alert]] = []
+        settings = self.settings
+        warmup = self._warmup
+        train_metric, metric = settings.train_metric, settings.metric
+        isfinite = math.isfinite
+        for index, sample in enumerate(samples):
+            name, value, step, _ = sample
+            if name == "lr":
+                if warmup.lr_rising is not False:
+                    warmup.observe(sample)
+            elif name != train_metric and name != metric:
+                continue  # not watched (progress samples included)
+            if not isfinite(value) or (
+                warmup.lr_rising or (step is not None and step < warmup.warmup_steps)
+            ):
+                continue
+            if name == train_metric:
+                self._train.add(value)
+                self._train_seen = True
+            elif name == metric:
+                for alert in self._evaluation(sample, source, now):
+                    found.append((index, alert))
+        return found
 
     def _evaluation(self, sample: Sample, source: str, now: float) -> list[Alert]:
         step, value = sample.step, sample.value

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
 from sentinel.detectors.series import Warmup
-from sentinel.records import Alert, Sample, Severity
+from sentinel.records import PROGRESS, Alert, Sample, Severity
 from sentinel.sources import GPU_JOB, GPU_MEM_TOTAL, GPU_MEM_USED
 
 #: GPU memory metrics as common loggers name them (lower-cased, ``train/`` stripped):
@@ -133,7 +133,10 @@ class GpuMemoryCreepDetector(BaseDetector):
         self._memory = frozenset(config.metrics)
         self._totals = frozenset(config.capacity_metrics)
         self._nvml = frozenset({GPU_MEM_USED, GPU_MEM_TOTAL, GPU_JOB}) if config.nvml else None
-        self.watches = self._memory | self._totals | {"lr"} | (self._nvml or frozenset())
+        self._watched = self._memory | self._totals | {"lr"} | (self._nvml or frozenset())
+        self.watches = self._watched
+        #: Whether a learning rate only feeds the warmup (it is no memory metric here).
+        self._lr_warmup_only = "lr" not in self._memory | self._totals | (self._nvml or set())
         self._warmup = Warmup(config.warmup_steps)
         self._reset()
 
@@ -174,6 +177,25 @@ class GpuMemoryCreepDetector(BaseDetector):
         window.append((sample.step, value))
         time = sample.time if sample.time is not None else now
         return self._judge((name, ""), window, sample, source, time)
+
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """``observe`` per sample it watches; a learning rate only feeds the warmup."""
+        lr_warmup_only = self._lr_warmup_only
+        watches = self._watched
+        found: list[tuple[int, Alert]] = []
+        for index, sample in enumerate(samples):
+            name = sample[0]
+            if name == "lr" and lr_warmup_only:
+                if self._warmup.lr_rising is not False:
+                    self._warmup.observe(sample)
+                continue
+            if name not in watches or name == PROGRESS:
+                continue
+            for alert in self.observe(sample, source, now):
+                found.append((index, alert))
+        return found
 
     def _observe_gpu(self, sample: Sample, source: str, now: float) -> list[Alert]:
         """An NVML reading of GPU ``source``."""

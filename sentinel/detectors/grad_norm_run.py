@@ -144,6 +144,39 @@ class GradNormRunDetector(BaseDetector):
             return [self._open_clipping(sample, source, time)]
         return []
 
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """``observe`` per sample; a value under every bar outside an episode (the common
+        case) is only learned, without a call."""
+        found: list[tuple[int, Alert]] = []
+        settings = self.settings
+        warmup = self._warmup
+        rolling = self._median
+        for index, sample in enumerate(samples):
+            name, value, step, _ = sample
+            if name == "lr":
+                if warmup.lr_rising is not False:
+                    warmup.observe(sample)
+                continue
+            if name != METRIC or not math.isfinite(value):
+                continue
+            if warmup.lr_rising or (step is not None and step < warmup.warmup_steps):
+                rolling.add(value)
+                continue
+            if not self._open and settings.max_grad_norm is None and value <= settings.threshold:
+                median = rolling.median() if len(rolling) >= settings.min_history else None
+                relative_bar = settings.relative_factor * median if median else math.inf
+                if value <= relative_bar:
+                    # What observe does with a value under every bar, no episode, no clipping.
+                    self._run.clear()
+                    rolling.add(value)
+                    self._recent.append((step, value))
+                    continue
+            for alert in self.observe(sample, source, now):
+                found.append((index, alert))
+        return found
+
     def _clipping(self) -> bool:
         if self.settings.max_grad_norm is None or len(self._clips) < self.settings.clip_window:
             return False

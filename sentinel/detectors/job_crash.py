@@ -9,7 +9,7 @@ from collections import deque
 from pydantic import Field
 
 from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.records import Alert, Line, Sample, Severity
+from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
 
 # Checked in order: a device-side assert often also mentions an index out of
 # bounds, and an OOM inside a NCCL call is still an OOM.
@@ -111,8 +111,22 @@ class JobCrashDetector(BaseDetector):
             self._last_step = sample.step
         return []
 
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """Only the line's last step matters: the one ``observe`` would keep last."""
+        for sample in reversed(samples):
+            step = sample[2]
+            if step is not None and sample[0] != PROGRESS:
+                self._last_step = step
+                break
+        return []
+
     def output(self, line: Line) -> list[Alert]:
-        self._tail.append(line.text)
+        return self.output_text(line.text, line.source, line.time)
+
+    def output_text(self, text: str, source: str, now: float) -> list[Alert]:
+        self._tail.append(text)
         return []
 
     def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:

@@ -90,10 +90,15 @@ class LossPlateauDetector(BaseDetector):
         #: The open episode's resolve bar, or None when none is open.
         self._bar: float | None = None
         self._onset_step: int | None = None
+        #: Values appended to the window since it was last cleared, all under the "still
+        #: high" bar (``high_fraction`` x the initial level), up to the newest.
+        self._under_high = 0
+        self._high_bar: float | None = None
 
     def job_started(self, now: float) -> None:
         self._warmup.reset()
         self._window.clear()
+        self._under_high = 0
         self._moved_on = bool(self._first)
         self._bar = None
         self._onset_step = None
@@ -113,15 +118,75 @@ class LossPlateauDetector(BaseDetector):
             return []
         if len(self._first) < self.settings.edge_values:
             self._first.append(sample.value)
+            if len(self._first) == self.settings.edge_values:
+                self._set_high_bar()
         if self._warmup.active(sample.step):
             return []
         if len(self._window) == self._window.maxlen:
             self._moved_on = True
         self._window.append((sample.step, sample.value))
+        if self._high_bar is not None and sample.value < self._high_bar:
+            self._under_high += 1
+        else:
+            self._under_high = 0
         time = sample.time if sample.time is not None else now
         if self._bar is not None:
             return self._judge_recovery(sample, source, time)
         return self._judge_plateau(sample, source, time)
+
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """``observe`` per sample, with the common verdict found without a median.
+
+        When the last ``edge_values`` values are all under the "still high" bar, so is
+        their median: the loss has converged and ``_judge_plateau`` says nothing.
+        """
+        found: list[tuple[int, Alert]] = []
+        warmup = self._warmup
+        edge_values = self.settings.edge_values
+        for index, sample in enumerate(samples):
+            name, value, step, stamp = sample
+            if name == "lr":
+                if warmup.lr_rising is not False:
+                    warmup.observe(sample)
+                continue
+            if name != METRIC or not math.isfinite(value):
+                continue
+            first = self._first
+            if len(first) < edge_values:
+                first.append(value)
+                if len(first) == edge_values:
+                    self._set_high_bar()
+            if warmup.lr_rising or (step is not None and step < warmup.warmup_steps):
+                continue
+            window = self._window
+            if len(window) == window.maxlen:
+                self._moved_on = True
+            window.append((step, value))
+            high_bar = self._high_bar
+            if high_bar is not None and value < high_bar:
+                self._under_high += 1
+                if self._bar is None and self._under_high >= edge_values:
+                    continue  # converged: the recent median is under the bar
+            else:
+                self._under_high = 0
+            time = stamp if stamp is not None else now
+            if self._bar is not None:
+                raised = self._judge_recovery(sample, source, time)
+            else:
+                raised = self._judge_plateau(sample, source, time)
+            for alert in raised:
+                found.append((index, alert))
+        return found
+
+    def _set_high_bar(self) -> None:
+        """The "still high" bar, once the initial level is known; None where a sum of
+        two values under it could overflow (the shortcut would then be unsound)."""
+        initial = self.initial_level
+        assert initial is not None
+        bar = self.settings.high_fraction * initial
+        self._high_bar = bar if 0 < bar < 1e300 else None
 
     def _edge(self, values: Iterable[tuple[int | None, float]]) -> list[float]:
         """The values of the first ``edge_values`` entries."""
@@ -179,6 +244,7 @@ class LossPlateauDetector(BaseDetector):
         self._bar = None
         self._onset_step = None
         self._window.clear()
+        self._under_high = 0
         self._moved_on = True
         return [alert]
 

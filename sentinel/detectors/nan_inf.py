@@ -61,6 +61,19 @@ class NanInfDetector(BaseDetector):
             )
         ]
 
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """Nothing to say about a line of finite values outside an episode: one pass."""
+        if not self._offending:
+            isfinite = math.isfinite
+            for sample in samples:
+                if not isfinite(sample[1]):
+                    break
+            else:
+                return []
+        return super().observe_samples(samples, source, now)
+
     def _count_finite(self, sample: Sample, source: str, now: float) -> list[Alert]:
         if sample.name not in self._offending:
             return []

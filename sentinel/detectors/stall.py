@@ -17,13 +17,11 @@ GPU utilisation is never evidence: a hung NCCL collective shows 100% at idle pow
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
 from pydantic import Field, model_validator
 
 from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.detectors.series import Rolling
+from sentinel.detectors.series import LazyRolling
+from sentinel.detectors.stall_evidence import Evidence, Timeouts
 from sentinel.records import Alert, Line, Sample, Severity
 from sentinel.sources import (
     GPU_JOB,
@@ -43,8 +41,6 @@ EVIDENCE_METRICS = frozenset(
 
 #: Step gaps kept for the median: recent enough to follow a run that changes pace.
 INTERVAL_WINDOW = 100
-
-Verdict = Literal["hang", "busy", "none"]
 
 
 class StallConfig(RuleConfig):
@@ -95,78 +91,6 @@ class StallConfig(RuleConfig):
         return self
 
 
-@dataclass
-class Evidence:
-    """What the latest fresh readings show while the job makes no progress."""
-
-    #: The job's GPUs: source, utilisation (percent, None if not read), power, power limit.
-    gpus: list[tuple[str, float | None, float, float]] = field(default_factory=list)
-    cpu_percent: float | None = None
-    d_state: int | None = None
-    #: Seconds since the job last printed, when it printed during this silence.
-    output_age_s: float | None = None
-    low_power_fraction: float = 0.3
-    idle_cpu_percent: float = 5.0
-
-    @property
-    def gpus_low(self) -> bool:
-        return bool(self.gpus) and all(
-            power < self.low_power_fraction * limit for _, _, power, limit in self.gpus
-        )
-
-    @property
-    def cpu_idle(self) -> bool:
-        return self.cpu_percent is not None and self.cpu_percent < self.idle_cpu_percent
-
-    @property
-    def verdict(self) -> Verdict:
-        """Hang on any hang evidence, else busy on any sign of work, else none."""
-        if self.d_state or self.gpus_low or self.cpu_idle:
-            return "hang"
-        if self.gpus or self.cpu_percent is not None or self.output_age_s is not None:
-            return "busy"
-        return "none"
-
-    def describe(self) -> str:
-        """The evidence in words: "gpu:0 util 100% at 85 W of 700 W, process tree CPU 2%"."""
-        parts = []
-        for source, util, power, limit in self.gpus:
-            at = f"util {util:.0f}% at" if util is not None else "at"
-            parts.append(f"{source} {at} {power:.0f} W of {limit:.0f} W")
-        if self.cpu_percent is not None:
-            parts.append(f"process tree CPU {self.cpu_percent:.0f}%")
-        if self.output_age_s is not None:
-            parts.append(f"last output {self.output_age_s:.0f} s ago")
-        if self.d_state:
-            parts.append(
-                f"{self.d_state} process(es) in uninterruptible sleep (D state): SIGTERM will"
-                " not stop them until their I/O returns; the node may need draining"
-            )
-        return ", ".join(parts) if parts else "no GPU or process readings"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "gpus": [
-                {"source": source, "util_percent": util, "power_w": power, "power_limit_w": limit}
-                for source, util, power, limit in self.gpus
-            ],
-            "cpu_percent": self.cpu_percent,
-            "d_state": self.d_state,
-            "output_age_s": self.output_age_s,
-            "verdict": self.verdict,
-        }
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """The timeouts in force; ``learned`` when they come from the run's own step gaps."""
-
-    soft_s: float
-    hard_s: float
-    busy_s: float
-    learned: bool
-
-
 class StallDetector(BaseDetector):
     """Warns after the soft timeout of no progress; goes critical after the hard one on evidence.
 
@@ -183,7 +107,17 @@ class StallDetector(BaseDetector):
         super().__init__(config)
         self.settings = config
         # Learned over the run (kept across attempts).
-        self._intervals = Rolling(max(INTERVAL_WINDOW, config.learn_steps))
+        # The median is asked for only near a timeout: sorted then, not on every step.
+        self._intervals = LazyRolling(max(INTERVAL_WINDOW, config.learn_steps))
+        #: A gap up to this is never capped (see ``_capped``).
+        self._uncapped_s = min(config.hard_timeout_s, 2 * config.min_timeout_s)
+        #: No soft timeout in force is ever shorter (see ``timeouts``): a tick before it
+        #: is silent without working the timeouts out.
+        self._least_soft_s = (
+            min(config.soft_timeout_s, config.min_timeout_s)
+            if config.adaptive
+            else config.soft_timeout_s
+        )
         self._longest_gap_s = 0.0
         self._longest_startup_s = 0.0
         self._steps_seen = False
@@ -226,11 +160,59 @@ class StallDetector(BaseDetector):
         self._active(at)
         return []
 
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """``observe`` per sample; a sample of a step already seen only marks activity."""
+        found: list[tuple[int, Alert]] = []
+        for index, sample in enumerate(samples):
+            name, _, step, stamp = sample
+            last_step = self._last_step
+            if step is not None and (last_step is None or step > last_step):
+                at = stamp if stamp is not None else now
+                last_time = self._last_step_time
+                if (
+                    last_time is not None
+                    and 0 < at - last_time <= self._uncapped_s
+                    and self._level is None
+                    and self._started_at is not None
+                    and self._last_progress is not None
+                    and self.settings.adaptive
+                    and name not in SYSTEM_METRICS
+                ):
+                    # The usual new step: what observe, _learn and _progress do with it.
+                    gap_s = at - last_time
+                    self._intervals.add(gap_s)
+                    if gap_s > self._longest_gap_s:
+                        self._longest_gap_s = gap_s
+                    self._last_step = step
+                    self._last_step_time = at
+                    self._steps_seen = True
+                    if at > self._last_progress:
+                        self._last_progress = at
+                    continue
+            if (
+                (step is not None and (last_step is None or step > last_step))
+                or name in SYSTEM_METRICS
+                or (stamp is not None and not self._steps_seen)
+            ):
+                for alert in self.observe(sample, source, now):
+                    found.append((index, alert))
+                continue
+            at = stamp if stamp is not None else now
+            activity = self._last_activity
+            if activity is None or at > activity:
+                self._last_activity = at
+        return found
+
     def output(self, line: Line) -> list[Alert]:
+        return self.output_text(line.text, line.source, line.time)
+
+    def output_text(self, text: str, source: str, now: float) -> list[Alert]:
         if self._steps_seen:
-            self._active(line.time)
+            self._active(now)
             return []
-        return self._progress(line.time, line.source)
+        return self._progress(now, source)
 
     def _active(self, at: float) -> None:
         if self._last_activity is None or at > self._last_activity:
@@ -255,9 +237,8 @@ class StallDetector(BaseDetector):
 
     def _capped(self, gap_s: float) -> float:
         """``gap_s``, at most the hard timeout in force (worked out only for a long gap)."""
-        settings = self.settings
         # No hard timeout is shorter than this: the fixed one, or a learned soft + min_timeout_s.
-        if gap_s <= min(settings.hard_timeout_s, 2 * settings.min_timeout_s):
+        if gap_s <= self._uncapped_s:
             return gap_s  # the usual step: no need to work out the timeouts
         return min(gap_s, self.timeouts().hard_s)
 
@@ -344,6 +325,8 @@ class StallDetector(BaseDetector):
             # Nothing seen yet (replay before its first timestamp): no baseline to measure from.
             return []
         silent_s = now - self._last_progress
+        if silent_s < self._least_soft_s:
+            return []
         timeouts = self.timeouts()
         if silent_s < timeouts.soft_s:
             return []

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
 from sentinel.detectors.series import Rolling, Warmup
-from sentinel.records import Alert, Sample, Severity
+from sentinel.records import PROGRESS, Alert, Sample, Severity
 
 #: Throughput metrics as the common loggers name them (lower-cased, ``train/`` stripped):
 #: sentinel's canonical name, MosaicML Composer, Lightning's ThroughputMonitor, torchtitan.
@@ -133,6 +133,43 @@ class ThroughputDropDetector(BaseDetector):
                 return self._judge(value, step, time, source, derived=True)
         return []
 
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """``observe`` per sample: the judged series straight to ``_judge``; once the job's
+        own throughput is judged, the step metrics say nothing and a learning rate only
+        feeds the warmup."""
+        found: list[tuple[int, Alert]] = []
+        throughput = self._throughput
+        warmup = self._warmup
+        for index, sample in enumerate(samples):
+            name, value, step, stamp = sample
+            series = self._series
+            if name == series and name != "lr":
+                raised = self._judge(
+                    value, step, stamp if stamp is not None else now, source, derived=False
+                )
+            elif series is not None and name not in throughput:
+                if name == "lr" and warmup.lr_rising is not False:
+                    warmup.observe(sample)
+                continue
+            elif name == PROGRESS:
+                continue
+            elif series is None and name in self._step_metrics and name not in throughput:
+                # observe's derived case, without its dispatch (a job that logs no throughput).
+                if name == "lr" and warmup.lr_rising is not False:
+                    warmup.observe(sample)
+                rate = self._derive(sample, now)
+                if rate is None:
+                    continue
+                value, step, time = rate
+                raised = self._judge(value, step, time, source, derived=True)
+            else:
+                raised = self.observe(sample, source, now)
+            for alert in raised:
+                found.append((index, alert))
+        return found
+
     def _adopt(self, name: str, source: str, now: float) -> list[Alert]:
         """The job logs throughput after all: judge it from now on, not derived steps/sec."""
         self._series = name
@@ -183,9 +220,13 @@ class ThroughputDropDetector(BaseDetector):
     def _judge(
         self, value: float, step: int | None, time: float, source: str, *, derived: bool
     ) -> list[Alert]:
-        if not math.isfinite(value) or self._warmup.active(step):
+        warmup = self._warmup
+        if not math.isfinite(value) or (
+            warmup.lr_rising or (step is not None and step < warmup.warmup_steps)
+        ):
             return []
-        if self._baseline is None:
+        baseline = self._baseline
+        if baseline is None:
             self._learning.append(value)
             if len(self._learning) == self.settings.baseline_window:
                 self._baseline = statistics.median(self._learning)
@@ -193,11 +234,12 @@ class ThroughputDropDetector(BaseDetector):
                     self._recent.add(learned)
             return []
         self._values.append(value)
-        bar = self.settings.fraction * self._baseline
+        bar = self.settings.fraction * baseline
         if value >= bar:
-            self._recent.add(value)
-            if self._recent.full:
-                self._baseline = max(self._baseline, self._recent.median())
+            recent = self._recent
+            recent.add(value)
+            if len(recent.values) == recent.size:
+                self._baseline = max(baseline, recent.median())
             self._low_run = 0
             if not self._open:
                 return []

@@ -212,12 +212,28 @@ class LineParser:
         )
         # User regexes come first, so with any the fast path is off.
         self._brace_fast = self._brace is not None and not self._regexes
+        self._fast_loads = jsonl.fast_loads if self._brace is jsonl.parse_jsonl else None
 
     def parse(self, text: str) -> list[Sample]:
         """The samples in one line; an empty list for plain text or a garbled line."""
         stats = self.stats
         stats.lines += 1
         if self._brace_fast and text[:1] == "{":
+            fast_loads = self._fast_loads
+            if fast_loads is not None and text[1:2] != "'":
+                # _parse_brace's orjson case inlined (a metrics file is all such lines):
+                # a whole line that orjson decodes to an object.
+                try:
+                    decoded = fast_loads(text)
+                except ValueError:
+                    decoded = None
+                if type(decoded) is dict:
+                    read = jsonl.samples_from_mapping(decoded)
+                    if read:
+                        stats.parsed += 1
+                    else:
+                        stats.unparsed += 1
+                    return read
             found = self._parse_brace(text)
             if found is not None:
                 return found

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sentinel.parsers import (
+    _EPOCH_MS,
+    _MAX_STEP,
     STEP_KEYS,
     TIME_KEYS,
     Garbled,
@@ -70,7 +72,13 @@ else:  # pragma: no cover - depends on the environment
     loads, decode_prefix = json.loads, _STDLIB_DECODER.raw_decode
 
 
+#: orjson's own decode (raises on what it refuses), or None without orjson.
+fast_loads: Callable[[str], Any] | None = (
+    orjson.loads if JSON_LIBRARY == "orjson" else None  # pragma: no cover - environment
+)
+
 _STEP_PRIORITY = {key: rank for rank, key in enumerate(STEP_KEYS)}
+_new_tuple = tuple.__new__
 _TIME_PRIORITY = {key: rank for rank, key in enumerate(TIME_KEYS)}
 
 
@@ -124,12 +132,22 @@ def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
     schema = _SCHEMAS.get(keys) or _schema(keys)
     step: int | None = None
     for key in schema.step_keys:
-        step = as_step(fields[key])
+        value = fields[key]
+        # as_step's common case inlined: this runs for every line of a metrics file.
+        if type(value) is int and -_MAX_STEP < value < _MAX_STEP:
+            step = value
+            break
+        step = as_step(value)
         if step is not None:
             break
     time: float | None = None
     for key in schema.time_keys:
-        time = as_epoch_seconds(fields[key])
+        value = fields[key]
+        # as_epoch_seconds' common case inlined: a finite float in seconds (not NaN).
+        if type(value) is float and -_EPOCH_MS < value < _EPOCH_MS:
+            time = value
+            break
+        time = as_epoch_seconds(value)
         if time is not None:
             break
     samples: list[Sample] = []
@@ -145,7 +163,8 @@ def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
                 value = float(value)
             except (ValueError, OverflowError):
                 continue
-        samples.append(Sample(name, value, step, time))
+        # tuple.__new__ rather than Sample(): the same tuple without a Python-level call.
+        samples.append(_new_tuple(Sample, (name, value, step, time)))
     if not samples and step is not None:
         samples.append(Sample(PROGRESS, float(step), step, time))
     return samples

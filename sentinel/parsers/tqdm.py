@@ -15,6 +15,7 @@ import re
 from sentinel.parsers.keyvalue import find_pairs
 from sentinel.records import PROGRESS, Sample
 
+_new_tuple = tuple.__new__
 _CLOCK = r"(?:\d+:)?\d+:\d{2}"
 _BAR = re.compile(
     r"(?:(?P<percent>\d{1,3})%\|[^|]*\|\s*)?"
@@ -46,5 +47,6 @@ def parse_tqdm(text: str) -> list[Sample] | None:
         pairs, _ = find_pairs(rest)
         samples = [Sample(name, value, step) for name, value in pairs if name not in _NOT_METRICS]
     if training:
-        samples.append(Sample(PROGRESS, float(count), count))
+        # tuple.__new__: the same Sample without a Python-level call (a bar is redrawn often).
+        samples.append(_new_tuple(Sample, (PROGRESS, float(count), count, None)))
     return samples
