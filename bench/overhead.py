@@ -18,6 +18,10 @@ own figures alone and watched (so a slowdown of the job would show).
 
     .venv/bin/python bench/overhead.py              # about 2 minutes
     .venv/bin/python bench/overhead.py --seconds 20
+    .venv/bin/python bench/overhead.py --no-gpu --no-process --no-rules   # the plumbing alone
+
+``--no-gpu``, ``--no-process`` and ``--no-rules`` turn the GPU source, the process
+source or every rule off in sentinel's config, for a breakdown of where its CPU goes.
 
 Targets (issue 4): under 1% of one core and under 60 MB RSS, flat over time.
 """
@@ -154,10 +158,25 @@ def run_alone(job: Path, seconds: float) -> Trace:
     return trace({"job": psutil.Process(popen.pid)}, popen)["job"]
 
 
-def run_watched(job: Path, seconds: float, work: Path, real_nvml: bool) -> dict[str, Trace]:
-    state_dir = work / "state"
+def config_text(state_dir: Path, *, gpu: bool, process: bool, rules: bool) -> str:
+    """sentinel's config: the bench's, with the sources or rules turned off as asked."""
+    from sentinel.detectors import DETECTORS
+
+    text = CONFIG.format(state_dir=state_dir)
+    if not gpu:
+        text = text.replace("[gpu]\ninterval_s = 1.0\n", "[gpu]\nenabled = false\n")
+    if not process:
+        text = text.replace("[process]\ninterval_s = 1.0\n", "[process]\nenabled = false\n")
+    if not rules:
+        text += "".join(f"\n[rules.{rule}]\nenabled = false\n" for rule in DETECTORS)
+    return text
+
+
+def run_watched(
+    job: Path, seconds: float, work: Path, real_nvml: bool, config_body: str
+) -> dict[str, Trace]:
     config = work / "sentinel.toml"
-    config.write_text(CONFIG.format(state_dir=state_dir), encoding="utf-8")
+    config.write_text(config_body, encoding="utf-8")
     args = ["run", "--config", str(config), "--", sys.executable, str(job)]
     args += [str(seconds), str(LINES_PER_S)]
     if real_nvml:
@@ -211,14 +230,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the job runs")
     parser.add_argument("--real-nvml", action="store_true", help="read the machine's own GPUs")
+    parser.add_argument("--no-gpu", action="store_true", help="sentinel without the GPU source")
+    parser.add_argument(
+        "--no-process", action="store_true", help="sentinel without the process-tree source"
+    )
+    parser.add_argument("--no-rules", action="store_true", help="sentinel with every rule off")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sentinel-overhead-") as tmp:
         work = Path(tmp)
         job = work / "job.py"
         job.write_text(JOB, encoding="utf-8")
+        on = {"gpu": not args.no_gpu, "process": not args.no_process, "rules": not args.no_rules}
+        config = config_text(work / "state", **on)
         alone = run_alone(job, args.seconds)
-        watched = run_watched(job, args.seconds, work, args.real_nvml)
+        watched = run_watched(job, args.seconds, work, args.real_nvml, config)
     report(args.seconds, alone, watched, args.real_nvml)
+    off = [name for name, flag in (("GPU", args.no_gpu), ("process", args.no_process)) if flag]
+    if args.no_rules:
+        off.append("every rule")
+    if off:
+        print(f"turned off in sentinel: {', '.join(off)}")
     return 0
 
 

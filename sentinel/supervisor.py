@@ -1,10 +1,11 @@
 """``sentinel run``: launch the job, watch it, act, restart it from a clean checkpoint.
 
 One thread owns every decision: it takes events (output lines, the job's
-exit, clock ticks, signals) from one queue, runs them through the engine,
+exit, clock ticks, signals) from one inbox, runs them through the engine,
 and acts. Slow effects stay off it: notification goes through the outbox
 worker, the SIGTERM-grace-SIGKILL sequence runs on its own thread and
-reports back through the queue.
+reports back through the inbox. Events that arrive while it is busy are
+taken together, so a chatty job costs a wake-up per batch, not per line.
 
 The job's life follows Supervisor's states: STARTING (launched, younger than
 ``min_uptime_s``), RUNNING, STOPPING (sentinel asked it to stop), BACKOFF
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import shlex
 import signal
 import sys
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sentinel.actions.notify import Notifier, Outbox
 from sentinel.actions.rollback import apply_rollback, plan_rollback
@@ -33,12 +33,15 @@ from sentinel.config import Settings
 from sentinel.detectors import DETECTORS
 from sentinel.detectors.job_crash import describe_exit
 from sentinel.incidents import Incident
-from sentinel.records import Alert, Line, Sample, Severity
+from sentinel.records import Alert, Sample, Severity
+from sentinel.sources.inbox import Inbox
 from sentinel.sources.process import JobProcess, exit_status
 from sentinel.sources.system import SystemSources
-from sentinel.sources.tailer import LogTailer
 from sentinel.state import StateStore
 from sentinel.watch import Watch
+
+if TYPE_CHECKING:
+    from sentinel.sources.tailer import LogTailer
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ class Supervisor:
         self.state = JobState.STARTING
         self.restarts = 0
         self.exit_code = 0
-        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._events: Inbox[tuple[str, Any]] = Inbox()
         self._job: JobProcess | None = None
         self._attempt = 0
         self._stop: _Stop | None = None
@@ -88,7 +91,7 @@ class Supervisor:
         self._last_failure: tuple[str, int | None] | None = None
         self._shutdown_signals = 0
         self._finished = False
-        self._system = SystemSources(settings, self._put_system)
+        self._system = SystemSources(settings, self._put_system, on_reading=self._put_reading)
 
     # -- the loop -------------------------------------------------------------
 
@@ -102,23 +105,18 @@ class Supervisor:
             retry_max_s=settings.notify.retry_max_s,
         )
         self.watch = Watch(settings, store=store, notifier=notifier, job_name=self._job_name())
-        tailer = LogTailer(
-            settings.logs,
-            lambda path, lines: self._events.put(("lines", (path, lines, time.time()))),
-            offsets=store,
-            poll=settings.tail.poll,
-            poll_interval_s=settings.tail.poll_interval_s,
-            max_line_bytes=settings.tail.max_line_bytes,
-        )
+        tailer = self._tailer(store)
         self._system.start()
         previous_handlers = self._install_signal_handlers()
         notifier.start()
-        tailer.start()
+        if tailer is not None:
+            tailer.start()
         try:
             self._start_attempt()
             self._loop()
         finally:
-            tailer.stop()
+            if tailer is not None:
+                tailer.stop()
             self._system.stop()
             self._drain()
             notifier.stop(drain_s=settings.notify.timeout_s)
@@ -127,26 +125,34 @@ class Supervisor:
             self._restore_signal_handlers(previous_handlers)
         return self.exit_code
 
+    def _tailer(self, store: StateStore) -> LogTailer | None:
+        """The tailer of the ``--log`` files; None without any.
+
+        Without, neither its thread nor watchdog's wakes every second for nothing, and
+        watchdog is not even imported (a few MiB of RSS).
+        """
+        settings = self.settings
+        if not settings.logs:
+            return None
+        from sentinel.sources.tailer import LogTailer
+
+        return LogTailer(
+            settings.logs,
+            lambda path, lines: self._events.put(("lines", (path, lines, time.time()))),
+            offsets=store,
+            poll=settings.tail.poll,
+            poll_interval_s=settings.tail.poll_interval_s,
+            max_line_bytes=settings.tail.max_line_bytes,
+        )
+
     def _loop(self) -> None:
         tick_s = self.settings.tick_interval_s
         next_tick = time.monotonic() + tick_s
         while not self._finished:
             deadline = next_tick if self._restart_at is None else min(next_tick, self._restart_at)
-            try:
-                kind, payload = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                kind, payload = "timer", None
+            events = self._events.take(max(0.0, deadline - time.monotonic()))
             now_mono = time.monotonic()
-            if kind == "lines":
-                self._on_lines(*payload)
-            elif kind == "system":
-                self._on_system(*payload)
-            elif kind == "exit":
-                self._on_exit(*payload)
-            elif kind == "terminated":
-                self._on_terminated(*payload)
-            elif kind == "signal":
-                self._on_signal(payload)
+            self._dispatch(events)
             if now_mono >= next_tick:
                 next_tick = now_mono + tick_s
                 self._on_tick()
@@ -154,32 +160,48 @@ class Supervisor:
                 self._restart_at = None
                 self._start_attempt()
 
-    def _drain(self) -> None:
-        """Take in what arrived after the end: late output, a SIGKILL's outcome for the report."""
-        while True:
-            try:
-                kind, payload = self._events.get_nowait()
-            except queue.Empty:
-                return
+    def _dispatch(self, events: list[tuple[str, Any]], *, late: bool = False) -> None:
+        """Handle events in arrival order; after the end (``late``) only output and outcomes."""
+        for kind, payload in events:
             if kind == "lines":
                 self._on_lines(*payload)
             elif kind == "terminated":
                 self._on_terminated(*payload)
+            elif late or self._finished:
+                continue
+            elif kind == "system":
+                self._on_system(*payload)
+            elif kind == "exit":
+                self._on_exit(*payload)
+            elif kind == "signal":
+                self._on_signal(payload)
+
+    def _drain(self) -> None:
+        """Take in what arrived after the end: late output, a SIGKILL's outcome for the report."""
+        while events := self._events.take(0):
+            self._dispatch(events, late=True)
 
     # -- events ---------------------------------------------------------------
 
     def _on_lines(self, source: str, lines: list[str], read_at: float) -> None:
-        alerts: list[Alert] = []
+        feed = self.watch.engine.feed_text
         for text in lines:
-            alerts += self.watch.engine.feed_line(Line(source, text, read_at))
-        self._handle(alerts)
+            alerts = feed(source, text, read_at)
+            if alerts:
+                # At once, not after the rest of the batch: a NaN's SIGTERM waits for nothing.
+                self._handle(alerts)
 
     def _put_system(self, source: str, samples: list[Sample], read_at: float) -> None:
-        """From a GPU or process source's thread: the reading joins the queue."""
-        self._events.put(("system", (source, samples, read_at)))
+        """From a GPU or process source's thread: the reading joins the inbox."""
+        self._events.put(("system", ({source: samples}, read_at)))
 
-    def _on_system(self, source: str, samples: list[Sample], read_at: float) -> None:
-        self._handle(self.watch.engine.feed_system(source, samples, read_at))
+    def _put_reading(self, readings: dict[str, list[Sample]], read_at: float) -> None:
+        """From the GPU poll thread: a reading of every GPU (source -> samples), one event."""
+        self._events.put(("system", (readings, read_at)))
+
+    def _on_system(self, readings: dict[str, list[Sample]], read_at: float) -> None:
+        for source, samples in readings.items():
+            self._handle(self.watch.engine.feed_system(source, samples, read_at))
 
     def _on_tick(self) -> None:
         now = time.time()

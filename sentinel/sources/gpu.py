@@ -41,7 +41,16 @@ from sentinel.sources import (
     OnSamples,
     gpu_source,
 )
-from sentinel.sources.nvml import GpuProbe, address, is_wanted, parse_visible, shutdown
+from sentinel.sources.nvml import (
+    ClockEventsCall,
+    GpuProbe,
+    LimitedLog,
+    address,
+    attribute,
+    is_wanted,
+    parse_visible,
+    shutdown,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,10 @@ REPEAT_LOG_S = 600.0
 XID_FALLEN_OFF_BUS = 79
 
 Attribution = Literal["auto", "job", "all"]
+
+#: Called from the poll thread with one reading of every GPU (source -> samples), read at
+#: epoch seconds: one hand-over a poll, however many GPUs.
+OnReading = Callable[[dict[str, list[Sample]], float], None]
 
 
 def _real_nvml() -> GpuProbe:
@@ -88,6 +101,7 @@ class GpuMonitor:
         interval_s: float,
         on_samples: OnSamples,
         job_pids: Callable[[], frozenset[int]],
+        on_reading: OnReading | None = None,
         attribution: Attribution = "auto",
         xid_events: bool = True,
         visible_devices: str | None = None,
@@ -97,12 +111,16 @@ class GpuMonitor:
         """``visible_devices``: a ``CUDA_VISIBLE_DEVICES`` value (indexes or ``GPU-`` UUIDs);
         only those GPUs are watched. None: every GPU.
 
+        ``on_reading``: where each poll's reading goes as a whole; None: to ``on_samples``,
+        a call per GPU. XIDs always go to ``on_samples``.
+
         ``xid_wait_ms`` bounds how long ``stop()`` waits for the XID thread (NVML's wait
         cannot be interrupted); ``stop_timeout_s`` how long it waits for both threads.
         """
         self._probe = probe
         self._interval_s = interval_s
         self._on_samples = on_samples
+        self._on_reading = on_reading
         self._job_pids = job_pids
         self._attribution: Attribution = attribution
         self._xid_events = xid_events
@@ -115,7 +133,8 @@ class GpuMonitor:
         self._threads: list[threading.Thread] = []
         self._started = False
         self._opened = False
-        self._last_logged: dict[tuple[object, ...], tuple[float, int]] = {}
+        self._log_limited = LimitedLog(log, REPEAT_LOG_S)
+        self._clock_events: ClockEventsCall | None = None
         self._job_gpus: frozenset[int] | None = None
         self.available = False
 
@@ -155,6 +174,7 @@ class GpuMonitor:
             log.warning("NVML cannot count the GPUs (%s): GPU rules are off", exc)
             shutdown(probe)
             return False
+        self._clock_events = ClockEventsCall(probe)
         wanted = parse_visible(self._visible_devices)
         for index in range(count):
             try:
@@ -246,6 +266,8 @@ class GpuMonitor:
             samples.append(Sample(GPU_MEM_USED, float(memory.used)))
             samples.append(Sample(GPU_MEM_TOTAL, float(memory.total)))
         ecc = probe.nvmlDeviceGetTotalEccErrors
+        clock_events = self._clock_events
+        assert clock_events is not None  # made by open()
         volatile = probe.NVML_VOLATILE_ECC
         # (sample, NVML function, its arguments after the handle, divisor to the sample's unit)
         scalars: list[tuple[str, Callable[..., Any], tuple[int, ...], float]] = [
@@ -253,7 +275,7 @@ class GpuMonitor:
             (GPU_POWER, probe.nvmlDeviceGetPowerUsage, (), 1000),  # milliwatts
             (GPU_POWER_LIMIT, probe.nvmlDeviceGetEnforcedPowerLimit, (), 1000),
             (GPU_SM_CLOCK, probe.nvmlDeviceGetClockInfo, (probe.NVML_CLOCK_SM,), 1),
-            (GPU_CLOCK_EVENTS, probe.nvmlDeviceGetCurrentClocksEventReasons, (), 1),
+            (GPU_CLOCK_EVENTS, clock_events, (), 1),
             (GPU_ECC_UNCORRECTED, ecc, (probe.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, volatile), 1),
             (GPU_ECC_CORRECTED, ecc, (probe.NVML_MEMORY_ERROR_TYPE_CORRECTED, volatile), 1),
         ]
@@ -282,7 +304,8 @@ class GpuMonitor:
         key = (gpu.source, metric)
         try:
             return function(gpu.handle, *args)
-        except probe.NVMLError_NotSupported:
+        except (probe.NVMLError_NotSupported, probe.NVMLError_FunctionNotFound):
+            # FunctionNotFound: a driver older than the call; it will not grow one.
             gpu.unsupported.add(metric)
             log.info("%s does not support %s: not read from now on", gpu.source, metric)
         except probe.NVMLError_GpuIsLost as exc:
@@ -300,15 +323,8 @@ class GpuMonitor:
 
     def _attribute(self, pids: dict[int, frozenset[int] | None]) -> dict[int, bool]:
         """Which GPUs are the job's, from the pids on each (None: unknown)."""
-        if self._attribution == "all":
-            owned = dict.fromkeys(pids, True)
-        else:
-            job = self._job_pids()
-            owned = {index: bool(on_gpu and on_gpu & job) for index, on_gpu in pids.items()}
-            if self._attribution == "auto" and not any(owned.values()):
-                # A container's own PID namespace hides the job's pids from NVML: the
-                # GPUs this sidecar sees are then the job's.
-                owned = dict.fromkeys(pids, True)
+        job = frozenset[int]() if self._attribution == "all" else self._job_pids()
+        owned = attribute(self._attribution, pids, job)
         job_gpus = frozenset(index for index, is_job in owned.items() if is_job)
         if job_gpus != self._job_gpus:
             self._job_gpus = job_gpus
@@ -318,26 +334,6 @@ class GpuMonitor:
                 ", ".join(gpu_source(i) for i in sorted(job_gpus)) or "none",
             )
         return owned
-
-    def _log_limited(
-        self,
-        key: tuple[object, ...],
-        now: float,
-        level: int,
-        message: str,
-        *args: object,
-        exc_info: bool = False,
-    ) -> None:
-        """Log once for ``key``, then at most every ``REPEAT_LOG_S`` with the count missed."""
-        last = self._last_logged.get(key)
-        if last is not None and now - last[0] < REPEAT_LOG_S:
-            self._last_logged[key] = (last[0], last[1] + 1)
-            return
-        if last is not None and last[1]:
-            message += " (and %d more times since)"
-            args = (*args, last[1])
-        self._last_logged[key] = (now, 0)
-        log.log(level, message, *args, exc_info=exc_info)
 
     # --- threads ---------------------------------------------------------------------------
 
@@ -349,10 +345,16 @@ class GpuMonitor:
             except Exception:
                 log.exception("reading the GPUs failed; trying again in %.1f s", self._interval_s)
                 readings = {}
-            for source, samples in readings.items():
-                if self._stop.is_set():
-                    return  # a reading that outlived stop() is not delivered
-                self._deliver(source, samples, now)
+            if self._stop.is_set():
+                return  # a reading that outlived stop() is not delivered
+            if self._on_reading is None:
+                for source, samples in readings.items():
+                    self._deliver(source, samples, now)
+            elif readings:
+                try:
+                    self._on_reading(readings, now)
+                except Exception:
+                    log.exception("the GPU readings' receiver raised; a reading is dropped")
             self._stop.wait(self._interval_s)
 
     def _deliver(self, source: str, samples: list[Sample], now: float) -> None:

@@ -77,6 +77,9 @@ class FileFollower:
         self._resume_checked = False
         self._backlog = False
         self._unsaved: list[FileOffset] = []
+        # The open file's offset moved since its record was made: made at commit, not at
+        # every read (a record hashes the bytes before the offset).
+        self._offset_moved = False
         self._last_error = ""
 
     @property
@@ -109,6 +112,8 @@ class FileFollower:
         if self._offsets is None:
             self._unsaved.clear()
             return
+        if self._offset_moved:
+            self._remember_offset()
         while self._unsaved:
             try:
                 self._offsets.save_offset(self._unsaved[0])
@@ -127,8 +132,10 @@ class FileFollower:
         return lines
 
     def close(self) -> None:
-        """Close the followed file's descriptor."""
+        """Close the followed file's descriptor (its offset is kept for ``commit``)."""
         if self._fd is not None:
+            if self._offset_moved:
+                self._remember_offset()
             os.close(self._fd)
             self._fd = None
 
@@ -229,10 +236,11 @@ class FileFollower:
                 self._backlog = True
                 break
         if self.offset != start_offset:
-            self._remember_offset()
+            self._offset_moved = True
 
     def _remember_offset(self) -> None:
         """Queue a record of the current offset for ``commit``."""
+        self._offset_moved = False
         if self._offsets is None or self._fd is None:
             return
         offset = self.offset

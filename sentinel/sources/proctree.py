@@ -4,11 +4,19 @@ Read with psutil on a thread of its own every ``interval_s``. Each reading first
 checks that the root is still the job (pid + create time), so a pid the kernel
 has handed to another process is never reported as the job. Processes come and
 go while a tree is read; one that vanishes mid-read is simply left out.
+
+On Linux the tree is walked through each thread's ``/proc/<pid>/task/<tid>/children``:
+a file per thread of the tree, where psutil's ``children()`` reads the stat file of
+every process on the machine (milliseconds a reading on a busy node). The kernel does
+not promise that list is exact while children exit; neither is a scan of every process
+atomic. A process missed once is counted again at the next reading; its CPU time in
+between is an underestimate, never a jump.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -37,8 +45,13 @@ _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 #: so a reading that soon after the last one gives none and keeps measuring from that one.
 MIN_RATE_WINDOW_S = 0.1
 
-#: A process is told apart from a later one with the same pid by (pid, create time).
-_Key = tuple[int, float]
+#: A process is told apart from a later one with the same pid by (pid, start time): psutil's
+#: ``Process`` compares and hashes so, reading its start time from the process's own stat
+#: (``create_time()`` would read /proc/stat for the boot time too: dear on a large host).
+_Key = psutil.Process
+
+#: Whether the kernel lists children in /proc (CONFIG_PROC_CHILDREN, Linux 3.5 and later).
+PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +60,8 @@ class _CpuTimes:
 
     own_s: float
     reaped_s: float
+    #: Epoch seconds it started, read only for a process the last reading did not see.
+    started_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +90,8 @@ class ProcessMonitor:
         #: Wall time of the last reading that found the job (a stuck source shows here).
         self.last_read_at: float | None = None
         self._root: ProcessIdentity | None = None
+        #: The root once checked against ``_root``; from then on psutil's identity holds.
+        self._root_process: psutil.Process | None = None
         self._pids: frozenset[int] = frozenset()
         self._baseline: _Baseline | None = None
         # Readings may come from the thread and from a caller (tests, a one-off check).
@@ -89,6 +106,7 @@ class ProcessMonitor:
             if identity == self._root:
                 return
             self._root = identity
+            self._root_process = None
             self._baseline = None
             self._pids = frozenset()
 
@@ -129,19 +147,19 @@ class ProcessMonitor:
             root = self._root
             if root is None:
                 return []
-            processes = _tree(root)
+            processes = self._tree(root)
             if processes is None:
                 self._pids = frozenset()
                 self._baseline = None
                 return []
-            samples, cpu = _read(processes)
+            before = self._baseline
+            samples, cpu = _read(processes, {} if before is None else before.cpu)
             monotonic_s = time.monotonic()
-            if root.liveness() != "same":
+            if not processes[0].is_running():
                 # The job exited while it was read; its pid may already be another's.
                 self._pids = frozenset()
                 self._baseline = None
                 return []
-            before = self._baseline
             if before is None or monotonic_s - before.monotonic_s >= MIN_RATE_WINDOW_S:
                 rate = self._cpu_percent(cpu, monotonic_s)
                 if rate is not None:
@@ -150,6 +168,33 @@ class ProcessMonitor:
             self._pids = frozenset(process.pid for process in processes)
             self.last_read_at = now
             return samples
+
+    def _tree(self, root: ProcessIdentity) -> list[psutil.Process] | None:
+        """The root (still the job) and its descendants, or None if the job is not there."""
+        process = self._root_process
+        if process is None:
+            try:
+                process = psutil.Process(root.pid)
+            except _GONE:
+                return None
+            # Checked after the Process was made, so it cannot be an older holder of the pid.
+            if root.liveness() != "same":
+                return None
+            self._root_process = process
+        elif not process.is_running():
+            return None  # exited, and its pid may already be another's
+        if not PROC_CHILDREN:
+            try:
+                return [process, *process.children(recursive=True)]
+            except _GONE:
+                return [process]
+        tree = [process]
+        for pid in descendant_pids(root.pid):
+            try:
+                tree.append(psutil.Process(pid))
+            except _GONE:
+                continue
+        return tree
 
     def _cpu_percent(self, cpu: dict[_Key, _CpuTimes], monotonic_s: float) -> float | None:
         """The tree's CPU since the last reading, percent of one core; None on the first."""
@@ -166,7 +211,7 @@ class ProcessMonitor:
             if previous is not None:
                 used_s += max(0.0, times.own_s - previous.own_s)
                 reaped_growth_s += max(0.0, times.reaped_s - previous.reaped_s)
-            elif key[1] >= before.wall_s:
+            elif times.started_s is not None and times.started_s >= before.wall_s:
                 # Born since the last reading: all of its time is this interval's.
                 used_s += times.own_s + times.reaped_s
         # A child that exited since is in its parent's reaped time with its whole life;
@@ -179,24 +224,50 @@ class ProcessMonitor:
         return round(min(percent, self._max_percent), 3)
 
 
-def _tree(root: ProcessIdentity) -> list[psutil.Process] | None:
-    """The root (verified to be the job) and its descendants, or None if it is not there."""
-    try:
-        process = psutil.Process(root.pid)
-    except _GONE:
-        return None
-    # Checked after the Process was made, so ``process`` cannot be an older holder of the pid.
-    if root.liveness() != "same":
-        return None
-    try:
-        children = process.children(recursive=True)
-    except _GONE:
-        children = []
-    return [process, *children]
+def descendant_pids(pid: int) -> list[int]:
+    """The pids below ``pid``, read from /proc (``PROC_CHILDREN``); parents before children."""
+    found: list[int] = []
+    seen = {pid}
+    parents = [pid]
+    while parents:
+        for child in _children(parents.pop()):
+            if child not in seen:  # a pid reused during the walk must not loop it
+                seen.add(child)
+                found.append(child)
+                parents.append(child)
+    return found
 
 
-def _read(processes: list[psutil.Process]) -> tuple[list[Sample], dict[_Key, _CpuTimes]]:
-    """The samples of one reading (but the CPU rate) and each process's CPU times."""
+def _children(pid: int) -> list[int]:
+    """``pid``'s children, from each of its threads' list: a child belongs to the thread that
+    forked it (none once ``pid`` is gone)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    children: list[int] = []
+    for thread in threads:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{thread}/children", os.O_RDONLY)
+        except OSError:
+            continue  # the thread ended
+        try:
+            data = b""
+            while chunk := os.read(fd, 65536):
+                data += chunk
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        children.extend(int(field) for field in data.split())
+    return children
+
+
+def _read(
+    processes: list[psutil.Process], known: dict[_Key, _CpuTimes]
+) -> tuple[list[Sample], dict[_Key, _CpuTimes]]:
+    """The samples of one reading (but the CPU rate) and each process's CPU times; the start
+    time only of processes not ``known`` from the last reading."""
     rss_bytes = 0
     d_state = zombies = 0
     io_bytes: int | None = None
@@ -209,11 +280,11 @@ def _read(processes: list[psutil.Process]) -> tuple[list[Sample], dict[_Key, _Cp
                 counted += 1
                 # A zombie's times are its final ones: kept, so that its last moments count
                 # and, once reaped, its parent's growth is matched against them.
-                key = (process.pid, process.create_time())
                 times = process.cpu_times()
-                cpu[key] = _CpuTimes(
+                cpu[process] = _CpuTimes(
                     times.user + times.system,
                     getattr(times, "children_user", 0.0) + getattr(times, "children_system", 0.0),
+                    None if process in known else process.create_time(),
                 )
                 if status == psutil.STATUS_ZOMBIE:
                     # Exited, not yet reaped: it holds no memory and does no I/O.

@@ -12,16 +12,21 @@ import os
 from sentinel.actions.terminate import ProcessIdentity
 from sentinel.config import Settings
 from sentinel.sources import OnSamples
-from sentinel.sources.gpu import GpuMonitor
+from sentinel.sources.gpu import GpuMonitor, OnReading
 from sentinel.sources.proctree import ProcessMonitor
 
 
 class SystemSources:
     """The process-tree and GPU sources of one ``sentinel run``."""
 
-    def __init__(self, settings: Settings, on_samples: OnSamples) -> None:
+    def __init__(
+        self, settings: Settings, on_samples: OnSamples, *, on_reading: OnReading | None = None
+    ) -> None:
+        """``on_reading``: where a GPU poll's reading of every GPU goes as one call (None:
+        ``on_samples``, a call per GPU)."""
         self.settings = settings
         self.on_samples = on_samples
+        self.on_reading = on_reading
         self.processes: ProcessMonitor | None = None
         self.gpus: GpuMonitor | None = None
         self._job: ProcessIdentity | None = None
@@ -38,6 +43,7 @@ class SystemSources:
                 None,
                 interval_s=settings.gpu.interval_s,
                 on_samples=self.on_samples,
+                on_reading=self.on_reading,
                 job_pids=self.job_pids,
                 attribution=settings.gpu.attribution,
                 xid_events=settings.gpu.xid_events,

@@ -1,9 +1,17 @@
 """Run :class:`FileFollower` instances for paths and globs on one thread, like ``tail -F``.
 
 A :class:`LogTailer` finds the files its patterns match (files may not exist
-yet), reads each to its end and hands the lines on. watchdog events only wake
-its thread; the truth is always re-read with ``stat`` and ``pread``, because
+yet), reads each to its end and hands the lines on. Events only wake its
+thread; the truth is always re-read with ``stat`` and ``pread``, because
 events can be dropped (queue overflow) or never come (NFS, some overlays).
+watchdog watches the directories (files that appear, move, go); on Linux the
+writes to the followed files wake the thread through their own inotify watches
+(``sentinel.sources.inotify``), so no thread of watchdog's wakes for each line.
+
+Lines are gathered like the job's own output (``sentinel.sources.process``): the
+first after a quiet spell is read at once, then the thread lets ``batch_s`` pass
+before it reads again, so a log written a line at a time costs a hand-over per
+batch, not per line.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import contextlib
 import glob
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,12 +32,19 @@ from watchdog.events import FileSystemEvent
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
+from sentinel.sources.inotify import FileWatches
 from sentinel.sources.logfile import FileFollower, OffsetStore
 
 logger = logging.getLogger(__name__)
 
 #: A globbed file gone this long is dropped (a rotated-away one may still be written first).
 VANISHED_GRACE_S = 10.0
+#: After reading lines, how long the thread lets more gather before it reads again.
+BATCH_S = 0.05
+#: How often read offsets are saved (and at stop): a restart of sentinel after a crash
+#: reads at most this much of the logs again, where saving every batch was a SQLite
+#: transaction twenty times a second.
+COMMIT_INTERVAL_S = 1.0
 
 
 def _watch_dir(pattern: str) -> tuple[str, bool]:
@@ -55,8 +71,10 @@ class LogTailer:
     """Follows paths and globs (files may not exist yet); delivers lines from its own thread.
 
     ``on_lines(path, lines)`` gets each batch in file order; offsets are
-    committed only after it returns. Events from watchdog only wake the thread,
-    which also re-checks every ``poll_interval_s`` because events can be missed.
+    committed only after it returns, at most every ``COMMIT_INTERVAL_S`` and at
+    ``stop``. Events only wake the thread, which also re-checks every
+    ``poll_interval_s`` because events can be missed. After a read that found
+    lines it waits ``batch_s`` before the next (0: never).
     """
 
     def __init__(
@@ -68,16 +86,24 @@ class LogTailer:
         poll: bool = False,
         poll_interval_s: float = 1.0,
         max_line_bytes: int = 1 << 20,
+        batch_s: float = BATCH_S,
     ) -> None:
         self._patterns = [os.path.expanduser(pattern) for pattern in patterns]
         self._on_lines = on_lines
         self._offsets = offsets
         self._poll_interval_s = poll_interval_s
         self._max_line_bytes = max_line_bytes
+        self._batch_s = batch_s
+        self._delivered = False
+        self._commit_due_s = 0.0
+        # Directories are looked at again only after a directory event (or a quiet
+        # poll interval), not after every write to a followed file.
+        self._dirs_changed = True
         self._mode = "polling" if poll else "inotify"
         self._followers: dict[str, FileFollower] = {}
         self._files: tuple[str, ...] = ()
-        self._wake = threading.Event()
+        self._wake = _Wake()
+        self._file_watches: FileWatches | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._observer: Any = None
@@ -117,15 +143,28 @@ class LogTailer:
             follower.close()
         self._followers.clear()
         self._files = ()
+        self._wake.close()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self._wake.wait(self._poll_interval_s)
+            watches = self._file_watches
+            waited = [self._wake.fileno()]
+            if watches is not None:
+                waited.append(watches.fileno())
+            readable, _, _ = select.select(waited, [], [], self._poll_interval_s)
+            self._dirs_changed = not readable or waited[0] in readable
             # Cleared before reading, so a write during the read wakes us again.
-            self._wake.clear()
+            if self._dirs_changed:
+                self._wake.clear()
+            if watches is not None and watches.fileno() in readable:
+                watches.drain()
             if self._stopping.is_set():
                 return
+            self._delivered = False
             self._cycle()
+            if self._delivered and self._batch_s > 0:
+                # Lines came: let the next ones gather (see the module). stop() cuts it short.
+                self._stopping.wait(self._batch_s)
 
     def _cycle(self) -> None:
         """Find files, read each to its end and hand the lines on."""
@@ -141,11 +180,18 @@ class LogTailer:
                     follower.commit()
                     follower.close()
                     del self._followers[path]
+                    if self._file_watches is not None:
+                        self._file_watches.unwatch(path)
                     self._globbed.discard(path)
                     self._missing_since.pop(path, None)
             except Exception:
                 logger.exception("cannot follow %s", path)
         self._files = tuple(self._followers)
+        now_s = time.monotonic()
+        if now_s >= self._commit_due_s or self._stopping.is_set():
+            self._commit_due_s = now_s + COMMIT_INTERVAL_S
+            for follower in self._followers.values():
+                follower.commit()
 
     def _vanished(self, path: str) -> bool:
         """Whether a globbed file has been gone long enough to stop following it.
@@ -162,19 +208,21 @@ class LogTailer:
     def _pump(self, path: str, follower: FileFollower) -> None:
         while True:
             self._deliver(path, follower.read())
-            follower.commit()
             if not follower.has_backlog:
                 return
+            follower.commit()  # a long backlog: keep what each batch of it handed on
 
     def _deliver(self, path: str, lines: list[str]) -> None:
         if not lines:
             return
+        self._delivered = True
         try:
             self._on_lines(path, lines)
         except Exception:
             logger.exception("on_lines failed for %d lines of %s", len(lines), path)
 
     def _rescan(self) -> None:
+        followed = self._files
         for pattern in self._patterns:
             globbed = glob.has_magic(pattern)
             paths = sorted(glob.glob(pattern, recursive=True)) if globbed else [pattern]
@@ -186,6 +234,12 @@ class LogTailer:
                         Path(path), offsets=self._offsets, max_line_bytes=self._max_line_bytes
                     )
         self._files = tuple(self._followers)
+        # A path names another file only after a directory event: look only then.
+        if not self._dirs_changed and self._files == followed:
+            return
+        if self._file_watches is not None:
+            for path in self._files:
+                self._file_watches.watch(path)
         if self._observer is not None:
             self._update_watches()
 
@@ -198,6 +252,10 @@ class LogTailer:
             self._fall_back("no native file events on this platform")
             return
         self._observer = observer
+        try:
+            self._file_watches = FileWatches()
+        except OSError as exc:
+            logger.debug("no inotify watches on the files (%s): watchdog reports writes", exc)
         try:
             self._update_watches()
             if self._observer is not None:
@@ -221,7 +279,8 @@ class LogTailer:
                     _WakeHandler(self._wake),
                     watch[0],
                     recursive=watch[1],
-                    event_filter=_WAKE_EVENTS,
+                    # Writes come through the files' own watches where there are.
+                    event_filter=_WAKE_EVENTS if self._file_watches is None else _DIR_EVENTS,
                 )
             except OSError as exc:
                 self._fall_back(str(exc))
@@ -240,6 +299,9 @@ class LogTailer:
         self._stop_observer()
 
     def _stop_observer(self) -> None:
+        watches, self._file_watches = self._file_watches, None
+        if watches is not None:
+            watches.close()
         observer, self._observer = self._observer, None
         if observer is None:
             return
@@ -261,10 +323,42 @@ _WAKE_EVENTS: list[type[FileSystemEvent]] = [
 ]
 
 
+#: The same, but writes to a file (``FileModifiedEvent``): those come through ``FileWatches``.
+_DIR_EVENTS = [event for event in _WAKE_EVENTS if event is not events.FileModifiedEvent]
+
+
+class _Wake:
+    """A wake-up any thread can give and the tailer's thread waits for with ``select``."""
+
+    def __init__(self) -> None:
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
+
+    def fileno(self) -> int:
+        return self._read_fd
+
+    def set(self) -> None:
+        # A full pipe holds wake-ups enough; a closed one means the tailer has stopped.
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, b"\0")
+
+    def clear(self) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self._read_fd, 4096):
+                pass
+
+    def close(self) -> None:
+        fds, self._read_fd, self._write_fd = (self._read_fd, self._write_fd), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+
+
 class _WakeHandler:
     """A watchdog handler that only wakes the tailer; the tailer reads for itself."""
 
-    def __init__(self, wake: threading.Event) -> None:
+    def __init__(self, wake: _Wake) -> None:
         self._wake = wake
 
     def dispatch(self, event: object) -> None:

@@ -32,8 +32,11 @@ Scripting: change a ``FakeGpu``'s fields at any time (each call reads them afres
 until ``recover``); ``block`` makes a function hang (until ``release`` or its seconds are
 up) to prove a slow driver call stalls nobody else; ``lose_gpu`` makes every call on a GPU
 raise ``NVMLError_GpuIsLost``; ``library_missing=True`` makes ``nvmlInit`` raise
-``NVMLError_LibraryNotFound`` as on a machine without the driver. ``calls`` counts the
-calls made by name. Every method is thread-safe.
+``NVMLError_LibraryNotFound`` as on a machine without the driver. ``lacks`` names functions
+that this binding does not have, as in an older or newer nvidia-ml-py (reading one raises
+``AttributeError``, as on the module); a driver that lacks a function the binding has is
+``fail(name, pynvml.NVMLError_FunctionNotFound)``. ``calls`` counts the calls made by name.
+Every method is thread-safe.
 """
 
 from __future__ import annotations
@@ -41,9 +44,9 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import pynvml
 
@@ -70,6 +73,7 @@ FUNCTIONS = frozenset(
         "nvmlDeviceGetEnforcedPowerLimit",
         "nvmlDeviceGetClockInfo",
         "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
         "nvmlDeviceGetTotalEccErrors",
         "nvmlDeviceGetComputeRunningProcesses",
         "nvmlEventSetCreate",
@@ -79,6 +83,33 @@ FUNCTIONS = frozenset(
         "nvmlEventSetFree",
     }
 )
+
+
+#: Functions that only some nvidia-ml-py versions have: what ``FakeNvml(lacks=...)`` accepts.
+#: The clock event reasons call is the throttle reasons call renamed; newer bindings keep
+#: the old name as a deprecated alias, to be removed with CUDA 14.
+VERSIONED_FUNCTIONS = frozenset(
+    {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"}
+)
+
+
+class _Versioned:
+    """A device method some bindings lack: on a ``FakeNvml`` that ``lacks`` it, AttributeError."""
+
+    def __init__(self, function: Callable[[FakeNvml, Any], int]) -> None:
+        self._function = function
+        self._name = function.__name__
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> _Versioned: ...
+    @overload
+    def __get__(self, instance: FakeNvml, owner: type | None = None) -> Callable[[Any], int]: ...
+    def __get__(self, instance: FakeNvml | None, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        if self._name in instance.lacks:
+            raise AttributeError(f"module 'pynvml' has no attribute '{self._name}'")
+        return self._function.__get__(instance, owner)
 
 
 @dataclass
@@ -142,6 +173,7 @@ class FakeNvml:
     NVMLError_LibraryNotFound: type[Exception] = pynvml.NVMLError_LibraryNotFound
     NVMLError_GpuIsLost: type[Exception] = pynvml.NVMLError_GpuIsLost
     NVMLError_Timeout: type[Exception] = pynvml.NVMLError_Timeout
+    NVMLError_FunctionNotFound: type[Exception] = pynvml.NVMLError_FunctionNotFound
     NVMLError_Unknown: type[Exception] = pynvml.NVMLError_Unknown
     NVMLError_InvalidArgument: type[Exception] = pynvml.NVMLError_InvalidArgument
     NVML_TEMPERATURE_GPU: int = pynvml.NVML_TEMPERATURE_GPU
@@ -152,8 +184,21 @@ class FakeNvml:
     NVML_AGGREGATE_ECC: int = pynvml.NVML_AGGREGATE_ECC
     nvmlEventTypeXidCriticalError: int = pynvml.nvmlEventTypeXidCriticalError
 
-    def __init__(self, gpus: int | Sequence[FakeGpu] = 1, *, library_missing: bool = False):
-        """``gpus``: how many default GPUs, or the GPUs themselves (index = position)."""
+    def __init__(
+        self,
+        gpus: int | Sequence[FakeGpu] = 1,
+        *,
+        library_missing: bool = False,
+        lacks: Iterable[str] = (),
+    ):
+        """``gpus``: how many default GPUs, or the GPUs themselves (index = position).
+
+        ``lacks``: functions of ``VERSIONED_FUNCTIONS`` this binding does not have.
+        """
+        self.lacks = frozenset(lacks)
+        unknown = self.lacks - VERSIONED_FUNCTIONS
+        if unknown:
+            raise ValueError(f"only {sorted(VERSIONED_FUNCTIONS)} can be lacking: {unknown}")
         self.gpus: list[FakeGpu] = (
             [FakeGpu() for _ in range(gpus)] if isinstance(gpus, int) else list(gpus)
         )
@@ -317,8 +362,14 @@ class FakeNvml:
             raise pynvml.NVMLError_NotSupported()
         return gpu.sm_clock_mhz
 
+    @_Versioned
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle).clock_event_reasons
+
+    @_Versioned
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        """The same bitmask under the name it had before the rename."""
+        return self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", handle).clock_event_reasons
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
         gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)

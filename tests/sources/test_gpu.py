@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -449,6 +450,30 @@ def test_poll_thread_hands_each_gpu_to_on_samples_with_its_time() -> None:
     assert {source for source, _, _ in received.calls} == {"gpu:0", "gpu:1"}
     assert set(received.named(GPU_TEMP, "gpu:0")) == {64.0}
     assert all(now > 0 for _, _, now in received.calls)
+
+
+def test_with_on_reading_each_poll_hands_every_gpu_over_at_once() -> None:
+    fake = FakeNvml(gpus=3)
+    fake.gpus[2].temp_c = 64
+    readings: queue.Queue[tuple[dict[str, list[Sample]], float]] = queue.Queue()
+    per_gpu = Received()
+    gpus = monitor(
+        fake,
+        per_gpu,
+        interval_s=0.01,
+        xid_events=False,
+        on_reading=lambda reading, now: readings.put((reading, now)),
+    )
+    assert gpus.start()
+    try:
+        polls = [readings.get(timeout=DEADLINE_S) for _ in range(2)]
+    finally:
+        gpus.stop()
+    for reading, now in polls:
+        assert set(reading) == {"gpu:0", "gpu:1", "gpu:2"}
+        assert values(reading["gpu:2"])[GPU_TEMP] == 64.0
+        assert now > 0
+    assert per_gpu.calls == []
 
 
 def test_a_raising_receiver_does_not_end_the_poll_thread(

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import psutil
 import pytest
 
 from sentinel.actions.terminate import ProcessIdentity
@@ -29,7 +30,7 @@ from sentinel.sources import (
     PROC_ZOMBIES,
     PROCESS_SOURCE,
 )
-from sentinel.sources.proctree import ProcessMonitor
+from sentinel.sources.proctree import PROC_CHILDREN, ProcessMonitor, descendant_pids
 
 DEADLINE_S = 10.0
 
@@ -171,6 +172,51 @@ def test_tree_counts_a_grandchild() -> None:
         monitor = monitor_of(job)
         reading = read_until(monitor, lambda r: r.get(PROC_COUNT) == 2)
         assert monitor.pids() == {job.popen.pid, grandchild_pid}
+    assert reading[PROC_ZOMBIES] == 0
+
+
+#: A job with two children, one started from a thread of its own, and a grandchild under
+#: the first: every pid is printed on one line, the children's first.
+TREE_FROM_THREADS = """
+    import subprocess, sys, threading
+    SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+    NEST = [sys.executable, "-c", (
+        "import subprocess, sys, time; "
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print(g.pid, flush=True); time.sleep(60)"
+    )]
+    nest = subprocess.Popen(NEST, stdout=subprocess.PIPE, text=True)
+    found, started, forever = [], threading.Event(), threading.Event()
+
+    def start_child():
+        found.append(subprocess.Popen(SLEEP))
+        started.set()
+        forever.wait()  # alive: the child stays listed under this thread, not the main one
+
+    threading.Thread(target=start_child, daemon=True).start()
+    started.wait()
+    grandchild = nest.stdout.readline().strip()
+    print(nest.pid, found[0].pid, grandchild, flush=True)
+    forever.wait()
+"""
+
+
+@pytest.mark.skipif(not PROC_CHILDREN, reason="the kernel lists no children in /proc")
+def test_the_proc_walk_finds_children_forked_by_any_thread() -> None:
+    with child(TREE_FROM_THREADS) as job:
+        pids = {int(pid) for pid in job.expect("").split()}
+        found = descendant_pids(job.popen.pid)
+        scanned = psutil.Process(job.popen.pid).children(recursive=True)
+    assert len(pids) == 3
+    assert set(found) == pids == {process.pid for process in scanned}
+
+
+def test_tree_counts_children_started_from_threads() -> None:
+    with child(TREE_FROM_THREADS) as job:
+        pids = {int(pid) for pid in job.expect("").split()}
+        monitor = monitor_of(job)
+        reading = read_until(monitor, lambda r: r.get(PROC_COUNT) == 4)
+        assert monitor.pids() == {job.popen.pid, *pids}
     assert reading[PROC_ZOMBIES] == 0
 
 

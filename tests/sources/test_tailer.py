@@ -266,3 +266,37 @@ def test_tailer_drops_a_globbed_file_that_is_gone(
     finally:
         tailer.stop()
     assert sorted(lines[2:]) == [(str(a_log), "a2"), (str(b_log), "b-last")]
+
+
+def test_lines_written_while_the_tailer_gathers_come_in_one_batch(
+    tmp_path: Path, mode: str
+) -> None:
+    log = tmp_path / "app.log"
+    batches: list[list[str]] = []
+    changed = threading.Condition()
+
+    def on_lines(_path: str, lines: list[str]) -> None:
+        with changed:
+            batches.append(lines)
+            changed.notify_all()
+
+    def wait_lines(count: int) -> None:
+        with changed:
+            got = changed.wait_for(lambda: sum(map(len, batches)) >= count, timeout=5.0)
+        assert got, batches
+
+    interval = 60.0 if mode == "inotify" else 0.02
+    # A long gathering window: the three appends all fall in it.
+    tailer = LogTailer(
+        [str(log)], on_lines, poll=mode == "polling", poll_interval_s=interval, batch_s=0.5
+    )
+    tailer.start()
+    try:
+        append(log, b"first\n")
+        wait_lines(1)
+        for line in (b"a\n", b"b\n", b"c\n"):
+            append(log, line)
+        wait_lines(4)
+    finally:
+        tailer.stop()
+    assert batches == [["first"], ["a", "b", "c"]]

@@ -1,0 +1,60 @@
+"""Inbox: events from real threads, taken by one owner in batches, in order."""
+
+from __future__ import annotations
+
+import threading
+
+from sentinel.sources.inbox import Inbox
+
+DEADLINE_S = 10.0
+
+
+def test_take_returns_every_waiting_event_oldest_first() -> None:
+    inbox: Inbox[int] = Inbox()
+    for event in range(5):
+        inbox.put(event)
+    assert len(inbox) == 5
+    assert inbox.take(0) == [0, 1, 2, 3, 4]
+    assert len(inbox) == 0
+
+
+def test_take_on_an_empty_inbox_gives_nothing_when_the_time_is_up() -> None:
+    inbox: Inbox[int] = Inbox()
+    assert inbox.take(0.01) == []
+    assert inbox.take(0) == []
+
+
+def test_a_put_from_another_thread_wakes_a_waiting_take() -> None:
+    inbox: Inbox[str] = Inbox()
+    taken: list[list[str]] = []
+    waiter = threading.Thread(target=lambda: taken.append(inbox.take(None)))
+    waiter.start()
+    inbox.put("line")
+    waiter.join(DEADLINE_S)
+    assert not waiter.is_alive()
+    assert taken == [["line"]]
+
+
+def test_events_put_while_the_owner_is_busy_come_in_one_take() -> None:
+    inbox: Inbox[int] = Inbox()
+    first_taken = threading.Event()
+    puts_done = threading.Event()
+    takes: list[list[int]] = []
+
+    def owner() -> None:
+        takes.append(inbox.take(DEADLINE_S))
+        first_taken.set()
+        puts_done.wait(DEADLINE_S)  # busy with the first event
+        takes.append(inbox.take(DEADLINE_S))
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    inbox.put(0)
+    assert first_taken.wait(DEADLINE_S)
+    producers = [threading.Thread(target=inbox.put, args=(n,)) for n in (1, 2, 3)]
+    for producer in producers:
+        producer.start()
+        producer.join()
+    puts_done.set()
+    thread.join(DEADLINE_S)
+    assert takes == [[0], [1, 2, 3]]
