@@ -26,6 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from sentinel.actions.heartbeat import Heartbeat
 from sentinel.actions.notify import Notifier, Outbox
 from sentinel.actions.rollback import apply_rollback, plan_rollback
 from sentinel.actions.terminate import TerminateResult, send_sigterm, terminate
@@ -91,6 +92,10 @@ class Supervisor:
         self._last_failure: tuple[str, int | None] | None = None
         self._shutdown_signals = 0
         self._finished = False
+        self._store: StateStore | None = None
+        self._log_tailer: LogTailer | None = None
+        #: When the loop last turned (monotonic), for the heartbeat's health check.
+        self._loop_turned_at = time.monotonic()
         self._system = SystemSources(settings, self._put_system, on_reading=self._put_reading)
 
     # -- the loop -------------------------------------------------------------
@@ -98,23 +103,35 @@ class Supervisor:
     def run(self) -> int:
         """Run to the end; the exit status of the job's last attempt (0 if it finished)."""
         settings = self.settings
-        store = StateStore(settings.state_dir)
+        store = self._store = StateStore(settings.state_dir)
         notifier = Notifier(
             Outbox(store, [url.get_secret_value() for url in settings.notify.urls]),
             timeout_s=settings.notify.timeout_s,
             retry_max_s=settings.notify.retry_max_s,
         )
         self.watch = Watch(settings, store=store, notifier=notifier, job_name=self._job_name())
-        tailer = self._tailer(store)
+        tailer = self._log_tailer = self._tailer(store)
         self._system.start()
         previous_handlers = self._install_signal_handlers()
         notifier.start()
         if tailer is not None:
             tailer.start()
+        heartbeat = None
+        if settings.notify.heartbeat_url is not None:
+            heartbeat = Heartbeat(
+                settings.notify.heartbeat_url.get_secret_value(),
+                settings.notify.heartbeat_interval_s,
+                self._healthy,
+                store=store,
+                timeout_s=settings.notify.timeout_s,
+            )
+            heartbeat.start()
         try:
             self._start_attempt()
             self._loop()
         finally:
+            if heartbeat is not None:
+                heartbeat.stop()
             if tailer is not None:
                 tailer.stop()
             self._system.stop()
@@ -149,6 +166,7 @@ class Supervisor:
         tick_s = self.settings.tick_interval_s
         next_tick = time.monotonic() + tick_s
         while not self._finished:
+            self._loop_turned_at = time.monotonic()
             deadline = next_tick if self._restart_at is None else min(next_tick, self._restart_at)
             events = self._events.take(max(0.0, deadline - time.monotonic()))
             now_mono = time.monotonic()
@@ -203,8 +221,16 @@ class Supervisor:
         for source, samples in readings.items():
             self._handle(self.watch.engine.feed_system(source, samples, read_at))
 
+    def _healthy(self) -> bool:
+        """For the heartbeat: the loop turned lately and no source's thread has died."""
+        idle_s = time.monotonic() - self._loop_turned_at
+        fresh = idle_s < 3 * self.settings.tick_interval_s + 5.0
+        tailer = self._log_tailer
+        return fresh and (tailer is None or tailer.running) and self._system.alive()
+
     def _on_tick(self) -> None:
         now = time.time()
+        self.watch.tick(now)  # repeats of open critical incidents
         job = self._job
         uptime_s = now - job.started_at if job is not None else 0.0
         if self.state is JobState.STARTING and uptime_s >= self.settings.job.min_uptime_s:
@@ -433,6 +459,12 @@ class Supervisor:
         if state is not self.state:
             log.info("job state %s -> %s", self.state, state)
             self.state = state
+        store, job = self._store, self._job
+        if store is not None:  # for `sentinel status`
+            store.put("job.state", str(self.state))
+            store.put("job.pid", str(job.pid) if job is not None else "")
+            store.put("job.restarts", str(self.restarts))
+            store.put("job.updated_at", repr(time.time()))
 
     def _job_name(self) -> str:
         if self.settings.job.name:

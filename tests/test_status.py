@@ -128,3 +128,28 @@ def test_status_after_a_run_shows_each_targets_last_delivery(tmp_path: Path) -> 
     assert "Connection error" in targets[dead.url]["last_error"]
     assert status["pending_by_target"] == {dead.url: 1}
     assert status["last_run_id"]
+    # The supervisor records the job's state as it changes: this run's job finished.
+    assert status["job"]["state"] == "EXITED"
+    assert status["job"]["restarts"] == "0"
+    assert status["job"]["updated_at"] is not None
+
+
+def test_heartbeat_pings_while_a_run_is_healthy_and_status_shows_it(tmp_path: Path) -> None:
+    """A real run with a heartbeat URL pings it at start and every interval; status shows it."""
+    state = tmp_path / "state"
+    job = "import time; time.sleep(2.5)"
+    env = {
+        "SENTINEL_NOTIFY__HEARTBEAT_INTERVAL_S": "1",
+        "SENTINEL_GPU__ENABLED": "false",
+    }
+    with WebhookReceiver() as beat:
+        env["SENTINEL_NOTIFY__HEARTBEAT_URL"] = beat.http_url("/ping/4f1c9e2a")
+        run = sentinel("run", "--state-dir", str(state), "--", sys.executable, "-c", job, env=env)
+        assert run.returncode == 0, run.stderr
+        pings = [request for request in beat.requests if request.method == "GET"]
+    assert len(pings) >= 2  # one at start, more while the job ran
+    assert all(request.path == "/ping/4f1c9e2a" for request in pings)
+    result = sentinel("status", "--state-dir", str(state), "--json")
+    status: dict[str, Any] = json.loads(result.stdout)
+    assert status["heartbeat"]["last_ok_at"] is not None
+    assert "4f1c9e2a" not in run.stderr

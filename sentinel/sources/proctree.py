@@ -114,6 +114,11 @@ class ProcessMonitor:
         """The tree's pids as last read (empty when no job is running or it was not found)."""
         return self._pids
 
+    @property
+    def running(self) -> bool:
+        """Whether the reading thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         """Read now and then every ``interval_s`` on a daemon thread, until ``stop``."""
         if self._thread is not None:

@@ -66,6 +66,11 @@ class SystemSources:
         job = self._job
         return frozenset() if job is None else frozenset({job.pid})
 
+    def alive(self) -> bool:
+        """Whether every started source's thread still runs (a dead one watches nothing)."""
+        processes_ok = self.processes is None or self.processes.running
+        return processes_ok and (self.gpus is None or self.gpus.running)
+
     def stop(self) -> None:
         if self.gpus is not None:
             self.gpus.stop()

@@ -121,6 +121,11 @@ class LogTailer:
         """Paths currently followed."""
         return list(self._files)
 
+    @property
+    def running(self) -> bool:
+        """Whether the following thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         """Read every matching file once, then follow them on a thread."""
         if self._mode == "inotify":
