@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from sentinel import secrets
 from sentinel.actions.notices import Envelope, JobInfo, Notice, NoticeKind
 from sentinel.records import Severity
 from sentinel.state import StateStore
@@ -170,7 +171,11 @@ class Outbox:
     def add(
         self, notice: Notice, job: JobInfo, urls: Sequence[str], now: float, batching: Batching
     ) -> dict[str, Added]:
-        """Hand ``notice`` to each target of ``urls`` in one transaction; what became of it."""
+        """Hand ``notice`` to each target of ``urls`` in one transaction; what became of it.
+
+        What is stored is masked: a job may print a token into the line an alert quotes.
+        """
+        notice = Notice.from_json(secrets.mask_data(notice.to_json()))
         outcome: dict[str, Added] = {}
         with self._store.transaction() as conn:
             for url in urls:

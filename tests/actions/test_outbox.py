@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from sentinel import secrets
 from sentinel.actions.notices import JobInfo, Notice, NoticeKind
 from sentinel.actions.outbox import Added, Batching, Outbox, Target
 from sentinel.records import Severity
@@ -219,3 +221,16 @@ def test_urls_are_never_stored(store: StateStore) -> None:
         dump = "\n".join(db.iterdump())
     assert "s3cr3t-T0KEN" not in dump
     assert "json://user:****@127.0.0.1:1/hook" in dump
+
+
+def test_a_secret_quoted_by_an_alert_is_stored_masked(store: StateStore, outbox: Outbox) -> None:
+    """A job that prints a known token into the line an alert quotes leaves no copy on disk."""
+    token = "qu0ted-T0KEN-7c1e"
+    secrets.register([token])
+    quoted = replace(notice(), alert={**notice().alert, "message": f"loss nan; url=/x/{token}"})
+    outbox.add(quoted, JOB, [SLACK], T0, Batching())
+    with sqlite3.connect(store.path) as db:
+        dump = "\n".join(db.iterdump())
+    assert token not in dump
+    (message,) = outbox.messages(SLACK)
+    assert message.envelope.notices[0].alert["message"] == "loss nan; url=/x/****"
