@@ -119,5 +119,11 @@ class StateStore:
         return str(row[0]) if row else None
 
     def put(self, key: str, value: str) -> None:
+        self.put_many({key: value})
+
+    def put_many(self, values: dict[str, str]) -> None:
+        """Set several keys in one transaction: a reader sees all of them or none."""
         with self.transaction() as conn:
-            conn.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+            conn.executemany(
+                "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", list(values.items())
+            )

@@ -461,10 +461,14 @@ class Supervisor:
             self.state = state
         store, job = self._store, self._job
         if store is not None:  # for `sentinel status`
-            store.put("job.state", str(self.state))
-            store.put("job.pid", str(job.pid) if job is not None else "")
-            store.put("job.restarts", str(self.restarts))
-            store.put("job.updated_at", repr(time.time()))
+            store.put_many(
+                {
+                    "job.state": str(self.state),
+                    "job.pid": str(job.pid) if job is not None else "",
+                    "job.restarts": str(self.restarts),
+                    "job.updated_at": repr(time.time()),
+                }
+            )
 
     def _job_name(self) -> str:
         if self.settings.job.name:
