@@ -129,3 +129,39 @@ class Alert:
         if diagnosis is not None:
             out["diagnosis"] = diagnosis
         return out
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    """Lines of one log that share one JSON schema, as columns: replay's unit of work.
+
+    The engine shows a block to every rule it concerns (``BaseDetector.can_absorb``),
+    and when each says the block is uneventful for it, each takes it in one call
+    (``absorb``) instead of line by line. Line ``i`` holds one sample per metric in
+    ``names`` (in that order): ``Sample(name, columns[name][i], steps[i], times[i])``.
+
+    ``clock[i]`` is the ``now`` the rules would be handed with line ``i``. When
+    ``ticks`` is true (replay on the data's own clock), ``tick(clock[i])`` would be
+    called before line ``i`` whenever ``clock[i]`` is past the clock before it
+    (``start_clock`` before line 0). ``output`` says whether rules that watch output
+    would see the lines (``texts``).
+    """
+
+    source: str
+    #: The lines as read, for the rules that watch output.
+    texts: list[str]
+    #: The metric names of every line, in the line's order; never ``PROGRESS``.
+    names: tuple[str, ...]
+    #: Per metric: its value on each line (floats; NaN and infinities included).
+    columns: dict[str, list[float]]
+    #: Every line's step (a block has no step-less line).
+    steps: list[int]
+    #: Every line's own timestamp, or None when the lines carry none.
+    times: list[float] | None
+    clock: list[float]
+    start_clock: float | None
+    ticks: bool
+    output: bool
+
+    def __len__(self) -> int:
+        return len(self.steps)

@@ -20,7 +20,7 @@ from sentinel.engine import Engine, build_detectors
 from sentinel.facts import RunFacts
 from sentinel.incidents import IncidentTracker
 from sentinel.parsers import Garbled, LineParser
-from sentinel.parsers.files import iter_replay
+from sentinel.parsers.files import iter_replay_batches
 from sentinel.parsers.hf_trainer import read_trainer_state, trainer_state_info
 from sentinel.records import Alert, Severity
 from sentinel.watch import explain
@@ -122,9 +122,9 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
                 continue
             states.append((path, text))
     logs = [path for path in paths if path.name != "trainer_state.json"]
-    feed_text = engine.feed_text
-    for source, text in iter_replay(logs):
-        alerts = feed_text(source, text, 0.0)  # 0.0: the engine keeps the data's own clock
+    feed_texts = engine.feed_texts
+    for source, texts in iter_replay_batches(logs):
+        alerts = feed_texts(source, texts, 0.0)  # 0.0: the engine keeps the data's own clock
         if alerts:
             keep(alerts)
     for path, text in states:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
+from sentinel.records import PROGRESS, Alert, Block, Line, Sample, Severity
 
 if TYPE_CHECKING:
     from sentinel.facts import RunFacts
@@ -153,6 +153,25 @@ class BaseDetector:
             for alert in self.observe(sample, source, now):
                 found.append((index, alert))
         return found
+
+    def can_absorb(self, block: Block) -> bool:
+        """Whether ``block`` is uneventful for this rule: fed line by line, it would
+        raise no alert, and ``absorb`` can leave exactly the state that feeding would.
+
+        The engine asks only the rules a block concerns: those that watch one of its
+        metrics, those that watch output when ``block.output``, those with a ``tick``
+        when ``block.ticks``; a rule answers for all of those hooks. It must change
+        nothing (the engine may then feed the block line by line after all), and
+        should cost a few C-level passes over the columns (``max``, ``sum``), not a
+        Python loop per line: it is replay's hot path. When unsure, say False: the
+        block is then split and, in the end, fed line by line, which is always right.
+        """
+        return False
+
+    def absorb(self, block: Block) -> None:
+        """Take a block ``can_absorb`` accepted: the state feeding it line by line leaves,
+        bit for bit (the same floats, the same deques)."""
+        raise NotImplementedError(f"{self.rule} accepts no block")
 
     def output(self, line: Line) -> list[Alert]:
         return []

@@ -7,7 +7,7 @@ import math
 from pydantic import Field
 
 from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.records import Alert, Sample, Severity
+from sentinel.records import Alert, Block, Sample, Severity
 
 
 class NanInfConfig(RuleConfig):
@@ -73,6 +73,22 @@ class NanInfDetector(BaseDetector):
             else:
                 return []
         return super().observe_samples(samples, source, now)
+
+    def can_absorb(self, block: Block) -> bool:
+        """Outside an episode, a block of finite values says nothing (and changes nothing)."""
+        if self._offending:
+            return False
+        ignored, watched = self._ignored, self._watched
+        for name in block.names:
+            if name in ignored or (watched and name not in watched):
+                continue
+            # The sum of finite values is finite unless it overflows: then line by line.
+            if not math.isfinite(sum(block.columns[name])):
+                return False
+        return True
+
+    def absorb(self, block: Block) -> None:
+        return None
 
     def _count_finite(self, sample: Sample, source: str, now: float) -> list[Alert]:
         if sample.name not in self._offending:

@@ -213,6 +213,9 @@ class LineParser:
         # User regexes come first, so with any the fast path is off.
         self._brace_fast = self._brace is not None and not self._regexes
         self._fast_loads = jsonl.fast_loads if self._brace is jsonl.parse_jsonl else None
+        #: Whether JSON lines may be read many at once (``parsers.columns``): only when
+        #: they read as JSON, with no user regex in front.
+        self.reads_json_blocks = self._brace is jsonl.parse_jsonl and not self._regexes
 
     def parse(self, text: str) -> list[Sample]:
         """The samples in one line; an empty list for plain text or a garbled line."""

@@ -141,13 +141,22 @@ def iter_replay(paths: Sequence[Path]) -> Iterator[tuple[str, str]]:
     the first line, ``FileNotFoundError`` for a folder without metric files
     and ``MissingExtra`` for event files without tensorboard.
     """
+    for source, lines in iter_replay_batches(paths):
+        for line in lines:
+            yield source, line
+
+
+def iter_replay_batches(paths: Sequence[Path]) -> Iterator[tuple[str, list[str]]]:
+    """``iter_replay`` a batch at a time: ``(source, lines)``, the lines of one read of a
+    file (about a megabyte), or one line of an MLflow run."""
     plan = replay_plan(paths)
     require_extras(file for group in plan for file in group)
     for group in plan:
         if file_format(group[0]) == "mlflow":
-            yield from mlflow.merged_lines(group)
+            for source, line in mlflow.merged_lines(group):
+                yield source, [line]
         else:
-            yield from _file_lines(group[0])
+            yield from _file_batches(group[0])
 
 
 def replay_plan(paths: Sequence[Path]) -> list[list[Path]]:
@@ -227,16 +236,18 @@ def _natural(name: str) -> tuple[str | int, ...]:
     return tuple(int(part) if index % 2 else part for index, part in enumerate(_DIGITS.split(name)))
 
 
-def _file_lines(path: Path) -> Iterator[tuple[str, str]]:
-    """Every line of one file through its format's splitter, streamed."""
+def _file_batches(path: Path) -> Iterator[tuple[str, list[str]]]:
+    """The lines of one file through its format's splitter, a read at a time, streamed."""
     source = str(path)
     splitter = splitter_for(path)
     with path.open("rb") as file:
         while chunk := file.read(_CHUNK_BYTES):
-            for line in splitter.feed(chunk):
-                yield source, line
-    for line in splitter.flush():
-        yield source, line
+            lines = splitter.feed(chunk)
+            if lines:
+                yield source, lines
+    lines = splitter.flush()
+    if lines:
+        yield source, lines
 
 
 __all__ = [
@@ -247,6 +258,7 @@ __all__ = [
     "Splitter",
     "file_format",
     "iter_replay",
+    "iter_replay_batches",
     "reader_for",
     "replay_plan",
     "require_extras",

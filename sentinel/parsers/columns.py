@@ -1,0 +1,134 @@
+"""Many JSON-lines records at once, as columns: replay's fast path for metrics logs.
+
+A metrics log repeats one set of field names on every line. ``parse_block``
+decodes a run of such lines in one call (one JSON array) and hands back each
+field as a list, for the engine to show the rules as a ``Block``. It says None
+whenever the lines are not all plain records of one schema that ``parse_jsonl``
+would read the same way line by line; the caller then goes line by line, which
+is always right. So every check here is a reason to refuse, never to guess.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from math import isfinite
+from operator import itemgetter
+from typing import Any
+
+from sentinel.parsers import _EPOCH_MS, _MAX_STEP
+from sentinel.parsers.jsonl import _SCHEMAS, _schema, fast_loads
+from sentinel.records import PROGRESS
+
+_FLOAT = frozenset({float})
+_NUMBER = frozenset({float, int})
+_INT = frozenset({int})
+
+
+@dataclass(slots=True, eq=False)
+class Columns:
+    """The records of a run of lines: metric names in field order, a column each."""
+
+    names: tuple[str, ...]
+    columns: dict[str, list[float]]
+    steps: list[int]
+    times: list[float] | None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def slice(self, start: int, stop: int) -> Columns:
+        """Lines ``start`` to ``stop``."""
+        return Columns(
+            self.names,
+            {name: values[start:stop] for name, values in self.columns.items()},
+            self.steps[start:stop],
+            None if self.times is None else self.times[start:stop],
+        )
+
+
+def decode_array(texts: list[str]) -> list[Any] | None:
+    """The JSON values of the lines, decoded as one array; None when any line is not one
+    JSON value (then no single line's trouble is guessed at: the caller splits)."""
+    joined = "[" + ",".join(texts) + "]"
+    if fast_loads is not None:
+        try:
+            return fast_loads(joined)  # type: ignore[no-any-return]
+        except ValueError:
+            pass  # NaN and Infinity, which orjson refuses; the stdlib reads them
+    try:
+        decoded = json.loads(joined)
+    except (ValueError, RecursionError):
+        return None
+    return decoded  # type: ignore[no-any-return]
+
+
+def parse_block(texts: list[str]) -> Columns | None:
+    """The lines as columns, or None unless each is a JSON object with the same fields in
+    the same order, a whole-number step, one kind of timestamp and numeric metrics."""
+    if not texts:
+        return None
+    records = decode_array(texts)
+    if records is None or len(records) != len(texts):
+        return None  # a line that held two values, or none
+    if set(map(type, records)) != {dict}:
+        return None
+    keys = tuple(records[0])
+    if not all(map(keys.__eq__, map(tuple, records))):
+        return None
+    schema = _SCHEMAS.get(keys) or _schema(keys)
+    if not schema.step_keys:
+        return None
+    names = tuple(name for name in schema.names if name is not None)
+    if not names or PROGRESS in names or len(set(names)) != len(names):
+        return None
+    fields: list[tuple[Any, ...]] = (
+        list(zip(*map(itemgetter(*keys), records), strict=True))
+        if len(keys) > 1
+        else [tuple(record[keys[0]] for record in records)]
+    )
+    by_key = dict(zip(keys, fields, strict=True))
+    steps = _steps(by_key[schema.step_keys[0]])
+    if steps is None:
+        return None
+    times: list[float] | None = None
+    if schema.time_keys:
+        times = _times(by_key[schema.time_keys[0]])
+        if times is None:
+            return None
+    columns: dict[str, list[float]] = {}
+    for key, name in zip(keys, schema.names, strict=True):
+        if name is None:
+            continue
+        values = by_key[key]
+        kinds = set(map(type, values))
+        if kinds == _FLOAT:
+            columns[name] = list(values)
+        elif kinds <= _NUMBER:
+            try:
+                columns[name] = list(map(float, values))
+            except OverflowError:
+                return None  # an integer beyond a double: line by line skips that value
+        else:
+            return None  # strings, booleans, nulls, objects: line by line decides
+    return Columns(names, columns, steps, times)
+
+
+def _steps(values: tuple[Any, ...]) -> list[int] | None:
+    """The step field of every line, when each is an int the line-by-line parser takes as is."""
+    if set(map(type, values)) != _INT:
+        return None
+    if min(values) <= -_MAX_STEP or max(values) >= _MAX_STEP:
+        return None
+    return list(values)
+
+
+def _times(values: tuple[Any, ...]) -> list[float] | None:
+    """The time field of every line, when each is a finite float in epoch seconds."""
+    if set(map(type, values)) != _FLOAT:
+        return None
+    if not isfinite(sum(values)):
+        return None  # NaN or an infinity: line by line tries the next time field
+    if min(values) <= -_EPOCH_MS or max(values) >= _EPOCH_MS:
+        return None  # milliseconds and the like: line by line converts them
+    return list(values)

@@ -1,0 +1,80 @@
+"""Rules that take whole blocks (``can_absorb``/``absorb``) say exactly what they say line by line.
+
+Each case feeds one troubled JSON-lines log to two engines, one taking blocks and
+one line by line, and compares every alert, in order, and the end state of the
+engine and of every rule, float for float. A rule with a block path must also have
+taken most of the calm lines as blocks, or its fast path is not being tested.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from sentinel.config import Settings
+from sentinel.detectors import DETECTORS, BaseDetector
+from sentinel.engine import build_detectors
+from tests.detectors.blockcheck import run, troubled_jsonl
+
+#: Rules with a block path: each must take most of a troubled log's lines as blocks alone.
+BLOCK_RULES = tuple(
+    rule
+    for rule, detector_class in DETECTORS.items()
+    if detector_class.can_absorb is not BaseDetector.can_absorb
+)
+
+
+def _only(rule: str) -> Callable[[], Sequence[BaseDetector]]:
+    detector_class = DETECTORS[rule]
+    return lambda: [detector_class(detector_class.config_model())]
+
+
+def _every_rule() -> Sequence[BaseDetector]:
+    return build_detectors(Settings())
+
+
+CASES = [
+    pytest.param(rule, seed, stamps, id=f"{rule}-seed{seed}-{'stamped' if stamps else 'bare'}")
+    for rule in BLOCK_RULES
+    for seed in (1, 2)
+    for stamps in (True, False)
+]
+
+
+@pytest.mark.parametrize(("rule", "seed", "timestamps"), CASES)
+def test_a_rule_alone_says_the_same_with_blocks(rule: str, seed: int, timestamps: bool) -> None:
+    texts = troubled_jsonl(seed, timestamps=timestamps)
+    line_by_line = run(_only(rule), texts, blocks=False)
+    blocks = run(_only(rule), texts, blocks=True)
+    assert blocks.alerts == line_by_line.alerts
+    assert blocks.state == line_by_line.state
+    assert blocks.lines_absorbed > len(texts) // 2
+
+
+def test_the_troubled_log_makes_nan_inf_raise_and_resolve() -> None:
+    """The log the cases share is trouble enough: here for nan_inf (each rule's own test
+    file shows it for its rule)."""
+    alerts = run(_only("nan_inf"), troubled_jsonl(1), blocks=True).alerts
+    assert [alert[9] for alert in alerts[:2]] == [False, True]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3], ids=lambda seed: f"seed{seed}")
+def test_every_rule_together_says_the_same_with_blocks(seed: int) -> None:
+    texts = troubled_jsonl(seed)
+    line_by_line = run(_every_rule, texts, blocks=False)
+    blocks = run(_every_rule, texts, blocks=True)
+    assert blocks.alerts == line_by_line.alerts
+    assert blocks.state == line_by_line.state
+    assert {alert[0] for alert in line_by_line.alerts} >= {"nan_inf", "loss_spike"}
+
+
+@pytest.mark.parametrize("rule", BLOCK_RULES)
+def test_live_batches_say_the_same_with_blocks(rule: str) -> None:
+    """Live, a batch is read at one ``now`` and the clock does not come from the data."""
+    texts = troubled_jsonl(4)
+    line_by_line = run(_only(rule), texts, blocks=False, data_clock=False)
+    blocks = run(_only(rule), texts, blocks=True, data_clock=False)
+    assert blocks.alerts == line_by_line.alerts
+    assert blocks.state == line_by_line.state
+    assert blocks.lines_absorbed > 0
