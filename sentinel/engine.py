@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from itertools import accumulate, repeat
+from itertools import accumulate, groupby, repeat
 from typing import TYPE_CHECKING
 
 from sentinel.detectors import DETECTORS, BaseDetector
 from sentinel.facts import RunFacts
 from sentinel.parsers import LineParser
-from sentinel.parsers.columns import Columns, parse_block
+from sentinel.parsers.columns import Columns, parse_runs
 from sentinel.parsers.files import FileReader, reader_for
 from sentinel.records import PROGRESS, Alert, Block, Line, Sample, Severity
 from sentinel.sources import GPU_JOB
@@ -146,21 +146,46 @@ class Engine:
         return alerts
 
     def _feed_run(self, source: str, texts: list[str], now: float) -> list[Alert]:
-        """Lines as blocks of at most ``BLOCK_MAX_LINES``, halved where they do not parse."""
+        """Runs of JSON-object lines as blocks; other lines one by one."""
+        starts = list(map(str.startswith, texts, repeat('{"')))
+        if all(starts):
+            return self._feed_json(source, texts, now)
+        alerts: list[Alert] = []
+        start = 0
+        for is_json, group in groupby(starts):
+            stop = start + sum(1 for _ in group)
+            part = texts[start:stop]
+            if is_json and len(part) >= BLOCK_MIN_LINES:
+                alerts += self._feed_json(source, part, now)
+            else:
+                alerts += self._feed_each(source, part, now)
+            start = stop
+        return alerts
+
+    def _feed_json(self, source: str, texts: list[str], now: float) -> list[Alert]:
+        """JSON-object lines in blocks of at most ``BLOCK_MAX_LINES``, each run of one schema
+        as columns; halved where they do not decode (a garbled line)."""
         if len(texts) > BLOCK_MAX_LINES:
             alerts: list[Alert] = []
             for start in range(0, len(texts), BLOCK_MAX_LINES):
-                alerts += self._feed_run(source, texts[start : start + BLOCK_MAX_LINES], now)
+                alerts += self._feed_json(source, texts[start : start + BLOCK_MAX_LINES], now)
             return alerts
-        parsed = parse_block(texts)
-        if parsed is not None:
-            return self._feed_columns(source, texts, parsed, now)
-        if len(texts) < 2 * BLOCK_MIN_LINES:
-            return self._feed_each(source, texts, now)
-        middle = len(texts) // 2
-        return self._feed_run(source, texts[:middle], now) + self._feed_run(
-            source, texts[middle:], now
-        )
+        runs = parse_runs(texts, BLOCK_MIN_LINES)
+        if runs is None:
+            if len(texts) < 2 * BLOCK_MIN_LINES:
+                return self._feed_each(source, texts, now)
+            middle = len(texts) // 2
+            return self._feed_json(source, texts[:middle], now) + self._feed_json(
+                source, texts[middle:], now
+            )
+        alerts = []
+        for start, stop, columns in runs:
+            part = texts[start:stop] if stop - start < len(texts) else texts
+            if columns is None:
+                alerts += self._feed_each(source, part, now)
+            else:
+                alerts += self._feed_columns(source, part, columns, now)
+        return alerts
 
     def _feed_columns(
         self, source: str, texts: list[str], parsed: Columns, now: float
@@ -195,11 +220,12 @@ class Engine:
             # No timestamp yet (and none in these lines): no clock, no output hooks.
             clock, ticks, output = [0.0] * len(texts), False, False
         else:
-            clock = (
-                [start] * len(texts)
-                if times is None
-                else list(accumulate(times, max, initial=start))[1:]
-            )
+            if times is None:
+                clock = [start] * len(texts)
+            elif times[0] >= start and sorted(times) == times:
+                clock = times  # the usual log: each line's time is the clock (shared, read-only)
+            else:
+                clock = list(accumulate(times, max, initial=start))[1:]
             ticks, output = times is not None, True
         return Block(
             source=source,

@@ -145,6 +145,9 @@ class Block:
     called before line ``i`` whenever ``clock[i]`` is past the clock before it
     (``start_clock`` before line 0). ``output`` says whether rules that watch output
     would see the lines (``texts``).
+
+    A block is read-only to the rules: its lists may be shared (``clock`` is often
+    ``times`` itself).
     """
 
     source: str

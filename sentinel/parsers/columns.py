@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import groupby
 from math import isfinite
 from operator import itemgetter
 from typing import Any
@@ -23,6 +24,10 @@ from sentinel.records import PROGRESS
 _FLOAT = frozenset({float})
 _NUMBER = frozenset({float, int})
 _INT = frozenset({int})
+_DICT = {dict}
+
+#: Lines ``start`` to ``stop`` of one schema, as columns (None: to be read line by line).
+Run = tuple[int, int, "Columns | None"]
 
 
 @dataclass(slots=True, eq=False)
@@ -63,19 +68,56 @@ def decode_array(texts: list[str]) -> list[Any] | None:
     return decoded  # type: ignore[no-any-return]
 
 
+def parse_runs(texts: list[str], min_lines: int = 1) -> list[Run] | None:
+    """The lines, decoded at once, as runs of consecutive lines of one schema.
+
+    Each run is ``(start, stop, columns)``; ``columns`` is None for a run of fewer
+    than ``min_lines`` lines or one ``parse_block`` would refuse (those go line by
+    line). None when the lines do not decode as one JSON array (a garbled line).
+    """
+    records = decode_array(texts)
+    if records is None or len(records) != len(texts):
+        return None  # a line that held two values, or none
+    if set(map(type, records)) == _DICT:
+        shapes: list[tuple[str, ...] | None] = list(map(tuple, records))
+    else:
+        shapes = [tuple(record) if type(record) is dict else None for record in records]
+    first = shapes[0]
+    if first is not None and shapes.count(first) == len(shapes):
+        runs: list[tuple[int, int, tuple[str, ...] | None]] = [(0, len(shapes), first)]
+    else:
+        runs = []
+        start = 0
+        for shape, group in groupby(shapes):
+            stop = start + sum(1 for _ in group)
+            runs.append((start, stop, shape))
+            start = stop
+    return [
+        (
+            start,
+            stop,
+            None
+            if shape is None or stop - start < min_lines
+            else columns_of(records[start:stop], shape),
+        )
+        for start, stop, shape in runs
+    ]
+
+
 def parse_block(texts: list[str]) -> Columns | None:
     """The lines as columns, or None unless each is a JSON object with the same fields in
     the same order, a whole-number step, one kind of timestamp and numeric metrics."""
     if not texts:
         return None
-    records = decode_array(texts)
-    if records is None or len(records) != len(texts):
-        return None  # a line that held two values, or none
-    if set(map(type, records)) != {dict}:
+    runs = parse_runs(texts)
+    if runs is None or len(runs) != 1:
         return None
-    keys = tuple(records[0])
-    if not all(map(keys.__eq__, map(tuple, records))):
-        return None
+    return runs[0][2]
+
+
+def columns_of(records: list[dict[str, Any]], keys: tuple[str, ...]) -> Columns | None:
+    """Records that all have these fields, in this order, as columns; None unless each
+    has a whole-number step, one kind of timestamp and numeric metrics."""
     schema = _SCHEMAS.get(keys) or _schema(keys)
     if not schema.step_keys:
         return None
