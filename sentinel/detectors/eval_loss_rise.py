@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import accumulate, compress, count, islice, repeat
+from operator import add, gt, le, lt, mul, sub
 
 from pydantic import Field, model_validator
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
-from sentinel.detectors.series import LazyRolling, Warmup
-from sentinel.records import Alert, Sample, Severity
+from sentinel.detectors.series import LazyRolling, Warmup, sorted_median
+from sentinel.records import Alert, Block, Sample, Severity
 
 #: Evaluations since the best kept as evidence for the alert's details.
 KEPT_EVALS = 32
@@ -119,6 +121,119 @@ class EvalLossRiseDetector(BaseDetector):
                 for alert in self._evaluation(sample, source, now):
                     found.append((index, alert))
         return found
+
+    def can_absorb(self, block: Block) -> bool:
+        """Whether the block is train values only, or evaluations that provably raise nothing.
+
+        Train values only fill the train window. A block of evaluations raises nothing
+        when, within an episode, none beats the best (that resolves); outside one, when
+        train loss cannot be falling at them, or else when no evaluation rises ``rises``
+        times in a row nor passes the margin above the best before it. The learning rate
+        must not be warming up in the block.
+        """
+        judged = self._judged(block)
+        return judged is not None and (judged[0] != self.settings.metric or self._calm(*judged[1:]))
+
+    def absorb(self, block: Block) -> None:
+        """The state the block's lines leave, one by one."""
+        judged = self._judged(block)
+        assert judged is not None
+        name, values, steps = judged
+        if not values:
+            return
+        if name == self.settings.train_metric:
+            train = self._train
+            for value in values[-self.settings.train_window :]:
+                train.add(value)
+            self._train_seen = True
+            return
+        train_now = self._train.median() if len(self._train) else None
+        best = self._best
+        best_before = list(accumulate(values, min, initial=best[1] if best else math.inf))
+        new_best = list(compress(count(), map(lt, values, best_before)))
+        last = self._last_eval
+        before = [last[1] if last is not None else math.inf, *values[:-1]]
+        flat = list(compress(count(), map(le, values, before)))
+        start = flat[-1] + 1 if flat else 0
+        self._rise_run = len(values) - start + (self._rise_run if start == 0 else 0)
+        self._last_eval = (steps[-1], values[-1])
+        if new_best:
+            at = new_best[-1]
+            self._best = (steps[at], values[at])
+            self._train_at_best = train_now
+            self._after_best.clear()
+            self._after_best.extend(zip(steps[at + 1 :], values[at + 1 :], strict=True))
+            self._first_after_best = steps[at + 1] if at + 1 < len(values) else None
+            return
+        if not self._after_best:
+            self._first_after_best = steps[0]
+        self._after_best.extend(zip(steps, values, strict=True))
+        if self._train_at_best is None:
+            self._train_at_best = train_now
+
+    def _judged(self, block: Block) -> tuple[str, list[float], list[int]] | None:
+        """The judged metric of the block (train or eval), with the values and steps the
+        lines hand on; None when the warmup may end inside the block or both metrics come."""
+        names = block.names
+        warmup = self._warmup
+        if warmup.lr_rising is not False and "lr" in names:
+            return None
+        train_metric, metric = self.settings.train_metric, self.settings.metric
+        if train_metric in names:
+            if metric in names:
+                return None  # train values between evaluations: line by line
+            name = train_metric
+        elif metric in names:
+            name = metric
+        else:
+            return "", [], []
+        if warmup.lr_rising:
+            return name, [], []
+        values, steps = block.columns[name], block.steps
+        first = warmup.warmup_steps
+        if first and min(steps) < first:
+            keep = list(map(first.__le__, steps))
+            values, steps = list(compress(values, keep)), list(compress(steps, keep))
+        if not math.isfinite(sum(values)):
+            keep = list(map(math.isfinite, values))
+            values, steps = list(compress(values, keep)), list(compress(steps, keep))
+        return name, values, steps
+
+    def _calm(self, values: list[float], steps: list[int]) -> bool:
+        """Whether these evaluations, each at a new step, raise nothing."""
+        if not values:
+            return True
+        last = self._last_eval
+        if not all(map(lt, steps, islice(steps, 1, None))) or (
+            last is not None and last[0] is not None and steps[0] <= last[0]
+        ):
+            return False  # an evaluation again: line by line skips it
+        best = self._best
+        best_before = list(accumulate(values, min, initial=best[1] if best else math.inf))
+        if self._open:
+            return not any(map(lt, values, best_before))  # a new best resolves the episode
+        train = self._train
+        train_now = sorted_median(sorted(train.values)) if len(train) else None
+        at_best = self._train_at_best
+        # Seen and not falling now, train loss cannot fall before a new best, and after one
+        # it is compared with itself.
+        if self._train_seen and (train_now is None or at_best is None or train_now >= at_best):
+            return True
+        margin = self.settings.margin
+        bars = map(add, best_before, map(mul, repeat(margin), map(abs, best_before)))
+        if not all(map(le, values, bars)):
+            return False
+        before = [last[1] if last is not None else math.inf, *values[:-1]]
+        rising = list(compress(count(), map(gt, values, before)))
+        rises = self.settings.rises
+        if rising and rising[0] == 0 and self._rise_run:
+            need = rises - self._rise_run
+            if need <= 0 or (len(rising) >= need and rising[need - 1] == need - 1):
+                return False
+        return not (
+            len(rising) >= rises
+            and (rises - 1) in map(sub, islice(rising, rises - 1, None), rising)
+        )
 
     def _evaluation(self, sample: Sample, source: str, now: float) -> list[Alert]:
         step, value = sample.step, sample.value

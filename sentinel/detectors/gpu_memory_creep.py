@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import accumulate, compress, count, islice
+from operator import and_, gt, le, lt, sub, truediv
 from typing import Any, Literal
 
 from pydantic import Field
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
 from sentinel.detectors.series import Warmup
-from sentinel.records import PROGRESS, Alert, Sample, Severity
+from sentinel.records import PROGRESS, Alert, Block, Sample, Severity
 from sentinel.sources import GPU_JOB, GPU_MEM_TOTAL, GPU_MEM_USED
 
 #: GPU memory metrics as common loggers name them (lower-cased, ``train/`` stripped):
@@ -196,6 +198,108 @@ class GpuMemoryCreepDetector(BaseDetector):
             for alert in self.observe(sample, source, now):
                 found.append((index, alert))
         return found
+
+    def can_absorb(self, block: Block) -> bool:
+        """Whether the block's logged memory provably raises nothing: lines without memory
+        metrics always (their learning rates only feed the warmup); with them, outside an
+        episode, at new steps, no value at the capacity bar and no window of the block both
+        ``rising_fraction`` rising and ``min_growth`` grown, the warmup settled."""
+        return self._memory_plan(block) is not None
+
+    def absorb(self, block: Block) -> None:
+        """The state the block's lines leave, one by one."""
+        plan = self._memory_plan(block)
+        assert plan is not None
+        names = block.names
+        if "lr" in names:
+            absorb_learning_rates(self._warmup, block.columns["lr"])
+        totals = [name for name in names if name in self._totals]
+        if totals:
+            self._logged_capacity = block.columns[totals[-1]][-1]
+        size = self.settings.window
+        for name, (values, steps) in plan.items():
+            window = self._series.get((name, ""))
+            if window is None:
+                window = self._series[(name, "")] = deque(maxlen=size)
+            window.extend(zip(steps[-size:], values[-size:], strict=True))
+
+    def _memory_plan(self, block: Block) -> dict[str, tuple[list[float], list[int]]] | None:
+        """Per logged memory metric of the block, the values (and steps) its window takes,
+        when none raises an alert; None when that is not certain."""
+        names = block.names
+        if self._nvml is not None and not self._nvml.isdisjoint(names):
+            return None  # NVML readings come from the GPU source, not from a log
+        if "lr" in names and not self._lr_warmup_only:
+            return None
+        memory = [name for name in names if name in self._memory and name not in self._totals]
+        totals = [name for name in names if name in self._totals]
+        capacity = self._logged_capacity
+        for name in totals:
+            column = block.columns[name]
+            if memory and (min(column) != capacity or max(column) != capacity):
+                return None  # a new capacity before the memory it bounds: line by line
+            if not memory and not (min(column) > 0 and math.isfinite(sum(column))):
+                return None
+        if not memory:
+            return {}
+        warmup = self._warmup
+        if self._offending or ("lr" in names and warmup.lr_rising is not False):
+            return None
+        if warmup.lr_rising:
+            return {}
+        steps = block.steps
+        if not all(map(lt, steps, islice(steps, 1, None))):
+            return None  # a step again or back: line by line skips the repeats
+        first = warmup.warmup_steps
+        plan: dict[str, tuple[list[float], list[int]]] = {}
+        for name in memory:
+            values, kept = block.columns[name], steps
+            if first and min(kept) < first:
+                keep = list(map(first.__le__, kept))
+                values, kept = list(compress(values, keep)), list(compress(kept, keep))
+            if not math.isfinite(sum(values)):
+                keep = list(map(math.isfinite, values))
+                values, kept = list(compress(values, keep)), list(compress(kept, keep))
+            if not values:
+                continue
+            if not self._calm((name, ""), values, kept):
+                return None
+            plan[name] = (values, kept)
+        return plan
+
+    def _calm(self, key: Key, values: list[float], steps: list[int]) -> bool:
+        """Whether appending ``values`` (at rising ``steps``) to ``key``'s window judges no
+        creep and no capacity at any of them."""
+        settings = self.settings
+        capacity = self._capacity_of(key)
+        if capacity is not None and max(values) >= settings.capacity_fraction * capacity:
+            return False
+        window = self._series.get(key)
+        last_step = window[-1][0] if window else None
+        if last_step is not None and steps[0] <= last_step:
+            return False
+        size = settings.window
+        series = [value for _, value in window or ()] + values
+        if len(series) < size:
+            return True
+        # Windows end at each new value once full; the first starts at the first index
+        # whose window ends on a new value.
+        first_start = max(0, len(series) - len(values) - size + 1)
+        low = min(islice(series, first_start, None))
+        if low <= 0:
+            return False  # a growth from zero is infinite (see _growth)
+        if (max(series) - low) / low < settings.min_growth:
+            return True  # no window's last value is min_growth above its first
+        firsts = series[first_start : len(series) - size + 1]
+        lasts = series[first_start + size - 1 :]
+        growths = map(truediv, map(sub, lasts, firsts), firsts)
+        rose = list(accumulate(map(gt, islice(series, 1, None), series), initial=0))
+        # The window starting at i has its rises among changes i+1 .. i+size-1.
+        rises = map(
+            sub, islice(rose, first_start + size - 1, None), islice(rose, first_start, None)
+        )
+        bar = settings.rising_fraction * (size - 1)
+        return not any(map(and_, map(settings.min_growth.__le__, growths), map(bar.__le__, rises)))
 
     def _observe_gpu(self, sample: Sample, source: str, now: float) -> list[Alert]:
         """An NVML reading of GPU ``source``."""
@@ -400,3 +504,29 @@ class GpuMemoryCreepDetector(BaseDetector):
             value=sample.value,
             resolves=True,
         )
+
+
+def absorb_learning_rates(warmup: Warmup, rates: list[float]) -> None:
+    """``warmup.observe`` of each learning rate in turn, from at most three calls.
+
+    The warmup ends at the first rate not above the one before it and ignores the rest,
+    and while rates rise every comparison says so: the rising run's last two rates and
+    the one that ends it tell ``Warmup`` all the others would.
+    """
+    if warmup.lr_rising is False:
+        return
+    if not math.isfinite(sum(rates)):
+        rates = list(filter(math.isfinite, rates))
+    if not rates:
+        return
+    warmup.observe(Sample("lr", rates[0]))
+    if len(rates) == 1 or _warmup_over(warmup):
+        return
+    end = next(compress(count(1), map(le, islice(rates, 1, None), rates)), None)
+    tail = rates[max(1, len(rates) - 2) :] if end is None else rates[max(1, end - 1) : end + 1]
+    for rate in tail:
+        warmup.observe(Sample("lr", rate))
+
+
+def _warmup_over(warmup: Warmup) -> bool:
+    return warmup.lr_rising is False
