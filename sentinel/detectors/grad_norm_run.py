@@ -26,19 +26,32 @@ clipped values, for ``"clipping"``).
 ``min_history``), ``run_length``, ``onset_step``, ``max_grad_norm``, and
 ``values``/``steps``: the values before the run and the run itself (the clip
 window, for ``"clipping"``), plus ``clipped`` and ``clip_window`` for clipping.
+
+Replay's blocks (``can_absorb``) are taken whole when every line is in warmup, or
+none is, no episode is open, no value is above ``threshold`` nor above
+``relative_factor`` x the least value the median could be taken over, and no clip
+window ending in the block reaches ``clip_fraction``.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import accumulate, repeat
+from operator import ge, sub
 from typing import Any
 
 from pydantic import Field, model_validator
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
-from sentinel.detectors.series import Rolling, Warmup
-from sentinel.records import Alert, Sample, Severity
+from sentinel.detectors.series import (
+    Rolling,
+    Warmup,
+    finite_values,
+    finite_with_steps,
+    never_above_multiple,
+)
+from sentinel.records import Alert, Block, Sample, Severity
 
 METRIC = "grad_norm"
 #: Values before a run's onset kept as evidence.
@@ -176,6 +189,75 @@ class GradNormRunDetector(BaseDetector):
             for alert in self.observe(sample, source, now):
                 found.append((index, alert))
         return found
+
+    def can_absorb(self, block: Block) -> bool:
+        """Uneventful: every line in warmup, or no episode, no value high by either bar
+        (the relative one bounded by the least value its median could hold) and no full
+        clip window at the fraction."""
+        columns = block.columns
+        column = columns.get(METRIC)
+        if column is None:
+            return True  # only learning rates
+        phase = self._warmup.block_phase(block.steps, columns.get("lr"))
+        if phase is None:
+            return False
+        if phase:
+            return True  # in warmup every value is only learned
+        if self._open:
+            return False  # a calm value counts towards the resolve
+        values = finite_values(column)
+        if not values:
+            return True
+        settings = self.settings
+        if max(values) > settings.threshold:
+            return False
+        rolling = self._median
+        # The relative bar applies once the median has min_history values.
+        judged_from = max(0, settings.min_history - len(rolling))
+        factor = settings.relative_factor
+        if not never_above_multiple(values, factor, rolling.least(), judged_from):
+            return False
+        max_grad_norm = settings.max_grad_norm
+        return max_grad_norm is None or not self._would_clip(values, max_grad_norm)
+
+    def _would_clip(self, values: list[float], max_grad_norm: float) -> bool:
+        """Whether a full clip window ending at one of ``values`` reaches the fraction."""
+        settings = self.settings
+        needed = math.ceil(round(settings.clip_fraction * settings.clip_window, 9))
+        hits = list(map(ge, values, repeat(max_grad_norm)))
+        old = list(self._clips)
+        if sum(old) + sum(hits) < needed:
+            return False
+        size = settings.clip_window
+        # totals[j]: clipped among the first j values of the old window and the block's.
+        totals = list(accumulate(old + hits, initial=0))
+        first_end = max(len(old) + 1, size)  # the first window that is full and new
+        if first_end >= len(totals):
+            return False
+        most: int = max(map(sub, totals[first_end:], totals[first_end - size :]))
+        return most >= needed
+
+    def absorb(self, block: Block) -> None:
+        """What ``observe`` does with values under every bar: learn them, keep them."""
+        columns = block.columns
+        column = columns.get(METRIC)
+        warmup = self._warmup
+        in_warmup = column is not None and bool(warmup.block_phase(block.steps, columns.get("lr")))
+        warmup.extend(columns.get("lr"))
+        if column is None:
+            return
+        values, steps = finite_with_steps(column, block.steps)
+        if not values:
+            return
+        self._median.extend(values)
+        if in_warmup:
+            return
+        self._run.clear()
+        kept = self._recent.maxlen or len(values)
+        self._recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
+        max_grad_norm = self.settings.max_grad_norm
+        if max_grad_norm is not None:
+            self._clips.extend(map(ge, values[-self.settings.clip_window :], repeat(max_grad_norm)))
 
     def _clipping(self) -> bool:
         if self.settings.max_grad_norm is None or len(self._clips) < self.settings.clip_window:

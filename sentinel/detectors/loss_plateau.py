@@ -25,6 +25,12 @@ called high.
 ``recent_level``, ``initial_level``, ``improvement`` (fraction),
 ``threshold`` (the resolve bar), ``onset_step``, ``start_values`` and ``values``
 (the window's first and last ``edge_values``).
+
+Replay's blocks (``can_absorb``) are taken whole when no line of them could judge:
+all in warmup, the window not full by the end, no initial level above 0; or when
+every judgement is known without a median: converged (most of each line's last
+``edge_values`` under the "still high" bar) or, in an episode, most of them at or
+above its bar.
 """
 
 from __future__ import annotations
@@ -32,17 +38,25 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable
-from itertools import islice
+from collections.abc import Callable, Iterable
+from itertools import islice, repeat
+from operator import ge, indexOf, lt
 from typing import Any
 
 from pydantic import Field, model_validator
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
-from sentinel.detectors.series import Warmup
-from sentinel.records import Alert, Sample, Severity
+from sentinel.detectors.series import (
+    Warmup,
+    finite_values,
+    finite_with_steps,
+    majority_in_every_window,
+)
+from sentinel.records import Alert, Block, Sample, Severity
 
 METRIC = "loss"
+#: Above this a sum of two values could overflow: a median of them is not bounded by them.
+_HUGE = 1e300
 
 
 class LossPlateauConfig(MetricRuleConfig):
@@ -186,7 +200,98 @@ class LossPlateauDetector(BaseDetector):
         initial = self.initial_level
         assert initial is not None
         bar = self.settings.high_fraction * initial
-        self._high_bar = bar if 0 < bar < 1e300 else None
+        self._high_bar = bar if 0 < bar < _HUGE else None
+
+    def can_absorb(self, block: Block) -> bool:
+        """Uneventful: no line judges, or every judgement is known without a median."""
+        columns = block.columns
+        column = columns.get(METRIC)
+        if column is None:
+            return True  # only learning rates
+        phase = self._warmup.block_phase(block.steps, columns.get("lr"))
+        if phase is None:
+            return False
+        values = finite_values(column)
+        if phase or not values:
+            return True  # in warmup the values only make the initial level
+        window, edge_values = self._window, self.settings.edge_values
+        bar = self._bar
+        if bar is not None:
+            # An episode: each line's recent median must stay at or above its bar.
+            return self._medians_beside(ge, bar, values, 0)
+        size = self.settings.window
+        # Index of the first value after which the window is full: the first judged.
+        judged_from = max(0, size - len(window) - 1)
+        if judged_from >= len(values):
+            return True
+        if len(self._first) < edge_values:
+            first = self._first + values[: edge_values - len(self._first)]
+            # The initial level would be set inside the block: line by line, unless none.
+            return len(first) < edge_values or statistics.median(first) <= 0
+        initial = self.initial_level
+        assert initial is not None
+        if initial <= 0:
+            return True
+        # Converged: each recent median under the "still high" bar. (Still improving
+        # would need a median per line: such blocks go line by line.)
+        high_bar = self._high_bar
+        return high_bar is not None and self._medians_beside(lt, high_bar, values, judged_from)
+
+    def _medians_beside(
+        self,
+        side: Callable[[float, float], bool],
+        bar: float,
+        values: list[float],
+        judged_from: int,
+    ) -> bool:
+        """Whether at each judged line (from index ``judged_from`` of ``values``) the median
+        of the last ``edge_values`` is ``side`` of ``bar`` (``ge``: at or above, ``lt``:
+        under): it is when most of them are."""
+        edge_values = self.settings.edge_values
+        tail = [value for _, value in islice(reversed(self._window), edge_values - 1)]
+        tail.reverse()
+        flags = list(map(side, tail, repeat(bar)))
+        flags += map(side, values, repeat(bar))
+        return majority_in_every_window(flags, edge_values, len(tail) + judged_from)
+
+    def absorb(self, block: Block) -> None:
+        """What ``observe`` does with values that raise nothing: the initial level, then
+        the window and the count of values under the "still high" bar."""
+        columns = block.columns
+        column = columns.get(METRIC)
+        warmup = self._warmup
+        in_warmup = column is not None and bool(warmup.block_phase(block.steps, columns.get("lr")))
+        warmup.extend(columns.get("lr"))
+        if column is None:
+            return
+        values, steps = finite_with_steps(column, block.steps)
+        if not values:
+            return
+        first, edge_values = self._first, self.settings.edge_values
+        # Index of the first value judged against the "still high" bar.
+        barred_from = 0
+        if len(first) < edge_values:
+            barred_from = edge_values - len(first) - 1
+            first += values[: barred_from + 1]
+            if len(first) == edge_values:
+                self._set_high_bar()
+        if in_warmup:
+            return
+        window = self._window
+        size = window.maxlen or len(values)
+        if len(window) + len(values) > size:
+            self._moved_on = True  # a value was appended to a full window
+        window.extend(zip(steps[-size:], values[-size:], strict=True))
+        high_bar = self._high_bar
+        if high_bar is None or barred_from >= len(values):
+            self._under_high = 0
+            return
+        barred = values[barred_from:]
+        try:
+            # The values under the bar at the end, back to the last one that was not.
+            self._under_high = indexOf(map(lt, reversed(barred), repeat(high_bar)), False)
+        except ValueError:
+            self._under_high = len(barred) + (self._under_high if barred_from == 0 else 0)
 
     def _edge(self, values: Iterable[tuple[int | None, float]]) -> list[float]:
         """The values of the first ``edge_values`` entries."""

@@ -24,6 +24,10 @@ One episode of the rule, shared by every watched metric:
 and ``values``/``steps``: the last ``window`` finite values before the current run
 of spikes and the run itself, in order; plus ``ratio`` (value / baseline) when the
 episode opens and ``new_baseline`` on a level shift.
+
+Replay's blocks (``can_absorb``) are taken whole when every line is in warmup, or
+none is and no value of a calm metric can be a spike: at most ``factor`` x the least
+value its baseline could hold by then, which bounds the median from below.
 """
 
 from __future__ import annotations
@@ -35,8 +39,14 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
-from sentinel.detectors.series import Rolling, Warmup
-from sentinel.records import Alert, Sample, Severity
+from sentinel.detectors.series import (
+    Rolling,
+    Warmup,
+    finite_values,
+    finite_with_steps,
+    never_above_multiple,
+)
+from sentinel.records import Alert, Block, Sample, Severity
 
 
 class LossSpikeConfig(MetricRuleConfig):
@@ -163,6 +173,44 @@ class LossSpikeDetector(BaseDetector):
             for alert in raised:
                 found.append((index, alert))
         return found
+
+    def can_absorb(self, block: Block) -> bool:
+        """Uneventful: every line in warmup, or no metric in an episode and no value of a
+        judged one above ``factor`` x the least of its window and the values before it."""
+        columns = block.columns
+        judged = [name for name in self._series if name in columns]
+        if not judged:
+            return True  # only learning rates
+        phase = self._warmup.block_phase(block.steps, columns.get("lr"))
+        if phase is None:
+            return False
+        if phase:
+            return True  # in warmup every value is only learned
+        factor = self.settings.factor
+        for name in judged:
+            series = self._series[name]
+            if series.offending:
+                return False  # a value under the bar counts towards the resolve
+            values = finite_values(columns[name])
+            baseline = series.baseline
+            # The first values fill the window: not judged.
+            filling = baseline.size - len(baseline)
+            if not never_above_multiple(values, factor, baseline.least(), filling):
+                return False
+        return True
+
+    def absorb(self, block: Block) -> None:
+        """What ``observe`` does with values that are no spike: keep them, learn them."""
+        columns = block.columns
+        self._warmup.extend(columns.get("lr"))
+        for name, series in self._series.items():
+            column = columns.get(name)
+            if column is None:
+                continue
+            values, steps = finite_with_steps(column, block.steps)
+            kept = series.recent.maxlen or len(values)
+            series.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
+            series.baseline.extend(values)
 
     def _spike(
         self, series: _Series, baseline: float, sample: Sample, source: str, time: float

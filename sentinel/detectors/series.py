@@ -1,6 +1,8 @@
 """Small helpers the statistical rules share: a rolling window and warmup tracking.
 
 Pure and cheap: each call is O(window) at worst, and windows are tens of values.
+The bulk variants (``Rolling.extend``, ``Warmup.extend``, ...) take a replay block's
+column in a few C-level passes and leave exactly the state the one-value calls leave.
 """
 
 from __future__ import annotations
@@ -8,9 +10,77 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Sequence
+from itertools import accumulate, compress, islice, repeat
 from math import isfinite
+from operator import ge, indexOf, le, lt, mul, sub
 
 from sentinel.records import Sample
+
+#: Below this a window's least value could make a median of two overflow to -inf.
+_TINY = -1e300
+
+
+def finite_values(values: list[float]) -> list[float]:
+    """The finite values, in order: ``values`` itself when every one is finite."""
+    # A sum is finite only when every term is (or it overflowed: then filter anyway).
+    if isfinite(sum(values)):
+        return values
+    return list(filter(isfinite, values))
+
+
+def finite_with_steps(values: list[float], steps: list[int]) -> tuple[list[float], list[int]]:
+    """The finite values and the steps of their lines (the lists themselves when all are)."""
+    if isfinite(sum(values)):
+        return values, steps
+    mask = list(map(isfinite, values))
+    return list(compress(values, mask)), list(compress(steps, mask))
+
+
+def never_above_multiple(values: list[float], factor: float, prior: float, start: int) -> bool:
+    """Whether every ``values[i]`` from ``start`` on is at most ``factor`` x the least of
+    ``prior`` and ``values[:i]``, with no value so low that a median could overflow.
+
+    The proof the rolling-median rules accept a block with: when a window holds only
+    values from ``prior``'s window and the values before ``i`` (none of which was an
+    outlier), its median is at least their least, so ``value <= factor * least`` means
+    ``value <= factor * median`` (a product with ``factor > 0`` keeps the order).
+    """
+    if start >= len(values):
+        return True
+    least = min(prior, min(values[:-1])) if len(values) > 1 else prior
+    if least < _TINY:
+        return False
+    if max(values[start:]) <= factor * least:
+        return True
+    # The one bound for the whole block is too coarse (a falling series): line by line.
+    leasts = accumulate(values, min, initial=prior)
+    bars = map(mul, repeat(factor), islice(leasts, start, None))
+    return all(map(le, values[start:], bars))
+
+
+def majority_in_every_window(flags: list[bool], size: int, start: int) -> bool:
+    """Whether every ``size`` consecutive flags ending at index ``start`` or later hold
+    at least ``size // 2 + 1`` True: then a median of their values is on the True side
+    (for an even ``size``, both middle values are).
+
+    The first ``size - 1`` flags end no full run: where ``start`` is among them, each
+    of those must be True (a median of fewer values is then on the True side too).
+    """
+    if start >= len(flags):
+        return True
+    if start < size - 1:
+        if not all(flags[: size - 1]):
+            return False
+        start = size - 1
+        if start >= len(flags):
+            return True
+    first = start + 1 - size
+    if all(flags[first:]):
+        return True
+    totals = list(accumulate(flags, initial=0))
+    fewest: int = min(map(sub, totals[start + 1 :], totals[first:]))
+    return fewest >= size // 2 + 1
 
 
 class Rolling:
@@ -38,6 +108,23 @@ class Rolling:
         values.append(value)
         insort(ordered, value)
 
+    def extend(self, values: list[float]) -> None:
+        """``add`` each value, in order, in one pass.
+
+        The sorted copy of a window is ``sorted`` of it: ``add`` inserts after equal
+        values and removes the first of them, which keeps equal values (0.0 and -0.0)
+        in window order, as the stable ``sorted`` does.
+        """
+        new = finite_values(values)
+        if len(new) * 8 < self.size:
+            # A few values into a long window: cheaper one by one than a sort.
+            for value in new:
+                self.add(value)
+            return
+        window = self.values
+        window.extend(new[-self.size :])
+        self._sorted[:] = sorted(window)
+
     def clear(self) -> None:
         self.values.clear()
         self._sorted.clear()
@@ -48,6 +135,10 @@ class Rolling:
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def least(self) -> float:
+        """The smallest value in the window; +inf when it is empty."""
+        return self._sorted[0] if self._sorted else math.inf
 
     def mean(self) -> float:
         return math.fsum(self.values) / len(self.values)
@@ -74,6 +165,13 @@ class LazyRolling:
         """Append a value; non-finite values are not a level and are ignored."""
         if isfinite(value):
             self.values.append(value)
+            self._median = None
+
+    def extend(self, values: list[float]) -> None:
+        """``add`` each value, in order, in one pass."""
+        new = finite_values(values)
+        if new:
+            self.values.extend(new[-(self.values.maxlen or len(new)) :])
             self._median = None
 
     def clear(self) -> None:
@@ -137,3 +235,50 @@ class Warmup:
         if self.lr_rising:
             return True
         return step is not None and step < self.warmup_steps
+
+    def extend(self, rates: list[float] | None) -> None:
+        """``observe`` each learning rate of a block's ``lr`` column (None: no column)."""
+        if rates is None or self.lr_rising is False:
+            return
+        rates = finite_values(rates)
+        if not rates:
+            return
+        last = self._last_lr
+        chain = rates if last is None else [last, *rates]
+        if len(chain) < 2:
+            self._last_lr = chain[-1]
+            return
+        try:
+            # The first rate not above the one before ends the warmup, and is the last kept.
+            fall = indexOf(map(ge, chain, islice(chain, 1, None)), True)
+        except ValueError:
+            self.lr_rising, self._last_lr = True, chain[-1]
+        else:
+            self.lr_rising, self._last_lr = False, chain[fall + 1]
+
+    def block_phase(self, steps: Sequence[int], rates: list[float] | None) -> bool | None:
+        """Whether every line of a block is in warmup (True), none is (False), or it changes
+        inside the block or cannot be told cheaply (None).
+
+        ``rates`` is the block's ``lr`` column, None when it has none. Pure: the state
+        moves on with ``extend`` once the block is taken.
+        """
+        rising = self.lr_rising
+        if rising and (rates is None or self._keeps_rising(rates)):
+            return True
+        if max(steps) < self.warmup_steps:
+            return True
+        # The LR can end a warmup only while it is still being learned.
+        settled = rising is False or (rising is None and rates is None)
+        if settled and min(steps) >= self.warmup_steps:
+            return False
+        return None
+
+    def _keeps_rising(self, rates: list[float]) -> bool:
+        """Whether each rate is finite and above the one before, from the last seen."""
+        if not rates or not isfinite(sum(rates)):
+            return False
+        last = self._last_lr
+        if last is None or not rates[0] > last:
+            return False
+        return all(map(lt, rates, islice(rates, 1, None)))
