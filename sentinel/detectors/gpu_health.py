@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.records import Alert, Sample, Severity
+from sentinel.records import Alert, Block, Sample, Severity
 from sentinel.sources import (
     CLOCK_EVENTS_POWER,
     CLOCK_EVENTS_THERMAL,
@@ -161,6 +161,18 @@ class GpuHealthDetector(BaseDetector):
 
     def tick(self, now: float) -> list[Alert]:
         return self._expire_xids(now, None) if self._xid_last else []
+
+    def can_absorb(self, block: Block) -> bool:
+        """A log block holds no GPU reading, and its ticks end no XID episode: each would
+        end the one whose last XID is ``xid_quiet_s`` old, and none is by the latest clock."""
+        if not self.watches.isdisjoint(block.names):
+            return False  # a log that carries GPU readings: line by line
+        quiet = self._xid_last
+        return not quiet or max(block.clock) - min(quiet.values()) < self.settings.xid_quiet_s
+
+    def absorb(self, block: Block) -> None:
+        """Nothing to take: the ticks of an accepted block change nothing."""
+        return None
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         alerts = self._expire_xids(now, sample.step) if self._xid_last else []

@@ -9,7 +9,7 @@ from collections import deque
 from pydantic import Field
 
 from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
+from sentinel.records import PROGRESS, Alert, Block, Line, Sample, Severity
 
 # Checked in order: a device-side assert often also mentions an index out of
 # bounds, and an OOM inside a NCCL call is still an OOM.
@@ -128,6 +128,19 @@ class JobCrashDetector(BaseDetector):
     def output_text(self, text: str, source: str, now: float) -> list[Alert]:
         self._tail.append(text)
         return []
+
+    def can_absorb(self, block: Block) -> bool:
+        """Always: this rule speaks only when the job exits. Output and samples only keep
+        the tail it classifies from and the last step, which ``absorb`` keeps as well."""
+        return True
+
+    def absorb(self, block: Block) -> None:
+        tail = self._tail
+        if block.output:
+            # The deque keeps its last ``maxlen`` lines: those are all it needs to see.
+            tail.extend(block.texts[-(tail.maxlen or len(block.texts)) :])
+        if block.names:
+            self._last_step = block.steps[-1]
 
     def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
         if exit_code == 0 or expected:

@@ -21,8 +21,8 @@ from pydantic import Field, model_validator
 
 from sentinel.detectors import BaseDetector, RuleConfig
 from sentinel.detectors.series import LazyRolling
-from sentinel.detectors.stall_evidence import Evidence, Timeouts
-from sentinel.records import Alert, Line, Sample, Severity
+from sentinel.detectors.stall_evidence import BlockProgress, Evidence, Timeouts, block_progress
+from sentinel.records import Alert, Block, Line, Sample, Severity
 from sentinel.sources import (
     GPU_JOB,
     GPU_POWER,
@@ -213,6 +213,47 @@ class StallDetector(BaseDetector):
             self._active(now)
             return []
         return self._progress(now, source)
+
+    def can_absorb(self, block: Block) -> bool:
+        """Steady steps: no tick in the block reaches the least soft timeout in force (so
+        none works the timeouts out), no step gap is long enough to be capped, and no
+        episode is open for a step to resolve."""
+        return self._block_progress(block) is not None
+
+    def absorb(self, block: Block) -> None:
+        progress = self._block_progress(block)
+        if progress is None:
+            raise ValueError("stall was handed a block it refused")
+        gaps_s = progress.gaps_s
+        if gaps_s:
+            # Only the window's last gaps stay: adding just those leaves the same window.
+            for gap_s in gaps_s[-(self._intervals.values.maxlen or len(gaps_s)) :]:
+                self._intervals.add(gap_s)
+            longest_s = max(gaps_s)
+            if longest_s > self._longest_gap_s:
+                self._longest_gap_s = longest_s
+        if progress.new_steps:
+            self._steps_seen = True
+        self._last_step = progress.last_step
+        self._last_step_time = progress.last_step_time
+        self._last_progress = progress.last_progress
+        self._last_activity = progress.last_activity
+
+    def _block_progress(self, block: Block) -> BlockProgress | None:
+        """What ``block`` does to the progress state, or None unless it is steady."""
+        if self._level is not None:
+            return None  # the first new step would resolve the episode
+        return block_progress(
+            block,
+            last_step=self._last_step,
+            last_step_time=self._last_step_time,
+            last_progress=self._last_progress,
+            last_activity=self._last_activity,
+            steps_seen=self._steps_seen,
+            learning=self.settings.adaptive and self._started_at is not None,
+            uncapped_s=self._uncapped_s,
+            least_soft_s=self._least_soft_s,
+        )
 
     def _active(self, at: float) -> None:
         if self._last_activity is None or at > self._last_activity:

@@ -1,13 +1,23 @@
-"""What ``stall`` knows of the machine while a job makes no progress, and its timeouts.
+"""What ``stall`` knows of the machine while a job makes no progress, its timeouts, and
+what a block of log lines does to its progress.
 
 Plain data for ``sentinel.detectors.stall``: the evidence the latest GPU and process
-readings give (hang, busy or nothing), and the timeouts in force.
+readings give (hang, busy or nothing), the timeouts in force, and ``block_progress``:
+the step gaps, progress and activity a replay block leaves, worked out in a few passes
+over its columns rather than line by line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, compress, islice
+from math import inf
+from operator import gt, not_, sub
 from typing import Any, Literal
+
+from sentinel.records import Block
+from sentinel.sources import SYSTEM_METRICS
 
 Verdict = Literal["hang", "busy", "none"]
 
@@ -84,4 +94,127 @@ class Timeouts:
     learned: bool
 
 
-__all__ = ["Evidence", "Timeouts", "Verdict"]
+@dataclass(frozen=True, slots=True)
+class BlockProgress:
+    """What feeding a block line by line leaves of ``stall``'s progress state.
+
+    ``gaps_s`` are the gaps the rule learns, in order: the positive ones between
+    consecutive new steps (the first from the step before the block), when it learns.
+    """
+
+    new_steps: bool
+    last_step: int | None
+    last_step_time: float | None
+    last_progress: float | None
+    last_activity: float | None
+    gaps_s: list[float]
+
+
+def block_progress(
+    block: Block,
+    *,
+    last_step: int | None,
+    last_step_time: float | None,
+    last_progress: float | None,
+    last_activity: float | None,
+    steps_seen: bool,
+    learning: bool,
+    uncapped_s: float,
+    least_soft_s: float,
+) -> BlockProgress | None:
+    """Progress, step gaps and activity after ``block`` for a rule in the state given, or
+    None unless the block is steady: fed line by line, no tick in it would reach
+    ``least_soft_s`` of silence (so none works the timeouts out) and, when ``learning``,
+    no step gap would pass ``uncapped_s`` (so none is capped by the hard timeout).
+
+    Line ``i``'s samples all carry ``steps[i]`` and the time ``at[i]`` (its own
+    timestamp, else its clock): the first sample of a line whose step is past every
+    step before it is a new step (progress at ``at[i]``); every other sample, and the
+    output line when steps were already seen, is activity.
+    """
+    names, times = block.names, block.times
+    if not names or not SYSTEM_METRICS.isdisjoint(names):
+        return None  # no sample, or the machine's state: line by line
+    if times is not None and 0.0 in times:
+        return None  # epoch 0, which a block's contract reads as no time: line by line
+    if learning and last_step_time is None:
+        return None  # the attempt's first step learns its startup
+    steps, clock = block.steps, block.clock
+    count = len(steps)
+    stamps = times if times is not None else clock
+    new = rising_steps(steps, last_step)
+    new_lines: Sequence[int] = range(count)
+    new_stamps = stamps
+    if new is not None:
+        new_lines, new_stamps = list(compress(range(count), new)), list(compress(stamps, new))
+    gaps_s: list[float] = []
+    if learning and new_stamps:
+        assert last_step_time is not None
+        gaps_s = list(map(sub, new_stamps, [last_step_time, *new_stamps[:-1]]))
+        if min(gaps_s) <= 0.0:
+            gaps_s = list(filter((0.0).__lt__, gaps_s))  # lines read in one burst
+        if gaps_s and max(gaps_s) > uncapped_s:
+            return None  # a long save the hard timeout may cap
+    progress = last_progress
+    if last_progress is not None:
+        if block.ticks and _longest_silence(clock, stamps, new, last_progress) >= least_soft_s:
+            return None
+        if new_stamps:
+            progress = max(last_progress, max(new_stamps))
+            if not steps_seen and block.output:
+                # Line 0's output is progress too while no step was ever seen.
+                progress = max(progress, clock[0])
+    # Activity: the output lines (but line 0's while no step was seen), the samples after
+    # each line's first, and the first sample of a line that is no new step.
+    seen: list[float] = []
+    if block.output and (steps_seen or count > 1):
+        seen.append(max(islice(clock, 0 if steps_seen else 1, None)))
+    if len(names) > 1:
+        seen.append(max(stamps))
+    elif new is not None and not all(new):
+        seen.append(max(compress(stamps, map(not_, new))))
+    activity = last_activity
+    if seen and (activity is None or max(seen) > activity):
+        activity = max(seen)
+    return BlockProgress(
+        new_steps=bool(new_lines),
+        last_step=steps[new_lines[-1]] if new_lines else last_step,
+        last_step_time=new_stamps[-1] if new_stamps else last_step_time,
+        last_progress=progress,
+        last_activity=activity,
+        gaps_s=gaps_s,
+    )
+
+
+def rising_steps(steps: list[int], last_step: int | None) -> list[bool] | None:
+    """Which lines bring a new step (one past every step before it, ``last_step`` the
+    one before the block); None when every line does (the usual block: one pass)."""
+    first = steps[0]
+    if last_step is None or first > last_step:
+        stride = steps[1] - first if len(steps) > 1 else 1
+        if stride > 0 and steps == list(range(first, first + stride * len(steps), stride)):
+            return None
+    floor = first - 1 if last_step is None else last_step
+    # The highest step before each line: a line is a new step when it passes it.
+    new = list(map(gt, steps, accumulate(steps, max, initial=floor)))
+    return None if all(new) else new
+
+
+def _longest_silence(
+    clock: list[float], stamps: list[float], new: list[bool] | None, last_progress: float
+) -> float:
+    """At least the longest silence a tick within the block measures: the tick at line
+    ``i`` measures from the latest progress before it, which is no earlier than the
+    stamp of the last new step before line ``i`` (or ``last_progress``)."""
+    if new is None:
+        # Every line is a new step: line i's tick comes after line i - 1's step.
+        later = max(map(sub, islice(clock, 1, None), stamps), default=-inf)
+        return max(clock[0] - last_progress, later)
+    # Rarely (a resume, a clock going back): the progress before each line, line by line.
+    progressed = [stamp if is_new else -inf for stamp, is_new in zip(stamps, new, strict=True)]
+    before = accumulate(progressed, max, initial=last_progress)
+    longest: float = max(map(sub, clock, before))
+    return longest
+
+
+__all__ = ["BlockProgress", "Evidence", "Timeouts", "Verdict", "block_progress", "rising_steps"]
