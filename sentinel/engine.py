@@ -147,9 +147,9 @@ class Engine:
 
     def _feed_run(self, source: str, texts: list[str], now: float) -> list[Alert]:
         """Runs of JSON-object lines as blocks; other lines one by one."""
+        if texts[0][:2] == '{"' and "\n".join(texts).count('\n{"') == len(texts) - 1:
+            return self._feed_json(source, texts, now)  # the usual metrics file: one pass
         starts = list(map(str.startswith, texts, repeat('{"')))
-        if all(starts):
-            return self._feed_json(source, texts, now)
         alerts: list[Alert] = []
         start = 0
         for is_json, group in groupby(starts):
