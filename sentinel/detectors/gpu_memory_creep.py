@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import accumulate, compress, count, islice
-from operator import and_, gt, le, lt, sub, truediv
 from typing import Any, Literal
 
 from pydantic import Field
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors.gpu_memory_windows import (
+    Key,
+    Plan,
+    Window,
+    calm,
+    creep_evidence,
+    growth,
+    logged_memory,
+    near_capacity,
+)
 from sentinel.detectors.series import Warmup
 from sentinel.records import PROGRESS, Alert, Block, Sample, Severity
 from sentinel.sources import GPU_JOB, GPU_MEM_TOTAL, GPU_MEM_USED
@@ -69,9 +77,6 @@ CAPACITY_METRICS: tuple[str, ...] = (
 PERCENT_SUFFIXES: tuple[str, ...] = ("(%)", "_pct", "_percent")
 
 Kind = Literal["creep", "capacity"]
-#: A series: (metric, GPU source) for NVML readings, (metric, "") for a logged metric.
-Key = tuple[str, str]
-Window = deque[tuple[int | None, float]]
 
 
 class GpuMemoryCreepConfig(MetricRuleConfig):
@@ -212,7 +217,7 @@ class GpuMemoryCreepDetector(BaseDetector):
         assert plan is not None
         names = block.names
         if "lr" in names:
-            absorb_learning_rates(self._warmup, block.columns["lr"])
+            self._warmup.extend(block.columns["lr"])
         totals = [name for name in names if name in self._totals]
         if totals:
             self._logged_capacity = block.columns[totals[-1]][-1]
@@ -223,7 +228,7 @@ class GpuMemoryCreepDetector(BaseDetector):
                 window = self._series[(name, "")] = deque(maxlen=size)
             window.extend(zip(steps[-size:], values[-size:], strict=True))
 
-    def _memory_plan(self, block: Block) -> dict[str, tuple[list[float], list[int]]] | None:
+    def _memory_plan(self, block: Block) -> Plan | None:
         """Per logged memory metric of the block, the values (and steps) its window takes,
         when none raises an alert; None when that is not certain."""
         names = block.names
@@ -231,75 +236,17 @@ class GpuMemoryCreepDetector(BaseDetector):
             return None  # NVML readings come from the GPU source, not from a log
         if "lr" in names and not self._lr_warmup_only:
             return None
-        memory = [name for name in names if name in self._memory and name not in self._totals]
-        totals = [name for name in names if name in self._totals]
-        capacity = self._logged_capacity
-        for name in totals:
-            column = block.columns[name]
-            if memory and (min(column) != capacity or max(column) != capacity):
-                return None  # a new capacity before the memory it bounds: line by line
-            if not memory and not (min(column) > 0 and math.isfinite(sum(column))):
-                return None
-        if not memory:
-            return {}
-        warmup = self._warmup
-        if self._offending or ("lr" in names and warmup.lr_rising is not False):
-            return None
-        if warmup.lr_rising:
-            return {}
-        steps = block.steps
-        if not all(map(lt, steps, islice(steps, 1, None))):
-            return None  # a step again or back: line by line skips the repeats
-        first = warmup.warmup_steps
-        plan: dict[str, tuple[list[float], list[int]]] = {}
-        for name in memory:
-            values, kept = block.columns[name], steps
-            if first and min(kept) < first:
-                keep = list(map(first.__le__, kept))
-                values, kept = list(compress(values, keep)), list(compress(kept, keep))
-            if not math.isfinite(sum(values)):
-                keep = list(map(math.isfinite, values))
-                values, kept = list(compress(values, keep)), list(compress(kept, keep))
-            if not values:
-                continue
-            if not self._calm((name, ""), values, kept):
-                return None
-            plan[name] = (values, kept)
-        return plan
-
-    def _calm(self, key: Key, values: list[float], steps: list[int]) -> bool:
-        """Whether appending ``values`` (at rising ``steps``) to ``key``'s window judges no
-        creep and no capacity at any of them."""
-        settings = self.settings
-        capacity = self._capacity_of(key)
-        if capacity is not None and max(values) >= settings.capacity_fraction * capacity:
-            return False
-        window = self._series.get(key)
-        last_step = window[-1][0] if window else None
-        if last_step is not None and steps[0] <= last_step:
-            return False
-        size = settings.window
-        series = [value for _, value in window or ()] + values
-        if len(series) < size:
-            return True
-        # Windows end at each new value once full; the first starts at the first index
-        # whose window ends on a new value.
-        first_start = max(0, len(series) - len(values) - size + 1)
-        low = min(islice(series, first_start, None))
-        if low <= 0:
-            return False  # a growth from zero is infinite (see _growth)
-        if (max(series) - low) / low < settings.min_growth:
-            return True  # no window's last value is min_growth above its first
-        firsts = series[first_start : len(series) - size + 1]
-        lasts = series[first_start + size - 1 :]
-        growths = map(truediv, map(sub, lasts, firsts), firsts)
-        rose = list(accumulate(map(gt, islice(series, 1, None), series), initial=0))
-        # The window starting at i has its rises among changes i+1 .. i+size-1.
-        rises = map(
-            sub, islice(rose, first_start + size - 1, None), islice(rose, first_start, None)
+        capacity, windows = self._logged_capacity, self._series
+        plan = logged_memory(
+            block, self._memory, self._totals, capacity, self._warmup, bool(self._offending)
         )
-        bar = settings.rising_fraction * (size - 1)
-        return not any(map(and_, map(settings.min_growth.__le__, growths), map(bar.__le__, rises)))
+        if plan is None:
+            return None
+        for name, (values, steps) in plan.items():
+            key = (name, "")
+            if not calm(windows.get(key), values, steps, self._capacity_of(key), self.settings):
+                return None
+        return plan
 
     def _observe_gpu(self, sample: Sample, source: str, now: float) -> list[Alert]:
         """An NVML reading of GPU ``source``."""
@@ -356,14 +303,14 @@ class GpuMemoryCreepDetector(BaseDetector):
         value = sample.value
         was_open = bool(self._offending)
         found: list[tuple[Kind, dict[str, Any]]] = []
-        creep = self._creep(key, window)
+        capacity = self._capacity_of(key)
+        creep = creep_evidence(window, self.settings, capacity)
         if creep is not None:
             found.append(("creep", creep))
-        elif (key, "creep") in self._offending and self._growth(window) < self.settings.min_growth:
+        elif (key, "creep") in self._offending and growth(window) < self.settings.min_growth:
             self._offending.discard((key, "creep"))
-        capacity = self._capacity_of(key)
         if capacity is not None and value >= self.settings.capacity_fraction * capacity:
-            found.append(("capacity", self._near_capacity(key, window)))
+            found.append(("capacity", near_capacity(window, capacity)))
         else:
             self._offending.discard((key, "capacity"))
         for kind, _ in found:
@@ -384,57 +331,6 @@ class GpuMemoryCreepDetector(BaseDetector):
         if self.settings.capacity is not None:
             return self.settings.capacity
         return self._logged_capacity
-
-    @staticmethod
-    def _growth(window: Window) -> float:
-        """Relative growth from the window's first value to its last."""
-        first, last = window[0][1], window[-1][1]
-        if first > 0:
-            return (last - first) / first
-        return math.inf if last > first else 0.0
-
-    def _creep(self, key: Key, window: Window) -> dict[str, Any] | None:
-        """The evidence of a creep over the full window, or None."""
-        settings = self.settings
-        if len(window) < settings.window:
-            return None
-        values = [value for _, value in window]
-        rises = [i for i in range(1, len(values)) if values[i] > values[i - 1]]
-        if len(rises) < settings.rising_fraction * (len(values) - 1):
-            return None
-        growth = self._growth(window)
-        if growth < settings.min_growth:
-            return None
-        half = len(values) // 2
-        low_before, low_after = min(values[:half]), min(values[half:])
-        floor_growth = (low_after - low_before) / low_before if low_before > 0 else growth
-        if floor_growth < settings.min_growth / 2:
-            return None
-        onset_step = window[rises[0]][0]
-        details = self._trend(key, window)
-        details.update(
-            onset_step=onset_step,
-            growth=growth,
-            rising_share=len(rises) / (len(values) - 1),
-            values=values,
-        )
-        return details
-
-    def _trend(self, key: Key, window: Window) -> dict[str, Any]:
-        """Growth per step over the window and, with a capacity, the steps left until it."""
-        (first_step, first), (last_step, last) = window[0], window[-1]
-        span = (last_step - first_step) if first_step is not None and last_step is not None else 0
-        per_step = (last - first) / (span if span > 0 else max(len(window) - 1, 1))
-        capacity = self._capacity_of(key)
-        projected = None
-        if capacity is not None and per_step > 0:
-            projected = max(0, math.ceil((capacity - last) / per_step))
-        return {"growth_per_step": per_step, "capacity": capacity, "projected_steps": projected}
-
-    def _near_capacity(self, key: Key, window: Window) -> dict[str, Any]:
-        details = self._trend(key, window)
-        details.update(onset_step=window[-1][0], values=[value for _, value in window])
-        return details
 
     @staticmethod
     def _amount(key: Key, value: float) -> str:
@@ -504,29 +400,3 @@ class GpuMemoryCreepDetector(BaseDetector):
             value=sample.value,
             resolves=True,
         )
-
-
-def absorb_learning_rates(warmup: Warmup, rates: list[float]) -> None:
-    """``warmup.observe`` of each learning rate in turn, from at most three calls.
-
-    The warmup ends at the first rate not above the one before it and ignores the rest,
-    and while rates rise every comparison says so: the rising run's last two rates and
-    the one that ends it tell ``Warmup`` all the others would.
-    """
-    if warmup.lr_rising is False:
-        return
-    if not math.isfinite(sum(rates)):
-        rates = list(filter(math.isfinite, rates))
-    if not rates:
-        return
-    warmup.observe(Sample("lr", rates[0]))
-    if len(rates) == 1 or _warmup_over(warmup):
-        return
-    end = next(compress(count(1), map(le, islice(rates, 1, None), rates)), None)
-    tail = rates[max(1, len(rates) - 2) :] if end is None else rates[max(1, end - 1) : end + 1]
-    for rate in tail:
-        warmup.observe(Sample("lr", rate))
-
-
-def _warmup_over(warmup: Warmup) -> bool:
-    return warmup.lr_rising is False

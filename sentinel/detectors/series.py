@@ -11,14 +11,17 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
-from itertools import accumulate, compress, islice, repeat
+from itertools import accumulate, compress, count, islice, repeat
 from math import isfinite
-from operator import ge, indexOf, le, lt, mul, sub
+from operator import and_, ge, indexOf, le, lt, mul, sub
 
 from sentinel.records import Sample
 
 #: Below this a window's least value could make a median of two overflow to -inf.
 _TINY = -1e300
+
+#: Windows apart whose medians seed ``Rolling.peak_median`` (one sort each).
+_SEED_EVERY = 128
 
 
 def finite_values(values: list[float]) -> list[float]:
@@ -57,6 +60,23 @@ def never_above_multiple(values: list[float], factor: float, prior: float, start
     leasts = accumulate(values, min, initial=prior)
     bars = map(mul, repeat(factor), islice(leasts, start, None))
     return all(map(le, values[start:], bars))
+
+
+def judged_mask(values: list[float], steps: Sequence[int], warmup_steps: int) -> list[bool] | None:
+    """Which lines a rule judges: finite values at steps from ``warmup_steps`` on, as a mask
+    for ``itertools.compress`` over the block's aligned columns; None when every line is
+    (one cheap check: an overflowing sum still gives a mask, of True only)."""
+    warm = bool(warmup_steps) and min(steps, default=warmup_steps) < warmup_steps
+    if not warm:
+        return None if isfinite(sum(values)) else list(map(isfinite, values))
+    return list(map(and_, map(warmup_steps.__le__, steps), map(isfinite, values)))
+
+
+def longest_run_at_least(positions: list[int], length: int) -> bool:
+    """Whether ``length`` consecutive integers occur among the sorted distinct ``positions``."""
+    return len(positions) >= length and (length - 1) in map(
+        sub, islice(positions, length - 1, None), positions
+    )
 
 
 def majority_in_every_window(flags: list[bool], size: int, start: int) -> bool:
@@ -124,6 +144,48 @@ class Rolling:
         window = self.values
         window.extend(new[-self.size :])
         self._sorted[:] = sorted(window)
+
+    def peak_median(self, values: list[float], floor: float) -> float:
+        """The highest of ``floor`` and the medians of the full windows ``add`` of each of
+        ``values`` in turn would leave; pure (``extend`` then takes the values).
+
+        Only the windows whose median can beat the peak so far are sorted: a median is at
+        most its window's rank-th largest value, so such a window holds ``rank`` of the values
+        above the peak, ``rank`` consecutive ones of them less than ``size`` apart (C-level
+        passes find those). The peak is seeded with a few windows' medians, and the values
+        above it found again after each batch of sorted windows.
+        """
+        size = self.size
+        series = [*self.values, *finite_values(values)]
+        rank = size - size // 2
+        # The windows series[j : j + size] that end on a new value, from the first full one.
+        first = max(0, len(self.values) - size + 1)
+        last = len(series) - size
+        peak = floor
+        for start in range(last, first - 1, -_SEED_EVERY):
+            median = sorted_median(sorted(series[start : start + size]))
+            if median > peak:
+                peak = median
+        start, batch = first, 16
+        while start <= last:
+            above = list(compress(count(start), map(peak.__lt__, islice(series, start, None))))
+            spans = map(sub, islice(above, rank - 1, None), above)
+            taken = 0
+            for group in compress(count(), map(size.__gt__, spans)):
+                # The windows holding above[group] .. above[group + rank - 1].
+                end = min(above[group], last)
+                for window in range(max(start, above[group + rank - 1] - size + 1), end + 1):
+                    median = sorted_median(sorted(series[window : window + size]))
+                    if median > peak:
+                        peak = median
+                    taken += 1
+                start = max(start, end + 1)
+                if taken >= batch:
+                    batch *= 2
+                    break
+            else:
+                return peak
+        return peak
 
     def clear(self) -> None:
         self.values.clear()

@@ -11,14 +11,13 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from itertools import accumulate, chain, compress, count, islice, repeat
-from operator import gt, lt, sub, truediv
-from typing import NamedTuple, TypeVar
+from itertools import compress
 
 from pydantic import Field
 
 from sentinel.detectors import BaseDetector, MetricRuleConfig
-from sentinel.detectors.series import Rolling, Warmup, sorted_median
+from sentinel.detectors.series import Rolling, Warmup
+from sentinel.detectors.throughput_blocks import Judged, block_lows, judged_values
 from sentinel.records import PROGRESS, Alert, Block, Sample, Severity
 
 #: Throughput metrics as the common loggers name them (lower-cased, ``train/`` stripped):
@@ -43,24 +42,6 @@ THROUGHPUT_METRICS: tuple[str, ...] = (
 
 #: Name of the series derived from timestamps.
 DERIVED = "steps_per_sec"
-
-#: Windows apart whose medians seed ``_peak_median`` (one sort each).
-_SEED_EVERY = 128
-
-_T = TypeVar("_T")
-
-#: Derived steps/sec state: (time, highest step) of a time point, or None.
-Point = tuple[float, int] | None
-
-
-class Judged(NamedTuple):
-    """What a block hands ``_judge``, in order: each value with its step and time, and the
-    derived steps/sec state after it (``_data_clock``, ``_previous``, ``_point``)."""
-
-    values: list[float]
-    steps: list[int]
-    times: list[float]
-    derive: tuple[bool, Point, Point] | None
 
 
 class ThroughputDropConfig(MetricRuleConfig):
@@ -213,7 +194,7 @@ class ThroughputDropDetector(BaseDetector):
             learned = [*self._learning, *values[:learn]]
             baseline, recent, low_run, is_open = statistics.median(learned), learned, 0, False
             values = values[learn:]
-        return self._lows(values, baseline, recent, low_run, is_open) is not None
+        return block_lows(values, baseline, recent, low_run, is_open, self.settings) is not None
 
     def absorb(self, block: Block) -> None:
         """The state ``_judge`` leaves after the block's values, one by one."""
@@ -232,134 +213,17 @@ class ThroughputDropDetector(BaseDetector):
             for learned in self._learning:
                 self._recent.add(learned)
             values, steps, times = values[learn:], steps[learn:], times[learn:]
-        lows = self._lows(values, self._baseline, self._recent.values, self._low_run, self._open)
+        recent = self._recent.values
+        lows = block_lows(values, self._baseline, recent, self._low_run, self._open, self.settings)
         assert lows is not None
         self._take(values, steps, times, lows)
 
     def _judged(self, block: Block) -> Judged | None:
         """The values the block's lines hand ``_judge``; None when not told in bulk."""
-        names = block.names
-        warmup = self._warmup
-        if warmup.lr_rising is not False and "lr" in names:
-            return None  # the warmup may end inside the block
-        series, derive = self._series, None
-        if series is not None:
-            if series == "lr":
-                return None
-            if series not in names:
-                return Judged([], [], [], None)
-            values, steps = block.columns[series], block.steps
-            times = block.times if block.times is not None else block.clock
-        elif not self._throughput.isdisjoint(names):
-            return None  # the job's own throughput is adopted at its first value
-        elif self._step_metrics.isdisjoint(names):
-            return Judged([], [], [], None)
-        else:
-            derived = self._derive_block(block)
-            if derived is None:
-                return None
-            values, steps, times, derive = derived
-        if warmup.lr_rising:
-            return Judged([], [], [], derive)
-        first = warmup.warmup_steps
-        if first and steps and min(steps) < first:
-            keep = list(map(first.__le__, steps))
-            values, steps, times = _kept(keep, values), _kept(keep, steps), _kept(keep, times)
-        if not math.isfinite(sum(values)):
-            keep = list(map(math.isfinite, values))
-            values, steps, times = _kept(keep, values), _kept(keep, steps), _kept(keep, times)
-        return Judged(values, steps, times, derive)
-
-    def _derive_block(
-        self, block: Block
-    ) -> tuple[list[float], list[int], list[float], tuple[bool, Point, Point]] | None:
-        """``_derive`` over the block's lines: the rates, their steps and times, and the
-        state after; None unless every line has a new, higher step."""
-        data_clock, previous, point = self._data_clock, self._previous, self._point
-        stamps: list[float]
-        if block.times is None:
-            if data_clock:
-                return [], [], [], (data_clock, previous, point)  # untimed: no rate
-            stamps = block.clock
-        else:
-            stamps = block.times
-            if not data_clock:
-                data_clock, previous, point = True, None, None
-        steps = block.steps
-        if not all(map(lt, steps, islice(steps, 1, None))):
-            return None
-        if point is None:
-            point = (stamps[0], steps[0])
-            stamps, steps = stamps[1:], steps[1:]
-        elif steps[0] <= point[1]:
-            return None
-        point_time, point_step = point
-        times = [point_time, *stamps]
-        steps = [point_step, *steps]
-        # A line closes the open time point when its time is past every earlier one; the
-        # closed point has the time of the line that opened it and the step of the line
-        # before the closing one (each line in between moved its step up).
-        closes = list(compress(count(1), map(gt, islice(times, 1, None), accumulate(times, max))))
-        close_steps = list(map(steps.__getitem__, map(sub, closes, repeat(1))))
-        close_times = [point_time, *map(times.__getitem__, closes[:-1])] if closes else []
-        point = (times[closes[-1]] if closes else point_time, steps[-1])
-        if closes:
-            chain_steps, chain_times = close_steps, close_times
-            if previous is not None:
-                chain_steps, chain_times = [previous[1], *close_steps], [previous[0], *close_times]
-            previous = (close_times[-1], close_steps[-1])
-        else:
-            chain_steps, chain_times = [], []
-        rates = list(
-            map(
-                truediv,
-                map(sub, islice(chain_steps, 1, None), chain_steps),
-                map(sub, islice(chain_times, 1, None), chain_times),
-            )
+        clock = (self._data_clock, self._previous, self._point)
+        return judged_values(
+            block, self._series, self._throughput, self._step_metrics, self._warmup, clock
         )
-        return rates, chain_steps[1:], chain_times[1:], (data_clock, previous, point)
-
-    def _lows(
-        self,
-        values: list[float],
-        baseline: float,
-        recent: Sequence[float],
-        low_run: int,
-        is_open: bool,
-    ) -> list[int] | None:
-        """The positions of the low values among ``values`` judged against ``baseline``
-        when none raises an alert; None when that is not certain."""
-        if not values:
-            return []
-        fraction = self.settings.fraction
-        bar = fraction * baseline
-        if is_open:
-            return list(range(len(values))) if max(values) < bar else None
-        if not bar > 0 or 0.0 in recent:
-            return None  # +0.0 and -0.0 sort as equals: the rolling window's order is unsure
-        # The baseline only rises, and at most to a window's median, which is at most the
-        # window's rank-th largest value: so at most to the largest value of them all.
-        smallest = min(values)
-        top = max(baseline, max(recent), max(values))
-        if smallest >= fraction * top:
-            lows: list[int] = []  # every value high whatever the baseline does
-        else:
-            lows = list(compress(count(), map(bar.__gt__, values))) if smallest < bar else []
-            if sum(map((fraction * top).__le__, values)) + len(lows) < len(values):
-                # Some value near the bar: try the rank-th largest value as the bound.
-                size = self.settings.baseline_window
-                top = max(baseline, sorted(chain(recent, values))[size // 2 - size])
-                if sum(map((fraction * top).__le__, values)) + len(lows) < len(values):
-                    return None  # which side of the bar it falls depends on the order
-        sustain = self.settings.sustain
-        if lows:
-            if low_run and lows[0] == 0:
-                need = sustain - low_run
-                if need <= 0 or (len(lows) >= need and lows[need - 1] == need - 1):
-                    return None
-            if _reaches(lows, sustain):
-                return None
-        return lows
 
     def _take(
         self, values: list[float], steps: list[int], times: list[float], lows: list[int]
@@ -389,12 +253,8 @@ class ThroughputDropDetector(BaseDetector):
         else:
             self._low_run = 0
         if highs:
-            recent = self._recent
-            window = [*recent.values, *highs]
-            self._baseline = _peak_median(window, recent.size, self._baseline)
-            recent.clear()
-            for value in window[-recent.size :]:
-                recent.add(value)
+            self._baseline = self._recent.peak_median(highs, self._baseline)
+            self._recent.extend(highs)
 
     def _adopt(self, name: str, source: str, now: float) -> list[Alert]:
         """The job logs throughput after all: judge it from now on, not derived steps/sec."""
@@ -543,53 +403,3 @@ class ThroughputDropDetector(BaseDetector):
                 "values": list(self._values),
             },
         )
-
-
-def _kept(keep: list[bool], values: list[_T]) -> list[_T]:
-    return list(compress(values, keep))
-
-
-def _reaches(positions: list[int], length: int) -> bool:
-    """Whether ``length`` consecutive integers occur among the sorted distinct ``positions``."""
-    return len(positions) >= length and (length - 1) in map(
-        sub, islice(positions, length - 1, None), positions
-    )
-
-
-def _peak_median(values: list[float], size: int, floor: float) -> float:
-    """``max(floor, median of values[j : j + size])`` over the windows ``j >= 1``, in order:
-    the baseline after each of ``values[size:]`` joined the full window ``values[:size]``.
-
-    Only the windows whose median can beat the peak so far are sorted: a median is at
-    most its window's rank-th largest value, so such a window holds ``rank`` of the values
-    above the peak, ``rank`` consecutive ones of them less than ``size`` apart (C-level
-    passes find those). The peak is seeded with a few windows' medians, and the values
-    above it found again after each batch of sorted windows.
-    """
-    rank = size - size // 2
-    last = len(values) - size
-    peak = floor
-    for start in range(last, 0, -_SEED_EVERY):
-        median = sorted_median(sorted(values[start : start + size]))
-        if median > peak:
-            peak = median
-    start, batch = 1, 16
-    while start <= last:
-        above = list(compress(count(start), map(peak.__lt__, islice(values, start, None))))
-        spans = map(sub, islice(above, rank - 1, None), above)
-        taken = 0
-        for group in compress(count(), map(size.__gt__, spans)):
-            # The windows holding above[group] .. above[group + rank - 1].
-            end = min(above[group], last)
-            for window in range(max(start, above[group + rank - 1] - size + 1), end + 1):
-                median = sorted_median(sorted(values[window : window + size]))
-                if median > peak:
-                    peak = median
-                taken += 1
-            start = max(start, end + 1)
-            if taken >= batch:
-                batch *= 2
-                break
-        else:
-            return peak
-    return peak

@@ -1,0 +1,173 @@
+"""throughput_drop's block path: the values a replay block hands its judge, and the proof
+that none of them raises an alert.
+
+Pure functions of the block and of the rule's state, in a few C-level passes; the rule
+(``throughput_drop.py``) asks them in ``can_absorb`` and ``absorb``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate, chain, compress, count, islice, repeat
+from operator import gt, lt, sub, truediv
+from typing import TYPE_CHECKING, NamedTuple
+
+from sentinel.detectors.series import Warmup, judged_mask, longest_run_at_least
+from sentinel.records import Block
+
+if TYPE_CHECKING:
+    from sentinel.detectors.throughput_drop import ThroughputDropConfig
+
+#: Derived steps/sec: (time, highest step) of a time point, or None.
+Point = tuple[float, int] | None
+#: The rule's derived steps/sec state: ``_data_clock``, ``_previous``, ``_point``.
+Clock = tuple[bool, Point, Point]
+
+
+class Judged(NamedTuple):
+    """What a block hands ``_judge``, in order: each value with its step and time, and the
+    derived steps/sec state after it (``_data_clock``, ``_previous``, ``_point``)."""
+
+    values: list[float]
+    steps: list[int]
+    times: list[float]
+    derive: Clock | None
+
+
+def judged_values(
+    block: Block,
+    series: str | None,
+    throughput: frozenset[str],
+    step_metrics: frozenset[str],
+    warmup: Warmup,
+    clock: Clock,
+) -> Judged | None:
+    """The values the block's lines hand ``_judge``; None when not told in bulk.
+
+    ``series`` is the judged throughput metric (None while steps/sec is derived from
+    ``step_metrics`` with the derived state ``clock``).
+    """
+    names = block.names
+    if warmup.lr_rising is not False and "lr" in names:
+        return None  # the warmup may end inside the block
+    derive = None
+    if series is not None:
+        if series == "lr":
+            return None
+        if series not in names:
+            return Judged([], [], [], None)
+        values, steps = block.columns[series], block.steps
+        times = block.times if block.times is not None else block.clock
+    elif not throughput.isdisjoint(names):
+        return None  # the job's own throughput is adopted at its first value
+    elif step_metrics.isdisjoint(names):
+        return Judged([], [], [], None)
+    else:
+        derived = derive_block(block, clock)
+        if derived is None:
+            return None
+        values, steps, times, derive = derived
+    if warmup.lr_rising:
+        return Judged([], [], [], derive)
+    keep = judged_mask(values, steps, warmup.warmup_steps)
+    if keep is not None:
+        values, steps, times = (
+            list(compress(values, keep)),
+            list(compress(steps, keep)),
+            list(compress(times, keep)),
+        )
+    return Judged(values, steps, times, derive)
+
+
+def derive_block(
+    block: Block, clock: Clock
+) -> tuple[list[float], list[int], list[float], Clock] | None:
+    """``_derive`` over the block's lines from the derived state ``clock``: the rates, their
+    steps and times, and the state after; None unless every line has a new, higher step."""
+    data_clock, previous, point = clock
+    stamps: list[float]
+    if block.times is None:
+        if data_clock:
+            return [], [], [], clock  # untimed: no rate
+        stamps = block.clock
+    else:
+        stamps = block.times
+        if not data_clock:
+            data_clock, previous, point = True, None, None
+    steps = block.steps
+    if not all(map(lt, steps, islice(steps, 1, None))):
+        return None
+    if point is None:
+        point = (stamps[0], steps[0])
+        stamps, steps = stamps[1:], steps[1:]
+    elif steps[0] <= point[1]:
+        return None
+    point_time, point_step = point
+    times = [point_time, *stamps]
+    steps = [point_step, *steps]
+    # A line closes the open time point when its time is past every earlier one; the
+    # closed point has the time of the line that opened it and the step of the line
+    # before the closing one (each line in between moved its step up).
+    closes = list(compress(count(1), map(gt, islice(times, 1, None), accumulate(times, max))))
+    close_steps = list(map(steps.__getitem__, map(sub, closes, repeat(1))))
+    close_times = [point_time, *map(times.__getitem__, closes[:-1])] if closes else []
+    point = (times[closes[-1]] if closes else point_time, steps[-1])
+    if closes:
+        chain_steps, chain_times = close_steps, close_times
+        if previous is not None:
+            chain_steps, chain_times = [previous[1], *close_steps], [previous[0], *close_times]
+        previous = (close_times[-1], close_steps[-1])
+    else:
+        chain_steps, chain_times = [], []
+    rates = list(
+        map(
+            truediv,
+            map(sub, islice(chain_steps, 1, None), chain_steps),
+            map(sub, islice(chain_times, 1, None), chain_times),
+        )
+    )
+    return rates, chain_steps[1:], chain_times[1:], (data_clock, previous, point)
+
+
+def block_lows(
+    values: list[float],
+    baseline: float,
+    recent: Sequence[float],
+    low_run: int,
+    is_open: bool,
+    settings: ThroughputDropConfig,
+) -> list[int] | None:
+    """The positions of the low values among ``values`` judged against ``baseline`` (with
+    the rolling window ``recent``, ``low_run`` lows before and the episode ``is_open``)
+    when none raises an alert; None when that is not certain."""
+    if not values:
+        return []
+    fraction = settings.fraction
+    bar = fraction * baseline
+    if is_open:
+        return list(range(len(values))) if max(values) < bar else None
+    if not bar > 0 or 0.0 in recent:
+        return None  # +0.0 and -0.0 sort as equals: the rolling window's order is unsure
+    # The baseline only rises, and at most to a window's median, which is at most the
+    # window's rank-th largest value: so at most to the largest value of them all.
+    smallest = min(values)
+    top = max(baseline, max(recent), max(values))
+    if smallest >= fraction * top:
+        lows: list[int] = []  # every value high whatever the baseline does
+    else:
+        lows = list(compress(count(), map(bar.__gt__, values))) if smallest < bar else []
+        if sum(map((fraction * top).__le__, values)) + len(lows) < len(values):
+            # Some value near the bar: try the rank-th largest value as the bound.
+            size = settings.baseline_window
+            top = max(baseline, sorted(chain(recent, values))[size // 2 - size])
+            if sum(map((fraction * top).__le__, values)) + len(lows) < len(values):
+                return None  # which side of the bar it falls depends on the order
+    sustain = settings.sustain
+    if lows:
+        if low_run and lows[0] == 0:
+            need = sustain - low_run
+            if need <= 0 or (len(lows) >= need and lows[need - 1] == need - 1):
+                return None
+        if longest_run_at_least(lows, sustain):
+            return None
+    return lows
