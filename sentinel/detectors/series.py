@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import accumulate, compress, count, islice, repeat
 from math import isfinite
-from operator import and_, ge, indexOf, le, lt, mul, sub
+from operator import and_, ge, gt, indexOf, le, lt, mul, sub
 
 from sentinel.records import Sample
 
@@ -344,3 +344,17 @@ class Warmup:
         if last is None or not rates[0] > last:
             return False
         return all(map(lt, rates, islice(rates, 1, None)))
+
+
+def rising_steps(steps: list[int], last_step: int | None) -> list[bool] | None:
+    """Which lines bring a new step (one past every step before it, ``last_step`` the
+    one before the block); None when every line does (the usual block: one pass)."""
+    first = steps[0]
+    if last_step is None or first > last_step:
+        stride = steps[1] - first if len(steps) > 1 else 1
+        if stride > 0 and steps == list(range(first, first + stride * len(steps), stride)):
+            return None
+    floor = first - 1 if last_step is None else last_step
+    # The highest step before each line: a line is a new step when it passes it.
+    new = list(map(gt, steps, accumulate(steps, max, initial=floor)))
+    return None if all(new) else new

@@ -21,23 +21,15 @@ from pydantic import Field, model_validator
 
 from sentinel.detectors import BaseDetector, RuleConfig
 from sentinel.detectors.series import LazyRolling
-from sentinel.detectors.stall_evidence import BlockProgress, Evidence, Timeouts, block_progress
+from sentinel.detectors.stall_evidence import (
+    EVIDENCE_METRICS,
+    BlockProgress,
+    Evidence,
+    Timeouts,
+    block_progress,
+)
 from sentinel.records import Alert, Block, Line, Sample, Severity
-from sentinel.sources import (
-    GPU_JOB,
-    GPU_POWER,
-    GPU_POWER_LIMIT,
-    GPU_UTIL,
-    PROC_CPU,
-    PROC_D_STATE,
-    PROCESS_SOURCE,
-    SYSTEM_METRICS,
-)
-
-#: The readings the rule keeps (the latest of each, per source).
-EVIDENCE_METRICS = frozenset(
-    {GPU_JOB, GPU_POWER, GPU_POWER_LIMIT, GPU_UTIL, PROC_CPU, PROC_D_STATE}
-)
+from sentinel.sources import SYSTEM_METRICS
 
 #: Step gaps kept for the median: recent enough to follow a run that changes pace.
 INTERVAL_WINDOW = 100
@@ -328,35 +320,10 @@ class StallDetector(BaseDetector):
 
     def evidence(self, now: float) -> Evidence:
         """What the readings taken during this silence, and recently, show."""
-        settings = self.settings
-        evidence = Evidence(
-            low_power_fraction=settings.low_power_fraction,
-            idle_cpu_percent=settings.idle_cpu_percent,
-        )
         since = self._last_progress if self._last_progress is not None else now
-        oldest = max(since, now - settings.evidence_max_age_s)
-
-        def fresh(readings: dict[str, tuple[float, float]], name: str) -> float | None:
-            reading = readings.get(name)
-            if reading is None or reading[1] < oldest:
-                return None
-            return reading[0]
-
-        for source, readings in sorted(self._readings.items()):
-            if source == PROCESS_SOURCE:
-                evidence.cpu_percent = fresh(readings, PROC_CPU)
-                d_state = fresh(readings, PROC_D_STATE)
-                evidence.d_state = None if d_state is None else int(d_state)
-                continue
-            attached = fresh(readings, GPU_JOB)
-            power = fresh(readings, GPU_POWER)
-            limit = fresh(readings, GPU_POWER_LIMIT)
-            if attached is None or attached < 0.5 or power is None or not limit:
-                continue
-            evidence.gpus.append((source, fresh(readings, GPU_UTIL), power, limit))
-        activity = self._last_activity
-        if activity is not None and activity > since:
-            age_s = now - activity
+        evidence = Evidence.from_readings(self._readings, now, since=since, settings=self.settings)
+        if self._last_activity is not None and self._last_activity > since:
+            age_s = now - self._last_activity
             if age_s <= self.timeouts().soft_s:
                 evidence.output_age_s = max(0.0, age_s)
         return evidence

@@ -13,13 +13,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice
 from math import inf
-from operator import gt, not_, sub
-from typing import Any, Literal
+from operator import not_, sub
+from typing import TYPE_CHECKING, Any, Literal
 
+from sentinel.detectors.series import rising_steps
 from sentinel.records import Block
-from sentinel.sources import SYSTEM_METRICS
+from sentinel.sources import (
+    GPU_JOB,
+    GPU_POWER,
+    GPU_POWER_LIMIT,
+    GPU_UTIL,
+    PROC_CPU,
+    PROC_D_STATE,
+    PROCESS_SOURCE,
+    SYSTEM_METRICS,
+)
+
+if TYPE_CHECKING:
+    from sentinel.detectors.stall import StallConfig
 
 Verdict = Literal["hang", "busy", "none"]
+
+#: The readings ``stall`` keeps (the latest of each, per source).
+EVIDENCE_METRICS = frozenset(
+    {GPU_JOB, GPU_POWER, GPU_POWER_LIMIT, GPU_UTIL, PROC_CPU, PROC_D_STATE}
+)
 
 
 @dataclass
@@ -34,6 +52,44 @@ class Evidence:
     output_age_s: float | None = None
     low_power_fraction: float = 0.3
     idle_cpu_percent: float = 5.0
+
+    @classmethod
+    def from_readings(
+        cls,
+        readings_by_source: dict[str, dict[str, tuple[float, float]]],
+        now: float,
+        *,
+        since: float,
+        settings: StallConfig,
+    ) -> Evidence:
+        """What the latest (value, read at) of each metric, per source, shows at ``now`` of a
+        silence that began at ``since``: readings older than it or than
+        ``evidence_max_age_s`` say nothing. The rule adds the output's age itself."""
+        evidence = cls(
+            low_power_fraction=settings.low_power_fraction,
+            idle_cpu_percent=settings.idle_cpu_percent,
+        )
+        oldest = max(since, now - settings.evidence_max_age_s)
+
+        def fresh(readings: dict[str, tuple[float, float]], name: str) -> float | None:
+            reading = readings.get(name)
+            if reading is None or reading[1] < oldest:
+                return None
+            return reading[0]
+
+        for source, readings in sorted(readings_by_source.items()):
+            if source == PROCESS_SOURCE:
+                evidence.cpu_percent = fresh(readings, PROC_CPU)
+                d_state = fresh(readings, PROC_D_STATE)
+                evidence.d_state = None if d_state is None else int(d_state)
+                continue
+            attached = fresh(readings, GPU_JOB)
+            power = fresh(readings, GPU_POWER)
+            limit = fresh(readings, GPU_POWER_LIMIT)
+            if attached is None or attached < 0.5 or power is None or not limit:
+                continue
+            evidence.gpus.append((source, fresh(readings, GPU_UTIL), power, limit))
+        return evidence
 
     @property
     def gpus_low(self) -> bool:
@@ -186,20 +242,6 @@ def block_progress(
     )
 
 
-def rising_steps(steps: list[int], last_step: int | None) -> list[bool] | None:
-    """Which lines bring a new step (one past every step before it, ``last_step`` the
-    one before the block); None when every line does (the usual block: one pass)."""
-    first = steps[0]
-    if last_step is None or first > last_step:
-        stride = steps[1] - first if len(steps) > 1 else 1
-        if stride > 0 and steps == list(range(first, first + stride * len(steps), stride)):
-            return None
-    floor = first - 1 if last_step is None else last_step
-    # The highest step before each line: a line is a new step when it passes it.
-    new = list(map(gt, steps, accumulate(steps, max, initial=floor)))
-    return None if all(new) else new
-
-
 def _longest_silence(
     clock: list[float], stamps: list[float], new: list[bool] | None, last_progress: float
 ) -> float:
@@ -217,4 +259,4 @@ def _longest_silence(
     return longest
 
 
-__all__ = ["BlockProgress", "Evidence", "Timeouts", "Verdict", "block_progress", "rising_steps"]
+__all__ = ["EVIDENCE_METRICS", "BlockProgress", "Evidence", "Timeouts", "Verdict", "block_progress"]

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sentinel.detectors.series import Rolling, judged_mask, longest_run_at_least
+from sentinel.detectors.series import Rolling, judged_mask, longest_run_at_least, rising_steps
 from tests.detectors.blockcheck import snapshot
 
 NAN, INF = math.nan, math.inf
@@ -95,3 +95,41 @@ def test_judged_mask_keeps_what_one_line_at_a_time_judges(
         assert mask == judged if mask is not None else all(judged)
         outcomes.add(mask is None)
     assert outcomes == {True, False}
+
+
+def _rising_by_hand(steps: list[int], last_step: int | None) -> list[bool]:
+    """Whether each line's step passes every step before it, one line at a time."""
+    new = []
+    highest = last_step
+    for step in steps:
+        new.append(highest is None or step > highest)
+        highest = step if highest is None else max(highest, step)
+    return new
+
+
+def _steps(shape: str, rng: random.Random) -> list[int]:
+    first, count = rng.randint(-5, 50), rng.randint(1, 40)
+    if shape == "stride":  # the usual block: evenly spaced steps
+        stride = rng.randint(1, 4)
+        return list(range(first, first + count * stride, stride))
+    if shape == "repeats":  # several lines per step
+        return sorted(rng.randint(first, first + count) for _ in range(count))
+    if shape == "resume":  # a restart from a checkpoint: steps go back, then rise again
+        back = rng.randint(1, count)
+        return [*range(first, first + count), *range(first + count - back, first + 2 * count)]
+    return [rng.randint(first, first + 10) for _ in range(count)]  # noisy
+
+
+@pytest.mark.parametrize("shape", ["stride", "repeats", "resume", "noisy"], ids=str)
+@pytest.mark.parametrize("before", ["none", "below", "at", "above"], ids=str)
+def test_rising_steps_marks_what_one_line_at_a_time_marks(shape: str, before: str) -> None:
+    rng = random.Random(f"{shape}{before}")
+    for _ in range(200):
+        steps = _steps(shape, rng)
+        offset = {"none": None, "below": -rng.randint(1, 5), "at": 0, "above": rng.randint(1, 5)}
+        shift = offset[before]
+        last_step = None if shift is None else steps[0] + shift
+        expected = _rising_by_hand(steps, last_step)
+        new = rising_steps(steps, last_step)
+        # None exactly when every line brings a new step.
+        assert new == (None if all(expected) else expected)
