@@ -48,8 +48,8 @@ from sentinel.detectors.series import (
     Rolling,
     Warmup,
     finite_values,
-    finite_with_steps,
     never_above_multiple,
+    warmup_and_values,
 )
 from sentinel.records import Alert, Block, Sample, Severity
 
@@ -239,14 +239,10 @@ class GradNormRunDetector(BaseDetector):
 
     def absorb(self, block: Block) -> None:
         """What ``observe`` does with values under every bar: learn them, keep them."""
-        columns = block.columns
-        column = columns.get(METRIC)
-        warmup = self._warmup
-        in_warmup = column is not None and bool(warmup.block_phase(block.steps, columns.get("lr")))
-        warmup.extend(columns.get("lr"))
-        if column is None:
+        taken = warmup_and_values(self._warmup, block, METRIC)
+        if taken is None:
             return
-        values, steps = finite_with_steps(column, block.steps)
+        in_warmup, values, steps = taken
         if not values:
             return
         self._median.extend(values)

@@ -49,8 +49,8 @@ from sentinel.detectors import BaseDetector, MetricRuleConfig
 from sentinel.detectors.series import (
     Warmup,
     finite_values,
-    finite_with_steps,
     majority_in_every_window,
+    warmup_and_values,
 )
 from sentinel.records import Alert, Block, Sample, Severity
 
@@ -257,14 +257,10 @@ class LossPlateauDetector(BaseDetector):
     def absorb(self, block: Block) -> None:
         """What ``observe`` does with values that raise nothing: the initial level, then
         the window and the count of values under the "still high" bar."""
-        columns = block.columns
-        column = columns.get(METRIC)
-        warmup = self._warmup
-        in_warmup = column is not None and bool(warmup.block_phase(block.steps, columns.get("lr")))
-        warmup.extend(columns.get("lr"))
-        if column is None:
+        taken = warmup_and_values(self._warmup, block, METRIC)
+        if taken is None:
             return
-        values, steps = finite_with_steps(column, block.steps)
+        in_warmup, values, steps = taken
         if not values:
             return
         first, edge_values = self._first, self.settings.edge_values

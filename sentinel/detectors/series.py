@@ -15,7 +15,7 @@ from itertools import accumulate, compress, count, islice, repeat
 from math import isfinite
 from operator import and_, ge, gt, indexOf, le, lt, mul, sub
 
-from sentinel.records import Sample
+from sentinel.records import Block, Sample
 
 #: Below this a window's least value could make a median of two overflow to -inf.
 _TINY = -1e300
@@ -38,6 +38,22 @@ def finite_with_steps(values: list[float], steps: list[int]) -> tuple[list[float
         return values, steps
     mask = list(map(isfinite, values))
     return list(compress(values, mask)), list(compress(steps, mask))
+
+
+def warmup_and_values(
+    warmup: Warmup, block: Block, metric: str
+) -> tuple[bool, list[float], list[int]] | None:
+    """A block's part for a rule that judges ``metric`` after warmup: the learning rates
+    taken into ``warmup``, then whether the block's lines were in warmup, and the metric's
+    finite values with their steps; None when the block does not log the metric."""
+    columns = block.columns
+    column = columns.get(metric)
+    in_warmup = column is not None and bool(warmup.block_phase(block.steps, columns.get("lr")))
+    warmup.extend(columns.get("lr"))
+    if column is None:
+        return None
+    values, steps = finite_with_steps(column, block.steps)
+    return in_warmup, values, steps
 
 
 def never_above_multiple(values: list[float], factor: float, prior: float, start: int) -> bool:
