@@ -21,7 +21,9 @@ own figures alone and watched (so a slowdown of the job would show).
     .venv/bin/python bench/overhead.py --no-gpu --no-process --no-rules   # the plumbing alone
 
 ``--no-gpu``, ``--no-process`` and ``--no-rules`` turn the GPU source, the process
-source or every rule off in sentinel's config, for a breakdown of where its CPU goes.
+source or every rule off in sentinel's config, for a breakdown of where its CPU goes;
+``--output-batch-s S`` sets ``[job] output_batch_s`` (how long sentinel gathers the
+job's output; its default otherwise), for the cost of a shorter or longer window.
 
 Targets (issue 4): under 1% of one core and under 60 MB RSS, flat over time.
 """
@@ -158,11 +160,15 @@ def run_alone(job: Path, seconds: float) -> Trace:
     return trace({"job": psutil.Process(popen.pid)}, popen)["job"]
 
 
-def config_text(state_dir: Path, *, gpu: bool, process: bool, rules: bool) -> str:
+def config_text(
+    state_dir: Path, *, gpu: bool, process: bool, rules: bool, output_batch_s: float | None = None
+) -> str:
     """sentinel's config: the bench's, with the sources or rules turned off as asked."""
     from sentinel.detectors import DETECTORS
 
     text = CONFIG.format(state_dir=state_dir)
+    if output_batch_s is not None:
+        text += f"\n[job]\noutput_batch_s = {output_batch_s}\n"
     if not gpu:
         text = text.replace("[gpu]\ninterval_s = 1.0\n", "[gpu]\nenabled = false\n")
     if not process:
@@ -235,13 +241,19 @@ def main() -> int:
         "--no-process", action="store_true", help="sentinel without the process-tree source"
     )
     parser.add_argument("--no-rules", action="store_true", help="sentinel with every rule off")
+    parser.add_argument(
+        "--output-batch-s",
+        type=float,
+        default=None,
+        help="sentinel's [job] output_batch_s (default: sentinel's own default)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sentinel-overhead-") as tmp:
         work = Path(tmp)
         job = work / "job.py"
         job.write_text(JOB, encoding="utf-8")
         on = {"gpu": not args.no_gpu, "process": not args.no_process, "rules": not args.no_rules}
-        config = config_text(work / "state", **on)
+        config = config_text(work / "state", **on, output_batch_s=args.output_batch_s)
         alone = run_alone(job, args.seconds)
         watched = run_watched(job, args.seconds, work, args.real_nvml, config)
     report(args.seconds, alone, watched, args.real_nvml)
@@ -250,6 +262,8 @@ def main() -> int:
         off.append("every rule")
     if off:
         print(f"turned off in sentinel: {', '.join(off)}")
+    if args.output_batch_s is not None:
+        print(f"sentinel's [job] output_batch_s = {args.output_batch_s:g}")
     return 0
 
 

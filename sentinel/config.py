@@ -31,6 +31,7 @@ from pydantic_settings import (
 from sentinel import secrets
 from sentinel.detectors import DETECTORS, RuleConfig
 from sentinel.records import Severity
+from sentinel.sources.lines import BATCH_S, MAX_BATCH_S
 
 ENV_PREFIX = "SENTINEL_"
 #: Variables sentinel sets for the job it restarts; never config.
@@ -80,6 +81,11 @@ class JobConfig(_Model):
     min_uptime_s: float = Field(default=10.0, ge=0)
     #: Set PYTHONUNBUFFERED=1 for the job, so its printed metrics arrive as written.
     unbuffered: bool = True
+    #: After reading the job's output, let more gather this long before reading again: a
+    #: chatty job then costs a wake-up per window, not per line. The first line after a
+    #: quiet spell (no output for this long) is read at once; a line inside a busy stream
+    #: (a NaN among a hundred lines a second) waits up to this long. 0: read every write.
+    output_batch_s: float = Field(default=BATCH_S, ge=0, le=MAX_BATCH_S)
     #: A link to the run's dashboard put in every message, e.g.
     #: ``https://wandb.ai/acme/llm/runs/{env[WANDB_RUN_ID]}``; ``{job}``, ``{host}``,
     #: ``{run_id}`` (sentinel's) and ``{env[NAME]}`` are substituted.
@@ -147,6 +153,9 @@ class TailConfig(_Model):
     poll: bool = False
     poll_interval_s: float = Field(default=1.0, gt=0)
     max_line_bytes: int = Field(default=1 << 20, ge=1024)
+    #: After reading lines of a log, let more gather this long before reading again (as
+    #: ``job.output_batch_s`` for the job's own output). 0: read at every write.
+    batch_s: float = Field(default=BATCH_S, ge=0, le=MAX_BATCH_S)
 
 
 class ParserConfig(_Model):

@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 REPEAT_LOG_S = 600.0
 #: The XID the driver reports for a GPU that has fallen off the bus; sent once for a lost GPU.
 XID_FALLEN_OFF_BUS = 79
+#: The enforced power limit is read again only after this long; every reading in between
+#: repeats the last value. An admin may change it (``nvidia-smi -pl``), rarely: an NVML call
+#: per GPU per poll is not worth seeing that sooner.
+POWER_LIMIT_REREAD_S = 60.0
 
 Attribution = Literal["auto", "job", "all"]
 
@@ -82,6 +86,11 @@ class _GpuLost(Exception):
     """NVML said the GPU is lost: stop reading it."""
 
 
+#: A metric read each poll: (sample, NVML function, its arguments after the handle,
+#: divisor to the sample's unit).
+_Scalar = tuple[str, Callable[..., Any], tuple[int, ...], float]
+
+
 @dataclass
 class _Gpu:
     index: int
@@ -89,6 +98,9 @@ class _Gpu:
     source: str
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
+    #: The last enforced power limit read (watts), and when (epoch seconds).
+    power_limit_w: float | None = None
+    power_limit_read_at: float = 0.0
 
 
 class GpuMonitor:
@@ -135,6 +147,7 @@ class GpuMonitor:
         self._opened = False
         self._log_limited = LimitedLog(log, REPEAT_LOG_S)
         self._clock_events: ClockEventsCall | None = None
+        self._scalars: list[_Scalar] = []
         self._job_gpus: frozenset[int] | None = None
         self.available = False
 
@@ -175,6 +188,7 @@ class GpuMonitor:
             shutdown(probe)
             return False
         self._clock_events = ClockEventsCall(probe)
+        self._scalars = self._scalar_calls(probe, self._clock_events)
         wanted = parse_visible(self._visible_devices)
         for index in range(count):
             try:
@@ -254,6 +268,20 @@ class GpuMonitor:
                 readings[gpu_source(index)].append(Sample(GPU_JOB, 1.0 if is_job else 0.0))
             return readings
 
+    @staticmethod
+    def _scalar_calls(probe: GpuProbe, clock_events: ClockEventsCall) -> list[_Scalar]:
+        """The scalar metrics read every poll (the power limit is read less often)."""
+        ecc = probe.nvmlDeviceGetTotalEccErrors
+        volatile = probe.NVML_VOLATILE_ECC
+        return [
+            (GPU_TEMP, probe.nvmlDeviceGetTemperature, (probe.NVML_TEMPERATURE_GPU,), 1),
+            (GPU_POWER, probe.nvmlDeviceGetPowerUsage, (), 1000),  # milliwatts
+            (GPU_SM_CLOCK, probe.nvmlDeviceGetClockInfo, (probe.NVML_CLOCK_SM,), 1),
+            (GPU_CLOCK_EVENTS, clock_events, (), 1),
+            (GPU_ECC_UNCORRECTED, ecc, (probe.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, volatile), 1),
+            (GPU_ECC_CORRECTED, ecc, (probe.NVML_MEMORY_ERROR_TYPE_CORRECTED, volatile), 1),
+        ]
+
     def _read_gpu(
         self, probe: GpuProbe, gpu: _Gpu, now: float
     ) -> tuple[list[Sample], frozenset[int] | None]:
@@ -265,29 +293,33 @@ class GpuMonitor:
         if memory is not None:
             samples.append(Sample(GPU_MEM_USED, float(memory.used)))
             samples.append(Sample(GPU_MEM_TOTAL, float(memory.total)))
-        ecc = probe.nvmlDeviceGetTotalEccErrors
-        clock_events = self._clock_events
-        assert clock_events is not None  # made by open()
-        volatile = probe.NVML_VOLATILE_ECC
-        # (sample, NVML function, its arguments after the handle, divisor to the sample's unit)
-        scalars: list[tuple[str, Callable[..., Any], tuple[int, ...], float]] = [
-            (GPU_TEMP, probe.nvmlDeviceGetTemperature, (probe.NVML_TEMPERATURE_GPU,), 1),
-            (GPU_POWER, probe.nvmlDeviceGetPowerUsage, (), 1000),  # milliwatts
-            (GPU_POWER_LIMIT, probe.nvmlDeviceGetEnforcedPowerLimit, (), 1000),
-            (GPU_SM_CLOCK, probe.nvmlDeviceGetClockInfo, (probe.NVML_CLOCK_SM,), 1),
-            (GPU_CLOCK_EVENTS, clock_events, (), 1),
-            (GPU_ECC_UNCORRECTED, ecc, (probe.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, volatile), 1),
-            (GPU_ECC_CORRECTED, ecc, (probe.NVML_MEMORY_ERROR_TYPE_CORRECTED, volatile), 1),
-        ]
-        for name, function, args, divisor in scalars:
+        for name, function, args, divisor in self._scalars:
             value = self._read(probe, gpu, now, name, function, *args)
             if value is not None:
                 samples.append(Sample(name, float(value) / divisor))
+        limit_w = self._power_limit_w(probe, gpu, now)
+        if limit_w is not None:
+            samples.append(Sample(GPU_POWER_LIMIT, limit_w))
         processes = self._read(
             probe, gpu, now, "processes", probe.nvmlDeviceGetComputeRunningProcesses
         )
         pids = None if processes is None else frozenset(int(p.pid) for p in processes)
         return samples, pids
+
+    def _power_limit_w(self, probe: GpuProbe, gpu: _Gpu, now: float) -> float | None:
+        """The enforced power limit: read at most every ``POWER_LIMIT_REREAD_S``."""
+        age_s = now - gpu.power_limit_read_at
+        if gpu.power_limit_w is None or not 0 <= age_s < POWER_LIMIT_REREAD_S:
+            # (A clock set back shows as a negative age: read again.)
+            limit_mw = self._read(
+                probe, gpu, now, GPU_POWER_LIMIT, probe.nvmlDeviceGetEnforcedPowerLimit
+            )
+            if limit_mw is None:
+                # Failed this time (asked again next poll: the last value meanwhile), or
+                # not supported (None from then on).
+                return gpu.power_limit_w
+            gpu.power_limit_w, gpu.power_limit_read_at = float(limit_mw) / 1000, now
+        return gpu.power_limit_w
 
     def _read(
         self,

@@ -10,6 +10,21 @@ from __future__ import annotations
 
 _NUL = b"\x00"
 
+#: How long a reader of a line stream (the job's pipes, a tailed log) lets output gather
+#: after a read before it reads again (``[job] output_batch_s``, ``[tail] batch_s``). A
+#: wake-up of sentinel's threads, on the cold caches it then runs in, costs more than a
+#: line's own work: at a hundred lines a second a window of 50 ms cost 1.6% of a core,
+#: 250 ms 0.9% (bench/overhead.py). The first line after a quiet spell never waits.
+BATCH_S = 0.25
+#: A gathering reader looks at its stream this many times a window and stops gathering at
+#: the first look that finds nothing new: a line after a quiet spell of a window (not two)
+#: then goes at once, for one more wake-up of the reader a window while output flows.
+GATHER_SLICES = 2
+#: The longest window the config accepts: a line inside a busy stream waits up to a window
+#: (a NaN's SIGTERM with it), and a job writing more than its pipe holds (1 MiB) within
+#: one would block on the pipe meanwhile.
+MAX_BATCH_S = 1.0
+
 
 class LineSplitter:
     """Turns a byte stream into text lines.

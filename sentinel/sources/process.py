@@ -6,10 +6,13 @@ metrics needs no ``--log``. The exit code is reported only after both pipes
 are drained: the last lines (the traceback) are what a crash is classified from.
 
 Output is gathered, not handled a line at a time. The first output after a
-quiet spell is passed through and handed on at once; after that a pump reads
-again only ``batch_s`` later, so a job printing a hundred lines a second wakes
-sentinel's threads once per batch, not twice per line: on a VM a wake-up, and
-the cold caches the code then runs in, cost more than the line's own work. The
+quiet spell is passed through and handed on at once; after that a pump looks
+at the pipe only every ``batch_s / GATHER_SLICES`` and hands on what came once
+per ``batch_s``, for as long as every look finds output: a job printing a
+hundred lines a second wakes sentinel's threads a few times per window, not
+twice per line (on a VM a wake-up, and the cold caches the code then runs in,
+cost more than the line's own work). The first look that finds nothing ends
+the gathering, so a line after a quiet spell of ``batch_s`` goes at once. The
 pipes are enlarged where the platform allows, so that the job does not block on
 a full pipe while a pump gathers.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -27,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
 from sentinel.actions.terminate import ProcessIdentity
-from sentinel.sources.lines import LineSplitter
+from sentinel.sources.lines import BATCH_S, GATHER_SLICES, LineSplitter
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +40,6 @@ OnLines = Callable[[str, list[str], float], None]
 _CHUNK = 65536
 #: After a read this much smaller than a chunk, the pipe is (nearly) empty: gather.
 _SMALL_READ = _CHUNK // 2
-#: How long a pump gathers output after a read before it reads again: the most a line
-#: (and its passthrough) waits while the job is printing fast. A line after a quiet spell
-#: does not wait.
-OUTPUT_BATCH_S = 0.05
 #: The pipe capacity asked for (Linux ``F_SETPIPE_SZ``; 64 KiB otherwise): room for what
 #: the job writes while a pump gathers, so the job is never held up by it.
 PIPE_BYTES = 1 << 20
@@ -63,9 +63,10 @@ class JobProcess:
         stdout: BinaryIO | None,
         stderr: BinaryIO | None,
         max_line_bytes: int = 1 << 20,
-        batch_s: float = OUTPUT_BATCH_S,
+        batch_s: float = BATCH_S,
     ) -> None:
-        """``batch_s``: how long to gather output after a read (0: hand on every read)."""
+        """``batch_s``: how long to gather output after a read (0: hand on every read); the
+        most a line (and its passthrough) waits while the job is printing fast."""
         self.argv = list(argv)
         self._env = dict(env)
         self._on_lines = on_lines
@@ -123,19 +124,17 @@ class JobProcess:
 
     def _read(self, name: str, pipe: BinaryIO) -> None:
         splitter = LineSplitter(self._max_line_bytes)
-        passthrough = self._passthrough[name]
         fd = pipe.fileno()
-        batch_s = self._batch_s
+        ready = select.poll()
+        ready.register(fd, select.POLLIN)
         try:
+            # Blocks until the job writes: the first output after a quiet spell goes at once.
             while chunk := os.read(fd, _CHUNK):
-                if passthrough is not None:
-                    self._pass(passthrough, chunk)
-                lines = splitter.feed(chunk)
-                if lines:
-                    self._on_lines(name, lines, time.time())
-                if batch_s > 0 and len(chunk) < _SMALL_READ:
-                    # The pipe is drained: let the next lines gather (see the module).
-                    time.sleep(batch_s)
+                self._hand_on(name, splitter, chunk)
+                # The pipe is drained: let the next lines gather (see the module).
+                gathers = self._batch_s > 0 and len(chunk) < _SMALL_READ
+                if gathers and not self._gather(name, fd, ready, splitter):
+                    break  # the job closed the pipe meanwhile
             rest = splitter.flush()
             if rest:
                 self._on_lines(name, rest, time.time())
@@ -143,6 +142,39 @@ class JobProcess:
             log.exception("reading the job's %s failed", name)
         finally:
             pipe.close()
+
+    def _gather(self, name: str, fd: int, ready: select.poll, splitter: LineSplitter) -> bool:
+        """Look at the pipe (``ready`` polls it) every slice of the window and hand on what
+        came once a window, while every look finds output; False if the pipe closed."""
+        slice_s = self._batch_s / GATHER_SLICES
+        held: list[bytes] = []
+        while True:
+            for _ in range(GATHER_SLICES):
+                time.sleep(slice_s)
+                chunk = os.read(fd, _CHUNK) if ready.poll(0) else None
+                if chunk == b"":  # ready with nothing to read: the job closed the pipe
+                    self._hand_on(name, splitter, b"".join(held))
+                    return False
+                if chunk is not None:
+                    held.append(chunk)
+                if chunk is None or len(chunk) >= _SMALL_READ:
+                    # A quiet slice: the next output goes at once. Or more than a window
+                    # holds: read on without waiting.
+                    self._hand_on(name, splitter, b"".join(held))
+                    return True
+            self._hand_on(name, splitter, b"".join(held))
+            held = []
+
+    def _hand_on(self, name: str, splitter: LineSplitter, data: bytes) -> None:
+        """Pass ``data`` through and hand its complete lines on."""
+        if not data:
+            return
+        passthrough = self._passthrough[name]
+        if passthrough is not None:
+            self._pass(passthrough, data)
+        lines = splitter.feed(data)
+        if lines:
+            self._on_lines(name, lines, time.time())
 
     @staticmethod
     def _pass(stream: BinaryIO, chunk: bytes) -> None:

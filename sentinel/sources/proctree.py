@@ -175,7 +175,8 @@ class ProcessMonitor:
             return samples
 
     def _tree(self, root: ProcessIdentity) -> list[psutil.Process] | None:
-        """The root (still the job) and its descendants, or None if the job is not there."""
+        """The root and its descendants, or None if the job is not there (a root found
+        earlier is checked by the caller, after the reading)."""
         process = self._root_process
         if process is None:
             try:
@@ -186,8 +187,8 @@ class ProcessMonitor:
             if root.liveness() != "same":
                 return None
             self._root_process = process
-        elif not process.is_running():
-            return None  # exited, and its pid may already be another's
+        # Whether the root still runs is asked once, after the reading (``read_once``): a pid
+        # taken over by another process meanwhile only costs a reading that is dropped.
         if not PROC_CHILDREN:
             try:
                 return [process, *process.children(recursive=True)]

@@ -11,6 +11,7 @@ import os
 
 from sentinel.actions.terminate import ProcessIdentity
 from sentinel.config import Settings
+from sentinel.records import Sample
 from sentinel.sources import OnSamples
 from sentinel.sources.gpu import GpuMonitor, OnReading
 from sentinel.sources.proctree import ProcessMonitor
@@ -22,8 +23,10 @@ class SystemSources:
     def __init__(
         self, settings: Settings, on_samples: OnSamples, *, on_reading: OnReading | None = None
     ) -> None:
-        """``on_reading``: where a GPU poll's reading of every GPU goes as one call (None:
-        ``on_samples``, a call per GPU)."""
+        """``on_reading``: where the periodic readings go, each as one call: a GPU poll's of
+        every GPU, the process tree's (None: ``on_samples``, a call per source). XIDs, which
+        are events, always go to ``on_samples``: a receiver may let readings wait a little,
+        not those."""
         self.settings = settings
         self.on_samples = on_samples
         self.on_reading = on_reading
@@ -35,7 +38,7 @@ class SystemSources:
         settings = self.settings
         if settings.process.enabled:
             self.processes = ProcessMonitor(
-                interval_s=settings.process.interval_s, on_samples=self.on_samples
+                interval_s=settings.process.interval_s, on_samples=self._process_samples()
             )
             self.processes.start()
         if settings.gpu.enabled:
@@ -52,6 +55,16 @@ class SystemSources:
             )
             if gpus.start():
                 self.gpus = gpus
+
+    def _process_samples(self) -> OnSamples:
+        on_reading = self.on_reading
+        if on_reading is None:
+            return self.on_samples
+
+        def as_reading(source: str, samples: list[Sample], read_at: float) -> None:
+            on_reading({source: samples}, read_at)
+
+        return as_reading
 
     def set_job(self, identity: ProcessIdentity | None) -> None:
         """The job's attempt now running (None between attempts)."""

@@ -9,9 +9,11 @@ writes to the followed files wake the thread through their own inotify watches
 (``sentinel.sources.inotify``), so no thread of watchdog's wakes for each line.
 
 Lines are gathered like the job's own output (``sentinel.sources.process``): the
-first after a quiet spell is read at once, then the thread lets ``batch_s`` pass
-before it reads again, so a log written a line at a time costs a hand-over per
-batch, not per line.
+first after a quiet spell is read and handed on at once; after that the thread
+reads every ``batch_s / GATHER_SLICES`` and hands on what came once per
+``batch_s``, until a read finds nothing new. A log written a line at a time then
+costs a hand-over per window, not per line, and a line after a quiet spell of a
+window goes at once.
 """
 
 from __future__ import annotations
@@ -33,14 +35,13 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from sentinel.sources.inotify import FileWatches
+from sentinel.sources.lines import BATCH_S, GATHER_SLICES
 from sentinel.sources.logfile import FileFollower, OffsetStore
 
 logger = logging.getLogger(__name__)
 
 #: A globbed file gone this long is dropped (a rotated-away one may still be written first).
 VANISHED_GRACE_S = 10.0
-#: After reading lines, how long the thread lets more gather before it reads again.
-BATCH_S = 0.05
 #: How often read offsets are saved (and at stop): a restart of sentinel after a crash
 #: reads at most this much of the logs again, where saving every batch was a SQLite
 #: transaction twenty times a second.
@@ -74,7 +75,7 @@ class LogTailer:
     committed only after it returns, at most every ``COMMIT_INTERVAL_S`` and at
     ``stop``. Events only wake the thread, which also re-checks every
     ``poll_interval_s`` because events can be missed. After a read that found
-    lines it waits ``batch_s`` before the next (0: never).
+    lines it gathers for ``batch_s`` windows while lines keep coming (0: never).
     """
 
     def __init__(
@@ -94,7 +95,10 @@ class LogTailer:
         self._poll_interval_s = poll_interval_s
         self._max_line_bytes = max_line_bytes
         self._batch_s = batch_s
-        self._delivered = False
+        #: Lines read and not yet handed on, by path in the order first read.
+        self._held: dict[str, list[str]] = {}
+        #: Whether the last ``_cycle`` read any line.
+        self._read_any = False
         self._commit_due_s = 0.0
         # Directories are looked at again only after a directory event (or a quiet
         # poll interval), not after every write to a followed file.
@@ -132,6 +136,7 @@ class LogTailer:
             self._start_observer()
         # Watches first, then the first read: nothing written in between is missed.
         self._cycle()
+        self._flush()
         self._thread = threading.Thread(target=self._run, name="sentinel-log-tailer", daemon=True)
         self._thread.start()
 
@@ -144,6 +149,7 @@ class LogTailer:
             self._thread = None
         self._stop_observer()
         self._cycle()
+        self._flush()
         for follower in self._followers.values():
             follower.close()
         self._followers.clear()
@@ -165,14 +171,28 @@ class LogTailer:
                 watches.drain()
             if self._stopping.is_set():
                 return
-            self._delivered = False
             self._cycle()
-            if self._delivered and self._batch_s > 0:
-                # Lines came: let the next ones gather (see the module). stop() cuts it short.
-                self._stopping.wait(self._batch_s)
+            self._flush()  # the first lines after a quiet spell: at once
+            if self._read_any and self._batch_s > 0:
+                self._gather()
+
+    def _gather(self) -> None:
+        """Read every slice of the window and hand on what came once a window, while every
+        read finds lines (see the module); ``stop()`` cuts it short and reads the rest."""
+        slice_s = self._batch_s / GATHER_SLICES
+        while True:
+            for _ in range(GATHER_SLICES):
+                if self._stopping.wait(slice_s):
+                    return
+                self._cycle()
+                if not self._read_any:
+                    self._flush()
+                    return
+            self._flush()
 
     def _cycle(self) -> None:
-        """Find files, read each to its end and hand the lines on."""
+        """Find files and read each to its end; the lines are held for ``_flush``."""
+        self._read_any = False
         try:
             self._rescan()
         except Exception:
@@ -181,7 +201,8 @@ class LogTailer:
             try:
                 self._pump(path, follower)
                 if self._vanished(path):
-                    self._deliver(path, follower.finish())
+                    self._hold(path, follower.finish())
+                    self._flush()  # before its offset is saved for the last time
                     follower.commit()
                     follower.close()
                     del self._followers[path]
@@ -192,6 +213,15 @@ class LogTailer:
             except Exception:
                 logger.exception("cannot follow %s", path)
         self._files = tuple(self._followers)
+
+    def _flush(self) -> None:
+        """Hand on the held lines, then save the offsets if that is due (or stopping)."""
+        held, self._held = self._held, {}
+        for path, lines in held.items():
+            try:
+                self._on_lines(path, lines)
+            except Exception:
+                logger.exception("on_lines failed for %d lines of %s", len(lines), path)
         now_s = time.monotonic()
         if now_s >= self._commit_due_s or self._stopping.is_set():
             self._commit_due_s = now_s + COMMIT_INTERVAL_S
@@ -212,19 +242,17 @@ class LogTailer:
 
     def _pump(self, path: str, follower: FileFollower) -> None:
         while True:
-            self._deliver(path, follower.read())
+            self._hold(path, follower.read())
             if not follower.has_backlog:
                 return
-            follower.commit()  # a long backlog: keep what each batch of it handed on
+            # A long backlog: hand on each batch of it, and keep what was handed on.
+            self._flush()
+            follower.commit()
 
-    def _deliver(self, path: str, lines: list[str]) -> None:
-        if not lines:
-            return
-        self._delivered = True
-        try:
-            self._on_lines(path, lines)
-        except Exception:
-            logger.exception("on_lines failed for %d lines of %s", len(lines), path)
+    def _hold(self, path: str, lines: list[str]) -> None:
+        if lines:
+            self._read_any = True
+            self._held.setdefault(path, []).extend(lines)
 
     def _rescan(self) -> None:
         followed = self._files

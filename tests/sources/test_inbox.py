@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from sentinel.sources.inbox import Inbox
 
 DEADLINE_S = 10.0
+#: How long a take waits in the cases where it must wait the time out.
+WAIT_S = 0.05
 
 
 def test_take_returns_every_waiting_event_oldest_first() -> None:
@@ -58,3 +61,36 @@ def test_events_put_while_the_owner_is_busy_come_in_one_take() -> None:
     puts_done.set()
     thread.join(DEADLINE_S)
     assert takes == [[0], [1, 2, 3]]
+
+
+def test_an_event_that_can_wait_wakes_nobody_and_is_taken_when_the_time_is_up() -> None:
+    inbox: Inbox[str] = Inbox()
+    inbox.put("reading", wake=False)
+    started = time.monotonic()
+    taken = inbox.take(WAIT_S)
+    # A lower bound only: had the put woken the taker, it would have returned at once.
+    assert time.monotonic() - started >= WAIT_S * 0.9
+    assert taken == ["reading"]
+
+
+def test_an_event_that_wakes_brings_those_that_waited_before_it_in_order() -> None:
+    inbox: Inbox[str] = Inbox()
+    taken: list[list[str]] = []
+    waiter = threading.Thread(target=lambda: taken.append(inbox.take(10 * DEADLINE_S)))
+    waiter.start()
+    inbox.put("reading", wake=False)
+    inbox.put("line")
+    waiter.join(DEADLINE_S)
+    assert not waiter.is_alive()
+    assert taken == [["reading", "line"]]
+
+
+def test_a_wake_given_while_the_owner_is_busy_is_not_lost() -> None:
+    inbox: Inbox[str] = Inbox()
+    inbox.put("line")  # nobody waits yet: the next take must not wait for it
+    taken: list[list[str]] = []
+    waiter = threading.Thread(target=lambda: taken.append(inbox.take(10 * DEADLINE_S)))
+    waiter.start()
+    waiter.join(DEADLINE_S)
+    assert not waiter.is_alive()
+    assert taken == [["line"]]

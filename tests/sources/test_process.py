@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from sentinel.sources.lines import MAX_BATCH_S
 from sentinel.sources.process import PIPE_BYTES, JobProcess
 
 DEADLINE_S = 10.0
@@ -133,13 +134,55 @@ def test_lines_that_come_while_the_pump_gathers_are_handed_on_together(tmp_path:
             time.sleep(0.005)
         wait_go()
     """
-    # A long gathering window: five lines 5 ms apart all fall in it.
-    with job(code, tmp_path, batch_s=0.5) as running:
+    # The longest gathering window: five lines 5 ms apart all fall in it. The first of
+    # them goes alone when a look at the pipe found it quiet before it came.
+    with job(code, tmp_path, batch_s=MAX_BATCH_S) as running:
         running.wait_lines(1)
         running.go()
         running.wait_lines(6)
         running.go()
-    assert running.batches() == [["first"], [f"line {n}" for n in range(5)]]
+    lines = [f"line {n}" for n in range(5)]
+    assert running.batches()[0] == ["first"]
+    assert running.batches()[1:] in ([lines], [lines[:1], lines[1:]])
+
+
+def test_lines_held_while_gathering_are_handed_on_once_the_output_goes_quiet(
+    tmp_path: Path,
+) -> None:
+    code = """
+        print("first")
+        wait_go()
+        print("a")
+        print("b")
+        wait_go()
+        print("nan")
+        wait_go()
+    """
+    with job(code, tmp_path, batch_s=MAX_BATCH_S) as running:
+        running.wait_lines(1)
+        running.go()
+        running.wait_lines(3)  # a and b, once a look at the pipe found it quiet
+        running.go()
+        running.wait_lines(4)
+        running.go()
+    assert running.lines() == ["first", "a", "b", "nan"]
+    assert running.batches()[-1] == ["nan"]
+
+
+def test_a_pipe_closed_while_the_pump_gathers_gives_its_last_lines_then_the_exit(
+    tmp_path: Path,
+) -> None:
+    code = """
+        print("first")
+        wait_go()
+        print("last words")
+        sys.exit(5)
+    """
+    with job(code, tmp_path, batch_s=MAX_BATCH_S) as running:
+        running.wait_lines(1)
+        running.go()
+        assert running.wait_exit() == 5
+    assert running.batches() == [["first"], ["last words"]]
 
 
 def test_without_gathering_each_read_is_handed_on(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.sources.lines import MAX_BATCH_S
 from sentinel.sources.tailer import LogTailer
 from sentinel.state import StateStore
 
@@ -268,35 +269,87 @@ def test_tailer_drops_a_globbed_file_that_is_gone(
     assert sorted(lines[2:]) == [(str(a_log), "a2"), (str(b_log), "b-last")]
 
 
+class Batches:
+    """What ``on_lines`` was handed, a list per call, with waiting for a count of lines."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self._changed = threading.Condition()
+
+    def __call__(self, _path: str, lines: list[str]) -> None:
+        with self._changed:
+            self.batches.append(lines)
+            self._changed.notify_all()
+
+    def wait_lines(self, count: int) -> None:
+        with self._changed:
+            got = self._changed.wait_for(lambda: sum(map(len, self.batches)) >= count, timeout=5.0)
+        assert got, self.batches
+
+
+def gathering_tailer(log: Path, mode: str, received: Batches) -> LogTailer:
+    """A tailer of ``log`` with the longest gathering window: appends made one after
+    another while it gathers all fall in one window."""
+    interval = 60.0 if mode == "inotify" else 0.02
+    return LogTailer(
+        [str(log)],
+        received,
+        poll=mode == "polling",
+        poll_interval_s=interval,
+        batch_s=MAX_BATCH_S,
+    )
+
+
 def test_lines_written_while_the_tailer_gathers_come_in_one_batch(
     tmp_path: Path, mode: str
 ) -> None:
     log = tmp_path / "app.log"
-    batches: list[list[str]] = []
-    changed = threading.Condition()
-
-    def on_lines(_path: str, lines: list[str]) -> None:
-        with changed:
-            batches.append(lines)
-            changed.notify_all()
-
-    def wait_lines(count: int) -> None:
-        with changed:
-            got = changed.wait_for(lambda: sum(map(len, batches)) >= count, timeout=5.0)
-        assert got, batches
-
-    interval = 60.0 if mode == "inotify" else 0.02
-    # A long gathering window: the three appends all fall in it.
-    tailer = LogTailer(
-        [str(log)], on_lines, poll=mode == "polling", poll_interval_s=interval, batch_s=0.5
-    )
+    received = Batches()
+    tailer = gathering_tailer(log, mode, received)
     tailer.start()
     try:
         append(log, b"first\n")
-        wait_lines(1)
+        received.wait_lines(1)
         for line in (b"a\n", b"b\n", b"c\n"):
             append(log, line)
-        wait_lines(4)
+        received.wait_lines(4)
     finally:
         tailer.stop()
-    assert batches == [["first"], ["a", "b", "c"]]
+    # The first append goes alone if a read found the file quiet before it came.
+    assert received.batches[0] == ["first"]
+    assert received.batches[1:] in ([["a", "b", "c"]], [["a"], ["b", "c"]])
+
+
+def test_lines_held_while_gathering_are_handed_on_once_the_output_goes_quiet(
+    tmp_path: Path, mode: str
+) -> None:
+    log = tmp_path / "app.log"
+    received = Batches()
+    tailer = gathering_tailer(log, mode, received)
+    tailer.start()
+    try:
+        append(log, b"first\n")
+        received.wait_lines(1)
+        append(log, b"a\n")
+        append(log, b"b\n")
+        received.wait_lines(3)  # once a read found nothing new
+        append(log, b"nan\n")
+        received.wait_lines(4)
+    finally:
+        tailer.stop()
+    assert [line for batch in received.batches for line in batch] == ["first", "a", "b", "nan"]
+    assert received.batches[-1] == ["nan"]
+
+
+def test_lines_held_while_gathering_are_handed_on_at_stop(tmp_path: Path, mode: str) -> None:
+    log = tmp_path / "app.log"
+    received = Batches()
+    tailer = gathering_tailer(log, mode, received)
+    tailer.start()
+    try:
+        append(log, b"first\n")
+        received.wait_lines(1)
+        append(log, b"a\n")
+    finally:
+        tailer.stop()
+    assert received.batches == [["first"], ["a"]]
