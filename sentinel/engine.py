@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from itertools import accumulate, groupby, repeat
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,8 @@ _ROUTES_MAX = 4096
 _ALSO_HOOKED = {"output": ("output_text",)}
 _UNSEEN = object()
 _new_sample = tuple.__new__
+#: ``Sample._make`` without its Python-level call: history is kept for every block.
+_sample_of = partial(tuple.__new__, Sample)
 
 
 def _position(found: tuple[int, Alert]) -> int:
@@ -99,6 +102,8 @@ class Engine:
         # Per tuple of a line's sample names: the detectors shown that line (see
         # BaseDetector.watches and sees_progress).
         self._routes: dict[tuple[str, ...], list[tuple[BaseDetector, bool]]] = {}
+        # Per (metric names, output seen, clock ticking): the detectors a block concerns.
+        self._block_routes: dict[tuple[tuple[str, ...], bool, bool], list[BaseDetector]] = {}
         # Per hook name (output, tick): the detectors that implement it (see _hooked).
         self._hooks: dict[str, list[BaseDetector]] = {}
 
@@ -241,20 +246,23 @@ class Engine:
         )
 
     def _concerned(self, block: Block) -> list[BaseDetector]:
-        """The rules a block concerns, in registry order."""
-        names = block.names
-        route = self._routes.get(names)
-        if route is None:
-            route = self._route(names)
-        concerned = {id(detector): detector for detector, _ in route}
-        if block.output:
-            for detector in self._hooks.get("output") or self._hooked("output"):
-                concerned[id(detector)] = detector
-        if block.ticks and block.clock[-1] > (block.start_clock or 0.0):
-            for detector in self._hooks.get("tick") or self._hooked("tick"):
-                concerned[id(detector)] = detector
-        order = {id(detector): index for index, detector in enumerate(self.detectors)}
-        return sorted(concerned.values(), key=lambda detector: order[id(detector)])
+        """The rules a block concerns, in registry order: those its metrics are routed to,
+        and those that watch output or ticks when the block brings them."""
+        ticking = block.ticks and block.clock[-1] > (block.start_clock or 0.0)
+        key = (block.names, block.output, ticking)
+        concerned = self._block_routes.get(key)
+        if concerned is None:
+            route = self._routes.get(block.names) or self._route(block.names)
+            wanted = {id(detector) for detector, _ in route}
+            if block.output:
+                wanted.update(map(id, self._hooks.get("output") or self._hooked("output")))
+            if ticking:
+                wanted.update(map(id, self._hooks.get("tick") or self._hooked("tick")))
+            concerned = [detector for detector in self.detectors if id(detector) in wanted]
+            if len(self._block_routes) >= _ROUTES_MAX:
+                self._block_routes.clear()
+            self._block_routes[key] = concerned
+        return concerned
 
     def _accepts(self, detector: BaseDetector, block: Block) -> bool:
         try:
@@ -297,7 +305,7 @@ class Engine:
             if kept is None:
                 kept = history[name] = deque(maxlen=HISTORY_LEN)
             values = block.columns[name][tail]
-            kept.extend(map(Sample._make, zip(repeat(name), values, tail_steps, tail_times)))
+            kept.extend(map(_sample_of, zip(repeat(name), values, tail_steps, tail_times)))
         self.lines_absorbed += count
         return alerts
 
@@ -584,6 +592,7 @@ class Engine:
         self.detectors.remove(detector)
         # Routes are rebuilt without it; a loop over an old route list finishes safely.
         self._routes.clear()
+        self._block_routes.clear()
         self._hooks.clear()
         return Alert(
             rule="sentinel_internal",

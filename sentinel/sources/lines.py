@@ -131,7 +131,7 @@ class LineSplitter:
             texts = block.decode("utf-8", errors="replace").split("\n")
             if _NUL in block:
                 texts = [text.lstrip("\x00") for text in texts]
-            lines.extend(text for text in texts if text)
+            lines.extend(filter(None, texts))  # without the empty lines
             return
         for part in block.split(b"\n"):
             self._hold(part)
