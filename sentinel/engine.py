@@ -20,6 +20,7 @@ from sentinel.facts import RunFacts
 from sentinel.parsers import LineParser
 from sentinel.parsers.columns import Columns, parse_runs
 from sentinel.parsers.files import FileReader, reader_for
+from sentinel.parsers.hf_blocks import BAR, DICT, HfPiece, read_hf
 from sentinel.records import PROGRESS, Alert, Block, Line, Sample, Severity
 from sentinel.sources import GPU_JOB
 
@@ -44,6 +45,8 @@ _ROUTES_MAX = 4096
 #: Hooks whose detectors also include those that override the faster variant.
 _ALSO_HOOKED = {"output": ("output_text",)}
 _UNSEEN = object()
+#: The ``now`` of what replay reads before the data's first timestamp: no clock yet.
+_UNCLOCKED = 0.0
 _new_sample = tuple.__new__
 #: ``Sample._make`` without its Python-level call: history is kept for every block.
 _sample_of = partial(tuple.__new__, Sample)
@@ -102,8 +105,9 @@ class Engine:
         # Per tuple of a line's sample names: the detectors shown that line (see
         # BaseDetector.watches and sees_progress).
         self._routes: dict[tuple[str, ...], list[tuple[BaseDetector, bool]]] = {}
-        # Per (metric names, output seen, clock ticking): the detectors a block concerns.
-        self._block_routes: dict[tuple[tuple[str, ...], bool, bool], list[BaseDetector]] = {}
+        # Per (metric names, output seen, clock ticking, progress shown): the detectors a
+        # block concerns.
+        self._block_routes: dict[tuple[tuple[str, ...], bool, bool, bool], list[BaseDetector]] = {}
         # Per hook name (output, tick): the detectors that implement it (see _hooked).
         self._hooks: dict[str, list[BaseDetector]] = {}
 
@@ -130,12 +134,15 @@ class Engine:
         A run of JSON lines of one schema goes to the rules as columns (``Block``):
         each rule it concerns says whether it is uneventful for it, and if all say so
         each takes it in one call. Otherwise the block is halved, down to a few lines
-        fed one by one, so the lines around an alert cost what they always did.
+        fed one by one, so the lines around an alert cost what they always did. HF
+        Trainer output replayed before any timestamp goes the same way, its dicts as
+        the block's lines and its progress bars beside them (``Block.progress``).
         """
+        parser = self.parser
         if (
             self.blocks
             and len(texts) >= BLOCK_MIN_LINES
-            and self.parser.reads_json_blocks
+            and (parser.reads_json_blocks or parser.reads_hf_blocks)
             and self._reader(source) is None
         ):
             return self._feed_run(source, texts, now)
@@ -151,7 +158,9 @@ class Engine:
         return alerts
 
     def _feed_run(self, source: str, texts: list[str], now: float) -> list[Alert]:
-        """Runs of JSON-object lines as blocks; other lines one by one."""
+        """Runs of JSON-object lines as blocks; other lines as HF output or one by one."""
+        if not self.parser.reads_json_blocks:
+            return self._feed_other(source, texts, now)
         if texts[0][:2] == '{"' and "\n".join(texts).count('\n{"') == len(texts) - 1:
             return self._feed_json(source, texts, now)  # the usual metrics file: one pass
         starts = list(map(str.startswith, texts, repeat('{"')))
@@ -162,10 +171,131 @@ class Engine:
             part = texts[start:stop]
             if is_json and len(part) >= BLOCK_MIN_LINES:
                 alerts += self._feed_json(source, part, now)
-            else:
+            elif is_json:
                 alerts += self._feed_each(source, part, now)
+            else:
+                alerts += self._feed_other(source, part, now)
             start = stop
         return alerts
+
+    def _feed_other(self, source: str, texts: list[str], now: float) -> list[Alert]:
+        """Lines that are not JSON objects: in blocks where they are HF Trainer output
+        replayed before any timestamp, else one by one."""
+        if (
+            len(texts) >= BLOCK_MIN_LINES
+            and self.data_clock
+            and self.data_time is None
+            and self.parser.reads_hf_blocks
+        ):
+            return self._feed_hf(source, texts, now)
+        return self._feed_each(source, texts, now)
+
+    def _feed_hf(self, source: str, texts: list[str], now: float) -> list[Alert]:
+        """HF Trainer output, at most ``BLOCK_MAX_LINES`` lines at a time: each stretch of
+        bars and dicts of one schema as a block, halved where a line is something else."""
+        if len(texts) > BLOCK_MAX_LINES:
+            alerts: list[Alert] = []
+            for start in range(0, len(texts), BLOCK_MAX_LINES):
+                alerts += self._feed_other(source, texts[start : start + BLOCK_MAX_LINES], now)
+            return alerts
+        pieces = read_hf(texts)
+        if pieces is None:
+            if len(texts) < 2 * BLOCK_MIN_LINES:
+                return self._feed_each(source, texts, now)
+            middle = len(texts) // 2
+            return self._feed_other(source, texts[:middle], now) + self._feed_other(
+                source, texts[middle:], now
+            )
+        alerts = []
+        for piece in pieces:
+            part = texts[piece.start : piece.stop] if len(pieces) > 1 else texts
+            alerts += self._feed_hf_piece(source, part, piece, now)
+        return alerts
+
+    def _feed_hf_piece(
+        self, source: str, texts: list[str], piece: HfPiece, now: float
+    ) -> list[Alert]:
+        """One piece of HF output: absorbed by every rule it concerns, or halved (and read
+        again), or fed one by one."""
+        if (
+            piece.names is None
+            or len(texts) < BLOCK_MIN_LINES
+            or self.data_time is not None  # a line fed one by one started the clock
+        ):
+            return self._feed_each(source, texts, now)
+        made = self._hf_block(source, piece)
+        if made is not None:
+            block, current, logged = made
+            concerned = self._concerned(block)
+            if all(self._accepts(detector, block) for detector in concerned):
+                alerts = self._absorb(block, concerned)
+                blanks = piece.blanks
+                bars = len(piece.kinds) - blanks - len(block)
+                stats = self.parser.stats
+                stats.lines += bars + blanks
+                stats.parsed += bars
+                stats.unparsed += blanks
+                self.lines_absorbed += bars + blanks
+                self.current_step = current
+                self._logged = logged
+                return alerts
+        if len(texts) < 2 * BLOCK_MIN_LINES:
+            return self._feed_each(source, texts, now)
+        middle = len(texts) // 2
+        return self._feed_hf(source, texts[:middle], now) + self._feed_hf(
+            source, texts[middle:], now
+        )
+
+    def _hf_block(self, source: str, piece: HfPiece) -> tuple[Block, int | None, int] | None:
+        """The block of a piece of HF output, with the engine's step and count of logged
+        lines after it; None where a dict would have no step.
+
+        What ``feed_text`` does line by line: a bar's step is progress when it passes
+        every step before it; a dict gets ``start_step + n x logging_steps`` (n counting
+        training dicts) or, without ``logging_steps``, the step the bars reached.
+        """
+        assert piece.names is not None
+        current = self.current_step
+        logged = self._logged
+        every = self.logging_steps
+        training = not TRAINING_LOG_METRICS.isdisjoint(piece.names)
+        bar_steps = iter(piece.bar_steps)
+        seen: list[int] = []
+        steps: list[int] = []
+        for kind in piece.kinds:
+            if kind == BAR:
+                step = next(bar_steps)
+                if current is None or step > current:
+                    current = step
+                    seen.append(step)
+            elif kind == DICT:
+                if every is None:
+                    if current is None:
+                        return None  # line by line: a step-less sample
+                    step = current
+                else:
+                    if training:
+                        logged += 1
+                    step = self.start_step + logged * every
+                    if current is None or step > current:
+                        current = step
+                steps.append(step)
+                seen.append(step)
+        block = Block(
+            source=source,
+            texts=piece.dict_texts,
+            names=piece.names,
+            columns=piece.columns,
+            steps=steps,
+            times=None,
+            clock=[_UNCLOCKED] * len(steps),
+            start_clock=None,
+            ticks=False,
+            output=False,
+            progress=seen,
+            progress_at=_UNCLOCKED,
+        )
+        return block, current, logged
 
     def _feed_json(self, source: str, texts: list[str], now: float) -> list[Alert]:
         """JSON-object lines in blocks of at most ``BLOCK_MAX_LINES``, each run of one schema
@@ -223,7 +353,7 @@ class Engine:
             clock, ticks, output = [now] * len(texts), False, True
         elif start is None:
             # No timestamp yet (and none in these lines): no clock, no output hooks.
-            clock, ticks, output = [0.0] * len(texts), False, False
+            clock, ticks, output = [_UNCLOCKED] * len(texts), False, False
         else:
             if times is None:
                 clock = [start] * len(texts)
@@ -249,7 +379,7 @@ class Engine:
         """The rules a block concerns, in registry order: those its metrics are routed to,
         and those that watch output or ticks when the block brings them."""
         ticking = block.ticks and block.clock[-1] > (block.start_clock or 0.0)
-        key = (block.names, block.output, ticking)
+        key = (block.names, block.output, ticking, bool(block.progress))
         concerned = self._block_routes.get(key)
         if concerned is None:
             route = self._routes.get(block.names) or self._route(block.names)
@@ -258,6 +388,8 @@ class Engine:
                 wanted.update(map(id, self._hooks.get("output") or self._hooked("output")))
             if ticking:
                 wanted.update(map(id, self._hooks.get("tick") or self._hooked("tick")))
+            if block.progress:
+                wanted.update(id(detector) for detector in self.detectors if detector.sees_progress)
             concerned = [detector for detector in self.detectors if id(detector) in wanted]
             if len(self._block_routes) >= _ROUTES_MAX:
                 self._block_routes.clear()
@@ -265,6 +397,8 @@ class Engine:
         return concerned
 
     def _accepts(self, detector: BaseDetector, block: Block) -> bool:
+        if block.progress is not None and detector.sees_progress and not detector.absorbs_progress:
+            return False  # a rule that would not see the bars' progress in the block
         try:
             return detector.can_absorb(block)
         except Exception:
@@ -283,6 +417,8 @@ class Engine:
             except Exception as error:
                 alerts.append(self._disable(detector, error, block.clock[-1]))
         steps = block.steps
+        if not steps:
+            return alerts  # progress bars alone (HF output): the caller moves the step
         top = max(steps)
         if self.current_step is None or top > self.current_step:
             self.current_step = top
@@ -345,7 +481,9 @@ class Engine:
             if self.data_time is None:
                 # Before the data's first timestamp there is no clock: only the crash
                 # classifier's tail of output and the metrics themselves matter.
-                return alerts + self.feed_samples(samples, source, 0.0) if samples else alerts
+                if samples:
+                    return alerts + self.feed_samples(samples, source, _UNCLOCKED)
+                return alerts
             now = self.data_time
         watching = self._hooks.get("output")
         if watching is None:

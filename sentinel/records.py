@@ -148,6 +148,12 @@ class Block:
 
     A block is read-only to the rules: its lists may be shared (``clock`` is often
     ``times`` itself).
+
+    A block of HF Trainer output also carries the progress bars read among its lines
+    (``progress``): what a rule that ``sees_progress`` is shown besides the lines. Such a
+    block is replay's before the data's first timestamp, where everything is read at one
+    moment: no ``times``, no ``ticks``, no ``output``, and ``clock`` is ``progress_at`` on
+    every line. It may hold bars and no line at all (``names`` empty).
     """
 
     source: str
@@ -165,6 +171,12 @@ class Block:
     start_clock: float | None
     ticks: bool
     output: bool
+    #: Every step shown to a rule that sees progress, in the order read: each progress
+    #: bar's step that passed every step before it, and each line's step. None: the
+    #: lines alone (``steps``), as in every block of JSON lines.
+    progress: list[int] | None = None
+    #: The moment a block with ``progress`` was read at (its lines' and its bars').
+    progress_at: float = 0.0
 
     def __len__(self) -> int:
         return len(self.steps)

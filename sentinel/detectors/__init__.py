@@ -95,6 +95,9 @@ class BaseDetector:
     #: Whether ``observe`` is also shown progress-bar samples (name ``PROGRESS``, "step")
     #: when they advance the step; other rules see only metrics.
     sees_progress: ClassVar[bool] = False
+    #: Whether a rule that sees progress reads a block's ``progress`` (the bars among HF
+    #: Trainer output) in ``can_absorb``; the engine shows such blocks to no other.
+    absorbs_progress: ClassVar[bool] = False
     #: What is known about the run (batch size, total steps, GPUs, price), shared with
     #: the engine, which sets it; plain data, read-only to the rules.
     facts: RunFacts

@@ -27,6 +27,7 @@ from sentinel.detectors.stall_evidence import (
     Evidence,
     Timeouts,
     block_progress,
+    moment_progress,
 )
 from sentinel.records import Alert, Block, Line, Sample, Severity
 from sentinel.sources import SYSTEM_METRICS
@@ -94,6 +95,7 @@ class StallDetector(BaseDetector):
     rule = "stall"
     config_model = StallConfig
     sees_progress = True
+    absorbs_progress = True
 
     def __init__(self, config: StallConfig) -> None:
         super().__init__(config)
@@ -235,6 +237,16 @@ class StallDetector(BaseDetector):
         """What ``block`` does to the progress state, or None unless it is steady."""
         if self._level is not None:
             return None  # the first new step would resolve the episode
+        if block.progress is not None:
+            return moment_progress(
+                block,
+                last_step=self._last_step,
+                last_step_time=self._last_step_time,
+                last_progress=self._last_progress,
+                last_activity=self._last_activity,
+                learning=self.settings.adaptive and self._started_at is not None,
+                uncapped_s=self._uncapped_s,
+            )
         return block_progress(
             block,
             last_step=self._last_step,

@@ -216,6 +216,11 @@ class LineParser:
         #: Whether JSON lines may be read many at once (``parsers.columns``): only when
         #: they read as JSON, with no user regex in front.
         self.reads_json_blocks = self._brace is jsonl.parse_jsonl and not self._regexes
+        #: Whether HF Trainer output may be read many lines at once (``parsers.hf_blocks``):
+        #: its dicts by the brace parser and its bars by tqdm's, with no user regex in front.
+        self.reads_hf_blocks = (
+            self._brace is not None and not self._regexes and self._human[:1] == (tqdm.parse_tqdm,)
+        )
 
     def parse(self, text: str) -> list[Sample]:
         """The samples in one line; an empty list for plain text or a garbled line."""
