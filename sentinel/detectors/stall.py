@@ -242,10 +242,8 @@ class StallDetector(BaseDetector):
                 block,
                 last_step=self._last_step,
                 last_step_time=self._last_step_time,
-                last_progress=self._last_progress,
                 last_activity=self._last_activity,
-                learning=self.settings.adaptive and self._started_at is not None,
-                uncapped_s=self._uncapped_s,
+                clock_running=self._started_at is not None or self._last_progress is not None,
             )
         return block_progress(
             block,

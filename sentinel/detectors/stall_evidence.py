@@ -247,10 +247,8 @@ def moment_progress(
     *,
     last_step: int | None,
     last_step_time: float | None,
-    last_progress: float | None,
     last_activity: float | None,
-    learning: bool,
-    uncapped_s: float,
+    clock_running: bool,
 ) -> BlockProgress | None:
     """``block_progress`` for a block with progress bars among its lines (``block.progress``:
     HF Trainer output replayed before any timestamp), or None unless it is steady.
@@ -258,30 +256,19 @@ def moment_progress(
     Every bar and line is read at one moment, ``block.progress_at``, with no tick and no
     output. The first sample of a bar or line whose step passes every step before it is
     a new step; a line's other samples, and the first of one that is no new step, are
-    activity. At one moment only the first new step can be a gap to learn: the rest are
-    read in the same burst.
+    activity. Only before the rule's clock runs (``clock_running``: an attempt started,
+    so there is progress to measure silence from and gaps to learn): such a block comes
+    before the data's first timestamp, which starts it.
     """
     seen = block.progress
-    if seen is None or block.times is not None or block.ticks or block.output:
+    if seen is None or clock_running or block.times is not None or block.ticks or block.output:
         return None
     if not SYSTEM_METRICS.isdisjoint(block.names):
         return None  # the machine's state: line by line
     at = block.progress_at
     new = rising_steps(seen, last_step) if seen else []
     new_steps = bool(seen) and (new is None or any(new))
-    gaps_s: list[float] = []
-    if learning and new_steps:
-        if last_step_time is None:
-            return None  # the attempt's first step learns its startup
-        gap_s = at - last_step_time
-        if gap_s > uncapped_s:
-            return None  # a long wait the hard timeout may cap
-        if gap_s > 0.0:
-            gaps_s.append(gap_s)
-    progress = last_progress
-    if new_steps and last_progress is not None and at > last_progress:
-        progress = at
-    active = (len(block.names) > 1 and len(block) > 0) or (new is not None and not all(new))
+    active = len(block.names) > 1 or (new is not None and not all(new))
     activity = last_activity
     if active and (activity is None or at > activity):
         activity = at
@@ -289,9 +276,9 @@ def moment_progress(
         new_steps=new_steps,
         last_step=max(seen) if new_steps else last_step,
         last_step_time=at if new_steps else last_step_time,
-        last_progress=progress,
+        last_progress=None,
         last_activity=activity,
-        gaps_s=gaps_s,
+        gaps_s=[],
     )
 
 

@@ -126,6 +126,8 @@ class Run:
     alerts: list[tuple[Any, ...]]
     state: dict[str, Any]
     lines_absorbed: int
+    #: The state after each batch, when asked for (``states=True``).
+    states: list[dict[str, Any]]
 
 
 def run(
@@ -136,15 +138,25 @@ def run(
     data_clock: bool = True,
     batch_sizes: Sequence[int] = (4096, 37, 1000),
     facts: RunFacts | None = None,
+    logging_steps: int | None = None,
+    states: bool = False,
 ) -> Run:
     """Feed ``texts`` in batches of the sizes given in turn; live (``data_clock=False``)
     each batch is read at its own ``now``, with a tick every other batch. ``facts``: what
-    the run is known to be (GPUs, price, steps), for the rules that need it."""
+    the run is known to be (GPUs, price, steps), for the rules that need it; ``states``:
+    keep the state after every batch, not only at the end."""
     parser = LineParser()
-    engine = Engine(make_detectors(), parser, data_clock=data_clock, blocks=blocks)
+    engine = Engine(
+        make_detectors(),
+        parser,
+        data_clock=data_clock,
+        blocks=blocks,
+        logging_steps=logging_steps,
+    )
     if facts is not None:
         engine.facts = copy.deepcopy(facts)
     alerts: list[Alert] = []
+    kept: list[dict[str, Any]] = []
     start, turn = 0, 0
     while start < len(texts):
         size = batch_sizes[turn % len(batch_sizes)]
@@ -155,19 +167,26 @@ def run(
         alerts += engine.feed_texts(SOURCE, batch, now)
         start += size
         turn += 1
-    state = {
+        if states:
+            kept.append(_state(engine))
+    return Run([alert_key(alert) for alert in alerts], _state(engine), engine.lines_absorbed, kept)
+
+
+def _state(engine: Engine) -> dict[str, Any]:
+    """The engine's state and its rules', as plain data."""
+    return {
         "engine": snapshot(
             {
                 "current_step": engine.current_step,
+                "logged": engine._logged,
                 "data_time": engine.data_time,
                 "samples_seen": engine.samples_seen,
                 "history": engine.history,
-                "stats": parser.stats,
+                "stats": engine.parser.stats,
             }
         ),
         "rules": {detector.rule: snapshot(detector) for detector in engine.detectors},
     }
-    return Run([alert_key(alert) for alert in alerts], state, engine.lines_absorbed)
 
 
 def alert_key(alert: Alert) -> tuple[Any, ...]:
