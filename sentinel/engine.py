@@ -11,17 +11,21 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from functools import partial
-from itertools import accumulate, groupby, repeat
 from typing import TYPE_CHECKING
 
 from sentinel.detectors import DETECTORS, BaseDetector
+from sentinel.engine_blocks import (
+    BLOCK_MIN_LINES,
+    HISTORY_LEN,
+    ROUTES_MAX,
+    TRAINING_LOG_METRICS,
+    UNCLOCKED,
+    BlockFeeding,
+)
 from sentinel.facts import RunFacts
 from sentinel.parsers import LineParser
-from sentinel.parsers.columns import Columns, parse_runs
 from sentinel.parsers.files import FileReader, reader_for
-from sentinel.parsers.hf_blocks import BAR, DICT, HfPiece, read_hf
-from sentinel.records import PROGRESS, Alert, Block, Line, Sample, Severity
+from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
 from sentinel.sources import GPU_JOB
 
 if TYPE_CHECKING:
@@ -29,27 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Metrics that mark a line as a training log line (as opposed to an eval line).
-TRAINING_LOG_METRICS = frozenset({"loss", "grad_norm", "lr"})
-
-#: Samples of each metric kept for incident reports ("the last samples before onset").
-HISTORY_LEN = 32
-
-#: Lines of one JSON schema shown to the rules as one block at most (see ``feed_texts``),
-#: and at least: fewer are fed line by line, where a block was refused or would not parse.
-BLOCK_MAX_LINES = 4096
-BLOCK_MIN_LINES = 16
-
-#: Routes kept (one per distinct tuple of sample names on a line): metrics files repeat a few.
-_ROUTES_MAX = 4096
 #: Hooks whose detectors also include those that override the faster variant.
 _ALSO_HOOKED = {"output": ("output_text",)}
 _UNSEEN = object()
-#: The ``now`` of what replay reads before the data's first timestamp: no clock yet.
-_UNCLOCKED = 0.0
 _new_sample = tuple.__new__
-#: ``Sample._make`` without its Python-level call: history is kept for every block.
-_sample_of = partial(tuple.__new__, Sample)
 
 
 def _position(found: tuple[int, Alert]) -> int:
@@ -66,7 +53,7 @@ def build_detectors(settings: Settings) -> list[BaseDetector]:
     return detectors
 
 
-class Engine:
+class Engine(BlockFeeding):
     """Feeds lines, samples, ticks and job events to the detectors; returns alerts."""
 
     def __init__(
@@ -157,294 +144,6 @@ class Engine:
                 alerts += found
         return alerts
 
-    def _feed_run(self, source: str, texts: list[str], now: float) -> list[Alert]:
-        """Runs of JSON-object lines as blocks; other lines as HF output or one by one."""
-        if not self.parser.reads_json_blocks:
-            return self._feed_other(source, texts, now)
-        if texts[0][:2] == '{"' and "\n".join(texts).count('\n{"') == len(texts) - 1:
-            return self._feed_json(source, texts, now)  # the usual metrics file: one pass
-        starts = list(map(str.startswith, texts, repeat('{"')))
-        alerts: list[Alert] = []
-        start = 0
-        for is_json, group in groupby(starts):
-            stop = start + sum(1 for _ in group)
-            part = texts[start:stop]
-            if is_json and len(part) >= BLOCK_MIN_LINES:
-                alerts += self._feed_json(source, part, now)
-            elif is_json:
-                alerts += self._feed_each(source, part, now)
-            else:
-                alerts += self._feed_other(source, part, now)
-            start = stop
-        return alerts
-
-    def _feed_other(self, source: str, texts: list[str], now: float) -> list[Alert]:
-        """Lines that are not JSON objects: in blocks where they are HF Trainer output
-        replayed before any timestamp, else one by one."""
-        if (
-            len(texts) >= BLOCK_MIN_LINES
-            and self.data_clock
-            and self.data_time is None
-            and self.parser.reads_hf_blocks
-        ):
-            return self._feed_hf(source, texts, now)
-        return self._feed_each(source, texts, now)
-
-    def _feed_hf(self, source: str, texts: list[str], now: float) -> list[Alert]:
-        """HF Trainer output, at most ``BLOCK_MAX_LINES`` lines at a time: each stretch of
-        bars and dicts of one schema as a block, halved where a line is something else."""
-        if len(texts) > BLOCK_MAX_LINES:
-            alerts: list[Alert] = []
-            for start in range(0, len(texts), BLOCK_MAX_LINES):
-                alerts += self._feed_other(source, texts[start : start + BLOCK_MAX_LINES], now)
-            return alerts
-        pieces = read_hf(texts)
-        if pieces is None:
-            if len(texts) < 2 * BLOCK_MIN_LINES:
-                return self._feed_each(source, texts, now)
-            middle = len(texts) // 2
-            return self._feed_other(source, texts[:middle], now) + self._feed_other(
-                source, texts[middle:], now
-            )
-        alerts = []
-        for piece in pieces:
-            part = texts[piece.start : piece.stop] if len(pieces) > 1 else texts
-            alerts += self._feed_hf_piece(source, part, piece, now)
-        return alerts
-
-    def _feed_hf_piece(
-        self, source: str, texts: list[str], piece: HfPiece, now: float
-    ) -> list[Alert]:
-        """One piece of HF output: absorbed by every rule it concerns, or halved (and read
-        again), or fed one by one."""
-        if (
-            piece.names is None
-            or len(texts) < BLOCK_MIN_LINES
-            or self.data_time is not None  # a line fed one by one started the clock
-        ):
-            return self._feed_each(source, texts, now)
-        made = self._hf_block(source, piece)
-        if made is not None:
-            block, current, logged = made
-            concerned = self._concerned(block)
-            if all(self._accepts(detector, block) for detector in concerned):
-                alerts = self._absorb(block, concerned)
-                blanks = piece.blanks
-                bars = len(piece.kinds) - blanks - len(block)
-                stats = self.parser.stats
-                stats.lines += bars + blanks
-                stats.parsed += bars
-                stats.unparsed += blanks
-                self.lines_absorbed += bars + blanks
-                self.current_step = current
-                self._logged = logged
-                return alerts
-        if len(texts) < 2 * BLOCK_MIN_LINES:
-            return self._feed_each(source, texts, now)
-        middle = len(texts) // 2
-        return self._feed_hf(source, texts[:middle], now) + self._feed_hf(
-            source, texts[middle:], now
-        )
-
-    def _hf_block(self, source: str, piece: HfPiece) -> tuple[Block, int | None, int] | None:
-        """The block of a piece of HF output, with the engine's step and count of logged
-        lines after it; None where a dict would have no step.
-
-        What ``feed_text`` does line by line: a bar's step is progress when it passes
-        every step before it; a dict gets ``start_step + n x logging_steps`` (n counting
-        training dicts) or, without ``logging_steps``, the step the bars reached.
-        """
-        assert piece.names is not None
-        current = self.current_step
-        logged = self._logged
-        every = self.logging_steps
-        training = not TRAINING_LOG_METRICS.isdisjoint(piece.names)
-        bar_steps = iter(piece.bar_steps)
-        seen: list[int] = []
-        steps: list[int] = []
-        for kind in piece.kinds:
-            if kind == BAR:
-                step = next(bar_steps)
-                if current is None or step > current:
-                    current = step
-                    seen.append(step)
-            elif kind == DICT:
-                if every is None:
-                    if current is None:
-                        return None  # line by line: a step-less sample
-                    step = current
-                else:
-                    if training:
-                        logged += 1
-                    step = self.start_step + logged * every
-                    if current is None or step > current:
-                        current = step
-                steps.append(step)
-                seen.append(step)
-        block = Block(
-            source=source,
-            texts=piece.dict_texts,
-            names=piece.names,
-            columns=piece.columns,
-            steps=steps,
-            times=None,
-            clock=[_UNCLOCKED] * len(steps),
-            start_clock=None,
-            ticks=False,
-            output=False,
-            progress=seen,
-            progress_at=_UNCLOCKED,
-        )
-        return block, current, logged
-
-    def _feed_json(self, source: str, texts: list[str], now: float) -> list[Alert]:
-        """JSON-object lines in blocks of at most ``BLOCK_MAX_LINES``, each run of one schema
-        as columns; halved where they do not decode (a garbled line)."""
-        if len(texts) > BLOCK_MAX_LINES:
-            alerts: list[Alert] = []
-            for start in range(0, len(texts), BLOCK_MAX_LINES):
-                alerts += self._feed_json(source, texts[start : start + BLOCK_MAX_LINES], now)
-            return alerts
-        runs = parse_runs(texts, BLOCK_MIN_LINES)
-        if runs is None:
-            if len(texts) < 2 * BLOCK_MIN_LINES:
-                return self._feed_each(source, texts, now)
-            middle = len(texts) // 2
-            return self._feed_json(source, texts[:middle], now) + self._feed_json(
-                source, texts[middle:], now
-            )
-        alerts = []
-        for start, stop, columns in runs:
-            part = texts[start:stop] if stop - start < len(texts) else texts
-            if columns is None:
-                alerts += self._feed_each(source, part, now)
-            else:
-                alerts += self._feed_columns(source, part, columns, now)
-        return alerts
-
-    def _feed_columns(
-        self, source: str, texts: list[str], parsed: Columns, now: float
-    ) -> list[Alert]:
-        """Parsed lines: absorbed by every rule they concern, or halved, or fed one by one."""
-        alerts: list[Alert] = []
-        if self.data_clock and self.data_time is None and parsed.times is not None:
-            # The first timestamp starts the data's clock (job_started): line by line.
-            alerts = self.feed_text(source, texts[0], now)
-            texts, parsed = texts[1:], parsed.slice(1, len(parsed))
-        if len(texts) < BLOCK_MIN_LINES:
-            return alerts + self._feed_each(source, texts, now)
-        block = self._block(source, texts, parsed, now)
-        concerned = self._concerned(block)
-        if all(self._accepts(detector, block) for detector in concerned):
-            return alerts + self._absorb(block, concerned)
-        if len(texts) < 2 * BLOCK_MIN_LINES:
-            return alerts + self._feed_each(source, texts, now)
-        middle = len(texts) // 2
-        alerts += self._feed_columns(source, texts[:middle], parsed.slice(0, middle), now)
-        return alerts + self._feed_columns(
-            source, texts[middle:], parsed.slice(middle, len(parsed)), now
-        )
-
-    def _block(self, source: str, texts: list[str], parsed: Columns, now: float) -> Block:
-        """The block the rules are shown, with the clock each line would be read at."""
-        times = parsed.times
-        start = self.data_time
-        if not self.data_clock:
-            clock, ticks, output = [now] * len(texts), False, True
-        elif start is None:
-            # No timestamp yet (and none in these lines): no clock, no output hooks.
-            clock, ticks, output = [_UNCLOCKED] * len(texts), False, False
-        else:
-            if times is None:
-                clock = [start] * len(texts)
-            elif times[0] >= start and sorted(times) == times:
-                clock = times  # the usual log: each line's time is the clock (shared, read-only)
-            else:
-                clock = list(accumulate(times, max, initial=start))[1:]
-            ticks, output = times is not None, True
-        return Block(
-            source=source,
-            texts=texts,
-            names=parsed.names,
-            columns=parsed.columns,
-            steps=parsed.steps,
-            times=times,
-            clock=clock,
-            start_clock=start,
-            ticks=ticks,
-            output=output,
-        )
-
-    def _concerned(self, block: Block) -> list[BaseDetector]:
-        """The rules a block concerns, in registry order: those its metrics are routed to,
-        and those that watch output or ticks when the block brings them."""
-        ticking = block.ticks and block.clock[-1] > (block.start_clock or 0.0)
-        key = (block.names, block.output, ticking, bool(block.progress))
-        concerned = self._block_routes.get(key)
-        if concerned is None:
-            route = self._routes.get(block.names) or self._route(block.names)
-            wanted = {id(detector) for detector, _ in route}
-            if block.output:
-                wanted.update(map(id, self._hooks.get("output") or self._hooked("output")))
-            if ticking:
-                wanted.update(map(id, self._hooks.get("tick") or self._hooked("tick")))
-            if block.progress:
-                wanted.update(id(detector) for detector in self.detectors if detector.sees_progress)
-            concerned = [detector for detector in self.detectors if id(detector) in wanted]
-            if len(self._block_routes) >= _ROUTES_MAX:
-                self._block_routes.clear()
-            self._block_routes[key] = concerned
-        return concerned
-
-    def _accepts(self, detector: BaseDetector, block: Block) -> bool:
-        if block.progress is not None and detector.sees_progress and not detector.absorbs_progress:
-            return False  # a rule that would not see the bars' progress in the block
-        try:
-            return detector.can_absorb(block)
-        except Exception:
-            # A bug in the fast path must not cost the rule: the block goes line by line.
-            log.exception("rule %s failed on a block; fed line by line", detector.rule)
-            return False
-
-    def _absorb(self, block: Block, concerned: list[BaseDetector]) -> list[Alert]:
-        """Every concerned rule takes the block; the engine's own state moves past it.
-
-        Returns no alert but the one of a rule that failed (and is disabled)."""
-        alerts: list[Alert] = []
-        for detector in concerned:
-            try:
-                detector.absorb(block)
-            except Exception as error:
-                alerts.append(self._disable(detector, error, block.clock[-1]))
-        steps = block.steps
-        if not steps:
-            return alerts  # progress bars alone (HF output): the caller moves the step
-        top = max(steps)
-        if self.current_step is None or top > self.current_step:
-            self.current_step = top
-        count = len(steps)
-        self.samples_seen += count * len(block.names)
-        stats = self.parser.stats
-        stats.lines += count
-        stats.parsed += count
-        if self.data_clock:
-            if block.start_clock is not None:
-                self.data_time = block.clock[-1]
-        elif block.times is not None:
-            self.data_time = block.times[-1]
-        tail = slice(max(0, count - HISTORY_LEN), count)
-        tail_steps = steps[tail]
-        tail_times = block.times[tail] if block.times is not None else [None] * len(tail_steps)
-        history = self.history
-        for name in block.names:
-            kept = history.get(name)
-            if kept is None:
-                kept = history[name] = deque(maxlen=HISTORY_LEN)
-            values = block.columns[name][tail]
-            kept.extend(map(_sample_of, zip(repeat(name), values, tail_steps, tail_times)))
-        self.lines_absorbed += count
-        return alerts
-
     def _reader(self, source: str) -> FileReader | None:
         readers = self._readers
         reader = readers.get(source, _UNSEEN)
@@ -482,7 +181,7 @@ class Engine:
                 # Before the data's first timestamp there is no clock: only the crash
                 # classifier's tail of output and the metrics themselves matter.
                 if samples:
-                    return alerts + self.feed_samples(samples, source, _UNCLOCKED)
+                    return alerts + self.feed_samples(samples, source, UNCLOCKED)
                 return alerts
             now = self.data_time
         watching = self._hooks.get("output")
@@ -615,7 +314,7 @@ class Engine:
     def _route(self, names: tuple[str, ...]) -> list[tuple[BaseDetector, bool]]:
         """The detectors shown a line whose samples have these names, in registry order,
         each with whether the engine calls its ``observe`` sample by sample."""
-        if len(self._routes) >= _ROUTES_MAX:
+        if len(self._routes) >= ROUTES_MAX:
             self._routes.clear()
         route = self._routes[names] = [
             (detector, not _overrides(detector, "observe_samples"))

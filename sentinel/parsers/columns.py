@@ -11,6 +11,7 @@ is always right. So every check here is a reason to refuse, never to guess.
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from dataclasses import dataclass
 from itertools import groupby
 from math import isfinite
@@ -25,6 +26,8 @@ _FLOAT = frozenset({float})
 _NUMBER = frozenset({float, int})
 _INT = frozenset({int})
 _DICT = {dict}
+#: Between lines decoded together: a raw newline, which no JSON string may hold.
+_SEPARATOR = ",\n"
 
 #: Lines ``start`` to ``stop`` of one schema, as columns (None: to be read line by line).
 Run = tuple[int, int, "Columns | None"]
@@ -53,19 +56,45 @@ class Columns:
 
 
 def decode_array(texts: list[str]) -> list[Any] | None:
-    """The JSON values of the lines, decoded as one array; None when any line is not one
-    JSON value (then no single line's trouble is guessed at: the caller splits)."""
-    joined = "[" + ",".join(texts) + "]"
+    """The lines, each one flat JSON object, decoded as one array; None unless each is.
+
+    Every record returned is one line's, in order (see ``decode_objects``); a line that
+    is not a flat object (or holds two) makes it None, and no single line's trouble is
+    guessed at: the caller splits.
+    """
+    return decode_objects(_SEPARATOR.join(texts), len(texts))
+
+
+def decode_objects(joined: str, count: int) -> list[Any] | None:
+    """``count`` lines joined by ``",\n"``, each one flat JSON object, decoded as one
+    array; None unless the array holds exactly one object a line.
+
+    Decoded together, lines could pair up differently than alone: a string, or a list,
+    opened on one line and closed on the next. The raw newline between lines is invalid
+    inside a JSON string, and with no ``[`` and one ``{`` a line (its first character)
+    there is no container to span it; then one value a line is one value of each line.
+    A ``{`` or ``[`` inside a string refuses the lines too, which is only slower.
+    """
+    if (
+        joined[:1] != "{"
+        or joined.count("{") != count
+        or joined.count(",\n{") != count - 1
+        or "[" in joined
+    ):
+        return None  # a line that does not start an object, or a container in one
+    decoded: Any = None
     if fast_loads is not None:
+        # NaN and Infinity, which orjson refuses, go on to the stdlib, which reads them.
+        with suppress(ValueError):
+            decoded = fast_loads("[" + joined + "]")
+    if decoded is None:
         try:
-            return fast_loads(joined)  # type: ignore[no-any-return]
-        except ValueError:
-            pass  # NaN and Infinity, which orjson refuses; the stdlib reads them
-    try:
-        decoded = json.loads(joined)
-    except (ValueError, RecursionError):
-        return None
-    return decoded  # type: ignore[no-any-return]
+            decoded = json.loads("[" + joined + "]")
+        except (ValueError, RecursionError):
+            return None
+    if type(decoded) is not list or len(decoded) != count:
+        return None  # a line that held two values, or none
+    return decoded
 
 
 def parse_runs(texts: list[str], min_lines: int = 1) -> list[Run] | None:
@@ -76,8 +105,8 @@ def parse_runs(texts: list[str], min_lines: int = 1) -> list[Run] | None:
     line). None when the lines do not decode as one JSON array (a garbled line).
     """
     records = decode_array(texts)
-    if records is None or len(records) != len(texts):
-        return None  # a line that held two values, or none
+    if records is None:
+        return None
     if set(map(type, records)) == _DICT:
         shapes: list[tuple[str, ...] | None] = list(map(tuple, records))
     else:

@@ -23,7 +23,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
-from sentinel.parsers.columns import decode_array
+from sentinel.parsers.columns import decode_objects
 from sentinel.parsers.jsonl import _SCHEMAS, _schema
 from sentinel.records import PROGRESS
 
@@ -138,12 +138,14 @@ def _records(dicts: list[str]) -> list[dict[str, Any]] | None:
     each where it holds no double quote or backslash; None otherwise."""
     if not dicts:
         return []
-    joined = ",".join(dicts)
-    if '"' in joined or "\\" in joined or "\r" in joined or "\n" in joined:
+    if any("\n" in text for text in dicts):
         return None
-    records = decode_array([joined.replace("'", '"')])
-    if records is None or len(records) != len(dicts) or set(map(type, records)) != _DICT_TYPE:
-        return None  # a line that held two values, or none, or not a dict
+    joined = ",\n".join(dicts)
+    if '"' in joined or "\\" in joined or "\r" in joined:
+        return None
+    records = decode_objects(joined.replace("'", '"'), len(dicts))
+    if records is None or set(map(type, records)) != _DICT_TYPE:
+        return None  # not one dict a line
     return records
 
 

@@ -14,7 +14,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -127,7 +127,7 @@ class Run:
     state: dict[str, Any]
     lines_absorbed: int
     #: The state after each batch, when asked for (``states=True``).
-    states: list[dict[str, Any]]
+    states: list[dict[str, Any]] = field(default_factory=list)
 
 
 def run(

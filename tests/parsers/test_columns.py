@@ -148,12 +148,25 @@ def test_lines_split_into_runs_of_one_schema() -> None:
             assert _same(_samples_of(columns), _line_by_line(texts[start:stop]))
 
 
-def test_lines_that_are_not_objects_are_left_to_line_by_line() -> None:
-    texts = [*_texts(_lines(10)), "[1, 2]", "3", *_texts(_lines(10))]
-    runs = parse_runs(texts, min_lines=5)
-    assert runs is not None
-    assert [(start, stop, columns is None) for start, stop, columns in runs] == [
-        (0, 10, False),
-        (10, 12, True),
-        (12, 22, False),
-    ]
+@pytest.mark.parametrize(
+    "odd",
+    [
+        pytest.param(["[1, 2]", "3"], id="an-array-and-a-number"),
+        pytest.param(['{"step": 5, "loss": 2.0, "lrs": [0.1, 0.2]}'], id="a-list-value"),
+        pytest.param(['{"step": 5, "loss": 2.0, "cfg": {"a": 1}}'], id="a-nested-object"),
+        pytest.param(['{"step": 5, "loss": 2.0, "tag": "{x}"}'], id="a-brace-in-a-string"),
+        # Garbled alone, these two would pair up into two records in one array: a string
+        # (or a list) opened on one line and closed on the next, which holds two values.
+        pytest.param(['{"step": 5, "tag": "', '{"}, {"step": 6, "loss": 1.5}'], id="string-span"),
+        pytest.param(
+            ['{"step": 5, "loss": 2.5, "n": [{"x": 1}', '{"y": 2}]}, {"step": 6, "loss": 1.5}'],
+            id="list-span",
+        ),
+    ],
+)
+def test_lines_that_are_not_flat_objects_refuse_the_whole_decode(odd: list[str]) -> None:
+    """Decoded together, lines that are not one flat object each could be read as other
+    lines than they are: the caller is told to split (and, in the end, goes line by line)."""
+    texts = [*_texts(_lines(10)), *odd, *_texts(_lines(10))]
+    assert parse_runs(texts, min_lines=5) is None
+    assert parse_runs(_texts(_lines(10)) + _texts(_lines(10)), min_lines=5) is not None
