@@ -335,7 +335,7 @@ class BlockFeeding:
         steps = block.steps
         if not steps:
             return alerts  # progress bars alone (HF output): the caller moves the step
-        top = max(steps)
+        top = block.step_range()[1]
         if self.current_step is None or top > self.current_step:
             self.current_step = top
         count = len(steps)

@@ -177,6 +177,14 @@ class Block:
     progress: list[int] | None = None
     #: The moment a block with ``progress`` was read at (its lines' and its bars').
     progress_at: float = 0.0
+    _step_range: tuple[int, int] | None = field(default=None, init=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def step_range(self) -> tuple[int, int]:
+        """The lowest and the highest step of the lines (worked out once: several rules and
+        the engine ask); a block with no line has none."""
+        if self._step_range is None:
+            self._step_range = (min(self.steps), max(self.steps))
+        return self._step_range

@@ -198,7 +198,7 @@ class GradNormRunDetector(BaseDetector):
         column = columns.get(METRIC)
         if column is None:
             return True  # only learning rates
-        phase = self._warmup.block_phase(block.steps, columns.get("lr"))
+        phase = self._warmup.block_phase(block.step_range(), columns.get("lr"))
         if phase is None:
             return False
         if phase:

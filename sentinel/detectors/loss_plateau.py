@@ -208,7 +208,7 @@ class LossPlateauDetector(BaseDetector):
         column = columns.get(METRIC)
         if column is None:
             return True  # only learning rates
-        phase = self._warmup.block_phase(block.steps, columns.get("lr"))
+        phase = self._warmup.block_phase(block.step_range(), columns.get("lr"))
         if phase is None:
             return False
         values = finite_values(column)

@@ -181,7 +181,7 @@ class LossSpikeDetector(BaseDetector):
         judged = [name for name in self._series if name in columns]
         if not judged:
             return True  # only learning rates
-        phase = self._warmup.block_phase(block.steps, columns.get("lr"))
+        phase = self._warmup.block_phase(block.step_range(), columns.get("lr"))
         if phase is None:
             return False
         if phase:

@@ -48,7 +48,8 @@ def warmup_and_values(
     finite values with their steps; None when the block does not log the metric."""
     columns = block.columns
     column = columns.get(metric)
-    in_warmup = column is not None and bool(warmup.block_phase(block.steps, columns.get("lr")))
+    rates = columns.get("lr")
+    in_warmup = column is not None and bool(warmup.block_phase(block.step_range(), rates))
     warmup.extend(columns.get("lr"))
     if column is None:
         return None
@@ -334,21 +335,23 @@ class Warmup:
         else:
             self.lr_rising, self._last_lr = False, chain[fall + 1]
 
-    def block_phase(self, steps: Sequence[int], rates: list[float] | None) -> bool | None:
+    def block_phase(self, step_range: tuple[int, int], rates: list[float] | None) -> bool | None:
         """Whether every line of a block is in warmup (True), none is (False), or it changes
         inside the block or cannot be told cheaply (None).
 
-        ``rates`` is the block's ``lr`` column, None when it has none. Pure: the state
-        moves on with ``extend`` once the block is taken.
+        ``step_range`` is the block's lowest and highest step (``Block.step_range``),
+        ``rates`` its ``lr`` column, None when it has none. Pure: the state moves on with
+        ``extend`` once the block is taken.
         """
+        lowest, highest = step_range
         rising = self.lr_rising
         if rising and (rates is None or self._keeps_rising(rates)):
             return True
-        if max(steps) < self.warmup_steps:
+        if highest < self.warmup_steps:
             return True
         # The LR can end a warmup only while it is still being learned.
         settled = rising is False or (rising is None and rates is None)
-        if settled and min(steps) >= self.warmup_steps:
+        if settled and lowest >= self.warmup_steps:
             return False
         return None
 

@@ -153,12 +153,8 @@ def columns_of(records: list[dict[str, Any]], keys: tuple[str, ...]) -> Columns 
     names = tuple(name for name in schema.names if name is not None)
     if not names or PROGRESS in names or len(set(names)) != len(names):
         return None
-    fields: list[tuple[Any, ...]] = (
-        list(zip(*map(itemgetter(*keys), records), strict=True))
-        if len(keys) > 1
-        else [tuple(record[keys[0]] for record in records)]
-    )
-    by_key = dict(zip(keys, fields, strict=True))
+    # A column a key: the records share their keys (the caller grouped them by them).
+    by_key = {key: list(map(itemgetter(key), records)) for key in keys}
     steps = _steps(by_key[schema.step_keys[0]])
     if steps is None:
         return None
@@ -174,7 +170,7 @@ def columns_of(records: list[dict[str, Any]], keys: tuple[str, ...]) -> Columns 
         values = by_key[key]
         kinds = set(map(type, values))
         if kinds == _FLOAT:
-            columns[name] = list(values)
+            columns[name] = values
         elif kinds <= _NUMBER:
             try:
                 columns[name] = list(map(float, values))
@@ -185,16 +181,16 @@ def columns_of(records: list[dict[str, Any]], keys: tuple[str, ...]) -> Columns 
     return Columns(names, columns, steps, times)
 
 
-def _steps(values: tuple[Any, ...]) -> list[int] | None:
+def _steps(values: list[Any]) -> list[int] | None:
     """The step field of every line, when each is an int the line-by-line parser takes as is."""
     if set(map(type, values)) != _INT:
         return None
     if min(values) <= -_MAX_STEP or max(values) >= _MAX_STEP:
         return None
-    return list(values)
+    return values
 
 
-def _times(values: tuple[Any, ...]) -> list[float] | None:
+def _times(values: list[Any]) -> list[float] | None:
     """The time field of every line, when each is a finite float in epoch seconds."""
     if set(map(type, values)) != _FLOAT:
         return None
@@ -202,4 +198,4 @@ def _times(values: tuple[Any, ...]) -> list[float] | None:
         return None  # NaN or an infinity: line by line tries the next time field
     if min(values) <= -_EPOCH_MS or max(values) >= _EPOCH_MS:
         return None  # milliseconds and the like: line by line converts them
-    return list(values)
+    return values

@@ -180,7 +180,7 @@ def test_block_phase_is_what_line_by_line_finds(
 ) -> None:
     warmup = _primed(before, warmup_steps)
     state = snapshot(warmup)
-    phase = warmup.block_phase(steps, rates)
+    phase = warmup.block_phase((min(steps), max(steps)), rates)
     assert phase is expected
     assert snapshot(warmup) == state  # pure
     if phase is not None:
