@@ -163,16 +163,12 @@ def _columns(
     names = tuple(name for name in schema.names if name is not None)
     if not names or PROGRESS in names or len(set(names)) != len(names):
         return None
-    fields = (
-        list(zip(*map(itemgetter(*keys), records), strict=True))
-        if len(keys) > 1
-        else [tuple(record[keys[0]] for record in records)]
-    )
     columns: dict[str, list[float]] = {}
-    for name, values in zip(names, fields, strict=True):
+    for name, key in zip(names, keys, strict=True):
+        values = list(map(itemgetter(key), records))
         kinds = set(map(type, values))
         if kinds == _FLOAT:
-            columns[name] = list(values)
+            columns[name] = values
         elif kinds <= _NUMERIC:
             try:
                 columns[name] = list(map(float, values))
