@@ -167,18 +167,27 @@ def columns_of(records: list[dict[str, Any]], keys: tuple[str, ...]) -> Columns 
     for key, name in zip(keys, schema.names, strict=True):
         if name is None:
             continue
-        values = by_key[key]
-        kinds = set(map(type, values))
-        if kinds == _FLOAT:
-            columns[name] = values
-        elif kinds <= _NUMBER:
-            try:
-                columns[name] = list(map(float, values))
-            except OverflowError:
-                return None  # an integer beyond a double: line by line skips that value
-        else:
-            return None  # strings, booleans, nulls, objects: line by line decides
+        # Strings, booleans and nulls: line by line decides.
+        column = float_column(by_key[key], _NUMBER)
+        if column is None:
+            return None
+        columns[name] = column
     return Columns(names, columns, steps, times)
+
+
+def float_column(values: list[Any], kinds: frozenset[type]) -> list[float] | None:
+    """A field's values as the floats line by line reads them (``float(value)``), or None
+    when one is of a type not in ``kinds`` or does not read as a number (an integer beyond
+    a double, a string that is no number: line by line skips that value)."""
+    found = set(map(type, values))
+    if found == _FLOAT:
+        return values
+    if not found <= kinds:
+        return None
+    try:
+        return list(map(float, values))
+    except (ValueError, OverflowError):
+        return None
 
 
 def _steps(values: list[Any]) -> list[int] | None:

@@ -23,7 +23,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
-from sentinel.parsers.columns import decode_objects
+from sentinel.parsers.columns import decode_objects, float_column
 from sentinel.parsers.jsonl import _SCHEMAS, _schema
 from sentinel.records import PROGRESS
 
@@ -41,8 +41,7 @@ _TRAINING_BAR = re.compile(
     rf"\[{_CLOCK}<(?:{_CLOCK}|\?)(?:,[ \t]*[^\]=\n]*)?\][ \t]*$",
     re.MULTILINE,
 )
-_NUMERIC = frozenset({str, float})
-_FLOAT = frozenset({float})
+_NUMERIC: frozenset[type] = frozenset({str, float})
 _DICT_TYPE = {dict}
 #: The key of the end-of-training summary, whose ``train_loss`` keeps its own name.
 _SUMMARY_KEY = "train_runtime"
@@ -165,17 +164,11 @@ def _columns(
         return None
     columns: dict[str, list[float]] = {}
     for name, key in zip(names, keys, strict=True):
-        values = list(map(itemgetter(key), records))
-        kinds = set(map(type, values))
-        if kinds == _FLOAT:
-            columns[name] = values
-        elif kinds <= _NUMERIC:
-            try:
-                columns[name] = list(map(float, values))
-            except (ValueError, OverflowError):
-                return None  # a string that is no number: line by line skips that value
-        else:
-            return None  # ints, booleans, nulls, lists: the regexes decide, line by line
+        # Ints, booleans and nulls: the regexes decide, line by line.
+        column = float_column(list(map(itemgetter(key), records)), _NUMERIC)
+        if column is None:
+            return None
+        columns[name] = column
     return names, columns
 
 
