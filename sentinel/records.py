@@ -140,7 +140,8 @@ class Block:
     (``absorb``) instead of line by line. Line ``i`` holds one sample per metric in
     ``names`` (in that order): ``Sample(name, columns[name][i], steps[i], times[i])``.
 
-    ``clock[i]`` is the ``now`` the rules would be handed with line ``i``. When
+    ``clock[i]`` is the ``now`` the rules would be handed with line ``i``; it never goes
+    back (a line's time behind the clock leaves the clock where it was). When
     ``ticks`` is true (replay on the data's own clock), ``tick(clock[i])`` would be
     called before line ``i`` whenever ``clock[i]`` is past the clock before it
     (``start_clock`` before line 0). ``output`` says whether rules that watch output

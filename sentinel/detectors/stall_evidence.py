@@ -198,6 +198,9 @@ def block_progress(
     steps, clock = block.steps, block.clock
     count = len(steps)
     stamps = times if times is not None else clock
+    # A block's clock never goes back; the stamps are the clock itself, or times the engine
+    # took for the clock because they never go back either: the latest is the last.
+    rising = stamps is clock
     new = rising_steps(steps, last_step)
     new_lines: Sequence[int] = range(count)
     new_stamps = stamps
@@ -216,7 +219,7 @@ def block_progress(
         if block.ticks and _longest_silence(clock, stamps, new, last_progress) >= least_soft_s:
             return None
         if new_stamps:
-            progress = max(last_progress, max(new_stamps))
+            progress = max(last_progress, new_stamps[-1] if rising else max(new_stamps))
             if not steps_seen and block.output:
                 # Line 0's output is progress too while no step was ever seen.
                 progress = max(progress, clock[0])
@@ -224,9 +227,9 @@ def block_progress(
     # each line's first, and the first sample of a line that is no new step.
     seen: list[float] = []
     if block.output and (steps_seen or count > 1):
-        seen.append(max(islice(clock, 0 if steps_seen else 1, None)))
+        seen.append(clock[-1])  # the latest of the clock from line 0 or 1: its last
     if len(names) > 1:
-        seen.append(max(stamps))
+        seen.append(stamps[-1] if rising else max(stamps))
     elif new is not None and not all(new):
         seen.append(max(compress(stamps, map(not_, new))))
     activity = last_activity

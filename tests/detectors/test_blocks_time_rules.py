@@ -155,6 +155,16 @@ def test_a_timestamp_far_back_makes_the_next_gap_capped() -> None:
     assert_same(line_by_line, blocks, len(texts))
 
 
+def test_a_last_line_stamped_back_leaves_progress_at_the_latest_time() -> None:
+    """The block's last line is stamped before the line ahead of it: its clock stays put,
+    and the progress made is the latest time, not the last line's."""
+    texts = metrics_log(3000, misstamped={2999: -0.7})
+    line_by_line, blocks = both(stall(), texts)
+    last_progress = line_by_line.state["rules"]["stall"]["_last_progress"]
+    assert last_progress == snapshot(T0 + 2999 * STEP_S)  # the line before the last
+    assert_same(line_by_line, blocks, len(texts))
+
+
 # -- cost_overrun ---------------------------------------------------------------------------
 
 
