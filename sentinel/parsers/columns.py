@@ -25,7 +25,6 @@ from sentinel.records import PROGRESS
 _FLOAT = frozenset({float})
 _NUMBER = frozenset({float, int})
 _INT = frozenset({int})
-_DICT = {dict}
 #: Between lines decoded together: a raw newline, which no JSON string may hold.
 _SEPARATOR = ",\n"
 
@@ -55,7 +54,7 @@ class Columns:
         )
 
 
-def decode_array(texts: list[str]) -> list[Any] | None:
+def decode_array(texts: list[str]) -> list[dict[str, Any]] | None:
     """The lines, each one flat JSON object, decoded as one array; None unless each is.
 
     Every record returned is one line's, in order (see ``decode_objects``); a line that
@@ -65,7 +64,7 @@ def decode_array(texts: list[str]) -> list[Any] | None:
     return decode_objects(_SEPARATOR.join(texts), len(texts))
 
 
-def decode_objects(joined: str, count: int) -> list[Any] | None:
+def decode_objects(joined: str, count: int) -> list[dict[str, Any]] | None:
     """``count`` lines joined by ``",\n"``, each one flat JSON object, decoded as one
     array; None unless the array holds exactly one object a line.
 
@@ -94,6 +93,7 @@ def decode_objects(joined: str, count: int) -> list[Any] | None:
             return None
     if type(decoded) is not list or len(decoded) != count:
         return None  # a line that held two values, or none
+    # Each value starts at its line's "{" (the only one): every record is an object.
     return decoded
 
 
@@ -107,13 +107,10 @@ def parse_runs(texts: list[str], min_lines: int = 1) -> list[Run] | None:
     records = decode_array(texts)
     if records is None:
         return None
-    if set(map(type, records)) == _DICT:
-        shapes: list[tuple[str, ...] | None] = list(map(tuple, records))
-    else:
-        shapes = [tuple(record) if type(record) is dict else None for record in records]
+    shapes = list(map(tuple, records))
     first = shapes[0]
-    if first is not None and shapes.count(first) == len(shapes):
-        runs: list[tuple[int, int, tuple[str, ...] | None]] = [(0, len(shapes), first)]
+    if shapes.count(first) == len(shapes):
+        runs = [(0, len(shapes), first)]
     else:
         runs = []
         start = 0
@@ -125,9 +122,7 @@ def parse_runs(texts: list[str], min_lines: int = 1) -> list[Run] | None:
         (
             start,
             stop,
-            None
-            if shape is None or stop - start < min_lines
-            else columns_of(records[start:stop], shape),
+            None if stop - start < min_lines else columns_of(records[start:stop], shape),
         )
         for start, stop, shape in runs
     ]

@@ -16,11 +16,12 @@ from sentinel.parsers.keyvalue import find_pairs
 from sentinel.records import PROGRESS, Sample
 
 _new_tuple = tuple.__new__
-_CLOCK = r"(?:\d+:)?\d+:\d{2}"
+#: An elapsed or remaining time as tqdm prints it: ``01:02`` or ``1:02:03``.
+CLOCK = r"(?:\d+:)?\d+:\d{2}"
 _BAR = re.compile(
     r"(?:(?P<percent>\d{1,3})%\|[^|]*\|\s*)?"
     r"(?P<count>\d+)(?:/(?:\d+|\?))?(?:it)?\s+"
-    rf"\[{_CLOCK}(?:<(?:{_CLOCK}|\?))?(?:,\s*(?P<rest>[^\]]*))?\]\s*$"
+    rf"\[{CLOCK}(?:<(?:{CLOCK}|\?))?(?:,\s*(?P<rest>[^\]]*))?\]\s*$"
 )
 #: Postfix fields that are not metrics (Lightning's logger version number).
 _NOT_METRICS = frozenset({"v_num"})
