@@ -198,7 +198,7 @@ def _notify(target: str, url: str, arguments: dict[str, Any], timeout_s: float) 
     notifier = apprise.Apprise()
     notifier.add(plugin)
     capture = apprise.LogCapture(level=logging.WARNING, fmt="%(message)s")  # type: ignore[no-untyped-call]
-    with capture as captured, observe_responses() as answers:
+    with capture as captured, observe_responses(plugin) as answers:
         try:
             result = notifier.notify(**arguments)
         except Exception as exc:  # a plugin bug must fail this row, not the worker
