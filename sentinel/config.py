@@ -28,14 +28,14 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from sentinel import secrets
+from sentinel import resume, secrets
 from sentinel.detectors import DETECTORS, RuleConfig
 from sentinel.records import Severity
 from sentinel.sources.lines import BATCH_S, MAX_BATCH_S
 
 ENV_PREFIX = "SENTINEL_"
 #: Variables sentinel sets for the job it restarts; never config.
-RESTART_ENV = ("SENTINEL_RESUME_FROM", "SENTINEL_RESUME_STEP", "SENTINEL_RESTART")
+RESTART_ENV = resume.RESTART_ENV
 
 
 class ConfigError(Exception):
@@ -69,9 +69,12 @@ class JobConfig(_Model):
 
     name: str = ""
     #: Run instead of the original command after a rollback; ``{checkpoint}``
-    #: and ``{step}`` are substituted.
+    #: and ``{step}`` are filled in, each inside its own argument (sentinel.resume).
     resume_command: str | None = None
     max_restarts: int = Field(default=3, ge=0)
+    #: When no clean checkpoint is left to resume from: "give_up" (exit 90, say why) or
+    #: "scratch" (run the original command again, from step 0).
+    restart_without_checkpoint: Literal["give_up", "scratch"] = "give_up"
     #: Between SIGTERM and SIGKILL: long enough for the job to save and exit.
     grace_period_s: float = Field(default=30.0, ge=0)
     #: First wait before a restart; doubles with each restart up to the max.
@@ -90,6 +93,20 @@ class JobConfig(_Model):
     #: ``https://wandb.ai/acme/llm/runs/{env[WANDB_RUN_ID]}``; ``{job}``, ``{host}``,
     #: ``{run_id}`` (sentinel's) and ``{env[NAME]}`` are substituted.
     dashboard_url: str = ""
+
+    @field_validator("resume_command")
+    @classmethod
+    def _splits(cls, template: str | None) -> str | None:
+        if template is not None:
+            resume.parse_template(template)
+        return template
+
+    @property
+    def resume_argv(self) -> list[str] | None:
+        """The resume command's arguments, placeholders unfilled; None without one."""
+        if self.resume_command is None:
+            return None
+        return resume.parse_template(self.resume_command)
 
 
 class TrainingConfig(_Model):
@@ -377,6 +394,17 @@ def load_settings(
     if heartbeat is not None and urlsplit(heartbeat.get_secret_value()).scheme not in _HTTP:
         loc = ("notify", "heartbeat_url")
         raise ConfigError([_where(loc, layers) + ": must be an http:// or https:// URL"])
+    resume_argv = settings.job.resume_argv
+    if resume_argv and settings.checkpoints is None:
+        for placeholder in resume.PLACEHOLDERS:
+            if resume.names(resume_argv, placeholder):
+                raise ConfigError(
+                    [
+                        _where(("job", "resume_command"), layers)
+                        + f": names {{{placeholder}}} but no checkpoint dir is set"
+                        " (--checkpoints or `checkpoints` in the config)"
+                    ]
+                )
     register_secrets(settings)
     return settings
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -29,11 +31,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from sentinel import resume
 from sentinel.actions.heartbeat import Heartbeat
 from sentinel.actions.notify import Notifier, Outbox
 from sentinel.actions.rollback import apply_rollback, plan_rollback
 from sentinel.actions.terminate import TerminateResult, send_sigterm, terminate
-from sentinel.config import Settings
+from sentinel.config import ConfigError, Settings
 from sentinel.detectors import DETECTORS
 from sentinel.detectors.job_crash import describe_exit
 from sentinel.incidents import Incident
@@ -53,6 +56,10 @@ log = logging.getLogger(__name__)
 #: now rather than on a wake-up of its own (a quarter: at most 250 ms early at 1 s).
 TICK_EARLY_FRACTION = 0.25
 
+#: ``run`` gives up: the same failure again, restarts spent, or nothing clean to resume
+#: from. An orchestrator should not retry (DESIGN.md, verdicts).
+EXIT_GIVE_UP = 90
+
 
 class JobState(StrEnum):
     STARTING = "STARTING"
@@ -63,6 +70,14 @@ class JobState(StrEnum):
     FATAL = "FATAL"
 
 
+@dataclass(frozen=True)
+class _Resume:
+    """Where the next attempt starts: a clean checkpoint, or from scratch ("" and None)."""
+
+    checkpoint: str = ""
+    step: int | None = None
+
+
 @dataclass
 class _Stop:
     """A stop sentinel decided on: why, and whether a restart follows."""
@@ -70,6 +85,37 @@ class _Stop:
     incident: Incident | None
     restart: bool
     started_at: float = field(default_factory=time.time)
+
+
+def preflight(settings: Settings, command: list[str]) -> None:
+    """Refuse, before anything starts, what would otherwise fail only after a kill.
+
+    Raises ``ConfigError``: a resume command whose program cannot be found would be
+    discovered at the first restart, after the job was stopped; a checkpoint dir
+    sentinel cannot write would make the rollback fail at the same moment.
+    """
+    problems = []
+    template = settings.job.resume_argv
+    for what, argv in (("the job's command", command), ("job.resume_command", template)):
+        if argv and "{" not in argv[0] and not _runnable(argv[0]):
+            problems.append(f"{what}: {argv[0]} is not an executable on PATH")
+    directory = settings.checkpoints
+    if directory is not None and directory.exists() and not settings.dry_run:
+        if not directory.is_dir():
+            problems.append(f"checkpoints: {directory} is not a directory")
+        elif not os.access(directory, os.W_OK | os.X_OK):
+            problems.append(
+                f"checkpoints: {directory} is not writable, so a rollback could not set"
+                " checkpoints aside"
+            )
+    if problems:
+        raise ConfigError(problems)
+
+
+def _runnable(program: str) -> bool:
+    if os.sep in program:
+        return os.path.isfile(program) and os.access(program, os.X_OK)
+    return shutil.which(program) is not None
 
 
 class Supervisor:
@@ -95,12 +141,13 @@ class Supervisor:
         self._attempt = 0
         self._stop: _Stop | None = None
         self._restart_at: float | None = None
-        self._resume: tuple[str, int | None] = ("", None)
+        self._resume = _Resume()
         self._last_failure: tuple[str, int | None] | None = None
         self._shutdown_signals = 0
         self._finished = False
         self._store: StateStore | None = None
         self._log_tailer: LogTailer | None = None
+        self._signals: queue.SimpleQueue[int | None] | None = None
         #: When the loop last turned (monotonic), for the heartbeat's health check.
         self._loop_turned_at = time.monotonic()
         self._system = SystemSources(settings, self._put_system, on_reading=self._put_reading)
@@ -341,22 +388,24 @@ class Supervisor:
         job = self.settings.job
         failure = (incident.rule, incident.first.step)
         if failure == self._last_failure:
-            self._escalate(
+            self._give_up(
                 incident,
                 f"{incident.rule} recurred at the same step ({incident.first.step}) after a"
                 " restart: not restarting again",
             )
-            self._finish(status, JobState.FATAL, incident)
             return
         if self.restarts >= job.max_restarts:
             if job.max_restarts == 0:
                 incident.record(time.time(), "not restarting (max_restarts is 0)")
+                self._finish(status, JobState.FATAL, incident)
             else:
-                self._escalate(incident, f"gave up after {self.restarts} restart(s) (max_restarts)")
-            self._finish(status, JobState.FATAL, incident)
+                self._give_up(incident, f"gave up after {self.restarts} restart(s) (max_restarts)")
             return
         self._last_failure = failure
-        self._resume = self._rollback(incident)
+        resume_from = self._rollback(incident)
+        if resume_from is None:
+            return  # gave up: nothing clean to resume from, or the rollback failed
+        self._resume = resume_from
         backoff_s = min(job.restart_backoff_s * 2**self.restarts, job.restart_backoff_max_s)
         self.restarts += 1
         incident.record(
@@ -366,26 +415,59 @@ class Supervisor:
         self._set_state(JobState.BACKOFF)
         self._restart_at = time.monotonic() + backoff_s
 
-    def _rollback(self, incident: Incident) -> tuple[str, int | None]:
-        """Quarantine what came after onset; the checkpoint to resume from ("" for none)."""
+    def _rollback(self, incident: Incident) -> _Resume | None:
+        """Quarantine what came after onset; where to resume, or None when giving up.
+
+        With no clean checkpoint to resume from, ``[job] restart_without_checkpoint``
+        decides: give up (exit 90), or start from scratch, which then runs the original
+        command, never the resume command with an empty ``{checkpoint}``.
+        """
         directory = self.settings.checkpoints
         if directory is None:
-            incident.record(time.time(), "no checkpoint dir configured: restarting from scratch")
-            return "", None
+            return self._without_checkpoint(incident, "no checkpoint dir is configured")
         plan = plan_rollback(directory, incident.onset_step)
         label = f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}"
-        moved = apply_rollback(plan, directory, label=label)
+        try:
+            moved = apply_rollback(plan, directory, label=label)
+        except OSError as error:
+            # Resuming over checkpoints that could not be set aside would resume poison.
+            self._give_up(
+                incident, f"rollback failed, not restarting: cannot quarantine in {directory}: "
+                f"{error.strerror or error}",
+            )
+            return None
         names = ", ".join(f"{c.path.name} ({c.status})" for c in plan.quarantine)
-        if plan.restore is None:
-            text = "no clean checkpoint before onset: restarting from scratch"
-        else:
-            text = f"rolled back to {plan.restore.path.name}"
+        text = f"rolled back to {plan.restore.path.name}" if plan.restore else ""
         if moved:
             text += f"; quarantined {names} in {moved[0].parent}"
-        incident.record(time.time(), text)
+        if text:
+            incident.record(time.time(), text.removeprefix("; "))
         if plan.restore is None:
-            return "", None
-        return str(plan.restore.path.resolve()), plan.restore.step
+            onset = incident.onset_step
+            where = f"before step {onset}" if onset is not None else ""
+            return self._without_checkpoint(
+                incident, f"no clean checkpoint {where} in {directory}".replace("  ", " ")
+            )
+        return _Resume(str(plan.restore.path.resolve()), plan.restore.step)
+
+    def _without_checkpoint(self, incident: Incident, why: str) -> _Resume | None:
+        """Nothing clean to resume from: start over only where the user chose to."""
+        if self.settings.job.restart_without_checkpoint == "scratch":
+            incident.record(
+                time.time(), f"{why}: restarting from scratch (restart_without_checkpoint)"
+            )
+            return _Resume()
+        self._give_up(
+            incident,
+            f"{why}: giving up rather than training again from step 0"
+            " ([job] restart_without_checkpoint = \"give_up\")",
+        )
+        return None
+
+    def _give_up(self, incident: Incident, text: str) -> None:
+        """The final word on a failure: say why, everywhere, and exit 90."""
+        self._escalate(incident, text)
+        self._finish(EXIT_GIVE_UP, JobState.FATAL, incident)
 
     def _escalate(self, incident: Incident, text: str) -> None:
         log.error("%s", text)
@@ -437,15 +519,12 @@ class Supervisor:
         if self.settings.job.unbuffered:
             env.setdefault("PYTHONUNBUFFERED", "1")
         if self.restarts:
-            checkpoint, step = self._resume
-            env["SENTINEL_RESUME_FROM"] = checkpoint
-            env["SENTINEL_RESUME_STEP"] = "" if step is None else str(step)
-            env["SENTINEL_RESTART"] = str(self.restarts)
-            if self.settings.job.resume_command:
-                formatted = self.settings.job.resume_command.format(
-                    checkpoint=checkpoint, step="" if step is None else step
-                )
-                argv = shlex.split(formatted)
+            where = self._resume
+            env.update(resume.restart_env(where.checkpoint, where.step, self.restarts))
+            template = self.settings.job.resume_argv
+            if template is not None and where.checkpoint:
+                step = "" if where.step is None else str(where.step)
+                argv = resume.fill(template, {"checkpoint": where.checkpoint, "step": step})
         job = JobProcess(
             argv,
             env=env,
@@ -464,7 +543,7 @@ class Supervisor:
             return
         self._job = job
         self._system.set_job(job.identity)
-        resumed_at = self._resume[1] if self.restarts else None
+        resumed_at = self._resume.step if self.restarts else None
         self.watch.job_started(job.started_at, resumed_at or 0)
         self._set_state(JobState.STARTING)
         log.info("job started (attempt %d, pid %d): %s", attempt, job.pid, shlex.join(argv))
@@ -496,16 +575,30 @@ class Supervisor:
     # -- signals -----------------------------------------------------------------
 
     def _install_signal_handlers(self) -> dict[int, Any]:
+        """SIGINT and SIGTERM reach the loop through a reentrant queue and one forwarder.
+
+        The handler runs on the main thread between two bytecodes, possibly inside the
+        inbox's lock: it may only use ``SimpleQueue.put``, documented safe there. The
+        forwarder thread, started once, hands each signal on to the inbox.
+        """
         if threading.current_thread() is not threading.main_thread():
             return {}
+        signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._signals = signals
+
+        def forward() -> None:
+            while (signum := signals.get()) is not None:
+                self._events.put(("signal", signum))
+
+        threading.Thread(target=forward, name="signals", daemon=True).start()
 
         def handler(signum: int, _frame: object) -> None:
-            # Queue.put takes a lock the interrupted main thread may hold: hand it to a thread.
-            threading.Thread(target=self._events.put, args=(("signal", signum),)).start()
+            signals.put(signum)
 
         return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    @staticmethod
-    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    def _restore_signal_handlers(self, previous: dict[int, Any]) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if self._signals is not None:
+            self._signals.put(None)  # ends the forwarder
