@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+from urllib.parse import quote
 
 from sentinel.actions.report import clock, render_markdown
 from sentinel.cost import IncidentCost
@@ -206,7 +207,12 @@ def incident_notice(
 
 
 class _DashboardFields(string.Formatter):
-    """``str.format`` that knows ``{job}``, ``{host}``, ``{run_id}`` and ``{env[NAME]}`` only."""
+    """``str.format`` that knows ``{job}``, ``{host}``, ``{run_id}`` and ``{env[NAME]}`` only.
+
+    What it puts in is percent-encoded (``/``, ``?``, ``#`` and ``&`` too), so a run named
+    ``team/llama #2`` stays one path segment or query value of a link that works; the
+    template's own text is kept as written.
+    """
 
     def __init__(self, values: Mapping[str, str], environ: Mapping[str, str]) -> None:
         self._values = values
@@ -221,6 +227,9 @@ class _DashboardFields(string.Formatter):
         if match[1] not in self._environ:
             raise LookupError(f"environment variable {match[1]} is not set")
         return self._environ[match[1]], field_name
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return quote(super().format_field(value, format_spec), safe="")
 
 
 def format_dashboard_url(

@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import apprise
 import pytest
@@ -463,6 +463,35 @@ def test_dashboard_url_fills_its_fields(template: str, url: str) -> None:
         template, job="llama-ft", host="gpu-7", run_id="r-1", environ=ENVIRON
     )
     assert filled == url  # fmt: skip
+
+
+AWKWARD = {
+    "space": "llama ft 7b",
+    "slash": "team/llama",
+    "hash": "run#2",
+    "question": "why?",
+    "ampersand": "a&b=c",
+    "percent": "50%25off",
+    "non-ascii": "лама-微调-é",
+}
+
+
+@pytest.mark.parametrize("value", AWKWARD.values(), ids=AWKWARD.keys())
+def test_dashboard_url_encodes_what_it_fills_in(value: str) -> None:
+    filled = format_dashboard_url(
+        "https://dash.example.com/runs/{job}/{env[RUN]}?host={host}&id={run_id}#top",
+        job=value,
+        host=value,
+        run_id=value,
+        environ={"RUN": value},
+    )
+    # Only characters a URL may hold as they are (no space, nothing beyond ASCII).
+    assert filled == quote(filled, safe=":/?#[]@!$&'()*+,;=%")
+    parts = urlsplit(filled)
+    assert (parts.scheme, parts.netloc, parts.fragment) == ("https", "dash.example.com", "top")
+    assert [unquote(segment) for segment in parts.path.split("/")] == ["", "runs", value, value]
+    query = [pair.split("=") for pair in parts.query.split("&")]
+    assert [(name, unquote(encoded)) for name, encoded in query] == [("host", value), ("id", value)]
 
 
 @pytest.mark.parametrize(
