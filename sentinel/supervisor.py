@@ -21,7 +21,6 @@ import logging
 import os
 import queue
 import shlex
-import shutil
 import signal
 import sys
 import threading
@@ -31,16 +30,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from sentinel import resume
 from sentinel.actions.heartbeat import Heartbeat
 from sentinel.actions.notify import Notifier, Outbox
-from sentinel.actions.rollback import apply_rollback, plan_rollback
 from sentinel.actions.terminate import TerminateResult, send_sigterm, terminate
-from sentinel.config import ConfigError, Settings
+from sentinel.config import Settings
 from sentinel.detectors import DETECTORS
 from sentinel.detectors.job_crash import describe_exit
 from sentinel.incidents import Incident
 from sentinel.records import Alert, Sample, Severity
+from sentinel.restarts import EXIT_GIVE_UP, Restarts
 from sentinel.sources.inbox import Inbox
 from sentinel.sources.process import JobProcess, exit_status
 from sentinel.sources.system import SystemSources
@@ -56,10 +54,6 @@ log = logging.getLogger(__name__)
 #: now rather than on a wake-up of its own (a quarter: at most 250 ms early at 1 s).
 TICK_EARLY_FRACTION = 0.25
 
-#: ``run`` gives up: the same failure again, restarts spent, or nothing clean to resume
-#: from. An orchestrator should not retry (DESIGN.md, verdicts).
-EXIT_GIVE_UP = 90
-
 
 class JobState(StrEnum):
     STARTING = "STARTING"
@@ -70,14 +64,6 @@ class JobState(StrEnum):
     FATAL = "FATAL"
 
 
-@dataclass(frozen=True)
-class _Resume:
-    """Where the next attempt starts: a clean checkpoint, or from scratch ("" and None)."""
-
-    checkpoint: str = ""
-    step: int | None = None
-
-
 @dataclass
 class _Stop:
     """A stop sentinel decided on: why, and whether a restart follows."""
@@ -85,37 +71,6 @@ class _Stop:
     incident: Incident | None
     restart: bool
     started_at: float = field(default_factory=time.time)
-
-
-def preflight(settings: Settings, command: list[str]) -> None:
-    """Refuse, before anything starts, what would otherwise fail only after a kill.
-
-    Raises ``ConfigError``: a resume command whose program cannot be found would be
-    discovered at the first restart, after the job was stopped; a checkpoint dir
-    sentinel cannot write would make the rollback fail at the same moment.
-    """
-    problems = []
-    template = settings.job.resume_argv
-    for what, argv in (("the job's command", command), ("job.resume_command", template)):
-        if argv and "{" not in argv[0] and not _runnable(argv[0]):
-            problems.append(f"{what}: {argv[0]} is not an executable on PATH")
-    directory = settings.checkpoints
-    if directory is not None and directory.exists() and not settings.dry_run:
-        if not directory.is_dir():
-            problems.append(f"checkpoints: {directory} is not a directory")
-        elif not os.access(directory, os.W_OK | os.X_OK):
-            problems.append(
-                f"checkpoints: {directory} is not writable, so a rollback could not set"
-                " checkpoints aside"
-            )
-    if problems:
-        raise ConfigError(problems)
-
-
-def _runnable(program: str) -> bool:
-    if os.sep in program:
-        return os.path.isfile(program) and os.access(program, os.X_OK)
-    return shutil.which(program) is not None
 
 
 class Supervisor:
@@ -134,15 +89,13 @@ class Supervisor:
         self.stdout = stdout if stdout is not None else sys.stdout.buffer
         self.stderr = stderr if stderr is not None else sys.stderr.buffer
         self.state = JobState.STARTING
-        self.restarts = 0
         self.exit_code = 0
         self._events: Inbox[tuple[str, Any]] = Inbox()
         self._job: JobProcess | None = None
         self._attempt = 0
         self._stop: _Stop | None = None
         self._restart_at: float | None = None
-        self._resume = _Resume()
-        self._last_failure: tuple[str, int | None] | None = None
+        self._restarts = Restarts(settings.job, settings.checkpoints)
         self._shutdown_signals = 0
         self._finished = False
         self._store: StateStore | None = None
@@ -384,85 +337,24 @@ class Supervisor:
         assert incident is not None
         self._plan_restart(incident, status)
 
+    @property
+    def restarts(self) -> int:
+        """Restarts made so far."""
+        return self._restarts.count
+
     def _plan_restart(self, incident: Incident, status: int) -> None:
-        job = self.settings.job
-        failure = (incident.rule, incident.first.step)
-        if failure == self._last_failure:
-            self._give_up(
-                incident,
-                f"{incident.rule} recurred at the same step ({incident.first.step}) after a"
-                " restart: not restarting again",
-            )
+        decision = self._restarts.decide(incident)
+        for note in decision.notes:
+            incident.record(time.time(), note)
+        if decision.give_up is not None:
+            self._give_up(incident, decision.give_up)
             return
-        if self.restarts >= job.max_restarts:
-            if job.max_restarts == 0:
-                incident.record(time.time(), "not restarting (max_restarts is 0)")
-                self._finish(status, JobState.FATAL, incident)
-            else:
-                self._give_up(incident, f"gave up after {self.restarts} restart(s) (max_restarts)")
+        if decision.resume is None:
+            self._finish(status, JobState.FATAL, incident)
             return
-        self._last_failure = failure
-        resume_from = self._rollback(incident)
-        if resume_from is None:
-            return  # gave up: nothing clean to resume from, or the rollback failed
-        self._resume = resume_from
-        backoff_s = min(job.restart_backoff_s * 2**self.restarts, job.restart_backoff_max_s)
-        self.restarts += 1
-        incident.record(
-            time.time(), f"restarting ({self.restarts} of {job.max_restarts}) in {backoff_s:g} s"
-        )
         self.watch.update(incident, final=True)
         self._set_state(JobState.BACKOFF)
-        self._restart_at = time.monotonic() + backoff_s
-
-    def _rollback(self, incident: Incident) -> _Resume | None:
-        """Quarantine what came after onset; where to resume, or None when giving up.
-
-        With no clean checkpoint to resume from, ``[job] restart_without_checkpoint``
-        decides: give up (exit 90), or start from scratch, which then runs the original
-        command, never the resume command with an empty ``{checkpoint}``.
-        """
-        directory = self.settings.checkpoints
-        if directory is None:
-            return self._without_checkpoint(incident, "no checkpoint dir is configured")
-        plan = plan_rollback(directory, incident.onset_step)
-        label = f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}"
-        try:
-            moved = apply_rollback(plan, directory, label=label)
-        except OSError as error:
-            # Resuming over checkpoints that could not be set aside would resume poison.
-            self._give_up(
-                incident, f"rollback failed, not restarting: cannot quarantine in {directory}: "
-                f"{error.strerror or error}",
-            )
-            return None
-        names = ", ".join(f"{c.path.name} ({c.status})" for c in plan.quarantine)
-        text = f"rolled back to {plan.restore.path.name}" if plan.restore else ""
-        if moved:
-            text += f"; quarantined {names} in {moved[0].parent}"
-        if text:
-            incident.record(time.time(), text.removeprefix("; "))
-        if plan.restore is None:
-            onset = incident.onset_step
-            where = f"before step {onset}" if onset is not None else ""
-            return self._without_checkpoint(
-                incident, f"no clean checkpoint {where} in {directory}".replace("  ", " ")
-            )
-        return _Resume(str(plan.restore.path.resolve()), plan.restore.step)
-
-    def _without_checkpoint(self, incident: Incident, why: str) -> _Resume | None:
-        """Nothing clean to resume from: start over only where the user chose to."""
-        if self.settings.job.restart_without_checkpoint == "scratch":
-            incident.record(
-                time.time(), f"{why}: restarting from scratch (restart_without_checkpoint)"
-            )
-            return _Resume()
-        self._give_up(
-            incident,
-            f"{why}: giving up rather than training again from step 0"
-            " ([job] restart_without_checkpoint = \"give_up\")",
-        )
-        return None
+        self._restart_at = time.monotonic() + decision.backoff_s
 
     def _give_up(self, incident: Incident, text: str) -> None:
         """The final word on a failure: say why, everywhere, and exit 90."""
@@ -515,16 +407,10 @@ class Supervisor:
         self._attempt += 1
         attempt = self._attempt
         env = dict(os.environ)
-        argv = self.command
         if self.settings.job.unbuffered:
             env.setdefault("PYTHONUNBUFFERED", "1")
-        if self.restarts:
-            where = self._resume
-            env.update(resume.restart_env(where.checkpoint, where.step, self.restarts))
-            template = self.settings.job.resume_argv
-            if template is not None and where.checkpoint:
-                step = "" if where.step is None else str(where.step)
-                argv = resume.fill(template, {"checkpoint": where.checkpoint, "step": step})
+        argv, restart_env = self._restarts.argv_and_env(self.command)
+        env.update(restart_env)
         job = JobProcess(
             argv,
             env=env,
@@ -543,7 +429,7 @@ class Supervisor:
             return
         self._job = job
         self._system.set_job(job.identity)
-        resumed_at = self._resume.step if self.restarts else None
+        resumed_at = self._restarts.resume.step if self.restarts else None
         self.watch.job_started(job.started_at, resumed_at or 0)
         self._set_state(JobState.STARTING)
         log.info("job started (attempt %d, pid %d): %s", attempt, job.pid, shlex.join(argv))

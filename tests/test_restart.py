@@ -12,7 +12,7 @@ import pytest
 
 from sentinel import resume
 from sentinel.config import ConfigError, load_settings
-from sentinel.supervisor import EXIT_GIVE_UP, preflight
+from sentinel.restarts import EXIT_GIVE_UP, preflight
 from tests.test_run import _alerts, _records, sentinel
 
 # --- the template, at load -------------------------------------------------------------

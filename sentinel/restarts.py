@@ -1,0 +1,172 @@
+"""After sentinel stopped a job: restart it from a clean checkpoint, or give up and say why.
+
+The decision is made in one place, data in and a decision out, so that the loop
+only carries it out. It gives up (exit 90, DESIGN.md) on the same failure at the
+same step twice, when restarts are spent, when nothing clean is left to resume
+from (unless ``[job] restart_without_checkpoint = "scratch"``), and when the
+rollback could not set the poisoned checkpoints aside: resuming over them would
+resume the poison.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sentinel import resume
+from sentinel.actions.rollback import apply_rollback, plan_rollback
+from sentinel.config import ConfigError, JobConfig, Settings
+from sentinel.incidents import Incident
+
+#: ``run`` gives up: the same failure again, restarts spent, or nothing clean to resume
+#: from. An orchestrator should not retry (DESIGN.md, verdicts).
+EXIT_GIVE_UP = 90
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where the next attempt starts: a clean checkpoint, or from scratch ("" and None)."""
+
+    checkpoint: str = ""
+    step: int | None = None
+
+
+@dataclass
+class Decision:
+    """What to do with a job sentinel stopped: restart it, stop for good, or give up."""
+
+    #: Where to restart from; None: no restart.
+    resume: Resume | None = None
+    #: Why sentinel gives up (exit 90); None when it restarts or simply stops.
+    give_up: str | None = None
+    backoff_s: float = 0.0
+    #: What was done on the way, for the incident's timeline.
+    notes: list[str] = field(default_factory=list)
+
+
+class Restarts:
+    """Counts restarts and decides each one (Supervisor's BACKOFF, with a cap)."""
+
+    def __init__(self, job: JobConfig, checkpoints: Path | None) -> None:
+        self.job = job
+        self.checkpoints = checkpoints
+        self.count = 0
+        self._last_failure: tuple[str, int | None] | None = None
+        #: Where the latest restart resumes from.
+        self.resume = Resume()
+
+    def decide(self, incident: Incident) -> Decision:
+        """Roll back and plan the restart after ``incident`` stopped the job."""
+        job = self.job
+        failure = (incident.rule, incident.first.step)
+        if failure == self._last_failure:
+            return Decision(
+                give_up=f"{incident.rule} recurred at the same step ({incident.first.step})"
+                " after a restart: not restarting again"
+            )
+        if self.count >= job.max_restarts:
+            if job.max_restarts == 0:
+                return Decision(notes=["not restarting (max_restarts is 0)"])
+            return Decision(give_up=f"gave up after {self.count} restart(s) (max_restarts)")
+        self._last_failure = failure
+        decision = self._rollback(incident)
+        if decision.resume is None:
+            return decision
+        self.resume = decision.resume
+        decision.backoff_s = min(
+            job.restart_backoff_s * 2**self.count, job.restart_backoff_max_s
+        )
+        self.count += 1
+        decision.notes.append(
+            f"restarting ({self.count} of {job.max_restarts}) in {decision.backoff_s:g} s"
+        )
+        return decision
+
+    def argv_and_env(self, command: list[str]) -> tuple[list[str], dict[str, str]]:
+        """The command and extra environment of the next attempt (the restart protocol).
+
+        The resume command runs only with a checkpoint to fill in; a restart from
+        scratch runs the original command: ``{checkpoint}`` is never filled with "".
+        """
+        if not self.count:
+            return command, {}
+        where = self.resume
+        env = resume.restart_env(where.checkpoint, where.step, self.count)
+        template = self.job.resume_argv
+        if template is None or not where.checkpoint:
+            return command, env
+        step = "" if where.step is None else str(where.step)
+        return resume.fill(template, {"checkpoint": where.checkpoint, "step": step}), env
+
+    def _rollback(self, incident: Incident) -> Decision:
+        """Quarantine what came after the onset; resume from the last clean checkpoint."""
+        directory = self.checkpoints
+        if directory is None:
+            return self._without_checkpoint([], "no checkpoint dir is configured")
+        plan = plan_rollback(directory, incident.onset_step)
+        label = f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}"
+        try:
+            moved = apply_rollback(plan, directory, label=label)
+        except OSError as error:
+            return Decision(
+                give_up=f"rollback failed, not restarting: cannot quarantine in {directory}:"
+                f" {error.strerror or error}"
+            )
+        notes = []
+        text = f"rolled back to {plan.restore.path.name}" if plan.restore else ""
+        if moved:
+            names = ", ".join(f"{c.path.name} ({c.status})" for c in plan.quarantine)
+            text += f"; quarantined {names} in {moved[0].parent}"
+        if text:
+            notes.append(text.removeprefix("; "))
+        if plan.restore is None:
+            onset = incident.onset_step
+            before = f" before step {onset}" if onset is not None else ""
+            return self._without_checkpoint(notes, f"no clean checkpoint{before} in {directory}")
+        restore = Resume(str(plan.restore.path.resolve()), plan.restore.step)
+        return Decision(resume=restore, notes=notes)
+
+    def _without_checkpoint(self, notes: list[str], why: str) -> Decision:
+        """Nothing clean to resume from: start over only where the user chose to."""
+        if self.job.restart_without_checkpoint == "scratch":
+            notes.append(f"{why}: restarting from scratch (restart_without_checkpoint)")
+            return Decision(resume=Resume(), notes=notes)
+        return Decision(
+            give_up=f"{why}: giving up rather than training again from step 0"
+            ' ([job] restart_without_checkpoint = "give_up")',
+            notes=notes,
+        )
+
+
+def preflight(settings: Settings, command: list[str]) -> None:
+    """Refuse, before anything starts, what would otherwise fail only after a kill.
+
+    Raises ``ConfigError``: a resume command whose program cannot be found would be
+    discovered at the first restart, after the job was stopped; a checkpoint dir
+    sentinel cannot write would make the rollback fail at the same moment.
+    """
+    problems = []
+    template = settings.job.resume_argv
+    for what, argv in (("the job's command", command), ("job.resume_command", template)):
+        if argv and "{" not in argv[0] and not _runnable(argv[0]):
+            problems.append(f"{what}: {argv[0]} is not an executable on PATH")
+    directory = settings.checkpoints
+    if directory is not None and directory.exists() and not settings.dry_run:
+        if not directory.is_dir():
+            problems.append(f"checkpoints: {directory} is not a directory")
+        elif not os.access(directory, os.W_OK | os.X_OK):
+            problems.append(
+                f"checkpoints: {directory} is not writable, so a rollback could not set"
+                " checkpoints aside"
+            )
+    if problems:
+        raise ConfigError(problems)
+
+
+def _runnable(program: str) -> bool:
+    if os.sep in program:
+        return os.path.isfile(program) and os.access(program, os.X_OK)
+    return shutil.which(program) is not None
