@@ -1,0 +1,72 @@
+"""Copy a file as cheaply as the filesystem allows: a reflink, a hard link, else bytes.
+
+Only ever reads the source and creates the destination (which must not exist):
+the job's own file is never opened for writing.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import shutil
+from enum import StrEnum
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: ioctl(dest_fd, FICLONE, src_fd): share the source's extents, copy on write (Linux).
+FICLONE = 0x40049409
+#: What an ioctl or link says when the filesystem (or the pair of them) cannot.
+_CANNOT = frozenset(
+    {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS}
+)
+_CANNOT_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
+class Method(StrEnum):
+    """How a version was kept."""
+
+    REFLINK = "reflink"
+    LINK = "link"
+    COPY = "copy"
+
+
+def clone(source: Path, destination: Path, *, reflink: bool = True) -> Method:
+    """Copy ``source`` to the new file ``destination``: a reflink where it can, else bytes."""
+    if reflink:
+        try:
+            _reflink(source, destination)
+            return Method.REFLINK
+        except OSError as error:
+            if error.errno not in _CANNOT:
+                raise
+            log.debug("no reflink for %s (%s): copying", source, os.strerror(error.errno or 0))
+    if os.path.lexists(destination):
+        raise FileExistsError(errno.EEXIST, "copy destination exists", str(destination))
+    shutil.copyfile(source, destination)
+    return Method.COPY
+
+
+def link_or_clone(source: Path, destination: Path) -> Method:
+    """Hard-link ``source`` at ``destination``; copy where the filesystem cannot link."""
+    try:
+        os.link(source, destination)
+        return Method.LINK
+    except OSError as error:
+        if error.errno not in _CANNOT_LINK:
+            raise
+    return clone(source, destination, reflink=False)
+
+
+def _reflink(source: Path, destination: Path) -> None:
+    with open(source, "rb") as src:
+        fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fcntl.ioctl(fd, FICLONE, src.fileno())
+        except OSError:
+            os.close(fd)
+            os.unlink(destination)  # the empty file just created here, nothing else
+            raise
+        os.close(fd)

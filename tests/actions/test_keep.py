@@ -1,0 +1,231 @@
+"""The keeper: clean versions of a checkpoint file the job overwrites, kept from real files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sentinel.actions.keep import KEPT_DIR, SIDECAR, Keeper, is_overwritten_file, kept_versions
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "keep"
+#: An mtime well in the past, so each version's own is distinct and exact.
+T0_NS = 1_700_000_000 * 10**9
+
+
+def version_bytes(step: int) -> bytes:
+    """ckpt.pt as torch.save wrote it at ``step`` (tests/fixtures/make_keep_checkpoints.py)."""
+    return (FIXTURES / f"ckpt_v{step}.pt").read_bytes()
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def rewrite_in_place(path: Path, step: int) -> None:
+    """Save as torch.save(obj, path) does: truncate and write the same inode."""
+    with open(path, "r+b" if path.exists() else "wb") as handle:
+        handle.truncate(0)
+        handle.write(version_bytes(step))
+    os.utime(path, ns=(T0_NS + step, T0_NS + step))
+
+
+def replace_by_rename(path: Path, step: int) -> None:
+    """Save as an atomic writer does: a temp file, then rename over the old one."""
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_bytes(version_bytes(step))
+    os.utime(temp, ns=(T0_NS + step, T0_NS + step))
+    os.replace(temp, path)
+
+
+def settle(keeper: Keeper, now: float) -> float:
+    """Two looks, the settle time apart, then wait for the worker; the next free time."""
+    keeper.poll(now)
+    keeper.poll(now + keeper.settle_s)
+    assert keeper.flush(timeout_s=10)
+    return now + keeper.settle_s + 1
+
+
+@pytest.fixture
+def keeper(tmp_path: Path) -> Iterator[Keeper]:
+    made = Keeper(tmp_path)
+    yield made
+    made.close(timeout_s=10)
+
+
+def test_rewritten_in_place_is_kept_as_a_copy_that_survives_the_rewrite(
+    tmp_path: Path, keeper: Keeper
+) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    rewrite_in_place(ckpt, 20)
+    now = settle(keeper, 0.0)
+    rewrite_in_place(ckpt, 40)
+    settle(keeper, now)
+
+    first, second = keeper.versions(ckpt)
+    assert (first.number, first.method, second.method) == (1, "copy", "copy")
+    assert digest(first.path.read_bytes()) == digest(version_bytes(20))
+    assert digest(second.path.read_bytes()) == digest(version_bytes(40))
+    assert first.path.stat().st_ino != ckpt.stat().st_ino
+    assert (first.mtime_ns, first.path.stat().st_mtime_ns) == (T0_NS + 20, T0_NS + 20)
+    assert first.intact() and second.intact()
+    sidecar = json.loads((first.path.parent / SIDECAR).read_text())
+    assert sidecar["original"] == str(ckpt)
+    assert (sidecar["size"], sidecar["method"]) == (len(version_bytes(20)), "copy")
+    assert first.path == tmp_path / KEPT_DIR / "ckpt.pt" / "000001" / "ckpt.pt"
+
+
+def test_replaced_by_rename_is_kept_by_hard_link(tmp_path: Path, keeper: Keeper) -> None:
+    ckpt = tmp_path / "last.pt"
+    replace_by_rename(ckpt, 20)
+    now = settle(keeper, 0.0)
+    replace_by_rename(ckpt, 40)
+    now = settle(keeper, now)
+    replace_by_rename(ckpt, 60)
+    settle(keeper, now)
+
+    versions = keeper.versions(ckpt)
+    # The first version: the job's habit is not known yet, so a copy.
+    assert [v.method for v in versions] == ["link", "link"]
+    v40, v60 = versions
+    assert v60.path.stat().st_ino == ckpt.stat().st_ino
+    assert v40.path.stat().st_nlink == 1  # the job's name for it is gone: only ours holds it
+    assert digest(v40.path.read_bytes()) == digest(version_bytes(40))
+    assert v40.intact() and v60.intact()
+
+
+def test_only_the_last_versions_are_kept(tmp_path: Path) -> None:
+    keeper = Keeper(tmp_path, versions=2)
+    ckpt = tmp_path / "ckpt.pt"
+    now = 0.0
+    for step in (20, 40, 60):
+        rewrite_in_place(ckpt, step)
+        now = settle(keeper, now)
+    keeper.close()
+    assert [(v.number, v.mtime_ns) for v in kept_versions(tmp_path, "ckpt.pt")] == [
+        (2, T0_NS + 40),
+        (3, T0_NS + 60),
+    ]
+    assert sorted(os.listdir(tmp_path / KEPT_DIR / "ckpt.pt")) == ["000002", "000003"]
+
+
+def test_a_write_in_progress_is_never_kept(tmp_path: Path, keeper: Keeper) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    data = version_bytes(20)
+    with open(ckpt, "wb") as handle:
+        for now, end in enumerate(range(500, len(data), 500)):
+            handle.write(data[end - 500 : end])
+            handle.flush()
+            keeper.poll(float(now * 5))  # a look whenever the file has grown
+        assert keeper.flush(timeout_s=10)
+        assert keeper.versions(ckpt) == []
+        # The write stalls half done: settled, yet no torch archive to parse.
+        keeper.poll(100.0)
+        keeper.poll(200.0)
+        assert keeper.flush(timeout_s=10)
+        assert keeper.versions(ckpt) == []
+        handle.write(data[handle.tell() :])
+    settle(keeper, 300.0)
+    assert [digest(v.path.read_bytes()) for v in keeper.versions(ckpt)] == [digest(data)]
+
+
+def test_a_version_not_settled_long_enough_waits(tmp_path: Path, keeper: Keeper) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    rewrite_in_place(ckpt, 20)
+    keeper.poll(0.0)
+    keeper.poll(keeper.settle_s / 2)
+    assert keeper.flush(timeout_s=10)
+    assert keeper.versions(ckpt) == []
+    keeper.poll(keeper.settle_s)
+    assert keeper.flush(timeout_s=10)
+    assert len(keeper.versions(ckpt)) == 1
+
+
+def test_over_the_cap_is_not_kept_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    keeper = Keeper(tmp_path, max_bytes=1000)
+    ckpt = tmp_path / "ckpt.pt"
+    rewrite_in_place(ckpt, 20)
+    with caplog.at_level(logging.WARNING, logger="sentinel.actions.keep"):
+        settle(keeper, 0.0)
+    assert keeper.versions(ckpt) == []
+    assert not (tmp_path / KEPT_DIR).exists()
+    assert "max_bytes" in caplog.text and "ckpt.pt" in caplog.text
+
+
+def test_a_version_equal_to_a_kept_one_is_not_kept_again(tmp_path: Path, keeper: Keeper) -> None:
+    """After a rollback puts a kept version back, the file is that version again."""
+    ckpt = tmp_path / "ckpt.pt"
+    rewrite_in_place(ckpt, 20)
+    now = settle(keeper, 0.0)
+    ckpt.unlink()
+    rewrite_in_place(ckpt, 20)  # a new inode, the same size and mtime
+    settle(keeper, now)
+    assert len(keeper.versions(ckpt)) == 1
+
+
+def test_a_kept_link_the_job_rewrites_in_place_is_no_longer_intact(
+    tmp_path: Path, keeper: Keeper
+) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    replace_by_rename(ckpt, 20)
+    now = settle(keeper, 0.0)
+    replace_by_rename(ckpt, 40)
+    settle(keeper, now)
+    linked = keeper.versions(ckpt)[-1]
+    assert linked.method == "link"
+    rewrite_in_place(ckpt, 60)  # the job changed its habit: our link's inode is rewritten
+    assert not linked.intact()
+
+
+@pytest.mark.parametrize(
+    ("name", "tracked"),
+    [
+        ("ckpt.pt", True),
+        ("last.pt", True),
+        ("model.safetensors", True),
+        ("last.ckpt", True),
+        ("checkpoint-40.pt", False),
+        (".ckpt.pt.tmp", False),
+        (".hidden.pt", False),
+        ("notes.txt", False),
+        ("quarantine", False),
+    ],
+)
+def test_which_files_are_tracked(name: str, tracked: bool) -> None:
+    assert is_overwritten_file(name) is tracked
+
+
+def test_step_named_and_hidden_files_are_left_alone(tmp_path: Path, keeper: Keeper) -> None:
+    (tmp_path / "model-40.pt").write_bytes(version_bytes(40))
+    (tmp_path / ".ckpt.pt").write_bytes(version_bytes(40))
+    settle(keeper, 0.0)
+    assert kept_versions(tmp_path) == []
+    assert not (tmp_path / KEPT_DIR).exists()
+
+
+def test_polling_a_missing_directory_does_nothing(tmp_path: Path) -> None:
+    keeper = Keeper(tmp_path / "not-yet")
+    keeper.poll(0.0)
+    keeper.poll(10.0)
+    assert keeper.flush(timeout_s=1)
+    assert not (tmp_path / "not-yet").exists()
+    assert kept_versions(tmp_path / "not-yet") == []
+
+
+def test_a_sidecar_that_does_not_parse_is_skipped(
+    tmp_path: Path, keeper: Keeper, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    rewrite_in_place(ckpt, 20)
+    settle(keeper, 0.0)
+    (keeper.versions(ckpt)[0].path.parent / SIDECAR).write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="sentinel.actions.keep"):
+        assert kept_versions(tmp_path) == []
+    assert "unreadable sidecar" in caplog.text
