@@ -190,6 +190,7 @@ def test_weights_file_integrity(
         assert checkpoint.reason.startswith(name + ": ")
 
 
+@pytest.mark.slow
 def test_real_torch_save_is_clean(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch", reason="torch not installed")
     torch.save({"w": torch.zeros(4)}, tmp_path / "model-7.pt")

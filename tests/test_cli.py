@@ -21,6 +21,7 @@ def sentinel(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_notify_test_reports_each_target_and_fails_if_one_did() -> None:
     with WebhookReceiver() as live:
         dead = WebhookReceiver(listening=False)
@@ -33,6 +34,7 @@ def test_notify_test_reports_each_target_and_fails_if_one_did() -> None:
     assert "notify_test" in request.json["message"]
 
 
+@pytest.mark.slow
 def test_notify_test_reaches_named_targets_and_exits_0_when_all_did(tmp_path: Path) -> None:
     with WebhookReceiver() as slack, WebhookReceiver() as pager:
         config = tmp_path / "sentinel.toml"
@@ -58,6 +60,7 @@ def _safetensors(path: Path, *, truncated: bool = False) -> None:
     path.write_bytes(data)
 
 
+@pytest.mark.slow
 def test_checkpoints_lists_statuses_and_the_last_clean_one(tmp_path: Path) -> None:
     for step, truncated in ((100, False), (200, False), (300, True)):
         ckpt = tmp_path / f"checkpoint-{step}"
@@ -103,6 +106,7 @@ def test_demo_diverges_rolls_back_restarts_and_finishes(tmp_path: Path) -> None:
     assert "resumed from" in result.stderr and "checkpoint-30 at step 30" in result.stderr
 
 
+@pytest.mark.slow
 def test_run_never_prints_a_target_token_even_with_debug_logging(tmp_path: Path) -> None:
     """A dead webhook's failures are logged by sentinel, apprise and urllib3: all masked."""
     token, query_token = "tok3n-Zq81xWv", "qu3ry-Pk22"

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.util import tensor_util
 
@@ -66,6 +67,7 @@ def only_event_file(folder: Path) -> Path:
     return files[0]
 
 
+@pytest.mark.slow
 def test_regenerated_tb_events_match_the_committed_fixture(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(GENERATOR), str(tmp_path)],

@@ -1,4 +1,7 @@
-"""The code passes the project's linters: ruff and strict mypy, as part of the test run."""
+"""The code passes the project's linters: ruff and strict mypy, as part of the full test run.
+
+Marked slow: ``pytest -m "not slow"`` (the fast loop) leaves them to the full run and CI.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 

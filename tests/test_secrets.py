@@ -306,6 +306,7 @@ def test_journal_masks_a_secret_quoted_in_an_alert(tmp_path: Path, token: str) -
     assert json.loads(line)["message"].endswith(".../****")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "raising",
     [

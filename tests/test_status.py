@@ -107,6 +107,7 @@ def test_cli_without_state_is_a_usage_error(tmp_path: Path) -> None:
     assert not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.slow
 def test_status_after_a_run_shows_each_targets_last_delivery(tmp_path: Path) -> None:
     state = tmp_path / "state"
     nan = "import json; print(json.dumps({'step': 1, 'loss': float('nan')}))"
@@ -134,6 +135,7 @@ def test_status_after_a_run_shows_each_targets_last_delivery(tmp_path: Path) -> 
     assert status["job"]["updated_at"] is not None
 
 
+@pytest.mark.slow
 def test_heartbeat_pings_while_a_run_is_healthy_and_status_shows_it(tmp_path: Path) -> None:
     """A real run with a heartbeat URL pings it at start and every interval; status shows it."""
     state = tmp_path / "state"

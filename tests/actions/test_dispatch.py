@@ -284,6 +284,7 @@ def test_watch_groups_what_sentinel_did_with_the_opening(
 STORM_RULES = ["nan_inf", "stall", "loss_spike", "throughput_drop", "gpu_idle", "job_crash"]
 
 
+@pytest.mark.slow
 def test_storm_of_1000_alerts_is_rate_limited_into_a_digest_and_fully_journaled(
     tmp_path: Path, watches: list[Watch]
 ) -> None:

@@ -326,6 +326,7 @@ def send_one(store: StateStore, hook: WebhookReceiver, **options: float) -> Outb
     return outbox
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [429, 503], ids=["429", "503"])
 def test_retry_after_seconds_delays_the_next_attempt(
     store: StateStore, hook: WebhookReceiver, status: int
@@ -339,6 +340,7 @@ def test_retry_after_seconds_delays_the_next_attempt(
     assert outbox.pending_count() == 0
 
 
+@pytest.mark.slow
 def test_retry_after_http_date_delays_the_next_attempt(
     store: StateStore, hook: WebhookReceiver
 ) -> None:

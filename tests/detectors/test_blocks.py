@@ -34,8 +34,15 @@ def _every_rule() -> Sequence[BaseDetector]:
     return build_detectors(Settings())
 
 
+#: Seed 1 runs in the fast loop; seed 2 only in the full run (``-m slow`` or no ``-m``).
 CASES = [
-    pytest.param(rule, seed, stamps, id=f"{rule}-seed{seed}-{'stamped' if stamps else 'bare'}")
+    pytest.param(
+        rule,
+        seed,
+        stamps,
+        id=f"{rule}-seed{seed}-{'stamped' if stamps else 'bare'}",
+        marks=pytest.mark.slow if seed > 1 else (),
+    )
     for rule in BLOCK_RULES
     for seed in (1, 2)
     for stamps in (True, False)
@@ -59,7 +66,14 @@ def test_the_troubled_log_makes_nan_inf_raise_and_resolve() -> None:
     assert [alert[9] for alert in alerts[:2]] == [False, True]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3], ids=lambda seed: f"seed{seed}")
+@pytest.mark.parametrize(
+    "seed",
+    [
+        pytest.param(1, id="seed1"),
+        pytest.param(2, id="seed2", marks=pytest.mark.slow),
+        pytest.param(3, id="seed3", marks=pytest.mark.slow),
+    ],
+)
 def test_every_rule_together_says_the_same_with_blocks(seed: int) -> None:
     texts = troubled_jsonl(seed)
     line_by_line = run(_every_rule, texts, blocks=False)

@@ -70,13 +70,25 @@ def _compare(
     return blocks.lines_absorbed
 
 
+#: The cases of the fast loop (about a second each); the others run in the full run only.
+FAST_CASES = {"seed1-every1-lsNone-5.x", "seed1-every5-ls5-4.x"}
+
+
 @pytest.mark.parametrize(
     ("seed", "every", "logging_steps", "strings"),
     [
-        pytest.param(seed, every, steps, strings, id=f"seed{seed}-every{every}-ls{steps}-{kind}")
+        pytest.param(
+            seed,
+            every,
+            steps,
+            strings,
+            id=case,
+            marks=() if case in FAST_CASES else pytest.mark.slow,
+        )
         for seed in (1, 2)
         for every, steps in LOGGING
         for strings, kind in ((True, "5.x"), (False, "4.x"))
+        for case in [f"seed{seed}-every{every}-ls{steps}-{kind}"]
     ],
 )
 def test_every_rule_together_says_the_same_with_blocks(
@@ -87,6 +99,7 @@ def test_every_rule_together_says_the_same_with_blocks(
     assert absorbed > len(texts) // 2
 
 
+@pytest.mark.slow  # about a second a rule; the fast loop has every rule together
 @pytest.mark.parametrize("rule", BLOCK_RULES)
 def test_a_rule_alone_says_the_same_with_blocks(rule: str) -> None:
     texts = troubled_hf(3)

@@ -405,7 +405,13 @@ def _random_lines(rng: random.Random) -> list[tuple[str, bool]]:
     return [(text, any(line in text for line in odd)) for text in _split(output)]
 
 
-@pytest.mark.parametrize("seed", range(6), ids=lambda seed: f"seed-{seed}")
+@pytest.mark.parametrize(
+    "seed",
+    [
+        pytest.param(seed, id=f"seed-{seed}", marks=pytest.mark.slow if seed >= 2 else ())
+        for seed in range(6)
+    ],
+)
 def test_random_batches_read_as_line_by_line(seed: int) -> None:
     rng = random.Random(seed)
     batches, accepted, rows, odd_batches = 30, 0, 0, 0

@@ -125,6 +125,7 @@ def test_output_is_passed_through_byte_for_byte_and_split_into_lines(tmp_path: P
     assert running.lines("stderr") == ["Traceback (most recent call last):", "ValueError: bad"]
 
 
+@pytest.mark.slow
 def test_lines_that_come_while_the_pump_gathers_are_handed_on_together(tmp_path: Path) -> None:
     code = """
         print("first")
@@ -146,6 +147,7 @@ def test_lines_that_come_while_the_pump_gathers_are_handed_on_together(tmp_path:
     assert running.batches()[1:] in ([lines], [lines[:1], lines[1:]])
 
 
+@pytest.mark.slow
 def test_lines_held_while_gathering_are_handed_on_once_the_output_goes_quiet(
     tmp_path: Path,
 ) -> None:
@@ -169,6 +171,7 @@ def test_lines_held_while_gathering_are_handed_on_once_the_output_goes_quiet(
     assert running.batches()[-1] == ["nan"]
 
 
+@pytest.mark.slow
 def test_a_pipe_closed_while_the_pump_gathers_gives_its_last_lines_then_the_exit(
     tmp_path: Path,
 ) -> None:

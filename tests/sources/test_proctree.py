@@ -131,6 +131,7 @@ def test_cpu_percent_of_the_tree(code: str, in_range: Callable[[float], bool]) -
         assert all(in_range(cpu) for cpu in readings), readings
 
 
+@pytest.mark.slow
 def test_cpu_of_children_that_exit_between_readings_is_counted_once() -> None:
     # Short-lived busy grandchildren, one after another, each reaped by the child: their
     # time moves to the child's children times, and must be neither lost nor counted twice.

@@ -300,6 +300,7 @@ def gathering_tailer(log: Path, mode: str, received: Batches) -> LogTailer:
     )
 
 
+@pytest.mark.slow
 def test_lines_written_while_the_tailer_gathers_come_in_one_batch(
     tmp_path: Path, mode: str
 ) -> None:
@@ -320,6 +321,7 @@ def test_lines_written_while_the_tailer_gathers_come_in_one_batch(
     assert received.batches[1:] in ([["a", "b", "c"]], [["a"], ["b", "c"]])
 
 
+@pytest.mark.slow
 def test_lines_held_while_gathering_are_handed_on_once_the_output_goes_quiet(
     tmp_path: Path, mode: str
 ) -> None:
