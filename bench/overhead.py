@@ -22,7 +22,7 @@ own figures alone and watched (so a slowdown of the job would show).
 
 ``--no-gpu``, ``--no-process`` and ``--no-rules`` turn the GPU source, the process
 source or every rule off in sentinel's config, for a breakdown of where its CPU goes;
-``--output-batch-s S`` sets ``[job] output_batch_s`` (how long sentinel gathers the
+``--output-batch-s S`` sets ``[tail] batch_s`` (how long sentinel gathers the
 job's output; its default otherwise), for the cost of a shorter or longer window.
 
 Targets (issue 4): under 1% of one core and under 60 MB RSS, flat over time.
@@ -168,7 +168,7 @@ def config_text(
 
     text = CONFIG.format(state_dir=state_dir)
     if output_batch_s is not None:
-        text += f"\n[job]\noutput_batch_s = {output_batch_s}\n"
+        text += f"\n[tail]\nbatch_s = {output_batch_s}\n"
     if not gpu:
         text = text.replace("[gpu]\ninterval_s = 1.0\n", "[gpu]\nenabled = false\n")
     if not process:
@@ -245,7 +245,7 @@ def main() -> int:
         "--output-batch-s",
         type=float,
         default=None,
-        help="sentinel's [job] output_batch_s (default: sentinel's own default)",
+        help="sentinel's [tail] batch_s (default: sentinel's own default)",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sentinel-overhead-") as tmp:
@@ -263,7 +263,7 @@ def main() -> int:
     if off:
         print(f"turned off in sentinel: {', '.join(off)}")
     if args.output_batch_s is not None:
-        print(f"sentinel's [job] output_batch_s = {args.output_batch_s:g}")
+        print(f"sentinel's [tail] batch_s = {args.output_batch_s:g}")
     return 0
 
 

@@ -9,6 +9,7 @@ anything starts, and every error names the key and where its value came from.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import tomllib
@@ -18,7 +19,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic import create_model as _create_model
 from pydantic_settings import (
     BaseSettings,
@@ -29,9 +38,12 @@ from pydantic_settings import (
 )
 
 from sentinel import resume, secrets
+from sentinel.config_renames import REMOVED_IN, Rename, move_old_keys
 from sentinel.detectors import DETECTORS, RuleConfig
 from sentinel.records import Severity
 from sentinel.sources.lines import BATCH_S, MAX_BATCH_S
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "SENTINEL_"
 #: Variables sentinel sets for the job it restarts; never config.
@@ -84,11 +96,6 @@ class JobConfig(_Model):
     min_uptime_s: float = Field(default=10.0, ge=0)
     #: Set PYTHONUNBUFFERED=1 for the job, so its printed metrics arrive as written.
     unbuffered: bool = True
-    #: After reading the job's output, let more gather this long before reading again: a
-    #: chatty job then costs a wake-up per window, not per line. The first line after a
-    #: quiet spell (no output for this long) is read at once; a line inside a busy stream
-    #: (a NaN among a hundred lines a second) waits up to this long. 0: read every write.
-    output_batch_s: float = Field(default=BATCH_S, ge=0, le=MAX_BATCH_S)
     #: A link to the run's dashboard put in every message, e.g.
     #: ``https://wandb.ai/acme/llm/runs/{env[WANDB_RUN_ID]}``; ``{job}``, ``{host}``,
     #: ``{run_id}`` (sentinel's) and ``{env[NAME]}`` are substituted.
@@ -119,7 +126,8 @@ class TrainingConfig(_Model):
     #: Samples per device per forward pass (HF ``per_device_train_batch_size``).
     batch_size: int | None = Field(default=None, ge=1)
     gradient_accumulation_steps: int = Field(default=1, ge=1)
-    #: Data-parallel processes (ranks) sharing each optimizer step.
+    #: Data-parallel processes (ranks) sharing each optimizer step. When given, it is also
+    #: the GPUs the job holds (one a rank) unless ``[cost] gpus`` says otherwise.
     world_size: int = Field(default=1, ge=1)
     #: Optimizer steps the run will take (HF ``max_steps``).
     max_steps: int | None = Field(default=None, ge=1)
@@ -159,19 +167,24 @@ class CostConfig(_Model):
 
     #: Price of one GPU for one hour, in your currency. Unset: no money is counted.
     price_per_gpu_hour: float | None = Field(default=None, ge=0)
-    #: GPUs the job holds. Unset: those attributed to it by the GPU source.
+    #: GPUs the job holds (billed). Unset: ``[training] world_size`` when that is given
+    #: (one GPU a data-parallel rank), else those the GPU source attributes to the job.
+    #: Set it where a rank holds several GPUs (tensor or pipeline parallelism).
     gpus: int | None = Field(default=None, ge=1)
 
 
 class TailConfig(_Model):
-    """``[tail]``: how log files are followed."""
+    """``[tail]``: how lines are read, from log files and from the job's own output."""
 
     #: Poll instead of using inotify (network filesystems); automatic when inotify fails.
     poll: bool = False
     poll_interval_s: float = Field(default=1.0, gt=0)
     max_line_bytes: int = Field(default=1 << 20, ge=1024)
-    #: After reading lines of a log, let more gather this long before reading again (as
-    #: ``job.output_batch_s`` for the job's own output). 0: read at every write.
+    #: After reading lines (of a log, or of the job's output), let more gather this long
+    #: before reading again: a chatty job then costs a wake-up per window, not per line.
+    #: The first line after a quiet spell (no output for this long) is read at once; a
+    #: line inside a busy stream (a NaN among a hundred lines a second) waits up to this
+    #: long. 0: read at every write.
     batch_s: float = Field(default=BATCH_S, ge=0, le=MAX_BATCH_S)
 
 
@@ -312,6 +325,13 @@ class Settings(BaseSettings):
 
     _split_logs = field_validator("logs", mode="before")(_split_words)
 
+    @model_validator(mode="after")
+    def _gpus_from_world_size(self) -> Settings:
+        """The GPUs billed default to the data-parallel ranks, when those were given."""
+        if self.cost.gpus is None and "world_size" in self.training.model_fields_set:
+            self.cost.gpus = self.training.world_size
+        return self
+
     def rule(self, rule: str) -> RuleConfig:
         """The config of one rule by its id."""
         config = getattr(self.rules, rule)
@@ -337,6 +357,8 @@ class _Layer:
 
     values: dict[str, Any]
     describe: Callable[[tuple[str | int, ...]], str]
+    #: Whether the layer names a value by its variable (environment, secret files).
+    by_variable: bool = False
 
 
 def _named_by(names: Mapping[tuple[str, ...], str], fallback: str) -> Any:
@@ -348,6 +370,64 @@ def _named_by(names: Mapping[tuple[str, ...], str], fallback: str) -> Any:
             if parts[:end] in names:
                 return names[parts[:end]]
         return fallback
+
+    return describe
+
+
+def _take_old_names(layers: list[_Layer]) -> list[_Layer]:
+    """Move each renamed key to its new name, warning once for each, naming its source.
+
+    An old key and its new one both given (in one source or two) is an error naming
+    both. Errors in a moved value name the old key as the user wrote it.
+    """
+    found = [move_old_keys(layer.values) for layer in layers]
+    problems = []
+    for layer, (moved, clashes) in zip(layers, found, strict=True):
+        problems += [_clash(rename, layer, layer) for rename in clashes]
+        for rename in moved:
+            for other, (other_moved, _) in zip(layers, found, strict=True):
+                given_new = other is not layer and rename not in other_moved
+                if given_new and _has_path(other.values, rename.new):
+                    problems.append(_clash(rename, layer, other))
+    if problems:
+        raise ConfigError(problems)
+    out = []
+    for layer, (moved, _) in zip(layers, found, strict=True):
+        for rename in moved:
+            new = _dotted(rename.new)
+            if layer.by_variable:
+                new += f" ({ENV_PREFIX}{'__'.join(rename.new).upper()})"
+            log.warning(
+                "%s (from %s) is deprecated: use %s; the old name goes in %s",
+                _dotted(rename.old),
+                layer.describe(rename.old),
+                new,
+                REMOVED_IN,
+            )
+        out.append(_Layer(layer.values, _as_written(layer, moved), layer.by_variable))
+    return out
+
+
+def _clash(rename: Rename, old_layer: _Layer, new_layer: _Layer) -> str:
+    old, new = _dotted(rename.old), _dotted(rename.new)
+    return (
+        f"{old} (from {old_layer.describe(rename.old)}) and {new} (from"
+        f" {new_layer.describe(rename.new)}) are one setting: give only {new}"
+        f" ({rename.old[-1]} is its old name)"
+    )
+
+
+def _as_written(layer: _Layer, moved: list[Rename]) -> Callable[[tuple[str | int, ...]], str]:
+    """``layer.describe``, naming a moved value by its old key where the user wrote it."""
+    if not moved:
+        return layer.describe
+
+    def describe(loc: tuple[str | int, ...]) -> str:
+        for rename in moved:
+            if loc[: len(rename.new)] == rename.new:
+                where = layer.describe(rename.old)
+                return where if layer.by_variable else f"{_dotted(rename.old)} in {where}"
+        return layer.describe(loc)
 
     return describe
 
@@ -379,10 +459,11 @@ def load_settings(
 
     layers = [
         _Layer(cli_values, lambda loc: f"--{str(_flag_for(loc)).replace('_', '-')}"),
-        _Layer(env_values, _named_by(env_names, "the environment")),
-        _Layer(secret_values, _named_by(secret_names, str(secrets_dir))),
+        _Layer(env_values, _named_by(env_names, "the environment"), by_variable=True),
+        _Layer(secret_values, _named_by(secret_names, str(secrets_dir)), by_variable=True),
         _Layer(file_values, lambda loc: str(config_file)),
     ]
+    layers = _take_old_names(layers)
     merged: dict[str, Any] = {}
     for layer in reversed(layers):
         _deep_merge(merged, layer.values)

@@ -260,7 +260,7 @@ class Supervisor:
         """A critical incident opened or escalated: stop the job if its rule says so."""
         known = incident.rule in DETECTORS
         policy = self.settings.rule(incident.rule).on_critical if known else "notify"
-        # A rule may ask for more than its usual policy (cost_overrun's kill_at: stop).
+        # A rule may ask for more than its usual policy (cost_overrun's kill_fraction: stop).
         for alert in reversed(incident.alerts):
             requested = alert.details.get("on_critical")
             if requested in ("notify", "stop", "restart"):
@@ -419,7 +419,7 @@ class Supervisor:
             stdout=self.stdout,
             stderr=self.stderr,
             max_line_bytes=self.settings.tail.max_line_bytes,
-            batch_s=self.settings.job.output_batch_s,
+            batch_s=self.settings.tail.batch_s,
         )
         try:
             job.start()

@@ -97,7 +97,7 @@ class Watch:
             )
             if change is None:
                 # An alert may ask for an action of its own on an incident already critical
-                # (cost_overrun's kill_at: stop the job).
+                # (cost_overrun's kill_fraction: stop the job).
                 if alert.details.get("on_critical") and alert.rule in self.tracker.open:
                     actionable.append(self.tracker.open[alert.rule])
                 continue

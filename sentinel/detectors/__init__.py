@@ -10,14 +10,38 @@ module defines a config model (a ``RuleConfig`` subclass, which becomes the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+import json
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_settings import NoDecode
 
 from sentinel.records import PROGRESS, Alert, Block, Line, Sample, Severity
 
 if TYPE_CHECKING:
     from sentinel.facts import RunFacts
+
+#: The release in which renamed config keys stop being accepted.
+REMOVED_IN = "0.3"
+
+
+def _one_or_more_names(value: object) -> object:
+    """Let one name stand for a list of one: ``"eval_loss"``; a JSON list is a list."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"not a valid JSON list of names: {error.msg}") from None
+        return [text] if text else []
+    return value
+
+
+#: Metric names: a list, or one name as a plain string (in a file or a variable).
+MetricNames = Annotated[list[str], NoDecode, BeforeValidator(_one_or_more_names)]
 
 
 class RuleConfig(BaseModel):
@@ -25,10 +49,35 @@ class RuleConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    #: Old key -> the key that replaced it, accepted until ``REMOVED_IN``. The config
+    #: loader renames them (and warns, naming where each came from) before validating.
+    renamed: ClassVar[Mapping[str, str]] = {}
+
     enabled: bool = True
     #: What sentinel does when this rule raises a critical alert during ``run``:
     #: notify only, stop the job, or stop it, roll back and restart it.
     on_critical: Literal["notify", "stop", "restart"] = "restart"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """Take an old key built into code (``LossSpikeConfig(persist_steps=4)``) as its new one."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in cls.renamed.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise ValueError(f"{old} is the old name of {new}: give only {new}")
+            warnings.warn(
+                f"{cls.__name__}: {old} is deprecated, use {new} (the old name goes in"
+                f" {REMOVED_IN})",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            data = {**data, new: data[old]}
+            del data[old]
+        return data
 
 
 class MetricRuleConfig(RuleConfig):

@@ -10,13 +10,14 @@ hours before the money is actually gone.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from itertools import islice
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from sentinel.cost import SECONDS_PER_HOUR, format_money
-from sentinel.detectors import BaseDetector, RuleConfig
+from sentinel.detectors import BaseDetector, MetricNames, RuleConfig
 from sentinel.detectors.cost_blocks import taken
 from sentinel.records import Alert, Block, Sample, Severity
 from sentinel.sources import GPU_JOB
@@ -35,6 +36,8 @@ class CostOverrunConfig(RuleConfig):
     and a projection from them would cry wolf at every start.
     """
 
+    renamed: ClassVar[Mapping[str, str]] = {"kill_at": "kill_fraction"}
+
     #: The run's budget, in the currency of ``[cost] price_per_gpu_hour``. Unset: silent.
     budget: float | None = Field(default=None, gt=0)
     #: Fraction of the budget spent that warns.
@@ -42,7 +45,7 @@ class CostOverrunConfig(RuleConfig):
     #: Fraction of the budget spent that is critical.
     critical_fraction: float = Field(default=1.0, gt=0)
     #: Fraction of the budget at which sentinel stops the job (no restart). Unset: never.
-    kill_at: float | None = Field(default=None, gt=0)
+    kill_fraction: float | None = Field(default=None, gt=0)
     #: The projection at completion warns above ``budget x (1 + projected_margin)``
     #: (the runbooks' 20%); it resolves once back at or under the budget itself.
     projected_margin: float = Field(default=0.2, ge=0)
@@ -54,7 +57,7 @@ class CostOverrunConfig(RuleConfig):
     #: Steps of progress in the current attempt before projecting.
     projection_min_steps: int = Field(default=10, ge=1)
     #: Metrics whose steps tell progress (the first sample of each new step counts).
-    step_metrics: list[str] = Field(default_factory=lambda: ["loss", "grad_norm", "lr"])
+    step_metrics: MetricNames = Field(default_factory=lambda: ["loss", "grad_norm", "lr"])
     #: Restarting a job that is over budget spends more: notify by default.
     on_critical: Literal["notify", "stop", "restart"] = "notify"
 
@@ -65,9 +68,9 @@ class CostOverrunConfig(RuleConfig):
                 f"warn_fraction ({self.warn_fraction:g}) must be less than"
                 f" critical_fraction ({self.critical_fraction:g})"
             )
-        if self.kill_at is not None and self.kill_at < self.critical_fraction:
+        if self.kill_fraction is not None and self.kill_fraction < self.critical_fraction:
             raise ValueError(
-                f"kill_at ({self.kill_at:g}) must be at least"
+                f"kill_fraction ({self.kill_fraction:g}) must be at least"
                 f" critical_fraction ({self.critical_fraction:g}): it stops the job"
                 " only after the critical alert"
             )
@@ -78,7 +81,7 @@ class CostOverrunDetector(BaseDetector):
     """Alerts as spend passes fractions of the budget, and on a projected overrun.
 
     Spend warns at ``warn_fraction`` of the budget, is critical at
-    ``critical_fraction``, and at ``kill_at`` raises a critical that asks to stop
+    ``critical_fraction``, and at ``kill_fraction`` raises a critical that asks to stop
     the job (``details["on_critical"] = "stop"``); each once per run, a jump past
     several levels raising only the highest. The projection at completion warns once
     while it is over the budget by more than the margin, and resolves when back
@@ -215,7 +218,7 @@ class CostOverrunDetector(BaseDetector):
         levels = (
             ("warn", settings.warn_fraction),
             ("critical", settings.critical_fraction),
-            ("kill", settings.kill_at),
+            ("kill", settings.kill_fraction),
         )
         return [
             name
@@ -251,7 +254,8 @@ class CostOverrunDetector(BaseDetector):
         )
         if level == "kill":
             details["on_critical"] = "stop"
-            message += f"; past kill_at ({self.settings.kill_at:.0%} of the budget): stop the job"
+            kill = self.settings.kill_fraction
+            message += f"; past kill_fraction ({kill:.0%} of the budget): stop the job"
         return [
             Alert(
                 rule=self.rule,

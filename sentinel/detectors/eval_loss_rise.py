@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from itertools import accumulate, compress, count, islice, repeat
 from operator import add, gt, le, lt, mul, sub
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors import BaseDetector, MetricNames, MetricRuleConfig
 from sentinel.detectors.series import LazyRolling, Warmup, sorted_median
 from sentinel.records import Alert, Block, Sample, Severity
 
@@ -24,8 +26,10 @@ class EvalLossRiseConfig(MetricRuleConfig):
     takes the top of that range, since eval loss is noisy when the eval set is small.
     """
 
-    #: The eval metric judged (canonical name).
-    metric: str = Field(default="eval_loss", min_length=1)
+    renamed: ClassVar[Mapping[str, str]] = {"metric": "metrics"}
+
+    #: The eval metric judged (canonical name): one name, as a string or a list of one.
+    metrics: MetricNames = Field(default_factory=lambda: ["eval_loss"])
     #: The train metric that must be falling for a rise to be overfitting; a job that
     #: never logs it is judged on the eval metric alone.
     train_metric: str = Field(default="loss", min_length=1)
@@ -39,9 +43,18 @@ class EvalLossRiseConfig(MetricRuleConfig):
 
     @model_validator(mode="after")
     def _distinct_metrics(self) -> EvalLossRiseConfig:
-        if self.metric == self.train_metric:
-            raise ValueError("metric and train_metric must differ")
+        if len(self.metrics) != 1:
+            raise ValueError(f"metrics must name one eval metric, not {len(self.metrics)}")
+        if not self.metrics[0]:
+            raise ValueError("metrics: the eval metric's name is empty")
+        if self.eval_metric == self.train_metric:
+            raise ValueError("metrics and train_metric must differ")
         return self
+
+    @property
+    def eval_metric(self) -> str:
+        """The one eval metric judged."""
+        return self.metrics[0]
 
 
 class EvalLossRiseDetector(BaseDetector):
@@ -59,7 +72,7 @@ class EvalLossRiseDetector(BaseDetector):
     def __init__(self, config: EvalLossRiseConfig) -> None:
         super().__init__(config)
         self.settings = config
-        self.watches = frozenset({config.metric, config.train_metric, "lr"})
+        self.watches = frozenset({config.eval_metric, config.train_metric, "lr"})
         self._warmup = Warmup(config.warmup_steps)
         self._train_label = "train loss" if config.train_metric == "loss" else config.train_metric
         self._reset()
@@ -90,7 +103,7 @@ class EvalLossRiseDetector(BaseDetector):
             self._train.add(sample.value)
             self._train_seen = True
             return []
-        if sample.name != self.settings.metric:
+        if sample.name != self.settings.eval_metric:
             return []
         return self._evaluation(sample, source, now)
 
@@ -101,7 +114,7 @@ class EvalLossRiseDetector(BaseDetector):
         found: list[tuple[int, Alert]] = []
         settings = self.settings
         warmup = self._warmup
-        train_metric, metric = settings.train_metric, settings.metric
+        train_metric, metric = settings.train_metric, settings.eval_metric
         isfinite = math.isfinite
         for index, sample in enumerate(samples):
             name, value, step, _ = sample
@@ -132,7 +145,9 @@ class EvalLossRiseDetector(BaseDetector):
         must not be warming up in the block.
         """
         judged = self._judged(block)
-        return judged is not None and (judged[0] != self.settings.metric or self._calm(*judged[1:]))
+        return judged is not None and (
+            judged[0] != self.settings.eval_metric or self._calm(*judged[1:])
+        )
 
     def absorb(self, block: Block) -> None:
         """The state the block's lines leave, one by one."""
@@ -178,7 +193,7 @@ class EvalLossRiseDetector(BaseDetector):
         warmup = self._warmup
         if warmup.lr_rising is not False and "lr" in names:
             return None
-        train_metric, metric = self.settings.train_metric, self.settings.metric
+        train_metric, metric = self.settings.train_metric, self.settings.eval_metric
         if train_metric in names:
             if metric in names:
                 return None  # train values between evaluations: line by line
@@ -281,7 +296,7 @@ class EvalLossRiseDetector(BaseDetector):
         train_now: float | None,
         by_rises: bool,
     ) -> Alert:
-        name, value = self.settings.metric, sample.value
+        name, value = self.settings.eval_metric, sample.value
         above = (value - best_value) / abs(best_value) if best_value else math.inf
         at = f" at step {best_step}" if best_step is not None else ""
         if by_rises:
@@ -326,11 +341,11 @@ class EvalLossRiseDetector(BaseDetector):
         return Alert(
             rule=self.rule,
             severity=Severity.INFO,
-            message=f"{self.settings.metric} at a new best {sample.value:.4g}{before}",
+            message=f"{self.settings.eval_metric} at a new best {sample.value:.4g}{before}",
             time=time,
             source=source,
             step=sample.step,
-            metric=self.settings.metric,
+            metric=self.settings.eval_metric,
             value=sample.value,
             resolves=True,
         )

@@ -10,7 +10,8 @@ the rule's single resolve goes out only when no episode is left open on any GPU.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -89,6 +90,8 @@ class GpuHealthConfig(RuleConfig):
     help, and a job that crashes of it is restarted by ``job_crash`` anyway.
     """
 
+    renamed: ClassVar[Mapping[str, str]] = {"temp_readings": "temp_sustain"}
+
     on_critical: Literal["notify", "stop", "restart"] = "notify"
     #: XIDs that are critical (hardware); every other XID warns.
     critical_xids: list[int] = Field(default_factory=lambda: list(HARDWARE_XIDS))
@@ -114,7 +117,7 @@ class GpuHealthConfig(RuleConfig):
     #: temperature and slow down near 90 C: 85 warns before the clocks are cut.
     max_temp_c: float = Field(default=85.0, gt=0)
     #: Readings in a row at or above ``max_temp_c`` before warning (one is a spike).
-    temp_readings: int = Field(default=2, ge=1)
+    temp_sustain: int = Field(default=2, ge=1)
     #: The temperature episode ends below ``max_temp_c - temp_hysteresis_c``.
     temp_hysteresis_c: float = Field(default=5.0, ge=0)
 
@@ -281,7 +284,7 @@ class GpuHealthDetector(BaseDetector):
             self._hot_readings.pop(source, None)
             return []
         hot = self._hot_readings[source] = self._hot_readings.get(source, 0) + 1
-        if hot < settings.temp_readings:
+        if hot < settings.temp_sustain:
             return []
         self._open[key] = Severity.WARNING
         message = (

@@ -1,8 +1,10 @@
-"""gpu_idle: GPUs attributed to the job idle for a window while its process lives."""
+"""gpu_idle: GPUs attributed to the job idle for ``sustain_s`` while its process lives."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -20,22 +22,24 @@ class GpuIdleConfig(RuleConfig):
     healthy run; a GPU idle longer than that while the job lives is paid for nothing.
     """
 
+    renamed: ClassVar[Mapping[str, str]] = {"window_s": "sustain_s"}
+
     #: Utilisation below this percent is idle. A training step keeps a GPU far above it;
     #: NVML's figure is a share of time with a kernel running, so 5% is a few stray kernels.
     idle_util_percent: float = Field(default=5.0, gt=0, le=100)
     #: How long a GPU must be idle, on every reading, before it warns.
-    window_s: float = Field(default=900.0, gt=0)
+    sustain_s: float = Field(default=900.0, gt=0)
     severity: Severity = Severity.WARNING
 
 
 class GpuIdleDetector(BaseDetector):
-    """Warns once per episode while any of the job's GPUs has been idle for ``window_s``.
+    """Warns once per episode while any of the job's GPUs has been idle for ``sustain_s``.
 
     Judged only between ``job_started`` and ``job_exited``, and only on GPUs whose
     ``gpu_job`` reading is 1. A GPU's idleness begins at its first reading under
     ``idle_util_percent`` and ends at a busy reading, at its detachment from the
     job or at the job's exit. An episode opens when the first GPU has been idle for
-    ``window_s`` (GPUs that pass the window later join it) and resolves when none
+    ``sustain_s`` (GPUs that pass it later join it) and resolves when none
     of them is idle any more. The waste counted is every idle GPU's time since its
     idleness began, times ``[cost] price_per_gpu_hour`` when it is set.
     """
@@ -55,7 +59,7 @@ class GpuIdleDetector(BaseDetector):
         self._attached: dict[str, bool] = {}
         #: Per attributed GPU that is idle: when its idleness began.
         self._idle_since: dict[str, float] = {}
-        #: GPUs past the window in the open episode (empty: no episode).
+        #: GPUs idle past ``sustain_s`` in the open episode (empty: no episode).
         self._flagged: set[str] = set()
         #: Idle GPU-seconds of flagged GPUs that are busy again, in the open episode.
         self._ended_s = 0.0
@@ -87,9 +91,9 @@ class GpuIdleDetector(BaseDetector):
         if sample.value >= self.settings.idle_util_percent:
             return self._busy(source, "busy again", sample, now)
         self._idle_since.setdefault(source, now)
-        window_s = self.settings.window_s
-        # Every GPU whose idleness began a window ago, its own reading of now not needed yet.
-        past = {gpu for gpu, since in self._idle_since.items() if now - since >= window_s}
+        sustain_s = self.settings.sustain_s
+        # Every GPU whose idleness began ``sustain_s`` ago, its own reading of now not needed yet.
+        past = {gpu for gpu, since in self._idle_since.items() if now - since >= sustain_s}
         if not past:
             return []
         was_open = bool(self._flagged)

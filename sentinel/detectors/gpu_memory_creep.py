@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors import BaseDetector, MetricNames, MetricRuleConfig
 from sentinel.detectors.gpu_memory_windows import (
     Key,
     Plan,
@@ -89,7 +89,7 @@ class GpuMemoryCreepConfig(MetricRuleConfig):
     """
 
     #: Memory metrics to watch (names as logged, lower-cased); each is its own series.
-    metrics: list[str] = Field(default_factory=lambda: list(MEMORY_METRICS))
+    metrics: MetricNames = Field(default_factory=lambda: list(MEMORY_METRICS))
     #: Values of a series judged together for a creep.
     window: int = Field(default=20, ge=3)
     #: Share of the window's step-to-step changes that must be increases.
@@ -101,7 +101,7 @@ class GpuMemoryCreepConfig(MetricRuleConfig):
     #: Metrics named as a percentage (``(%)``, ``_pct``, ``_percent``) have capacity 100.
     capacity: float | None = Field(default=None, gt=0)
     #: Logged metrics carrying the device's total memory, in the watched metrics' unit.
-    capacity_metrics: list[str] = Field(default_factory=lambda: list(CAPACITY_METRICS))
+    capacity_metrics: MetricNames = Field(default_factory=lambda: list(CAPACITY_METRICS))
     #: Usage at or above this fraction of capacity is "OOM ahead".
     capacity_fraction: float = Field(default=0.95, gt=0, le=1)
     #: Steps never judged. PyTorch allocates the optimizer's state at the first

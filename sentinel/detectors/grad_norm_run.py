@@ -5,11 +5,11 @@ before the loss turns NaN, so this rule is what lets sentinel stop (and roll bac
 a job before its checkpoints are poisoned. Three kinds, one rule, one episode
 (``details["kind"]``):
 
-- ``"absolute"``: grad-norm above ``threshold`` on ``run_length`` consecutive
+- ``"absolute"``: grad-norm above ``threshold`` on ``sustain`` consecutive
   logged steps;
-- ``"relative"``: above ``relative_factor`` x its own rolling median (the last
+- ``"relative"``: above ``factor`` x its own rolling median (the last
   ``window`` values that were not in a run; judged once it holds ``min_history``)
-  on ``run_length`` consecutive steps, some of them under ``threshold``;
+  on ``sustain`` consecutive steps, some of them under ``threshold``;
 - ``"clipping"``: when ``max_grad_norm`` is known, at least ``clip_fraction`` of
   the last ``clip_window`` logged grad-norms are >= it. Trainers log the norm
   before clipping (``clip_grad_norm_`` returns it), so that is clipping engaged
@@ -29,7 +29,7 @@ window, for ``"clipping"``), plus ``clipped`` and ``clip_window`` for clipping.
 
 Replay's blocks (``can_absorb``) are taken whole when every line is in warmup, or
 none is, no episode is open, no value is above ``threshold`` nor above
-``relative_factor`` x the least value the median could be taken over, and no clip
+``factor`` x the least value the median could be taken over, and no clip
 window ending in the block reaches ``clip_fraction``.
 """
 
@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from itertools import accumulate, repeat
 from operator import ge, sub
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -67,12 +68,14 @@ class GradNormRunConfig(MetricRuleConfig):
     with too high a learning rate.
     """
 
+    renamed: ClassVar[Mapping[str, str]] = {"run_length": "sustain", "relative_factor": "factor"}
+
     #: A grad-norm above this is high whatever the run's history.
     threshold: float = Field(default=10.0, gt=0)
     #: Consecutive logged steps above a bar that make a run.
-    run_length: int = Field(default=3, ge=1, le=1000)
+    sustain: int = Field(default=3, ge=1, le=1000)
     #: A grad-norm above this multiple of its rolling median is high.
-    relative_factor: float = Field(default=5.0, gt=1.0)
+    factor: float = Field(default=5.0, gt=1.0)
     #: Values (not in a run) whose median is the relative baseline.
     window: int = Field(default=50, ge=1, le=100_000)
     #: Values the median needs before the relative test is made.
@@ -107,7 +110,7 @@ class GradNormRunDetector(BaseDetector):
         self._median = Rolling(config.window)
         self._clips: deque[bool] = deque(maxlen=config.clip_window)
         self._recent: deque[tuple[int | None, float]] = deque(
-            maxlen=max(config.clip_window, config.run_length + CONTEXT)
+            maxlen=max(config.clip_window, config.sustain + CONTEXT)
         )
         #: The current run of high values, as (step, value).
         self._run: list[tuple[int | None, float]] = []
@@ -137,7 +140,7 @@ class GradNormRunDetector(BaseDetector):
             return []
         settings = self.settings
         median = self._median.median() if len(self._median) >= settings.min_history else None
-        relative_bar = settings.relative_factor * median if median else math.inf
+        relative_bar = settings.factor * median if median else math.inf
         high = value > settings.threshold or value > relative_bar
         if high:
             self._run.append((sample.step, value))
@@ -151,7 +154,7 @@ class GradNormRunDetector(BaseDetector):
         time = sample.time if sample.time is not None else now
         if self._open:
             return self._count_calm(high or clipping, sample, source, time)
-        if len(self._run) >= settings.run_length:
+        if len(self._run) >= settings.sustain:
             return [self._open_run(median, relative_bar, sample, source, time)]
         if clipping:
             return [self._open_clipping(sample, source, time)]
@@ -179,7 +182,7 @@ class GradNormRunDetector(BaseDetector):
                 continue
             if not self._open and settings.max_grad_norm is None and value <= settings.threshold:
                 median = rolling.median() if len(rolling) >= settings.min_history else None
-                relative_bar = settings.relative_factor * median if median else math.inf
+                relative_bar = settings.factor * median if median else math.inf
                 if value <= relative_bar:
                     # What observe does with a value under every bar, no episode, no clipping.
                     self._run.clear()
@@ -214,7 +217,7 @@ class GradNormRunDetector(BaseDetector):
         rolling = self._median
         # The relative bar applies once the median has min_history values.
         judged_from = max(0, settings.min_history - len(rolling))
-        factor = settings.relative_factor
+        factor = settings.factor
         if not never_above_multiple(values, factor, rolling.least(), judged_from):
             return False
         max_grad_norm = settings.max_grad_norm
@@ -277,7 +280,7 @@ class GradNormRunDetector(BaseDetector):
             message = (
                 f"grad_norm {sample.value:.4g} at step {sample.step} is"
                 f" {sample.value / median:.1f}x its rolling median {median:.4g},"
-                f" above {settings.relative_factor:g}x for {steps}"
+                f" above {settings.factor:g}x for {steps}"
             )
         evidence = list(self._recent)[-(len(self._run) + CONTEXT) :]
         details = self._details(kind, bar, median, onset, evidence)

@@ -10,7 +10,7 @@ while the baseline is <= 0 (a ratio to it means nothing). Non-finite values are
 One episode of the rule, shared by every watched metric:
 
 - opens on the first spike (config ``severity``), ``details["kind"] = "spike"``;
-- escalates once to ``persist_severity`` when ``persist_steps`` consecutive logged
+- escalates once to ``sustain_severity`` when ``sustain`` consecutive logged
   values are spikes (``"persistent"``): not a blip, so the job is stopped and
   rolled back to before the episode's onset;
 - resolves after ``resolve_after`` consecutive values under the bar (``"recovered"``),
@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors import BaseDetector, MetricNames, MetricRuleConfig
 from sentinel.detectors.series import (
     Rolling,
     Warmup,
@@ -57,27 +58,30 @@ class LossSpikeConfig(MetricRuleConfig):
     bar) and llm-foundry's ``KillLossSpike`` (act once a spike persists for 4 steps).
     """
 
+    renamed: ClassVar[Mapping[str, str]] = {
+        "persist_steps": "sustain",
+        "persist_severity": "sustain_severity",
+    }
+
     #: Metrics judged, each against its own baseline; they share one episode.
-    metrics: list[str] = Field(default_factory=lambda: ["loss"], min_length=1)
+    metrics: MetricNames = Field(default_factory=lambda: ["loss"], min_length=1)
     #: Non-spike values whose median is the baseline; judging starts once it is full.
     window: int = Field(default=10, ge=3, le=10_000)
     #: A value above ``factor`` x the baseline is a spike.
     factor: float = Field(default=2.0, gt=1.0)
-    #: Consecutive logged spikes that escalate the episode to ``persist_severity``.
-    persist_steps: int = Field(default=4, ge=1)
+    #: Consecutive logged spikes that escalate the episode to ``sustain_severity``.
+    sustain: int = Field(default=4, ge=1)
     #: Severity of that escalation (critical: stop, roll back before the onset).
-    persist_severity: Severity = Severity.CRITICAL
+    sustain_severity: Severity = Severity.CRITICAL
     #: Consecutive values under the bar that end the episode.
     resolve_after: int = Field(default=3, ge=1)
 
     @model_validator(mode="after")
     def _coherent(self) -> LossSpikeConfig:
-        if self.persist_steps >= self.window:
-            raise ValueError(
-                "persist_steps must be less than window (a longer run is a level shift)"
-            )
-        if self.persist_severity < self.severity:
-            raise ValueError("persist_severity must not be lower than severity")
+        if self.sustain >= self.window:
+            raise ValueError("sustain must be less than window (a longer run is a level shift)")
+        if self.sustain_severity < self.severity:
+            raise ValueError("sustain_severity must not be lower than severity")
         return self
 
 
@@ -237,9 +241,9 @@ class LossSpikeDetector(BaseDetector):
                 )
         run_length = len(series.run)
         if (
-            run_length >= settings.persist_steps
+            run_length >= settings.sustain
             and not self._escalated
-            and settings.persist_severity > settings.severity
+            and settings.sustain_severity > settings.severity
         ):
             self._escalated = True
             message = (
@@ -249,7 +253,7 @@ class LossSpikeDetector(BaseDetector):
             )
             details = self._details("persistent", series, baseline, sample)
             alerts.append(
-                self._alert(settings.persist_severity, message, sample, source, time, details)
+                self._alert(settings.sustain_severity, message, sample, source, time, details)
             )
         if run_length >= settings.window:
             alerts += self._level_shift(series, baseline, sample, source, time)

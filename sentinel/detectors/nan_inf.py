@@ -6,7 +6,7 @@ import math
 
 from pydantic import Field
 
-from sentinel.detectors import BaseDetector, RuleConfig
+from sentinel.detectors import BaseDetector, MetricNames, RuleConfig
 from sentinel.records import Alert, Block, Sample, Severity
 
 
@@ -16,9 +16,9 @@ class NanInfConfig(RuleConfig):
     #: Metrics to watch; empty means every metric the job logs. Watching all of
     #: them matters: the HF Trainer's default ``logging_nan_inf_filter=True``
     #: hides a NaN loss but not the NaN grad-norm beside it.
-    metrics: list[str] = Field(default_factory=list)
+    metrics: MetricNames = Field(default_factory=list)
     #: Metrics never watched, e.g. a loss-scale that is legitimately inf at times.
-    ignore: list[str] = Field(default_factory=list)
+    ignore: MetricNames = Field(default_factory=list)
     #: Consecutive finite values of every offending metric that end the episode.
     resolve_after: int = Field(default=10, ge=1)
 

@@ -15,7 +15,7 @@ from itertools import compress
 
 from pydantic import Field
 
-from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors import BaseDetector, MetricNames, MetricRuleConfig
 from sentinel.detectors.series import Rolling, Warmup
 from sentinel.detectors.throughput_blocks import Judged, block_lows, judged_values
 from sentinel.records import PROGRESS, Alert, Block, Sample, Severity
@@ -55,10 +55,10 @@ class ThroughputDropConfig(MetricRuleConfig):
 
     #: Throughput metrics (names as logged, lower-cased). The first of them the job logs
     #: becomes the series and the others are ignored, so only like is compared with like.
-    metrics: list[str] = Field(default_factory=lambda: list(THROUGHPUT_METRICS))
+    metrics: MetricNames = Field(default_factory=lambda: list(THROUGHPUT_METRICS))
     #: Metrics whose steps time the run when it logs no throughput: steps/sec is derived
     #: from the time each new step first appears in them. Empty: never derive.
-    step_metrics: list[str] = Field(default_factory=lambda: ["loss", "grad_norm", "lr"])
+    step_metrics: MetricNames = Field(default_factory=lambda: ["loss", "grad_norm", "lr"])
     #: Throughput below this fraction of the baseline is a drop.
     fraction: float = Field(default=0.5, gt=0, lt=1)
     #: Values (after warmup) whose median is the first baseline; also the rolling window

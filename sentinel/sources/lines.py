@@ -11,7 +11,7 @@ from __future__ import annotations
 _NUL = b"\x00"
 
 #: How long a reader of a line stream (the job's pipes, a tailed log) lets output gather
-#: after a read before it reads again (``[job] output_batch_s``, ``[tail] batch_s``). A
+#: after a read before it reads again (``[tail] batch_s``, for both). A
 #: wake-up of sentinel's threads, on the cold caches it then runs in, costs more than a
 #: line's own work: at a hundred lines a second a window of 50 ms cost 1.6% of a core,
 #: 250 ms 0.9% (bench/overhead.py). The first line after a quiet spell never waits.

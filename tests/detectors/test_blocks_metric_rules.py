@@ -86,7 +86,7 @@ def raised(result: Run) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("feed", FEEDS)
 def test_loss_spike_raises_the_same_through_blocks(feed: dict[str, bool]) -> None:
-    config = LossSpikeConfig(window=20, factor=1.8, persist_steps=2, resolve_after=5)
+    config = LossSpikeConfig(window=20, factor=1.8, sustain=2, resolve_after=5)
     texts = troubled_jsonl(5, timestamps=feed["timestamps"])
     kinds = {kind for _, kind in raised(both(LossSpikeDetector, config, texts, feed["data_clock"]))}
     assert kinds == {"spike", "persistent", "recovered"}
@@ -111,7 +111,7 @@ CALM = [2.0] * 10
             [(11, "spike"), (19, "recovered"), (64, "spike"), (70, "recovered")],
         ),
         (
-            {"window": 5, "persist_steps": 2},
+            {"window": 5, "sustain": 2},
             [*CALM[:5], *[6.0] * 5, *[6.5] * 40],
             [(6, "spike"), (7, "persistent"), (10, "level_shift")],
         ),
@@ -176,7 +176,7 @@ def test_loss_spike_metrics_share_one_episode_through_blocks() -> None:
 @pytest.mark.parametrize("feed", FEEDS)
 def test_grad_norm_run_raises_the_same_through_blocks(feed: dict[str, bool]) -> None:
     config = GradNormRunConfig(
-        threshold=6.0, run_length=2, max_grad_norm=1.1, clip_fraction=0.5, clip_window=10
+        threshold=6.0, sustain=2, max_grad_norm=1.1, clip_fraction=0.5, clip_window=10
     )
     texts = troubled_jsonl(1, timestamps=feed["timestamps"])
     kinds = {
@@ -194,23 +194,23 @@ _CLIPS = {"max_grad_norm": 1.0, "clip_window": 10, "clip_fraction": 0.5}
 @pytest.mark.parametrize(
     ("config", "grads", "cut", "expected"),
     [
-        ({"relative_factor": 20.0}, [*_STEADY, *[10.0] * 5, *[1.0] * 40], None, []),
+        ({"factor": 20.0}, [*_STEADY, *[10.0] * 5, *[1.0] * 40], None, []),
         (
-            {"relative_factor": 20.0},
+            {"factor": 20.0},
             [*_STEADY, *[above(10.0)] * 3, *[1.0] * 40],
             None,
             [(23, "absolute"), (28, "recovered")],
         ),
-        ({"run_length": 1}, [*_STEADY, 5.0, *[1.0] * 40], None, []),
+        ({"sustain": 1}, [*_STEADY, 5.0, *[1.0] * 40], None, []),
         (
-            {"run_length": 1},
+            {"sustain": 1},
             [*_STEADY, above(5.0), *[1.0] * 40],
             None,
             [(21, "relative"), (26, "recovered")],
         ),
-        ({"run_length": 1}, [*[1.0] * 9, 6.0, *[1.0] * 40], None, []),
+        ({"sustain": 1}, [*[1.0] * 9, 6.0, *[1.0] * 40], None, []),
         (
-            {"run_length": 1},
+            {"sustain": 1},
             [*[1.0] * 10, 6.0, *[1.0] * 40],
             None,
             [(11, "relative"), (16, "recovered")],

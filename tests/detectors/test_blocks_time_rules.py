@@ -179,7 +179,7 @@ def cost(**config: Any) -> Make:
         pytest.param({"budget": 4.0}, ["warning"], id="warn-at-80pct"),
         pytest.param({"budget": 3.0}, ["warning", "critical"], id="warn-then-critical"),
         pytest.param(
-            {"budget": 2.0, "kill_at": 1.5},
+            {"budget": 2.0, "kill_fraction": 1.5},
             ["warning", "critical", "critical"],
             id="kill-at-150pct",
         ),

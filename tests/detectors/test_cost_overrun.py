@@ -86,8 +86,8 @@ def test_warning_then_critical_each_once() -> None:
     assert all("on_critical" not in a.details for a in alerts)
 
 
-def test_kill_at_raises_a_critical_that_asks_to_stop_the_job() -> None:
-    alerts = ticks(started(kill_at=1.2), 60, KILL_S + HOUR_S)
+def test_kill_fraction_raises_a_critical_that_asks_to_stop_the_job() -> None:
+    alerts = ticks(started(kill_fraction=1.2), 60, KILL_S + HOUR_S)
     assert [a.time - T0 for a in alerts] == [WARN_S, CRITICAL_S, KILL_S]
     kill = alerts[-1]
     assert kill.severity is Severity.CRITICAL
@@ -96,7 +96,7 @@ def test_kill_at_raises_a_critical_that_asks_to_stop_the_job() -> None:
 
 
 def test_jump_past_every_level_raises_only_the_highest() -> None:
-    alerts = started(kill_at=1.2).tick(T0 + KILL_S + 1)
+    alerts = started(kill_fraction=1.2).tick(T0 + KILL_S + 1)
     assert [(a.severity, a.details.get("on_critical")) for a in alerts] == [
         (Severity.CRITICAL, "stop")
     ]
@@ -316,7 +316,7 @@ def test_no_projection_without_total_steps() -> None:
     [
         ({"warn_fraction": 1.0}, "warn_fraction .* must be less than critical_fraction"),
         ({"warn_fraction": 0.9, "critical_fraction": 0.8}, "must be less than critical_fraction"),
-        ({"kill_at": 0.9}, "kill_at .* must be at least critical_fraction"),
+        ({"kill_fraction": 0.9}, "kill_fraction .* must be at least critical_fraction"),
         ({"budget": 0}, "greater than 0"),
         ({"projected_margin": -0.1}, "greater than or equal to 0"),
         ({"budgett": 10}, "Extra inputs are not permitted"),

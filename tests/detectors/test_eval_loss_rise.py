@@ -168,8 +168,9 @@ def test_non_finite_eval_is_ignored() -> None:
     assert alert.details["values"] == [2.69, 2.75, 2.83, 2.91]
 
 
-def test_watches_eval_train_and_lr() -> None:
-    assert detector(metric="val_acc_loss").watches == frozenset({"val_acc_loss", "loss", "lr"})
+@pytest.mark.parametrize("metrics", ["val_acc_loss", ["val_acc_loss"]], ids=["string", "list"])
+def test_watches_eval_train_and_lr(metrics: str | list[str]) -> None:
+    assert detector(metrics=metrics).watches == frozenset({"val_acc_loss", "loss", "lr"})
 
 
 def test_job_started_forgets_the_best() -> None:
@@ -188,8 +189,10 @@ def test_job_started_forgets_the_best() -> None:
         {"margin": 0.0},
         {"margin": -0.1},
         {"train_window": 0},
-        {"metric": ""},
-        {"metric": "loss"},
+        {"metrics": ""},
+        {"metrics": "loss"},
+        {"metrics": ["eval_loss", "val_loss"]},
+        {"metrics": [""]},
         {"severity": "loud"},
         {"patience": 3},
     ],
@@ -200,6 +203,8 @@ def test_job_started_forgets_the_best() -> None:
         "no-train-window",
         "empty-metric",
         "metric-is-train-metric",
+        "two-eval-metrics",
+        "empty-metric-in-a-list",
         "unknown-severity",
         "unknown-key",
     ],

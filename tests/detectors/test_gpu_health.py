@@ -300,12 +300,12 @@ def test_through_the_engine() -> None:
     [
         {"throttle_reasons": ["gpu_idle"]},
         {"max_temp_c": 0},
-        {"temp_readings": 0},
+        {"temp_sustain": 0},
         {"xid_quiet_s": 0},
         {"on_critical": "reboot"},
         {"typo": 1},
     ],
-    ids=["unknown-reason", "zero-temp", "zero-readings", "zero-quiet", "bad-policy", "unknown-key"],
+    ids=["unknown-reason", "zero-temp", "zero-sustain", "zero-quiet", "bad-policy", "unknown-key"],
 )
 def test_config_rejects_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(pydantic.ValidationError):

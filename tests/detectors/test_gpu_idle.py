@@ -183,7 +183,7 @@ def test_watches_only_util_and_attribution() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"idle_util_percent": 0}, {"idle_util_percent": 101}, {"window_s": 0}, {"typo": 1}],
+    [{"idle_util_percent": 0}, {"idle_util_percent": 101}, {"sustain_s": 0}, {"typo": 1}],
     ids=["zero-bar", "bar-above-100", "zero-window", "unknown-key"],
 )
 def test_config_rejects_bad_values(bad: dict[str, Any]) -> None:

@@ -212,7 +212,7 @@ def test_job_started_resets_run_and_episode() -> None:
 
 
 def test_alert_time_is_the_sample_time() -> None:
-    detector = GradNormRunDetector(GradNormRunConfig(run_length=1))
+    detector = GradNormRunDetector(GradNormRunConfig(sustain=1))
     (alert,) = detector.observe(Sample("grad_norm", 20.0, 7, time=123.5), "m.jsonl", NOW)
     assert (alert.time, alert.source, alert.step) == (123.5, "m.jsonl", 7)
 
@@ -221,8 +221,8 @@ def test_alert_time_is_the_sample_time() -> None:
     "config",
     [
         {"threshold": 0},
-        {"run_length": 0},
-        {"relative_factor": 1.0},
+        {"sustain": 0},
+        {"factor": 1.0},
         {"window": 0},
         {"min_history": 0},
         {"min_history": 60},
@@ -234,7 +234,7 @@ def test_alert_time_is_the_sample_time() -> None:
     ],
     ids=[
         "threshold-0",
-        "run-length-0",
+        "sustain-0",
         "factor-1",
         "window-0",
         "min-history-0",

@@ -62,7 +62,7 @@ def run(values: Sequence[float], **config: Any) -> list[Alert]:
         "two-separate-spikes-two-episodes",
         "spikes-closer-than-resolve-after-one-episode",
         "persistent-spike-escalates-to-critical-once",
-        "runs-of-3-below-persist-steps-never-escalate",
+        "runs-of-3-below-sustain-never-escalate",
         "exactly-factor-times-is-not-a-spike",
         "window-not-full-judges-nothing",
         "negative-baseline-skips-the-relative-test",
@@ -138,8 +138,8 @@ def test_level_shift_resolves_and_rebaselines() -> None:
     assert (spike.severity, spike.onset_step, spike.details["baseline"]) == (WARN, 26, 5.0)
 
 
-def test_persist_severity_equal_to_severity_does_not_escalate() -> None:
-    alerts = run(BASE + [9.0] * 6, severity="critical", persist_severity="critical")
+def test_sustain_severity_equal_to_severity_does_not_escalate() -> None:
+    alerts = run(BASE + [9.0] * 6, severity="critical", sustain_severity="critical")
     assert summary(alerts) == [(CRIT, 11, False)]
 
 
@@ -211,24 +211,24 @@ def test_alert_time_is_the_sample_time() -> None:
         {"factor": 1.0},
         {"factor": 0.5},
         {"window": 2},
-        {"persist_steps": 0},
-        {"persist_steps": 10},
+        {"sustain": 0},
+        {"sustain": 10},
         {"resolve_after": 0},
         {"metrics": []},
         {"warmup_steps": -1},
-        {"persist_severity": "info"},
+        {"sustain_severity": "info"},
         {"typo": 1},
     ],
     ids=[
         "factor-1",
         "factor-below-1",
         "window-2",
-        "persist-0",
-        "persist-not-below-window",
+        "sustain-0",
+        "sustain-not-below-window",
         "resolve-0",
         "no-metrics",
         "negative-warmup",
-        "persist-severity-below-severity",
+        "sustain-severity-below-severity",
         "unknown-key",
     ],
 )
