@@ -2,24 +2,43 @@
 
 Nothing is ever deleted: a quarantined checkpoint is moved aside, within the same
 filesystem, so a framework's "resume from latest" finds the clean one and a human
-can still inspect (or restore) what was set aside.
+can still inspect (or restore, ``sentinel checkpoints --restore``) what was set aside.
+Each quarantine folder holds a manifest of where every item came from.
+
+A file the job overwrites at every save (``ckpt.pt``) has its clean versions kept
+by the keeper (actions/keep.py); when the newest clean version before the onset is
+a kept one, the poisoned file in place is quarantined and the kept version is put
+back at its path, so the job resumes from the path it always reads.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sentinel.sources.checkpoints import QUARANTINE_DIR, Checkpoint, last_clean, scan
+from sentinel.actions.clone import clone
+from sentinel.actions.keep import KeptVersion, kept_versions, weights_problem
+from sentinel.sources.checkpoints import (
+    QUARANTINE_DIR,
+    Checkpoint,
+    CheckpointStatus,
+    last_clean,
+    scan,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_LABEL_CHARS = 120
+#: In each quarantine folder: where every item came from (``sentinel checkpoints --restore``).
+MANIFEST = ".sentinel-manifest.json"
 _UNSAFE_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -30,14 +49,89 @@ class RollbackPlan:
     restore: Checkpoint | None
     quarantine: list[Checkpoint]
     onset_step: int | None
+    #: The kept version that goes back to ``restore.path`` once the file there is
+    #: quarantined; None when the checkpoint to resume from is in place already.
+    put_back: KeptVersion | None = None
 
 
 def plan_rollback(directory: Path, onset_step: int | None) -> RollbackPlan:
-    """Plan a rollback over ``scan(directory)``: restore the last clean, quarantine the newer."""
+    """Plan a rollback: restore the last clean checkpoint, quarantine every newer one.
+
+    The kept versions of overwritten files are candidates beside ``scan(directory)``.
+    """
     checkpoints = scan(directory, onset_step=onset_step)
     restore = last_clean(checkpoints, onset_step)
+    kept = _newest_clean_kept(directory, onset_step)
+    if kept is not None and (restore is None or kept.step > restore.step):
+        return _plan_put_back(directory, checkpoints, kept, onset_step)
     quarantine = [c for c in checkpoints if restore is None or c.step > restore.step]
     return RollbackPlan(restore=restore, quarantine=quarantine, onset_step=onset_step)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A kept version that can be resumed from (its step known)."""
+
+    version: KeptVersion
+    step: int
+
+
+def _newest_clean_kept(directory: Path, onset_step: int | None) -> _Kept | None:
+    """The newest kept version that is intact, parses and was written before the onset."""
+    best: _Kept | None = None
+    for version in kept_versions(directory):
+        if version.step is None:
+            continue  # before or after the onset cannot be told without a step
+        if onset_step is not None and version.step >= onset_step:
+            continue
+        if best is not None and (version.step, version.mtime) <= (best.step, best.version.mtime):
+            continue
+        if not version.intact():
+            log.warning(
+                "kept version %s changed since it was kept: not resuming from it", version.path
+            )
+            continue
+        problem = weights_problem(version.path)
+        if problem:
+            log.warning(
+                "kept version %s does not parse (%s): not resuming from it", version.path, problem
+            )
+            continue
+        best = _Kept(version, version.step)
+    return best
+
+
+def _plan_put_back(
+    directory: Path, checkpoints: list[Checkpoint], kept: _Kept, onset_step: int | None
+) -> RollbackPlan:
+    original = Path(os.path.abspath(directory)) / kept.version.original.name
+    restore = Checkpoint(
+        original,
+        kept.step,
+        CheckpointStatus.CLEAN,
+        f"kept version {kept.version.number} ({kept.version.method})",
+        kept.version.mtime,
+    )
+    quarantine = [c for c in checkpoints if c.step > kept.step and c.path != original]
+    try:
+        stat = os.stat(original)
+    except FileNotFoundError:
+        return RollbackPlan(restore, quarantine, onset_step, put_back=kept.version)
+    if (stat.st_size, stat.st_mtime_ns) == (kept.version.size, kept.version.mtime_ns):
+        return RollbackPlan(restore, quarantine, onset_step)  # the clean version is in place
+    scanned = [c for c in checkpoints if c.path == original]
+    in_place = (
+        scanned[0]
+        if scanned
+        else Checkpoint(
+            original,
+            kept.step,
+            CheckpointStatus.AFTER_ONSET,
+            f"rewritten since kept version {kept.version.number}",
+            stat.st_mtime,
+        )
+    )
+    return RollbackPlan(restore, [*quarantine, in_place], onset_step, put_back=kept.version)
 
 
 def sanitize_label(label: str) -> str:
@@ -51,44 +145,131 @@ def apply_rollback(
 ) -> list[Path]:
     """Move the plan's quarantined checkpoints to ``<directory>/quarantine/<label>/``.
 
-    Returns the destinations used (or, with ``dry_run``, those that would be used).
-    A checkpoint that vanished since the scan is logged and skipped; any other
-    ``OSError`` propagates, so the caller does not restart over a half-done rollback.
+    Then put the plan's kept version back, and record where each item came from in
+    the folder's manifest. Returns the destinations used (or, with ``dry_run``, those
+    that would be used). A checkpoint that vanished since the scan is logged and
+    skipped; any other ``OSError`` propagates, so the caller does not restart over a
+    half-done rollback (the manifest still records what moved).
     """
     target_dir = Path(os.path.abspath(directory)) / QUARANTINE_DIR / sanitize_label(label)
     if plan.quarantine and not dry_run:
         target_dir.mkdir(parents=True, exist_ok=True)
     taken: set[Path] = set()
     moved: list[Path] = []
-    for checkpoint in plan.quarantine:
-        if dry_run:
-            destination = _free_destination(target_dir, checkpoint.path.name, taken)
-            log.warning(
-                "dry run: would quarantine %s (step %d, %s) to %s",
-                checkpoint.path,
-                checkpoint.step,
-                checkpoint.status,
-                destination,
-            )
-        else:
-            try:
-                destination = _move_to_free(checkpoint.path, target_dir, taken)
-            except FileNotFoundError:
-                log.warning(
-                    "checkpoint %s vanished before it could be quarantined", checkpoint.path
-                )
+    items: list[dict[str, Any]] = []
+    try:
+        for checkpoint in plan.quarantine:
+            destination = _quarantine_one(checkpoint, target_dir, taken, dry_run=dry_run)
+            if destination is None:
                 continue
-            log.info(
-                "quarantined %s (step %d, %s%s) to %s",
-                checkpoint.path,
-                checkpoint.step,
-                checkpoint.status,
-                f": {checkpoint.reason}" if checkpoint.reason else "",
-                destination,
-            )
-        taken.add(destination)
-        moved.append(destination)
+            taken.add(destination)
+            moved.append(destination)
+            items.append(_item(checkpoint, destination))
+        if plan.put_back is not None and plan.restore is not None:
+            _put_back(plan.put_back, plan.restore.path, dry_run=dry_run)
+    finally:
+        if items and not dry_run:
+            _record(target_dir, label, plan, items)
     return moved
+
+
+def _quarantine_one(
+    checkpoint: Checkpoint, target_dir: Path, taken: set[Path], *, dry_run: bool
+) -> Path | None:
+    """Move one checkpoint aside; its destination (None if it vanished)."""
+    if dry_run:
+        destination = _free_destination(target_dir, checkpoint.path.name, taken)
+        log.warning(
+            "dry run: would quarantine %s (step %s, %s) to %s",
+            checkpoint.path,
+            checkpoint.step,
+            checkpoint.status,
+            destination,
+        )
+        return destination
+    try:
+        destination = _move_to_free(checkpoint.path, target_dir, taken)
+    except FileNotFoundError:
+        log.warning("checkpoint %s vanished before it could be quarantined", checkpoint.path)
+        return None
+    log.info(
+        "quarantined %s (step %s, %s%s) to %s",
+        checkpoint.path,
+        checkpoint.step,
+        checkpoint.status,
+        f": {checkpoint.reason}" if checkpoint.reason else "",
+        destination,
+    )
+    return destination
+
+
+def _put_back(version: KeptVersion, path: Path, *, dry_run: bool) -> None:
+    """Copy the kept ``version`` to ``path`` atomically: a temp name beside it, then rename.
+
+    A copy (or reflink), never a link: a job that rewrites the file in place would
+    otherwise rewrite the kept version with it.
+    """
+    if dry_run:
+        log.warning("dry run: would put kept version %s back at %s", version.path, path)
+        return
+    if os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, "not putting a kept version over a file", str(path))
+    temp = path.with_name(f".{path.name}.sentinel-{os.getpid()}.tmp")
+    clone(version.path, temp)
+    try:
+        os.utime(temp, ns=(version.mtime_ns, version.mtime_ns))
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)  # our own copy, never the job's file
+        raise
+    log.info("put kept version %d of %s back (step %s)", version.number, path, version.step)
+
+
+def _item(checkpoint: Checkpoint, destination: Path) -> dict[str, Any]:
+    return {
+        "name": destination.name,
+        "origin": str(Path(os.path.abspath(checkpoint.path))),
+        "step": checkpoint.step,
+        "status": str(checkpoint.status),
+        "reason": checkpoint.reason,
+    }
+
+
+def _record(target_dir: Path, label: str, plan: RollbackPlan, items: list[dict[str, Any]]) -> None:
+    """Add ``items`` to the folder's manifest (a label may be used twice): temp file, rename."""
+    path = target_dir / MANIFEST
+    manifest = read_manifest(target_dir) or {"label": label, "items": [], "put_back": []}
+    manifest["items"].extend(items)
+    manifest["onset_step"] = plan.onset_step
+    manifest["time"] = time.time()
+    version = plan.put_back
+    if version is not None and plan.restore is not None and os.path.lexists(plan.restore.path):
+        manifest["put_back"].append(
+            {
+                "path": str(plan.restore.path),
+                "kept": str(version.path),
+                "size": version.size,
+                "mtime_ns": version.mtime_ns,
+            }
+        )
+    temp = path.with_name(f"{MANIFEST}.tmp")
+    temp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(temp, path)
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """A quarantine folder's manifest; None when it has none (or it does not parse)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        log.warning("quarantine manifest %s unreadable: %s", folder / MANIFEST, error)
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("items"), list):
+        return None
+    manifest.setdefault("put_back", [])
+    return manifest
 
 
 def _free_destination(target_dir: Path, name: str, taken: set[Path]) -> Path:

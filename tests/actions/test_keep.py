@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -12,43 +11,15 @@ from pathlib import Path
 import pytest
 
 from sentinel.actions.keep import KEPT_DIR, SIDECAR, Keeper, is_overwritten_file, kept_versions
-
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "keep"
-#: An mtime well in the past, so each version's own is distinct and exact.
-T0_NS = 1_700_000_000 * 10**9
-
-
-def version_bytes(step: int) -> bytes:
-    """ckpt.pt as torch.save wrote it at ``step`` (tests/fixtures/make_keep_checkpoints.py)."""
-    return (FIXTURES / f"ckpt_v{step}.pt").read_bytes()
-
-
-def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def rewrite_in_place(path: Path, step: int) -> None:
-    """Save as torch.save(obj, path) does: truncate and write the same inode."""
-    with open(path, "r+b" if path.exists() else "wb") as handle:
-        handle.truncate(0)
-        handle.write(version_bytes(step))
-    os.utime(path, ns=(T0_NS + step, T0_NS + step))
-
-
-def replace_by_rename(path: Path, step: int) -> None:
-    """Save as an atomic writer does: a temp file, then rename over the old one."""
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_bytes(version_bytes(step))
-    os.utime(temp, ns=(T0_NS + step, T0_NS + step))
-    os.replace(temp, path)
-
-
-def settle(keeper: Keeper, now: float) -> float:
-    """Two looks, the settle time apart, then wait for the worker; the next free time."""
-    keeper.poll(now)
-    keeper.poll(now + keeper.settle_s)
-    assert keeper.flush(timeout_s=10)
-    return now + keeper.settle_s + 1
+from tests.helpers.kept import (
+    digest,
+    fixture_step,
+    mtime_ns,
+    replace_by_rename,
+    rewrite_in_place,
+    settle,
+    version_bytes,
+)
 
 
 @pytest.fixture
@@ -72,7 +43,7 @@ def test_rewritten_in_place_is_kept_as_a_copy_that_survives_the_rewrite(
     assert digest(first.path.read_bytes()) == digest(version_bytes(20))
     assert digest(second.path.read_bytes()) == digest(version_bytes(40))
     assert first.path.stat().st_ino != ckpt.stat().st_ino
-    assert (first.mtime_ns, first.path.stat().st_mtime_ns) == (T0_NS + 20, T0_NS + 20)
+    assert (first.mtime_ns, first.path.stat().st_mtime_ns) == (mtime_ns(20), mtime_ns(20))
     assert first.intact() and second.intact()
     sidecar = json.loads((first.path.parent / SIDECAR).read_text())
     assert sidecar["original"] == str(ckpt)
@@ -108,8 +79,8 @@ def test_only_the_last_versions_are_kept(tmp_path: Path) -> None:
         now = settle(keeper, now)
     keeper.close()
     assert [(v.number, v.mtime_ns) for v in kept_versions(tmp_path, "ckpt.pt")] == [
-        (2, T0_NS + 40),
-        (3, T0_NS + 60),
+        (2, mtime_ns(40)),
+        (3, mtime_ns(60)),
     ]
     assert sorted(os.listdir(tmp_path / KEPT_DIR / "ckpt.pt")) == ["000002", "000003"]
 
@@ -229,3 +200,14 @@ def test_a_sidecar_that_does_not_parse_is_skipped(
     with caplog.at_level(logging.WARNING, logger="sentinel.actions.keep"):
         assert kept_versions(tmp_path) == []
     assert "unreadable sidecar" in caplog.text
+
+
+def test_the_step_inside_is_recorded(tmp_path: Path) -> None:
+    keeper = Keeper(tmp_path, step_reader=fixture_step)
+    ckpt = tmp_path / "ckpt.pt"
+    now = 0.0
+    for step in (20, 40):
+        rewrite_in_place(ckpt, step)
+        now = settle(keeper, now)
+    keeper.close()
+    assert [v.step for v in kept_versions(tmp_path)] == [20, 40]

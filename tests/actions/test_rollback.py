@@ -5,14 +5,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import struct
 from pathlib import Path
 
 import pytest
 
-from sentinel.actions.rollback import apply_rollback, plan_rollback, sanitize_label
+from sentinel.actions.keep import Keeper, kept_versions
+from sentinel.actions.restore import RestoreRefused, restore_quarantine
+from sentinel.actions.rollback import MANIFEST, apply_rollback, plan_rollback, sanitize_label
 from sentinel.sources.checkpoints import QUARANTINE_DIR, CheckpointStatus
+from tests.helpers.kept import (
+    digest,
+    fixture_step,
+    mtime_ns,
+    rewrite_in_place,
+    settle,
+    version_bytes,
+)
 
 LABEL = "20261121T031204-nan_inf"
 
@@ -41,7 +52,9 @@ def build_run(directory: Path) -> None:
 def content_digests(directory: Path) -> list[str]:
     """Return the sorted digests of every file below ``directory``: moves keep them all."""
     return sorted(
-        hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.rglob("*") if p.is_file()
+        hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in directory.rglob("*")
+        if p.is_file() and p.name != MANIFEST
     )
 
 
@@ -181,3 +194,136 @@ def test_hostile_label_stays_inside_quarantine(tmp_path: Path) -> None:
     build_run(tmp_path)
     moved = apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label="../../x")
     assert all(p.parent.parent == tmp_path / QUARANTINE_DIR for p in moved)
+
+
+def test_manifest_records_where_each_item_came_from(tmp_path: Path) -> None:
+    build_run(tmp_path)
+    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    manifest = json.loads((tmp_path / QUARANTINE_DIR / LABEL / MANIFEST).read_text())
+    assert manifest["label"] == LABEL
+    assert [(i["name"], i["origin"], i["status"]) for i in manifest["items"]] == [
+        (f"checkpoint-{s}", str(tmp_path / f"checkpoint-{s}"), status)
+        for s, status in [
+            (300, "corrupt"),
+            (400, "incomplete"),
+            (500, "after_onset"),
+            (600, "after_onset"),
+        ]
+    ]
+
+
+def kept_run(directory: Path, *, last_step: int = 60) -> Keeper:
+    """A job that rewrites ckpt.pt in place at steps 20, 40, 60, watched by a keeper."""
+    keeper = Keeper(directory, step_reader=fixture_step, versions=3)
+    now = 0.0
+    for step in (20, 40, 60):
+        if step <= last_step:
+            rewrite_in_place(directory / "ckpt.pt", step)
+            now = settle(keeper, now)
+    keeper.close()
+    return keeper
+
+
+def test_a_kept_version_goes_back_and_the_poisoned_file_is_quarantined(tmp_path: Path) -> None:
+    kept_run(tmp_path)  # the NaN came at step 50: the version of step 60 is poisoned
+    plan = plan_rollback(tmp_path, onset_step=50)
+    assert plan.restore is not None and plan.put_back is not None
+    assert (plan.restore.path, plan.restore.step) == (tmp_path / "ckpt.pt", 40)
+    assert [c.path for c in plan.quarantine] == [tmp_path / "ckpt.pt"]
+
+    moved = apply_rollback(plan, tmp_path, label=LABEL)
+
+    assert moved == [tmp_path / QUARANTINE_DIR / LABEL / "ckpt.pt"]
+    assert digest(moved[0].read_bytes()) == digest(version_bytes(60))  # set aside, not deleted
+    assert digest((tmp_path / "ckpt.pt").read_bytes()) == digest(version_bytes(40))
+    assert (tmp_path / "ckpt.pt").stat().st_mtime_ns == mtime_ns(40)
+    # A copy, not a link: the resumed job rewrites ckpt.pt in place, the kept one must stay.
+    rewrite_in_place(tmp_path / "ckpt.pt", 20)
+    assert [v.step for v in kept_versions(tmp_path) if v.intact()] == [20, 40, 60]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_clean_version_in_place_is_resumed_without_a_copy(tmp_path: Path) -> None:
+    kept_run(tmp_path, last_step=40)
+    plan = plan_rollback(tmp_path, onset_step=50)
+    assert plan.restore is not None
+    assert (plan.restore.path, plan.restore.step, plan.put_back) == (tmp_path / "ckpt.pt", 40, None)
+    assert plan.quarantine == []
+
+
+def test_a_kept_version_no_longer_intact_is_not_resumed_from(tmp_path: Path) -> None:
+    kept_run(tmp_path)
+    forty = next(v for v in kept_versions(tmp_path) if v.step == 40)
+    os.utime(forty.path, ns=(1, 1))
+    plan = plan_rollback(tmp_path, onset_step=50)
+    assert plan.restore is not None and plan.put_back is not None
+    assert plan.restore.step == 20
+
+
+def test_restore_round_trip_puts_everything_back(tmp_path: Path) -> None:
+    build_run(tmp_path)
+    listing = sorted(str(p) for p in tmp_path.rglob("*"))
+    before = content_digests(tmp_path)
+    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+
+    moves = restore_quarantine(tmp_path, LABEL[:10])  # a unique prefix will do
+
+    assert [m.destination.name for m in moves] == [f"checkpoint-{s}" for s in (300, 400, 500, 600)]
+    assert content_digests(tmp_path) == before
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == sorted(
+        [*listing, str(tmp_path / QUARANTINE_DIR)]
+    )
+
+
+def test_restore_after_a_put_back_brings_the_newer_file_back(tmp_path: Path) -> None:
+    kept_run(tmp_path)
+    apply_rollback(plan_rollback(tmp_path, onset_step=50), tmp_path, label=LABEL)
+    restore_quarantine(tmp_path, LABEL)
+    assert digest((tmp_path / "ckpt.pt").read_bytes()) == digest(version_bytes(60))
+    assert [v.step for v in kept_versions(tmp_path) if v.intact()] == [20, 40, 60]
+    assert os.listdir(tmp_path / QUARANTINE_DIR) == []
+
+
+def test_restore_refuses_when_the_job_wrote_over_the_put_back(tmp_path: Path) -> None:
+    kept_run(tmp_path)
+    apply_rollback(plan_rollback(tmp_path, onset_step=50), tmp_path, label=LABEL)
+    rewrite_in_place(tmp_path / "ckpt.pt", 20)  # the resumed job saved again
+    with pytest.raises(RestoreRefused, match=r"ckpt\.pt exists"):
+        restore_quarantine(tmp_path, LABEL)
+    assert (tmp_path / QUARANTINE_DIR / LABEL / "ckpt.pt").is_file()
+    assert digest((tmp_path / "ckpt.pt").read_bytes()) == digest(version_bytes(20))
+
+
+def test_restore_refuses_over_an_existing_destination_and_moves_nothing(tmp_path: Path) -> None:
+    build_run(tmp_path)
+    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    write_checkpoint(tmp_path / "checkpoint-600", step=6000)  # the resumed job got there again
+    quarantined = sorted(os.listdir(tmp_path / QUARANTINE_DIR / LABEL))
+    with pytest.raises(RestoreRefused, match="checkpoint-600 exists"):
+        restore_quarantine(tmp_path, LABEL)
+    assert sorted(os.listdir(tmp_path / QUARANTINE_DIR / LABEL)) == quarantined
+    assert not (tmp_path / "checkpoint-300").exists()
+
+
+@pytest.mark.parametrize(
+    ("incident", "message"),
+    [("2026", "names 2 quarantines"), ("1999", "no quarantine '1999'"), ("", "no quarantine ''")],
+)
+def test_restore_needs_one_quarantine(tmp_path: Path, incident: str, message: str) -> None:
+    build_run(tmp_path)
+    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    (tmp_path / QUARANTINE_DIR / "20261122T000000-stall").mkdir()
+    with pytest.raises(RestoreRefused, match=message):
+        restore_quarantine(tmp_path, incident)
+
+
+def test_restore_refuses_a_manifest_pointing_outside(tmp_path: Path) -> None:
+    build_run(tmp_path)
+    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    manifest_path = tmp_path / QUARANTINE_DIR / LABEL / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["items"][0]["origin"] = str(tmp_path.parent / "elsewhere")
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(RestoreRefused, match="outside"):
+        restore_quarantine(tmp_path, LABEL)
+    assert not (tmp_path.parent / "elsewhere").exists()
