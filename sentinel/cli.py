@@ -3,47 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sentinel import __version__, secrets
+from sentinel import __version__, cli_options, secrets, toml_text
+from sentinel.cli_options import EXIT_USAGE, add_shared
 from sentinel.config import ConfigError, Settings, effective_config, load_settings
 from sentinel.parsers.files import require_extras
 from sentinel.parsers.tensorboard import MissingExtra
 from sentinel.records import Severity
 
-EXIT_USAGE = 2
-
 log = logging.getLogger("sentinel")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    """The options every verb shares; each maps onto one settings field (config.CLI_FIELDS)."""
-    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML or YAML config file")
-    parser.add_argument(
-        "--log", action="append", metavar="PATH", help="log or metrics file, or glob (repeatable)"
-    )
-    parser.add_argument("--checkpoints", metavar="DIR", help="the job's checkpoint directory")
-    parser.add_argument(
-        "--notify", action="append", metavar="URL", help="apprise URL to alert (repeatable)"
-    )
-    parser.add_argument("--state-dir", metavar="DIR", help="where sentinel keeps its state")
-    parser.add_argument("--max-restarts", type=int, metavar="N", help="restarts before giving up")
-    parser.add_argument(
-        "--resume-command", metavar="CMD", help="command to restart with ({checkpoint}, {step})"
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="detect and notify; never signal, move or restart"
-    )
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+_REPLAY_ACTS = "replay sends, signals, moves and restarts nothing"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The verbs; each takes the shared options it honours and refuses the rest (cli_options)."""
     parser = argparse.ArgumentParser(
         prog="sentinel",
         description="A watchdog for ML training jobs: catches NaN, stalls and crashes, "
@@ -52,13 +35,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sentinel {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    run = verbs.add_parser("run", help="launch the job, watch it, act, restart")
-    _common(run)
-    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    run = verbs.add_parser(
+        "run",
+        help="launch the job, watch it, act, restart",
+        usage="sentinel run [OPTIONS] -- COMMAND [ARGS...]",
+    )
+    add_shared(
+        run,
+        takes=[name for name in cli_options.ALL if name != "--json"],
+        because={
+            "--json": "the job's own output passes through stdout; the alerts are JSON lines"
+            " in the state dir's alerts.jsonl"
+        },
+    )
+    run.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND [ARGS...]",
+        help="the job's command, after --; everything after -- goes to the job",
+    )
 
     replay = verbs.add_parser("replay", help="run the detectors over finished logs")
-    _common(replay)
-    replay.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    add_shared(
+        replay,
+        takes=["--config", "--log", "--json", "--verbose"],
+        why=_REPLAY_ACTS,
+        because={"--state-dir": "replay keeps no state: it reads its files and writes nothing"},
+    )
+    replay.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="PATH",
+        help="a log, metrics file, trainer_state.json or run folder, or a glob; read in"
+        " order, then each --log (PATH is optional with --log)",
+    )
     replay.add_argument(
         "--fail-on",
         choices=[str(severity) for severity in Severity],
@@ -66,26 +77,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     checkpoints = verbs.add_parser("checkpoints", help="list checkpoints and their status")
-    checkpoints.add_argument("directory", type=Path, metavar="DIR")
-    checkpoints.add_argument("--json", action="store_true", help="machine-readable output")
+    add_shared(
+        checkpoints,
+        takes=["--json"],
+        why="checkpoints only reads DIR: it uses no settings and moves nothing",
+        because={"--verbose": "checkpoints logs nothing: it prints what it finds"},
+    )
+    checkpoints.add_argument("directory", type=Path, metavar="DIR", help="the directory to list")
 
     notify_test = verbs.add_parser("notify-test", help="send a test alert to every target")
-    _common(notify_test)
+    add_shared(
+        notify_test,
+        takes=["--config", "--notify", "--json", "--verbose"],
+        why="notify-test watches no job: it sends one test alert to each target",
+        because={
+            "--dry-run": "notify-test only sends a test alert, which --dry-run would send too",
+            "--state-dir": "notify-test sends at once and keeps no state",
+        },
+    )
 
     status = verbs.add_parser(
         "status", help="the last run, the job, pending messages, each target's last delivery"
     )
-    status.add_argument("--config", type=Path, metavar="FILE", help="TOML or YAML config file")
-    status.add_argument("--state-dir", metavar="DIR", help="where sentinel keeps its state")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_shared(
+        status,
+        takes=["--config", "--state-dir", "--json", "--verbose"],
+        why="status only reads the state dir; it changes nothing",
+    )
 
     check = verbs.add_parser("check-config", help="validate and print the effective config")
-    _common(check)
+    add_shared(check, takes=cli_options.ALL)  # each one shows in the config it prints
 
     demo = verbs.add_parser("demo", help="watch a bundled toy job diverge, roll back and finish")
+    add_shared(
+        demo,
+        takes=["--verbose"],
+        why="demo runs its bundled job with settings of its own",
+        because={"--json": "demo tells its story for people to read"},
+    )
     demo.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR and keep it")
-    demo.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
 
@@ -145,9 +175,16 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _run(args: argparse.Namespace) -> int:
     from sentinel.supervisor import Supervisor
 
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    # REMAINDER keeps the "--"; without it an option meant for sentinel that comes
+    # after the command's first word would silently go to the job.
+    if args.command and args.command[0] != "--":
+        print(
+            f"sentinel run: put -- before the job's command: sentinel run [OPTIONS] --"
+            f" {args.command[0]} ...",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    command = list(args.command[1:])
     if not command:
         print("sentinel run: give the job's command after --", file=sys.stderr)
         return EXIT_USAGE
@@ -163,13 +200,17 @@ def _run(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from sentinel.replay import replay
 
+    given = [str(path) for path in args.paths] + (args.log or [])
+    if not given:
+        print("sentinel replay: give a PATH or --log to read", file=sys.stderr)
+        return EXIT_USAGE
     settings = _settings(args)
-    missing = [str(path) for path in args.paths if not path.exists()]
+    paths, missing = _replay_inputs(given)
     if missing:
         print(f"sentinel replay: no such file: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        result = replay(list(args.paths), settings)
+        result = replay(paths, settings)
     except (MissingExtra, FileNotFoundError) as error:
         print(f"sentinel replay: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -182,6 +223,21 @@ def _replay(args: argparse.Namespace) -> int:
     if args.fail_on and worst is not None and worst >= Severity(args.fail_on):
         return 1
     return 0
+
+
+def _replay_inputs(given: list[str]) -> tuple[list[Path], list[str]]:
+    """The files to replay, in the order given, each glob expanded; and what matched nothing."""
+    paths: list[Path] = []
+    missing: list[str] = []
+    for pattern in given:
+        if os.path.exists(pattern) or not glob.has_magic(pattern):
+            matches = [pattern] if os.path.exists(pattern) else []
+        else:
+            matches = sorted(glob.glob(pattern, recursive=True))
+        if not matches:
+            missing.append(pattern)
+        paths += [Path(match) for match in matches if Path(match) not in paths]
+    return paths, missing
 
 
 def _print_replay_table(result: Any, settings: Settings) -> None:
@@ -277,7 +333,9 @@ def _notify_test(args: argparse.Namespace) -> int:
     job = JobInfo(settings.job.name or "notify-test", socket.gethostname(), "notify-test")
     results = send_notify_test(targets, job, settings.notify.timeout_s, time.time())
     for target, error in results:
-        if error is None:
+        if args.json:
+            print(json.dumps({"name": target.name, "ok": error is None, "error": error}))
+        elif error is None:
             print(f"ok      {target.name}")
         else:
             print(f"FAILED  {target.name}: {error}")
@@ -301,8 +359,11 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    print(json.dumps(effective_config(settings), indent=2))
+    shown = effective_config(_settings(args))  # secrets masked, whichever the form
+    if args.json:
+        print(json.dumps(shown, indent=2))
+    else:
+        print(toml_text.dumps(shown))
     return 0
 
 

@@ -441,7 +441,7 @@ def test_run_with_bad_config_exits_2_before_starting_the_job(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_check_config_prints_json_with_url_masked(tmp_path: Path) -> None:
-    result = sentinel("check-config", "--notify", JSON_URL, cwd=tmp_path)
+    result = sentinel("check-config", "--json", "--notify", JSON_URL, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert "s3cr3tpass" not in result.stdout
@@ -460,7 +460,7 @@ def test_check_config_masks_urls_from_a_secrets_dir_targets_and_heartbeat(tmp_pa
         f"secrets_dir = {str(secrets_dir)!r}\n"
         "[notify]\nheartbeat_url = 'https://hc-ping.com/1e5d0c3b-9f1a-4e2b-8c7d-6a5b4c3d2e1f'\n",
     )
-    result = sentinel("check-config", "--config", str(config), cwd=tmp_path)
+    result = sentinel("check-config", "--json", "--config", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     for secret in ("s3cr3tpass", "secrettoken123", "1e5d0c3b-9f1a-4e2b-8c7d-6a5b4c3d2e1f"):

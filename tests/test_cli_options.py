@@ -1,0 +1,431 @@
+"""Every verb honours each shared option it takes, and refuses the others with a one-line reason.
+
+The walk takes the verbs and their options from ``build_parser()`` itself, so a
+verb given an option that no check here shows it honouring fails
+``test_a_taken_option_is_honoured`` until someone writes that check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel import cli, cli_options
+from sentinel.config import effective_config
+from sentinel.state import StateStore
+from tests.helpers.webhook import WebhookReceiver
+
+TOKEN = "tok3nZq81xWvPk22"
+HOOK_URL = f"json://127.0.0.1:9/hooks/{TOKEN}"
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture
+def sentinel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Iterator[Run]:
+    """``sentinel ARGS`` in this process (the real ``main``), in ``tmp_path``, with no SENTINEL_*.
+
+    ``main`` sets up logging and the excepthooks for the whole process; both are
+    put back afterwards.
+    """
+    for name in [name for name in os.environ if name.startswith("SENTINEL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    loggers = [logging.getLogger(), logging.getLogger("sentinel"), logging.getLogger("apprise")]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+
+    def run(*args: str | Path) -> Result:
+        capsys.readouterr()
+        try:
+            code = cli.main([str(arg) for arg in args])
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+
+    yield run
+    for lg, handlers, level, propagate in saved:
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate
+
+
+def verbs() -> dict[str, argparse.ArgumentParser]:
+    (action,) = [
+        a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ]
+    return dict(action.choices)
+
+
+def options(verb: str) -> dict[str, argparse.Action]:
+    """Each option of the verb by its long name (``-h`` left out)."""
+    return {
+        action.option_strings[-1]: action
+        for action in verbs()[verb]._actions
+        if action.option_strings and not isinstance(action, argparse._HelpAction)
+    }
+
+
+def parse(*args: str | Path) -> argparse.Namespace:
+    return cli.build_parser().parse_args([str(arg) for arg in args])
+
+
+# Positionals a verb needs before its options are looked at.
+NEEDS = {"run": ["--", sys.executable, "-c", "pass"], "checkpoints": ["."]}
+
+
+def nan_log(path: Path) -> Path:
+    records = [{"step": s, "loss": 2.5 - s / 20, "grad_norm": 0.8} for s in range(1, 16)]
+    records[6]["loss"] = float("nan")  # step 7
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def alerts(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+# --- what each taken option does, by verb --------------------------------------------------
+
+# A settings option's arguments and what the effective config then holds.
+SETTINGS: dict[str, tuple[list[str], Callable[[dict[str, Any]], bool]]] = {
+    "--log": (["--log", "a.log", "--log", "b*.log"], lambda c: c["logs"] == ["a.log", "b*.log"]),
+    "--checkpoints": (["--checkpoints", "ckpts"], lambda c: c["checkpoints"] == "ckpts"),
+    "--notify": (
+        ["--notify", HOOK_URL],
+        lambda c: c["notify"]["urls"] == ["json://127.0.0.1:9/hooks/****"],
+    ),
+    "--state-dir": (["--state-dir", "st"], lambda c: c["state_dir"] == "st"),
+    "--max-restarts": (["--max-restarts", "7"], lambda c: c["job"]["max_restarts"] == 7),
+    "--resume-command": (
+        ["--resume-command", "python train.py --resume latest"],
+        lambda c: c["job"]["resume_command"] == "python train.py --resume latest",
+    ),
+    "--dry-run": (["--dry-run"], lambda c: c["dry_run"] is True),
+}
+
+
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "sentinel.toml"
+    path.write_text('state_dir = "from-file"\n[job]\nmax_restarts = 5\n')
+    return path
+
+
+def run_takes(option: str, run: Run, tmp_path: Path) -> None:
+    """``run`` hands the option to the settings the supervisor runs with."""
+    if option == "--config":
+        args = ["--config", config_file(tmp_path)]
+        check: Callable[[dict[str, Any]], bool] = lambda c: c["job"]["max_restarts"] == 5  # noqa: E731
+    else:
+        args, check = SETTINGS[option]
+    settings = cli._settings(parse("run", *args, *NEEDS["run"]))
+    assert check(effective_config(settings))
+
+
+def check_config_takes(option: str, run: Run, tmp_path: Path) -> None:
+    """``check-config`` prints what the option set (secrets masked)."""
+    if option == "--config":
+        args = ["--config", config_file(tmp_path)]
+        check: Callable[[dict[str, Any]], bool] = lambda c: c["job"]["max_restarts"] == 5  # noqa: E731
+    else:
+        args, check = SETTINGS[option]
+    result = run("check-config", "--json", *args)
+    assert result.code == 0, result.err
+    assert check(json.loads(result.out))
+    assert TOKEN not in result.out
+
+
+def check_config_json(run: Run, tmp_path: Path) -> None:
+    data = json.loads(run("check-config", "--json", "--max-restarts", "7").out)
+    assert data["job"]["max_restarts"] == 7
+    assert "max_restarts = 7" in run("check-config", "--max-restarts", "7").out.splitlines()
+
+
+def replay_config(run: Run, tmp_path: Path) -> None:
+    log = nan_log(tmp_path / "m.jsonl")
+    config = tmp_path / "off.toml"
+    config.write_text("[rules.nan_inf]\nenabled = false\n")
+    assert "nan_inf" in {a["rule"] for a in alerts(run("replay", "--json", log).out)}
+    quiet = run("replay", "--json", "--config", config, log)
+    assert quiet.code == 0, quiet.err
+    assert "nan_inf" not in {a["rule"] for a in alerts(quiet.out)}
+
+
+def replay_log(run: Run, tmp_path: Path) -> None:
+    nan_log(tmp_path / "m.jsonl")
+    result = run("replay", "--json", "--log", tmp_path / "m*.jsonl")
+    assert result.code == 0, result.err
+    assert alerts(result.out)[0]["rule"] == "nan_inf"
+
+
+def replay_json(run: Run, tmp_path: Path) -> None:
+    log = nan_log(tmp_path / "m.jsonl")
+    assert alerts(run("replay", "--json", log).out)[0]["step"] == 7
+    assert run("replay", log).out.startswith("15 lines")
+
+
+def replay_fail_on(run: Run, tmp_path: Path) -> None:
+    log = nan_log(tmp_path / "m.jsonl")
+    assert run("replay", log).code == 0
+    assert run("replay", "--fail-on", "critical", log).code == 1
+
+
+def notify_test_notify(run: Run, tmp_path: Path) -> None:
+    with WebhookReceiver() as hook:
+        result = run("notify-test", "--notify", hook.url)
+        (request,) = hook.wait_for(1)
+    assert result.code == 0, result.err
+    assert "notify_test" in request.json["message"]
+
+
+def notify_test_config(run: Run, tmp_path: Path) -> None:
+    with WebhookReceiver() as hook:
+        config = tmp_path / "c.toml"
+        config.write_text(f'[notify]\nurls = ["{hook.url}"]\n')
+        result = run("notify-test", "--config", config)
+        hook.wait_for(1)
+    assert result.code == 0, result.err
+
+
+def notify_test_json(run: Run, tmp_path: Path) -> None:
+    with WebhookReceiver() as live:
+        dead = WebhookReceiver(listening=False)
+        result = run("notify-test", "--json", "--notify", live.url, "--notify", dead.url)
+        live.wait_for(1)
+    assert result.code == 1
+    ok, failed = [json.loads(line) for line in result.out.splitlines()]
+    assert ok == {"name": live.url, "ok": True, "error": None}
+    assert failed["name"] == dead.url and failed["ok"] is False
+    assert "Connection error" in failed["error"]
+
+
+def status_state_dir(run: Run, tmp_path: Path) -> None:
+    StateStore(tmp_path / "st").close()
+    result = run("status", "--json", "--state-dir", tmp_path / "st")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["state_dir"] == str(tmp_path / "st")
+
+
+def status_config(run: Run, tmp_path: Path) -> None:
+    StateStore(tmp_path / "from-file").close()
+    result = run("status", "--json", "--config", config_file(tmp_path))
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["state_dir"] == "from-file"
+
+
+def status_json(run: Run, tmp_path: Path) -> None:
+    StateStore(tmp_path / "st").close()
+    assert "state_dir" in json.loads(run("status", "--json", "--state-dir", "st").out)
+    assert run("status", "--state-dir", "st").out.startswith("state dir:")
+
+
+def checkpoints_json(run: Run, tmp_path: Path) -> None:
+    (tmp_path / "ckpts" / "checkpoint-10").mkdir(parents=True)
+    listing = json.loads(run("checkpoints", "--json", tmp_path / "ckpts").out)
+    assert [c["step"] for c in listing["checkpoints"]] == [10]
+
+
+def demo_keep(run: Run, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "demo", "--keep", str(tmp_path / "kept")],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "kept" / "state" / "alerts.jsonl").is_file()
+
+
+def verbose(verb: str) -> Callable[[Run, Path], None]:
+    def check(run: Run, tmp_path: Path) -> None:
+        """``main`` sets debug logging from ``args.verbose`` for every verb."""
+        cli._setup_logging(parse(verb, "-v", *NEEDS.get(verb, [])).verbose)
+        assert logging.getLogger("sentinel").level == logging.DEBUG
+
+    return check
+
+
+def settings_option(check: Callable[[str, Run, Path], None], option: str) -> Any:
+    return lambda run, tmp_path: check(option, run, tmp_path)
+
+
+SETTINGS_OPTIONS = ["--config", *SETTINGS]
+
+#: (verb, option) -> a check that the verb honours the option.
+HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
+    **{("run", o): settings_option(run_takes, o) for o in SETTINGS_OPTIONS},
+    **{("check-config", o): settings_option(check_config_takes, o) for o in SETTINGS_OPTIONS},
+    ("check-config", "--json"): check_config_json,
+    ("replay", "--config"): replay_config,
+    ("replay", "--log"): replay_log,
+    ("replay", "--json"): replay_json,
+    ("replay", "--fail-on"): replay_fail_on,
+    ("notify-test", "--config"): notify_test_config,
+    ("notify-test", "--notify"): notify_test_notify,
+    ("notify-test", "--json"): notify_test_json,
+    ("status", "--config"): status_config,
+    ("status", "--state-dir"): status_state_dir,
+    ("status", "--json"): status_json,
+    ("checkpoints", "--json"): checkpoints_json,
+    ("demo", "--keep"): demo_keep,
+    **{(verb, "--verbose"): verbose(verb) for verb in verbs() if verb != "checkpoints"},
+}
+SLOW = {("demo", "--keep"): pytest.mark.slow}
+
+
+def taken() -> list[Any]:
+    return [
+        pytest.param(verb, name, id=f"{verb} {name}", marks=SLOW.get((verb, name), ()))
+        for verb in verbs()
+        for name, action in options(verb).items()
+        if not isinstance(action, cli_options.Refused)
+    ]
+
+
+def refused() -> list[Any]:
+    return [
+        pytest.param(verb, name, id=f"{verb} {name}")
+        for verb in verbs()
+        for name, action in options(verb).items()
+        if isinstance(action, cli_options.Refused)
+    ]
+
+
+@pytest.mark.parametrize(("verb", "option"), taken())
+def test_a_taken_option_is_honoured(verb: str, option: str, sentinel: Run, tmp_path: Path) -> None:
+    check = HONOURED.get((verb, option))
+    assert check is not None, f"sentinel {verb} takes {option}, and no check shows it honoured"
+    check(sentinel, tmp_path)
+
+
+@pytest.mark.parametrize(("verb", "option"), refused())
+def test_a_refused_option_exits_2_with_a_one_line_reason(
+    verb: str, option: str, sentinel: Run
+) -> None:
+    for given in ([option], [option, "value"], [f"{option}=value"]):
+        result = sentinel(verb, *given, *NEEDS.get(verb, []))
+        assert result.code == 2
+        assert result.out == ""
+        (line,) = result.err.splitlines()
+        assert line.startswith(f"sentinel {verb}: {option} is not taken by {verb}: ")
+        assert len(line) > len(f"sentinel {verb}: {option} is not taken by {verb}: ") + 10
+
+
+@pytest.mark.parametrize("verb", verbs())
+def test_every_verb_takes_or_refuses_each_shared_option(verb: str) -> None:
+    assert set(cli_options.ALL) <= set(options(verb))
+
+
+def test_each_check_is_of_an_option_a_verb_takes() -> None:
+    assert set(HONOURED) == {(verb, name) for verb, name, *_ in (p.values for p in taken())}
+
+
+def test_replay_refuses_what_it_cannot_do_with_the_designs_reason(sentinel: Run) -> None:
+    for option in ("--notify", "--max-restarts", "--dry-run", "--resume-command", "--checkpoints"):
+        result = sentinel("replay", option, "x", "m.jsonl")
+        assert result.err == (
+            f"sentinel replay: {option} is not taken by replay:"
+            " replay sends, signals, moves and restarts nothing\n"
+        )
+
+
+def test_run_without_dashes_before_the_command_is_refused(sentinel: Run, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    job = ["-c", f"open({str(marker)!r}, 'w')"]
+    result = sentinel("run", "--state-dir", "st", sys.executable, *job, "--config", "x.toml")
+    assert result.code == 2
+    assert result.err == (
+        f"sentinel run: put -- before the job's command: sentinel run [OPTIONS] -- {sys.executable}"
+        " ...\n"
+    )
+    assert not marker.exists()
+    assert sentinel("run").err == "sentinel run: give the job's command after --\n"
+    assert sentinel("run", "--state-dir", "st", "--").code == 2
+
+
+def test_options_after_the_dashes_go_to_the_job() -> None:
+    args = parse("run", "--state-dir", "st", "--", "python", "t.py", "--config", "x", "--", "-v")
+    assert args.command == ["--", "python", "t.py", "--config", "x", "--", "-v"]
+    assert args.state_dir == "st" and args.config is None and not args.verbose
+
+
+@pytest.mark.slow
+def test_run_with_dashes_runs_the_job_with_its_own_options(tmp_path: Path) -> None:
+    out = tmp_path / "argv.json"
+    job = f"import json, sys; json.dump(sys.argv[1:], open({str(out)!r}, 'w'))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(tmp_path / "st"),
+         "--max-restarts", "0", "--", sys.executable, "-c", job, "--config", "x.toml", "-v"],
+        capture_output=True, text=True, env=env, timeout=60, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text()) == ["--config", "x.toml", "-v"]
+
+
+def test_replay_reads_paths_then_each_log_with_globs_expanded(
+    sentinel: Run, tmp_path: Path
+) -> None:
+    healthy = [{"step": s, "loss": 2.0} for s in range(1, 6)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in healthy))
+    nan_log(tmp_path / "b1.jsonl")
+    nan_log(tmp_path / "b2.jsonl")
+    result = sentinel("replay", "a.jsonl", "--log", "b*.jsonl", "--log", "a.jsonl")
+    assert result.code == 0, result.err
+    assert result.out.startswith("35 lines")  # a once, b1, b2: a file named twice is read once
+    missing = sentinel("replay", "a.jsonl", "--log", "nothing*.jsonl")
+    assert missing.code == 2
+    assert missing.err == "sentinel replay: no such file: nothing*.jsonl\n"
+    assert sentinel("replay").err == "sentinel replay: give a PATH or --log to read\n"
+
+
+def test_check_config_for_people_is_toml_that_reads_back_masked(
+    sentinel: Run, tmp_path: Path
+) -> None:
+    url = f"json://user:pa55w0rdXy@127.0.0.1:9/hooks/{TOKEN}"
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'[[notify.targets]]\nurl = "{url}"\nname = "oncall"\n[rules.stall]\nsoft_timeout_s = 600\n'
+    )
+    text = sentinel("check-config", "--config", config).out
+    data = json.loads(sentinel("check-config", "--json", "--config", config).out)
+    assert TOKEN not in text and "pa55w0rdXy" not in text
+    assert "[[notify.targets]]" in text.splitlines()
+    assert tomllib.loads(text) == without_nulls(data)
+    assert "# checkpoints is not set" in text.splitlines()
+
+
+def without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+def test_positionals_have_help() -> None:
+    for verb, parser in verbs().items():
+        for action in parser._actions:
+            if not action.option_strings:
+                assert action.help, f"sentinel {verb}: {action.metavar or action.dest} has no help"
