@@ -137,21 +137,42 @@ def test_status_after_a_run_shows_each_targets_last_delivery(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_heartbeat_pings_while_a_run_is_healthy_and_status_shows_it(tmp_path: Path) -> None:
-    """A real run with a heartbeat URL pings it at start and every interval; status shows it."""
-    state = tmp_path / "state"
-    job = "import time; time.sleep(2.5)"
+    """A real run with a heartbeat URL pings it at start and every interval; status shows it.
+
+    The job runs until the test has seen the pings (it waits for a file the test writes),
+    so no sleep of the job's decides how many pings fit in it."""
+    state, go = tmp_path / "state", tmp_path / "go"
+    job = (
+        "import pathlib, sys, time\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not pathlib.Path(sys.argv[1]).exists():\n"
+        "    assert time.monotonic() < deadline, 'the test never said go'\n"
+        "    time.sleep(0.02)\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     env = {
-        "SENTINEL_NOTIFY__HEARTBEAT_INTERVAL_S": "1",
+        **clean,
+        "SENTINEL_NOTIFY__HEARTBEAT_INTERVAL_S": "0.2",
         "SENTINEL_GPU__ENABLED": "false",
     }
     with WebhookReceiver() as beat:
         env["SENTINEL_NOTIFY__HEARTBEAT_URL"] = beat.http_url("/ping/4f1c9e2a")
-        run = sentinel("run", "--state-dir", str(state), "--", sys.executable, "-c", job, env=env)
-        assert run.returncode == 0, run.stderr
+        command = ["run", "--state-dir", str(state), "--", sys.executable, "-c", job, str(go)]
+        with subprocess.Popen(
+            [sys.executable, "-m", "sentinel", *command],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        ) as run:  # fmt: skip
+            try:
+                beat.wait_for(3, timeout=30.0)  # one at start, more while the job runs
+            finally:
+                go.touch()
+                _, stderr = run.communicate(timeout=60)
+        assert run.returncode == 0, stderr
         pings = [request for request in beat.requests if request.method == "GET"]
-    assert len(pings) >= 2  # one at start, more while the job ran
+    assert len(pings) >= 3
     assert all(request.path == "/ping/4f1c9e2a" for request in pings)
     result = sentinel("status", "--state-dir", str(state), "--json")
     status: dict[str, Any] = json.loads(result.stdout)
-    assert status["heartbeat"]["last_ok_at"] is not None
-    assert "4f1c9e2a" not in run.stderr
+    last_ok_at = status["heartbeat"]["last_ok_at"]
+    assert pings[0].received_at <= last_ok_at <= time.time()  # an answered ping of this run
+    assert "4f1c9e2a" not in stderr
