@@ -188,6 +188,21 @@ class TailConfig(_Model):
     batch_s: float = Field(default=BATCH_S, ge=0, le=MAX_BATCH_S)
 
 
+class KeepConfig(_Model):
+    """``[keep]``: clean copies of checkpoint files the job overwrites, and the disk they take.
+
+    A file with no step in its name (``ckpt.pt``, ``last.pt``) is rewritten at every save;
+    sentinel keeps its last clean versions under ``<checkpoints>/.sentinel-kept/``.
+    """
+
+    #: Keep versions of files up to this size (4 GiB); 0: keep none.
+    max_bytes: int = Field(default=4 * 1024**3, ge=0)
+    #: Versions kept per file: the newest may be poisoned, so at least two.
+    versions: int = Field(default=2, ge=2)
+    #: ``sentinel status`` warns when the quarantine and the kept copies take more; unset: never.
+    warn_disk_bytes: int | None = Field(default=None, ge=1)
+
+
 class ParserConfig(_Model):
     """``[parsers]``: extra line formats."""
 
@@ -319,6 +334,7 @@ class Settings(BaseSettings):
     process: ProcessConfig = Field(default_factory=ProcessConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
     tail: TailConfig = Field(default_factory=TailConfig)
+    keep: KeepConfig = Field(default_factory=KeepConfig)
     parsers: ParserConfig = Field(default_factory=ParserConfig)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)  # type: ignore[valid-type]
