@@ -111,7 +111,16 @@ def test_broken_json_object_is_garbled(line: str) -> None:
 
 
 def test_hf_dict_line_is_handed_to_hf_parser() -> None:
-    assert parse_jsonl("{'loss': nan}") is not None
+    """A Python dict line (the HF Trainer's), which JSON cannot read, still gives samples."""
+    samples = parse_jsonl("{'loss': nan, 'grad_norm': 0.5, 'epoch': 0.1}")
+    assert samples is not None
+    assert [(sample.name, sample.step, sample.time) for sample in samples] == [
+        ("loss", None, None),
+        ("grad_norm", None, None),
+        ("epoch", None, None),
+    ]
+    assert math.isnan(samples[0].value)
+    assert [sample.value for sample in samples[1:]] == [0.5, 0.1]
 
 
 def test_mapping_is_reused_for_new_key_sets() -> None:
