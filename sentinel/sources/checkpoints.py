@@ -1,292 +1,228 @@
-"""Checkpoint directory scanning: find checkpoints, read their step, judge their integrity.
+"""Checkpoint directory scanning: find checkpoints, place them in training, judge them.
 
-Integrity checks read headers and zip central directories only, never a whole
-weights file: checkpoints are gigabytes and the scan runs while the job writes.
+A checkpoint is an entry of the checkpoint directory: a weights file
+(``model_step40.pt``, ``ckpt.pt``, ``last.ckpt``, ``model.safetensors``) or a folder
+whose name carries a step or epoch (``checkpoint-40``, ``global_step40``,
+``iter_0000040``) or that directly holds weights or DCP metadata. Hidden entries,
+``quarantine`` and temporary names (``tmp-checkpoint-40``) never are.
+
+Its place in training comes from its name (:mod:`checkpoint_names`), else from its
+content read without executing it (:mod:`checkpoint_files`), else from its
+modification time. Its status comes from what it holds (:mod:`checkpoint_layouts`).
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
+import math
 import os
-import re
-import struct
-import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
+
+from sentinel.sources.checkpoint_files import Content, check_weights, read_content
+from sentinel.sources.checkpoint_layouts import (
+    CheckpointStatus,
+    dir_content,
+    holds_checkpoint,
+    judge_dir,
+    judge_file,
+    layout_of,
+    walk_files,
+)
+from sentinel.sources.checkpoint_names import (
+    CHECKPOINT_SUFFIXES,
+    NamePosition,
+    checkpoint_suffix,
+    is_in_progress,
+    is_shard,
+    position_of,
+    step_of,
+)
+
+__all__ = [
+    "QUARANTINE_DIR",
+    "WEIGHT_SUFFIXES",
+    "Checkpoint",
+    "CheckpointStatus",
+    "Onset",
+    "check_weights",
+    "last_clean",
+    "scan",
+    "step_of",
+]
 
 log = logging.getLogger(__name__)
 
 QUARANTINE_DIR = "quarantine"
-
-WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".ckpt"})
-TORCH_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt"})
-
-# safetensors itself refuses headers above 100 MB; anything larger is garbage.
-MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
-# Only this deep below a checkpoint directory are weights files checked
-# (HF + DeepSpeed nests one level: checkpoint-N/global_stepN/*.pt).
-MAX_DIR_DEPTH = 3
-
-HF_WEIGHT_FILES = (
-    "model.safetensors",
-    "pytorch_model.bin",
-    "adapter_model.safetensors",
-    "adapter_model.bin",
-)
-
-_PICKLE_PROTOCOL_PREFIXES = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
-
-_STEP_PATTERNS = (
-    re.compile(r"^checkpoint-(?P<step>\d+)$"),
-    re.compile(r"^global_step(?P<step>\d+)$"),
-    re.compile(r"^step[_-](?P<step>\d+)(?:\.(?:pt|pth|safetensors|ckpt|bin))?$"),
-    re.compile(r"^epoch=\d+-step=(?P<step>\d+)(?:-v\d+)?\.ckpt$"),
-    re.compile(r"^.+-(?P<step>\d+)\.(?:pt|pth|safetensors|ckpt)$"),
-)
-# "model-00001-of-00003.safetensors" is a shard of one checkpoint, not step 3.
-_SHARD_NAME = re.compile(r"-\d+-of-\d+\.[a-z]+$")
+# The last suffix of a weights file's name (a ".pth.tar" file's Path.suffix is ".tar").
+WEIGHT_SUFFIXES = frozenset({"." + s.rsplit(".", 1)[-1] for s in CHECKPOINT_SUFFIXES})
+# The name actions/keep.py first called check_weights by.
+_check_file = check_weights
+# Files a framework writes beside its checkpoints that hold no training state.
+_NOT_CHECKPOINTS = frozenset({"training_args.bin"})
 
 
-class CheckpointStatus(StrEnum):
-    """Whether a checkpoint can be resumed from."""
+@dataclass(frozen=True)
+class Onset:
+    """Where an incident's evidence begins: its first step, epoch and time, as far as known.
 
-    CLEAN = "clean"
-    CORRUPT = "corrupt"
-    INCOMPLETE = "incomplete"
-    AFTER_ONSET = "after_onset"
+    ``epoch`` is the log's own (HF's fractional 2.97, or a loop's 0-based index).
+    """
+
+    step: int | None = None
+    epoch: float | None = None
+    time: float | None = None
+
+    def reaches(self, step: int | None, epoch: int | None, mtime: float) -> str:
+        """Why a checkpoint at this step, epoch and mtime is at or after the onset, else ""."""
+        if step is not None and self.step is not None:
+            return f"step {step} >= onset step {self.step}" if step >= self.step else ""
+        if epoch is not None and self.epoch is not None:
+            # epoch_3.pt may be the end of loop index 3 or of the third epoch: only an
+            # epoch before the onset's own is surely before it; its own is told by time.
+            onset_epoch = math.floor(self.epoch)
+            if epoch != onset_epoch:
+                return f"epoch {epoch} > onset epoch {self.epoch:g}" if epoch > onset_epoch else ""
+            if self.time is None:
+                return f"epoch {epoch} is the onset's epoch ({self.epoch:g})"
+        if self.time is not None:
+            return "written at or after the onset's time" if mtime >= self.time else ""
+        if self.step is None and self.epoch is None:
+            return ""
+        return "nothing places it before the onset (no step or epoch, no onset time)"
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """One checkpoint (a file or a directory) found in the checkpoint directory."""
+    """One checkpoint (a file or a directory) found in the checkpoint directory.
+
+    ``step`` and ``epoch`` are None where neither its name nor its content says;
+    ``placed_by`` says where they came from ("name", "content: ...", or "time").
+    ``mtime`` is the newest modification time of anything in it.
+    """
 
     path: Path
-    step: int
+    step: int | None
     status: CheckpointStatus
     reason: str
     mtime: float
+    epoch: int | None = None
+    layout: str = ""
+    placed_by: str = "name"
+
+    def is_newer_than(self, other: Checkpoint) -> bool:
+        """Whether this checkpoint was written later in training than ``other``."""
+        return _compare(self, other, strict_step=True) > 0
 
 
-def step_of(name: str) -> int | None:
-    """Return the training step a checkpoint file or directory name carries, or None."""
-    if _SHARD_NAME.search(name):
-        return None
-    for pattern in _STEP_PATTERNS:
-        match = pattern.match(name)
-        if match:
-            return int(match.group("step"))
-    return None
+def scan(
+    directory: Path, *, onset: Onset | None = None, onset_step: int | None = None
+) -> list[Checkpoint]:
+    """List the checkpoints directly inside ``directory``, oldest first, with a status each.
 
-
-def scan(directory: Path, *, onset_step: int | None = None) -> list[Checkpoint]:
-    """List the checkpoints directly inside ``directory``, sorted by step, with a status each.
-
-    A missing directory gives an empty list; the quarantine folder is never a checkpoint.
+    ``onset_step`` is the older spelling of ``onset=Onset(step=...)``. A missing or
+    unreadable directory gives an empty list.
     """
+    if onset is None and onset_step is not None:
+        onset = Onset(step=onset_step)
     root = Path(os.path.abspath(directory))
     try:
-        entries = list(os.scandir(root))
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
     except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        log.warning("cannot list checkpoint dir %s: %s", root, exc)
         return []
     found: list[Checkpoint] = []
     for entry in entries:
-        if entry.name == QUARANTINE_DIR:
+        name = entry.name
+        if name.startswith(".") or name == QUARANTINE_DIR or is_in_progress(name):
             continue
-        step = step_of(entry.name)
-        if step is None:
-            continue
-        path = root / entry.name
+        path = root / name
         try:
-            mtime = entry.stat().st_mtime
+            if entry.is_symlink() and path.resolve().parent == root:
+                continue  # a pointer to a sibling (Lightning's last.ckpt link)
+            checkpoint = _examine(path, entry.is_dir(), position_of(name), onset or Onset())
         except FileNotFoundError:
-            continue  # removed between listing and stat (the job's own rotation)
-        status, reason = _judge(path, entry.name, step, onset_step)
-        found.append(Checkpoint(path, step, status, reason, mtime))
-    found.sort(key=lambda c: (c.step, c.mtime, c.path.name))
+            continue  # removed between listing and reading (the job's own rotation)
+        except OSError as exc:
+            checkpoint = _unreadable(path, exc)
+        if checkpoint is not None:
+            found.append(checkpoint)
+    found.sort(key=functools.cmp_to_key(_compare))
     return found
 
 
 def last_clean(
-    checkpoints: Sequence[Checkpoint], onset_step: int | None = None
+    checkpoints: Sequence[Checkpoint],
+    onset: Onset | int | None = None,
+    *,
+    onset_step: int | None = None,
 ) -> Checkpoint | None:
-    """Return the newest clean checkpoint written before ``onset_step`` (any step if None)."""
+    """Return the newest clean checkpoint from before ``onset`` (any if None).
+
+    An int ``onset`` (or ``onset_step``) is an onset step.
+    """
+    if isinstance(onset, int):
+        onset = Onset(step=onset)
+    if onset is None:
+        onset = Onset(step=onset_step)
     candidates = [
         c
         for c in checkpoints
-        if c.status is CheckpointStatus.CLEAN and (onset_step is None or c.step < onset_step)
+        if c.status is CheckpointStatus.CLEAN and not onset.reaches(c.step, c.epoch, c.mtime)
     ]
-    if not candidates:
+    return max(candidates, key=functools.cmp_to_key(_compare), default=None)
+
+
+def _examine(path: Path, is_dir: bool, position: NamePosition, onset: Onset) -> Checkpoint | None:
+    if is_dir:
+        if not position.keyed and not holds_checkpoint(path):
+            return None  # "runs", "version_0": no step keyword and nothing a checkpoint holds
+        mtime = max([path.stat().st_mtime, *(f.stat().st_mtime for f in walk_files(path))])
+    else:
+        if path.name in _NOT_CHECKPOINTS or is_shard(path.name):
+            return None
+        if not checkpoint_suffix(path.name) and not position.keyed:
+            return None  # "latest", "notes.txt"
+        mtime = path.stat().st_mtime
+    step, epoch, placed_by = position.step, position.epoch, "name"
+    content: Content | None = None
+    if step is None and epoch is None:
+        content = dir_content(path) if is_dir else read_content(path)
+        step, epoch = content.step, content.epoch
+        placed_by = f"content: {content.where}" if content.where else "time"
+    after = onset.reaches(step, epoch, mtime)
+    if after:
+        status, reason, layout = CheckpointStatus.AFTER_ONSET, after, layout_of(path)
+    else:
+        verdict = judge_dir(path) if is_dir else judge_file(path, content)
+        status, reason, layout = verdict.status, verdict.reason, verdict.layout
+    return Checkpoint(path, step, status, reason, mtime, epoch, layout, placed_by)
+
+
+def _unreadable(path: Path, exc: OSError) -> Checkpoint | None:
+    try:
+        mtime = path.lstat().st_mtime
+    except FileNotFoundError:
         return None
-    return max(candidates, key=lambda c: (c.step, c.mtime))
+    except OSError:
+        mtime = 0.0
+    position = position_of(path.name)
+    reason = f"cannot read {exc.filename or path}: {exc.strerror or exc}"
+    return Checkpoint(
+        path, position.step, CheckpointStatus.UNREADABLE, reason, mtime, position.epoch, ""
+    )
 
 
-def _judge(
-    path: Path, name: str, step: int, onset_step: int | None
-) -> tuple[CheckpointStatus, str]:
-    if onset_step is not None and step >= onset_step:
-        return CheckpointStatus.AFTER_ONSET, f"step {step} >= onset step {onset_step}"
-    try:
-        if path.is_dir():
-            return _judge_dir(path, name)
-        problem = _check_file(path)
-    except OSError as exc:
-        return CheckpointStatus.CORRUPT, f"{name}: unreadable: {exc.strerror or exc}"
-    if problem:
-        return CheckpointStatus.CORRUPT, f"{name}: {problem}"
-    return CheckpointStatus.CLEAN, ""
-
-
-def _judge_dir(path: Path, name: str) -> tuple[CheckpointStatus, str]:
-    files = list(_walk_files(path))
-    if not files:
-        return CheckpointStatus.INCOMPLETE, "empty directory"
-    indexes = [f for f in files if f.name.endswith(".index.json")]
-    for file in files:
-        if file.suffix in WEIGHT_SUFFIXES:
-            problem = _check_file(file)
-        elif file in indexes:
-            problem = _check_shard_index(file)
-        else:
-            continue
-        if problem:
-            return CheckpointStatus.CORRUPT, f"{file.relative_to(path).as_posix()}: {problem}"
-    missing = _missing_shards(path, indexes) or _missing_required(path, name)
-    if missing:
-        return CheckpointStatus.INCOMPLETE, missing
-    return CheckpointStatus.CLEAN, ""
-
-
-def _walk_files(path: Path) -> Iterator[Path]:
-    base_depth = len(path.parts)
-    for dirpath, dirnames, filenames in os.walk(path):
-        current = Path(dirpath)
-        if len(current.parts) - base_depth >= MAX_DIR_DEPTH:
-            dirnames.clear()
-        dirnames.sort()
-        for filename in sorted(filenames):
-            yield current / filename
-
-
-def _missing_required(path: Path, name: str) -> str:
-    if name.startswith("checkpoint-"):
-        if not (path / "trainer_state.json").is_file():
-            return "missing trainer_state.json"
-        if not _has_hf_weights(path):
-            return "missing weights (model.safetensors, pytorch_model.bin, shard index, adapter)"
-    elif name.startswith("global_step") and not _has_deepspeed_states(path):
-        return "missing DeepSpeed *model_states.pt / *optim_states.pt"
-    return ""
-
-
-def _has_hf_weights(path: Path) -> bool:
-    if any((path / weights).is_file() for weights in HF_WEIGHT_FILES):
-        return True
-    if any(path.glob("*.index.json")):
-        return True
-    # HF Trainer under DeepSpeed may keep the weights only in its global_stepN subfolder.
-    return any(_has_deepspeed_states(sub) for sub in path.glob("global_step*") if sub.is_dir())
-
-
-def _has_deepspeed_states(path: Path) -> bool:
-    return any(path.glob("*model_states.pt")) or any(path.glob("*optim_states.pt"))
-
-
-def _check_file(path: Path) -> str:
-    """Return what is wrong with one weights file, or "" when it parses."""
-    size = path.stat().st_size
-    if size == 0:
-        return "empty file"
-    if path.suffix == ".safetensors":
-        return _check_safetensors(path, size)
-    if path.suffix in TORCH_SUFFIXES:
-        return _check_torch(path, size)
-    return ""
-
-
-def _check_safetensors(path: Path, size: int) -> str:
-    with path.open("rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            return f"file of {size} bytes is shorter than the 8-byte header length"
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len == 0 or header_len > MAX_SAFETENSORS_HEADER_BYTES:
-            return f"header length {header_len} is not sane"
-        if 8 + header_len > size:
-            return f"header length {header_len} exceeds file size {size}"
-        raw = handle.read(header_len)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        return "header is not JSON"
-    if not isinstance(header, dict):
-        return "header is not a JSON object"
-    data_size = size - 8 - header_len
-    max_end = 0
-    for tensor_name, info in header.items():
-        if tensor_name == "__metadata__":
-            continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]
-        ):
-            return f"tensor {tensor_name!r} has invalid data_offsets {offsets!r}"
-        if offsets[1] > data_size:
-            return (
-                f"tensor {tensor_name!r} ends at {offsets[1]} beyond the "
-                f"{data_size} data bytes (truncated)"
-            )
-        max_end = max(max_end, offsets[1])
-    if max_end != data_size:
-        return f"tensors end at {max_end} but the file holds {data_size} data bytes"
-    return ""
-
-
-def _check_torch(path: Path, size: int) -> str:
-    with path.open("rb") as handle:
-        magic = handle.read(4)
-    if magic[:2] in _PICKLE_PROTOCOL_PREFIXES:
-        return ""  # legacy (pre-1.6) torch.save: a bare pickle stream, no index to verify
-    if not magic.startswith(b"PK"):
-        return "neither a torch zip archive nor a legacy pickle"
-    try:
-        # ZipFile reads the end record and the central directory only.
-        with zipfile.ZipFile(path) as archive:
-            for info in archive.infolist():
-                if info.header_offset + info.compress_size > size:
-                    return f"zip member {info.filename!r} extends past the end of the file"
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError) as exc:
-        return f"torch zip archive unreadable: {exc}"
-    return ""
-
-
-def _shard_names(index_path: Path) -> list[str] | None:
-    """Return the shard files a ``*.index.json`` names, or None when it does not parse."""
-    try:
-        index = json.loads(index_path.read_bytes())
-    except (UnicodeDecodeError, ValueError):
-        return None
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict):
-        return None
-    return sorted({str(shard) for shard in weight_map.values()})
-
-
-def _check_shard_index(path: Path) -> str:
-    if _shard_names(path) is None:
-        return "shard index is not JSON with a weight_map object"
-    return ""
-
-
-def _missing_shards(path: Path, indexes: Sequence[Path]) -> str:
-    for index_path in indexes:
-        for shard in _shard_names(index_path) or ():
-            if not (index_path.parent / shard).is_file():
-                rel = index_path.relative_to(path).as_posix()
-                return f"{rel}: missing shard {shard} named in weight_map"
-    return ""
+def _compare(a: Checkpoint, b: Checkpoint, *, strict_step: bool = False) -> int:
+    """Order two checkpoints by step where both have one, else epoch, else time."""
+    if a.step is not None and b.step is not None and (a.step != b.step or strict_step):
+        return (a.step > b.step) - (a.step < b.step)
+    if a.epoch is not None and b.epoch is not None and a.epoch != b.epoch:
+        return (a.epoch > b.epoch) - (a.epoch < b.epoch)
+    if a.mtime != b.mtime:
+        return (a.mtime > b.mtime) - (a.mtime < b.mtime)
+    return (a.path.name > b.path.name) - (a.path.name < b.path.name)
