@@ -29,8 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.actions.clone import Method, clone, link_or_clone
-from sentinel.sources import checkpoints
-from sentinel.sources.checkpoints import QUARANTINE_DIR, WEIGHT_SUFFIXES, step_of
+from sentinel.sources.checkpoint_files import check_weights, read_content
+from sentinel.sources.checkpoint_names import (
+    checkpoint_suffix,
+    is_in_progress,
+    is_shard,
+    position_of,
+)
+from sentinel.sources.checkpoints import QUARANTINE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,7 @@ class KeptVersion:
     original: Path
     number: int
     step: int | None
+    epoch: int | None
     mtime: float
     mtime_ns: int
     size: int
@@ -78,10 +85,14 @@ class KeptVersion:
 
 
 def is_overwritten_file(name: str) -> bool:
-    """Whether ``name`` is a weights file whose name carries no step: one rewritten per save."""
-    if name.startswith(".") or name == QUARANTINE_DIR:
+    """Whether ``name`` is a weights file whose name carries no step or epoch.
+
+    Such a file (``ckpt.pt``, ``last.pt``) is rewritten at every save.
+    """
+    if name.startswith(".") or name == QUARANTINE_DIR or is_in_progress(name) or is_shard(name):
         return False
-    return Path(name).suffix in WEIGHT_SUFFIXES and step_of(name) is None
+    position = position_of(name)
+    return bool(checkpoint_suffix(name)) and position.step is None and position.epoch is None
 
 
 def kept_versions(directory: Path, name: str | None = None) -> list[KeptVersion]:
@@ -140,14 +151,14 @@ class Keeper:
         versions: int = DEFAULT_VERSIONS,
         settle_s: float = SETTLE_S,
         check: Callable[[Path], str] | None = None,
-        step_reader: Callable[[Path], int | None] | None = None,
+        position_reader: Callable[[Path], tuple[int | None, int | None]] | None = None,
     ) -> None:
         self.directory = Path(os.path.abspath(directory))
         self.max_bytes = max_bytes
         self.versions_kept = max(versions, 2)
         self.settle_s = settle_s
         self._check = check or weights_problem
-        self._step_reader = step_reader
+        self._read_position = position_reader or read_position
         self._tracked: dict[str, _Tracked] = {}
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -263,11 +274,13 @@ class Keeper:
             return
         if method is not Method.LINK:
             os.utime(kept, ns=(mtime_ns, mtime_ns))
+        step, epoch = self._read_position(kept)
         version = KeptVersion(
             path=folder / f"{number:06d}" / name,
             original=job.path,
             number=number,
-            step=self._step_reader(kept) if self._step_reader else None,
+            step=step,
+            epoch=epoch,
             mtime=mtime_ns / 1e9,
             mtime_ns=mtime_ns,
             size=size,
@@ -310,9 +323,18 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
 def weights_problem(path: Path) -> str:
     """What is wrong with one weights file ("" when it parses), as the scan judges it."""
     try:
-        return checkpoints._check_file(path)
+        return check_weights(path)
     except OSError as error:
         return f"unreadable: {error.strerror or error}"
+
+
+def read_position(path: Path) -> tuple[int | None, int | None]:
+    """The step and epoch a weights file holds (``iter_num``...), read without unpickling it."""
+    try:
+        content = read_content(path)
+    except OSError:
+        return None, None
+    return content.step, content.epoch
 
 
 def _listdir(path: Path) -> list[str]:
@@ -330,6 +352,7 @@ def _read_sidecar(folder: Path, name: str) -> KeptVersion | None:
             original=Path(raw["original"]),
             number=int(folder.name),
             step=None if raw.get("step") is None else int(raw["step"]),
+            epoch=None if raw.get("epoch") is None else int(raw["epoch"]),
             mtime=float(raw["mtime"]),
             mtime_ns=int(raw["mtime_ns"]),
             size=int(raw["size"]),

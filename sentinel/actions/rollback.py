@@ -30,6 +30,7 @@ from sentinel.sources.checkpoints import (
     QUARANTINE_DIR,
     Checkpoint,
     CheckpointStatus,
+    Onset,
     last_clean,
     scan,
 )
@@ -48,90 +49,96 @@ class RollbackPlan:
 
     restore: Checkpoint | None
     quarantine: list[Checkpoint]
-    onset_step: int | None
+    onset: Onset
     #: The kept version that goes back to ``restore.path`` once the file there is
     #: quarantined; None when the checkpoint to resume from is in place already.
     put_back: KeptVersion | None = None
 
+    @property
+    def onset_step(self) -> int | None:
+        return self.onset.step
 
-def plan_rollback(directory: Path, onset_step: int | None) -> RollbackPlan:
+
+def plan_rollback(directory: Path, onset: Onset | int | None) -> RollbackPlan:
     """Plan a rollback: restore the last clean checkpoint, quarantine every newer one.
 
     The kept versions of overwritten files are candidates beside ``scan(directory)``.
+    An int ``onset`` is an onset step.
     """
-    checkpoints = scan(directory, onset_step=onset_step)
-    restore = last_clean(checkpoints, onset_step)
-    kept = _newest_clean_kept(directory, onset_step)
-    if kept is not None and (restore is None or kept.step > restore.step):
-        return _plan_put_back(directory, checkpoints, kept, onset_step)
-    quarantine = [c for c in checkpoints if restore is None or c.step > restore.step]
-    return RollbackPlan(restore=restore, quarantine=quarantine, onset_step=onset_step)
+    if not isinstance(onset, Onset):
+        onset = Onset(step=onset)
+    checkpoints = scan(directory, onset=onset)
+    restore = last_clean(checkpoints, onset)
+    put_back: KeptVersion | None = None
+    kept = _newest_clean_kept(directory, onset)
+    if kept is not None and (restore is None or kept[1].is_newer_than(restore)):
+        put_back, restore = kept
+        if _in_place(put_back, restore.path):
+            put_back = None  # the clean version is the file in place: nothing to put back
+    quarantine = [
+        c
+        for c in checkpoints
+        if restore is None
+        or c.is_newer_than(restore)
+        or (put_back is not None and c.path == restore.path)
+    ]
+    if (
+        put_back is not None
+        and restore is not None
+        and not any(c.path == restore.path for c in quarantine)
+    ):
+        quarantine.extend(_unscanned(restore.path, put_back))
+    return RollbackPlan(restore, quarantine, onset, put_back)
 
 
-@dataclass(frozen=True)
-class _Kept:
-    """A kept version that can be resumed from (its step known)."""
+def _newest_clean_kept(directory: Path, onset: Onset) -> tuple[KeptVersion, Checkpoint] | None:
+    """The newest kept version that is intact, parses and was written before the onset.
 
-    version: KeptVersion
-    step: int
-
-
-def _newest_clean_kept(directory: Path, onset_step: int | None) -> _Kept | None:
-    """The newest kept version that is intact, parses and was written before the onset."""
-    best: _Kept | None = None
-    for version in kept_versions(directory):
-        if version.step is None:
-            continue  # before or after the onset cannot be told without a step
-        if onset_step is not None and version.step >= onset_step:
+    With it, the checkpoint it makes once put back at its original path.
+    """
+    root = Path(os.path.abspath(directory))
+    best: tuple[KeptVersion, Checkpoint] | None = None
+    for version in reversed(kept_versions(directory)):
+        if onset.reaches(version.step, version.epoch, version.mtime):
             continue
-        if best is not None and (version.step, version.mtime) <= (best.step, best.version.mtime):
+        candidate = Checkpoint(
+            root / version.original.name,
+            version.step,
+            CheckpointStatus.CLEAN,
+            f"kept version {version.number} ({version.method})",
+            version.mtime,
+            version.epoch,
+            placed_by=f"kept version {version.number}",
+        )
+        if best is not None and not candidate.is_newer_than(best[1]):
             continue
         if not version.intact():
-            log.warning(
-                "kept version %s changed since it was kept: not resuming from it", version.path
-            )
+            log.warning("kept %s changed since it was kept: not resuming from it", version.path)
             continue
         problem = weights_problem(version.path)
         if problem:
-            log.warning(
-                "kept version %s does not parse (%s): not resuming from it", version.path, problem
-            )
+            log.warning("kept %s does not parse (%s): not resuming from it", version.path, problem)
             continue
-        best = _Kept(version, version.step)
+        best = (version, candidate)
     return best
 
 
-def _plan_put_back(
-    directory: Path, checkpoints: list[Checkpoint], kept: _Kept, onset_step: int | None
-) -> RollbackPlan:
-    original = Path(os.path.abspath(directory)) / kept.version.original.name
-    restore = Checkpoint(
-        original,
-        kept.step,
-        CheckpointStatus.CLEAN,
-        f"kept version {kept.version.number} ({kept.version.method})",
-        kept.version.mtime,
-    )
-    quarantine = [c for c in checkpoints if c.step > kept.step and c.path != original]
+def _in_place(version: KeptVersion, path: Path) -> bool:
     try:
-        stat = os.stat(original)
+        stat = os.stat(path)
+    except OSError:
+        return False
+    return (stat.st_size, stat.st_mtime_ns) == (version.size, version.mtime_ns)
+
+
+def _unscanned(path: Path, version: KeptVersion) -> list[Checkpoint]:
+    """The file in place that the scan did not list (none where nothing is there)."""
+    try:
+        mtime = os.stat(path).st_mtime
     except FileNotFoundError:
-        return RollbackPlan(restore, quarantine, onset_step, put_back=kept.version)
-    if (stat.st_size, stat.st_mtime_ns) == (kept.version.size, kept.version.mtime_ns):
-        return RollbackPlan(restore, quarantine, onset_step)  # the clean version is in place
-    scanned = [c for c in checkpoints if c.path == original]
-    in_place = (
-        scanned[0]
-        if scanned
-        else Checkpoint(
-            original,
-            kept.step,
-            CheckpointStatus.AFTER_ONSET,
-            f"rewritten since kept version {kept.version.number}",
-            stat.st_mtime,
-        )
-    )
-    return RollbackPlan(restore, [*quarantine, in_place], onset_step, put_back=kept.version)
+        return []
+    reason = f"rewritten since kept version {version.number}"
+    return [Checkpoint(path, None, CheckpointStatus.AFTER_ONSET, reason, mtime)]
 
 
 def sanitize_label(label: str) -> str:
@@ -240,7 +247,11 @@ def _record(target_dir: Path, label: str, plan: RollbackPlan, items: list[dict[s
     path = target_dir / MANIFEST
     manifest = read_manifest(target_dir) or {"label": label, "items": [], "put_back": []}
     manifest["items"].extend(items)
-    manifest["onset_step"] = plan.onset_step
+    manifest["onset"] = {
+        "step": plan.onset.step,
+        "epoch": plan.onset.epoch,
+        "time": plan.onset.time,
+    }
     manifest["time"] = time.time()
     version = plan.put_back
     if version is not None and plan.restore is not None and os.path.lexists(plan.restore.path):

@@ -13,7 +13,6 @@ import pytest
 from sentinel.actions.keep import KEPT_DIR, SIDECAR, Keeper, is_overwritten_file, kept_versions
 from tests.helpers.kept import (
     digest,
-    fixture_step,
     mtime_ns,
     replace_by_rename,
     rewrite_in_place,
@@ -163,6 +162,9 @@ def test_a_kept_link_the_job_rewrites_in_place_is_no_longer_intact(
         ("model.safetensors", True),
         ("last.ckpt", True),
         ("checkpoint-40.pt", False),
+        ("model_step40.pt", False),
+        ("epoch_3.pt", False),
+        ("model-00001-of-00002.safetensors", False),
         (".ckpt.pt.tmp", False),
         (".hidden.pt", False),
         ("notes.txt", False),
@@ -174,7 +176,7 @@ def test_which_files_are_tracked(name: str, tracked: bool) -> None:
 
 
 def test_step_named_and_hidden_files_are_left_alone(tmp_path: Path, keeper: Keeper) -> None:
-    (tmp_path / "model-40.pt").write_bytes(version_bytes(40))
+    (tmp_path / "model_step40.pt").write_bytes(version_bytes(40))
     (tmp_path / ".ckpt.pt").write_bytes(version_bytes(40))
     settle(keeper, 0.0)
     assert kept_versions(tmp_path) == []
@@ -203,7 +205,7 @@ def test_a_sidecar_that_does_not_parse_is_skipped(
 
 
 def test_the_step_inside_is_recorded(tmp_path: Path) -> None:
-    keeper = Keeper(tmp_path, step_reader=fixture_step)
+    keeper = Keeper(tmp_path)  # read from inside, by the scan's pickle walk
     ckpt = tmp_path / "ckpt.pt"
     now = 0.0
     for step in (20, 40):

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from sentinel.actions.rollback import MANIFEST, apply_rollback, plan_rollback, s
 from sentinel.sources.checkpoints import QUARANTINE_DIR, CheckpointStatus
 from tests.helpers.kept import (
     digest,
-    fixture_step,
+    fixture_position,
     mtime_ns,
     rewrite_in_place,
     settle,
@@ -28,13 +29,16 @@ from tests.helpers.kept import (
 LABEL = "20261121T031204-nan_inf"
 
 
-def write_checkpoint(path: Path, *, step: int, state: bool = True, corrupt: bool = False) -> None:
+def write_checkpoint(
+    path: Path, *, step: int, state: bool = True, weights: bool = True, corrupt: bool = False
+) -> None:
     """Write an HF Trainer checkpoint dir whose files carry the step in their content."""
     path.mkdir(parents=True)
     header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
     length = 999 if corrupt else len(header)
     data = struct.pack("<Q", length) + header + struct.pack("<q", step)
-    (path / "model.safetensors").write_bytes(data)
+    if weights:
+        (path / "model.safetensors").write_bytes(data)
     if state:
         (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
 
@@ -44,7 +48,7 @@ def build_run(directory: Path) -> None:
     for step in (100, 200, 500, 600):
         write_checkpoint(directory / f"checkpoint-{step}", step=step)
     write_checkpoint(directory / "checkpoint-300", step=300, corrupt=True)
-    write_checkpoint(directory / "checkpoint-400", step=400, state=False)
+    write_checkpoint(directory / "checkpoint-400", step=400, weights=False)
     (directory / "runs").mkdir()
     (directory / "runs" / "events.out").write_text("tensorboard")
 
@@ -66,7 +70,7 @@ def get_last_checkpoint(folder: Path) -> Path | None:
 
 def test_plan_restores_last_clean_and_quarantines_every_newer(tmp_path: Path) -> None:
     build_run(tmp_path)
-    plan = plan_rollback(tmp_path, onset_step=500)
+    plan = plan_rollback(tmp_path, onset=500)
     assert plan.restore is not None
     assert plan.restore.path == tmp_path / "checkpoint-200"
     assert plan.onset_step == 500
@@ -81,7 +85,7 @@ def test_plan_restores_last_clean_and_quarantines_every_newer(tmp_path: Path) ->
 def test_apply_moves_exactly_the_newer_ones_and_deletes_nothing(tmp_path: Path) -> None:
     build_run(tmp_path)
     before = content_digests(tmp_path)
-    plan = plan_rollback(tmp_path, onset_step=500)
+    plan = plan_rollback(tmp_path, onset=500)
     moved = apply_rollback(plan, tmp_path, label=LABEL)
 
     target = tmp_path / QUARANTINE_DIR / LABEL
@@ -100,17 +104,17 @@ def test_apply_moves_exactly_the_newer_ones_and_deletes_nothing(tmp_path: Path) 
 def test_resume_from_latest_finds_the_clean_one(tmp_path: Path) -> None:
     build_run(tmp_path)
     assert get_last_checkpoint(tmp_path) == tmp_path / "checkpoint-600"
-    plan = plan_rollback(tmp_path, onset_step=500)
+    plan = plan_rollback(tmp_path, onset=500)
     apply_rollback(plan, tmp_path, label=LABEL)
     assert plan.restore is not None
     assert get_last_checkpoint(tmp_path) == plan.restore.path
-    assert plan_rollback(tmp_path, onset_step=None).quarantine == []
+    assert plan_rollback(tmp_path, onset=None).quarantine == []
 
 
 def test_dry_run_moves_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     build_run(tmp_path)
     listing = sorted(str(p) for p in tmp_path.rglob("*"))
-    plan = plan_rollback(tmp_path, onset_step=500)
+    plan = plan_rollback(tmp_path, onset=500)
     with caplog.at_level(logging.WARNING, logger="sentinel.actions.rollback"):
         would = apply_rollback(plan, tmp_path, label=LABEL, dry_run=True)
     target = tmp_path / QUARANTINE_DIR / LABEL
@@ -122,11 +126,11 @@ def test_dry_run_moves_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture)
 
 def test_name_collision_gets_a_suffix_and_overwrites_nothing(tmp_path: Path) -> None:
     build_run(tmp_path)
-    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=500), tmp_path, label=LABEL)
     # The job resumes from 200, diverges again, writes 300 again.
     write_checkpoint(tmp_path / "checkpoint-300", step=3000)
     before = content_digests(tmp_path)
-    plan = plan_rollback(tmp_path, onset_step=300)
+    plan = plan_rollback(tmp_path, onset=300)
     assert [c.path.name for c in plan.quarantine] == ["checkpoint-300"]
     dry = apply_rollback(plan, tmp_path, label=LABEL, dry_run=True)
     moved = apply_rollback(plan, tmp_path, label=LABEL)
@@ -149,7 +153,7 @@ def test_restore_none_when_nothing_is_clean(tmp_path: Path) -> None:
     write_checkpoint(tmp_path / "checkpoint-100", step=100, corrupt=True)
     write_checkpoint(tmp_path / "checkpoint-200", step=200)
     (tmp_path / "model-300.pt").write_bytes(b"")
-    plan = plan_rollback(tmp_path, onset_step=200)
+    plan = plan_rollback(tmp_path, onset=200)
     assert plan.restore is None
     assert [c.step for c in plan.quarantine] == [100, 200, 300]
     moved = apply_rollback(plan, tmp_path, label=LABEL)
@@ -159,7 +163,7 @@ def test_restore_none_when_nothing_is_clean(tmp_path: Path) -> None:
 
 
 def test_empty_or_missing_directory_plans_nothing(tmp_path: Path) -> None:
-    plan = plan_rollback(tmp_path / "missing", onset_step=10)
+    plan = plan_rollback(tmp_path / "missing", onset=10)
     assert (plan.restore, plan.quarantine) == (None, [])
     assert apply_rollback(plan, tmp_path / "missing", label=LABEL) == []
     assert not (tmp_path / "missing").exists()
@@ -167,9 +171,8 @@ def test_empty_or_missing_directory_plans_nothing(tmp_path: Path) -> None:
 
 def test_vanished_checkpoint_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     build_run(tmp_path)
-    plan = plan_rollback(tmp_path, onset_step=500)
-    (tmp_path / "checkpoint-400" / "model.safetensors").unlink()
-    (tmp_path / "checkpoint-400").rmdir()
+    plan = plan_rollback(tmp_path, onset=500)
+    shutil.rmtree(tmp_path / "checkpoint-400")
     with caplog.at_level(logging.WARNING, logger="sentinel.actions.rollback"):
         moved = apply_rollback(plan, tmp_path, label=LABEL)
     assert [p.name for p in moved] == ["checkpoint-300", "checkpoint-500", "checkpoint-600"]
@@ -192,13 +195,13 @@ def test_sanitize_label(label: str, expected: str) -> None:
 
 def test_hostile_label_stays_inside_quarantine(tmp_path: Path) -> None:
     build_run(tmp_path)
-    moved = apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label="../../x")
+    moved = apply_rollback(plan_rollback(tmp_path, onset=500), tmp_path, label="../../x")
     assert all(p.parent.parent == tmp_path / QUARANTINE_DIR for p in moved)
 
 
 def test_manifest_records_where_each_item_came_from(tmp_path: Path) -> None:
     build_run(tmp_path)
-    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=500), tmp_path, label=LABEL)
     manifest = json.loads((tmp_path / QUARANTINE_DIR / LABEL / MANIFEST).read_text())
     assert manifest["label"] == LABEL
     assert [(i["name"], i["origin"], i["status"]) for i in manifest["items"]] == [
@@ -214,7 +217,7 @@ def test_manifest_records_where_each_item_came_from(tmp_path: Path) -> None:
 
 def kept_run(directory: Path, *, last_step: int = 60) -> Keeper:
     """A job that rewrites ckpt.pt in place at steps 20, 40, 60, watched by a keeper."""
-    keeper = Keeper(directory, step_reader=fixture_step, versions=3)
+    keeper = Keeper(directory, position_reader=fixture_position, versions=3)
     now = 0.0
     for step in (20, 40, 60):
         if step <= last_step:
@@ -226,7 +229,7 @@ def kept_run(directory: Path, *, last_step: int = 60) -> Keeper:
 
 def test_a_kept_version_goes_back_and_the_poisoned_file_is_quarantined(tmp_path: Path) -> None:
     kept_run(tmp_path)  # the NaN came at step 50: the version of step 60 is poisoned
-    plan = plan_rollback(tmp_path, onset_step=50)
+    plan = plan_rollback(tmp_path, onset=50)
     assert plan.restore is not None and plan.put_back is not None
     assert (plan.restore.path, plan.restore.step) == (tmp_path / "ckpt.pt", 40)
     assert [c.path for c in plan.quarantine] == [tmp_path / "ckpt.pt"]
@@ -245,7 +248,7 @@ def test_a_kept_version_goes_back_and_the_poisoned_file_is_quarantined(tmp_path:
 
 def test_the_clean_version_in_place_is_resumed_without_a_copy(tmp_path: Path) -> None:
     kept_run(tmp_path, last_step=40)
-    plan = plan_rollback(tmp_path, onset_step=50)
+    plan = plan_rollback(tmp_path, onset=50)
     assert plan.restore is not None
     assert (plan.restore.path, plan.restore.step, plan.put_back) == (tmp_path / "ckpt.pt", 40, None)
     assert plan.quarantine == []
@@ -255,7 +258,7 @@ def test_a_kept_version_no_longer_intact_is_not_resumed_from(tmp_path: Path) -> 
     kept_run(tmp_path)
     forty = next(v for v in kept_versions(tmp_path) if v.step == 40)
     os.utime(forty.path, ns=(1, 1))
-    plan = plan_rollback(tmp_path, onset_step=50)
+    plan = plan_rollback(tmp_path, onset=50)
     assert plan.restore is not None and plan.put_back is not None
     assert plan.restore.step == 20
 
@@ -264,7 +267,7 @@ def test_restore_round_trip_puts_everything_back(tmp_path: Path) -> None:
     build_run(tmp_path)
     listing = sorted(str(p) for p in tmp_path.rglob("*"))
     before = content_digests(tmp_path)
-    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=500), tmp_path, label=LABEL)
 
     moves = restore_quarantine(tmp_path, LABEL[:10])  # a unique prefix will do
 
@@ -277,7 +280,7 @@ def test_restore_round_trip_puts_everything_back(tmp_path: Path) -> None:
 
 def test_restore_after_a_put_back_brings_the_newer_file_back(tmp_path: Path) -> None:
     kept_run(tmp_path)
-    apply_rollback(plan_rollback(tmp_path, onset_step=50), tmp_path, label=LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=50), tmp_path, label=LABEL)
     restore_quarantine(tmp_path, LABEL)
     assert digest((tmp_path / "ckpt.pt").read_bytes()) == digest(version_bytes(60))
     assert [v.step for v in kept_versions(tmp_path) if v.intact()] == [20, 40, 60]
@@ -286,7 +289,7 @@ def test_restore_after_a_put_back_brings_the_newer_file_back(tmp_path: Path) -> 
 
 def test_restore_refuses_when_the_job_wrote_over_the_put_back(tmp_path: Path) -> None:
     kept_run(tmp_path)
-    apply_rollback(plan_rollback(tmp_path, onset_step=50), tmp_path, label=LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=50), tmp_path, label=LABEL)
     rewrite_in_place(tmp_path / "ckpt.pt", 20)  # the resumed job saved again
     with pytest.raises(RestoreRefused, match=r"ckpt\.pt exists"):
         restore_quarantine(tmp_path, LABEL)
@@ -296,7 +299,7 @@ def test_restore_refuses_when_the_job_wrote_over_the_put_back(tmp_path: Path) ->
 
 def test_restore_refuses_over_an_existing_destination_and_moves_nothing(tmp_path: Path) -> None:
     build_run(tmp_path)
-    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=500), tmp_path, label=LABEL)
     write_checkpoint(tmp_path / "checkpoint-600", step=6000)  # the resumed job got there again
     quarantined = sorted(os.listdir(tmp_path / QUARANTINE_DIR / LABEL))
     with pytest.raises(RestoreRefused, match="checkpoint-600 exists"):
@@ -311,7 +314,7 @@ def test_restore_refuses_over_an_existing_destination_and_moves_nothing(tmp_path
 )
 def test_restore_needs_one_quarantine(tmp_path: Path, incident: str, message: str) -> None:
     build_run(tmp_path)
-    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=500), tmp_path, label=LABEL)
     (tmp_path / QUARANTINE_DIR / "20261122T000000-stall").mkdir()
     with pytest.raises(RestoreRefused, match=message):
         restore_quarantine(tmp_path, incident)
@@ -319,7 +322,7 @@ def test_restore_needs_one_quarantine(tmp_path: Path, incident: str, message: st
 
 def test_restore_refuses_a_manifest_pointing_outside(tmp_path: Path) -> None:
     build_run(tmp_path)
-    apply_rollback(plan_rollback(tmp_path, onset_step=500), tmp_path, label=LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=500), tmp_path, label=LABEL)
     manifest_path = tmp_path / QUARANTINE_DIR / LABEL / MANIFEST
     manifest = json.loads(manifest_path.read_text())
     manifest["items"][0]["origin"] = str(tmp_path.parent / "elsewhere")

@@ -29,6 +29,11 @@ def fixture_step(path: Path) -> int | None:
     return next((step for step in STEPS if digest(version_bytes(step)) == data), None)
 
 
+def fixture_position(path: Path) -> tuple[int | None, int | None]:
+    """``fixture_step`` as the keeper's position reader: the step, no epoch."""
+    return fixture_step(path), None
+
+
 def mtime_ns(step: int) -> int:
     return T0_NS + step * 10**9
 
