@@ -109,8 +109,11 @@ def alerts(out: str) -> list[dict[str, Any]]:
 
 # --- what each taken option does, by verb --------------------------------------------------
 
-# A settings option's arguments and what the effective config then holds.
+# A settings option's arguments and what the effective config then holds (in tmp_path,
+# where CONFIG is written).
+CONFIG = 'state_dir = "from-file"\n[job]\nmax_restarts = 5\n'
 SETTINGS: dict[str, tuple[list[str], Callable[[dict[str, Any]], bool]]] = {
+    "--config": (["--config", "sentinel.toml"], lambda c: c["job"]["max_restarts"] == 5),
     "--log": (["--log", "a.log", "--log", "b*.log"], lambda c: c["logs"] == ["a.log", "b*.log"]),
     "--checkpoints": (["--checkpoints", "ckpts"], lambda c: c["checkpoints"] == "ckpts"),
     "--notify": (
@@ -129,28 +132,22 @@ SETTINGS: dict[str, tuple[list[str], Callable[[dict[str, Any]], bool]]] = {
 
 def config_file(tmp_path: Path) -> Path:
     path = tmp_path / "sentinel.toml"
-    path.write_text('state_dir = "from-file"\n[job]\nmax_restarts = 5\n')
+    path.write_text(CONFIG)
     return path
 
 
 def run_takes(option: str, run: Run, tmp_path: Path) -> None:
     """``run`` hands the option to the settings the supervisor runs with."""
-    if option == "--config":
-        args = ["--config", config_file(tmp_path)]
-        check: Callable[[dict[str, Any]], bool] = lambda c: c["job"]["max_restarts"] == 5  # noqa: E731
-    else:
-        args, check = SETTINGS[option]
+    config_file(tmp_path)
+    args, check = SETTINGS[option]
     settings = cli._settings(parse("run", *args, *NEEDS["run"]))
     assert check(effective_config(settings))
 
 
 def check_config_takes(option: str, run: Run, tmp_path: Path) -> None:
     """``check-config`` prints what the option set (secrets masked)."""
-    if option == "--config":
-        args = ["--config", config_file(tmp_path)]
-        check: Callable[[dict[str, Any]], bool] = lambda c: c["job"]["max_restarts"] == 5  # noqa: E731
-    else:
-        args, check = SETTINGS[option]
+    config_file(tmp_path)
+    args, check = SETTINGS[option]
     result = run("check-config", "--json", *args)
     assert result.code == 0, result.err
     assert check(json.loads(result.out))
@@ -270,12 +267,10 @@ def settings_option(check: Callable[[str, Run, Path], None], option: str) -> Any
     return lambda run, tmp_path: check(option, run, tmp_path)
 
 
-SETTINGS_OPTIONS = ["--config", *SETTINGS]
-
 #: (verb, option) -> a check that the verb honours the option.
 HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
-    **{("run", o): settings_option(run_takes, o) for o in SETTINGS_OPTIONS},
-    **{("check-config", o): settings_option(check_config_takes, o) for o in SETTINGS_OPTIONS},
+    **{("run", o): settings_option(run_takes, o) for o in SETTINGS},
+    **{("check-config", o): settings_option(check_config_takes, o) for o in SETTINGS},
     ("check-config", "--json"): check_config_json,
     ("replay", "--config"): replay_config,
     ("replay", "--log"): replay_log,
