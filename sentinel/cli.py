@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         because={"--verbose": "checkpoints logs nothing: it prints what it finds"},
     )
     checkpoints.add_argument("directory", type=Path, metavar="DIR", help="the directory to list")
+    checkpoints.add_argument(
+        "--restore",
+        metavar="INCIDENT",
+        help="undo a rollback: move the quarantine INCIDENT (its folder's name, or a unique"
+        " prefix) back where each item came from; refuses if any of those places is taken",
+    )
 
     notify_test = verbs.add_parser("notify-test", help="send a test alert to every target")
     add_shared(
@@ -101,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_shared(
         status,
-        takes=["--config", "--state-dir", "--json", "--verbose"],
+        takes=["--config", "--state-dir", "--checkpoints", "--json", "--verbose"],
         why="status only reads the state dir; it changes nothing",
     )
 
@@ -278,6 +284,8 @@ def _print_replay_table(result: Any, settings: Settings) -> None:
 def _checkpoints(args: argparse.Namespace) -> int:
     from sentinel.sources.checkpoints import last_clean, scan
 
+    if args.restore is not None:
+        return _restore(args)
     if not args.directory.is_dir():
         print(f"sentinel checkpoints: not a directory: {args.directory}", file=sys.stderr)
         return EXIT_USAGE
@@ -313,6 +321,28 @@ def _checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restore(args: argparse.Namespace) -> int:
+    """``sentinel checkpoints --restore INCIDENT DIR``: put a rollback's quarantine back."""
+    from sentinel.actions.restore import RestoreRefused, restore_quarantine
+
+    if not args.directory.is_dir():
+        print(f"sentinel checkpoints: not a directory: {args.directory}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        moves = restore_quarantine(args.directory, args.restore)
+    except RestoreRefused as error:
+        print(f"sentinel checkpoints --restore: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        restored = [{"from": str(m.source), "to": str(m.destination)} for m in moves]
+        print(json.dumps({"restored": restored}, indent=2))
+        return 0
+    for move in moves:
+        print(f"restored {move.destination} (from {move.source.parent})")
+    print(f"{len(moves)} item(s) back from the quarantine")
+    return 0
+
+
 def _notify_test(args: argparse.Namespace) -> int:
     import socket
     import time
@@ -345,9 +375,14 @@ def _notify_test(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from sentinel.status import NoState, gather
 
-    state_dir = Path(args.state_dir) if args.state_dir else _settings(args).state_dir
+    settings = _settings(args)
+    state_dir = Path(args.state_dir) if args.state_dir else settings.state_dir
     try:
-        status = gather(state_dir)
+        status = gather(
+            state_dir,
+            checkpoints=settings.checkpoints,
+            warn_disk_bytes=settings.keep.warn_disk_bytes,
+        )
     except NoState as error:
         print(f"sentinel status: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -3,8 +3,10 @@
 ``gather`` reads ``state.db`` without writing to it (another sentinel may be
 running): the last run id, the job's state as the supervisor last wrote it,
 messages still owed, each target's last delivery success and failure (with the
-masked error, stored here by the notifier with ``record_result``), and the
-heartbeat's last ping.
+masked error, stored here by the notifier with ``record_result``), the
+heartbeat's last ping, and the disk that rollback's quarantine and the kept
+copies of overwritten checkpoints take in the checkpoint dir (kv ``checkpoints.dir``,
+as the supervisor recorded it, else the configured one).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sentinel.actions.disk import DiskUse, disk_use, human_bytes
 from sentinel.actions.outbox import read_pending, target_hash
 from sentinel.state import StateStore
 
 UNKNOWN = "unknown"
+#: kv key: the checkpoint dir of the run (absolute), written by the supervisor.
+CHECKPOINTS_DIR_KEY = "checkpoints.dir"
 _T = TypeVar("_T")
 
 
@@ -104,10 +109,19 @@ class Status:
     targets: list[TargetResult] = field(default_factory=list)
     heartbeat_last_ok_at: float | None = None
     heartbeat_last_error: str | None = None
+    #: Quarantine and kept copies in the checkpoint dir; None when no dir is known.
+    disk: DiskUse | None = None
+    #: ``[keep] warn_disk_bytes``: warn above this many bytes.
+    warn_disk_bytes: int | None = None
 
     @property
     def pending_total(self) -> int:
         return sum(self.pending.values())
+
+    @property
+    def disk_over_limit(self) -> bool:
+        limit = self.warn_disk_bytes
+        return self.disk is not None and limit is not None and self.disk.total_bytes > limit
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,6 +134,16 @@ class Status:
             "heartbeat": {
                 "last_ok_at": self.heartbeat_last_ok_at,
                 "last_error": self.heartbeat_last_error,
+            },
+            "disk": None
+            if self.disk is None
+            else {
+                "checkpoints": str(self.disk.directory),
+                "quarantine_bytes": self.disk.quarantine_bytes,
+                "kept_bytes": self.disk.kept_bytes,
+                "total_bytes": self.disk.total_bytes,
+                "warn_disk_bytes": self.warn_disk_bytes,
+                "over_limit": self.disk_over_limit,
             },
         }
 
@@ -140,6 +164,7 @@ class Status:
             f"job:        {job.state}{pid}{restarts}{updated}",
             f"messages:   {self.pending_total} pending",
             f"heartbeat:  {heartbeat}",
+            *self._disk_lines(),
             "targets:" if self.targets or self.pending else "targets:    none tried yet",
         ]
         names = {target.name for target in self.targets} | set(self.pending)
@@ -156,6 +181,22 @@ class Status:
                 out.append(f"    last error:   {result.last_error}")
         return out
 
+    def _disk_lines(self) -> list[str]:
+        disk = self.disk
+        if disk is None:
+            return ["disk:       no checkpoint dir known"]
+        out = [
+            f"disk:       quarantine {human_bytes(disk.quarantine_bytes)},"
+            f" kept copies {human_bytes(disk.kept_bytes)} (in {disk.directory})"
+        ]
+        if self.disk_over_limit and self.warn_disk_bytes is not None:
+            out.append(
+                f"warning:    quarantine and kept copies take {human_bytes(disk.total_bytes)},"
+                f" over the {human_bytes(self.warn_disk_bytes)} of [keep] warn_disk_bytes;"
+                " nothing is deleted by itself"
+            )
+        return out
+
 
 def when(epoch_s: float | None) -> str:
     """An epoch time as UTC for people; "never" for None."""
@@ -164,8 +205,13 @@ def when(epoch_s: float | None) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def gather(state_dir: Path) -> Status:
-    """Read the status from ``state_dir``'s state.db; raise ``NoState`` when there is none."""
+def gather(
+    state_dir: Path, *, checkpoints: Path | None = None, warn_disk_bytes: int | None = None
+) -> Status:
+    """Read the status from ``state_dir``'s state.db; raise ``NoState`` when there is none.
+
+    The disk figures are of the checkpoint dir the run recorded, else of ``checkpoints``.
+    """
     path = state_dir / "state.db"
     if not path.is_file():
         raise NoState(f"no sentinel state in {state_dir} (no state.db)")
@@ -186,7 +232,15 @@ def gather(state_dir: Path) -> Status:
         targets=results,
         heartbeat_last_ok_at=_float(kv.get("heartbeat.last_ok_at")),
         heartbeat_last_error=kv.get("heartbeat.last_error") or None,
+        disk=_disk(kv.get(CHECKPOINTS_DIR_KEY) or checkpoints),
+        warn_disk_bytes=warn_disk_bytes,
     )
+
+
+def _disk(directory: str | Path | None) -> DiskUse | None:
+    if directory is None or not Path(directory).is_dir():
+        return None
+    return disk_use(Path(directory))
 
 
 def _kv(conn: sqlite3.Connection) -> dict[str, str]:

@@ -176,3 +176,76 @@ def test_heartbeat_pings_while_a_run_is_healthy_and_status_shows_it(tmp_path: Pa
     last_ok_at = status["heartbeat"]["last_ok_at"]
     assert pings[0].received_at <= last_ok_at <= time.time()  # an answered ping of this run
     assert "4f1c9e2a" not in stderr
+
+
+def set_aside(checkpoints: Path) -> None:
+    """A checkpoint dir after a rollback: 3000 bytes quarantined; kept: a 1000-byte copy,
+    and a link to the job's own ckpt.pt (no extra disk until the job replaces it)."""
+    quarantined = checkpoints / "quarantine" / "20261121T140600-loss_spike" / "checkpoint-60"
+    quarantined.mkdir(parents=True)
+    (quarantined / "model.safetensors").write_bytes(b"\x00" * 2000)
+    (quarantined / "optimizer.pt").write_bytes(b"\x00" * 1000)
+    kept = checkpoints / ".sentinel-kept" / "ckpt.pt"
+    (kept / "000001").mkdir(parents=True)
+    (kept / "000001" / "ckpt.pt").write_bytes(b"\x01" * 1000)
+    (checkpoints / "ckpt.pt").write_bytes(b"\x02" * 500)
+    (kept / "000002").mkdir()
+    os.link(checkpoints / "ckpt.pt", kept / "000002" / "ckpt.pt")
+
+
+def test_disk_taken_by_quarantine_and_kept_copies(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "ckpt"
+    set_aside(checkpoints)
+    StateStore(tmp_path).close()
+    status = gather(tmp_path, checkpoints=checkpoints, warn_disk_bytes=5000)
+    disk = status.to_json()["disk"]
+    assert (disk["quarantine_bytes"], disk["kept_bytes"], disk["total_bytes"]) == (3000, 1000, 4000)
+    assert (disk["checkpoints"], disk["over_limit"]) == (str(checkpoints), False)
+    assert "disk:       quarantine 2.9 KiB, kept copies 1000 B" in "\n".join(status.lines())
+    assert not [line for line in status.lines() if line.startswith("warning:")]
+    # The job replaces ckpt.pt by rename: the old inode is now the keeper's alone.
+    (checkpoints / "ckpt.tmp").write_bytes(b"\x03" * 500)
+    os.replace(checkpoints / "ckpt.tmp", checkpoints / "ckpt.pt")
+    assert gather(tmp_path, checkpoints=checkpoints).to_json()["disk"]["kept_bytes"] == 1500
+
+
+def test_the_run_recorded_checkpoint_dir_wins_and_a_warning_passes_the_limit(
+    tmp_path: Path,
+) -> None:
+    recorded, configured = tmp_path / "recorded", tmp_path / "configured"
+    set_aside(recorded)
+    configured.mkdir()
+    store = StateStore(tmp_path)
+    store.put("checkpoints.dir", str(recorded))
+    store.close()
+    status = gather(tmp_path, checkpoints=configured, warn_disk_bytes=3999)
+    assert status.disk is not None and status.disk.directory == recorded
+    assert status.to_json()["disk"]["over_limit"] is True
+    warning = [line for line in status.lines() if line.startswith("warning:")]
+    assert warning == [
+        "warning:    quarantine and kept copies take 3.9 KiB, over the 3.9 KiB of"
+        " [keep] warn_disk_bytes; nothing is deleted by itself"
+    ]
+
+
+def test_no_checkpoint_dir_known_shows_no_figures(tmp_path: Path) -> None:
+    StateStore(tmp_path).close()
+    status = gather(tmp_path)
+    assert status.to_json()["disk"] is None
+    assert "disk:       no checkpoint dir known" in status.lines()
+    store = StateStore(tmp_path)
+    store.put("checkpoints.dir", str(tmp_path / "gone"))  # recorded, since removed
+    store.close()
+    assert gather(tmp_path).disk is None
+
+
+def test_cli_warns_from_the_configured_limit(tmp_path: Path) -> None:
+    set_aside(tmp_path / "ckpt")
+    StateStore(tmp_path / "state").close()
+    env = {"SENTINEL_KEEP__WARN_DISK_BYTES": "1000"}
+    result = sentinel(
+        "status", "--state-dir", str(tmp_path / "state"), "--checkpoints", str(tmp_path / "ckpt"),
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "warning:    quarantine and kept copies take 3.9 KiB" in result.stdout

@@ -36,8 +36,12 @@ class Move:
 
 
 def find_quarantine(directory: Path, incident: str) -> Path:
-    """The quarantine folder named ``incident``, or the one folder whose name starts with it."""
+    """The quarantine folder named ``incident``, or the one folder whose name starts with it.
+
+    ``incident`` may also be the folder's path, as the rollback message prints it.
+    """
     root = Path(os.path.abspath(directory)) / QUARANTINE_DIR
+    incident = Path(incident).name if os.sep in incident else incident  # the folder, pasted
     try:
         names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     except FileNotFoundError:

@@ -1,0 +1,54 @@
+"""``sentinel checkpoints --restore INCIDENT DIR``: a rollback undone from the command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sentinel.actions.keep import Keeper
+from sentinel.actions.rollback import apply_rollback, plan_rollback
+from tests.helpers.kept import digest, rewrite_in_place, settle, version_bytes
+
+LABEL = "20261121T140600-loss_spike"
+
+
+def sentinel(*args: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", *args],
+        capture_output=True, text=True, env=clean, timeout=60,
+    )  # fmt: skip
+
+
+def rolled_back(directory: Path) -> None:
+    """nanoGPT's ckpt.pt saved at 20, 40, 60, NaN at 50: rolled back to the kept 40."""
+    keeper = Keeper(directory)
+    now = 0.0
+    for step in (20, 40, 60):
+        rewrite_in_place(directory / "ckpt.pt", step)
+        now = settle(keeper, now)
+    keeper.close()
+    apply_rollback(plan_rollback(directory, 50), directory, label=LABEL)
+    assert digest((directory / "ckpt.pt").read_bytes()) == digest(version_bytes(40))
+
+
+def test_restore_by_prefix_puts_the_poisoned_file_back(tmp_path: Path) -> None:
+    rolled_back(tmp_path)
+    result = sentinel("checkpoints", "--restore", "20261121T14", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"restored {tmp_path / 'ckpt.pt'}" in result.stdout
+    assert digest((tmp_path / "ckpt.pt").read_bytes()) == digest(version_bytes(60))
+    assert os.listdir(tmp_path / "quarantine") == []
+
+
+def test_restore_over_a_taken_place_exits_2_with_one_line(tmp_path: Path) -> None:
+    rolled_back(tmp_path)
+    rewrite_in_place(tmp_path / "ckpt.pt", 20)  # the resumed job saved again
+    result = sentinel("checkpoints", "--restore", LABEL, str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "ckpt.pt exists; not overwriting it, nothing moved" in result.stderr
+    assert (tmp_path / "quarantine" / LABEL / "ckpt.pt").is_file()
+    assert digest((tmp_path / "ckpt.pt").read_bytes()) == digest(version_bytes(20))
