@@ -244,6 +244,25 @@ def checkpoints_json(run: Run, tmp_path: Path) -> None:
     assert [c["step"] for c in listing["checkpoints"]] == [10]
 
 
+def checkpoints_restore(run: Run, tmp_path: Path) -> None:
+    origin = tmp_path / "ckpts" / "checkpoint-10"
+    quarantine = tmp_path / "ckpts" / "quarantine" / "20261121T140600-nan_inf"
+    quarantine.mkdir(parents=True)
+    (quarantine / "checkpoint-10").mkdir()
+    items = [{"name": "checkpoint-10", "origin": str(origin)}]
+    (quarantine / ".sentinel-manifest.json").write_text(json.dumps({"items": items}))
+    assert run("checkpoints", "--restore", "20261121", tmp_path / "ckpts").code == 0
+    assert origin.is_dir()
+
+
+def status_checkpoints(run: Run, tmp_path: Path) -> None:
+    StateStore(tmp_path / "st").close()
+    (tmp_path / "ckpts" / "quarantine").mkdir(parents=True)
+    (tmp_path / "ckpts" / "quarantine" / "model.pt").write_bytes(b"\0" * 10)
+    result = run("status", "--json", "--state-dir", "st", "--checkpoints", "ckpts")
+    assert json.loads(result.out)["disk"]["quarantine_bytes"] == 10
+
+
 def demo_keep(run: Run, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     result = subprocess.run(
@@ -283,6 +302,8 @@ HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
     ("status", "--state-dir"): status_state_dir,
     ("status", "--json"): status_json,
     ("checkpoints", "--json"): checkpoints_json,
+    ("checkpoints", "--restore"): checkpoints_restore,
+    ("status", "--checkpoints"): status_checkpoints,
     ("demo", "--keep"): demo_keep,
     **{(verb, "--verbose"): verbose(verb) for verb in verbs() if verb != "checkpoints"},
 }
