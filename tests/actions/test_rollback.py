@@ -16,7 +16,7 @@ import pytest
 from sentinel.actions.keep import Keeper, kept_versions
 from sentinel.actions.restore import RestoreRefused, restore_quarantine
 from sentinel.actions.rollback import MANIFEST, apply_rollback, plan_rollback, sanitize_label
-from sentinel.sources.checkpoints import QUARANTINE_DIR, CheckpointStatus
+from sentinel.sources.checkpoints import QUARANTINE_DIR, CheckpointStatus, Onset
 from tests.helpers.kept import (
     digest,
     fixture_position,
@@ -330,3 +330,18 @@ def test_restore_refuses_a_manifest_pointing_outside(tmp_path: Path) -> None:
     with pytest.raises(RestoreRefused, match="outside"):
         restore_quarantine(tmp_path, LABEL)
     assert not (tmp_path.parent / "elsewhere").exists()
+
+
+def test_a_kept_version_with_no_step_is_placed_by_its_time(tmp_path: Path) -> None:
+    keeper = Keeper(tmp_path, position_reader=lambda path: (None, None))
+    now = 0.0
+    for step in (20, 40, 60):
+        rewrite_in_place(tmp_path / "ckpt.pt", step)
+        now = settle(keeper, now)
+    keeper.close()
+    onset = Onset(step=50, time=mtime_ns(60) / 1e9 - 1)  # the save at 60 came after it
+    plan = plan_rollback(tmp_path, onset)
+    assert plan.put_back is not None and plan.restore is not None
+    assert (plan.put_back.mtime_ns, plan.restore.step) == (mtime_ns(40), None)
+    assert plan.restore.placed_by == "kept version 2"
+    assert plan_rollback(tmp_path, 50).put_back is None  # no time, no step: nothing placed
