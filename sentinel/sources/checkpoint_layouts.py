@@ -164,8 +164,8 @@ def judge_dir(path: Path) -> Verdict:
     if verdict is None:
         verdict = _LAYOUT_RULES.get(layout, _no_rules)(path)
     if verdict is None:
-        has_weights = any(checkpoint_suffix(f.name) for f in files)
-        note = "" if has_weights else "no weights file sentinel knows: nothing to check"
+        known = layout != "plain" or any(checkpoint_suffix(f.name) for f in files)
+        note = "" if known else "no weights file sentinel knows: nothing to check"
         return Verdict(CheckpointStatus.CLEAN, note, layout)
     status, reason = verdict
     return Verdict(status, reason, layout)

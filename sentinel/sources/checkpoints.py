@@ -142,8 +142,8 @@ def scan(
             continue
         path = root / name
         try:
-            if entry.is_symlink() and path.resolve().parent == root:
-                continue  # a pointer to a sibling (Lightning's last.ckpt link)
+            if entry.is_symlink() and _points_to_sibling(path, root):
+                continue  # a pointer to another entry (Lightning's last.ckpt link)
             checkpoint = _examine(path, entry.is_dir(), position_of(name), onset or Onset())
         except FileNotFoundError:
             continue  # removed between listing and reading (the job's own rotation)
@@ -201,6 +201,11 @@ def _examine(path: Path, is_dir: bool, position: NamePosition, onset: Onset) -> 
         verdict = judge_dir(path) if is_dir else judge_file(path, content)
         status, reason, layout = verdict.status, verdict.reason, verdict.layout
     return Checkpoint(path, step, status, reason, mtime, epoch, layout, placed_by)
+
+
+def _points_to_sibling(link: Path, root: Path) -> bool:
+    target = Path(os.path.realpath(link))
+    return target != link and target.parent == root and target.exists()
 
 
 def _unreadable(path: Path, exc: OSError) -> Checkpoint | None:
