@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 #: ioctl(dest_fd, FICLONE, src_fd): share the source's extents, copy on write (Linux).
 FICLONE = 0x40049409
 #: What an ioctl or link says when the filesystem (or the pair of them) cannot.
-_CANNOT = frozenset(
+CANNOT_REFLINK = frozenset(
     {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS}
 )
 _CANNOT_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP})
@@ -33,14 +33,14 @@ class Method(StrEnum):
     COPY = "copy"
 
 
-def clone(source: Path, destination: Path, *, reflink: bool = True) -> Method:
+def clone(source: Path, destination: Path, *, try_reflink: bool = True) -> Method:
     """Copy ``source`` to the new file ``destination``: a reflink where it can, else bytes."""
-    if reflink:
+    if try_reflink:
         try:
-            _reflink(source, destination)
+            reflink(source, destination)
             return Method.REFLINK
         except OSError as error:
-            if error.errno not in _CANNOT:
+            if error.errno not in CANNOT_REFLINK:
                 raise
             log.debug("no reflink for %s (%s): copying", source, os.strerror(error.errno or 0))
     if os.path.lexists(destination):
@@ -57,10 +57,11 @@ def link_or_clone(source: Path, destination: Path) -> Method:
     except OSError as error:
         if error.errno not in _CANNOT_LINK:
             raise
-    return clone(source, destination, reflink=False)
+    return clone(source, destination, try_reflink=False)
 
 
-def _reflink(source: Path, destination: Path) -> None:
+def reflink(source: Path, destination: Path) -> None:
+    """Clone ``source`` to the new file ``destination``; OSError (CANNOT_REFLINK) if it cannot."""
     with open(source, "rb") as src:
         fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:

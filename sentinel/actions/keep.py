@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sentinel.actions.clone import Method, clone, link_or_clone
+from sentinel.actions.clone import CANNOT_REFLINK, Method, clone, link_or_clone, reflink
 from sentinel.sources.checkpoint_files import check_weights, read_content
 from sentinel.sources.checkpoint_names import (
     checkpoint_suffix,
@@ -294,15 +294,17 @@ class Keeper:
         self._prune(name)
 
     def _clone(self, job: _Job, destination: Path) -> Method:
-        if job.link_ok and not self._reflink:
+        if self._reflink:
+            try:
+                reflink(job.path, destination)
+                return Method.REFLINK
+            except OSError as error:
+                if error.errno not in CANNOT_REFLINK:
+                    raise
+                self._reflink = False  # the filesystem cannot: no ioctl per version from now on
+        if job.link_ok:
             return link_or_clone(job.path, destination)
-        method = clone(job.path, destination, reflink=self._reflink)
-        if method is Method.COPY and self._reflink:
-            self._reflink = False  # the filesystem cannot: no ioctl per version from now on
-            if job.link_ok:
-                os.unlink(destination)  # our own copy: a link costs no disk
-                return link_or_clone(job.path, destination)
-        return method
+        return clone(job.path, destination, try_reflink=False)
 
     def _prune(self, name: str) -> None:
         versions = kept_versions(self.directory, name)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.actions.clone import Method, clone, reflink
 from sentinel.actions.keep import KEPT_DIR, SIDECAR, Keeper, is_overwritten_file, kept_versions
 from tests.helpers.kept import (
     digest,
@@ -213,3 +214,21 @@ def test_the_step_inside_is_recorded(tmp_path: Path) -> None:
         now = settle(keeper, now)
     keeper.close()
     assert [v.step for v in kept_versions(tmp_path)] == [20, 40]
+
+
+def test_clone_falls_back_to_a_copy_and_never_overwrites(tmp_path: Path) -> None:
+    source = tmp_path / "ckpt.pt"
+    source.write_bytes(version_bytes(20))
+    method = clone(source, tmp_path / "copy.pt")
+    # A reflink on btrfs or XFS; here (ext4, tmpfs, overlay) the ioctl is refused: a copy.
+    assert method in (Method.REFLINK, Method.COPY)
+    assert (tmp_path / "copy.pt").read_bytes() == version_bytes(20)
+    assert (tmp_path / "copy.pt").stat().st_ino != source.stat().st_ino
+    (tmp_path / "taken.pt").write_bytes(b"mine")
+    for attempt in (
+        lambda: clone(source, tmp_path / "taken.pt"),
+        lambda: reflink(source, tmp_path / "taken.pt"),
+    ):
+        with pytest.raises(FileExistsError):
+            attempt()
+    assert (tmp_path / "taken.pt").read_bytes() == b"mine"
