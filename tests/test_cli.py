@@ -50,6 +50,7 @@ def test_notify_test_reaches_named_targets_and_exits_0_when_all_did(tmp_path: Pa
     assert result.stdout.splitlines() == [f"ok      {slack.url}", "ok      pagerduty"]
 
 
+@pytest.mark.slow
 def test_notify_test_without_targets_is_a_usage_error() -> None:
     assert sentinel("notify-test").returncode == 2
 

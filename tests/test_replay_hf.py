@@ -45,6 +45,7 @@ def test_every_printed_dict_is_read_even_when_glued_to_the_progress_bar() -> Non
     assert result.samples >= dicts * 3  # loss, grad_norm and learning rate in each
 
 
+@pytest.mark.slow
 def test_replay_cli_json_on_hf_log() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     env["SENTINEL_PARSERS__LOGGING_STEPS"] = "1"

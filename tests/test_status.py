@@ -88,6 +88,7 @@ def test_gather_without_state_db_raises(tmp_path: Path) -> None:
         gather(tmp_path)
 
 
+@pytest.mark.slow
 def test_cli_prints_status_for_people(tmp_path: Path) -> None:
     seed(tmp_path)
     result = sentinel("status", "--state-dir", str(tmp_path))
