@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
+import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +18,7 @@ from sentinel.sources.checkpoints import (
     QUARANTINE_DIR,
     Checkpoint,
     CheckpointStatus,
+    Onset,
     last_clean,
     scan,
     step_of,
@@ -191,6 +195,7 @@ def test_weights_file_integrity(
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # importing torch takes seconds
 def test_real_torch_save_is_clean(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch", reason="torch not installed")
     torch.save({"w": torch.zeros(4)}, tmp_path / "model-7.pt")
@@ -410,3 +415,209 @@ def test_last_clean_none_when_nothing_clean(tmp_path: Path) -> None:
     _hf_no_state(tmp_path / "checkpoint-100")
     assert last_clean(scan(tmp_path, onset_step=50), 50) is None
     assert last_clean(scan(tmp_path)) is None
+
+
+# -- the onset as step, epoch and time --------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints"
+T0 = 1_700_000_000.0
+
+
+def place(path: Path, source: Path, mtime: float) -> None:
+    path.write_bytes(source.read_bytes())
+    os.utime(path, (mtime, mtime))
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "onset", "after"),
+    [
+        pytest.param("model_step40.pt", "plain/model_step40.pt", Onset(step=40), True,
+                     id="step-at-onset"),
+        pytest.param("model_step40.pt", "plain/model_step40.pt", Onset(step=41), False,
+                     id="step-before-onset"),
+        pytest.param("epoch_3.pt", "epochs/last.pt", Onset(step=10, epoch=4.5), False,
+                     id="epoch-before-onset-epoch"),
+        pytest.param("epoch_3.pt", "epochs/last.pt", Onset(step=1, epoch=2.9), True,
+                     id="epoch-after-onset-epoch"),
+        pytest.param("epoch_3.pt", "epochs/last.pt", Onset(epoch=3.5, time=T0 + 1), False,
+                     id="onset-epoch-written-before-onset-time"),
+        pytest.param("epoch_3.pt", "epochs/last.pt", Onset(epoch=3.5, time=T0), True,
+                     id="onset-epoch-written-at-onset-time"),
+        pytest.param("epoch_3.pt", "epochs/last.pt", Onset(epoch=3.5), True,
+                     id="onset-epoch-no-time-is-not-trusted"),
+        pytest.param("epoch_3.pt", "epochs/last.pt", Onset(step=2000, time=T0 + 1), False,
+                     id="epoch-without-onset-epoch-by-time"),
+        pytest.param("ckpt.pt", "nanogpt/ckpt.pt", Onset(step=61), False,
+                     id="stepless-by-inner-step-before"),
+        pytest.param("ckpt.pt", "nanogpt/ckpt.pt", Onset(step=60, time=T0 + 99), True,
+                     id="stepless-by-inner-step-at"),
+        pytest.param("ckpt.pt", "evil/ckpt.pt", Onset(step=13), False,
+                     id="stepless-hostile-by-inner-step"),
+        pytest.param("last.pt", "epochs/last.pt", Onset(epoch=2.0), True,
+                     id="stepless-by-inner-epoch"),
+        pytest.param("model.safetensors", "", Onset(step=5, time=T0 + 1), False,
+                     id="nothing-inside-before-onset-time"),
+        pytest.param("model.safetensors", "", Onset(step=5, time=T0), True,
+                     id="nothing-inside-at-onset-time"),
+        pytest.param("model.safetensors", "", Onset(step=5), True,
+                     id="nothing-inside-nothing-to-compare"),
+        pytest.param("model.safetensors", "", Onset(), False, id="no-onset"),
+    ],
+)  # fmt: skip
+def test_onset_by_step_epoch_or_time(
+    tmp_path: Path, name: str, source: str, onset: Onset, after: bool
+) -> None:
+    if source:
+        place(tmp_path / name, FIXTURES / source, T0)
+    else:
+        (tmp_path / name).write_bytes(safetensors_bytes())
+        os.utime(tmp_path / name, (T0, T0))
+    [checkpoint] = scan(tmp_path, onset=onset)
+    assert (checkpoint.status is AFTER_ONSET) is after, checkpoint.reason
+    assert (last_clean([checkpoint], onset) is None) is after
+
+
+def test_epoch_named_checkpoint_is_never_a_step(tmp_path: Path) -> None:
+    place(tmp_path / "epoch_3.pt", FIXTURES / "epochs" / "last.pt", T0)
+    [checkpoint] = scan(tmp_path, onset=Onset(step=4))
+    assert (checkpoint.step, checkpoint.epoch, checkpoint.status) == (None, 3, AFTER_ONSET)
+    assert checkpoint.reason == (
+        "nothing places it before the onset (no step or epoch, no onset time)"
+    )
+
+
+def test_stepless_file_reports_where_its_step_came_from(tmp_path: Path) -> None:
+    place(tmp_path / "ckpt.pt", FIXTURES / "nanogpt" / "ckpt.pt", T0)
+    (tmp_path / "model.safetensors").write_bytes(safetensors_bytes())
+    by_name = {c.path.name: c for c in scan(tmp_path)}
+    assert (by_name["ckpt.pt"].step, by_name["ckpt.pt"].placed_by) == (
+        60, "content: iter_num in its pickle"
+    )  # fmt: skip
+    assert (by_name["model.safetensors"].step, by_name["model.safetensors"].placed_by) == (
+        None, "time"
+    )  # fmt: skip
+
+
+def test_safetensors_metadata_step(tmp_path: Path) -> None:
+    header = {
+        "__metadata__": {"format": "pt", "global_step": "800"},
+        "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+    }
+    (tmp_path / "model.safetensors").write_bytes(safetensors_bytes(header))
+    [checkpoint] = scan(tmp_path, onset_step=900)
+    assert (checkpoint.step, checkpoint.status) == (800, CLEAN)
+    assert checkpoint.placed_by == "content: global_step in its __metadata__"
+
+
+def test_hidden_entries_quarantine_and_in_progress_are_never_checkpoints(tmp_path: Path) -> None:
+    torch_zip_bytes(tmp_path / "model_step10.pt")
+    (tmp_path / ".sentinel-kept").mkdir()
+    torch_zip_bytes(tmp_path / ".sentinel-kept" / "ckpt.pt")
+    torch_zip_bytes(tmp_path / ".ckpt.pt")
+    (tmp_path / QUARANTINE_DIR).mkdir()
+    torch_zip_bytes(tmp_path / QUARANTINE_DIR / "model_step20.pt")
+    write_hf_checkpoint(tmp_path / "tmp-checkpoint-30")
+    torch_zip_bytes(tmp_path / "model_step40.pt.tmp")
+    torch_zip_bytes(tmp_path / "training_args.bin")
+    (tmp_path / "version_0").mkdir()  # a number, no keyword, nothing a checkpoint holds
+    (tmp_path / "version_0" / "metrics.csv").write_text("step,loss\n")
+    assert [c.path.name for c in scan(tmp_path)] == ["model_step10.pt"]
+
+
+def test_a_folder_without_a_step_in_its_name_that_holds_weights(tmp_path: Path) -> None:
+    (tmp_path / "best").mkdir()
+    place(tmp_path / "best" / "model.pt", FIXTURES / "plain" / "model_step40.pt", T0)
+    [checkpoint] = scan(tmp_path)
+    assert (checkpoint.step, checkpoint.status, checkpoint.layout) == (40, CLEAN, "plain")
+    assert checkpoint.placed_by == "content: step in its pickle of model.pt"
+
+
+def test_folder_mtime_is_its_newest_file(tmp_path: Path) -> None:
+    write_hf_checkpoint(tmp_path / "checkpoint-10")
+    for path in [tmp_path / "checkpoint-10", *(tmp_path / "checkpoint-10").iterdir()]:
+        os.utime(path, (T0, T0))
+    os.utime(tmp_path / "checkpoint-10" / "model.safetensors", (T0 + 50, T0 + 50))
+    [checkpoint] = scan(tmp_path)
+    assert checkpoint.mtime == T0 + 50
+
+
+def test_newer_by_step_then_epoch_then_time(tmp_path: Path) -> None:
+    place(tmp_path / "model_step20.pt", FIXTURES / "plain" / "model_step40.pt", T0 + 30)
+    place(tmp_path / "model_step10.pt", FIXTURES / "plain" / "model_step40.pt", T0 + 40)
+    place(tmp_path / "epoch_2.pt", FIXTURES / "epochs" / "last.pt", T0 + 10)
+    place(tmp_path / "epoch_1.pt", FIXTURES / "epochs" / "last.pt", T0 + 20)
+    by_name = {c.path.name: c for c in scan(tmp_path)}
+    assert by_name["model_step20.pt"].is_newer_than(by_name["model_step10.pt"])  # step, not time
+    assert by_name["epoch_2.pt"].is_newer_than(by_name["epoch_1.pt"])  # epoch, not time
+    assert by_name["model_step10.pt"].is_newer_than(by_name["epoch_2.pt"])  # only time compares
+    assert not by_name["model_step10.pt"].is_newer_than(by_name["model_step10.pt"])
+
+
+def test_onset_step_keyword_still_works(tmp_path: Path) -> None:
+    build_run(tmp_path)
+    assert scan(tmp_path, onset_step=400) == scan(tmp_path, onset=Onset(step=400))
+    assert last_clean(scan(tmp_path), onset_step=450) == last_clean(scan(tmp_path), Onset(step=450))
+
+
+# -- sentinel checkpoints DIR -----------------------------------------------------------
+
+
+def sentinel(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", *args], capture_output=True, text=True, env=env,
+        timeout=60, check=True,
+    )  # fmt: skip
+
+
+def every_layout(directory: Path) -> None:
+    """One of each layout, oldest first, clean up to the epoch file; a cut DCP last."""
+    shutil.copytree(FIXTURES / "deepspeed" / "global_step40", directory / "global_step10")
+    write_hf_checkpoint(directory / "checkpoint-20")
+    place(directory / "model_step30.pt", FIXTURES / "plain" / "model_step40.pt", T0)
+    place(directory / "epoch=1-step=40.ckpt", FIXTURES / "lightning" / "last.ckpt", T0)
+    shutil.copytree(FIXTURES / "dcp" / "step_40", directory / "step_50")
+    place(directory / "ckpt.pt", FIXTURES / "nanogpt" / "ckpt.pt", T0)
+    place(directory / "epoch_7.pt", FIXTURES / "epochs" / "last.pt", T0 + 100)
+    shutil.copytree(FIXTURES / "dcp" / "step_40", directory / "step_70")
+    (directory / "step_70" / "__0_0.distcp").unlink()
+    for path in sorted(directory.rglob("*")):
+        if path.name != "epoch_7.pt":
+            os.utime(path, (T0, T0))
+
+
+def test_listing_shows_every_layout_and_the_resume_point(tmp_path: Path) -> None:
+    every_layout(tmp_path)
+    lines = sentinel("checkpoints", str(tmp_path)).stdout.splitlines()
+    assert lines[0].split() == ["step", "status", "checkpoint", "layout", "reason"]
+    rows = [line.split(None, 4) for line in lines[1:]]
+    assert [row[:4] for row in rows] == [
+        ["10", "clean", "global_step10", "deepspeed"],
+        ["20", "clean", "checkpoint-20", "hf"],
+        ["30", "clean", "model_step30.pt", "torch"],
+        ["40", "clean", "epoch=1-step=40.ckpt", "lightning"],
+        ["50", "clean", "step_50", "dcp"],
+        ["60", "clean", "ckpt.pt", "torch"],
+        ["70", "incomplete", "step_70", "dcp"],
+        ["epoch=7", "clean", "epoch_7.pt", "torch"],
+    ]
+    assert rows[5][4] == "placed by content: iter_num in its pickle"
+    assert rows[6][4] == "missing shard __0_0.distcp named in .metadata"
+    marked = [row[2] for row in rows if "<- last clean: a rollback resumes here" in row[-1]]
+    assert marked == ["epoch_7.pt"]
+
+
+def test_listing_json_keeps_its_keys_and_adds_epoch(tmp_path: Path) -> None:
+    every_layout(tmp_path)
+    listing = json.loads(sentinel("checkpoints", "--json", str(tmp_path)).stdout)
+    assert listing["last_clean"] == str(tmp_path / "epoch_7.pt")
+    first, *_, last = listing["checkpoints"]
+    assert set(first) >= {"path", "step", "status", "reason", "epoch"}
+    assert (first["step"], first["epoch"], first["layout"]) == (10, None, "deepspeed")
+    assert (last["step"], last["epoch"], last["status"]) == (None, 7, "clean")
+
+
+def test_listing_says_when_nothing_is_clean(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint-20").mkdir()
+    out = sentinel("checkpoints", str(tmp_path)).stdout
+    assert "no clean checkpoint: a rollback would have nothing to resume from" in out

@@ -106,14 +106,13 @@ def walk_files(path: Path) -> Iterator[Path]:
 
 def holds_checkpoint(path: Path) -> bool:
     """Whether a directory holds, directly, something only a checkpoint holds."""
-    for entry in os.scandir(path):
-        if entry.name in (DCP_METADATA, "trainer_state.json"):
-            return True
-        if not entry.name.startswith(".") and (
-            checkpoint_suffix(entry.name) or entry.name.endswith(DCP_SUFFIX)
-        ):
-            return True
-    return False
+    with os.scandir(path) as entries:
+        names = [entry.name for entry in entries]
+    return any(
+        name in (DCP_METADATA, "trainer_state.json")
+        or (not name.startswith(".") and (checkpoint_suffix(name) or name.endswith(DCP_SUFFIX)))
+        for name in names
+    )
 
 
 def layout_of(path: Path) -> str:
@@ -188,7 +187,8 @@ def dir_content(path: Path) -> Content:
 
 
 def _layout(path: Path) -> str:
-    names = {entry.name for entry in os.scandir(path)}
+    with os.scandir(path) as entries:
+        names = {entry.name for entry in entries}
     if DCP_METADATA in names or any(n.endswith(DCP_SUFFIX) for n in names):
         return "dcp"
     if _is_hf_trainer(path, names):

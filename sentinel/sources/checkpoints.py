@@ -120,7 +120,9 @@ class Checkpoint:
 def scan(
     directory: Path, *, onset: Onset | None = None, onset_step: int | None = None
 ) -> list[Checkpoint]:
-    """List the checkpoints directly inside ``directory``, oldest first, with a status each.
+    """List the checkpoints directly inside ``directory`` with a status each.
+
+    Sorted by step, then (those without) by epoch, then (those without either) by time.
 
     ``onset_step`` is the older spelling of ``onset=Onset(step=...)``. A missing or
     unreadable directory gives an empty list.
@@ -151,7 +153,7 @@ def scan(
             checkpoint = _unreadable(path, exc)
         if checkpoint is not None:
             found.append(checkpoint)
-    found.sort(key=functools.cmp_to_key(_compare))
+    found.sort(key=_listing_order)
     return found
 
 
@@ -220,6 +222,11 @@ def _unreadable(path: Path, exc: OSError) -> Checkpoint | None:
     return Checkpoint(
         path, position.step, CheckpointStatus.UNREADABLE, reason, mtime, position.epoch, ""
     )
+
+
+def _listing_order(c: Checkpoint) -> tuple[bool, int, bool, int, float, str]:
+    """Stepped checkpoints by step, then epoch-only ones by epoch, then the rest by time."""
+    return (c.step is None, c.step or 0, c.epoch is None, c.epoch or 0, c.mtime, c.path.name)
 
 
 def _compare(a: Checkpoint, b: Checkpoint, *, strict_step: bool = False) -> int:
