@@ -301,8 +301,11 @@ def _checkpoints(args: argparse.Namespace) -> int:
                         {
                             "path": str(c.path),
                             "step": c.step,
+                            "epoch": c.epoch,
                             "status": str(c.status),
                             "reason": c.reason,
+                            "layout": c.layout,
+                            "placed_by": c.placed_by,
                         }
                         for c in found
                     ],
@@ -314,10 +317,18 @@ def _checkpoints(args: argparse.Namespace) -> int:
     if not found:
         print(f"no checkpoints in {args.directory}")
         return 0
-    print(f"{'step':>8}  {'status':<11} {'checkpoint':<32} reason")
+    print(f"{'step':>8}  {'status':<11} {'checkpoint':<32} {'layout':<11} reason")
     for c in found:
-        mark = "  <- last clean" if clean is not None and c.path == clean.path else ""
-        print(f"{c.step:>8}  {c.status!s:<11} {c.path.name:<32} {c.reason}{mark}")
+        place = "-" if c.epoch is None else f"epoch={c.epoch}"
+        place = place if c.step is None else str(c.step)
+        notes = [c.reason] if c.reason else []
+        if c.placed_by != "name":
+            notes.append(f"placed by {c.placed_by}")
+        if clean is not None and c.path == clean.path:
+            notes.append("<- last clean: a rollback resumes here")
+        print(f"{place:>8}  {c.status!s:<11} {c.path.name:<32} {c.layout:<11} {'; '.join(notes)}")
+    if clean is None:
+        print("no clean checkpoint: a rollback would have nothing to resume from")
     return 0
 
 
