@@ -58,8 +58,6 @@ log = logging.getLogger(__name__)
 QUARANTINE_DIR = "quarantine"
 # The last suffix of a weights file's name (a ".pth.tar" file's Path.suffix is ".tar").
 WEIGHT_SUFFIXES = frozenset({"." + s.rsplit(".", 1)[-1] for s in CHECKPOINT_SUFFIXES})
-# The name actions/keep.py first called check_weights by.
-_check_file = check_weights
 # Files a framework writes beside its checkpoints that hold no training state.
 _NOT_CHECKPOINTS = frozenset({"training_args.bin"})
 
