@@ -179,6 +179,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from sentinel.restarts import preflight
     from sentinel.supervisor import Supervisor
 
     # REMAINDER keeps the "--"; without it an option meant for sentinel that comes
@@ -200,6 +201,7 @@ def _run(args: argparse.Namespace) -> int:
     except MissingExtra as error:
         print(f"sentinel run: {error}", file=sys.stderr)
         return EXIT_USAGE
+    preflight(settings, command)
     return Supervisor(settings, command).run()
 
 
