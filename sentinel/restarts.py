@@ -17,13 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sentinel import resume
+from sentinel.actions.keep import Keeper
 from sentinel.actions.rollback import apply_rollback, plan_rollback
-from sentinel.config import ConfigError, JobConfig, Settings
+from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings
 from sentinel.incidents import Incident
+from sentinel.sources.checkpoints import Onset
 
 #: ``run`` gives up: the same failure again, restarts spent, or nothing clean to resume
 #: from. An orchestrator should not retry (DESIGN.md, verdicts).
 EXIT_GIVE_UP = 90
+#: Before a rollback, how long to wait for versions the keeper is still copying.
+KEEP_FLUSH_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,31 @@ class Decision:
 class Restarts:
     """Counts restarts and decides each one (Supervisor's BACKOFF, with a cap)."""
 
-    def __init__(self, job: JobConfig, checkpoints: Path | None) -> None:
+    def __init__(
+        self, job: JobConfig, checkpoints: Path | None, keep: KeepConfig | None = None
+    ) -> None:
         self.job = job
         self.checkpoints = checkpoints
+        keep = keep or KeepConfig()
+        #: Clean versions of the files the job rewrites in place (``ckpt.pt``).
+        self.keeper = (
+            None
+            if checkpoints is None or keep.max_bytes == 0
+            else Keeper(checkpoints, max_bytes=keep.max_bytes, versions=keep.versions)
+        )
         self.count = 0
         self._last_failure: tuple[str, int | None] | None = None
         #: Where the latest restart resumes from.
         self.resume = Resume()
+
+    def look(self, now: float) -> None:
+        """Look at the checkpoint dir for new versions worth keeping (on the clock tick)."""
+        if self.keeper is not None:
+            self.keeper.poll(now)
+
+    def close(self) -> None:
+        if self.keeper is not None:
+            self.keeper.close(KEEP_FLUSH_S)
 
     def decide(self, incident: Incident) -> Decision:
         """Roll back and plan the restart after ``incident`` stopped the job."""
@@ -76,9 +98,7 @@ class Restarts:
         if decision.resume is None:
             return decision
         self.resume = decision.resume
-        decision.backoff_s = min(
-            job.restart_backoff_s * 2**self.count, job.restart_backoff_max_s
-        )
+        decision.backoff_s = min(job.restart_backoff_s * 2**self.count, job.restart_backoff_max_s)
         self.count += 1
         decision.notes.append(
             f"restarting ({self.count} of {job.max_restarts}) in {decision.backoff_s:g} s"
@@ -106,7 +126,12 @@ class Restarts:
         directory = self.checkpoints
         if directory is None:
             return self._without_checkpoint([], "no checkpoint dir is configured")
-        plan = plan_rollback(directory, incident.onset_step)
+        if self.keeper is not None and not self.keeper.flush(KEEP_FLUSH_S):
+            return Decision(
+                give_up=f"rollback failed: still keeping a clean copy after {KEEP_FLUSH_S:g} s"
+            )
+        onset = Onset(step=incident.onset_step, time=incident.onset_time)
+        plan = plan_rollback(directory, onset)
         label = f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}"
         try:
             moved = apply_rollback(plan, directory, label=label)
@@ -117,14 +142,18 @@ class Restarts:
             )
         notes = []
         text = f"rolled back to {plan.restore.path.name}" if plan.restore else ""
+        if plan.put_back is not None and plan.restore is not None:
+            at = plan.restore.step
+            text += f" (its clean version{f' of step {at}' if at is not None else ''}, kept by"
+            text += " sentinel, put back in place)"
         if moved:
             names = ", ".join(f"{c.path.name} ({c.status})" for c in plan.quarantine)
             text += f"; quarantined {names} in {moved[0].parent}"
         if text:
             notes.append(text.removeprefix("; "))
         if plan.restore is None:
-            onset = incident.onset_step
-            before = f" before step {onset}" if onset is not None else ""
+            step = incident.onset_step
+            before = f" before step {step}" if step is not None else ""
             return self._without_checkpoint(notes, f"no clean checkpoint{before} in {directory}")
         restore = Resume(str(plan.restore.path.resolve()), plan.restore.step)
         return Decision(resume=restore, notes=notes)

@@ -43,6 +43,7 @@ from sentinel.sources.inbox import Inbox
 from sentinel.sources.process import JobProcess, exit_status
 from sentinel.sources.system import SystemSources
 from sentinel.state import StateStore
+from sentinel.status import CHECKPOINTS_DIR_KEY
 from sentinel.watch import Watch
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ class Supervisor:
         self._attempt = 0
         self._stop: _Stop | None = None
         self._restart_at: float | None = None
-        self._restarts = Restarts(settings.job, settings.checkpoints)
+        self._restarts = Restarts(settings.job, settings.checkpoints, settings.keep)
         self._shutdown_signals = 0
         self._finished = False
         self._store: StateStore | None = None
@@ -111,6 +112,8 @@ class Supervisor:
         """Run to the end; the exit status of the job's last attempt (0 if it finished)."""
         settings = self.settings
         store = self._store = StateStore(settings.state_dir)
+        if settings.checkpoints is not None:  # for `sentinel status`: the disk it takes
+            store.put(CHECKPOINTS_DIR_KEY, os.path.abspath(settings.checkpoints))
         notifier = Notifier(
             Outbox(store, [url.get_secret_value() for url in settings.notify.urls]),
             timeout_s=settings.notify.timeout_s,
@@ -142,6 +145,7 @@ class Supervisor:
             if tailer is not None:
                 tailer.stop()
             self._system.stop()
+            self._restarts.close()
             self._drain()
             notifier.stop(drain_s=settings.notify.timeout_s)
             self.watch.close()
@@ -244,6 +248,7 @@ class Supervisor:
     def _on_tick(self) -> None:
         now = time.time()
         self.watch.tick(now)  # repeats of open critical incidents
+        self._restarts.look(now)
         job = self._job
         uptime_s = now - job.started_at if job is not None else 0.0
         if self.state is JobState.STARTING and uptime_s >= self.settings.job.min_uptime_s:

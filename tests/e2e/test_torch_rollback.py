@@ -1,0 +1,107 @@
+"""Rollback for every PyTorch user: a real `torchrun` DDP job (2 ranks, gloo) under `sentinel run`.
+
+For each way plain scripts save (HF-like folder names holding a ``model.pt``, ``model_step<N>.pt``
+files, one ``ckpt.pt`` rewritten in place), the job goes NaN right after a save; every rank must
+resume from the last clean step, the clean checkpoints stay where they were, the poisoned one is
+set aside and not deleted, and no rank outlives the stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytest.importorskip("torch", reason="needs torch: pip install '.[torch]' (CPU build)")
+
+pytestmark = pytest.mark.slow
+
+from tests.e2e.ddp_job import checkpoint_path  # noqa: E402  (after the torch check)
+
+JOB = Path(__file__).with_name("ddp_job.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def _sentinel(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", *args],
+        env={**os.environ, "SENTINEL_JOB__RESTART_BACKOFF_S": "0.1", **env},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _torch_step(path: Path) -> int:
+    import torch
+
+    return int(torch.load(path, weights_only=True)["step"])
+
+
+@pytest.mark.parametrize(
+    ("layout", "resume_arg", "clean", "poisoned"),
+    [
+        pytest.param(
+            "hf-names",
+            "{checkpoint}/model.pt",
+            ["checkpoint-20", "checkpoint-40"],
+            "checkpoint-60",
+            id="checkpoint-N-folders",
+        ),
+        pytest.param(
+            "step-files",
+            "{checkpoint}",
+            ["model_step20.pt", "model_step40.pt"],
+            "model_step60.pt",
+            id="model_stepN-files",
+        ),
+        pytest.param("one-file", "{checkpoint}", ["ckpt.pt"], "ckpt.pt", id="one-file-in-place"),
+    ],
+)
+def test_a_ddp_job_that_goes_nan_after_a_save_resumes_every_rank_from_its_last_clean_step(
+    layout: str, resume_arg: str, clean: list[str], poisoned: str, tmp_path: Path
+) -> None:
+    ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
+    ckpt.mkdir()
+    job_args = [str(JOB), layout, str(ckpt), str(record)]
+    resume = " ".join(["env", f"RESUME_FROM={resume_arg}", *TORCHRUN, *job_args])
+    step_s = "0.2" if layout == "one-file" else "0.1"
+    result = _sentinel(
+        "--checkpoints", str(ckpt), "--state-dir", str(state), "--max-restarts", "2",
+        "--resume-command", resume, "--", *TORCHRUN, *job_args,
+        # A kept version must settle (2 s unchanged) before the next save rewrites it.
+        env={"SENTINEL_JOB__GRACE_PERIOD_S": "10", "DDP_STEP_S": step_s},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    records = _records(record)
+    first = [r for r in records if r["event"] == "start" and r["restart"] == 0]
+    resumed = [r for r in records if r["event"] == "start" and r["restart"] == 1]
+    finished = [r for r in records if r["event"] == "finished"]
+    assert sorted(r["rank"] for r in first) == [0, 1]
+    assert sorted(r["rank"] for r in resumed) == [0, 1], "every rank restarted"
+    assert {r["start"] for r in resumed} == {40}, "every rank resumed from the last clean step"
+    assert sorted(r["rank"] for r in finished if r["restart"] == 1) == [0, 1]
+    assert not any(psutil.pid_exists(r["pid"]) for r in first), "no rank outlived the stop"
+
+    alerts = [json.loads(line) for line in (state / "alerts.jsonl").read_text().splitlines()]
+    assert any(a["rule"] == "nan_inf" and a["step"] == 60 for a in alerts)
+
+    quarantined = [p for p in (ckpt / "quarantine").rglob("*.pt") if poisoned in p.parts]
+    assert quarantined, "the poisoned checkpoint was set aside, not deleted"
+    assert {_torch_step(p) for p in quarantined} == {60}
+    for name in clean if layout != "one-file" else []:
+        assert (ckpt / name).exists(), f"{name} stayed where it was"
+    # The restarted job saved again where it always does, from the clean state on.
+    assert _torch_step(checkpoint_path(layout, ckpt, 80)) == 80
+    assert resumed[0]["resume_from"].startswith(str(ckpt.resolve()))
