@@ -1,10 +1,10 @@
-"""What ``stall`` knows of the machine while a job makes no progress, its timeouts, and
-what a block of log lines does to its progress.
+"""What ``stall`` is configured with, what it knows of the machine while a job makes no
+progress, its timeouts, and what a block of log lines does to its progress.
 
-Plain data for ``sentinel.detectors.stall``: the evidence the latest GPU and process
-readings give (hang, busy or nothing), the timeouts in force, and ``block_progress``:
-the step gaps, progress and activity a replay block leaves, worked out in a few passes
-over its columns rather than line by line.
+Plain data for ``sentinel.detectors.stall``: its ``[rules.stall]`` settings, the
+evidence the latest GPU and process readings give (hang, busy or nothing), the timeouts
+in force, and ``block_progress``: the step gaps, progress and activity a replay block
+leaves, worked out in a few passes over its columns rather than line by line.
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice
 from math import inf
 from operator import not_, sub
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from pydantic import Field, model_validator
+
+from sentinel.detectors import RuleConfig
 from sentinel.detectors.series import rising_steps
 from sentinel.records import Block
 from sentinel.sources import (
@@ -29,10 +32,55 @@ from sentinel.sources import (
     SYSTEM_METRICS,
 )
 
-if TYPE_CHECKING:
-    from sentinel.detectors.stall import StallConfig
-
 Verdict = Literal["hang", "busy", "none"]
+
+
+class StallConfig(RuleConfig):
+    """``[rules.stall]``.
+
+    The fixed timeouts follow torch.distributed: its NCCL watchdog gives up on a
+    hung collective after 10 minutes, so 10 minutes of silence is worth a warning;
+    30 minutes outlasts the slowest checkpoint save or evaluation of a typical
+    fine-tune. They apply until the run's rhythm is learned, and always with
+    ``adaptive = false``.
+    """
+
+    soft_timeout_s: float = Field(default=600.0, gt=0)
+    hard_timeout_s: float = Field(default=1800.0, gt=0)
+    #: Learn the timeouts from the run's own step gaps.
+    adaptive: bool = True
+    #: Step gaps learned before the timeouts adapt: 10 logged steps is past the slow first
+    #: steps (compilation, allocator warmup) of most runs and about a minute of a fast one.
+    learn_steps: int = Field(default=10, ge=2)
+    #: Floor of the learned soft timeout, and the least room between soft and hard: 5 minutes
+    #: covers the first save of a ~7B model's weights and optimizer state to local disk, which
+    #: a fast run meets before it has seen any long gap to learn from.
+    min_timeout_s: float = Field(default=300.0, gt=0)
+    #: Soft timeout in normal step gaps: 20 x a 30 s step is the fixed 10 minutes.
+    interval_factor: float = Field(default=20.0, gt=1)
+    #: Soft timeout over the longest gap seen: a save or eval may run 50% longer than its
+    #: longest earlier one (a busier filesystem, a bigger eval batch) without a warning.
+    gap_factor: float = Field(default=1.5, ge=1)
+    #: Hard timeout over the learned soft one, as the fixed 30 minutes is 3 x 10.
+    hard_factor: float = Field(default=3.0, gt=1)
+    #: A job that is visibly busy (GPUs at power, CPU working, printing) goes critical only
+    #: at this multiple of the hard timeout: twice the longest wait tolerated for a hang.
+    busy_factor: float = Field(default=2.0, ge=1)
+    #: GPU power under this fraction of its limit is no real work. A training step draws
+    #: well above half the limit; an idle or NCCL-spinning GPU draws 10-25%.
+    low_power_fraction: float = Field(default=0.3, gt=0, lt=1)
+    #: The process tree's CPU under this percent of one core is idle: a Python loop doing
+    #: anything at all keeps one core far above it.
+    idle_cpu_percent: float = Field(default=5.0, ge=0)
+    #: Readings older than this say nothing about now: 3 readings at the GPU and process
+    #: sources' default 5 s interval, with room for a slow NVML call.
+    evidence_max_age_s: float = Field(default=15.0, gt=0)
+
+    @model_validator(mode="after")
+    def _hard_after_soft(self) -> StallConfig:
+        if self.hard_timeout_s <= self.soft_timeout_s:
+            raise ValueError("hard_timeout_s must be greater than soft_timeout_s")
+        return self
 
 #: The readings ``stall`` keeps (the latest of each, per source).
 EVIDENCE_METRICS = frozenset(
@@ -302,4 +350,13 @@ def _longest_silence(
     return longest
 
 
-__all__ = ["EVIDENCE_METRICS", "BlockProgress", "Evidence", "Timeouts", "Verdict", "block_progress"]
+__all__ = [
+    "EVIDENCE_METRICS",
+    "BlockProgress",
+    "Evidence",
+    "StallConfig",
+    "Timeouts",
+    "Verdict",
+    "block_progress",
+    "moment_progress",
+]
