@@ -1,6 +1,6 @@
-"""What gpu_memory_creep reads in a series' window: a creep and its trend, one value at a
-time, and for a replay block in bulk (which logged memory it appends, the proof none of it
-judges a creep or a capacity).
+"""gpu_memory_creep's settings (``[rules.gpu_memory_creep]``) and what it reads in a
+series' window: a creep and its trend, one value at a time, and for a replay block in bulk
+(which logged memory it appends, the proof none of it judges a creep or a capacity).
 
 Pure functions of a window, the rule's settings and the series' capacity; the rule
 (``gpu_memory_creep.py``) keeps the windows and the episode.
@@ -12,13 +12,94 @@ import math
 from collections import deque
 from itertools import accumulate, compress, islice
 from operator import and_, gt, lt, sub, truediv
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pydantic import Field
+
+from sentinel.detectors import MetricNames, MetricRuleConfig
 from sentinel.detectors.series import Warmup, judged_mask
 from sentinel.records import Block
 
-if TYPE_CHECKING:
-    from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepConfig
+#: GPU memory metrics as common loggers name them (lower-cased, ``train/`` stripped):
+#: hand-written loops, MosaicML Composer's MemoryMonitor, torchtitan, Megatron-LM,
+#: axolotl; sentinel's own NVML readings use ``gpu_memory_used``.
+MEMORY_METRICS: tuple[str, ...] = (
+    "gpu_memory",
+    "gpu_memory_used",
+    "gpu_memory_gb",
+    "gpu_memory_mb",
+    "gpu_mem",
+    "gpu_mem_used",
+    "gpu_mem_gb",
+    "gpu_mem_mb",
+    "cuda_mem",
+    "cuda_memory_allocated",
+    "cuda_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_allocated",
+    "mem_reserved",
+    "memory/allocated",
+    "memory/reserved",
+    "memory/memory_allocated",
+    "memory/max_memory_allocated",
+    "memory/current_allocated_mem",
+    "memory/current_reserved_mem",
+    "memory/peak_allocated_mem",
+    "memory/peak_reserved_mem",
+    "memory/max_active(gib)",
+    "memory/max_reserved(gib)",
+    "memory/max_active(%)",
+    "memory/max_reserved(%)",
+    "mem-allocated-bytes",
+    "mem-max-allocated-bytes",
+)
+
+#: Logged totals (same unit as the watched metrics) that give the capacity.
+CAPACITY_METRICS: tuple[str, ...] = (
+    "gpu_memory_total",
+    "gpu_mem_total",
+    "memory_total",
+    "total_memory",
+)
+
+#: Name endings of metrics logged as a percentage of the device: their capacity is 100.
+PERCENT_SUFFIXES: tuple[str, ...] = ("(%)", "_pct", "_percent")
+
+class GpuMemoryCreepConfig(MetricRuleConfig):
+    """``[rules.gpu_memory_creep]``.
+
+    DESIGN gives no numbers; these follow the other windowed rules: 20 logged values
+    is long enough that the allocator's noise averages out, and 10% growth in that
+    window is no fragmentation wobble. 95% of capacity leaves the caching allocator
+    no room for the next long batch.
+    """
+
+    #: Memory metrics to watch (names as logged, lower-cased); each is its own series.
+    metrics: MetricNames = Field(default_factory=lambda: list(MEMORY_METRICS))
+    #: Values of a series judged together for a creep.
+    window: int = Field(default=20, ge=3)
+    #: Share of the window's step-to-step changes that must be increases.
+    rising_fraction: float = Field(default=0.8, gt=0, le=1)
+    #: Growth over the window (0.1: 10%) that makes a creep; the window's low point must
+    #: also have risen by half of it, so an allocate/free sawtooth is no creep.
+    min_growth: float = Field(default=0.1, gt=0)
+    #: Device capacity in the metrics' own unit; else a logged total (``capacity_metrics``).
+    #: Metrics named as a percentage (``(%)``, ``_pct``, ``_percent``) have capacity 100.
+    capacity: float | None = Field(default=None, gt=0)
+    #: Logged metrics carrying the device's total memory, in the watched metrics' unit.
+    capacity_metrics: MetricNames = Field(default_factory=lambda: list(CAPACITY_METRICS))
+    #: Usage at or above this fraction of capacity is "OOM ahead".
+    capacity_fraction: float = Field(default=0.95, gt=0, le=1)
+    #: Steps never judged. PyTorch allocates the optimizer's state at the first
+    #: ``optimizer.step()`` and the caching allocator finds its working set over the first
+    #: iterations; 10 steps covers both (and a resumed job is past them).
+    warmup_steps: int = Field(default=10, ge=0)
+    #: Judge the NVML readings of the job's GPUs too (``gpu_mem_used_bytes``).
+    nvml: bool = True
+
 
 #: A series: (metric, GPU source) for NVML readings, (metric, "") for a logged metric.
 Key = tuple[str, str]

@@ -1,5 +1,5 @@
-"""throughput_drop's block path: the values a replay block hands its judge, and the proof
-that none of them raises an alert.
+"""throughput_drop's settings and block path: ``[rules.throughput_drop]``, the values a
+replay block hands its judge, and the proof that none of them raises an alert.
 
 Pure functions of the block and of the rule's state, in a few C-level passes; the rule
 (``throughput_drop.py``) asks them in ``can_absorb`` and ``absorb``.
@@ -10,13 +10,61 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate, chain, compress, count, islice, repeat
 from operator import gt, lt, sub, truediv
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from pydantic import Field
+
+from sentinel.detectors import MetricNames, MetricRuleConfig
 from sentinel.detectors.series import Warmup, judged_mask, longest_run_at_least
 from sentinel.records import Block
 
-if TYPE_CHECKING:
-    from sentinel.detectors.throughput_drop import ThroughputDropConfig
+#: Throughput metrics as the common loggers name them (lower-cased, ``train/`` stripped):
+#: sentinel's canonical name, MosaicML Composer, Lightning's ThroughputMonitor, torchtitan.
+#: Not HF's ``train_samples_per_second``: the Trainer logs it once, in its end-of-run summary.
+THROUGHPUT_METRICS: tuple[str, ...] = (
+    "tokens_per_sec",
+    "throughput/tokens_per_sec",
+    "items_per_sec",
+    "throughput(tps)",
+    "perf/throughput(tps)",
+    "wps",
+    "samples_per_sec",
+    "samples_per_second",
+    "throughput/samples_per_sec",
+    "steps_per_sec",
+    "steps_per_second",
+    "batches_per_sec",
+    "throughput/batches_per_sec",
+    "it_per_sec",
+)
+
+class ThroughputDropConfig(MetricRuleConfig):
+    """``[rules.throughput_drop]``.
+
+    DESIGN's table: "< 50% of the run's baseline, sustained". Five values in a row
+    outlast a checkpoint save or an evaluation, which slow one logging interval;
+    the baseline is the median of 20 values, so a slow first step (compilation,
+    allocator warmup) does not set it.
+    """
+
+    #: Throughput metrics (names as logged, lower-cased). The first of them the job logs
+    #: becomes the series and the others are ignored, so only like is compared with like.
+    metrics: MetricNames = Field(default_factory=lambda: list(THROUGHPUT_METRICS))
+    #: Metrics whose steps time the run when it logs no throughput: steps/sec is derived
+    #: from the time each new step first appears in them. Empty: never derive.
+    step_metrics: MetricNames = Field(default_factory=lambda: ["loss", "grad_norm", "lr"])
+    #: Throughput below this fraction of the baseline is a drop.
+    fraction: float = Field(default=0.5, gt=0, lt=1)
+    #: Values (after warmup) whose median is the first baseline; also the rolling window
+    #: whose median can later raise it (it never lowers it).
+    baseline_window: int = Field(default=20, ge=3)
+    #: Consecutive values below the bar that make a drop.
+    sustain: int = Field(default=5, ge=1)
+    #: Seconds the drop must also have lasted (from its first low value); 0 counts values only.
+    sustain_s: float = Field(default=0.0, ge=0)
+    #: Consecutive values back at or above the bar that end the episode.
+    resolve_after: int = Field(default=5, ge=1)
+
 
 #: Derived steps/sec: (time, highest step) of a time point, or None.
 Point = tuple[float, int] | None
