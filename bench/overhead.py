@@ -6,7 +6,7 @@ tokens/sec) for ``--seconds`` (60 by default). It runs twice:
 - alone: ``python job.py``;
 - watched: ``sentinel run --config C -- python job.py``, with the GPU source
   reading 8 GPUs once a second and the process tree once a second. On a
-  machine without a GPU the GPUs are ``sentinel.testing.nvml.FakeNvml``'s (the
+  machine without a GPU the GPUs are ``tests.helpers.nvml.FakeNvml``'s (the
   child swaps it in for pynvml before ``sentinel`` starts); with ``--real-nvml``
   they are the machine's own.
 
@@ -74,7 +74,7 @@ while True:
 SENTINEL_WITH_FAKE_NVML = r"""
 import sys
 from sentinel.sources import gpu
-from sentinel.testing.nvml import FakeNvml
+from tests.helpers.nvml import FakeNvml
 
 gpu.NVML_FACTORY = lambda: FakeNvml(gpus=int(sys.argv[1]))
 from sentinel.cli import main

@@ -1,6 +1,6 @@
 """The NVML calls sentinel makes (``GpuProbe``), and small helpers around them.
 
-The real ``pynvml`` module satisfies ``GpuProbe``; so does ``sentinel.testing.nvml.FakeNvml``,
+The real ``pynvml`` module satisfies ``GpuProbe``; so does ``tests.helpers.nvml.FakeNvml``,
 which is how the tests drive the very code that reads a real GPU.
 """
 
@@ -22,7 +22,7 @@ THROTTLE_REASONS_CALL = "nvmlDeviceGetCurrentClocksThrottleReasons"
 class GpuProbe(Protocol):
     """The part of the ``pynvml`` module the GPU source uses; the module itself is one.
 
-    ``sentinel.testing.nvml.FakeNvml`` is another. Handles and event sets are opaque.
+    ``tests.helpers.nvml.FakeNvml`` is another. Handles and event sets are opaque.
     """
 
     NVMLError: type[Exception]

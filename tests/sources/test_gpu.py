@@ -32,7 +32,7 @@ from sentinel.sources import (
     gpu_source,
 )
 from sentinel.sources.gpu import REPEAT_LOG_S, Attribution, GpuMonitor
-from sentinel.testing.nvml import FakeNvml
+from tests.helpers.nvml import FakeNvml
 
 NOW = 1_700_000_000.0
 LOGGER = "sentinel.sources.gpu"

@@ -10,7 +10,7 @@ import pytest
 
 from sentinel.sources import GPU_POWER_LIMIT
 from sentinel.sources.gpu import POWER_LIMIT_REREAD_S, GpuMonitor
-from sentinel.testing.nvml import FakeNvml
+from tests.helpers.nvml import FakeNvml
 
 NOW = 1_700_000_000.0
 CALL = "nvmlDeviceGetEnforcedPowerLimit"

@@ -17,7 +17,7 @@ import pytest
 from sentinel.records import Sample
 from sentinel.sources import GPU_CLOCK_EVENTS, GPU_TEMP
 from sentinel.sources.gpu import GpuMonitor
-from sentinel.testing.nvml import FakeNvml
+from tests.helpers.nvml import FakeNvml
 
 NOW = 1_700_000_000.0
 NEW = "nvmlDeviceGetCurrentClocksEventReasons"
