@@ -1,26 +1,127 @@
-"""What a replay block does to ``cost_overrun``'s spend and step rate, a column at a time.
+"""``cost_overrun``'s settings and state, and what a replay block does to its spend and
+step rate, a column at a time.
 
-The block path of ``sentinel.detectors.cost_overrun``: ``taken`` works out the state a
-block fed line by line leaves (or None unless the block is calm), ``projection_holds``
-whether the projection at each of its new steps leaves the open/closed state as it is.
-Both repeat the detector's own float operations in the same order, so the state they
-give is the line-by-line state bit for bit.
+``CostOverrunConfig`` is ``[rules.cost_overrun]``; ``CostState`` the spend and progress
+the rule's hooks move; ``reached_levels`` the budget levels a spend reaches. The block
+path of ``sentinel.detectors.cost_overrun``: ``taken`` works out the state a block fed
+line by line leaves (or None unless the block is calm), ``projection_holds`` whether the
+projection at each of its new steps leaves the open/closed state as it is. Both repeat
+the detector's own float operations in the same order, so the state they give is the
+line-by-line state bit for bit.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
 from operator import add, gt, itemgetter, le, lt, mul, sub, truediv
-from typing import TYPE_CHECKING, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
+
+from pydantic import Field, model_validator
 
 from sentinel.cost import SECONDS_PER_HOUR
+from sentinel.detectors import MetricNames, RuleConfig
 from sentinel.detectors.series import rising_steps
 from sentinel.records import Block
 from sentinel.sources import GPU_JOB
 
-if TYPE_CHECKING:
-    from sentinel.detectors.cost_overrun import CostOverrunDetector
+#: Relative slack when comparing spend to a level: 80.0 reached through float sums is 80%.
+_EPSILON = 1e-9
+
+
+class CostOverrunConfig(RuleConfig):
+    """``[rules.cost_overrun]``.
+
+    DESIGN's table: warn at 80% of the budget spent, critical at 100%, and warn
+    when the projection at completion passes 120%. The projection waits for ten
+    minutes and ten steps of progress in an attempt: the first minutes of a run
+    (compilation, data-loader warmup, a first evaluation) are slower than the rest,
+    and a projection from them would cry wolf at every start.
+    """
+
+    renamed: ClassVar[Mapping[str, str]] = {"kill_at": "kill_fraction"}
+
+    #: The run's budget, in the currency of ``[cost] price_per_gpu_hour``. Unset: silent.
+    budget: float | None = Field(default=None, gt=0)
+    #: Fraction of the budget spent that warns.
+    warn_fraction: float = Field(default=0.8, gt=0)
+    #: Fraction of the budget spent that is critical.
+    critical_fraction: float = Field(default=1.0, gt=0)
+    #: Fraction of the budget at which sentinel stops the job (no restart). Unset: never.
+    kill_fraction: float | None = Field(default=None, gt=0)
+    #: The projection at completion warns above ``budget x (1 + projected_margin)``
+    #: (the runbooks' 20%); it resolves once back at or under the budget itself.
+    projected_margin: float = Field(default=0.2, ge=0)
+    #: Seconds of progress the step rate is measured over: long enough to average out an
+    #: evaluation or a checkpoint save, short enough to notice a slowdown within the hour.
+    rate_window_s: float = Field(default=1800.0, gt=0)
+    #: Seconds of progress in the current attempt before projecting (after a restart too).
+    projection_min_s: float = Field(default=600.0, ge=0)
+    #: Steps of progress in the current attempt before projecting.
+    projection_min_steps: int = Field(default=10, ge=1)
+    #: Metrics whose steps tell progress (the first sample of each new step counts).
+    step_metrics: MetricNames = Field(default_factory=lambda: ["loss", "grad_norm", "lr"])
+    #: Restarting a job that is over budget spends more: notify by default.
+    on_critical: Literal["notify", "stop", "restart"] = "notify"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CostOverrunConfig:
+        if self.warn_fraction >= self.critical_fraction:
+            raise ValueError(
+                f"warn_fraction ({self.warn_fraction:g}) must be less than"
+                f" critical_fraction ({self.critical_fraction:g})"
+            )
+        if self.kill_fraction is not None and self.kill_fraction < self.critical_fraction:
+            raise ValueError(
+                f"kill_fraction ({self.kill_fraction:g}) must be at least"
+                f" critical_fraction ({self.critical_fraction:g}): it stops the job"
+                " only after the critical alert"
+            )
+        return self
+
+
+@dataclass(slots=True)
+class CostState:
+    """What ``cost_overrun`` knows of the run's spend and of the current attempt's progress."""
+
+    gpu_s: float = 0.0
+    #: Seconds held before any GPU count was known: charged at the first count known
+    #: (the GPU source attributes the GPUs a poll or two after the job took them).
+    unknown_s: float = 0.0
+    #: Start of the interval not yet charged, while an attempt runs; else None.
+    since: float | None = None
+    #: GPU count at ``since`` (the last one known).
+    gpus: int | None = None
+    started: bool = False
+    #: Budget fractions already alerted on (warn, critical, kill), for the whole run.
+    raised: set[str] = field(default_factory=set)
+    projection_open: bool = False
+    last_step: int | None = None
+    #: (time, step) of each new step of the current attempt, within the rate window.
+    progress: deque[tuple[float, int]] = field(default_factory=deque)
+    #: (time, step) of the current attempt's first step: the evidence starts there.
+    first: tuple[float, int] | None = None
+
+
+def reached_levels(settings: CostOverrunConfig, price: float | None, gpu_s: float) -> list[str]:
+    """The levels (warn, critical, kill) ``gpu_s`` GPU-seconds of spend reach: a prefix."""
+    budget = settings.budget
+    if budget is None or price is None or gpu_s <= 0:
+        return []
+    spent = gpu_s / SECONDS_PER_HOUR * price
+    levels = (
+        ("warn", settings.warn_fraction),
+        ("critical", settings.critical_fraction),
+        ("kill", settings.kill_fraction),
+    )
+    return [
+        name
+        for name, fraction in levels
+        if fraction is not None and spent >= fraction * budget * (1 - _EPSILON)
+    ]
 
 
 class Taken(NamedTuple):
@@ -35,14 +136,25 @@ class Taken(NamedTuple):
     dropped: int
 
 
-def taken(detector: CostOverrunDetector, block: Block, *, judge: bool) -> Taken | None:
-    """What ``block`` leaves of ``detector``'s spend and step rate; None unless it is calm
-    (the projections are judged only when ``judge``: ``absorb`` knows they hold)."""
-    budget, since, gpus = detector.settings.budget, detector._since, detector._gpus
-    gpu_s, unknown_s, count = detector._gpu_s, detector._unknown_s, detector.facts.gpu_count
+def taken(
+    state: CostState,
+    settings: CostOverrunConfig,
+    block: Block,
+    *,
+    step_metrics: frozenset[str],
+    gpu_count: int | None,
+    price: float | None,
+    max_steps: int | None,
+    judge: bool,
+) -> Taken | None:
+    """What ``block`` leaves of the rule's spend and step rate (``state``, with the run's
+    GPU count, price and total steps given); None unless it is calm (the projections are
+    judged only when ``judge``: ``absorb`` knows they hold)."""
+    budget, since, gpus = settings.budget, state.since, state.gpus
+    gpu_s, unknown_s, count = state.gpu_s, state.unknown_s, gpu_count
     if budget is None:
         return Taken(since, gpu_s, unknown_s, [], 0)  # no hook does anything
-    watched = not detector._step_metrics.isdisjoint(block.names)
+    watched = not step_metrics.isdisjoint(block.names)
     if since is None or not (watched or block.ticks):
         # No hook runs, or observe waits for an attempt to start, which a tick starts.
         return None if since is None and block.ticks else Taken(since, gpu_s, unknown_s, [], 0)
@@ -62,11 +174,11 @@ def taken(detector: CostOverrunDetector, block: Block, *, judge: bool) -> Taken 
     else:
         charged = list(accumulate(map(mul, held_s, repeat(gpus)), add, initial=gpu_s))[1:]
         gpu_s = charged[-1]
-    reached = detector._reached(gpu_s)
-    if reached and reached[-1] not in detector._raised:
+    reached = reached_levels(settings, price, gpu_s)
+    if reached and reached[-1] not in state.raised:
         return None  # spend passes a level within the block
     steps = block.steps
-    new = rising_steps(steps, detector._last_step)
+    new = rising_steps(steps, state.last_step)
     if new is None:
         points = list(zip(clock, steps, strict=True))
     else:
@@ -74,32 +186,40 @@ def taken(detector: CostOverrunDetector, block: Block, *, judge: bool) -> Taken 
         charged = list(compress(charged, new))
     if not watched or not points:
         return Taken(clock[-1], gpu_s, unknown_s, [], 0)
-    window = [*detector._progress, *points]
+    window = [*state.progress, *points]
     times = list(map(itemgetter(0), window))
     kept = len(window) - len(points)
     if not all(map(le, times, islice(times, 1, kept + 1))):
         return None  # points kept out of time order (a live clock that went back)
-    if judge and charged and not projection_holds(detector, window, times, kept, charged):
+    if (
+        judge
+        and charged
+        and price is not None
+        and max_steps is not None
+        and not projection_holds(state, settings, window, times, kept, charged, price, max_steps)
+    ):
         return None
     # At each new step observe drops the points before the last one at or before
     # now - window; the times only grow, so the drop at the last step covers them all.
-    dropped = bisect_right(times, times[-1] - detector.settings.rate_window_s) - 1
+    dropped = bisect_right(times, times[-1] - settings.rate_window_s) - 1
     return Taken(clock[-1], gpu_s, unknown_s, points, max(dropped, 0))
 
 
 def projection_holds(
-    detector: CostOverrunDetector,
+    state: CostState,
+    settings: CostOverrunConfig,
     window: list[tuple[float, int]],
     times: list[float],
     kept: int,
     charged: list[float],
+    price: float,
+    max_steps: int,
 ) -> bool:
     """Whether the projection at each new step (``window[kept:]``, with the GPU-seconds
-    ``charged`` then) leaves ``detector._projection_open`` as it is: ``_project``'s own
-    float operations, a column at a time."""
-    settings, facts, gpus = detector.settings, detector.facts, detector._gpus
-    budget, price, max_steps = settings.budget, facts.price_per_gpu_hour, facts.max_steps
-    if budget is None or price is None or max_steps is None or gpus is None:
+    ``charged`` then) leaves ``state.projection_open`` as it is: the rule's own float
+    operations, a column at a time."""
+    budget, gpus = settings.budget, state.gpus
+    if budget is None or gpus is None:
         return True  # no projection
     # The window's first point at each new step: the last at or before now - window,
     # or the one it started at for the step before (observe's popleft).
@@ -110,7 +230,7 @@ def projection_holds(
     next(heads)
     firsts = list(map(window.__getitem__, heads))
     step = list(map(itemgetter(1), window[kept:]))
-    started_s, started_step = detector._first or window[kept]
+    started_s, started_step = state.first or window[kept]
     # Too soon in the attempt is a prefix (time and step only grow); then a step is
     # judged when the window spans some time (and so some steps).
     soon = max(
@@ -129,9 +249,16 @@ def projection_holds(
     projected = map(
         add, map(mul, hours, repeat(price)), map(truediv, future, repeat(SECONDS_PER_HOUR))
     )
-    if detector._projection_open:
+    if state.projection_open:
         return not any(map(le, projected, repeat(budget)))
     return not any(map(gt, projected, repeat(budget * (1 + settings.projected_margin))))
 
 
-__all__ = ["Taken", "projection_holds", "taken"]
+__all__ = [
+    "CostOverrunConfig",
+    "CostState",
+    "Taken",
+    "projection_holds",
+    "reached_levels",
+    "taken",
+]

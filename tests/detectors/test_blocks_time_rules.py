@@ -235,7 +235,8 @@ def test_time_held_before_any_gpu_is_known_is_counted_alike() -> None:
         cost(budget=0.1), texts, facts=RunFacts(price_per_gpu_hour=2.0, max_steps=5000)
     )
     assert line_by_line.alerts == []
-    assert line_by_line.state["rules"]["cost_overrun"]["_unknown_s"] == snapshot(2999 * STEP_S)
+    spend = line_by_line.state["rules"]["cost_overrun"]["state"]
+    assert spend["unknown_s"] == snapshot(2999 * STEP_S)
     assert_same(line_by_line, blocks, len(texts))
 
 
