@@ -1,0 +1,251 @@
+"""Stopping a job's tree that sentinel did not start: real processes, reparented by a launcher
+that exits, really signalled; a pid really reused."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sentinel.actions.signal_tree import stop_tree
+from sentinel.actions.terminate import ProcessIdentity
+from sentinel.sources.pidfd import pidfds_work, pin
+from tests.helpers.detached import (
+    launch_detached,
+    reaped,
+    role_argv,
+    running,
+    signals_got,
+    wait_for_pid,
+    wait_until,
+)
+
+MODES = [
+    pytest.param(True, id="pidfd", marks=pytest.mark.skipif(not pidfds_work(), reason="no pidfd")),
+    pytest.param(False, id="checked-pid"),
+]
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Iterator[Path]:
+    with reaped(tmp_path) as path:
+        yield path
+
+
+def start_tree(folder: Path, *extra: str) -> dict[str, ProcessIdentity]:
+    """A job with a child and a setsid() grandchild, its launcher gone."""
+    launch_detached(role_argv(folder, "job", "tree", *extra))
+    return {role: wait_for_pid(folder, role) for role in ("job", "child", "grandchild")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_pidfd", MODES)
+def test_the_whole_tree_is_stopped_and_a_setsid_grandchild_is_killed(
+    folder: Path, use_pidfd: bool
+) -> None:
+    tree = start_tree(folder)
+    job, child, grandchild = tree["job"], tree["child"], tree["grandchild"]
+    assert psutil.Process(job.pid).ppid() != os.getpid()  # reparented: not our child
+    assert os.getsid(grandchild.pid) != os.getsid(job.pid)  # out of reach of a group signal
+
+    result = stop_tree(job, grace_s=0.5, use_pidfd=use_pidfd)
+
+    assert result.tree[0] == job
+    assert set(result.tree) == {job, child, grandchild}
+    # Job and child exit on SIGTERM; the grandchild records it, carries on, and is killed.
+    for role in ("job", "child", "grandchild"):
+        assert signals_got(folder, role) == ["SIGTERM"], role
+    assert result.got(job) == [signal.SIGTERM]
+    assert result.got(grandchild) == [signal.SIGTERM, signal.SIGKILL]
+    assert result.killed == (grandchild,)
+    assert result.survivors == ()
+    assert not any(running(who) for who in (job, child, grandchild))
+    assert "SIGKILL to pid" in result.detail
+
+
+@pytest.mark.slow
+def test_an_ancestor_waiting_for_the_job_is_never_signalled(folder: Path) -> None:
+    launch_detached(role_argv(folder, "wrapper", "tree"))
+    wrapper = wait_for_pid(folder, "wrapper")
+    job = wait_for_pid(folder, "job")
+    grandchild = wait_for_pid(folder, "grandchild")
+    assert psutil.Process(job.pid).ppid() == wrapper.pid
+
+    result = stop_tree(job, grace_s=0.5)
+
+    assert wrapper not in result.tree
+    assert grandchild in result.killed
+    wait_until(lambda: (folder / "wrapper.status").exists(), what="the wrapper saw the job end")
+    assert (folder / "wrapper.status").read_text() == "0"  # the job's own exit on SIGTERM
+    assert signals_got(folder, "wrapper") == []
+    assert running(wrapper)
+
+
+@pytest.mark.slow
+def test_a_process_started_during_the_grace_is_stopped_too(folder: Path) -> None:
+    # On SIGTERM the job starts a saver that ignores SIGTERM, then takes 1.5 s to exit.
+    launch_detached(role_argv(folder, "job", "saver"))
+    job = wait_for_pid(folder, "job")
+
+    result = stop_tree(job, grace_s=3.0)
+
+    saver = wait_for_pid(folder, "saver")
+    assert result.late == (saver,)
+    assert result.got(saver) == [signal.SIGTERM, signal.SIGKILL]
+    assert signals_got(folder, "saver") == ["SIGTERM"]
+    assert not running(saver)
+    assert "started during the grace" in result.detail
+
+
+def test_the_stop_signal_is_the_one_asked_for(folder: Path) -> None:
+    launch_detached(role_argv(folder, "job"))
+    job = wait_for_pid(folder, "job")
+
+    result = stop_tree(job, grace_s=5.0, stop_signal=signal.SIGINT)
+
+    assert signals_got(folder, "job") == ["SIGINT"]
+    assert result.sent == ((job, signal.SIGINT),)
+    assert result.killed == ()
+    assert not running(job)
+
+
+def test_sigkill_as_the_stop_signal_kills_at_once(folder: Path) -> None:
+    launch_detached(role_argv(folder, "sleeper"))
+    sleeper = wait_for_pid(folder, "sleeper")
+    started = time.monotonic()
+
+    result = stop_tree(sleeper, grace_s=30.0, stop_signal=signal.SIGKILL)
+
+    assert time.monotonic() - started < 5.0  # no grace after a SIGKILL
+    assert result.sent == ((sleeper, signal.SIGKILL),)
+    assert signals_got(folder, "sleeper") == []
+    assert not running(sleeper)
+
+
+@pytest.mark.parametrize("use_pidfd", MODES)
+def test_a_live_process_with_another_create_time_is_refused(folder: Path, use_pidfd: bool) -> None:
+    launch_detached(role_argv(folder, "sleeper"))
+    real = wait_for_pid(folder, "sleeper")
+    # The pid of a live process with the create time of another: what a reused pid looks like.
+    stale = ProcessIdentity(real.pid, real.create_time - 60.0)
+
+    assert pin(stale, use_pidfd=use_pidfd) == "reused"
+    result = stop_tree(stale, grace_s=0.1, use_pidfd=use_pidfd)
+
+    assert result.sent == ()
+    assert result.tree == ()
+    assert result.refused == ((stale, "pid reused"),)
+    assert "not the job" in result.detail
+    time.sleep(0.1)
+    assert signals_got(folder, "sleeper") == []
+    assert running(real)
+
+
+def test_a_process_that_has_exited_is_gone_not_signalled(tmp_path: Path) -> None:
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    identity = ProcessIdentity.of(done.pid)
+    done.wait()
+
+    result = stop_tree(identity, grace_s=0.1)
+
+    assert result.sent == ()
+    assert result.gone == (identity,)
+    assert "had already exited" in result.detail
+
+
+def start_with_pid(pid: int, argv: list[str], attempts: int = 50) -> subprocess.Popen[bytes] | None:
+    """Start ``argv`` as pid ``pid`` (root: the next pid is set through ns_last_pid)."""
+    for _ in range(attempts):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+            last.write(str(pid - 1))
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        if process.pid == pid:
+            return process
+        process.kill()
+        process.wait()
+    return None
+
+
+@contextlib.contextmanager
+def killed_on_exit(process: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.skipif(
+    not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK), reason="needs root to reuse a pid"
+)
+@pytest.mark.parametrize("use_pidfd", MODES)
+def test_a_reused_pid_is_never_signalled(folder: Path, use_pidfd: bool) -> None:
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    old = ProcessIdentity.of(first.pid)
+    first.kill()
+    first.wait()
+    # The kernel's create times have clock-tick resolution: let the next one differ.
+    time.sleep(0.05)
+
+    second = start_with_pid(old.pid, role_argv(folder, "sleeper"))
+    if second is None:
+        pytest.skip(f"pid {old.pid} went elsewhere on a busy host")
+    with killed_on_exit(second):
+        now = wait_for_pid(folder, "sleeper")
+        assert now.pid == old.pid and now != old
+
+        result = stop_tree(old, grace_s=0.1, use_pidfd=use_pidfd)
+
+        assert result.sent == ()
+        assert result.refused == ((old, "pid reused"),)
+        assert signals_got(folder, "sleeper") == []
+        assert second.poll() is None
+
+
+def test_dry_run_names_the_tree_and_signals_nothing(folder: Path) -> None:
+    tree = start_tree(folder)
+
+    result = stop_tree(tree["job"], grace_s=0.1, dry_run=True)
+
+    assert set(result.tree) == set(tree.values())
+    assert result.sent == ()
+    assert f"would send SIGTERM to pid {tree['job'].pid}" in result.detail
+    time.sleep(0.1)
+    assert all(signals_got(folder, role) == [] for role in tree)
+    assert all(running(who) for who in tree.values())
+
+
+def test_sentinel_is_left_out_when_it_runs_below_the_root() -> None:
+    # pytest stands in for a sentinel started by the job (``sentinel watch --pid $$ & exec``).
+    parent = ProcessIdentity.of(os.getppid())
+
+    result = stop_tree(parent, grace_s=0.1, dry_run=True)
+
+    assert result.tree[0] == parent
+    assert os.getpid() not in {who.pid for who in result.tree}
+    assert result.sent == ()
+
+
+def test_members_known_beforehand_are_stopped_even_when_the_root_is_gone(folder: Path) -> None:
+    tree = start_tree(folder)
+    os.kill(tree["job"].pid, signal.SIGKILL)
+    wait_until(lambda: not running(tree["job"]), what="the job died")
+
+    result = stop_tree(
+        tree["job"],
+        grace_s=5.0,
+        members=[tree["child"], tree["grandchild"]],
+        stop_signal=signal.SIGKILL,
+    )
+
+    assert result.gone == (tree["job"],)
+    assert set(result.killed) == {tree["child"], tree["grandchild"]}
+    assert not running(tree["grandchild"])
