@@ -243,7 +243,11 @@ class Metrics:
         return self._clock() - self._loop_turned_at
 
     def incident_opened(self, rule: str, severity: str) -> None:
-        """An incident was opened (``severity``: info, warning or critical)."""
+        """An incident was opened (``severity``: info, warning or critical).
+
+        Call it again when one escalates, with its new severity: the critical count is
+        then the incidents that became critical.
+        """
         self._incidents.labels(rule, str(severity)).inc()
 
     def incidents_active(self, by_rule: Mapping[str, int]) -> None:
