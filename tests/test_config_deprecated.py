@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sentinel.config import ConfigError, Settings, effective_config, load_settings
-from sentinel.config_renames import RENAMED
+from sentinel.config.renames import RENAMED
 from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig
 from sentinel.detectors.loss_spike import LossSpikeConfig
 from sentinel.facts import RunFacts

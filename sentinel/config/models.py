@@ -1,0 +1,334 @@
+"""The schema of the settings tree: one model a table, ``Settings`` at the top.
+
+Each option is declared once, here. The CLI flags of the common case map onto
+fields through ``CLI_FIELDS``; the environment uses the field path joined by
+``__`` (``SENTINEL_RULES__STALL__SOFT_TIMEOUT_S``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import create_model as _create_model
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from sentinel import resume
+from sentinel.detectors import DETECTORS, RuleConfig
+from sentinel.records import Severity
+from sentinel.sources.lines import BATCH_S, MAX_BATCH_S
+
+ENV_PREFIX = "SENTINEL_"
+#: Variables sentinel sets for the job it restarts; never config.
+RESTART_ENV = resume.RESTART_ENV
+
+
+def _split_words(value: object) -> object:
+    """Let a plain string stand for a list: ``"a.log b.log"`` or ``"a.log,b.log"``."""
+    if isinstance(value, str):
+        return [part for part in re.split(r"[\s,]+", value) if part]
+    return value
+
+
+def _split_urls(value: object) -> object:
+    """Apprise URLs from one string are separated by whitespace (a URL may hold commas)."""
+    if isinstance(value, str):
+        return value.split()
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobConfig(_Model):
+    """``[job]``: how the job is run and restarted."""
+
+    name: str = ""
+    #: Run instead of the original command after a rollback; ``{checkpoint}``
+    #: and ``{step}`` are filled in, each inside its own argument (sentinel.resume).
+    resume_command: str | None = None
+    max_restarts: int = Field(default=3, ge=0)
+    #: When no clean checkpoint is left to resume from: "give_up" (exit 90, say why) or
+    #: "scratch" (run the original command again, from step 0).
+    restart_without_checkpoint: Literal["give_up", "scratch"] = "give_up"
+    #: Between SIGTERM and SIGKILL: long enough for the job to save and exit.
+    grace_period_s: float = Field(default=30.0, ge=0)
+    #: First wait before a restart; doubles with each restart up to the max.
+    restart_backoff_s: float = Field(default=5.0, ge=0)
+    restart_backoff_max_s: float = Field(default=300.0, ge=0)
+    #: A job that lives this long counts as started (Supervisor's ``startsecs``).
+    min_uptime_s: float = Field(default=10.0, ge=0)
+    #: Set PYTHONUNBUFFERED=1 for the job, so its printed metrics arrive as written.
+    unbuffered: bool = True
+    #: A link to the run's dashboard put in every message, e.g.
+    #: ``https://wandb.ai/acme/llm/runs/{env[WANDB_RUN_ID]}``; ``{job}``, ``{host}``,
+    #: ``{run_id}`` (sentinel's) and ``{env[NAME]}`` are substituted.
+    dashboard_url: str = ""
+
+    @field_validator("resume_command")
+    @classmethod
+    def _splits(cls, template: str | None) -> str | None:
+        if template is not None:
+            resume.parse_template(template)
+        return template
+
+    @property
+    def resume_argv(self) -> list[str] | None:
+        """The resume command's arguments, placeholders unfilled; None without one."""
+        if self.resume_command is None:
+            return None
+        return resume.parse_template(self.resume_command)
+
+
+class TrainingConfig(_Model):
+    """``[training]``: facts about the training run that its log may not say.
+
+    Used to explain incidents (the sample range of the step to inspect) and, for
+    facts the log does state (HF's "Total train batch size"), a fallback.
+    """
+
+    #: Samples per device per forward pass (HF ``per_device_train_batch_size``).
+    batch_size: int | None = Field(default=None, ge=1)
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    #: Data-parallel processes (ranks) sharing each optimizer step. When given, it is also
+    #: the GPUs the job holds (one a rank) unless ``[cost] gpus`` says otherwise.
+    world_size: int = Field(default=1, ge=1)
+    #: Optimizer steps the run will take (HF ``max_steps``).
+    max_steps: int | None = Field(default=None, ge=1)
+
+    @property
+    def samples_per_step(self) -> int | None:
+        """Samples consumed by one optimizer step, when the batch size is known."""
+        if self.batch_size is None:
+            return None
+        return self.batch_size * self.gradient_accumulation_steps * self.world_size
+
+
+class GpuConfig(_Model):
+    """``[gpu]``: the NVML source. Without NVML (no driver, no GPU) the GPU rules are off."""
+
+    enabled: bool = True
+    #: Seconds between readings of every GPU. One reading costs a few NVML calls a GPU.
+    interval_s: float = Field(default=5.0, gt=0)
+    #: Which GPUs are the job's: "auto" takes those running one of the job's processes, or
+    #: every visible GPU when NVML shows none of them (a container's own PID namespace
+    #: hides them); "job" only the former; "all" every visible GPU.
+    attribution: Literal["auto", "job", "all"] = "auto"
+    #: Wait for XID critical errors on a thread of their own (NVML event set).
+    xid_events: bool = True
+
+
+class ProcessConfig(_Model):
+    """``[process]``: the job's process tree (psutil)."""
+
+    enabled: bool = True
+    #: Seconds between readings of the tree: CPU, RSS, states, I/O.
+    interval_s: float = Field(default=5.0, gt=0)
+
+
+class CostConfig(_Model):
+    """``[cost]``: what the job's GPUs cost, for ``cost_overrun``, ``gpu_idle`` and reports."""
+
+    #: Price of one GPU for one hour, in your currency. Unset: no money is counted.
+    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    #: GPUs the job holds (billed). Unset: ``[training] world_size`` when that is given
+    #: (one GPU a data-parallel rank), else those the GPU source attributes to the job.
+    #: Set it where a rank holds several GPUs (tensor or pipeline parallelism).
+    gpus: int | None = Field(default=None, ge=1)
+
+
+class TailConfig(_Model):
+    """``[tail]``: how lines are read, from log files and from the job's own output."""
+
+    #: Poll instead of using inotify (network filesystems); automatic when inotify fails.
+    poll: bool = False
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    max_line_bytes: int = Field(default=1 << 20, ge=1024)
+    #: After reading lines (of a log, or of the job's output), let more gather this long
+    #: before reading again: a chatty job then costs a wake-up per window, not per line.
+    #: The first line after a quiet spell (no output for this long) is read at once; a
+    #: line inside a busy stream (a NaN among a hundred lines a second) waits up to this
+    #: long. 0: read at every write.
+    batch_s: float = Field(default=BATCH_S, ge=0, le=MAX_BATCH_S)
+
+
+class KeepConfig(_Model):
+    """``[keep]``: clean copies of checkpoint files the job overwrites, and the disk they take.
+
+    A file with no step in its name (``ckpt.pt``, ``last.pt``) is rewritten at every save;
+    sentinel keeps its last clean versions under ``<checkpoints>/.sentinel-kept/``.
+    """
+
+    #: Keep versions of files up to this size (4 GiB); 0: keep none.
+    max_bytes: int = Field(default=4 * 1024**3, ge=0)
+    #: Versions kept per file: the newest may be poisoned, so at least two.
+    versions: int = Field(default=2, ge=2)
+    #: ``sentinel status`` warns when the quarantine and the kept copies take more; unset: never.
+    warn_disk_bytes: int | None = Field(default=None, ge=1)
+
+
+class ParserConfig(_Model):
+    """``[parsers]``: extra line formats."""
+
+    #: Regular expressions with named groups; each group but ``step`` and ``time`` is a metric.
+    regexes: list[str] = Field(default_factory=list)
+    #: The HF Trainer's ``logging_steps``. When set, the step of each printed metric dict
+    #: is counted (exact even when the job's stdout was buffered); unset, it is taken from
+    #: the last progress bar seen, which can lag by a step when tqdm skipped a redraw.
+    logging_steps: int | None = Field(default=None, ge=1)
+
+    @field_validator("regexes")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as error:
+                raise ValueError(
+                    f"{pattern!r} is not a valid regular expression: {error}"
+                ) from None
+            if not compiled.groupindex:
+                raise ValueError(f"{pattern!r} has no named group such as (?P<loss>...)")
+        return patterns
+
+
+def _accepted_url(url: SecretStr) -> SecretStr:
+    """An apprise URL apprise accepts; the error shows it masked."""
+    from sentinel.actions.notify import mask_url, validate_url
+
+    problem = validate_url(url.get_secret_value())
+    if problem:
+        raise ValueError(f"{mask_url(url.get_secret_value())}: {problem}")
+    return url
+
+
+class NotifyTarget(_Model):
+    """``[[notify.targets]]``: one apprise URL with its own route."""
+
+    url: SecretStr
+    #: Shown instead of the masked URL in ``sentinel status`` and the logs.
+    name: str = ""
+    #: The least severe alert this target gets; unset: ``[notify] min_severity``.
+    min_severity: Severity | None = None
+    #: Only incidents of these rules reach this target; empty: every rule.
+    rules: list[str] = Field(default_factory=list)
+
+    _accepted = field_validator("url")(_accepted_url)
+
+    @field_validator("rules")
+    @classmethod
+    def _known_rules(cls, rules: list[str]) -> list[str]:
+        unknown = sorted(set(rules) - set(DETECTORS))
+        if unknown:
+            raise ValueError(f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(DETECTORS)}")
+        return rules
+
+
+class NotifyConfig(_Model):
+    """``[notify]``: where alerts go, and how often people hear of them."""
+
+    #: Apprise URLs (https://github.com/caronc/apprise/wiki); they hold tokens and are never logged.
+    #: Each gets every incident at ``min_severity`` or worse.
+    urls: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    #: Targets with routes of their own (severity, rules), beside ``urls``.
+    targets: list[NotifyTarget] = Field(default_factory=list)
+    min_severity: Severity = Severity.WARNING
+    timeout_s: float = Field(default=10.0, gt=0)
+    retry_max_s: float = Field(default=300.0, gt=0)
+    #: Notices raised within this many seconds of the first go out as one message
+    #: (a NaN, the grad-norm run before it and the rollback that followed).
+    group_wait_s: float = Field(default=30.0, ge=0)
+    #: An incident still open and critical is announced again this often (Alertmanager: 4 h).
+    repeat_interval_s: float = Field(default=4 * 3600.0, gt=0)
+    #: Send a message when an announced incident resolves.
+    send_resolved: bool = True
+    #: At most this many messages per target per ``rate_window_s``; the rest are folded
+    #: into one digest (every alert stays in the journal).
+    rate_limit: int = Field(default=20, ge=1)
+    rate_window_s: float = Field(default=3600.0, gt=0)
+    #: A rule whose incidents open this many times within ``flap_window_s`` is flapping:
+    #: one message says so, and its opens and resolves are held until it settles.
+    flap_threshold: int = Field(default=3, ge=2)
+    flap_window_s: float = Field(default=3600.0, gt=0)
+    #: A URL pinged every ``heartbeat_interval_s`` while sentinel is healthy (a dead-man
+    #: switch such as healthchecks.io), so silence from sentinel itself is noticed.
+    heartbeat_url: SecretStr | None = None
+    heartbeat_interval_s: float = Field(default=300.0, gt=0)
+
+    _split = field_validator("urls", mode="before")(_split_urls)
+
+    @field_validator("urls")
+    @classmethod
+    def _apprise_accepts(cls, urls: list[SecretStr]) -> list[SecretStr]:
+        return [_accepted_url(url) for url in urls]
+
+
+_RULE_FIELDS: dict[str, Any] = {
+    rule: (detector.config_model, Field(default_factory=detector.config_model))
+    for rule, detector in DETECTORS.items()
+}
+#: ``[rules]``: one table per registered detector, so a new rule needs no edit here.
+RulesConfig: type[BaseModel] = _create_model(
+    "RulesConfig", __config__=ConfigDict(extra="forbid"), **_RULE_FIELDS
+)
+
+
+class Settings(BaseSettings):
+    """Everything sentinel can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid"
+    )
+
+    #: A directory of secret files (a Kubernetes or Docker secret mount): a file named
+    #: like a setting's environment variable (``SENTINEL_NOTIFY__URLS``) holds its value.
+    secrets_dir: Path | None = None
+    #: Files to follow, by path or glob; they need not exist yet.
+    logs: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: The job's checkpoint directory (rollback quarantines in here).
+    checkpoints: Path | None = None
+    state_dir: Path = Path(".sentinel")
+    #: Detect and notify, but never signal, move or restart.
+    dry_run: bool = False
+    #: Granularity of the time-based rules (stall).
+    tick_interval_s: float = Field(default=1.0, gt=0)
+    job: JobConfig = Field(default_factory=JobConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    process: ProcessConfig = Field(default_factory=ProcessConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+    tail: TailConfig = Field(default_factory=TailConfig)
+    keep: KeepConfig = Field(default_factory=KeepConfig)
+    parsers: ParserConfig = Field(default_factory=ParserConfig)
+    notify: NotifyConfig = Field(default_factory=NotifyConfig)
+    rules: RulesConfig = Field(default_factory=RulesConfig)  # type: ignore[valid-type]
+
+    _split_logs = field_validator("logs", mode="before")(_split_words)
+
+    @model_validator(mode="after")
+    def _gpus_from_world_size(self) -> Settings:
+        """The GPUs billed default to the data-parallel ranks, when those were given."""
+        if self.cost.gpus is None and "world_size" in self.training.model_fields_set:
+            self.cost.gpus = self.training.world_size
+        return self
+
+    def rule(self, rule: str) -> RuleConfig:
+        """The config of one rule by its id."""
+        config = getattr(self.rules, rule)
+        assert isinstance(config, RuleConfig)
+        return config
+
+
+#: CLI option dest -> the field it sets. The CLI declares no option of its own.
+CLI_FIELDS: dict[str, tuple[str, ...]] = {
+    "log": ("logs",),
+    "checkpoints": ("checkpoints",),
+    "notify": ("notify", "urls"),
+    "state_dir": ("state_dir",),
+    "max_restarts": ("job", "max_restarts"),
+    "resume_command": ("job", "resume_command"),
+    "dry_run": ("dry_run",),
+}
