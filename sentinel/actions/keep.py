@@ -92,7 +92,8 @@ def is_overwritten_file(name: str) -> bool:
     if name.startswith(".") or name == QUARANTINE_DIR or is_in_progress(name) or is_shard(name):
         return False
     position = position_of(name)
-    return bool(checkpoint_suffix(name)) and position.step is None and position.epoch is None
+    placed = position.step is not None or position.epoch is not None or position.keyed
+    return bool(checkpoint_suffix(name)) and not placed  # keyed: hpc_ckpt_N, a new name each save
 
 
 def kept_versions(directory: Path, name: str | None = None) -> list[KeptVersion]:

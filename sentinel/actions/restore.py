@@ -5,6 +5,9 @@ For the false alarm that stopped a healthy run. The folder's manifest (written b
 is taken, nothing moves. The one file that may stand in the way is sentinel's own:
 the kept version a rollback put back, which goes (the kept copy stays) when it is
 still exactly that version.
+
+The resume pointers the rollback rewrote are put back as they read before, each
+only if it still reads as the rollback left it (the resumed job may have saved since).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sentinel.actions import atomic
+from sentinel.actions.pointers import Form, PointerChange, read_pointer
 from sentinel.actions.rollback import MANIFEST, read_manifest
 from sentinel.sources.checkpoints import QUARANTINE_DIR
 
@@ -65,12 +70,17 @@ def plan_restore(directory: Path, incident: str) -> list[Move]:
 def restore_quarantine(directory: Path, incident: str) -> list[Move]:
     """Move every item of the quarantine ``incident`` back to its origin; the moves made."""
     folder, manifest, moves = _plan(directory, incident)
+    changes = _pointer_changes(folder, manifest)
     for move in moves:
         if os.path.lexists(move.destination) and _own_put_back(move.destination, manifest):
             os.unlink(move.destination)  # a copy of a kept version, which stays kept
             log.info("removed the kept version put back at %s", move.destination)
         _move_back(move)
         log.info("restored %s to %s", move.source, move.destination)
+    for change in reversed(changes):
+        _undo(change, folder)
+        if change.set_aside:
+            moves.append(Move(folder / change.set_aside, Path(change.path)))
     (folder / MANIFEST).unlink()
     try:
         folder.rmdir()
@@ -89,7 +99,56 @@ def _plan(directory: Path, incident: str) -> tuple[Path, dict[str, Any], list[Mo
     for move in moves:
         if os.path.lexists(move.destination) and not _own_put_back(move.destination, manifest):
             raise RestoreRefused(f"{move.destination} exists; not overwriting it, nothing moved")
+    _pointer_changes(folder, manifest)  # refuses before anything moves
     return folder, manifest, moves
+
+
+def _pointer_changes(folder: Path, manifest: dict[str, Any]) -> list[PointerChange]:
+    """The pointers the rollback rewrote; RestoreRefused if one cannot be put back."""
+    changes = []
+    for record in manifest.get("pointers", []):
+        change = PointerChange.from_json(record)
+        if change is None or Path(change.set_aside).name != change.set_aside:
+            raise RestoreRefused(f"{folder / MANIFEST}: a pointer record unreadable: {record!r}")
+        if Path(change.path).parent != folder.parent.parent:
+            raise RestoreRefused(f"{folder / MANIFEST}: a pointer outside its dir: {change.path}")
+        problem = _undo_problem(change, folder)
+        if problem:
+            raise RestoreRefused(f"{problem}; nothing moved")
+        changes.append(change)
+    return changes
+
+
+def _undo_problem(change: PointerChange, folder: Path) -> str:
+    """Why ``change`` cannot be undone ("" when it can): the pointer moved on since."""
+    path = Path(change.path)
+    try:
+        if change.form == Form.COPY:
+            if not os.path.lexists(folder / change.set_aside):
+                return f"{folder / change.set_aside} is no longer in the quarantine"
+            stat = os.stat(path, follow_symlinks=False)
+            if (stat.st_size, stat.st_mtime_ns) != (change.size, change.mtime_ns):
+                return f"{path} changed since the rollback; not overwriting it"
+        elif change.form == Form.SYMLINK:
+            if os.readlink(path) != change.after:
+                return f"{path} points elsewhere since the rollback; not overwriting it"
+        elif read_pointer(path) != change.after:
+            return f"{path} was rewritten since the rollback; not overwriting it"
+    except OSError as error:
+        return f"{path}: {error.strerror or error}"
+    return ""
+
+
+def _undo(change: PointerChange, folder: Path) -> None:
+    """Put one pointer back as it read before the rollback, by a rename over it."""
+    path = Path(change.path)
+    if change.form == Form.COPY:
+        os.rename(folder / change.set_aside, path)  # over sentinel's copy, in one step
+    elif change.form == Form.SYMLINK:
+        atomic.symlink(path, change.before)
+    else:
+        atomic.write_text(path, change.before)
+    log.info("put the resume pointer %s back as it was before the rollback", path)
 
 
 def _move_of(root: Path, folder: Path, item: Any) -> Move:

@@ -9,6 +9,11 @@ A file the job overwrites at every save (``ckpt.pt``) has its clean versions kep
 by the keeper (actions/keep.py); when the newest clean version before the onset is
 a kept one, the poisoned file in place is quarantined and the kept version is put
 back at its path, so the job resumes from the path it always reads.
+
+A job restarted by someone else resumes from its framework's pointer (DeepSpeed's
+``latest``, Megatron's tracker, Lightning's ``last.ckpt``): after the moves each one
+that named a quarantined checkpoint is rewritten to name the clean one (actions/pointers.py),
+and the manifest records how it read before.
 """
 
 from __future__ import annotations
@@ -26,6 +31,15 @@ from typing import Any
 
 from sentinel.actions.clone import clone
 from sentinel.actions.keep import KeptVersion, kept_versions, weights_problem
+from sentinel.actions.pointers import (
+    Form,
+    PointerChange,
+    Rewrite,
+    apply_rewrite,
+    find_pointers,
+    hpc_above_clean,
+    plan_rewrites,
+)
 from sentinel.sources.checkpoints import (
     QUARANTINE_DIR,
     Checkpoint,
@@ -53,6 +67,8 @@ class RollbackPlan:
     #: The kept version that goes back to ``restore.path`` once the file there is
     #: quarantined; None when the checkpoint to resume from is in place already.
     put_back: KeptVersion | None = None
+    #: What happens to each resume pointer that names a quarantined checkpoint.
+    rewrites: tuple[Rewrite, ...] = ()
 
     @property
     def onset_step(self) -> int | None:
@@ -88,7 +104,13 @@ def plan_rollback(directory: Path, onset: Onset | int | None) -> RollbackPlan:
         and not any(c.path == restore.path for c in quarantine)
     ):
         quarantine.extend(_unscanned(restore.path, put_back))
-    return RollbackPlan(restore, quarantine, onset, put_back)
+    quarantine.extend(hpc_above_clean(checkpoints, [c.path for c in quarantine]))
+    rewrites = plan_rewrites(
+        find_pointers(directory),
+        restore.path if restore is not None else None,
+        [c.path for c in quarantine],
+    )
+    return RollbackPlan(restore, quarantine, onset, put_back, tuple(rewrites))
 
 
 def _newest_clean_kept(directory: Path, onset: Onset) -> tuple[KeptVersion, Checkpoint] | None:
@@ -152,8 +174,9 @@ def apply_rollback(
 ) -> list[Path]:
     """Move the plan's quarantined checkpoints to ``<directory>/quarantine/<label>/``.
 
-    Then put the plan's kept version back, and record where each item came from in
-    the folder's manifest. Returns the destinations used (or, with ``dry_run``, those
+    Then put the plan's kept version back, rewrite the resume pointers that named a
+    quarantined checkpoint, and record where each item came from and how each pointer
+    read before in the folder's manifest. Returns the destinations used (or, with ``dry_run``, those
     that would be used). A checkpoint that vanished since the scan is logged and
     skipped; any other ``OSError`` propagates, so the caller does not restart over a
     half-done rollback (the manifest still records what moved).
@@ -164,8 +187,17 @@ def apply_rollback(
     taken: set[Path] = set()
     moved: list[Path] = []
     items: list[dict[str, Any]] = []
+    changes: list[PointerChange] = []
+    # A last.ckpt copy is set aside by its rewrite, so that its name is never absent.
+    by_rewrite = {
+        r.pointer.path
+        for r in plan.rewrites
+        if r.clean is not None and r.pointer.form is Form.COPY and not dry_run
+    }
     try:
         for checkpoint in plan.quarantine:
+            if checkpoint.path in by_rewrite:
+                continue
             destination = _quarantine_one(checkpoint, target_dir, taken, dry_run=dry_run)
             if destination is None:
                 continue
@@ -174,10 +206,39 @@ def apply_rollback(
             items.append(_item(checkpoint, destination))
         if plan.put_back is not None and plan.restore is not None:
             _put_back(plan.put_back, plan.restore.path, dry_run=dry_run)
+        for planned in plan.rewrites:
+            if dry_run:
+                log.warning("dry run: would rewrite %s: %s", planned.pointer.path, _would(planned))
+                continue
+            change = apply_rewrite(planned, target_dir, taken)
+            if change is not None:
+                changes.append(change)
+                if change.set_aside:
+                    moved.append(target_dir / change.set_aside)
     finally:
-        if items and not dry_run:
-            _record(target_dir, label, plan, items)
+        if (items or changes) and not dry_run:
+            _record(target_dir, label, plan, items, changes)
     return moved
+
+
+def pointer_note(plan: RollbackPlan) -> str:
+    """For the incident's timeline: which resume pointers the rollback rewrote, and which not."""
+    done = [f"{r.pointer.path.name} -> {r.says}" for r in plan.rewrites if r.clean is not None]
+    left = [f"{r.pointer.path.name} ({r.why})" for r in plan.rewrites if r.clean is None]
+    parts = []
+    if done:
+        parts.append(f"resume pointers now name the clean checkpoint: {', '.join(done)}")
+    if left:
+        parts.append(f"resume pointers left as they were: {', '.join(left)}")
+    return "; ".join(parts)
+
+
+def _would(planned: Rewrite) -> str:
+    if planned.clean is None:
+        return f"left as it is ({planned.why})"
+    if planned.pointer.form is Form.COPY:
+        return f"set the copy aside, copy {planned.clean.name} in its place"
+    return f"would name {planned.says} (was {planned.pointer.says})"
 
 
 def _quarantine_one(
@@ -242,11 +303,27 @@ def _item(checkpoint: Checkpoint, destination: Path) -> dict[str, Any]:
     }
 
 
-def _record(target_dir: Path, label: str, plan: RollbackPlan, items: list[dict[str, Any]]) -> None:
-    """Add ``items`` to the folder's manifest (a label may be used twice): temp file, rename."""
+def _record(
+    target_dir: Path,
+    label: str,
+    plan: RollbackPlan,
+    items: list[dict[str, Any]],
+    changes: list[PointerChange],
+) -> None:
+    """Add ``items`` and ``changes`` to the folder's manifest (a label may be used twice).
+
+    Written to a temp file, then renamed over.
+    """
     path = target_dir / MANIFEST
-    manifest = read_manifest(target_dir) or {"label": label, "items": [], "put_back": []}
+    target_dir.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(target_dir) or {
+        "label": label,
+        "items": [],
+        "put_back": [],
+        "pointers": [],
+    }
     manifest["items"].extend(items)
+    manifest["pointers"].extend(change.to_json() for change in changes)
     manifest["onset"] = {
         "step": plan.onset.step,
         "epoch": plan.onset.epoch,
@@ -280,6 +357,7 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("items"), list):
         return None
     manifest.setdefault("put_back", [])
+    manifest.setdefault("pointers", [])
     return manifest
 
 

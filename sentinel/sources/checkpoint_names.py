@@ -3,8 +3,9 @@
 A keyword before the number says what it counts: ``checkpoint-40``, ``global_step40``,
 ``model_step40.pt``, ``ckpt_40.pt``, ``iter_0000040`` (steps); ``epoch_3.pt``,
 ``epoch=3.ckpt`` (epochs, never read as a step); Lightning's ``epoch=2-step=4500.ckpt``
-(both). Without a keyword the last number that stands as its own token is the step
-(``model-1200.pt``), except shard numbers (``model-00001-of-00003``), version
+(both). Lightning's SLURM saves (``hpc_ckpt_3.ckpt``) count saves, not steps: their
+place comes from what they hold. Without a keyword the last number that stands as its
+own token is the step (``model-1200.pt``), except shard numbers (``model-00001-of-00003``), version
 suffixes (``-v1``), dates (``20240501``, ``2024-05-01``) and the number after
 ``rank``, ``shard``, ``seed`` and similar words. A number glued to letters
 (``resnet50.pth``, ``gpt2.pt``) is part of a model's name, not a step.
@@ -24,6 +25,8 @@ _STEP_KEYED = re.compile(
 )
 _EPOCH_KEYED = re.compile(r"(?<![a-z])epochs?[-_=]?(\d+)(?![0-9a-z])")
 _VERSION_SUFFIX = re.compile(r"[-_.]v\d+$")
+# Lightning's hpc_save numbers its saves 1, 2, 3...: a counter, not a training step.
+_SAVE_COUNTER = re.compile(r"^hpc_ckpt_\d+$")
 _SHARD = re.compile(r"\d+-of-\d+")
 _TOKEN_SPLIT = re.compile(r"[-_.=\s]+")
 # The number after these words counts something other than training progress.
@@ -68,6 +71,8 @@ def position_of(name: str) -> NamePosition:
         return NamePosition()  # "trainer_state.json", "model-12.txt": not a checkpoint's name
     if is_shard(stem) or is_in_progress(name):
         return NamePosition()
+    if _SAVE_COUNTER.match(stem):
+        return NamePosition(keyed=True)  # the number is known, and known not to be a step
     stem = _VERSION_SUFFIX.sub("", stem.lower())
     steps = [s for s in _STEP_KEYED.findall(stem) if not _is_date_token(s)]
     epochs = _EPOCH_KEYED.findall(stem)
