@@ -175,6 +175,17 @@ def test_every_cli_field_maps_onto_a_setting() -> None:
         "max_restarts": 4,
         "resume_command": "python train.py --resume {checkpoint}",
         "dry_run": True,
+        "http": "127.0.0.1:9464",
+        "metrics_textfile": "/m/sentinel.prom",
+        "verdict_file": "/v/code",
+        "stop_signal": "kill",
+        "drain_timeout": 3.5,
+        "pid": 1234,
+        "pidfile": "/run/job.pid",
+        "match": "train\\.py",
+        "user": "alice",
+        "systemd_unit": "train@a.service",
+        "wait": 60,
     }
     assert set(values) == set(CLI_FIELDS)
     settings = load_settings(None, cli=values, environ={})
@@ -185,6 +196,14 @@ def test_every_cli_field_maps_onto_a_setting() -> None:
     assert settings.job.max_restarts == 4
     assert settings.job.resume_command == "python train.py --resume {checkpoint}"
     assert settings.dry_run is True
+    assert settings.http == "127.0.0.1:9464"
+    assert str(settings.metrics_textfile) == "/m/sentinel.prom"
+    assert str(settings.verdict_file) == "/v/code"
+    assert settings.job.stop_signal == "SIGKILL"
+    assert settings.drain_timeout_s == 3.5
+    watch = settings.watch
+    assert (watch.pid, str(watch.pidfile), watch.match) == (1234, "/run/job.pid", "train\\.py")
+    assert (watch.user, watch.systemd_unit, watch.wait_s) == ("alice", "train@a.service", 60)
 
 
 # --- errors name the key and the source ------------------------------------------------------

@@ -27,6 +27,7 @@ from sentinel.config.models import (
     Settings,
     TailConfig,
     TrainingConfig,
+    WatchConfig,
 )
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "Settings",
     "TailConfig",
     "TrainingConfig",
+    "WatchConfig",
     "effective_config",
     "load_settings",
     "register_secrets",

@@ -8,6 +8,7 @@ fields through ``CLI_FIELDS``; the environment uses the field path joined by
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -54,8 +55,11 @@ class JobConfig(_Model):
     #: When no clean checkpoint is left to resume from: "give_up" (exit 90, say why) or
     #: "scratch" (run the original command again, from step 0).
     restart_without_checkpoint: Literal["give_up", "scratch"] = "give_up"
-    #: Between SIGTERM and SIGKILL: long enough for the job to save and exit.
+    #: Between the stop signal and SIGKILL: long enough for the job to save and exit.
     grace_period_s: float = Field(default=30.0, ge=0)
+    #: The first signal sent to the job's tree (SIGKILL for frameworks that would save a
+    #: poisoned checkpoint on SIGTERM, such as Megatron's exit-signal handler).
+    stop_signal: str = "SIGTERM"
     #: First wait before a restart; doubles with each restart up to the max.
     restart_backoff_s: float = Field(default=5.0, ge=0)
     restart_backoff_max_s: float = Field(default=300.0, ge=0)
@@ -81,6 +85,43 @@ class JobConfig(_Model):
         if self.resume_command is None:
             return None
         return resume.parse_template(self.resume_command)
+
+    @field_validator("stop_signal")
+    @classmethod
+    def _a_signal(cls, name: str) -> str:
+        upper = name.upper()
+        upper = upper if upper.startswith("SIG") else "SIG" + upper
+        if upper not in signal.Signals.__members__:
+            raise ValueError(f"{name!r} is not a signal name such as SIGTERM, SIGINT or SIGKILL")
+        return upper
+
+
+class WatchConfig(_Model):
+    """``[watch]``: the job ``sentinel watch`` attaches to (one of pid, pidfile, match, unit)."""
+
+    pid: int | None = Field(default=None, ge=1)
+    #: A file holding the job's pid, re-read whenever the target is gone.
+    pidfile: Path | None = None
+    #: A regular expression over the job's command line; its root process is the job.
+    match: str | None = None
+    #: With ``match``: only processes of this user.
+    user: str | None = None
+    #: A systemd unit whose MainPID is the job.
+    systemd_unit: str | None = None
+    #: How long to wait for the target to appear; unset: forever.
+    wait_s: float | None = Field(default=None, ge=0)
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"{pattern!r} is not a valid regular expression: {error}") from (
+                    None
+                )
+        return pattern
 
 
 class TrainingConfig(_Model):
@@ -295,7 +336,17 @@ class Settings(BaseSettings):
     dry_run: bool = False
     #: Granularity of the time-based rules (stall).
     tick_interval_s: float = Field(default=1.0, gt=0)
+    #: Serve /metrics, /livez, /healthz and /readyz at ADDR:PORT (loopback unless an address
+    #: is given, ":9464" included); unset: no HTTP.
+    http: str | None = None
+    #: Write the metrics for node_exporter's textfile collector here each tick (``*.prom``).
+    metrics_textfile: Path | None = None
+    #: Also write the final verdict's bare code here, on one line.
+    verdict_file: Path | None = None
+    #: On SIGTERM, how long to go on delivering pending notices before exiting.
+    drain_timeout_s: float = Field(default=10.0, ge=0)
     job: JobConfig = Field(default_factory=JobConfig)
+    watch: WatchConfig = Field(default_factory=WatchConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     process: ProcessConfig = Field(default_factory=ProcessConfig)
@@ -331,4 +382,15 @@ CLI_FIELDS: dict[str, tuple[str, ...]] = {
     "max_restarts": ("job", "max_restarts"),
     "resume_command": ("job", "resume_command"),
     "dry_run": ("dry_run",),
+    "http": ("http",),
+    "metrics_textfile": ("metrics_textfile",),
+    "verdict_file": ("verdict_file",),
+    "stop_signal": ("job", "stop_signal"),
+    "drain_timeout": ("drain_timeout_s",),
+    "pid": ("watch", "pid"),
+    "pidfile": ("watch", "pidfile"),
+    "match": ("watch", "match"),
+    "user": ("watch", "user"),
+    "systemd_unit": ("watch", "systemd_unit"),
+    "wait": ("watch", "wait_s"),
 }
