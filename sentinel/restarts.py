@@ -18,14 +18,12 @@ from pathlib import Path
 
 from sentinel import resume
 from sentinel.actions.keep import Keeper
-from sentinel.actions.rollback import apply_rollback, plan_rollback
+from sentinel.actions.rollback import apply_rollback, plan_rollback, pointer_note
 from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings
 from sentinel.incidents import Incident
 from sentinel.sources.checkpoints import Onset
+from sentinel.verdict import EXIT_GIVE_UP as EXIT_GIVE_UP  # run gives up (DESIGN.md, verdicts)
 
-#: ``run`` gives up: the same failure again, restarts spent, or nothing clean to resume
-#: from. An orchestrator should not retry (DESIGN.md, verdicts).
-EXIT_GIVE_UP = 90
 #: Before a rollback, how long to wait for versions the keeper is still copying.
 KEEP_FLUSH_S = 30.0
 
@@ -149,6 +147,8 @@ class Restarts:
         if moved:
             names = ", ".join(f"{c.path.name} ({c.status})" for c in plan.quarantine)
             text += f"; quarantined {names} in {moved[0].parent}"
+        if pointer_note(plan):
+            text += f"; {pointer_note(plan)}"
         if text:
             notes.append(text.removeprefix("; "))
         if plan.restore is None:

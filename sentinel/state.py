@@ -4,16 +4,30 @@ Everything that must survive a restart (or a ``kill -9``) of sentinel lives in
 one database file in the state dir. Each write is one transaction, so a crash
 leaves either the old value or the new one, never half of each. The store is
 shared by threads; one lock serialises access to the single connection.
+
+The state dir is private (0700) and so are its files (0600), whatever the
+umask: the outbox holds notification URLs with their tokens. ``private_dir``
+and ``open_private`` are what every writer under the state dir creates with.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+#: SQLite's own files beside the database; it creates them with the database's mode.
+_SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS offsets (
@@ -50,12 +64,72 @@ class FileOffset:
     tail_hash: str
 
 
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and its missing parents) a directory only its owner can use: 0700.
+
+    A state dir that exists with a looser mode is tightened, and the log says so;
+    one that cannot be (another user's) is logged and left. Parents it creates get
+    the umask's mode, as ``mkdir -p`` gives them.
+    """
+    existed = path.is_dir()
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode != PRIVATE_DIR_MODE:
+        try:
+            os.chmod(path, PRIVATE_DIR_MODE)
+        except OSError as error:
+            log.warning("state dir %s is %04o and cannot be made private: %s", path, mode, error)
+            return path
+        if existed and mode & 0o077:
+            log.warning("state dir %s was %04o, open to others: made it 0700", path, mode)
+    return path
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open`` a file for writing with mode 0600, whatever the umask; an older file too.
+
+    ``flags`` are the usual ``os.O_*`` (``O_CREAT`` is added). The descriptor is not
+    inherited by child processes (the job).
+    """
+    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    try:
+        _fix_mode(fd, path)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_private(path: Path) -> None:
+    """Tighten an existing file to 0600 (logged when it was open to others); none is fine."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    try:
+        _fix_mode(fd, path)
+    finally:
+        os.close(fd)
+
+
+def _fix_mode(fd: int, path: Path) -> None:
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    if mode != PRIVATE_FILE_MODE:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+        if mode & 0o077:
+            log.warning("%s was %04o, open to others: made it 0600", path, mode)
+
+
 class StateStore:
     """The state dir's SQLite database (``<state_dir>/state.db``)."""
 
     def __init__(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(state_dir)
         self.path = state_dir / "state.db"
+        # SQLite gives its -wal and -shm files the database's mode: create it 0600 first.
+        os.close(open_private(self.path, os.O_RDWR))
+        for suffix in _SQLITE_SIDE_FILES:  # left by an older sentinel, with the umask's mode
+            make_private(self.path.with_name(self.path.name + suffix))
         self._lock = threading.RLock()
         self._conn = sqlite3.connect(
             self.path, check_same_thread=False, isolation_level=None, timeout=30.0

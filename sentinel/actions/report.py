@@ -25,6 +25,7 @@ from sentinel.cost import UNKNOWN_COST, IncidentCost
 from sentinel.diagnosis import sparkline
 from sentinel.incidents import Incident
 from sentinel.records import Alert, Sample, json_number
+from sentinel.state import open_private, private_dir
 
 
 def clock(epoch_s: float) -> str:
@@ -36,10 +37,11 @@ class Journal:
     """Appends alerts to ``alerts.jsonl``, one flushed line each."""
 
     def __init__(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(state_dir)
         self.path = state_dir / "alerts.jsonl"
         self._lock = threading.Lock()
-        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND)
+        self._file: IO[str] = open(fd, "a", encoding="utf-8")  # noqa: SIM115 (closed in close)
 
     def append(self, alert: Alert) -> None:
         line = json.dumps(secrets.mask_data(alert.to_json()), allow_nan=False) + "\n"
@@ -64,8 +66,7 @@ def write_report(
     ``cost`` is the money lost to the incident; None when it is unknown (no price
     or no GPU count), which the reports say.
     """
-    reports = state_dir / "reports"
-    reports.mkdir(parents=True, exist_ok=True)
+    reports = private_dir(state_dir / "reports")
     data = incident.to_json()
     data["recent_samples"] = {
         name: [{"step": s.step, "value": json_number(s.value)} for s in samples]
@@ -125,5 +126,6 @@ def render_markdown(
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    with open(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as file:
+        file.write(text)
     os.replace(tmp, path)
