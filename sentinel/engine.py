@@ -14,14 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from sentinel.detectors import DETECTORS, BaseDetector
-from sentinel.engine_blocks import (
-    BLOCK_MIN_LINES,
-    HISTORY_LEN,
-    ROUTES_MAX,
-    TRAINING_LOG_METRICS,
-    UNCLOCKED,
-    BlockFeeding,
-)
+from sentinel.engine_blocks import BLOCK_MIN_LINES, BlockFeeder
+from sentinel.engine_history import HISTORY_LEN, History
+from sentinel.engine_position import UNCLOCKED, RunPosition
+from sentinel.engine_routes import Routes
 from sentinel.facts import RunFacts
 from sentinel.parsers import LineParser
 from sentinel.parsers.files import FileReader, reader_for
@@ -33,8 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Hooks whose detectors also include those that override the faster variant.
-_ALSO_HOOKED = {"output": ("output_text",)}
+__all__ = ["HISTORY_LEN", "Engine", "build_detectors"]
+
 _UNSEEN = object()
 _new_sample = tuple.__new__
 
@@ -53,8 +49,13 @@ def build_detectors(settings: Settings) -> list[BaseDetector]:
     return detectors
 
 
-class Engine(BlockFeeding):
-    """Feeds lines, samples, ticks and job events to the detectors; returns alerts."""
+class Engine:
+    """Feeds lines, samples, ticks and job events to the detectors; returns alerts.
+
+    Its parts: ``routes`` (which rule sees what, and the rules still enabled),
+    ``position`` (the run's step and the data's clock), ``history`` (the last samples
+    for reports) and the block path (``BlockFeeder``), which moves the same parts.
+    """
 
     def __init__(
         self,
@@ -65,38 +66,55 @@ class Engine(BlockFeeding):
         logging_steps: int | None = None,
         blocks: bool = True,
     ) -> None:
-        self.detectors = list(detectors)
-        for detector in self.detectors:
+        self.routes = Routes(detectors)
+        for detector in self.routes.detectors:
             detector.facts = RunFacts()
-        #: Step-less training log lines are ``logging_steps`` apart (HF's printed dicts).
-        self.logging_steps = logging_steps
-        self.start_step = 0
-        self._logged = 0
-        #: Replay: time comes from the data's own timestamps, not from the caller.
-        self.data_clock = data_clock
         self.parser = parser
-        #: The newest step seen from any source: progress bars and stepped metrics.
-        self.current_step: int | None = None
-        #: The data's own newest timestamp (replay's clock).
-        self.data_time: float | None = None
-        self.history: dict[str, deque[Sample]] = {}
-        self.samples_seen = 0
+        self.position = RunPosition(data_clock=data_clock, logging_steps=logging_steps)
+        self._history = History()
         #: Whether ``feed_texts`` may hand rules whole blocks (False: line by line, the
         #: reference the block path is tested against).
         self.blocks = blocks
-        #: Lines the rules took as blocks rather than one by one.
-        self.lines_absorbed = 0
+        self._blocks = BlockFeeder(
+            parser=parser,
+            position=self.position,
+            history=self._history,
+            routes=self.routes,
+            feed_text=self.feed_text,
+            disable=self._disable,
+        )
         self._facts = RunFacts()
         # Per source: the reader of a structured file (CSV, MLflow...), or None for a log.
         self._readers: dict[str, FileReader | None] = {}
-        # Per tuple of a line's sample names: the detectors shown that line (see
-        # BaseDetector.watches and sees_progress).
-        self._routes: dict[tuple[str, ...], list[tuple[BaseDetector, bool]]] = {}
-        # Per (metric names, output seen, clock ticking, progress shown): the detectors a
-        # block concerns.
-        self._block_routes: dict[tuple[tuple[str, ...], bool, bool, bool], list[BaseDetector]] = {}
-        # Per hook name (output, tick): the detectors that implement it (see _hooked).
-        self._hooks: dict[str, list[BaseDetector]] = {}
+
+    @property
+    def detectors(self) -> list[BaseDetector]:
+        """The enabled rules, in registry order (a rule that raised is taken out)."""
+        return self.routes.detectors
+
+    @property
+    def current_step(self) -> int | None:
+        """The newest step seen from any source: progress bars and stepped metrics."""
+        return self.position.current_step
+
+    @property
+    def data_time(self) -> float | None:
+        """The data's own newest timestamp (replay's clock)."""
+        return self.position.data_time
+
+    @property
+    def history(self) -> dict[str, deque[Sample]]:
+        """The last samples of each metric (``HISTORY_LEN``)."""
+        return self._history.by_metric
+
+    @property
+    def samples_seen(self) -> int:
+        return self._history.samples_seen
+
+    @property
+    def lines_absorbed(self) -> int:
+        """Lines the rules took as blocks rather than one by one."""
+        return self._blocks.lines_absorbed
 
     @property
     def facts(self) -> RunFacts:
@@ -132,17 +150,8 @@ class Engine(BlockFeeding):
             and (parser.reads_json_blocks or parser.reads_hf_blocks)
             and self._reader(source) is None
         ):
-            return self._feed_run(source, texts, now)
-        return self._feed_each(source, texts, now)
-
-    def _feed_each(self, source: str, texts: list[str], now: float) -> list[Alert]:
-        alerts: list[Alert] = []
-        feed_text = self.feed_text
-        for text in texts:
-            found = feed_text(source, text, now)
-            if found:
-                alerts += found
-        return alerts
+            return self._blocks.feed(source, texts, now)
+        return self._blocks.feed_each(source, texts, now)
 
     def _reader(self, source: str) -> FileReader | None:
         readers = self._readers
@@ -161,13 +170,14 @@ class Engine(BlockFeeding):
         if reader is None:
             samples = self.parser.parse(text)
             if not samples:
-                self.facts.observe_line(text)
+                self._facts.observe_line(text)
         else:
             samples = self.parser.parse_with(reader, text)
-        if self.logging_steps is not None and samples:
-            samples = self._count_step(samples)
+        position = self.position
+        if position.logging_steps is not None and samples:
+            samples = position.count_step(samples)
         alerts: list[Alert] = []
-        if self.data_clock:
+        if position.data_clock:
             if samples:
                 # The line's own time: the latest timestamp among its samples.
                 new_time: float | None = None
@@ -177,16 +187,17 @@ class Engine(BlockFeeding):
                         new_time = stamp
                 if new_time is not None:
                     alerts = self._advance_clock(new_time)
-            if self.data_time is None:
+            if position.data_time is None:
                 # Before the data's first timestamp there is no clock: only the crash
                 # classifier's tail of output and the metrics themselves matter.
                 if samples:
                     return alerts + self.feed_samples(samples, source, UNCLOCKED)
                 return alerts
-            now = self.data_time
-        watching = self._hooks.get("output")
+            now = position.data_time
+        routes = self.routes
+        watching = routes.hooks.get("output")
         if watching is None:
-            watching = self._hooked("output")
+            watching = routes.hooked("output")
         for detector in watching:
             try:
                 found = detector.output_text(text, source, now)
@@ -201,37 +212,16 @@ class Engine(BlockFeeding):
                 alerts += found
         return alerts
 
-    def _count_step(self, samples: list[Sample]) -> list[Sample]:
-        """Give a step-less line the step its position implies: start + n x logging_steps."""
-        assert self.logging_steps is not None
-        has_metric = training = False
-        for sample in samples:
-            if sample.name != PROGRESS:
-                if sample.step is not None:
-                    return samples
-                has_metric = True
-                training = training or sample.name in TRAINING_LOG_METRICS
-        if not has_metric:
-            return samples
-        if training:
-            self._logged += 1  # an eval line belongs to the step last logged
-        step = self.start_step + self._logged * self.logging_steps
-        return [
-            sample
-            if sample.name == PROGRESS
-            else _new_sample(Sample, (sample.name, sample.value, step, sample.time))
-            for sample in samples
-        ]
-
     def _advance_clock(self, new_time: float) -> list[Alert]:
         """Replay: move the clock to the line's own time before its samples are seen."""
-        if self.data_time is None:
-            self.data_time = new_time
+        position = self.position
+        if position.data_time is None:
+            position.data_time = new_time
             self._each(lambda detector: detector.job_started(new_time), new_time)
             return []
-        if new_time <= self.data_time:
+        if new_time <= position.data_time:
             return []
-        self.data_time = new_time
+        position.data_time = new_time
         return self.tick(new_time)
 
     def feed_system(self, source: str, samples: list[Sample], now: float) -> list[Alert]:
@@ -255,13 +245,14 @@ class Engine(BlockFeeding):
         """
         shown: list[Sample] = []
         metrics = 0
-        current = self.current_step
-        history = self.history
-        data_clock = self.data_clock
+        position = self.position
+        current = position.current_step
+        history = self._history.by_metric
+        data_clock = position.data_clock
         for sample in samples:
             name, value, step, stamp = sample
             if stamp is not None and not data_clock:
-                self.data_time = stamp
+                position.data_time = stamp
             if name == PROGRESS:
                 # Forward only: an evaluation's own progress bar counts batches from 0 again.
                 if step is not None and (current is None or step > current):
@@ -277,17 +268,18 @@ class Engine(BlockFeeding):
             metrics += 1
             kept = history.get(name)
             if kept is None:
-                kept = history[name] = deque(maxlen=HISTORY_LEN)
+                kept = self._history.series(name)
             kept.append(sample)
             shown.append(sample)
-        self.current_step = current
+        position.current_step = current
         if not shown:
             return []
-        self.samples_seen += metrics
+        self._history.samples_seen += metrics
         names = tuple([sample.name for sample in shown])
-        route = self._routes.get(names)
+        routes = self.routes
+        route = routes.lines.get(names)
         if route is None:
-            route = self._route(names)
+            route = routes.line(names)
         found: list[tuple[int, Alert]] | None = None
         merged = False
         for detector, sample_by_sample in route:
@@ -310,23 +302,6 @@ class Engine(BlockFeeding):
             # Sample order first; for one sample, the rules' order (a stable sort).
             found.sort(key=_position)
         return [alert for _, alert in found]
-
-    def _route(self, names: tuple[str, ...]) -> list[tuple[BaseDetector, bool]]:
-        """The detectors shown a line whose samples have these names, in registry order,
-        each with whether the engine calls its ``observe`` sample by sample."""
-        if len(self._routes) >= ROUTES_MAX:
-            self._routes.clear()
-        route = self._routes[names] = [
-            (detector, not _overrides(detector, "observe_samples"))
-            for detector in self.detectors
-            if any(
-                detector.sees_progress
-                if name == PROGRESS
-                else detector.watches is None or name in detector.watches
-                for name in names
-            )
-        ]
-        return route
 
     def _observe_each(
         self, detector: BaseDetector, samples: list[Sample], source: str, now: float
@@ -354,9 +329,10 @@ class Engine(BlockFeeding):
         return found
 
     def tick(self, now: float) -> list[Alert]:
-        detectors = self._hooks.get("tick")
+        routes = self.routes
+        detectors = routes.hooks.get("tick")
         if detectors is None:
-            detectors = self._hooked("tick")
+            detectors = routes.hooked("tick")
         alerts: list[Alert] = []
         for detector in detectors:
             try:
@@ -370,10 +346,8 @@ class Engine(BlockFeeding):
 
     def job_started(self, now: float, start_step: int = 0) -> None:
         """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
-        self.start_step = start_step
-        self._logged = 0
-        self.current_step = None
-        self.history.clear()
+        self.position.restart(start_step)
+        self._history.clear()
         self._each(lambda detector: detector.job_started(now), now)
 
     def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
@@ -383,40 +357,16 @@ class Engine(BlockFeeding):
 
     def recent(self, before_step: int | None, per_metric: int = 8) -> dict[str, list[Sample]]:
         """The last samples of each metric up to ``before_step`` (inclusive), for reports."""
-        out: dict[str, list[Sample]] = {}
-        for name, history in self.history.items():
-            kept = [
-                s for s in history if before_step is None or s.step is None or s.step <= before_step
-            ]
-            if kept:
-                out[name] = kept[-per_metric:]
-        return out
-
-    def _hooked(self, hook: str) -> list[BaseDetector]:
-        """The detectors whose ``hook`` does something (BaseDetector's own hooks do nothing).
-
-        ``output`` and ``tick`` run once a line in a replay, and most rules have neither.
-        A rule with its own ``output_text`` watches output as well.
-        """
-        detectors = self._hooks.get(hook)
-        if detectors is None:
-            also = _ALSO_HOOKED.get(hook, ())
-            detectors = self._hooks[hook] = [
-                detector
-                for detector in self.detectors
-                if _overrides(detector, hook) or any(_overrides(detector, h) for h in also)
-            ]
-        return detectors
+        return self._history.recent(before_step, per_metric)
 
     def _each(
         self,
         hook: Callable[[BaseDetector], list[Alert] | None],
         now: float,
-        detectors: Sequence[BaseDetector] | None = None,
     ) -> list[Alert]:
         """Run one hook on every detector; a detector that raises is disabled, not fatal."""
         alerts: list[Alert] = []
-        for detector in list(self.detectors if detectors is None else detectors):
+        for detector in list(self.detectors):
             try:
                 alerts += hook(detector) or []
             except Exception as error:
@@ -426,22 +376,12 @@ class Engine(BlockFeeding):
     def _disable(self, detector: BaseDetector, error: Exception, now: float) -> Alert:
         """Take a rule that raised out of the engine; the alert that says so."""
         log.exception("rule %s failed and is disabled", detector.rule)
-        self.detectors.remove(detector)
-        # Routes are rebuilt without it; a loop over an old route list finishes safely.
-        self._routes.clear()
-        self._block_routes.clear()
-        self._hooks.clear()
+        self.routes.remove(detector)
         return Alert(
             rule="sentinel_internal",
             severity=Severity.WARNING,
             message=f"rule {detector.rule} failed and was disabled: {error!r}",
             time=now,
             source="sentinel",
-            step=self.current_step,
+            step=self.position.current_step,
         )
-
-
-def _overrides(detector: BaseDetector, hook: str) -> bool:
-    """Whether ``detector.hook`` is its own, not BaseDetector's do-nothing method."""
-    method = getattr(detector, hook)
-    return getattr(method, "__func__", None) is not getattr(BaseDetector, hook)

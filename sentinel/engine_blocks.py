@@ -1,79 +1,66 @@
 """The engine's block path: a batch of lines shown to the rules as columns.
 
-``Engine.feed_texts`` hands a batch here. A run of JSON lines of one schema, or a
-stretch of HF Trainer output replayed before any timestamp, becomes a ``Block``;
-each rule it concerns says whether the block is uneventful for it
-(``BaseDetector.can_absorb``), and if all say so each takes it in one call
+``Engine.feed_texts`` hands a batch to its ``BlockFeeder``. A run of JSON lines of
+one schema, or a stretch of HF Trainer output replayed before any timestamp,
+becomes a ``Block``; each rule it concerns says whether the block is uneventful
+for it (``BaseDetector.can_absorb``), and if all say so each takes it in one call
 (``absorb``), which leaves exactly the state feeding it line by line leaves.
-Otherwise the block is halved, down to a few lines fed one by one, so the lines
-around an alert cost what they always did.
+Otherwise the block is halved, down to a few lines fed one by one (through the
+engine's own ``feed_text``), so the lines around an alert cost what they always did.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
-from functools import partial
+from collections.abc import Callable
 from itertools import accumulate, groupby, repeat
-from typing import TYPE_CHECKING
 
 from sentinel.detectors import BaseDetector
+from sentinel.engine_history import History
+from sentinel.engine_position import TRAINING_LOG_METRICS, UNCLOCKED, RunPosition
+from sentinel.engine_routes import Routes
 from sentinel.parsers import LineParser
 from sentinel.parsers.columns import Columns, parse_runs
 from sentinel.parsers.hf_blocks import BAR, DICT, HfPiece, read_hf
-from sentinel.records import Alert, Block, Sample
+from sentinel.records import Alert, Block
 
 log = logging.getLogger(__name__)
-
-#: Metrics that mark a line as a training log line (as opposed to an eval line).
-TRAINING_LOG_METRICS = frozenset({"loss", "grad_norm", "lr"})
-
-#: Samples of each metric kept for incident reports ("the last samples before onset").
-HISTORY_LEN = 32
 
 #: Lines shown to the rules as one block at most, and at least: fewer are fed line by
 #: line, where a block was refused or would not parse.
 BLOCK_MAX_LINES = 4096
 BLOCK_MIN_LINES = 16
 
-#: The ``now`` of what replay reads before the data's first timestamp: no clock yet.
-UNCLOCKED = 0.0
-
-#: Routes kept, of lines (one per tuple of sample names) and of blocks (one per kind of
-#: block): a log repeats a few.
-ROUTES_MAX = 4096
-#: ``Sample._make`` without its Python-level call: history is kept for every block.
-_sample_of = partial(tuple.__new__, Sample)
+#: The engine's ``feed_text``: one line of a source read at ``now``, its alerts.
+FeedText = Callable[[str, str, float], list[Alert]]
+#: The engine's way to take out a rule that raised: the alert that says so.
+Disable = Callable[[BaseDetector, Exception, float], Alert]
 
 
-class BlockFeeding:
-    """``Engine``'s block path, mixed into it: the methods below move the engine's state
-    (declared here for the type checker) exactly as ``feed_text`` on each line would."""
+class BlockFeeder:
+    """Shows the rules batches of lines as blocks, moving the run's position, history and
+    parser counts exactly as ``feed_text`` on each line would."""
 
-    detectors: list[BaseDetector]
-    parser: LineParser
-    data_clock: bool
-    data_time: float | None
-    current_step: int | None
-    logging_steps: int | None
-    start_step: int
-    history: dict[str, deque[Sample]]
-    samples_seen: int
-    lines_absorbed: int
-    _logged: int
-    _routes: dict[tuple[str, ...], list[tuple[BaseDetector, bool]]]
-    _block_routes: dict[tuple[tuple[str, ...], bool, bool, bool], list[BaseDetector]]
-    _hooks: dict[str, list[BaseDetector]]
+    def __init__(
+        self,
+        *,
+        parser: LineParser,
+        position: RunPosition,
+        history: History,
+        routes: Routes,
+        feed_text: FeedText,
+        disable: Disable,
+    ) -> None:
+        self.parser = parser
+        self.position = position
+        self.history = history
+        self.routes = routes
+        self._feed_text = feed_text
+        self._disable = disable
+        #: Lines the rules took as blocks rather than one by one.
+        self.lines_absorbed = 0
 
-    if TYPE_CHECKING:
-
-        def feed_text(self, source: str, text: str, now: float) -> list[Alert]: ...
-        def _feed_each(self, source: str, texts: list[str], now: float) -> list[Alert]: ...
-        def _route(self, names: tuple[str, ...]) -> list[tuple[BaseDetector, bool]]: ...
-        def _hooked(self, hook: str) -> list[BaseDetector]: ...
-        def _disable(self, detector: BaseDetector, error: Exception, now: float) -> Alert: ...
-
-    def _feed_run(self, source: str, texts: list[str], now: float) -> list[Alert]:
+    def feed(self, source: str, texts: list[str], now: float) -> list[Alert]:
         """Runs of JSON-object lines as blocks; other lines as HF output or one by one."""
         if not self.parser.reads_json_blocks:
             return self._feed_other(source, texts, now)
@@ -88,10 +75,20 @@ class BlockFeeding:
             if is_json and len(part) >= BLOCK_MIN_LINES:
                 alerts += self._feed_json(source, part, now)
             elif is_json:
-                alerts += self._feed_each(source, part, now)
+                alerts += self.feed_each(source, part, now)
             else:
                 alerts += self._feed_other(source, part, now)
             start = stop
+        return alerts
+
+    def feed_each(self, source: str, texts: list[str], now: float) -> list[Alert]:
+        """The lines one by one, through the engine's ``feed_text``."""
+        alerts: list[Alert] = []
+        feed_text = self._feed_text
+        for text in texts:
+            found = feed_text(source, text, now)
+            if found:
+                alerts += found
         return alerts
 
     def _feed_other(self, source: str, texts: list[str], now: float) -> list[Alert]:
@@ -99,12 +96,12 @@ class BlockFeeding:
         replayed before any timestamp, else one by one."""
         if (
             len(texts) >= BLOCK_MIN_LINES
-            and self.data_clock
-            and self.data_time is None
+            and self.position.data_clock
+            and self.position.data_time is None
             and self.parser.reads_hf_blocks
         ):
             return self._feed_hf(source, texts, now)
-        return self._feed_each(source, texts, now)
+        return self.feed_each(source, texts, now)
 
     def _feed_hf(self, source: str, texts: list[str], now: float) -> list[Alert]:
         """HF Trainer output, at most ``BLOCK_MAX_LINES`` lines at a time: each stretch of
@@ -117,7 +114,7 @@ class BlockFeeding:
         pieces = read_hf(texts)
         if pieces is None:
             if len(texts) < 2 * BLOCK_MIN_LINES:
-                return self._feed_each(source, texts, now)
+                return self.feed_each(source, texts, now)
             middle = len(texts) // 2
             return self._feed_other(source, texts[:middle], now) + self._feed_other(
                 source, texts[middle:], now
@@ -136,13 +133,13 @@ class BlockFeeding:
         if (
             piece.names is None
             or len(texts) < BLOCK_MIN_LINES
-            or self.data_time is not None  # a line fed one by one started the clock
+            or self.position.data_time is not None  # a line fed one by one started the clock
         ):
-            return self._feed_each(source, texts, now)
+            return self.feed_each(source, texts, now)
         made = self._hf_block(source, piece)
         if made is not None:
             block, current, logged = made
-            concerned = self._concerned(block)
+            concerned = self.routes.block(block)
             if all(self._accepts(detector, block) for detector in concerned):
                 alerts = self._absorb(block, concerned)
                 blanks = piece.blanks
@@ -152,11 +149,11 @@ class BlockFeeding:
                 stats.parsed += bars
                 stats.unparsed += blanks
                 self.lines_absorbed += bars + blanks
-                self.current_step = current
-                self._logged = logged
+                self.position.current_step = current
+                self.position.logged = logged
                 return alerts
         if len(texts) < 2 * BLOCK_MIN_LINES:
-            return self._feed_each(source, texts, now)
+            return self.feed_each(source, texts, now)
         middle = len(texts) // 2
         return self._feed_hf(source, texts[:middle], now) + self._feed_hf(
             source, texts[middle:], now
@@ -171,9 +168,11 @@ class BlockFeeding:
         training dicts) or, without ``logging_steps``, the step the bars reached.
         """
         assert piece.names is not None
-        current = self.current_step
-        logged = self._logged
-        every = self.logging_steps
+        position = self.position
+        current = position.current_step
+        logged = position.logged
+        every = position.logging_steps
+        start_step = position.start_step
         training = not TRAINING_LOG_METRICS.isdisjoint(piece.names)
         bar_steps = iter(piece.bar_steps)
         seen: list[int] = []
@@ -192,7 +191,7 @@ class BlockFeeding:
                 else:
                     if training:
                         logged += 1
-                    step = self.start_step + logged * every
+                    step = start_step + logged * every
                     if current is None or step > current:
                         current = step
                 steps.append(step)
@@ -224,7 +223,7 @@ class BlockFeeding:
         runs = parse_runs(texts, BLOCK_MIN_LINES)
         if runs is None:
             if len(texts) < 2 * BLOCK_MIN_LINES:
-                return self._feed_each(source, texts, now)
+                return self.feed_each(source, texts, now)
             middle = len(texts) // 2
             return self._feed_json(source, texts[:middle], now) + self._feed_json(
                 source, texts[middle:], now
@@ -233,7 +232,7 @@ class BlockFeeding:
         for start, stop, columns in runs:
             part = texts[start:stop] if stop - start < len(texts) else texts
             if columns is None:
-                alerts += self._feed_each(source, part, now)
+                alerts += self.feed_each(source, part, now)
             else:
                 alerts += self._feed_columns(source, part, columns, now)
         return alerts
@@ -243,18 +242,19 @@ class BlockFeeding:
     ) -> list[Alert]:
         """Parsed lines: absorbed by every rule they concern, or halved, or fed one by one."""
         alerts: list[Alert] = []
-        if self.data_clock and self.data_time is None and parsed.times is not None:
+        position = self.position
+        if position.data_clock and position.data_time is None and parsed.times is not None:
             # The first timestamp starts the data's clock (job_started): line by line.
-            alerts = self.feed_text(source, texts[0], now)
+            alerts = self._feed_text(source, texts[0], now)
             texts, parsed = texts[1:], parsed.slice(1, len(parsed))
         if len(texts) < BLOCK_MIN_LINES:
-            return alerts + self._feed_each(source, texts, now)
+            return alerts + self.feed_each(source, texts, now)
         block = self._block(source, texts, parsed, now)
-        concerned = self._concerned(block)
+        concerned = self.routes.block(block)
         if all(self._accepts(detector, block) for detector in concerned):
             return alerts + self._absorb(block, concerned)
         if len(texts) < 2 * BLOCK_MIN_LINES:
-            return alerts + self._feed_each(source, texts, now)
+            return alerts + self.feed_each(source, texts, now)
         middle = len(texts) // 2
         alerts += self._feed_columns(source, texts[:middle], parsed.slice(0, middle), now)
         return alerts + self._feed_columns(
@@ -264,8 +264,8 @@ class BlockFeeding:
     def _block(self, source: str, texts: list[str], parsed: Columns, now: float) -> Block:
         """The block the rules are shown, with the clock each line would be read at."""
         times = parsed.times
-        start = self.data_time
-        if not self.data_clock:
+        start = self.position.data_time
+        if not self.position.data_clock:
             clock, ticks, output = [now] * len(texts), False, True
         elif start is None:
             # No timestamp yet (and none in these lines): no clock, no output hooks.
@@ -291,27 +291,6 @@ class BlockFeeding:
             output=output,
         )
 
-    def _concerned(self, block: Block) -> list[BaseDetector]:
-        """The rules a block concerns, in registry order: those its metrics are routed to,
-        and those that watch output or ticks when the block brings them."""
-        ticking = block.ticks and block.clock[-1] > (block.start_clock or 0.0)
-        key = (block.names, block.output, ticking, bool(block.progress))
-        concerned = self._block_routes.get(key)
-        if concerned is None:
-            route = self._routes.get(block.names) or self._route(block.names)
-            wanted = {id(detector) for detector, _ in route}
-            if block.output:
-                wanted.update(map(id, self._hooks.get("output") or self._hooked("output")))
-            if ticking:
-                wanted.update(map(id, self._hooks.get("tick") or self._hooked("tick")))
-            if block.progress:
-                wanted.update(id(detector) for detector in self.detectors if detector.sees_progress)
-            concerned = [detector for detector in self.detectors if id(detector) in wanted]
-            if len(self._block_routes) >= ROUTES_MAX:
-                self._block_routes.clear()
-            self._block_routes[key] = concerned
-        return concerned
-
     def _accepts(self, detector: BaseDetector, block: Block) -> bool:
         if block.progress is not None and detector.sees_progress and not detector.absorbs_progress:
             return False  # a rule that would not see the bars' progress in the block
@@ -335,28 +314,19 @@ class BlockFeeding:
         steps = block.steps
         if not steps:
             return alerts  # progress bars alone (HF output): the caller moves the step
+        position = self.position
         top = block.step_range()[1]
-        if self.current_step is None or top > self.current_step:
-            self.current_step = top
+        if position.current_step is None or top > position.current_step:
+            position.current_step = top
         count = len(steps)
-        self.samples_seen += count * len(block.names)
         stats = self.parser.stats
         stats.lines += count
         stats.parsed += count
-        if self.data_clock:
+        if position.data_clock:
             if block.start_clock is not None:
-                self.data_time = block.clock[-1]
+                position.data_time = block.clock[-1]
         elif block.times is not None:
-            self.data_time = block.times[-1]
-        tail = slice(max(0, count - HISTORY_LEN), count)
-        tail_steps = steps[tail]
-        tail_times = block.times[tail] if block.times is not None else [None] * len(tail_steps)
-        history = self.history
-        for name in block.names:
-            kept = history.get(name)
-            if kept is None:
-                kept = history[name] = deque(maxlen=HISTORY_LEN)
-            values = block.columns[name][tail]
-            kept.extend(map(_sample_of, zip(repeat(name), values, tail_steps, tail_times)))
+            position.data_time = block.times[-1]
+        self.history.extend(block.names, block.columns, steps, block.times)
         self.lines_absorbed += count
         return alerts

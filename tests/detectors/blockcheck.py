@@ -178,7 +178,7 @@ def _state(engine: Engine) -> dict[str, Any]:
         "engine": snapshot(
             {
                 "current_step": engine.current_step,
-                "logged": engine._logged,
+                "logged": engine.position.logged,
                 "data_time": engine.data_time,
                 "samples_seen": engine.samples_seen,
                 "history": engine.history,

@@ -1,0 +1,67 @@
+"""Where a run is: its newest step, the step a step-less line implies, the data's own time.
+
+The engine and its block path share one ``RunPosition``: both move it exactly as
+feeding the lines one by one would.
+"""
+
+from __future__ import annotations
+
+from sentinel.records import PROGRESS, Sample
+
+#: Metrics that mark a line as a training log line (as opposed to an eval line).
+TRAINING_LOG_METRICS = frozenset({"loss", "grad_norm", "lr"})
+
+#: The ``now`` of what replay reads before the data's first timestamp: no clock yet.
+UNCLOCKED = 0.0
+
+_new_sample = tuple.__new__
+
+
+class RunPosition:
+    """The run's step and time as the engine has seen them.
+
+    ``data_clock`` (replay): time comes from the data's own timestamps, not from the
+    caller. ``logging_steps``: step-less training log lines (HF's printed dicts) are
+    that many steps apart, counted from ``start_step``.
+    """
+
+    __slots__ = ("current_step", "data_clock", "data_time", "logged", "logging_steps", "start_step")
+
+    def __init__(self, *, data_clock: bool = False, logging_steps: int | None = None) -> None:
+        self.data_clock = data_clock
+        self.logging_steps = logging_steps
+        self.start_step = 0
+        #: Step-less training lines counted since ``start_step``.
+        self.logged = 0
+        #: The newest step seen from any source: progress bars and stepped metrics.
+        self.current_step: int | None = None
+        #: The data's own newest timestamp (replay's clock).
+        self.data_time: float | None = None
+
+    def restart(self, start_step: int) -> None:
+        """A new attempt: steps start again from its checkpoint."""
+        self.start_step = start_step
+        self.logged = 0
+        self.current_step = None
+
+    def count_step(self, samples: list[Sample]) -> list[Sample]:
+        """Give a step-less line the step its position implies: start + n x logging_steps."""
+        assert self.logging_steps is not None
+        has_metric = training = False
+        for sample in samples:
+            if sample.name != PROGRESS:
+                if sample.step is not None:
+                    return samples
+                has_metric = True
+                training = training or sample.name in TRAINING_LOG_METRICS
+        if not has_metric:
+            return samples
+        if training:
+            self.logged += 1  # an eval line belongs to the step last logged
+        step = self.start_step + self.logged * self.logging_steps
+        return [
+            sample
+            if sample.name == PROGRESS
+            else _new_sample(Sample, (sample.name, sample.value, step, sample.time))
+            for sample in samples
+        ]
