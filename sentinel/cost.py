@@ -7,13 +7,10 @@ currency", so every amount is a plain number with two decimals (``412.50``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from sentinel.facts import RunFacts
 from sentinel.incidents import Incident
-
-if TYPE_CHECKING:
-    # Not at run time: sentinel.facts imports sentinel.config, which imports the rules.
-    from sentinel.facts import RunFacts
 
 SECONDS_PER_HOUR = 3600.0
 

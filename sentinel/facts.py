@@ -7,7 +7,7 @@ Trainer prints them once at the start (at info verbosity)::
     Total optimization steps = 1,000
 
 ``RunFacts`` picks them up from lines and from ``trainer_state.json``, with
-the ``[training]`` config as the fallback. The line check is a substring
+the ``[training]`` config as the fallback (``Settings.run_facts``). The line check is a substring
 test first, so it costs nothing on the usual line.
 """
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
-
-from sentinel.config import CostConfig, TrainingConfig
 
 _TOTAL_BATCH = re.compile(r"Total train batch size[^=]*=\s*([\d,]+)")
 _TOTAL_STEPS = re.compile(r"Total optimization steps\s*=\s*([\d,]+)")
@@ -51,16 +49,6 @@ class RunFacts:
         else:
             self.job_gpus.discard(source)
 
-    @classmethod
-    def from_config(cls, training: TrainingConfig, cost: CostConfig | None = None) -> RunFacts:
-        cost = cost or CostConfig()
-        return cls(
-            samples_per_step=training.samples_per_step,
-            max_steps=training.max_steps,
-            gpus=cost.gpus,
-            price_per_gpu_hour=cost.price_per_gpu_hour,
-        )
-
     def observe_line(self, text: str) -> None:
         """Take any fact the line states (the log beats the config: it is what ran)."""
         if "Total " not in text:
@@ -72,13 +60,16 @@ class RunFacts:
         if steps:
             self.max_steps = int(steps.group(1).replace(",", ""))
 
-    def observe_trainer_state(self, state: dict[str, Any], training: TrainingConfig) -> None:
-        """Facts from HF's ``trainer_state.json``; its batch size is per device, per micro-batch."""
+    def observe_trainer_state(
+        self, state: dict[str, Any], *, accumulation_steps: int = 1, world_size: int = 1
+    ) -> None:
+        """Facts from HF's ``trainer_state.json``; its batch size is per device, per micro-batch.
+
+        ``accumulation_steps`` and ``world_size`` (``[training]``) make it a step's.
+        """
         max_steps = state.get("max_steps")
         if isinstance(max_steps, int) and max_steps > 0:
             self.max_steps = max_steps
         batch = state.get("train_batch_size")
         if self.samples_per_step is None and isinstance(batch, int) and batch > 0:
-            self.samples_per_step = (
-                batch * training.gradient_accumulation_steps * training.world_size
-            )
+            self.samples_per_step = batch * accumulation_steps * world_size

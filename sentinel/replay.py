@@ -17,7 +17,6 @@ from pathlib import Path
 
 from sentinel.config import Settings
 from sentinel.engine import Engine, build_detectors
-from sentinel.facts import RunFacts
 from sentinel.incidents import IncidentTracker
 from sentinel.parsers import Garbled, LineParser
 from sentinel.parsers.files import iter_replay_batches
@@ -93,7 +92,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         data_clock=True,
         logging_steps=settings.parsers.logging_steps,
     )
-    engine.facts = RunFacts.from_config(settings.training, settings.cost)
+    engine.facts = settings.run_facts()
     tracker = IncidentTracker("replay")
     result = ReplayResult()
     episodes: dict[str, bool] = {}  # rule -> in an episode
@@ -115,7 +114,11 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         if path.name == "trainer_state.json":
             text = path.read_text(encoding="utf-8")
             try:
-                engine.facts.observe_trainer_state(trainer_state_info(text), settings.training)
+                engine.facts.observe_trainer_state(
+                    trainer_state_info(text),
+                    accumulation_steps=settings.training.gradient_accumulation_steps,
+                    world_size=settings.training.world_size,
+                )
             except Garbled as error:
                 log.warning("%s: %s (skipped)", path, error)
                 result.garbled += 1

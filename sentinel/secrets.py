@@ -7,6 +7,12 @@ records (apprise's own, which log webhook URLs at DEBUG, urllib3's, which log
 request paths, and sentinel's), and ``install_excepthooks`` for tracebacks that
 nothing caught.
 
+A URL's secrets are found here too: ``url_secrets`` and ``mask_url`` for apprise
+notification URLs (apprise's own privacy form tells the tokens apart),
+``heartbeat_secrets`` and ``mask_heartbeat_url`` for plain http(s) pings. apprise
+(~17 MiB) is imported only when a URL has to be read, so settings without
+notification targets never load it.
+
 Masking runs on every log record, so it stays cheap: nothing at all while no
 secret is known, and one substring search per secret otherwise.
 """
@@ -14,12 +20,14 @@ secret is known, and one substring search per secret otherwise.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import traceback
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, TextIO
+from urllib.parse import parse_qsl, quote, urlsplit
 
 MASK = "****"
 
@@ -138,5 +146,128 @@ def install_excepthooks() -> None:
     sys.excepthook = _excepthook
     threading.excepthook = _thread_excepthook
 
+
+
+# Query parameters that name routing, not credentials, and may be shown as given.
+_PLAIN_QUERY_KEYS = frozenset({"from", "to", "cc", "bcc", "smtp", "mode", "method", "format"})
+#: Webhooks to any URL: a token in their path is shown by apprise's privacy form.
+_GENERIC_SCHEMES = frozenset({"json", "jsons", "form", "forms", "xml", "xmls"})
+
+
+def url_scheme(url: str) -> str:
+    """The scheme of ``url`` in lower case, or "unknown" when it has none that is valid."""
+    scheme = url.partition("://")[0].lower()
+    return scheme if re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme) else "unknown"
+
+
+def apprise_plugin(url: str, **options: Any) -> Any:
+    """apprise's plugin for ``url`` (None when apprise knows no such URL).
+
+    apprise's own log of the URL is dropped, since its secrets may not be known
+    yet (this is how they are found). apprise is imported here, on first use.
+    """
+    import apprise
+
+    thread = threading.get_ident()
+
+    def other_threads(record: logging.LogRecord) -> bool:
+        return record.thread != thread
+
+    apprise_log = logging.getLogger("apprise")
+    apprise_log.addFilter(other_threads)
+    try:
+        return apprise.Apprise.instantiate(url, **options)
+    finally:
+        apprise_log.removeFilter(other_threads)
+
+
+def _tokens(url: str) -> set[str]:
+    return {token for token in re.split(r"[/:@?&=#]+", url) if token}
+
+
+def url_secrets(url: str) -> list[str]:
+    """The fragments of apprise URL ``url`` that must never be shown, longest first."""
+    parts = urlsplit(url)
+    found = {value for key, value in parse_qsl(parts.query) if key not in _PLAIN_QUERY_KEYS}
+    if parts.password:
+        found.add(parts.password)
+    plugin = apprise_plugin(url)
+    if plugin is not None:
+        found |= _tokens(plugin.url(privacy=False)) - _tokens(plugin.url(privacy=True))
+        found |= _path_tokens(url)
+    else:  # nothing tells which part of an unknown URL is a token
+        found |= _tokens(parts.path) | {parts.username or ""}
+    found = {secret for secret in found if len(secret) >= 3}
+    found |= {quote(secret, safe="") for secret in found}
+    return sorted(found, key=len, reverse=True)
+
+
+def _path_tokens(url: str) -> set[str]:
+    """Token-like path segments of a generic webhook URL, which apprise shows as they are."""
+    if url_scheme(url) not in _GENERIC_SCHEMES:
+        return set()
+    return {part for part in urlsplit(url).path.split("/") if looks_like_token(part)}
+
+
+def mask_url(url: str) -> str:
+    """Apprise URL ``url`` with its credentials and tokens masked, readable otherwise.
+
+    Host and path come from apprise's own privacy form; query values are kept
+    only for routing keys (``from``, ``to``, ``smtp``, ...). A URL apprise does
+    not know is reduced to its scheme, since nothing tells which part is secret.
+    """
+    plugin = apprise_plugin(url)
+    if plugin is None:
+        return f"{url_scheme(url)}://{MASK}"
+    masked = str(plugin.url(privacy=True)).partition("?")[0]
+    for token in sorted(_path_tokens(url), key=len, reverse=True):
+        masked = masked.replace(f"/{token}", f"/{MASK}")
+    query = [
+        f"{key}={value if key in _PLAIN_QUERY_KEYS else MASK}"
+        for key, value in parse_qsl(urlsplit(url).query)
+    ]
+    return f"{masked}?{'&'.join(query)}" if query else masked
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` with apprise URL ``url`` and each of its secrets replaced by masked forms."""
+    text = text.replace(url, mask_url(url))
+    for secret in url_secrets(url):
+        text = text.replace(secret, MASK)
+    return text
+
+
+def validate_url(url: str) -> str | None:
+    """None if apprise accepts ``url``, else why not (secrets masked)."""
+    try:
+        plugin = apprise_plugin(url, suppress_exceptions=False)
+    except Exception as exc:  # apprise raises TypeError and friends for bad arguments
+        return scrub(f"invalid notification URL {mask_url(url)}: {exc}", url)
+    if plugin is None:
+        return f"unsupported or malformed notification URL {mask_url(url)}"
+    return None
+
+
+def heartbeat_secrets(url: str) -> list[str]:
+    """The fragments of an http(s) heartbeat ``url`` that must never be shown, longest first."""
+    parts = urlsplit(url)
+    found = {value for _key, value in parse_qsl(parts.query)}
+    found |= {parts.username or "", parts.password or ""}
+    found |= {segment for segment in parts.path.split("/") if looks_like_token(segment)}
+    found = {secret for secret in found if len(secret) >= 3}
+    found |= {quote(secret, safe="") for secret in found}
+    return sorted(found, key=len, reverse=True)
+
+
+def mask_heartbeat_url(url: str) -> str:
+    """``url`` with credentials, query values and token-like path segments masked."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    segments = parts.path.split("/")
+    path = "/".join(MASK if looks_like_token(s) else s for s in segments)
+    query = "&".join(f"{key}={MASK}" for key, _value in parse_qsl(parts.query))
+    return f"{parts.scheme}://{host}{path}" + (f"?{query}" if query else "")
 
 logging.getLogger("apprise").addFilter(MaskingFilter())

@@ -24,7 +24,6 @@ from sentinel.config import Settings
 from sentinel.cost import incident_cost
 from sentinel.diagnosis import diagnose
 from sentinel.engine import Engine, build_detectors
-from sentinel.facts import RunFacts
 from sentinel.incidents import Incident, IncidentEvent, IncidentTracker
 from sentinel.parsers import LineParser
 from sentinel.records import Alert, Sample, Severity
@@ -55,7 +54,7 @@ class Watch:
             LineParser(regexes=settings.parsers.regexes),
             logging_steps=settings.parsers.logging_steps,
         )
-        self.engine.facts = RunFacts.from_config(settings.training, settings.cost)
+        self.engine.facts = settings.run_facts()
         self.tracker = IncidentTracker(self.run_id)
         if settings.cost.price_per_gpu_hour is None:
             budget = getattr(settings.rule("cost_overrun"), "budget", None)

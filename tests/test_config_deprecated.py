@@ -17,7 +17,6 @@ from sentinel.config import ConfigError, Settings, effective_config, load_settin
 from sentinel.config.renames import RENAMED
 from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig
 from sentinel.detectors.loss_spike import LossSpikeConfig
-from sentinel.facts import RunFacts
 
 # apprise (which validates and masks notify URLs) imports the stdlib ``imghdr`` on 3.11.
 pytestmark = pytest.mark.filterwarnings(
@@ -357,7 +356,7 @@ def test_gpus_billed_default_to_a_given_world_size(
     config.write_text(text, encoding="utf-8")
     settings = load_settings(config, environ={})
     assert settings.cost.gpus == gpus
-    facts = RunFacts.from_config(settings.training, settings.cost)
+    facts = settings.run_facts()
     facts.observe_gpu("gpu:0", attached=True)
     assert facts.gpu_count == (1 if gpus is None else gpus)  # else: the one attributed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sentinel.config import TrainingConfig
+from sentinel.config import Settings, TrainingConfig
 from sentinel.facts import RunFacts
 from sentinel.parsers.hf_trainer import trainer_state_info
 
@@ -19,7 +19,7 @@ BANNER = """***** Running training *****
 
 
 def test_banner_lines_state_the_batch_and_steps_and_beat_the_config() -> None:
-    facts = RunFacts.from_config(TrainingConfig(batch_size=2, max_steps=10))
+    facts = Settings(training=TrainingConfig(batch_size=2, max_steps=10)).run_facts()
     assert (facts.samples_per_step, facts.max_steps) == (2, 10)
     for line in BANNER.splitlines():
         facts.observe_line(line)
@@ -28,12 +28,12 @@ def test_banner_lines_state_the_batch_and_steps_and_beat_the_config() -> None:
 
 def test_config_multiplies_batch_accumulation_and_ranks() -> None:
     training = TrainingConfig(batch_size=8, gradient_accumulation_steps=4, world_size=2)
-    assert RunFacts.from_config(training).samples_per_step == 64
-    assert RunFacts.from_config(TrainingConfig()).samples_per_step is None
+    assert Settings(training=training).run_facts().samples_per_step == 64
+    assert Settings().run_facts().samples_per_step is None
 
 
 def test_trainer_state_gives_max_steps_and_the_per_device_batch() -> None:
     info = trainer_state_info((FIXTURES / "nan" / "trainer_state.json").read_text())
     facts = RunFacts()
-    facts.observe_trainer_state(info, TrainingConfig(gradient_accumulation_steps=2))
+    facts.observe_trainer_state(info, accumulation_steps=2)
     assert (facts.samples_per_step, facts.max_steps) == (4 * 2, 40)

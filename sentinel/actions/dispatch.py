@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from sentinel.actions.notices import JobInfo, Notice, NoticeKind
-from sentinel.actions.notify import mask_url
 from sentinel.actions.outbox import Added, Batching, Outbox, Target
 from sentinel.config import NotifyConfig
 from sentinel.records import Severity
+from sentinel.secrets import mask_url
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from urllib.parse import parse_qsl, quote, urlsplit
 
 import requests
 
@@ -29,29 +28,6 @@ logger = logging.getLogger(__name__)
 LAST_OK_KEY = "heartbeat.last_ok_at"
 LAST_ERROR_KEY = "heartbeat.last_error"
 LAST_ERROR_AT_KEY = "heartbeat.last_error_at"
-
-
-def heartbeat_secrets(url: str) -> list[str]:
-    """The fragments of an http(s) heartbeat ``url`` that must never be shown, longest first."""
-    parts = urlsplit(url)
-    found = {value for _key, value in parse_qsl(parts.query)}
-    found |= {parts.username or "", parts.password or ""}
-    found |= {segment for segment in parts.path.split("/") if secrets.looks_like_token(segment)}
-    found = {secret for secret in found if len(secret) >= 3}
-    found |= {quote(secret, safe="") for secret in found}
-    return sorted(found, key=len, reverse=True)
-
-
-def mask_heartbeat_url(url: str) -> str:
-    """``url`` with credentials, query values and token-like path segments masked."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    segments = parts.path.split("/")
-    path = "/".join(secrets.MASK if secrets.looks_like_token(s) else s for s in segments)
-    query = "&".join(f"{key}={secrets.MASK}" for key, _value in parse_qsl(parts.query))
-    return f"{parts.scheme}://{host}{path}" + (f"?{query}" if query else "")
 
 
 class Heartbeat:
@@ -71,7 +47,7 @@ class Heartbeat:
         timeout_s: float = 10.0,
     ) -> None:
         self.url = url
-        self.masked_url = mask_heartbeat_url(url)
+        self.masked_url = secrets.mask_heartbeat_url(url)
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.last_ok_at: float | None = None
@@ -82,7 +58,7 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._was_healthy = True
         self._failing = False
-        secrets.register(heartbeat_secrets(url))
+        secrets.register(secrets.heartbeat_secrets(url))
 
     def start(self) -> None:
         """Ping now, then every ``interval_s``; a second call does nothing."""

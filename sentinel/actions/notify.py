@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit
 
 import apprise
 from tenacity import (
@@ -51,6 +49,7 @@ from sentinel.actions.notices import Envelope, JobInfo, Notice, NoticeKind
 from sentinel.actions.outbox import Delivery, Outbox, Target, target_hash
 from sentinel.actions.retry_after import observe_responses
 from sentinel.records import Alert, Severity
+from sentinel.secrets import mask_url, scrub, url_secrets, validate_url
 from sentinel.status import TargetResult, read_results, record_result
 
 __all__ = [
@@ -68,11 +67,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Query parameters that name routing, not credentials, and may be shown as given.
-#: Webhooks to any URL: a token in their path is shown by apprise's privacy form.
-_GENERIC_SCHEMES = frozenset({"json", "jsons", "form", "forms", "xml", "xmls"})
-_PLAIN_QUERY_KEYS = frozenset({"from", "to", "cc", "bcc", "smtp", "mode", "method", "format"})
-_MASK = "****"
 
 
 class DeliveryError(Exception):
@@ -94,94 +88,6 @@ def _retry_now(exc: BaseException) -> bool:
 SendFn = Callable[[str, Envelope, float], None]
 
 
-def _scheme(url: str) -> str:
-    scheme = url.partition("://")[0].lower()
-    return scheme if re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme) else "unknown"
-
-
-def _instantiate(url: str, **options: Any) -> Any:
-    """apprise's plugin for ``url``; apprise's own log of the URL is dropped, since its
-    secrets may not be known yet (this is how they are found)."""
-    thread = threading.get_ident()
-
-    def other_threads(record: logging.LogRecord) -> bool:
-        return record.thread != thread
-
-    apprise_log = logging.getLogger("apprise")
-    apprise_log.addFilter(other_threads)
-    try:
-        return apprise.Apprise.instantiate(url, **options)
-    finally:
-        apprise_log.removeFilter(other_threads)
-
-
-def _tokens(url: str) -> set[str]:
-    return {token for token in re.split(r"[/:@?&=#]+", url) if token}
-
-
-def _secrets(url: str) -> list[str]:
-    """The fragments of ``url`` that must never be shown, longest first."""
-    parts = urlsplit(url)
-    found = {value for key, value in parse_qsl(parts.query) if key not in _PLAIN_QUERY_KEYS}
-    if parts.password:
-        found.add(parts.password)
-    plugin = _instantiate(url)
-    if plugin is not None:
-        found |= _tokens(plugin.url(privacy=False)) - _tokens(plugin.url(privacy=True))
-        found |= _path_tokens(url)
-    else:  # nothing tells which part of an unknown URL is a token
-        found |= _tokens(parts.path) | {parts.username or ""}
-    found = {secret for secret in found if len(secret) >= 3}
-    found |= {quote(secret, safe="") for secret in found}
-    return sorted(found, key=len, reverse=True)
-
-
-def _path_tokens(url: str) -> set[str]:
-    """Token-like path segments of a generic webhook URL, which apprise shows as they are."""
-    if _scheme(url) not in _GENERIC_SCHEMES:
-        return set()
-    return {part for part in urlsplit(url).path.split("/") if secrets.looks_like_token(part)}
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its credentials and tokens masked, readable otherwise.
-
-    Host and path come from apprise's own privacy form; query values are kept
-    only for routing keys (``from``, ``to``, ``smtp``, ...). A URL apprise does
-    not know is reduced to its scheme, since nothing tells which part is secret.
-    """
-    plugin = _instantiate(url)
-    if plugin is None:
-        return f"{_scheme(url)}://{_MASK}"
-    masked = str(plugin.url(privacy=True)).partition("?")[0]
-    for token in sorted(_path_tokens(url), key=len, reverse=True):
-        masked = masked.replace(f"/{token}", f"/{_MASK}")
-    query = [
-        f"{key}={value if key in _PLAIN_QUERY_KEYS else _MASK}"
-        for key, value in parse_qsl(urlsplit(url).query)
-    ]
-    return f"{masked}?{'&'.join(query)}" if query else masked
-
-
-def scrub(text: str, url: str) -> str:
-    """``text`` with ``url`` and each of its secrets replaced by masked forms."""
-    text = text.replace(url, mask_url(url))
-    for secret in _secrets(url):
-        text = text.replace(secret, _MASK)
-    return text
-
-
-def validate_url(url: str) -> str | None:
-    """None if apprise accepts ``url``, else why not (secrets masked)."""
-    try:
-        plugin = _instantiate(url, suppress_exceptions=False)
-    except Exception as exc:  # apprise raises TypeError and friends for bad arguments
-        return scrub(f"invalid notification URL {mask_url(url)}: {exc}", url)
-    if plugin is None:
-        return f"unsupported or malformed notification URL {mask_url(url)}"
-    return None
-
-
 def send_envelope(target: str, envelope: Envelope, timeout_s: float) -> None:
     """Send ``envelope`` to one apprise URL, rendered for its kind; raise DeliveryError."""
     url, arguments = apprise_call(target, envelope)
@@ -190,7 +96,7 @@ def send_envelope(target: str, envelope: Envelope, timeout_s: float) -> None:
 
 def _notify(target: str, url: str, arguments: dict[str, Any], timeout_s: float) -> None:
     """One ``Apprise.notify`` to ``url`` (made from ``target``); errors name ``target`` masked."""
-    plugin = _instantiate(url)
+    plugin = secrets.apprise_plugin(url)
     if plugin is None:
         raise DeliveryError(f"unsupported or malformed notification URL {mask_url(target)}")
     plugin.socket_connect_timeout = timeout_s
@@ -250,7 +156,7 @@ class Notifier:
         self._drain_until = float("inf")
         self._thread: threading.Thread | None = None
         for url in outbox.targets:
-            secrets.register(_secrets(url))
+            secrets.register(url_secrets(url))
         outbox.add_targets(
             Target(url, mask_url(url)) for url in outbox.targets if not outbox.name(url)
         )

@@ -13,15 +13,10 @@ def register_secrets(settings: Settings) -> None:
     notify = settings.notify
     urls = [url.get_secret_value() for url in notify.urls]
     urls += [target.url.get_secret_value() for target in notify.targets]
-    if urls:
-        from sentinel.actions.notify import _secrets
-
-        for url in urls:
-            secrets.register(_secrets(url))
+    for url in urls:
+        secrets.register(secrets.url_secrets(url))
     if notify.heartbeat_url is not None:
-        from sentinel.actions.heartbeat import heartbeat_secrets
-
-        secrets.register(heartbeat_secrets(notify.heartbeat_url.get_secret_value()))
+        secrets.register(secrets.heartbeat_secrets(notify.heartbeat_url.get_secret_value()))
 
 
 def effective_config(settings: Settings) -> dict[str, Any]:
@@ -30,16 +25,13 @@ def effective_config(settings: Settings) -> dict[str, Any]:
     URLs keep their readable parts (scheme, host, routing); every other string
     is masked too, in case a registered secret was pasted elsewhere.
     """
-    from sentinel.actions.heartbeat import mask_heartbeat_url
-    from sentinel.actions.notify import mask_url
-
     notify = settings.notify
     data = settings.model_dump(mode="json")
     shown = data["notify"]
-    shown["urls"] = [mask_url(url.get_secret_value()) for url in notify.urls]
+    shown["urls"] = [secrets.mask_url(url.get_secret_value()) for url in notify.urls]
     for target, target_data in zip(notify.targets, shown["targets"], strict=True):
-        target_data["url"] = mask_url(target.url.get_secret_value())
+        target_data["url"] = secrets.mask_url(target.url.get_secret_value())
     if notify.heartbeat_url is not None:
-        shown["heartbeat_url"] = mask_heartbeat_url(notify.heartbeat_url.get_secret_value())
+        shown["heartbeat_url"] = secrets.mask_heartbeat_url(notify.heartbeat_url.get_secret_value())
     masked: dict[str, Any] = secrets.mask_data(data)
     return masked

@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic import create_model as _create_model
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from sentinel import resume
+from sentinel import resume, secrets
 from sentinel.detectors import DETECTORS, RuleConfig
+from sentinel.facts import RunFacts
 from sentinel.records import Severity
 from sentinel.sources.lines import BATCH_S, MAX_BATCH_S
 
@@ -238,11 +239,9 @@ class ParserConfig(_Model):
 
 def _accepted_url(url: SecretStr) -> SecretStr:
     """An apprise URL apprise accepts; the error shows it masked."""
-    from sentinel.actions.notify import mask_url, validate_url
-
-    problem = validate_url(url.get_secret_value())
+    problem = secrets.validate_url(url.get_secret_value())
     if problem:
-        raise ValueError(f"{mask_url(url.get_secret_value())}: {problem}")
+        raise ValueError(f"{secrets.mask_url(url.get_secret_value())}: {problem}")
     return url
 
 
@@ -365,6 +364,15 @@ class Settings(BaseSettings):
         if self.cost.gpus is None and "world_size" in self.training.model_fields_set:
             self.cost.gpus = self.training.world_size
         return self
+
+    def run_facts(self) -> RunFacts:
+        """What ``[training]`` and ``[cost]`` tell of the run; the log may say better."""
+        return RunFacts(
+            samples_per_step=self.training.samples_per_step,
+            max_steps=self.training.max_steps,
+            gpus=self.cost.gpus,
+            price_per_gpu_hour=self.cost.price_per_gpu_hour,
+        )
 
     def rule(self, rule: str) -> RuleConfig:
         """The config of one rule by its id."""

@@ -23,7 +23,7 @@ from typing import ClassVar, Literal, NamedTuple
 from pydantic import Field, model_validator
 
 from sentinel.cost import SECONDS_PER_HOUR
-from sentinel.detectors import MetricNames, RuleConfig
+from sentinel.detectors.base import MetricNames, RuleConfig
 from sentinel.detectors.series import rising_steps
 from sentinel.records import Block
 from sentinel.sources import GPU_JOB

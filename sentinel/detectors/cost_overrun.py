@@ -14,7 +14,7 @@ from itertools import islice
 from typing import Any
 
 from sentinel.cost import SECONDS_PER_HOUR, format_money
-from sentinel.detectors import BaseDetector
+from sentinel.detectors.base import BaseDetector
 from sentinel.detectors.cost_blocks import (
     CostOverrunConfig,
     CostState,

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from sentinel.detectors import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.detectors.base import BaseDetector, MetricNames, MetricRuleConfig
 from sentinel.detectors.series import LazyRolling, Warmup, sorted_median
 from sentinel.records import Alert, Block, Sample, Severity
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from sentinel.detectors import BaseDetector, RuleConfig
+from sentinel.detectors.base import BaseDetector, RuleConfig
 from sentinel.records import Alert, Block, Sample, Severity
 from sentinel.sources import (
     CLOCK_EVENTS_POWER,

@@ -9,7 +9,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from sentinel.cost import format_money
-from sentinel.detectors import BaseDetector, RuleConfig
+from sentinel.detectors.base import BaseDetector, RuleConfig
 from sentinel.records import Alert, Sample, Severity
 from sentinel.sources import GPU_JOB, GPU_UTIL
 

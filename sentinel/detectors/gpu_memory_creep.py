@@ -11,7 +11,7 @@ import math
 from collections import deque
 from typing import Any, Literal
 
-from sentinel.detectors import BaseDetector
+from sentinel.detectors.base import BaseDetector
 from sentinel.detectors.gpu_memory_windows import (
     CAPACITY_METRICS,
     MEMORY_METRICS,

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
-from sentinel.detectors import MetricNames, MetricRuleConfig
+from sentinel.detectors.base import MetricNames, MetricRuleConfig
 from sentinel.detectors.series import Warmup, judged_mask
 from sentinel.records import Block
 

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors.base import BaseDetector, MetricRuleConfig
 from sentinel.detectors.series import (
     Rolling,
     Warmup,

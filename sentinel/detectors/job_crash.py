@@ -8,7 +8,7 @@ from collections import deque
 
 from pydantic import Field
 
-from sentinel.detectors import BaseDetector, RuleConfig
+from sentinel.detectors.base import BaseDetector, RuleConfig
 from sentinel.records import PROGRESS, Alert, Block, Line, Sample, Severity
 
 # Checked in order: a device-side assert often also mentions an index out of

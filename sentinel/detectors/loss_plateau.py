@@ -45,7 +45,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from sentinel.detectors import BaseDetector, MetricRuleConfig
+from sentinel.detectors.base import BaseDetector, MetricRuleConfig
 from sentinel.detectors.series import (
     Warmup,
     finite_values,

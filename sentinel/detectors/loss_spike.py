@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from sentinel.detectors import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.detectors.base import BaseDetector, MetricNames, MetricRuleConfig
 from sentinel.detectors.series import (
     Rolling,
     Warmup,

@@ -6,7 +6,7 @@ import math
 
 from pydantic import Field
 
-from sentinel.detectors import BaseDetector, MetricNames, RuleConfig
+from sentinel.detectors.base import BaseDetector, MetricNames, RuleConfig
 from sentinel.records import Alert, Block, Sample, Severity
 
 

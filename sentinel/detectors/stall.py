@@ -17,7 +17,7 @@ GPU utilisation is never evidence: a hung NCCL collective shows 100% at idle pow
 
 from __future__ import annotations
 
-from sentinel.detectors import BaseDetector
+from sentinel.detectors.base import BaseDetector
 from sentinel.detectors.series import LazyRolling
 from sentinel.detectors.stall_evidence import (
     EVIDENCE_METRICS,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from sentinel.detectors import RuleConfig
+from sentinel.detectors.base import RuleConfig
 from sentinel.detectors.series import rising_steps
 from sentinel.records import Block
 from sentinel.sources import (

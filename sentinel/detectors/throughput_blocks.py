@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from pydantic import Field
 
-from sentinel.detectors import MetricNames, MetricRuleConfig
+from sentinel.detectors.base import MetricNames, MetricRuleConfig
 from sentinel.detectors.series import Warmup, judged_mask, longest_run_at_least
 from sentinel.records import Block
 

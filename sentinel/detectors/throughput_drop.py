@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import compress
 
-from sentinel.detectors import BaseDetector
+from sentinel.detectors.base import BaseDetector
 from sentinel.detectors.series import Rolling, Warmup
 from sentinel.detectors.throughput_blocks import (
     THROUGHPUT_METRICS,

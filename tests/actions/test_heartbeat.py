@@ -17,8 +17,6 @@ from sentinel.actions.heartbeat import (
     LAST_ERROR_KEY,
     LAST_OK_KEY,
     Heartbeat,
-    heartbeat_secrets,
-    mask_heartbeat_url,
 )
 from sentinel.state import StateStore
 from tests.helpers.webhook import WebhookReceiver
@@ -229,11 +227,11 @@ def test_stop_does_not_wait_out_the_interval(hook: WebhookReceiver) -> None:
     ids=["uuid-path", "ping-key-and-slug", "query-token", "basic-auth"],
 )
 def test_heartbeat_url_masking(url: str, masked: str, secret: str) -> None:
-    assert mask_heartbeat_url(url) == masked
-    assert secret in heartbeat_secrets(url)
+    assert secrets.mask_heartbeat_url(url) == masked
+    assert secret in secrets.heartbeat_secrets(url)
 
 
 def test_plain_words_of_a_heartbeat_url_are_not_secrets() -> None:
-    found = heartbeat_secrets(f"https://example.com/api/heartbeat/{CHECK_UUID}")
+    found = secrets.heartbeat_secrets(f"https://example.com/api/heartbeat/{CHECK_UUID}")
     assert "api" not in found
     assert "heartbeat" not in found

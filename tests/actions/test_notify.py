@@ -24,12 +24,11 @@ from sentinel.actions.notify import (
     Notifier,
     Outbox,
     backoff_s,
-    mask_url,
     send_envelope,
-    validate_url,
 )
 from sentinel.actions.outbox import Batching
 from sentinel.records import Severity
+from sentinel.secrets import mask_url, validate_url
 from sentinel.state import StateStore
 from tests.helpers.webhook import ReceivedRequest, WebhookReceiver
 
