@@ -24,6 +24,7 @@ from tests.helpers.detached import (
     role_argv,
     running,
     signals_got,
+    start_with_pid,
     wait_for_pid,
     wait_until,
 )
@@ -159,19 +160,6 @@ def test_a_process_that_has_exited_is_gone_not_signalled(tmp_path: Path) -> None
     assert result.sent == ()
     assert result.gone == (identity,)
     assert "had already exited" in result.detail
-
-
-def start_with_pid(pid: int, argv: list[str], attempts: int = 50) -> subprocess.Popen[bytes] | None:
-    """Start ``argv`` as pid ``pid`` (root: the next pid is set through ns_last_pid)."""
-    for _ in range(attempts):
-        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
-            last.write(str(pid - 1))
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-        if process.pid == pid:
-            return process
-        process.kill()
-        process.wait()
-    return None
 
 
 @contextlib.contextmanager

@@ -144,3 +144,16 @@ def reaped(folder: Path) -> Iterator[Path]:
                 pid = int(path.read_text())
                 if psutil.Process(pid).create_time() <= path.stat().st_mtime + 1:
                     os.kill(pid, signal.SIGKILL)
+
+
+def start_with_pid(pid: int, argv: list[str], attempts: int = 50) -> subprocess.Popen[bytes] | None:
+    """Start ``argv`` as pid ``pid`` (root: the next pid is set through ns_last_pid)."""
+    for _ in range(attempts):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+            last.write(str(pid - 1))
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        if process.pid == pid:
+            return process
+        process.kill()
+        process.wait()
+    return None
