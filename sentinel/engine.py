@@ -153,6 +153,12 @@ class Engine:
             return self._blocks.feed(source, texts, now)
         return self._blocks.feed_each(source, texts, now)
 
+    def open_source(self, source: str, reader: FileReader | None) -> None:
+        """Read the lines of ``source`` with ``reader`` (None: a plain log, line by line):
+        the reader of the format its opener decided (replay's plan). A source not opened
+        gets the reader its path implies (``reader_for``) on its first line."""
+        self._readers[source] = reader
+
     def _reader(self, source: str) -> FileReader | None:
         readers = self._readers
         reader = readers.get(source, _UNSEEN)

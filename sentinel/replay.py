@@ -19,7 +19,7 @@ from sentinel.config import Settings
 from sentinel.engine import Engine, build_detectors
 from sentinel.incidents import IncidentTracker
 from sentinel.parsers import Garbled, LineParser
-from sentinel.parsers.files import iter_replay_batches
+from sentinel.parsers.files import iter_replay_batches, replay_plan
 from sentinel.parsers.hf_trainer import read_trainer_state, trainer_state_info
 from sentinel.records import Alert, Severity
 from sentinel.watch import explain
@@ -125,8 +125,12 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
                 continue
             states.append((path, text))
     logs = [path for path in paths if path.name != "trainer_state.json"]
+    plan = replay_plan(logs)
+    for group in plan:
+        for file in group:
+            engine.open_source(file.source, file.new_reader())
     feed_texts = engine.feed_texts
-    for source, texts in iter_replay_batches(logs):
+    for source, texts in iter_replay_batches(plan):
         alerts = feed_texts(source, texts, 0.0)  # 0.0: the engine keeps the data's own clock
         if alerts:
             keep(alerts)

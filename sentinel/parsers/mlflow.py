@@ -13,7 +13,7 @@ import heapq
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePath
 
-from sentinel.parsers import Garbled, normalise_name
+from sentinel.parsers.values import Garbled, normalise_name
 from sentinel.records import Sample
 
 #: The folder MLflow's file store is named after by default (``./mlruns``).
@@ -42,13 +42,15 @@ def metric_key(path: str | PurePath) -> str | None:
     return None
 
 
-def run_folder(path: str | PurePath) -> PurePath | None:
-    """The run folder (``mlruns/<experiment_id>/<run_id>``) of an MLflow metric file."""
-    key = metric_key(path)
-    if key is None:
-        return None
-    parents = PurePath(path).parents
-    return parents[key.count("/") + 1]
+def run_folder(path: str | PurePath, key: str) -> PurePath:
+    """The run folder (``mlruns/<experiment_id>/<run_id>``) of the metric file at ``path``,
+    whose key (``metric_key``) is ``key``."""
+    return PurePath(path).parents[key.count("/") + 1]
+
+
+def is_run_folder(folder: str | PurePath) -> bool:
+    """Whether ``folder`` is an MLflow run folder (``mlruns/<experiment_id>/<run_id>``)."""
+    return metric_key(PurePath(folder, METRICS_FOLDER, "key")) is not None
 
 
 def parse_metric_line(text: str) -> tuple[float, float, int | None] | None:

@@ -1,0 +1,58 @@
+"""A path's format is decided once (``classify``, ``replay_plan``); its reader takes over."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sentinel.engine import Engine
+from sentinel.parsers import LineParser
+from sentinel.parsers.files import MetricsFile, classify, replay_plan
+from sentinel.parsers.lightning_csv import LightningCsvReader
+from sentinel.parsers.mlflow import MlflowMetricReader
+
+MS0 = 1_700_000_000_000
+
+
+def test_classify_gives_the_format_and_what_reads_it() -> None:
+    metric = classify("mlruns/0/abc/metrics/train/loss")
+    assert (metric.format, metric.mlflow_key) == ("mlflow", "train/loss")
+    assert metric.mlflow_run == Path("mlruns/0/abc")
+    reader = metric.new_reader()
+    assert isinstance(reader, MlflowMetricReader)
+    assert reader.name == "loss"
+    csv = classify("logs/version_0/metrics.csv")
+    assert csv.format == "lightning_csv"
+    assert isinstance(csv.new_reader(), LightningCsvReader)
+    plain = classify("train.log")
+    assert (plain.format, plain.new_reader(), plain.mlflow_run) == (None, None, None)
+
+
+def test_replay_plan_decides_each_file_once_and_groups_a_run(tmp_path: Path) -> None:
+    run = tmp_path / "mlruns" / "0" / "r1"
+    (run / "metrics").mkdir(parents=True)
+    for key in ("loss", "lr"):
+        (run / "metrics" / key).write_text(f"{MS0} 1.0 1\n")
+    (run / "artifacts").mkdir()
+    (run / "artifacts" / "metrics.csv").write_text("step,loss\n1,2.0\n")  # a copy: skipped
+    log = tmp_path / "train.log"
+    log.write_text('{"step": 1, "loss": 2.0}\n')
+
+    plan = replay_plan([log, tmp_path / "mlruns"])
+
+    assert [[(file.path, file.format) for file in group] for group in plan] == [
+        [(log, None)],
+        [(run / "metrics" / "loss", "mlflow"), (run / "metrics" / "lr", "mlflow")],
+    ]
+    assert all(isinstance(file, MetricsFile) for group in plan for file in group)
+
+
+def test_the_engine_reads_an_opened_source_with_the_reader_it_was_given() -> None:
+    line = f"{MS0} 2.5 7"
+    as_log = Engine([], LineParser())
+    as_log.feed_texts("loss.txt", [line], 0.0)
+    assert "loss" not in as_log.history  # by its path, a plain log: not a metric line
+
+    opened = Engine([], LineParser())
+    opened.open_source("loss.txt", MlflowMetricReader("loss"))
+    opened.feed_texts("loss.txt", [line], 0.0)
+    assert [(s.value, s.step) for s in opened.history["loss"]] == [(2.5, 7)]
