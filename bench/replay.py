@@ -160,9 +160,9 @@ def replay_child(fmt: str, path: Path, lines: int, json_lib: str, rules: str) ->
     import sentinel.replay
     from sentinel.config import load_settings
     from sentinel.detectors import DETECTORS
-    from sentinel.parsers import jsonl
+    from sentinel.parsers import fields
 
-    used = "json" if jsonl.loads is json.loads else "orjson"
+    used = "json" if fields.loads is json.loads else "orjson"
     if used != json_lib:
         raise RuntimeError(f"asked for {json_lib}, sentinel decodes with {used}")
     environ = {"SENTINEL_PARSERS__LOGGING_STEPS": "1"} if fmt == "hf" else {}

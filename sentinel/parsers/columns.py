@@ -18,8 +18,8 @@ from math import isfinite
 from operator import itemgetter
 from typing import Any
 
-from sentinel.parsers import _EPOCH_MS, _MAX_STEP
-from sentinel.parsers.jsonl import _SCHEMAS, _schema, fast_loads
+from sentinel.parsers.fields import _SCHEMAS, _schema, fast_loads
+from sentinel.parsers.values import _EPOCH_MS, _MAX_STEP
 from sentinel.records import PROGRESS
 
 _FLOAT = frozenset({float})

@@ -24,7 +24,7 @@ from operator import itemgetter
 from typing import Any
 
 from sentinel.parsers.columns import decode_objects, float_column
-from sentinel.parsers.jsonl import _SCHEMAS, _schema
+from sentinel.parsers.fields import _SCHEMAS, _schema
 from sentinel.parsers.tqdm import CLOCK
 from sentinel.records import PROGRESS
 

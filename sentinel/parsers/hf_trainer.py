@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import re
 
-from sentinel.parsers import Garbled, as_step, jsonl
-from sentinel.parsers.jsonl import samples_from_mapping
+from sentinel.parsers import fields
+from sentinel.parsers.fields import samples_from_mapping
+from sentinel.parsers.values import Garbled, as_step
 from sentinel.records import Sample
 
 # One value: a quoted string (5.x), a call such as tensor(2.3, device='cuda:0'),
@@ -92,7 +93,7 @@ def _fields_as_json(stripped: str) -> dict[str, object] | None:
     if '"' in stripped or "\\" in stripped:
         return None
     try:
-        decoded = jsonl.loads(stripped.replace("'", '"'))
+        decoded = fields.loads(stripped.replace("'", '"'))
     except (ValueError, RecursionError):
         return None
     if type(decoded) is not dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from sentinel.parsers import (
+from sentinel.parsers.values import (
     ALIASES,
     STEP_KEYS,
     as_step,

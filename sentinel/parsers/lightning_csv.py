@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sentinel.parsers import (
+from sentinel.parsers.values import (
     STEP_KEYS,
     TIME_KEYS,
     Garbled,

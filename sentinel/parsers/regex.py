@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sentinel.parsers import ParseFn, as_epoch_seconds, as_float, as_step, normalise_name
+from sentinel.parsers.values import ParseFn, as_epoch_seconds, as_float, as_step, normalise_name
 from sentinel.records import PROGRESS, Sample
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from sentinel.parsers import Garbled, normalise_name
+from sentinel.parsers.values import Garbled, normalise_name
 from sentinel.records import Sample
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sentinel.parsers import jsonl
+from sentinel.parsers import fields
 
 # Without orjson (the optional ``fast`` extra) the tests run with the stdlib alone;
 # test_json_libraries.py then says, once, that orjson was skipped.
@@ -22,9 +22,9 @@ def json_library(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     fixture runs both ways, since a line must give the same samples either way.
     """
     if request.param == "orjson":
-        monkeypatch.setattr(jsonl, "loads", jsonl._orjson_loads)
-        monkeypatch.setattr(jsonl, "decode_prefix", jsonl._orjson_decode_prefix)
+        monkeypatch.setattr(fields, "loads", fields._orjson_loads)
+        monkeypatch.setattr(fields, "decode_prefix", fields._orjson_decode_prefix)
     else:
-        monkeypatch.setattr(jsonl, "loads", json.loads)
-        monkeypatch.setattr(jsonl, "decode_prefix", jsonl._STDLIB_DECODER.raw_decode)
+        monkeypatch.setattr(fields, "loads", json.loads)
+        monkeypatch.setattr(fields, "decode_prefix", fields._STDLIB_DECODER.raw_decode)
     return str(request.param)

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from sentinel.parsers import Garbled, LineParser, as_step, jsonl
+from sentinel.parsers import Garbled, LineParser, as_step, fields, jsonl
 from sentinel.parsers.hf_trainer import parse_hf_dict
 from sentinel.records import Sample
 
@@ -75,11 +75,11 @@ def test_orjson_and_stdlib_give_the_same_samples(
     line: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("orjson")
-    monkeypatch.setattr(jsonl, "loads", json.loads)
-    monkeypatch.setattr(jsonl, "decode_prefix", jsonl._STDLIB_DECODER.raw_decode)
+    monkeypatch.setattr(fields, "loads", json.loads)
+    monkeypatch.setattr(fields, "decode_prefix", fields._STDLIB_DECODER.raw_decode)
     with_stdlib = _outcome(line)
-    monkeypatch.setattr(jsonl, "loads", jsonl._orjson_loads)
-    monkeypatch.setattr(jsonl, "decode_prefix", jsonl._orjson_decode_prefix)
+    monkeypatch.setattr(fields, "loads", fields._orjson_loads)
+    monkeypatch.setattr(fields, "decode_prefix", fields._orjson_decode_prefix)
     assert _outcome(line) == with_stdlib
 
 
