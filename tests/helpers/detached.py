@@ -47,6 +47,9 @@ def record(sig, _frame):
         out.write(signal.Signals(sig).name + "\n")
     if role in ("job", "child"):
         if "saver" in extra and sig == signal.SIGTERM:
+            # Ignored from birth (SIG_IGN is inherited), so that a SIGTERM before its
+            # handler is in place does not end it: only SIGKILL may.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             start("saver")
             time.sleep(1.5)
         sys.exit(0)
