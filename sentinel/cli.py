@@ -12,12 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sentinel import __version__, cli_options, secrets, toml_text
+from sentinel import __version__, cli_options, secrets, state_lock, toml_text
+from sentinel import verdict as verdict_codes
 from sentinel.cli_options import EXIT_USAGE, add_shared
 from sentinel.config import ConfigError, Settings, effective_config, load_settings
 from sentinel.parsers.files import require_extras
 from sentinel.parsers.tensorboard import MissingExtra
 from sentinel.records import Severity
+from sentinel.state_lock import StateDirLocked
 
 log = logging.getLogger("sentinel")
 
@@ -29,8 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The verbs; each takes the shared options it honours and refuses the rest (cli_options)."""
     parser = argparse.ArgumentParser(
         prog="sentinel",
-        description="A watchdog for ML training jobs: catches NaN, stalls and crashes, "
+        description="A watchdog for ML training jobs: catches NaN, stalls and crashes,\n"
         "notifies, rolls back to the last clean checkpoint and restarts.",
+        epilog=_exit_codes(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"sentinel {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -122,7 +126,50 @@ def build_parser() -> argparse.ArgumentParser:
         because={"--json": "demo tells its story for people to read"},
     )
     demo.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR and keep it")
+
+    verdict = verbs.add_parser(
+        "verdict",
+        help="print the final verdict's code and exit with it (--wait: once sentinel decided)",
+    )
+    add_shared(
+        verdict,
+        takes=["--config", "--state-dir", "--verbose"],
+        why="verdict only reads the state dir's verdict.json",
+        because={"--json": "verdict prints the bare code; the record is in verdict.json"},
+    )
+    verdict.add_argument(
+        "--wait",
+        action="store_true",
+        help="block until sentinel writes the final verdict, or no sentinel holds the state dir",
+    )
+    verdict.add_argument(
+        "--timeout", type=float, metavar="S", help="with --wait: give up after S seconds"
+    )
+    verdict.add_argument(
+        "--job-status",
+        type=_exit_status,
+        metavar="N",
+        help="the job's own exit status: the exit code when no verdict comes (else 1)",
+    )
     return parser
+
+
+def _exit_status(text: str) -> int:
+    if not text.isdigit() or int(text) > 255:
+        raise argparse.ArgumentTypeError(f"not an exit status (0 to 255): {text}")
+    return int(text)
+
+
+def _exit_codes() -> str:
+    """The exit-code table of ``sentinel --help`` (a contract: DESIGN.md, README)."""
+    rows = [
+        ("0", "run: the job finished (after restarts, if any); watch: stopped"),
+        ("1", "replay --fail-on: an alert that severe; verdict: no verdict and no --job-status"),
+        ("2", "a usage or config error, or another sentinel holds the state dir"),
+        *((str(code), meaning) for code, (_, meaning) in sorted(verdict_codes.CODES.items())),
+        ("other", "run: the job's own last status; verdict: --job-status when no verdict came"),
+    ]
+    return "exit codes:\n" + "\n".join(f"  {code:<6} {meaning}" for code, meaning in rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,12 +185,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": _status,
         "check-config": _check_config,
         "demo": _demo,
+        "verdict": _verdict,
     }[args.verb]
     try:
         return handler(args)
     except ConfigError as error:
         for problem in error.problems:
             print(f"sentinel: config error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except StateDirLocked as error:
+        print(f"sentinel: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
@@ -202,7 +253,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"sentinel run: {error}", file=sys.stderr)
         return EXIT_USAGE
     preflight(settings, command)
-    return Supervisor(settings, command).run()
+    with state_lock.acquire(settings.state_dir):  # one sentinel per state dir, for life
+        return Supervisor(settings, command).run()
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -413,6 +465,24 @@ def _check_config(args: argparse.Namespace) -> int:
     else:
         print(toml_text.dumps(shown))
     return 0
+
+
+def _verdict(args: argparse.Namespace) -> int:
+    """``sentinel verdict``: print the final verdict's code and exit with it."""
+    from sentinel.verdict_wait import await_verdict
+
+    if args.timeout is not None and not args.wait:
+        print("sentinel verdict: --timeout bounds --wait; give --wait too", file=sys.stderr)
+        return EXIT_USAGE
+    state_dir = Path(args.state_dir) if args.state_dir else _settings(args).state_dir
+    outcome = await_verdict(
+        state_dir, wait=args.wait, timeout_s=args.timeout, job_status=args.job_status
+    )
+    if outcome.record is not None:
+        print(outcome.code)
+    else:
+        print(f"sentinel verdict: {outcome.reason}", file=sys.stderr)
+    return outcome.code
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ import pytest
 from sentinel import cli, cli_options
 from sentinel.config import effective_config
 from sentinel.state import StateStore
+from sentinel.state_lock import acquire
+from sentinel.verdict import write_final
 from tests.helpers.webhook import WebhookReceiver
 
 TOKEN = "tok3nZq81xWvPk22"
@@ -273,6 +276,43 @@ def demo_keep(run: Run, tmp_path: Path) -> None:
     assert (tmp_path / "kept" / "state" / "alerts.jsonl").is_file()
 
 
+def verdict_state_dir(run: Run, tmp_path: Path) -> None:
+    write_final(tmp_path / "st", 91, None, "nan_inf", 40, None, 1, 0.0)
+    result = run("verdict", "--state-dir", "st")
+    assert (result.code, result.out) == (91, "91\n"), result.err
+
+
+def verdict_config(run: Run, tmp_path: Path) -> None:
+    write_final(tmp_path / "from-file", 90, None, "nan_inf", 40, None, 2, 0.0)
+    result = run("verdict", "--config", config_file(tmp_path))
+    assert (result.code, result.out) == (90, "90\n"), result.err
+
+
+def verdict_wait(run: Run, tmp_path: Path) -> None:
+    """A sentinel holds the state dir and decides while ``verdict --wait`` waits."""
+    with acquire(tmp_path / "st"):
+        args = (tmp_path / "st", 92, None, "gpu_health", None, None, 1, 0.0)
+        timer = threading.Timer(0.2, write_final, args)
+        timer.start()
+        result = run("verdict", "--state-dir", "st", "--wait", "--job-status", "143")
+        timer.join()
+    assert (result.code, result.out) == (92, "92\n"), result.err
+
+
+def verdict_timeout(run: Run, tmp_path: Path) -> None:
+    with acquire(tmp_path / "st"):
+        result = run("verdict", "--state-dir", "st", "--wait", "--timeout", "0.2")
+    assert (result.code, result.out) == (1, "")
+    assert "within 0.2 s" in result.err
+
+
+def verdict_job_status(run: Run, tmp_path: Path) -> None:
+    """No sentinel holds the state dir and there is no verdict: the job's own status."""
+    assert run("verdict", "--state-dir", "st", "--wait", "--job-status", "7").code == 7
+    assert run("verdict", "--state-dir", "st", "--job-status", "0").code == 0
+    assert run("verdict", "--state-dir", "st").code == 1
+
+
 def verbose(verb: str) -> Callable[[Run, Path], None]:
     def check(run: Run, tmp_path: Path) -> None:
         """``main`` sets debug logging from ``args.verbose`` for every verb."""
@@ -305,6 +345,11 @@ HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
     ("checkpoints", "--restore"): checkpoints_restore,
     ("status", "--checkpoints"): status_checkpoints,
     ("demo", "--keep"): demo_keep,
+    ("verdict", "--state-dir"): verdict_state_dir,
+    ("verdict", "--config"): verdict_config,
+    ("verdict", "--wait"): verdict_wait,
+    ("verdict", "--timeout"): verdict_timeout,
+    ("verdict", "--job-status"): verdict_job_status,
     **{(verb, "--verbose"): verbose(verb) for verb in verbs() if verb != "checkpoints"},
 }
 SLOW = {("demo", "--keep"): pytest.mark.slow}

@@ -1,0 +1,209 @@
+"""``sentinel verdict [--wait]``: the final code, or the job's own status when none will come.
+
+A sentinel is "alive" while something holds the state dir's lock: here the test
+itself (a flock taken on another descriptor conflicts within one process too), or
+a real writer process that a test kills with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sentinel.state_lock import acquire
+from sentinel.verdict import mark_deciding, write_final
+from sentinel.verdict_wait import HOLDER_CHECK_S, await_verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+NOW = 1_764_100_000.0
+
+# A stand-in for sentinel: holds the lock, marks deciding, says so, and after DELAY writes
+# the final CODE (none when CODE is "-"), then lingers LINGER seconds.
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from sentinel.state_lock import acquire
+    from sentinel.verdict import mark_deciding, write_final
+    state, code = Path(sys.argv[1]), sys.argv[2]
+    delay, linger = float(sys.argv[3]), float(sys.argv[4])
+    lock = acquire(state)
+    mark_deciding(state, rule="nan_inf", step=40, attempt=1, time=time.time())
+    print("deciding", flush=True)
+    time.sleep(delay)
+    if code != "-":
+        write_final(state, int(code), None, "nan_inf", 40, state / "ckpt", 1, time.time())
+    time.sleep(linger)
+    """
+)
+
+
+def later(delay_s: float, action: object) -> threading.Timer:
+    assert callable(action)
+    timer = threading.Timer(delay_s, action)
+    timer.start()
+    return timer
+
+
+def test_a_final_record_is_the_answer_at_once(tmp_path: Path) -> None:
+    write_final(tmp_path, 91, None, "nan_inf", 40, None, 1, NOW)
+    outcome = await_verdict(tmp_path, wait=False, job_status=143)
+    assert (outcome.code, outcome.reason) == (91, "")
+    assert outcome.record is not None and outcome.record.rule == "nan_inf"
+
+
+def test_without_wait_no_final_record_is_the_job_status_else_1(tmp_path: Path) -> None:
+    mark_deciding(tmp_path, rule="nan_inf", step=40, attempt=1, time=NOW)
+    outcome = await_verdict(tmp_path, wait=False, job_status=143)
+    assert (outcome.code, outcome.record) == (143, None)
+    assert "sentinel is still deciding" in outcome.reason
+    assert await_verdict(tmp_path / "none", wait=False).code == 1
+
+
+def test_wait_returns_the_code_written_while_it_waits(tmp_path: Path) -> None:
+    with acquire(tmp_path):
+        mark_deciding(tmp_path, rule="nan_inf", step=40, attempt=1, time=NOW)
+        written_at: list[float] = []
+
+        def write() -> None:
+            write_final(tmp_path, 90, None, "nan_inf", 40, None, 2, NOW)
+            written_at.append(time.monotonic())
+
+        timer = later(0.3, write)
+        start = time.monotonic()
+        outcome = await_verdict(tmp_path, wait=True, timeout_s=30, job_status=143)
+        returned_at = time.monotonic()
+        timer.join()
+    assert outcome.code == 90 and outcome.record is not None and outcome.record.attempt == 2
+    assert returned_at - start >= 0.3
+    # The file event wakes it, not the lock's check every HOLDER_CHECK_S.
+    assert returned_at - written_at[0] < HOLDER_CHECK_S * 0.6
+
+
+def test_wait_ends_at_the_timeout_with_the_job_status(tmp_path: Path) -> None:
+    with acquire(tmp_path):
+        mark_deciding(tmp_path, rule="nan_inf", step=40, attempt=1, time=NOW)
+        start = time.monotonic()
+        outcome = await_verdict(tmp_path, wait=True, timeout_s=0.4, job_status=143)
+        took = time.monotonic() - start
+    assert (outcome.code, outcome.record) == (143, None)
+    assert 0.4 <= took < 2.0
+    assert outcome.reason == (
+        f"no final verdict in {tmp_path} within 0.4 s; exit with the job's status 143"
+    )
+
+
+def test_wait_ends_when_no_sentinel_holds_the_state_dir(tmp_path: Path) -> None:
+    lock = acquire(tmp_path)
+    mark_deciding(tmp_path, rule="nan_inf", step=40, attempt=1, time=NOW)
+    timer = later(0.2, lock.release)
+    start = time.monotonic()
+    outcome = await_verdict(tmp_path, wait=True, timeout_s=30)
+    timer.join()
+    assert (outcome.code, outcome.record) == (1, None)
+    assert time.monotonic() - start < 0.2 + HOLDER_CHECK_S + 1.0
+    assert "no sentinel holds" in outcome.reason and "no job status given" in outcome.reason
+
+
+def test_a_record_written_just_before_sentinel_exits_is_still_the_answer(tmp_path: Path) -> None:
+    lock = acquire(tmp_path)
+
+    def decide_and_exit() -> None:
+        write_final(tmp_path, 92, None, "gpu_health", None, None, 1, NOW)
+        lock.release()
+
+    timer = later(0.2, decide_and_exit)
+    outcome = await_verdict(tmp_path, wait=True, job_status=1)
+    timer.join()
+    assert outcome.code == 92
+
+
+def sentinel_verdict(
+    state: Path, *args: str, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(state), *args],
+        capture_output=True, text=True, env=env, timeout=timeout_s, cwd=ROOT, check=False,
+    )  # fmt: skip
+
+
+def writer(state: Path, code: str, delay_s: float, linger_s: float) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(state), code, str(delay_s), str(linger_s)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stdout.readline() == "deciding\n"
+    return process
+
+
+def end(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    assert process.stdout is not None
+    process.stdout.close()
+
+
+@pytest.mark.slow
+def test_the_verb_waits_for_a_real_writer_and_exits_with_its_code(tmp_path: Path) -> None:
+    process = writer(tmp_path / "st", "91", delay_s=1.0, linger_s=5.0)
+    try:
+        start = time.monotonic()
+        result = sentinel_verdict(
+            tmp_path / "st", "--wait", "--timeout", "30", "--job-status", "143"
+        )
+        took = time.monotonic() - start
+    finally:
+        end(process)
+    assert (result.returncode, result.stdout) == (91, "91\n"), result.stderr
+    assert 0.5 < took < 10
+
+
+@pytest.mark.slow
+def test_the_verb_after_kill_9_of_sentinel_exits_with_the_job_status(tmp_path: Path) -> None:
+    process = writer(tmp_path / "st", "-", delay_s=60, linger_s=0)
+    try:
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(tmp_path / "st"),
+             "--wait", "--job-status", "137"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        time.sleep(1.0)
+        assert waiting.poll() is None  # sentinel is deciding: it waits (no timeout given)
+        os.kill(process.pid, signal.SIGKILL)
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        end(process)
+    assert (waiting.returncode, out) == (137, "")
+    assert err == (
+        f"sentinel verdict: no sentinel holds {tmp_path / 'st'} and no final verdict came;"
+        " exit with the job's status 137\n"
+    )
+
+
+@pytest.mark.slow
+def test_the_two_line_wrapper_without_sentinel_exits_with_the_job_status(tmp_path: Path) -> None:
+    wrapper = (
+        f"{sys.executable} -c 'raise SystemExit(3)'; status=$?;"
+        f" exec {sys.executable} -m sentinel verdict --state-dir {tmp_path / 'st'}"
+        " --wait --timeout 120 --job-status $status"
+    )
+    result = subprocess.run(
+        ["sh", "-c", wrapper], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
+    )
+    assert result.returncode == 3, result.stderr
+
+
+def test_timeout_without_wait_is_a_usage_error(tmp_path: Path) -> None:
+    from sentinel import cli
+
+    assert cli.main(["verdict", "--state-dir", str(tmp_path), "--timeout", "5"]) == 2
