@@ -27,10 +27,12 @@ clipped values, for ``"clipping"``).
 ``values``/``steps``: the values before the run and the run itself (the clip
 window, for ``"clipping"``), plus ``clipped`` and ``clip_window`` for clipping.
 
-Replay's blocks (``can_absorb``) are taken whole when every line is in warmup, or
-none is, no episode is open, no value is above ``threshold`` nor above
-``factor`` x the least value the median could be taken over, and no clip
-window ending in the block reaches ``clip_fraction``.
+The decisions are written once, ``is_high`` and ``is_clipped``: ``observe`` judges
+each value with them, and replay's blocks (``can_absorb``) are taken whole when every
+line is in warmup, or none is, no episode is open, the block's largest value is not
+high against no median (the absolute bar), no value is above ``relative_bar`` of the
+least value the median could be taken over (the bar rises with the median), and no
+clip window ending in the block reaches ``clip_fraction``.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from functools import partial
 from itertools import accumulate, repeat
-from operator import ge, sub
+from operator import sub
 from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
@@ -49,7 +52,7 @@ from sentinel.detectors.series import (
     Rolling,
     Warmup,
     finite_values,
-    never_above_multiple,
+    never_above,
     warmup_and_values,
 )
 from sentinel.records import Alert, Block, Sample, Severity
@@ -96,6 +99,31 @@ class GradNormRunConfig(MetricRuleConfig):
         return self
 
 
+def relative_bar(median: float, factor: float) -> float:
+    """The relative bar: ``factor`` x the rolling median, rising with it."""
+    return factor * median
+
+
+def is_high(value: float, median: float | None, settings: GradNormRunConfig) -> bool:
+    """Whether a grad-norm is high: above ``threshold``, or above the relative bar of the
+    rolling ``median`` (None before ``min_history``; a median of 0 sets no bar)."""
+    if value > settings.threshold:
+        return True
+    if not median:
+        return False
+    return value > relative_bar(median, settings.factor)
+
+
+def is_clipped(value: float, max_grad_norm: float) -> bool:
+    """Whether a logged (pre-clipping) grad-norm means the trainer clipped it."""
+    return value >= max_grad_norm
+
+
+def clips_needed(settings: GradNormRunConfig) -> int:
+    """Clipped values among the last ``clip_window`` that make clipping the rule."""
+    return math.ceil(round(settings.clip_fraction * settings.clip_window, 9))
+
+
 class GradNormRunDetector(BaseDetector):
     """Warns when grad-norm stays high for a run of steps, or clipping is the rule."""
 
@@ -129,69 +157,37 @@ class GradNormRunDetector(BaseDetector):
         self._calm = 0
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        if sample.name == "lr":
+        name, value, step, stamp = sample
+        if name == "lr":
             self._warmup.observe(sample)
             return []
-        value = sample.value
-        if sample.name != METRIC or not math.isfinite(value):
+        if name != METRIC or not math.isfinite(value):
             return []
-        if self._warmup.active(sample.step):
-            self._median.add(value)
+        rolling = self._median
+        if self._warmup.active(step):
+            rolling.add(value)
             return []
         settings = self.settings
-        median = self._median.median() if len(self._median) >= settings.min_history else None
-        relative_bar = settings.factor * median if median else math.inf
-        high = value > settings.threshold or value > relative_bar
+        median = rolling.median() if len(rolling) >= settings.min_history else None
+        high = is_high(value, median, settings)
         if high:
-            self._run.append((sample.step, value))
+            self._run.append((step, value))
         else:
             self._run.clear()
-            self._median.add(value)
-        self._recent.append((sample.step, value))
+            rolling.add(value)
+        self._recent.append((step, value))
+        clipping = False
         if settings.max_grad_norm is not None:
-            self._clips.append(value >= settings.max_grad_norm)
-        clipping = self._clipping()
-        time = sample.time if sample.time is not None else now
+            self._clips.append(is_clipped(value, settings.max_grad_norm))
+            clipping = self._clipping()
+        time = stamp if stamp is not None else now
         if self._open:
             return self._count_calm(high or clipping, sample, source, time)
         if len(self._run) >= settings.sustain:
-            return [self._open_run(median, relative_bar, sample, source, time)]
+            return [self._open_run(median, sample, source, time)]
         if clipping:
             return [self._open_clipping(sample, source, time)]
         return []
-
-    def observe_samples(
-        self, samples: list[Sample], source: str, now: float
-    ) -> list[tuple[int, Alert]]:
-        """``observe`` per sample; a value under every bar outside an episode (the common
-        case) is only learned, without a call."""
-        found: list[tuple[int, Alert]] = []
-        settings = self.settings
-        warmup = self._warmup
-        rolling = self._median
-        for index, sample in enumerate(samples):
-            name, value, step, _ = sample
-            if name == "lr":
-                if warmup.lr_rising is not False:
-                    warmup.observe(sample)
-                continue
-            if name != METRIC or not math.isfinite(value):
-                continue
-            if warmup.lr_rising or (step is not None and step < warmup.warmup_steps):
-                rolling.add(value)
-                continue
-            if not self._open and settings.max_grad_norm is None and value <= settings.threshold:
-                median = rolling.median() if len(rolling) >= settings.min_history else None
-                relative_bar = settings.factor * median if median else math.inf
-                if value <= relative_bar:
-                    # What observe does with a value under every bar, no episode, no clipping.
-                    self._run.clear()
-                    rolling.add(value)
-                    self._recent.append((step, value))
-                    continue
-            for alert in self.observe(sample, source, now):
-                found.append((index, alert))
-        return found
 
     def can_absorb(self, block: Block) -> bool:
         """Uneventful: every line in warmup, or no episode, no value high by either bar
@@ -212,13 +208,13 @@ class GradNormRunDetector(BaseDetector):
         if not values:
             return True
         settings = self.settings
-        if max(values) > settings.threshold:
-            return False
+        if is_high(max(values), None, settings):
+            return False  # above the absolute bar
         rolling = self._median
         # The relative bar applies once the median has min_history values.
         judged_from = max(0, settings.min_history - len(rolling))
-        factor = settings.factor
-        if not never_above_multiple(values, factor, rolling.least(), judged_from):
+        bar = partial(relative_bar, factor=settings.factor)
+        if not never_above(values, bar, rolling.least(), judged_from):
             return False
         max_grad_norm = settings.max_grad_norm
         return max_grad_norm is None or not self._would_clip(values, max_grad_norm)
@@ -226,8 +222,8 @@ class GradNormRunDetector(BaseDetector):
     def _would_clip(self, values: list[float], max_grad_norm: float) -> bool:
         """Whether a full clip window ending at one of ``values`` reaches the fraction."""
         settings = self.settings
-        needed = math.ceil(round(settings.clip_fraction * settings.clip_window, 9))
-        hits = list(map(ge, values, repeat(max_grad_norm)))
+        needed = clips_needed(settings)
+        hits = list(map(is_clipped, values, repeat(max_grad_norm)))
         old = list(self._clips)
         if sum(old) + sum(hits) < needed:
             return False
@@ -256,17 +252,15 @@ class GradNormRunDetector(BaseDetector):
         self._recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
         max_grad_norm = self.settings.max_grad_norm
         if max_grad_norm is not None:
-            self._clips.extend(map(ge, values[-self.settings.clip_window :], repeat(max_grad_norm)))
+            last = values[-self.settings.clip_window :]
+            self._clips.extend(map(is_clipped, last, repeat(max_grad_norm)))
 
     def _clipping(self) -> bool:
         if self.settings.max_grad_norm is None or len(self._clips) < self.settings.clip_window:
             return False
-        needed = math.ceil(round(self.settings.clip_fraction * self.settings.clip_window, 9))
-        return sum(self._clips) >= needed
+        return sum(self._clips) >= clips_needed(self.settings)
 
-    def _open_run(
-        self, median: float | None, relative_bar: float, sample: Sample, source: str, time: float
-    ) -> Alert:
+    def _open_run(self, median: float | None, sample: Sample, source: str, time: float) -> Alert:
         settings = self.settings
         onset = self._run[0][0]
         self._open, self._onset_step, self._calm = True, onset, 0
@@ -276,7 +270,7 @@ class GradNormRunDetector(BaseDetector):
             message = f"grad_norm above {bar:g} for {steps} (now {sample.value:.4g})"
         else:
             assert median is not None  # a run is relative only once there is a median
-            kind, bar = "relative", relative_bar
+            kind, bar = "relative", relative_bar(median, settings.factor) if median else math.inf
             message = (
                 f"grad_norm {sample.value:.4g} at step {sample.step} is"
                 f" {sample.value / median:.1f}x its rolling median {median:.4g},"
@@ -284,7 +278,15 @@ class GradNormRunDetector(BaseDetector):
             )
         evidence = list(self._recent)[-(len(self._run) + CONTEXT) :]
         details = self._details(kind, bar, median, onset, evidence)
-        return self._alert(message, sample, source, time, onset, details)
+        return self.sample_alert(
+            sample,
+            severity=settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=onset,
+            details=details,
+        )
 
     def _open_clipping(self, sample: Sample, source: str, time: float) -> Alert:
         settings = self.settings
@@ -301,7 +303,15 @@ class GradNormRunDetector(BaseDetector):
         assert settings.max_grad_norm is not None
         details = self._details("clipping", settings.max_grad_norm, median, onset, window)
         details.update(clipped=len(clipped), clip_window=settings.clip_window)
-        return self._alert(message, sample, source, time, onset, details)
+        return self.sample_alert(
+            sample,
+            severity=settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=onset,
+            details=details,
+        )
 
     def _count_calm(self, busy: bool, sample: Sample, source: str, time: float) -> list[Alert]:
         if busy:
@@ -317,7 +327,18 @@ class GradNormRunDetector(BaseDetector):
             f" (last {sample.value:.4g} at step {sample.step})"
         )
         details = {"kind": "recovered", "onset_step": onset}
-        return [self._alert(message, sample, source, time, onset, details, resolves=True)]
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.INFO,
+                message=message,
+                time=time,
+                source=source,
+                onset_step=onset,
+                resolves=True,
+                details=details,
+            )
+        ]
 
     def _details(
         self,
@@ -337,28 +358,3 @@ class GradNormRunDetector(BaseDetector):
             "values": [value for _, value in evidence],
             "steps": [step for step, _ in evidence],
         }
-
-    def _alert(
-        self,
-        message: str,
-        sample: Sample,
-        source: str,
-        time: float,
-        onset: int | None,
-        details: dict[str, Any],
-        *,
-        resolves: bool = False,
-    ) -> Alert:
-        return Alert(
-            rule=self.rule,
-            severity=Severity.INFO if resolves else self.settings.severity,
-            message=message,
-            time=time,
-            source=source,
-            step=sample.step,
-            metric=METRIC,
-            value=sample.value,
-            onset_step=onset,
-            resolves=resolves,
-            details=details,
-        )

@@ -25,9 +25,11 @@ and ``values``/``steps``: the last ``window`` finite values before the current r
 of spikes and the run itself, in order; plus ``ratio`` (value / baseline) when the
 episode opens and ``new_baseline`` on a level shift.
 
-Replay's blocks (``can_absorb``) are taken whole when every line is in warmup, or
-none is and no value of a calm metric can be a spike: at most ``factor`` x the least
-value its baseline could hold by then, which bounds the median from below.
+The decision is ``is_spike``, once: ``observe`` judges each value with it, and
+replay's blocks (``can_absorb``) are taken whole when every line is in warmup, or none
+is and no value of a calm metric can be a spike: at most ``spike_bar`` of the least
+value its baseline could hold by then, which bounds the median from below (the bar
+only rises with the baseline).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
@@ -45,7 +48,7 @@ from sentinel.detectors.series import (
     Warmup,
     finite_values,
     finite_with_steps,
-    never_above_multiple,
+    never_above,
 )
 from sentinel.records import Alert, Block, Sample, Severity
 
@@ -83,6 +86,21 @@ class LossSpikeConfig(MetricRuleConfig):
         if self.sustain_severity < self.severity:
             raise ValueError("sustain_severity must not be lower than severity")
         return self
+
+
+def spike_bar(baseline: float, factor: float) -> float:
+    """The value above which a sample is a spike against ``baseline``: ``factor`` x it.
+
+    Rises with ``baseline`` (``factor`` > 1): a value at most the bar of the least value
+    a median can be is no spike against that median.
+    """
+    return factor * baseline
+
+
+def is_spike(value: float, baseline: float, factor: float) -> bool:
+    """Whether ``value`` is a spike against the median ``baseline``: above its bar, with a
+    baseline above 0 (a ratio to a level <= 0 means nothing)."""
+    return baseline > 0 and value > spike_bar(baseline, factor)
 
 
 class _Series:
@@ -130,53 +148,46 @@ class LossSpikeDetector(BaseDetector):
         if sample.name == "lr":
             self._warmup.observe(sample)
         series = self._series.get(sample.name)
-        if series is None or not math.isfinite(sample.value):
+        if series is None:
             return []
-        series.recent.append((sample.step, sample.value))
-        if self._warmup.active(sample.step) or not series.baseline.full:
-            series.baseline.add(sample.value)
-            return []
-        baseline = series.baseline.median()
-        time = sample.time if sample.time is not None else now
-        if baseline > 0 and sample.value > self.settings.factor * baseline:
-            return self._spike(series, baseline, sample, source, time)
-        series.baseline.add(sample.value)
-        return self._under(series, baseline, sample, source, time)
+        return self._judge(series, sample, source, now)
 
     def observe_samples(
         self, samples: list[Sample], source: str, now: float
     ) -> list[tuple[int, Alert]]:
-        """``observe`` per sample, inlined: one call a line rather than one a sample."""
+        """``observe`` on each sample of a line, in one call: the same ``_judge`` per value."""
         found: list[tuple[int, Alert]] = []
         warmup = self._warmup
-        factor = self.settings.factor
-        isfinite = math.isfinite
+        by_name = self._series
         for index, sample in enumerate(samples):
-            name, value, step, stamp = sample
-            if name == "lr" and warmup.lr_rising is not False:
+            name = sample.name
+            if name == "lr":
                 warmup.observe(sample)
-            series = self._series.get(name)
-            if series is None or not isfinite(value):
-                continue
-            series.recent.append((step, value))
-            rolling = series.baseline
-            if (warmup.lr_rising or (step is not None and step < warmup.warmup_steps)) or len(
-                rolling.values
-            ) < rolling.size:
-                rolling.add(value)
-                continue
-            baseline = rolling.median()
-            time = stamp if stamp is not None else now
-            if baseline > 0 and value > factor * baseline:
-                raised = self._spike(series, baseline, sample, source, time)
-            else:
-                rolling.add(value)
-                if not series.offending:
-                    continue
-                raised = self._under(series, baseline, sample, source, time)
-            for alert in raised:
-                found.append((index, alert))
+            series = by_name.get(name)
+            if series is not None:
+                for alert in self._judge(series, sample, source, now):
+                    found.append((index, alert))
         return found
+
+    def _judge(self, series: _Series, sample: Sample, source: str, now: float) -> list[Alert]:
+        """One value of a judged metric: learned in warmup or while the window fills, else
+        judged against the baseline (``is_spike``) and learned unless it is a spike."""
+        _, value, step, stamp = sample
+        if not math.isfinite(value):
+            return []
+        series.recent.append((step, value))
+        rolling = series.baseline
+        if self._warmup.active(step) or not rolling.full:
+            rolling.add(value)
+            return []
+        baseline = rolling.median()
+        time = stamp if stamp is not None else now
+        if is_spike(value, baseline, self.settings.factor):
+            return self._spike(series, baseline, sample, source, time)
+        rolling.add(value)
+        if not series.offending:
+            return []
+        return self._under(series, baseline, sample, source, time)
 
     def can_absorb(self, block: Block) -> bool:
         """Uneventful: every line in warmup, or no metric in an episode and no value of a
@@ -190,7 +201,7 @@ class LossSpikeDetector(BaseDetector):
             return False
         if phase:
             return True  # in warmup every value is only learned
-        factor = self.settings.factor
+        bar = partial(spike_bar, factor=self.settings.factor)
         for name in judged:
             series = self._series[name]
             if series.offending:
@@ -199,7 +210,7 @@ class LossSpikeDetector(BaseDetector):
             baseline = series.baseline
             # The first values fill the window: not judged.
             filling = baseline.size - len(baseline)
-            if not never_above_multiple(values, factor, baseline.least(), filling):
+            if not never_above(values, bar, baseline.least(), filling):
                 return False
         return True
 
@@ -237,7 +248,15 @@ class LossSpikeDetector(BaseDetector):
                 details = self._details("spike", series, baseline, sample)
                 details["ratio"] = round(ratio, 3)
                 alerts.append(
-                    self._alert(settings.severity, message, sample, source, time, details)
+                    self.sample_alert(
+                        sample,
+                        severity=settings.severity,
+                        message=message,
+                        time=time,
+                        source=source,
+                        onset_step=self._onset_step,
+                        details=details,
+                    )
                 )
         run_length = len(series.run)
         if (
@@ -246,14 +265,23 @@ class LossSpikeDetector(BaseDetector):
             and settings.sustain_severity > settings.severity
         ):
             self._escalated = True
+            bar = spike_bar(baseline, settings.factor)
             message = (
-                f"{name} above {settings.factor * baseline:.4g} ({settings.factor:g}x its recent"
+                f"{name} above {bar:.4g} ({settings.factor:g}x its recent"
                 f" median {baseline:.4g}) for {run_length} consecutive values since step"
                 f" {series.run[0][0]} (now {sample.value:.4g} at step {sample.step})"
             )
             details = self._details("persistent", series, baseline, sample)
             alerts.append(
-                self._alert(settings.sustain_severity, message, sample, source, time, details)
+                self.sample_alert(
+                    sample,
+                    severity=settings.sustain_severity,
+                    message=message,
+                    time=time,
+                    source=source,
+                    onset_step=self._onset_step,
+                    details=details,
+                )
             )
         if run_length >= settings.window:
             alerts += self._level_shift(series, baseline, sample, source, time)
@@ -275,7 +303,7 @@ class LossSpikeDetector(BaseDetector):
         new_level = series.baseline.median()
         details["new_baseline"] = new_level
         message = (
-            f"{sample.name} above {self.settings.factor * baseline:.4g} for"
+            f"{sample.name} above {spike_bar(baseline, self.settings.factor):.4g} for"
             f" {self.settings.window} values since step {run_start}: a level shift, not a"
             f" spike; baseline re-learned at {new_level:.4g}"
         )
@@ -284,8 +312,7 @@ class LossSpikeDetector(BaseDetector):
     def _under(
         self, series: _Series, baseline: float, sample: Sample, source: str, time: float
     ) -> list[Alert]:
-        if not series.offending:
-            return []
+        """A value under the bar of a metric that keeps the episode open."""
         series.run.clear()
         series.calm += 1
         if series.calm < self.settings.resolve_after:
@@ -296,7 +323,7 @@ class LossSpikeDetector(BaseDetector):
             return []
         details = self._details("recovered", series, baseline, sample)
         message = (
-            f"{sample.name} back under {self.settings.factor * baseline:.4g} for"
+            f"{sample.name} back under {spike_bar(baseline, self.settings.factor):.4g} for"
             f" {self.settings.resolve_after} values (last {sample.value:.4g} at step"
             f" {sample.step})"
         )
@@ -314,7 +341,7 @@ class LossSpikeDetector(BaseDetector):
             "kind": kind,
             "metric": sample.name,
             "baseline": baseline,
-            "threshold": self.settings.factor * baseline,
+            "threshold": spike_bar(baseline, self.settings.factor),
             "factor": self.settings.factor,
             "onset_step": self._onset_step,
             "run_length": len(series.run),
@@ -322,32 +349,19 @@ class LossSpikeDetector(BaseDetector):
             "steps": [step for step, _ in recent],
         }
 
-    def _alert(
-        self,
-        severity: Severity,
-        message: str,
-        sample: Sample,
-        source: str,
-        time: float,
-        details: dict[str, Any],
-        *,
-        resolves: bool = False,
-    ) -> Alert:
-        return self.sample_alert(
-            sample,
-            severity,
-            message,
-            time,
-            source,
-            onset_step=self._onset_step,
-            resolves=resolves,
-            details=details,
-        )
-
     def _resolve(
         self, message: str, sample: Sample, source: str, time: float, details: dict[str, Any]
     ) -> Alert:
-        alert = self._alert(Severity.INFO, message, sample, source, time, details, resolves=True)
+        alert = self.sample_alert(
+            sample,
+            severity=Severity.INFO,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=self._onset_step,
+            resolves=True,
+            details=details,
+        )
         self._open = False
         self._escalated = False
         self._onset_step = None

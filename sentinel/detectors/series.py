@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Sequence
-from itertools import accumulate, compress, count, islice, repeat
+from collections.abc import Callable, Sequence
+from itertools import accumulate, compress, count, islice
 from math import isfinite
-from operator import and_, ge, gt, indexOf, le, lt, mul, sub
+from operator import and_, ge, gt, indexOf, le, lt, sub
 
 from sentinel.records import Block, Sample
 
@@ -57,25 +57,28 @@ def warmup_and_values(
     return in_warmup, values, steps
 
 
-def never_above_multiple(values: list[float], factor: float, prior: float, start: int) -> bool:
-    """Whether every ``values[i]`` from ``start`` on is at most ``factor`` x the least of
+def never_above(
+    values: list[float], bar: Callable[[float], float], prior: float, start: int
+) -> bool:
+    """Whether every ``values[i]`` from ``start`` on is at most ``bar`` of the least of
     ``prior`` and ``values[:i]``, with no value so low that a median could overflow.
 
-    The proof the rolling-median rules accept a block with: when a window holds only
-    values from ``prior``'s window and the values before ``i`` (none of which was an
-    outlier), its median is at least their least, so ``value <= factor * least`` means
-    ``value <= factor * median`` (a product with ``factor > 0`` keeps the order).
+    The proof the rolling-median rules accept a block with, for a ``bar`` that rises
+    with its argument (the rule's own bar function): when a window holds only values
+    from ``prior``'s window and the values before ``i`` (none of which was an outlier),
+    its median is at least their least, so ``value <= bar(least)`` means
+    ``value <= bar(median)``.
     """
     if start >= len(values):
         return True
     least = min(prior, min(values[:-1])) if len(values) > 1 else prior
     if least < _TINY:
         return False
-    if max(values[start:]) <= factor * least:
+    if max(values[start:]) <= bar(least):
         return True
     # The one bound for the whole block is too coarse (a falling series): line by line.
     leasts = accumulate(values, min, initial=prior)
-    bars = map(mul, repeat(factor), islice(leasts, start, None))
+    bars = map(bar, islice(leasts, start, None))
     return all(map(le, values[start:], bars))
 
 
