@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_shared(
         run,
-        takes=[name for name in cli_options.ALL if name != "--json"],
+        takes=[n for n in cli_options.ALL if n != "--json" and n not in cli_options.TARGET],
+        why="run launches its job; `sentinel watch` attaches to one started elsewhere",
         because={
             "--json": "the job's own output passes through stdout; the alerts are JSON lines"
             " in the state dir's alerts.jsonl"
@@ -57,6 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND [ARGS...]",
         help="the job's command, after --; everything after -- goes to the job",
+    )
+
+    watch = verbs.add_parser(
+        "watch",
+        help="attach to a job started elsewhere; follow it across restarts",
+        usage="sentinel watch [OPTIONS] (--pid PID | --pidfile FILE | --match REGEX"
+        " | --systemd-unit UNIT)",
+    )
+    add_shared(
+        watch,
+        takes=[n for n in cli_options.ALL if n not in ("--json", "--resume-command")],
+        because={
+            "--json": "alerts are JSON lines in the state dir's alerts.jsonl",
+            "--resume-command": "watch does not relaunch the job; whoever started it does,"
+            " and sentinel rewrites the resume pointers to the clean checkpoint",
+        },
     )
 
     replay = verbs.add_parser("replay", help="run the detectors over finished logs")
@@ -136,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         takes=["--config", "--state-dir", "--verbose"],
         why="verdict only reads the state dir's verdict.json",
         because={"--json": "verdict prints the bare code; the record is in verdict.json"},
+        own=["--wait"],
     )
     verdict.add_argument(
         "--wait",
@@ -179,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(getattr(args, "verbose", False))
     handler = {
         "run": _run,
+        "watch": _watch,
         "replay": _replay,
         "checkpoints": _checkpoints,
         "notify-test": _notify_test,
@@ -254,7 +273,27 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     preflight(settings, command)
     with state_lock.acquire(settings.state_dir):  # one sentinel per state dir, for life
-        return Supervisor(settings, command).run()
+        return Supervisor(settings, command, reload=lambda: _settings(args)).run()
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from sentinel.holders import Attached, target_of
+    from sentinel.restarts import preflight
+    from sentinel.supervisor import Supervisor
+
+    settings = _settings(args)
+    try:
+        target = target_of(settings)
+        require_extras(settings.logs)
+    except (ValueError, MissingExtra) as error:
+        print(f"sentinel watch: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    preflight(settings, [])
+    with state_lock.acquire(settings.state_dir):  # one sentinel per state dir, for life
+        supervisor = Supervisor(
+            settings, holder=Attached(target), reload=lambda: _settings(args)
+        )
+        return supervisor.run()
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -336,6 +375,7 @@ def _print_replay_table(result: Any, settings: Settings) -> None:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
+    from sentinel.actions.pointers import find_pointers
     from sentinel.sources.checkpoints import last_clean, scan
 
     if args.restore is not None:
@@ -345,6 +385,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     found = scan(args.directory)
     clean = last_clean(found)
+    pointers = find_pointers(args.directory)
     if args.json:
         print(
             json.dumps(
@@ -363,6 +404,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
                         }
                         for c in found
                     ],
+                    "pointers": [p.to_json() for p in pointers],
                 },
                 indent=2,
             )
@@ -370,6 +412,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
         return 0
     if not found:
         print(f"no checkpoints in {args.directory}")
+        _print_pointers(pointers)
         return 0
     print(f"{'step':>8}  {'status':<11} {'checkpoint':<32} {'layout':<11} reason")
     for c in found:
@@ -383,7 +426,16 @@ def _checkpoints(args: argparse.Namespace) -> int:
         print(f"{place:>8}  {c.status!s:<11} {c.path.name:<32} {c.layout:<11} {'; '.join(notes)}")
     if clean is None:
         print("no clean checkpoint: a rollback would have nothing to resume from")
+    _print_pointers(pointers)
     return 0
+
+
+def _print_pointers(pointers: Sequence[Any]) -> None:
+    """Each framework's resume pointer and what it names (a job restarted by others reads it)."""
+    if pointers:
+        print("resume pointers:")
+    for pointer in pointers:
+        print(f"  {pointer.describe()}")
 
 
 def _restore(args: argparse.Namespace) -> int:

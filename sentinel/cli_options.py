@@ -77,12 +77,65 @@ SHARED: tuple[SharedOption, ...] = (
         {"action": "store_true", "help": "detect and notify; never signal, move or restart"},
     ),
     SharedOption(
+        ("--stop-signal",),
+        "job control",
+        {"metavar": "SIG", "help": "first signal to the job's tree (SIGTERM; SIGKILL: see README)"},
+    ),
+    SharedOption(
+        ("--pid",),
+        "target",
+        {"type": int, "metavar": "PID", "help": "the job's process (its tree is the job)"},
+    ),
+    SharedOption(
+        ("--pidfile",),
+        "target",
+        {"metavar": "FILE", "help": "a file naming the job's pid, read again when it is gone"},
+    ),
+    SharedOption(
+        ("--match",),
+        "target",
+        {"metavar": "REGEX", "help": "the job's command line; its root process is the job"},
+    ),
+    SharedOption(("--user",), "target", {"metavar": "NAME", "help": "with --match: whose"}),
+    SharedOption(
+        ("--systemd-unit",),
+        "target",
+        {"metavar": "UNIT", "help": "the job's systemd unit (MainPID, exit status)"},
+    ),
+    SharedOption(
+        ("--wait",),
+        "target",
+        {"type": float, "metavar": "S", "help": "give up if the job has not appeared in S s"},
+    ),
+    SharedOption(
+        ("--http",),
+        "service",
+        {"metavar": "ADDR:PORT", "help": "serve /metrics, /livez, /readyz (loopback by default)"},
+    ),
+    SharedOption(
+        ("--metrics-textfile",),
+        "service",
+        {"metavar": "PATH", "help": "write metrics for node_exporter's textfile collector"},
+    ),
+    SharedOption(
+        ("--verdict-file",),
+        "service",
+        {"metavar": "PATH", "help": "write the final verdict's code (90, 91, 92) here"},
+    ),
+    SharedOption(
+        ("--drain-timeout",),
+        "service",
+        {"type": float, "metavar": "S", "help": "on SIGTERM, deliver pending alerts this long"},
+    ),
+    SharedOption(
         ("--json",), "output", {"action": "store_true", "help": "machine-readable output"}
     ),
     SharedOption(("-v", "--verbose"), "output", {"action": "store_true", "help": "debug logging"}),
 )
 
 ALL = tuple(option.name for option in SHARED)
+#: The options that say which job ``watch`` attaches to.
+TARGET = ("--pid", "--pidfile", "--match", "--user", "--systemd-unit", "--wait")
 
 
 class Refused(argparse.Action):
@@ -116,17 +169,21 @@ def add_shared(
     takes: Collection[str],
     why: str = "",
     because: Mapping[str, str] | None = None,
+    own: Collection[str] = (),
 ) -> None:
     """Add the shared options named in ``takes``; refuse the others.
 
     A refusal gives ``because[name]``, else ``why``. The options taken show in
-    ``-h`` under their group's title.
+    ``-h`` under their group's title. ``own``: names the verb declares itself with a
+    meaning of its own (``verdict --wait``), neither taken nor refused here.
     """
     unknown = set(takes) - set(ALL)
     if unknown:
         raise ValueError(f"not shared options: {sorted(unknown)}")
     groups: dict[str, Any] = {}
     for option in SHARED:
+        if option.name in own:
+            continue  # the verb declares it itself, with a meaning of its own
         if option.name in takes:
             if option.group not in groups:
                 groups[option.group] = parser.add_argument_group(option.group)

@@ -10,9 +10,12 @@ resume the poison.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from sentinel import resume
 from sentinel.actions.keep import Keeper
 from sentinel.actions.rollback import apply_rollback, plan_rollback, pointer_note
 from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings
+from sentinel.health import parse_http_address
 from sentinel.incidents import Incident
 from sentinel.sources.checkpoints import Onset
 from sentinel.verdict import EXIT_GIVE_UP as EXIT_GIVE_UP  # run gives up (DESIGN.md, verdicts)
@@ -53,9 +57,16 @@ class Restarts:
     """Counts restarts and decides each one (Supervisor's BACKOFF, with a cap)."""
 
     def __init__(
-        self, job: JobConfig, checkpoints: Path | None, keep: KeepConfig | None = None
+        self,
+        job: JobConfig,
+        checkpoints: Path | None,
+        keep: KeepConfig | None = None,
+        *,
+        relaunches: bool = True,
     ) -> None:
         self.job = job
+        #: Whether sentinel starts the next attempt itself (run), or someone else (watch).
+        self.relaunches = relaunches
         self.checkpoints = checkpoints
         keep = keep or KeepConfig()
         #: Clean versions of the files the job rewrites in place (``ckpt.pt``).
@@ -98,10 +109,34 @@ class Restarts:
         self.resume = decision.resume
         decision.backoff_s = min(job.restart_backoff_s * 2**self.count, job.restart_backoff_max_s)
         self.count += 1
-        decision.notes.append(
-            f"restarting ({self.count} of {job.max_restarts}) in {decision.backoff_s:g} s"
-        )
+        if self.relaunches:
+            decision.notes.append(
+                f"restarting ({self.count} of {job.max_restarts}) in {decision.backoff_s:g} s"
+            )
+        else:
+            decision.notes.append(
+                f"rolled back for the next attempt ({self.count} of {job.max_restarts}):"
+                " whoever started the job restarts it"
+            )
         return decision
+
+    def to_state(self) -> dict[str, str]:
+        """The budget and memory that outlive sentinel itself (``sentinel watch``)."""
+        return {
+            "restarts.count": str(self.count),
+            "restarts.last_failure": json.dumps(self._last_failure),
+            "restarts.resume": json.dumps([self.resume.checkpoint, self.resume.step]),
+        }
+
+    def from_state(self, values: Mapping[str, str | None]) -> None:
+        """Take back what ``to_state`` saved; a missing or unreadable value is left as is."""
+        with contextlib.suppress(TypeError, ValueError):
+            self.count = int(values.get("restarts.count") or 0)
+            failure = json.loads(values.get("restarts.last_failure") or "null")
+            if failure is not None:
+                self._last_failure = (str(failure[0]), failure[1])
+            checkpoint, step = json.loads(values.get("restarts.resume") or '["", null]')
+            self.resume = Resume(str(checkpoint), step)
 
     def argv_and_env(self, command: list[str]) -> tuple[list[str], dict[str, str]]:
         """The command and extra environment of the next attempt (the restart protocol).
@@ -182,6 +217,11 @@ def preflight(settings: Settings, command: list[str]) -> None:
     for what, argv in (("the job's command", command), ("job.resume_command", template)):
         if argv and "{" not in argv[0] and not _runnable(argv[0]):
             problems.append(f"{what}: {argv[0]} is not an executable on PATH")
+    if settings.http is not None:
+        try:
+            parse_http_address(settings.http)
+        except ValueError as error:
+            problems.append(f"http: {error}")
     directory = settings.checkpoints
     if directory is not None and directory.exists() and not settings.dry_run:
         if not directory.is_dir():

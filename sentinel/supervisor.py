@@ -1,4 +1,4 @@
-"""``sentinel run``: launch the job, watch it, act, restart it from a clean checkpoint.
+"""``sentinel run`` and ``sentinel watch``: hold the job, watch it, act, roll back, restart.
 
 One thread owns every decision: it takes events (output lines, the job's
 exit, clock ticks, signals) from one inbox, runs them through the engine,
@@ -10,37 +10,44 @@ The loop wakes for nothing else it can put off: the GPU and process readings
 (once a second or less often) wait for its next turn, and a clock tick due
 soon rides on a turn it takes anyway.
 
-The job's life follows Supervisor's states: STARTING (launched, younger than
-``min_uptime_s``), RUNNING, STOPPING (sentinel asked it to stop), BACKOFF
-(waiting to restart), and the final EXITED or FATAL.
+The job's life follows Supervisor's states: WAITING (``watch``: for the job to
+appear), STARTING (launched or found, younger than ``min_uptime_s``), RUNNING,
+STOPPING (sentinel asked it to stop), BACKOFF (waiting to restart), and the
+final EXITED or FATAL. ``run`` holds a child it launches and relaunches;
+``watch`` a process started elsewhere, whose next attempt it waits for
+(sentinel.holders). Both take the same decisions and write the same verdicts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
-import shlex
 import signal
 import sys
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from sentinel import verdict
 from sentinel.actions.heartbeat import Heartbeat
 from sentinel.actions.notify import Notifier, Outbox
-from sentinel.actions.terminate import TerminateResult, send_sigterm, terminate
-from sentinel.config import Settings
+from sentinel.actions.signal_tree import TreeStop, stop_tree
+from sentinel.config import ConfigError, Settings
 from sentinel.detectors import DETECTORS
 from sentinel.detectors.job_crash import describe_exit
+from sentinel.holders import Child, Handle, Holder
 from sentinel.incidents import Incident
 from sentinel.records import Alert, Sample, Severity
-from sentinel.restarts import EXIT_GIVE_UP, Restarts
+from sentinel.restarts import Restarts
+from sentinel.service import Service
+from sentinel.signals import SignalForwarder
 from sentinel.sources.inbox import Inbox
-from sentinel.sources.process import JobProcess, exit_status
+from sentinel.sources.process import exit_status
 from sentinel.sources.system import SystemSources
 from sentinel.state import StateStore
 from sentinel.status import CHECKPOINTS_DIR_KEY
@@ -57,6 +64,7 @@ TICK_EARLY_FRACTION = 0.25
 
 
 class JobState(StrEnum):
+    WAITING = "WAITING"
     STARTING = "STARTING"
     RUNNING = "RUNNING"
     STOPPING = "STOPPING"
@@ -67,7 +75,7 @@ class JobState(StrEnum):
 
 @dataclass
 class _Stop:
-    """A stop sentinel decided on: why, and whether a restart follows."""
+    """A stop sentinel decided on: why, and whether a rollback (and restart) follows."""
 
     incident: Incident | None
     restart: bool
@@ -80,28 +88,48 @@ class Supervisor:
     def __init__(
         self,
         settings: Settings,
-        command: list[str],
+        command: list[str] | None = None,
         *,
+        holder: Holder | None = None,
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
+        reload: Callable[[], Settings] | None = None,
     ) -> None:
+        """``command`` for ``run`` (a child), or ``holder`` for another way to hold the job;
+        ``reload`` reads the config again on SIGHUP."""
         self.settings = settings
-        self.command = command
-        self.stdout = stdout if stdout is not None else sys.stdout.buffer
-        self.stderr = stderr if stderr is not None else sys.stderr.buffer
+        if holder is None:
+            assert command is not None, "a command or a holder"
+            holder = Child(
+                command,
+                settings,
+                stdout=stdout if stdout is not None else sys.stdout.buffer,
+                stderr=stderr if stderr is not None else sys.stderr.buffer,
+            )
+        self.holder = holder
+        self._reload = reload
         self.state = JobState.STARTING
         self.exit_code = 0
         self._events: Inbox[tuple[str, Any]] = Inbox()
-        self._job: JobProcess | None = None
+        self._job: Handle | None = None
         self._attempt = 0
         self._stop: _Stop | None = None
         self._restart_at: float | None = None
-        self._restarts = Restarts(settings.job, settings.checkpoints, settings.keep)
+        self._restarts = Restarts(
+            settings.job, settings.checkpoints, settings.keep, relaunches=holder.relaunches
+        )
+        self._waiting_since: float | None = None
         self._shutdown_signals = 0
         self._finished = False
         self._store: StateStore | None = None
         self._log_tailer: LogTailer | None = None
-        self._signals: queue.SimpleQueue[int | None] | None = None
+        self._signals = SignalForwarder(lambda signum: self._events.put(("signal", signum)))
+        self.service = Service(
+            settings,
+            job_name=self._job_name(),
+            mode=holder.mode,
+            live_checks={"sources": self._sources_alive},
+        )
         #: When the loop last turned (monotonic), for the heartbeat's health check.
         self._loop_turned_at = time.monotonic()
         self._system = SystemSources(settings, self._put_system, on_reading=self._put_reading)
@@ -114,6 +142,12 @@ class Supervisor:
         store = self._store = StateStore(settings.state_dir)
         if settings.checkpoints is not None:  # for `sentinel status`: the disk it takes
             store.put(CHECKPOINTS_DIR_KEY, os.path.abspath(settings.checkpoints))
+        if not self.holder.relaunches:
+            # The restart budget and the same-failure memory outlive sentinel (and its pod).
+            keys = self._restarts.to_state()
+            self._restarts.from_state({key: store.get(key) for key in keys})
+            self._attempt = int(store.get("watch.attempt") or 0)
+        self.service.start()
         notifier = Notifier(
             Outbox(store, [url.get_secret_value() for url in settings.notify.urls]),
             timeout_s=settings.notify.timeout_s,
@@ -122,7 +156,7 @@ class Supervisor:
         self.watch = Watch(settings, store=store, notifier=notifier, job_name=self._job_name())
         tailer = self._log_tailer = self._tailer(store)
         self._system.start()
-        previous_handlers = self._install_signal_handlers()
+        self._signals.install()
         notifier.start()
         if tailer is not None:
             tailer.start()
@@ -136,10 +170,12 @@ class Supervisor:
                 timeout_s=settings.notify.timeout_s,
             )
             heartbeat.start()
+        self.service.ready()
         try:
             self._start_attempt()
             self._loop()
         finally:
+            self.service.stopping(settings.drain_timeout_s)
             if heartbeat is not None:
                 heartbeat.stop()
             if tailer is not None:
@@ -147,10 +183,11 @@ class Supervisor:
             self._system.stop()
             self._restarts.close()
             self._drain()
-            notifier.stop(drain_s=settings.notify.timeout_s)
+            notifier.stop(drain_s=settings.drain_timeout_s)
             self.watch.close()
             store.close()
-            self._restore_signal_handlers(previous_handlers)
+            self.service.close()
+            self._signals.restore()
         return self.exit_code
 
     def _tailer(self, store: StateStore) -> LogTailer | None:
@@ -182,6 +219,7 @@ class Supervisor:
         next_tick = time.monotonic() + tick_s
         while not self._finished:
             self._loop_turned_at = time.monotonic()
+            self.service.turned(time.time())
             deadline = next_tick if self._restart_at is None else min(next_tick, self._restart_at)
             events = self._events.take(max(0.0, deadline - time.monotonic()))
             now_mono = time.monotonic()
@@ -221,6 +259,7 @@ class Supervisor:
     def _on_lines(self, source: str, lines: list[str], read_at: float) -> None:
         # The batch at once, then its alerts: a batch is at most a gathering window of
         # output, and the engine reads a batch of one schema far faster than line by line.
+        self.service.lines(len(lines))
         alerts = self.watch.engine.feed_texts(source, lines, read_at)
         if alerts:
             self._handle(alerts)
@@ -241,14 +280,26 @@ class Supervisor:
     def _healthy(self) -> bool:
         """For the heartbeat: the loop turned lately and no source's thread has died."""
         idle_s = time.monotonic() - self._loop_turned_at
-        fresh = idle_s < 3 * self.settings.tick_interval_s + 5.0
+        return idle_s < 3 * self.settings.tick_interval_s + 5.0 and self._sources_alive()
+
+    def _sources_alive(self) -> bool:
         tailer = self._log_tailer
-        return fresh and (tailer is None or tailer.running) and self._system.alive()
+        return (tailer is None or tailer.running) and self._system.alive()
 
     def _on_tick(self) -> None:
         now = time.time()
         self.watch.tick(now)  # repeats of open critical incidents
         self._restarts.look(now)
+        if self.state is JobState.WAITING:
+            self._start_attempt()
+        open_incidents = Counter(self.watch.tracker.open)
+        self.service.tick(
+            now,
+            latest=self.watch.engine.recent(None, per_metric=1),
+            attempt=self._attempt,
+            open_incidents=open_incidents,
+            outbox_depth=0,
+        )
         job = self._job
         uptime_s = now - job.started_at if job is not None else 0.0
         if self.state is JobState.STARTING and uptime_s >= self.settings.job.min_uptime_s:
@@ -276,8 +327,9 @@ class Supervisor:
         job = self._job
         if job is None or self.state not in (JobState.STARTING, JobState.RUNNING):
             return
+        stop_signal = self.settings.job.stop_signal
         if self.settings.dry_run:
-            text = f"dry run: would SIGTERM the job (pid {job.pid}), " + (
+            text = f"dry run: would send {stop_signal} to the job's tree (pid {job.pid}), " + (
                 "roll back and restart it" if policy == "restart" else "and not restart it"
             )
             log.warning("%s", text)
@@ -285,62 +337,88 @@ class Supervisor:
             self.watch.update(incident)
             return
         self._stop = _Stop(incident, restart=policy == "restart")
+        # Before the first signal, so that whatever waits on the job knows the exit is ours.
+        verdict.mark_deciding(
+            self.settings.state_dir,
+            rule=incident.rule,
+            step=incident.first.step,
+            attempt=self._attempt,
+            time=time.time(),
+        )
         incident.record(
             time.time(),
-            f"SIGTERM to the job's process group (pid {job.pid}),"
-            f" SIGKILL after {self.settings.job.grace_period_s:g} s if still running",
+            f"{stop_signal} to the job's process tree (pid {job.pid}),"
+            f" SIGKILL after {self.settings.job.grace_period_s:g} s to what still runs",
         )
+        self.service.metrics.action("stop")
         self._terminate(job)
 
-    def _terminate(self, job: JobProcess) -> None:
+    def _terminate(self, job: Handle) -> None:
+        """The stop signal to the job's whole tree, SIGKILL to what outlives the grace.
+
+        On a thread of its own, which collects the tree and signals it at once; the
+        outcome comes back through the inbox.
+        """
         identity = job.identity
         if identity is None:
             return  # it already exited; the waiter reports the exit
         stop = self._stop
-        # SIGTERM right here, on the deciding thread: every millisecond is a step of training.
-        if not send_sigterm(identity):
-            return  # gone, or no longer our process: the waiter reports the exit
         self._set_state(JobState.STOPPING)
+        members = self.holder.members()
+        stop_signal = signal.Signals[self.settings.job.stop_signal]
         grace_s = self.settings.job.grace_period_s
 
-        def run_terminate() -> None:
-            if job.wait(grace_s):
-                return
-            # Still running after the grace period: the full sequence again, ending in SIGKILL.
-            result = terminate(identity, grace_s=0.0, wait_exit=job.wait)
+        def run_stop() -> None:
+            result = stop_tree(identity, grace_s=grace_s, stop_signal=stop_signal, members=members)
             self._events.put(("terminated", (stop, result)))
 
-        threading.Thread(target=run_terminate, name="terminate", daemon=True).start()
+        threading.Thread(target=run_stop, name="stop-tree", daemon=True).start()
 
-    def _on_terminated(self, stop: _Stop | None, result: TerminateResult) -> None:
-        if stop is not None and stop.incident is not None and (result.killed or not result.exited):
+    def _on_terminated(self, stop: _Stop | None, result: TreeStop) -> None:
+        if not result.signalled:
+            self.service.metrics.action("stop", ok=False)
+        if stop is not None and stop.incident is not None and (result.killed or result.survivors):
             stop.incident.record(time.time(), result.detail)
             self.watch.update(stop.incident)
 
-    def _on_exit(self, attempt: int, returncode: int) -> None:
+    def _on_exit(self, attempt: int, returncode: int | None) -> None:
+        """An attempt ended; ``returncode`` None when not knowable (a job started elsewhere)."""
         if attempt != self._attempt:
             return
         now = time.time()
-        status = exit_status(returncode)
         stop = self._stop
-        log.info("job (attempt %d) %s", attempt, describe_exit(returncode))
-        self._handle(self.watch.engine.job_exited(returncode, now, expected=stop is not None))
+        said = "ended (exit status unknown)" if returncode is None else describe_exit(returncode)
+        log.info("job (attempt %d) %s", attempt, said)
+        if returncode is not None:
+            self._handle(self.watch.engine.job_exited(returncode, now, expected=stop is not None))
         stop = self._stop  # a job_crash incident may have decided on a restart just now
         self._job = None
         self._system.set_job(None)
+        self.service.metrics.target_up(False)
+        status = 0 if returncode is None else exit_status(returncode)
         if stop is None:
-            self._finish(status, JobState.EXITED if status == 0 else JobState.FATAL)
+            self._attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL)
             return
         self._stop = None
         incident = stop.incident
         if incident is not None:
-            took = now - stop.started_at
-            incident.record(now, f"job stopped: {describe_exit(returncode)} after {took:.1f} s")
+            incident.record(now, f"job stopped: {said} after {now - stop.started_at:.1f} s")
         if not stop.restart or self._shutdown_signals:
-            self._finish(status, JobState.EXITED if status == 0 else JobState.FATAL, incident)
+            self._attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL, incident)
             return
         assert incident is not None
         self._plan_restart(incident, status)
+
+    def _attempt_over(
+        self, status: int, state: JobState, incident: Incident | None = None
+    ) -> None:
+        """``run`` ends with its job; ``watch`` waits for the next attempt."""
+        if self.holder.relaunches:
+            self._finish(status, state, incident)
+            return
+        if incident is not None:
+            self.watch.update(incident, final=True)
+        self._wait_for_next()
 
     @property
     def restarts(self) -> int:
@@ -348,23 +426,59 @@ class Supervisor:
         return self._restarts.count
 
     def _plan_restart(self, incident: Incident, status: int) -> None:
+        if incident.rule == "gpu_health":  # the node, not the run: retry elsewhere
+            self._verdict(verdict.EXIT_NODE_FAULT, incident)
+            self._escalate(incident, "hardware fault: not restarting here (verdict 92)")
+            self._attempt_over(verdict.EXIT_NODE_FAULT, JobState.FATAL, incident)
+            return
         decision = self._restarts.decide(incident)
+        self._save_restarts()
         for note in decision.notes:
             incident.record(time.time(), note)
         if decision.give_up is not None:
             self._give_up(incident, decision.give_up)
             return
         if decision.resume is None:
-            self._finish(status, JobState.FATAL, incident)
+            self._attempt_over(status, JobState.FATAL, incident)
             return
+        self.service.metrics.restarted()
+        self._verdict(verdict.EXIT_ROLLED_BACK, incident, decision.resume.checkpoint or None)
         self.watch.update(incident, final=True)
+        if not self.holder.relaunches:
+            self._wait_for_next()
+            return
         self._set_state(JobState.BACKOFF)
         self._restart_at = time.monotonic() + decision.backoff_s
 
     def _give_up(self, incident: Incident, text: str) -> None:
-        """The final word on a failure: say why, everywhere, and exit 90."""
+        """The final word on a failure: say why, everywhere, and exit 90 (``watch``: the
+        verdict says 90, and it waits on for an attempt nobody should start)."""
         self._escalate(incident, text)
-        self._finish(EXIT_GIVE_UP, JobState.FATAL, incident)
+        self._verdict(verdict.EXIT_GIVE_UP, incident)
+        self._attempt_over(verdict.EXIT_GIVE_UP, JobState.FATAL, incident)
+        self.exit_code = verdict.EXIT_GIVE_UP
+
+    def _verdict(self, code: int, incident: Incident, resume_from: str | None = None) -> None:
+        """The final verdict record, once the job is gone and the rollback done or failed."""
+        try:
+            verdict.write_final(
+                self.settings.state_dir,
+                code,
+                None,
+                incident.rule,
+                incident.first.step,
+                resume_from,
+                self._attempt,
+                time.time(),
+                verdict_file=self.settings.verdict_file,
+            )
+        except OSError as error:
+            log.error("could not write the verdict (%d): %s", code, error)
+            self.service.metrics.action("verdict", ok=False)
+
+    def _save_restarts(self) -> None:
+        if not self.holder.relaunches and self._store is not None:
+            self._store.put_many(self._restarts.to_state())
 
     def _escalate(self, incident: Incident, text: str) -> None:
         log.error("%s", text)
@@ -392,9 +506,17 @@ class Supervisor:
         self._finished = True
 
     def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGHUP:
+            self._reload_config()
+            return
         self._shutdown_signals += 1
         name = signal.Signals(signum).name
         job = self._job
+        if not self.holder.relaunches:
+            # A watchdog being stopped never stops the job it watches.
+            log.warning("%s received: stopping sentinel, leaving the job alone", name)
+            self._finish(0, self.state)
+            return
         if self._shutdown_signals >= 2 or job is None or job.identity is None:
             log.warning("%s again: stopping now", name)
             if job is not None and job.identity is not None and job.identity.matches():
@@ -406,38 +528,80 @@ class Supervisor:
             self._stop = _Stop(None, restart=False)
             self._terminate(job)
 
+    def _reload_config(self) -> None:
+        """SIGHUP: the new config's rules, notification routes and restart policy take over
+        for what comes next; a bad one is refused and the old one kept."""
+        if self._reload is None:
+            log.warning("SIGHUP: no config to reload")
+            return
+        try:
+            settings = self._reload()
+        except ConfigError as error:
+            log.error(
+                "SIGHUP: the new config is invalid, keeping the running one: %s",
+                "; ".join(error.problems),
+            )
+            return
+        changed = [
+            key
+            for key in ("logs", "checkpoints", "state_dir", "http", "tail", "gpu", "process")
+            if getattr(settings, key) != getattr(self.settings, key)
+        ]
+        if changed:
+            log.warning(
+                "SIGHUP: %s changed: that takes effect when sentinel restarts", ", ".join(changed)
+            )
+        self.settings = settings
+        self._restarts.job = settings.job
+        self.watch.reload(settings)
+        log.info("SIGHUP: config reloaded")
+
     # -- attempts ---------------------------------------------------------------
 
     def _start_attempt(self) -> None:
-        self._attempt += 1
-        attempt = self._attempt
-        env = dict(os.environ)
-        if self.settings.job.unbuffered:
-            env.setdefault("PYTHONUNBUFFERED", "1")
-        argv, restart_env = self._restarts.argv_and_env(self.command)
-        env.update(restart_env)
-        job = JobProcess(
-            argv,
-            env=env,
-            on_lines=lambda source, lines, at: self._events.put(("lines", (source, lines, at))),
-            on_exit=lambda code: self._events.put(("exit", (attempt, code))),
-            stdout=self.stdout,
-            stderr=self.stderr,
-            max_line_bytes=self.settings.tail.max_line_bytes,
-            batch_s=self.settings.tail.batch_s,
-        )
+        """Launch the next attempt (``run``), or look for it (``watch``)."""
+        attempt = self._attempt + 1
         try:
-            job.start()
+            job = self.holder.begin(attempt, self._restarts, self._events.put)
         except OSError as error:
-            log.error("cannot start the job %s: %s", shlex.join(argv), error)
+            log.error("cannot start the job %s: %s", self.holder.describe(), error)
             self._finish(127, JobState.FATAL)
             return
+        if job is None:
+            self._wait_for_next()
+            return
+        self._attempt = attempt
+        self._waiting_since = None
         self._job = job
+        if not self.holder.relaunches and self._store is not None:
+            self._store.put("watch.attempt", str(attempt))
+            verdict.clear(self.settings.state_dir)  # the next attempt is under way
         self._system.set_job(job.identity)
+        self.service.metrics.attempt_started(attempt)
+        self.service.metrics.target_up(True)
         resumed_at = self._restarts.resume.step if self.restarts else None
         self.watch.job_started(job.started_at, resumed_at or 0)
         self._set_state(JobState.STARTING)
-        log.info("job started (attempt %d, pid %d): %s", attempt, job.pid, shlex.join(argv))
+        log.info(
+            "job %s (attempt %d, pid %d): %s",
+            "started" if self.holder.relaunches else "found",
+            attempt,
+            job.pid,
+            self.holder.describe(),
+        )
+
+    def _wait_for_next(self) -> None:
+        """``watch``: look for the job on every tick until it appears, or ``wait_s`` runs out."""
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+            log.info("waiting for %s", self.holder.describe())
+            self._set_state(JobState.WAITING)
+            return
+        wait_s = self.settings.watch.wait_s
+        if wait_s is not None and now - self._waiting_since > wait_s:
+            log.error("%s did not appear within %g s", self.holder.describe(), wait_s)
+            self._finish(1, JobState.FATAL)
 
     def _set_state(self, state: JobState) -> None:
         if state is not self.state:
@@ -457,39 +621,11 @@ class Supervisor:
     def _job_name(self) -> str:
         if self.settings.job.name:
             return self.settings.job.name
-        for arg in self.command:
+        if not isinstance(self.holder, Child):
+            return self.holder.describe()
+        command = self.holder.command
+        for arg in command:
             base = Path(arg).name
             if not base.startswith("python") and not base.startswith("-"):
                 return base
-        return Path(self.command[0]).name
-
-    # -- signals -----------------------------------------------------------------
-
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        """SIGINT and SIGTERM reach the loop through a reentrant queue and one forwarder.
-
-        The handler runs on the main thread between two bytecodes, possibly inside the
-        inbox's lock: it may only use ``SimpleQueue.put``, documented safe there. The
-        forwarder thread, started once, hands each signal on to the inbox.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        self._signals = signals
-
-        def forward() -> None:
-            while (signum := signals.get()) is not None:
-                self._events.put(("signal", signum))
-
-        threading.Thread(target=forward, name="signals", daemon=True).start()
-
-        def handler(signum: int, _frame: object) -> None:
-            signals.put(signum)
-
-        return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def _restore_signal_handlers(self, previous: dict[int, Any]) -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if self._signals is not None:
-            self._signals.put(None)  # ends the forwarder
+        return Path(command[0]).name

@@ -49,12 +49,9 @@ class Watch:
         self.host = socket.gethostname()
         self.run_id = new_run_id()
         store.put("last_run_id", self.run_id)
-        self.engine = Engine(
-            build_detectors(settings),
-            LineParser(regexes=settings.parsers.regexes),
-            logging_steps=settings.parsers.logging_steps,
-        )
-        self.engine.facts = settings.run_facts()
+        self.engine = self._engine(settings)
+        #: A SIGHUP changed the rules: they take over at the next attempt.
+        self._rules_reloaded = False
         self.tracker = IncidentTracker(self.run_id)
         if settings.cost.price_per_gpu_hour is None:
             budget = getattr(settings.rule("cost_overrun"), "budget", None)
@@ -140,7 +137,33 @@ class Watch:
             self.dispatcher.forget(incident.id)
             if incident.severity is Severity.CRITICAL:
                 self._report(incident, now)
+        if self._rules_reloaded:
+            # New rules start with the attempt, as every rule's state does.
+            self._rules_reloaded = False
+            self.engine = self._engine(self.settings)
+            log.info("the reloaded rules are in force from this attempt on")
         self.engine.job_started(now, start_step)
+
+    @staticmethod
+    def _engine(settings: Settings) -> Engine:
+        engine = Engine(
+            build_detectors(settings),
+            LineParser(regexes=settings.parsers.regexes),
+            logging_steps=settings.parsers.logging_steps,
+        )
+        engine.facts = settings.run_facts()
+        return engine
+
+    def reload(self, settings: Settings) -> None:
+        """A new config (SIGHUP): its notification routes at once, its rules from the next
+        attempt (a rule's state is the attempt's; swapping it mid-run would lose it)."""
+        rules_changed = settings.model_dump()["rules"] != self.settings.model_dump()["rules"]
+        self.settings = settings
+        self.dispatcher.routes = list(routes(settings.notify))
+        self.dispatcher.policy = Policy.from_config(settings.notify)
+        if rules_changed:
+            self._rules_reloaded = True
+            log.info("SIGHUP: rule changes take effect when the next attempt starts")
 
     def close(self) -> None:
         stats = self.engine.parser.stats

@@ -1,0 +1,196 @@
+"""How the supervisor holds the job: a child it launches (``run``) or one it finds (``watch``).
+
+Both give the loop the same thing for each attempt, a ``Handle``: who the job is
+(pid and create time), when it started, and an ``("exit", (attempt, status))``
+event once it has ended. Everything else (detection, incidents, rollback,
+verdicts, notification) is one code path for both verbs. The differences are
+said here once: a child's output is captured, an attached job's is read from the
+files it writes; a child is relaunched by sentinel, an attached job by whoever
+started it (kubelet, systemd, Slurm, torchrun), which sentinel then finds as its
+next attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from sentinel.actions.terminate import ProcessIdentity
+from sentinel.config import Settings
+from sentinel.restarts import Restarts
+from sentinel.sdnotify import strip_notify_env
+from sentinel.sources.attached import AttachedJob
+from sentinel.sources.process import JobProcess
+from sentinel.sources.target import (
+    MatchTarget,
+    PidfileTarget,
+    PidTarget,
+    SystemdUnitTarget,
+    Target,
+)
+
+#: Hands an event to the loop's inbox (thread-safe).
+Put = Callable[[tuple[str, Any]], None]
+
+
+class Handle(Protocol):
+    """One attempt of the job, as the loop sees it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    identity: ProcessIdentity | None
+    #: When the attempt started (time.time()).
+    started_at: float
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the attempt has ended (within ``timeout_s``)."""
+        ...
+
+
+class Holder(Protocol):
+    """Starts or finds each attempt of the job."""
+
+    #: "run" or "watch", for logs, metrics and the report.
+    mode: str
+    #: Whether sentinel itself starts the next attempt after a rollback.
+    relaunches: bool
+
+    def begin(self, attempt: int, restarts: Restarts, put: Put) -> Handle | None:
+        """The attempt's handle; None when the job is not there (yet). OSError: it could
+        not be started."""
+        ...
+
+    def members(self) -> list[ProcessIdentity]:
+        """Processes known to be the job's besides its root's descendants (a unit's cgroup)."""
+        ...
+
+    def describe(self) -> str:
+        """The job in words: its command, or the target sentinel looks for."""
+        ...
+
+
+class Child:
+    """``sentinel run``: the job is a child; its output is captured and passed through."""
+
+    mode = "run"
+    relaunches = True
+
+    def __init__(
+        self,
+        command: list[str],
+        settings: Settings,
+        *,
+        stdout: BinaryIO,
+        stderr: BinaryIO,
+    ) -> None:
+        self.command = command
+        self.settings = settings
+        self._stdout = stdout
+        self._stderr = stderr
+        #: The arguments of the attempt started last.
+        self.argv = list(command)
+
+    def begin(self, attempt: int, restarts: Restarts, put: Put) -> Handle:
+        # The job is not sentinel's systemd service: it must not speak for it.
+        env = strip_notify_env(dict(os.environ))
+        if self.settings.job.unbuffered:
+            env.setdefault("PYTHONUNBUFFERED", "1")
+        argv, restart_env = restarts.argv_and_env(self.command)
+        env.update(restart_env)
+        self.argv = argv
+        job = JobProcess(
+            argv,
+            env=env,
+            on_lines=lambda source, lines, at: put(("lines", (source, lines, at))),
+            on_exit=lambda code: put(("exit", (attempt, code))),
+            stdout=self._stdout,
+            stderr=self._stderr,
+            max_line_bytes=self.settings.tail.max_line_bytes,
+            batch_s=self.settings.tail.batch_s,
+        )
+        job.start()
+        return job
+
+    def members(self) -> list[ProcessIdentity]:
+        return []
+
+    def describe(self) -> str:
+        return shlex.join(self.argv)
+
+
+class Attached:
+    """``sentinel watch``: the job was started elsewhere; each process found is an attempt."""
+
+    mode = "watch"
+    relaunches = False
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def begin(self, attempt: int, restarts: Restarts, put: Put) -> Handle | None:
+        identity = self.target.find()
+        if identity is None:
+            return None
+        job = AttachedJob(
+            identity,
+            on_exit=lambda status: put(("exit", (attempt, status))),
+            exit_status=self.target.exit_status,
+        )
+        job.start()
+        return _AttachedHandle(job)
+
+    def members(self) -> list[ProcessIdentity]:
+        return self.target.members()
+
+    def describe(self) -> str:
+        return self.target.describe()
+
+
+class _AttachedHandle:
+    """An ``AttachedJob`` as a ``Handle``."""
+
+    def __init__(self, job: AttachedJob) -> None:
+        self.job = job
+        self.identity: ProcessIdentity | None = job.identity
+        self.started_at = job.identity.create_time
+
+    @property
+    def pid(self) -> int:
+        return self.job.identity.pid
+
+    def wait(self, timeout_s: float) -> bool:
+        return self.job.wait(timeout_s)
+
+
+def target_of(settings: Settings) -> Target:
+    """The target ``[watch]`` names. ValueError when it names none, or more than one."""
+    watch = settings.watch
+    named = [
+        name
+        for name, value in (
+            ("--pid", watch.pid),
+            ("--pidfile", watch.pidfile),
+            ("--match", watch.match),
+            ("--systemd-unit", watch.systemd_unit),
+        )
+        if value is not None
+    ]
+    if len(named) != 1:
+        given = ", ".join(named) if named else "none"
+        raise ValueError(
+            f"give exactly one of --pid, --pidfile, --match, --systemd-unit (given: {given})"
+        )
+    if watch.user is not None and watch.match is None:
+        raise ValueError("--user only goes with --match")
+    if watch.pid is not None:
+        return PidTarget(watch.pid)
+    if watch.pidfile is not None:
+        return PidfileTarget(Path(watch.pidfile))
+    if watch.match is not None:
+        return MatchTarget(watch.match, user=watch.user)
+    assert watch.systemd_unit is not None
+    return SystemdUnitTarget(watch.systemd_unit)
