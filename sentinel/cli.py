@@ -432,10 +432,8 @@ def _checkpoints(args: argparse.Namespace) -> int:
 
 def _print_pointers(pointers: Sequence[Any]) -> None:
     """Each framework's resume pointer and what it names (a job restarted by others reads it)."""
-    if pointers:
-        print("resume pointers:")
     for pointer in pointers:
-        print(f"  {pointer.describe()}")
+        print(f"{'pointer':>8}  {pointer.describe()}")
 
 
 def _restore(args: argparse.Namespace) -> int:
