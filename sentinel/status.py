@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sentinel.actions.disk import DiskUse, disk_use, human_bytes
-from sentinel.actions.outbox import read_pending, target_hash
+from sentinel.actions.outbox import target_hash
+from sentinel.actions.outbox_store import read_pending
 from sentinel.state import StateStore
 
 UNKNOWN = "unknown"
