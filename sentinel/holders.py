@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from sentinel.actions.terminate import ProcessIdentity
 from sentinel.config import Settings
 from sentinel.restarts import Restarts
 from sentinel.sdnotify import strip_notify_env
 from sentinel.sources.attached import AttachedJob
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.process import JobProcess
 from sentinel.sources.target import (
     MatchTarget,

@@ -147,7 +147,6 @@ def install_excepthooks() -> None:
     threading.excepthook = _thread_excepthook
 
 
-
 # Query parameters that name routing, not credentials, and may be shown as given.
 _PLAIN_QUERY_KEYS = frozenset({"from", "to", "cc", "bcc", "smtp", "mode", "method", "format"})
 #: Webhooks to any URL: a token in their path is shown by apprise's privacy form.
@@ -269,5 +268,6 @@ def mask_heartbeat_url(url: str) -> str:
     path = "/".join(MASK if looks_like_token(s) else s for s in segments)
     query = "&".join(f"{key}={MASK}" for key, _value in parse_qsl(parts.query))
     return f"{parts.scheme}://{host}{path}" + (f"?{query}" if query else "")
+
 
 logging.getLogger("apprise").addFilter(MaskingFilter())

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from sentinel.actions.terminate import KILL_WAIT_S, ProcessIdentity
+from sentinel.actions.terminate import KILL_WAIT_S
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.pidfd import PinnedProcess, pin
 
 log = logging.getLogger(__name__)

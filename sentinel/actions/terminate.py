@@ -14,55 +14,17 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import psutil
+
+from sentinel.sources.identity import ProcessIdentity
 
 log = logging.getLogger(__name__)
 
 # How long to wait for the kernel to tear a process down after SIGKILL.
 KILL_WAIT_S = 5.0
-# create_time has clock-tick resolution (10 ms); two processes a tick apart differ.
-_CREATE_TIME_TOLERANCE_S = 0.005
 _POLL_FIRST_S = 0.005
 _POLL_MAX_S = 0.1
-
-Liveness = Literal["same", "gone", "reused", "unknown"]
-
-
-@dataclass(frozen=True)
-class ProcessIdentity:
-    """A process named by pid and create time, so a reused pid is told apart."""
-
-    pid: int
-    create_time: float
-
-    @classmethod
-    def of(cls, pid: int) -> ProcessIdentity:
-        """Return the identity of the running process ``pid``; ProcessLookupError if none."""
-        try:
-            return cls(pid, psutil.Process(pid).create_time())
-        except psutil.NoSuchProcess as exc:
-            raise ProcessLookupError(f"no process with pid {pid}") from exc
-        except psutil.AccessDenied as exc:
-            raise PermissionError(f"cannot read the create time of pid {pid}") from exc
-
-    def matches(self) -> bool:
-        """Return whether ``pid`` still belongs to this same process (False if gone)."""
-        return self.liveness() == "same"
-
-    def liveness(self) -> Liveness:
-        """Return "same", "gone" (no such pid), "reused" (another process) or "unknown"."""
-        try:
-            create_time = psutil.Process(self.pid).create_time()
-        except psutil.NoSuchProcess:
-            return "gone"
-        except psutil.AccessDenied:
-            return "unknown"
-        if abs(create_time - self.create_time) <= _CREATE_TIME_TOLERANCE_S:
-            return "same"
-        return "reused"
-
 
 @dataclass(frozen=True)
 class TerminateResult:

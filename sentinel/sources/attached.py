@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import psutil
 
-from sentinel.actions.terminate import ProcessIdentity
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.pidfd import PinnedProcess, pin
 
 log = logging.getLogger(__name__)

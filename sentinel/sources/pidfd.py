@@ -20,7 +20,7 @@ from typing import Literal
 
 import psutil
 
-from sentinel.actions.terminate import ProcessIdentity
+from sentinel.sources.identity import ProcessIdentity
 
 log = logging.getLogger(__name__)
 

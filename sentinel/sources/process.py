@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
-from sentinel.actions.terminate import ProcessIdentity
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.lines import BATCH_S, GATHER_SLICES, LineSplitter
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import psutil
 
-from sentinel.actions.terminate import ProcessIdentity
 from sentinel.records import Sample
 from sentinel.sources import (
     PROC_COUNT,
@@ -35,6 +34,7 @@ from sentinel.sources import (
     PROCESS_SOURCE,
     OnSamples,
 )
+from sentinel.sources.identity import ProcessIdentity
 
 log = logging.getLogger(__name__)
 

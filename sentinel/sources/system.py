@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 
-from sentinel.actions.terminate import ProcessIdentity
 from sentinel.config import Settings
 from sentinel.records import Sample
 from sentinel.sources import OnSamples
 from sentinel.sources.gpu import GpuMonitor, OnReading
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.proctree import ProcessMonitor
 
 

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import psutil
 
-from sentinel.actions.terminate import ProcessIdentity
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.systemd_unit import (
     CGROUP_ROOT,
     SystemctlError,
