@@ -31,18 +31,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from sentinel import verdict
-from sentinel.actions.heartbeat import Heartbeat
-from sentinel.actions.notify import Notifier, Outbox
 from sentinel.actions.signal_tree import TreeStop, stop_tree
-from sentinel.config import ConfigError, Settings
+from sentinel.config import Settings
 from sentinel.detectors import DETECTORS
 from sentinel.detectors.job_crash import describe_exit
 from sentinel.holders import Child, Handle, Holder
 from sentinel.incidents import Incident
 from sentinel.records import Alert, Sample, Severity
+from sentinel.reload import reloaded
 from sentinel.restarts import Restarts
 from sentinel.service import Service
 from sentinel.signals import SignalForwarder
@@ -52,9 +51,7 @@ from sentinel.sources.system import SystemSources
 from sentinel.state import StateStore
 from sentinel.status import CHECKPOINTS_DIR_KEY
 from sentinel.watch import Watch
-
-if TYPE_CHECKING:
-    from sentinel.sources.tailer import LogTailer
+from sentinel.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +119,7 @@ class Supervisor:
         self._shutdown_signals = 0
         self._finished = False
         self._store: StateStore | None = None
-        self._log_tailer: LogTailer | None = None
+        self._workers: Workers | None = None
         self._signals = SignalForwarder(lambda signum: self._events.put(("signal", signum)))
         self.service = Service(
             settings,
@@ -148,68 +145,31 @@ class Supervisor:
             self._restarts.from_state({key: store.get(key) for key in keys})
             self._attempt = int(store.get("watch.attempt") or 0)
         self.service.start()
-        notifier = Notifier(
-            Outbox(store, [url.get_secret_value() for url in settings.notify.urls]),
-            timeout_s=settings.notify.timeout_s,
-            retry_max_s=settings.notify.retry_max_s,
+        workers = self._workers = Workers(
+            settings, store, put=self._events.put, healthy=self._healthy
         )
-        self.watch = Watch(settings, store=store, notifier=notifier, job_name=self._job_name())
-        tailer = self._log_tailer = self._tailer(store)
+        self.watch = Watch(
+            settings, store=store, notifier=workers.notifier, job_name=self._job_name()
+        )
         self._system.start()
         self._signals.install()
-        notifier.start()
-        if tailer is not None:
-            tailer.start()
-        heartbeat = None
-        if settings.notify.heartbeat_url is not None:
-            heartbeat = Heartbeat(
-                settings.notify.heartbeat_url.get_secret_value(),
-                settings.notify.heartbeat_interval_s,
-                self._healthy,
-                store=store,
-                timeout_s=settings.notify.timeout_s,
-            )
-            heartbeat.start()
+        workers.start()
         self.service.ready()
         try:
             self._start_attempt()
             self._loop()
         finally:
             self.service.stopping(settings.drain_timeout_s)
-            if heartbeat is not None:
-                heartbeat.stop()
-            if tailer is not None:
-                tailer.stop()
+            workers.stop_reading()
             self._system.stop()
             self._restarts.close()
             self._drain()
-            notifier.stop(drain_s=settings.drain_timeout_s)
+            workers.stop_notifying(settings.drain_timeout_s)
             self.watch.close()
             store.close()
             self.service.close()
             self._signals.restore()
         return self.exit_code
-
-    def _tailer(self, store: StateStore) -> LogTailer | None:
-        """The tailer of the ``--log`` files; None without any.
-
-        Without, neither its thread nor watchdog's wakes every second for nothing, and
-        watchdog is not even imported (a few MiB of RSS).
-        """
-        settings = self.settings
-        if not settings.logs:
-            return None
-        from sentinel.sources.tailer import LogTailer
-
-        return LogTailer(
-            settings.logs,
-            lambda path, lines: self._events.put(("lines", (path, lines, time.time()))),
-            offsets=store,
-            poll=settings.tail.poll,
-            poll_interval_s=settings.tail.poll_interval_s,
-            max_line_bytes=settings.tail.max_line_bytes,
-            batch_s=settings.tail.batch_s,
-        )
 
     def _loop(self) -> None:
         tick_s = self.settings.tick_interval_s
@@ -283,8 +243,8 @@ class Supervisor:
         return idle_s < 3 * self.settings.tick_interval_s + 5.0 and self._sources_alive()
 
     def _sources_alive(self) -> bool:
-        tailer = self._log_tailer
-        return (tailer is None or tailer.running) and self._system.alive()
+        workers = self._workers
+        return (workers is None or workers.alive) and self._system.alive()
 
     def _on_tick(self) -> None:
         now = time.time()
@@ -531,30 +491,11 @@ class Supervisor:
     def _reload_config(self) -> None:
         """SIGHUP: the new config's rules, notification routes and restart policy take over
         for what comes next; a bad one is refused and the old one kept."""
-        if self._reload is None:
-            log.warning("SIGHUP: no config to reload")
-            return
-        try:
-            settings = self._reload()
-        except ConfigError as error:
-            log.error(
-                "SIGHUP: the new config is invalid, keeping the running one: %s",
-                "; ".join(error.problems),
-            )
-            return
-        changed = [
-            key
-            for key in ("logs", "checkpoints", "state_dir", "http", "tail", "gpu", "process")
-            if getattr(settings, key) != getattr(self.settings, key)
-        ]
-        if changed:
-            log.warning(
-                "SIGHUP: %s changed: that takes effect when sentinel restarts", ", ".join(changed)
-            )
-        self.settings = settings
-        self._restarts.job = settings.job
-        self.watch.reload(settings)
-        log.info("SIGHUP: config reloaded")
+        settings = reloaded(self.settings, self._reload)
+        if settings is not None:
+            self.settings = settings
+            self._restarts.job = settings.job
+            self.watch.reload(settings)
 
     # -- attempts ---------------------------------------------------------------
 

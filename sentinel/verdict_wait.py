@@ -67,9 +67,12 @@ def await_verdict(
     record = read(state_dir)
     if record is not None and record.final:
         return _final(record)
+    if record is None:
+        # The deciding mark is written before the first signal: without one, sentinel did
+        # not stop this job, and no verdict is coming.
+        return _fallback(job_status, f"no verdict in {state_dir}: sentinel did not stop the job")
     if not wait:
-        what = "sentinel is still deciding" if record is not None else "there is none"
-        return _fallback(job_status, f"no final verdict in {state_dir}: {what}")
+        return _fallback(job_status, f"no final verdict in {state_dir}: sentinel is still deciding")
     with _Changes(state_dir) as changes:
         next_holder_check = 0.0
         while True:

@@ -115,6 +115,7 @@ def test_wait_ends_when_no_sentinel_holds_the_state_dir(tmp_path: Path) -> None:
 
 def test_a_record_written_just_before_sentinel_exits_is_still_the_answer(tmp_path: Path) -> None:
     lock = acquire(tmp_path)
+    mark_deciding(tmp_path, rule="gpu_health", step=None, attempt=1, time=NOW)
 
     def decide_and_exit() -> None:
         write_final(tmp_path, 92, None, "gpu_health", None, None, 1, NOW)
@@ -207,3 +208,17 @@ def test_timeout_without_wait_is_a_usage_error(tmp_path: Path) -> None:
     from sentinel import cli
 
     assert cli.main(["verdict", "--state-dir", str(tmp_path), "--timeout", "5"]) == 2
+
+
+def test_without_a_deciding_mark_the_jobs_own_status_comes_at_once(tmp_path: Path) -> None:
+    """The job ended by itself (sentinel marks deciding before any signal): no verdict comes,
+    so the wrapper must not wait for one, even while a sentinel holds the state dir."""
+    lock = acquire(tmp_path)
+    try:
+        start = time.monotonic()
+        outcome = await_verdict(tmp_path, wait=True, timeout_s=30, job_status=3)
+    finally:
+        lock.release()
+    assert (outcome.code, outcome.record) == (3, None)
+    assert time.monotonic() - start < 1.0
+    assert "sentinel did not stop the job" in outcome.reason
