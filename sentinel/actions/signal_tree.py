@@ -125,6 +125,8 @@ class _Run:
         self.late: list[ProcessIdentity] = []
         #: Never signalled: sentinel (with its own children) and the root's ancestors.
         self.excluded: set[psutil.Process] = set()
+        #: Sentinel, where it runs below the root: its children are looked up at every walk.
+        self._me_inside: psutil.Process | None = None
 
     def collect(self, members: Iterable[ProcessIdentity]) -> None:
         """Pin the root and everything below it (and ``members``) before any signal."""
@@ -146,7 +148,7 @@ class _Run:
             return
         if below_root:
             self.excluded.add(me)
-            self.excluded.update(me.children(recursive=True))
+            self._me_inside = me
 
     def rescan(self, sig: signal.Signals | None) -> None:
         """Pin processes started below live members since the last look; send them ``sig``."""
@@ -162,14 +164,17 @@ class _Run:
     def _add_children(self, process: psutil.Process, *, late: bool) -> None:
         try:
             children = process.children(recursive=True)
-        except _GONE:
+            if self._me_inside is not None:
+                # Listed after the tree, so a child sentinel started meanwhile is among them.
+                self.excluded.update(self._me_inside.children(recursive=True))
+        except psutil.Error:
             return
         for child in children:
             if child in self.excluded:
                 continue
             try:
                 identity = ProcessIdentity(child.pid, child.create_time())
-            except _GONE:
+            except psutil.Error:
                 continue
             if identity not in self.members:
                 self._add(identity, late=late, process=child)

@@ -98,11 +98,11 @@ class AttachedJob:
             if pinned.has_exited() or self.identity.liveness() != "same":
                 return []
             children = root.children(recursive=True)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        except psutil.Error:
             return []
         found = [self.identity]
         for child in children:
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+            with contextlib.suppress(psutil.Error):
                 found.append(ProcessIdentity(child.pid, child.create_time()))
         return found
 

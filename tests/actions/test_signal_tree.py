@@ -4,6 +4,7 @@ that exits, really signalled; a pid really reused."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import psutil
 import pytest
 
 from sentinel.actions.signal_tree import stop_tree
-from sentinel.actions.terminate import ProcessIdentity
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.pidfd import pidfds_work, pin
 from tests.helpers.detached import (
     launch_detached,
@@ -236,3 +237,77 @@ def test_members_known_beforehand_are_stopped_even_when_the_root_is_gone(folder:
     assert result.gone == (tree["job"],)
     assert set(result.killed) == {tree["child"], tree["grandchild"]}
     assert not running(tree["grandchild"])
+
+
+def test_a_job_that_is_sentinels_own_child_is_stopped_and_reaped_by_it(folder: Path) -> None:
+    # Run mode: sentinel started the job, so sentinel reaps it and learns its status.
+    with subprocess.Popen(role_argv(folder, "job", "tree")) as job_process:
+        grandchild = wait_for_pid(folder, "grandchild")
+        job = ProcessIdentity.of(job_process.pid)
+
+        result = stop_tree(job, grace_s=0.5)
+
+        assert job_process.wait(timeout=5.0) == 0  # its SIGTERM handler exits 0
+    assert result.got(job) == [signal.SIGTERM]
+    assert grandchild in result.killed
+    assert not running(grandchild)
+
+
+# Sentinel run by the job's own wrapper (``sentinel watch --pid $$ & exec torchrun``): it stops
+# its parent's tree, and neither it nor a child it starts during the grace is signalled.
+SENTINEL_BELOW_THE_ROOT = """
+import json, os, subprocess, sys, threading, time
+from pathlib import Path
+from sentinel.actions.signal_tree import stop_tree
+from sentinel.sources.identity import ProcessIdentity
+folder = Path(sys.argv[1])
+saver_argv = json.loads(sys.argv[2])
+while not (folder / "sleeper.pid").exists():
+    time.sleep(0.01)
+def start_own_child():
+    time.sleep(0.3)
+    subprocess.Popen(saver_argv)
+threading.Thread(target=start_own_child).start()
+result = stop_tree(ProcessIdentity.of(os.getppid()), grace_s=1.5)
+sent = [[who.pid, sig.name] for who, sig in result.sent]
+tree = [who.pid for who in result.tree]
+(folder / "result.json").write_text(json.dumps({"tree": tree, "sent": sent}))
+"""
+# The root outlives SIGTERM (as torchrun does while its workers stop), so that the grace's
+# looks walk the tree through it.
+ROOT_OF_TWO = """
+import json, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, lambda *_: None)
+children = [subprocess.Popen(argv) for argv in json.loads(sys.argv[1])]
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_sentinel_below_the_root_spares_itself_and_its_own_children(folder: Path) -> None:
+    sentinel_argv = [
+        sys.executable,
+        "-c",
+        SENTINEL_BELOW_THE_ROOT,
+        str(folder),
+        json.dumps(role_argv(folder, "saver")),
+    ]
+    root_pid = launch_detached(
+        [
+            sys.executable,
+            "-c",
+            ROOT_OF_TWO,
+            json.dumps([role_argv(folder, "sleeper"), sentinel_argv]),
+        ]
+    )
+    sleeper = wait_for_pid(folder, "sleeper")
+    wait_until(lambda: (folder / "result.json").exists(), what="the stand-in sentinel finished")
+    result = json.loads((folder / "result.json").read_text())
+    saver = wait_for_pid(folder, "saver")
+
+    signalled = {pid for pid, _ in result["sent"]}
+    assert {root_pid, sleeper.pid} <= signalled
+    assert saver.pid not in result["tree"] and saver.pid not in signalled
+    assert signals_got(folder, "saver") == []
+    assert running(saver)
+    assert all(pid in {root_pid, sleeper.pid} for pid in signalled)  # never itself

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from sentinel.actions.terminate import ProcessIdentity
+from sentinel.sources.identity import ProcessIdentity
 
 DEADLINE_S = 10.0
 

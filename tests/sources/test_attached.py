@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sentinel.actions.terminate import ProcessIdentity
 from sentinel.sources.attached import AttachedJob
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.pidfd import pidfds_work
 from tests.helpers.detached import (
     launch_detached,

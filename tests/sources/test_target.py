@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sentinel.actions.terminate import ProcessIdentity
 from sentinel.sources.attached import AttachedJob
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.systemd_unit import SystemctlError, UnitState, cgroup_pids, parse_show
 from sentinel.sources.target import (
     MatchTarget,
