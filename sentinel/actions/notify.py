@@ -44,7 +44,7 @@ from tenacity import (
 )
 
 from sentinel import secrets
-from sentinel.actions.messages import apprise_call
+from sentinel.actions.apprise_message import apprise_call
 from sentinel.actions.notices import Envelope, JobInfo, Notice, NoticeKind
 from sentinel.actions.outbox import Delivery, Outbox, Target, target_hash
 from sentinel.actions.retry_after import observe_responses

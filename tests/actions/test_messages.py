@@ -17,7 +17,8 @@ from urllib.parse import quote, unquote, urlsplit
 import apprise
 import pytest
 
-from sentinel.actions.messages import Style, apprise_call, folded_line, render, style_for
+from sentinel.actions.apprise_message import apprise_call, style_for
+from sentinel.actions.messages import Style, folded_line, render
 from sentinel.actions.notices import Envelope, NoticeKind, format_dashboard_url
 from sentinel.actions.notify import send_envelope
 from sentinel.records import Severity
