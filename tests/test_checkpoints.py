@@ -600,6 +600,7 @@ def test_listing_shows_every_layout_and_the_resume_point(tmp_path: Path) -> None
         ["60", "clean", "ckpt.pt", "torch"],
         ["70", "incomplete", "step_70", "dcp"],
         ["epoch=7", "clean", "epoch_7.pt", "torch"],
+        ["pointer", "hf", "last", "checkpoint:"],  # HF's get_last_checkpoint: checkpoint-20
     ]
     assert rows[5][4] == "placed by content: iter_num in its pickle"
     assert rows[6][4] == "missing shard __0_0.distcp named in .metadata"

@@ -1,24 +1,18 @@
 """Resume pointers: what each framework's "resume from latest" reads, found and set right.
 
-A job restarted by someone else (kubelet, systemd, Slurm, torchrun) resumes from
-what its framework takes for the latest checkpoint, not from sentinel's choice:
+A job restarted by someone else (kubelet, systemd, Slurm, torchrun) resumes from its
+framework's pointer: DeepSpeed's ``latest``/``latest_universal`` (a tag, the folder
+beside it), Megatron's ``latest_checkpointed_iteration.txt`` (``40`` names
+``iter_0000040``, or ``release``), Lightning's ``last*.ckpt`` (a symlink or a copy, the
+newest mtime wins) and on SLURM its ``hpc_ckpt_N.ckpt`` with the highest N (a save
+counter, not a step), HF's ``checkpoint-N`` with the highest N.
 
-- DeepSpeed: ``latest`` (``latest_universal`` for universal checkpoints), a text file
-  holding a tag, the folder beside it to load (``global_step40``);
-- Megatron-LM: ``latest_checkpointed_iteration.txt``, an iteration (``40`` names
-  ``iter_0000040``) or ``release``;
-- Lightning: ``last.ckpt`` (``last-v1.ckpt``...), a symlink to the real checkpoint or
-  a copy of it, the newest modification time winning for ``ckpt_path="last"``; on
-  SLURM, the ``hpc_ckpt_N.ckpt`` with the highest N (a save counter, not a step);
-- HF Trainer: the ``checkpoint-N`` folder with the highest N.
-
-After a rollback each names the clean checkpoint. A pointer file or link is
-rewritten by creating the new one under a temp name beside it and renaming it over
-the old (rename(2) is atomic: the name is never absent nor half-written). A
-``last.ckpt`` copy is set aside into the quarantine (hard-linked there first, so the
-name never goes missing) and replaced by a copy of the clean one, never a link: a job
-that rewrites ``last.ckpt`` in place would write through a link into the clean file.
-The highest-N names are set right by the quarantine's moves. Nothing is deleted.
+After a rollback each names the clean checkpoint. A pointer file or link is replaced
+by a new one made under a temp name beside it and renamed over it (actions/atomic.py).
+A ``last.ckpt`` copy is hard-linked into the quarantine, then replaced by a copy of the
+clean one, never a link: a job that rewrites ``last.ckpt`` in place would write through
+a link into the clean file. The quarantine's moves set the highest-N names right.
+Nothing is deleted.
 """
 
 from __future__ import annotations
@@ -143,12 +137,6 @@ class PointerChange:
     size: int = 0
     mtime_ns: int = 0
 
-    def describe(self) -> str:
-        name = Path(self.path).name
-        if self.form == Form.COPY:
-            return f"{name} is now a copy of {self.after} (the old copy set aside)"
-        return f"{name} now names {self.after} (was {self.before or 'nothing'})"
-
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -171,9 +159,18 @@ def find_pointers(directory: Path) -> list[Pointer]:
             entries = sorted(listing, key=lambda e: e.name)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    except OSError as error:
+        log.warning("cannot list %s for resume pointers: %s", root, error)
+        return []
     found: list[Pointer] = []
     for entry in entries:
-        pointer = _pointer_file(root, entry)
+        try:
+            pointer = _pointer_file(root, entry)
+        except FileNotFoundError:
+            continue  # replaced between listing and reading: the job's own save
+        except OSError as error:
+            log.warning("cannot read the resume pointer %s: %s", root / entry.name, error)
+            continue
         if pointer is not None:
             found.append(pointer)
     found.extend(_highest(root, entries))
