@@ -48,7 +48,7 @@ class TreeStop:
     gone: tuple[ProcessIdentity, ...]
     #: Processes not signalled, and why (pid reused, create time unreadable, not permitted).
     refused: tuple[tuple[ProcessIdentity, str], ...]
-    #: Processes still running after SIGKILL and ``kill_wait_s`` (disk sleep, or denied).
+    #: Processes still running after SIGKILL and ``kill_wait_s`` (stuck in disk sleep).
     survivors: tuple[ProcessIdentity, ...]
     #: Found during the grace: started after the first signal went out.
     late: tuple[ProcessIdentity, ...]
@@ -213,8 +213,8 @@ class _Run:
             self._signal(identity, sig)
 
     def _signal(self, identity: ProcessIdentity, sig: signal.Signals) -> None:
-        member = self.members[identity]
-        if sig in member.signalled:
+        member = self.members.get(identity)
+        if member is None or sig in member.signalled:
             return
         member.signalled.add(sig)
         delivery = member.pinned.send(sig)
@@ -228,6 +228,9 @@ class _Run:
             words = "not permitted" if delivery == "denied" else "pid reused"
             log.error("%s not sent to pid %d: %s", sig.name, identity.pid, words)
             self.refused.append((identity, f"{sig.name} {words}"))
+            # Not ours to stop: neither waited for nor signalled again.
+            del self.members[identity]
+            member.pinned.close()
 
     def live(self) -> list[ProcessIdentity]:
         return [who for who, member in self.members.items() if not member.pinned.has_exited()]

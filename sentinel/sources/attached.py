@@ -48,6 +48,8 @@ class AttachedJob:
         self.identity = identity
         #: The exit status once the job has ended (None also when it is not knowable).
         self.status: int | None = None
+        #: Whether sentinel is permitted to signal it (False: another user's, no CAP_KILL).
+        self.may_signal = True
         self._on_exit = on_exit
         self._exit_status = exit_status
         self._use_pidfd = use_pidfd
@@ -68,16 +70,24 @@ class AttachedJob:
 
         A job already gone (or whose pid another process holds now) ends at once.
         PermissionError: its create time cannot be read, so it cannot be told apart.
+        ``may_signal`` says whether sentinel could stop it (another user's process).
         """
         if self._thread is not None:
             return
         pinned = pin(self.identity, use_pidfd=self._use_pidfd)
         if pinned == "unknown":
             raise PermissionError(
-                f"cannot read the create time of pid {self.identity.pid}: run sentinel as the "
-                "job's user, or give it CAP_SYS_PTRACE"
+                f"cannot read the create time of pid {self.identity.pid} (/proc hides it: "
+                "hidepid, ProtectProc): run sentinel as the job's user"
             )
         if isinstance(pinned, PinnedProcess):
+            self.may_signal = pinned.may_signal()
+            if not self.may_signal:
+                log.warning(
+                    "not permitted to signal pid %d: sentinel could not stop it; run sentinel "
+                    "as the job's user, or give it CAP_KILL",
+                    self.identity.pid,
+                )
             self._pinned = pinned
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._watch, name="attached-job", daemon=True)

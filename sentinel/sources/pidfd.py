@@ -70,6 +70,22 @@ class PinnedProcess:
             raise
         return "sent"
 
+    def may_signal(self) -> bool:
+        """Whether sentinel is allowed to signal this process (signal 0: nothing is sent).
+
+        False means another user's process without CAP_KILL: say so at start, not at the
+        first incident."""
+        try:
+            if self.fd is None:
+                os.kill(self.identity.pid, 0)
+            else:
+                signal.pidfd_send_signal(self.fd, 0)
+        except PermissionError:
+            return False
+        except (ProcessLookupError, OSError):
+            return True  # gone: nothing is refused
+        return True
+
     def has_exited(self) -> bool:
         """Whether the process has exited (a zombie counts: it runs no more code)."""
         if self.fd is None:

@@ -311,3 +311,48 @@ def test_sentinel_below_the_root_spares_itself_and_its_own_children(folder: Path
     assert signals_got(folder, "saver") == []
     assert running(saver)
     assert all(pid in {root_pid, sleeper.pid} for pid in signalled)  # never itself
+
+
+def as_nobody(identity: ProcessIdentity) -> dict[str, object]:
+    """What a sentinel running as user nobody makes of ``identity``: it forks, drops to
+    nobody (no exec: the interpreter needs no access) and reports through a pipe."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read_fd)
+            os.setgid(65534)
+            os.setuid(65534)
+            pinned = pin(identity)
+            assert not isinstance(pinned, str), pinned
+            may_signal = pinned.may_signal()
+            pinned.close()
+            result = stop_tree(identity, grace_s=0.1)
+            said = {
+                "may_signal": may_signal,
+                "refused": [reason for _, reason in result.refused],
+                "sent": len(result.sent),
+            }
+            os.write(write_fd, json.dumps(said).encode())
+        except BaseException as exc:
+            os.write(write_fd, json.dumps({"error": repr(exc)}).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as reader:
+        data = reader.read()
+    os.waitpid(pid, 0)
+    said: dict[str, object] = json.loads(data)
+    return said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_another_users_process_is_refused_and_said_so_up_front(folder: Path) -> None:
+    launch_detached(role_argv(folder, "sleeper"))
+    sleeper = wait_for_pid(folder, "sleeper")
+
+    said = as_nobody(sleeper)
+
+    assert said == {"may_signal": False, "refused": ["SIGTERM not permitted"], "sent": 0}
+    assert signals_got(folder, "sleeper") == []
+    assert running(sleeper)
