@@ -4,7 +4,8 @@
 A target is looked for again whenever the job is gone: the process it finds next is
 the next attempt of the same run (a job its orchestrator restarted). ``find`` returns
 None while there is none, so a caller can wait for one. A target never resolves to
-sentinel itself or to one of its ancestors, and never to a zombie.
+sentinel itself or to a zombie; ``--match`` never to an ancestor of sentinel either
+(``--pid $$`` names one on purpose: ``sentinel watch --pid $$ & exec torchrun ...``).
 """
 
 from __future__ import annotations
@@ -330,7 +331,9 @@ def wait_for(
 
 
 def _running(pid: int) -> ProcessIdentity | None:
-    """The identity of running process ``pid`` (not a zombie), or None."""
+    """The identity of running process ``pid`` (not a zombie, not sentinel), or None."""
+    if pid == os.getpid():
+        return None
     try:
         identity = ProcessIdentity.of(pid)
     except ProcessLookupError:

@@ -75,6 +75,14 @@ def test_pid_names_that_process_until_it_ends(folder: Path) -> None:
     assert not target.follows_restarts
 
 
+def test_no_target_resolves_to_sentinel_itself(tmp_path: Path) -> None:
+    pidfile = tmp_path / "job.pid"
+    write_pidfile(pidfile, os.getpid())
+
+    assert PidTarget(os.getpid()).find() is None
+    assert PidfileTarget(pidfile).find() is None
+
+
 def test_a_pid_not_there_at_the_first_look_is_never_found(folder: Path) -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
