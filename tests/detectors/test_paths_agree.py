@@ -1,0 +1,149 @@
+"""Each rule's three ways in give the same alerts and state on random series (hypothesis).
+
+A rule is fed one JSON-lines log three times through the engine: sample by sample
+(``observe``, the rule's own ``observe_samples`` hidden), a line at a time (its
+``observe_samples``) and in blocks (``can_absorb``/``absorb``, replay's fast path).
+The logs are drawn at random: a noisy level with spikes, level shifts, zeros, NaN
+and Inf, steps that repeat or jump, a learning rate that rises through a warmup,
+lines with and without timestamps. Every run must say the same alerts, in order,
+and leave the rule in the same state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sentinel.detectors.base import BaseDetector, RuleConfig
+from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
+from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
+from tests.detectors.blockcheck import T0, run
+
+#: Deterministic in CI: the same examples every run, none saved between runs.
+AGREE = settings(
+    max_examples=50,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@st.composite
+def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
+    """A JSON-lines log with trouble in it, and whether to feed it as replay (data clock).
+
+    Its bursts multiply the values by about ``bar`` (the rule's factor: just under,
+    just over) or far more.
+    """
+    lines = draw(st.integers(min_value=40, max_value=300))
+    noise = draw(st.sampled_from([0.002, 0.02, 0.1]))
+    jumps = [bar * 0.97, bar * 1.03, bar * 1.2, bar * 1.6, 6.0, 20.0]
+    rng = random.Random(draw(st.integers(min_value=0, max_value=2**32 - 1)))
+    # Trouble comes in bursts, a few lines long, with calm stretches between them.
+    burst_rate = draw(st.sampled_from([0.0, 0.01, 0.03, 0.1]))
+    odd_rate = draw(st.sampled_from([0.0, 0.01, 0.05]))  # NaN, Inf, zeros
+    gaps = draw(st.sampled_from([(1,), (1, 1, 1, 2, 7), (1, 0, 1, 1)]))
+    warmup_lines = draw(st.integers(min_value=0, max_value=30))
+    stamped = draw(st.booleans())
+    replay = draw(st.booleans()) or not stamped
+    level = draw(st.sampled_from([4.0, 1.0, 0.01]))
+    step, now, out = draw(st.integers(min_value=0, max_value=50)), T0, []
+    burst = 0
+    for index in range(lines):
+        if not burst and rng.random() < burst_rate:
+            burst = rng.randint(1, 8)
+        step += rng.choice(gaps)
+        now += rng.choice([0.5, 0.5, 2.0])
+        if rng.random() < 0.02:
+            level *= rng.choice([0.3, 3.0])  # a level shift
+        loss = level * (1 + noise * rng.gauss(0, 1))
+        grad = 1 + noise * rng.gauss(0, 1)
+        if burst and rng.random() < 0.7:
+            loss *= rng.choice(jumps)
+            grad *= rng.choice(jumps)
+        burst = max(0, burst - 1)
+        if rng.random() < odd_rate:
+            odd = rng.choice([math.nan, math.inf, -math.inf, 0.0, -0.0])
+            if rng.random() < 0.5:
+                loss = odd
+            else:
+                grad = odd
+        lr = 1e-5 * (index + 1) if index < warmup_lines else 1e-3 / (1 + 0.01 * index)
+        record: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": grad, "lr": lr}
+        if stamped:
+            record["time"] = now
+        out.append(json.dumps(record))
+    return out, replay
+
+
+def sample_by_sample(rule: type[BaseDetector]) -> type[BaseDetector]:
+    """The rule with its own ``observe_samples`` hidden: the engine calls ``observe`` on
+    each sample (the class keeps its name, so the two states compare equal)."""
+    return type(rule.__name__, (rule,), {"observe_samples": BaseDetector.observe_samples})
+
+
+def assert_paths_agree(
+    rule: type[BaseDetector], config: RuleConfig, texts: list[str], replay: bool
+) -> None:
+    """Sample by sample, line by line and by blocks give the same alerts and end state."""
+    plain = sample_by_sample(rule)
+    feed: dict[str, Any] = {"data_clock": replay, "batch_sizes": (64, 17, 200)}
+    by_sample = run(lambda: [plain(config)], texts, blocks=False, **feed)
+    by_line = run(lambda: [rule(config)], texts, blocks=False, **feed)
+    by_block = run(lambda: [rule(config)], texts, blocks=True, **feed)
+    assert by_line.alerts == by_sample.alerts
+    assert by_block.alerts == by_line.alerts
+    assert by_line.state == by_sample.state
+    assert by_block.state == by_line.state
+
+
+@st.composite
+def loss_spike_configs(draw: st.DrawFn) -> LossSpikeConfig:
+    window = draw(st.integers(min_value=3, max_value=12))
+    return LossSpikeConfig(
+        window=window,
+        factor=draw(st.sampled_from([1.5, 2.0, 3.0])),
+        sustain=draw(st.integers(min_value=1, max_value=window - 1)),
+        resolve_after=draw(st.integers(min_value=1, max_value=4)),
+        warmup_steps=draw(st.sampled_from([0, 0, 10, 40])),
+        metrics=draw(st.sampled_from([["loss"], ["loss", "grad_norm"]])),
+    )
+
+
+@st.composite
+def grad_norm_run_configs(draw: st.DrawFn) -> GradNormRunConfig:
+    window = draw(st.integers(min_value=1, max_value=30))
+    return GradNormRunConfig(
+        threshold=draw(st.sampled_from([3.0, 10.0])),
+        sustain=draw(st.integers(min_value=1, max_value=4)),
+        factor=draw(st.sampled_from([1.5, 2.0, 5.0])),
+        window=window,
+        min_history=draw(st.integers(min_value=1, max_value=window)),
+        max_grad_norm=draw(st.sampled_from([None, None, None, 1.3, 2.5])),
+        clip_fraction=draw(st.sampled_from([0.3, 0.6, 1.0])),
+        clip_window=draw(st.integers(min_value=1, max_value=12)),
+        resolve_after=draw(st.integers(min_value=1, max_value=4)),
+        warmup_steps=draw(st.sampled_from([0, 0, 10, 40])),
+    )
+
+
+@AGREE
+@given(data=st.data())
+def test_loss_spike_paths_agree(data: st.DataObject) -> None:
+    config = data.draw(loss_spike_configs())
+    texts, replay = data.draw(logs(config.factor))
+    assert_paths_agree(LossSpikeDetector, config, texts, replay)
+
+
+@AGREE
+@given(data=st.data())
+def test_grad_norm_run_paths_agree(data: st.DataObject) -> None:
+    config = data.draw(grad_norm_run_configs())
+    texts, replay = data.draw(logs(config.factor))
+    assert_paths_agree(GradNormRunDetector, config, texts, replay)
