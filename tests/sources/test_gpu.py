@@ -31,12 +31,19 @@ from sentinel.sources import (
     GPU_XID,
     gpu_source,
 )
-from sentinel.sources.gpu import REPEAT_LOG_S, Attribution, GpuMonitor
+from sentinel.sources.gpu import GpuMonitor
+from sentinel.sources.gpu.reading import REPEAT_LOG_S, Attribution
 from tests.helpers.nvml import FakeNvml
 
 NOW = 1_700_000_000.0
 LOGGER = "sentinel.sources.gpu"
+
 DEADLINE_S = 10.0
+
+
+def from_gpu_source(record: logging.LogRecord) -> bool:
+    """Logged by the GPU source's package (the monitor, its reading or its XID thread)."""
+    return record.name == LOGGER or record.name.startswith(LOGGER + ".")
 
 
 class Received:
@@ -96,7 +103,7 @@ def values(samples: list[Sample]) -> dict[str, float]:
 
 
 def gpu_records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == LOGGER and r.levelno == level]
+    return [r for r in caplog.records if from_gpu_source(r) and r.levelno == level]
 
 
 @pytest.fixture
@@ -230,7 +237,7 @@ def test_without_nvml_start_is_false_and_says_so_once(
 
     assert (gpus.available, gpus.device_count, gpus.running) == (False, 0, False)
     assert fake.calls["nvmlDeviceGetCount"] == 0
-    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
+    assert [r.getMessage() for r in caplog.records if from_gpu_source(r)] == [
         f"no NVML ({fake_error(fake)}): GPU rules are off"
     ]
 
@@ -258,7 +265,7 @@ def test_real_pynvml_without_a_gpu_is_off_with_one_line(caplog: pytest.LogCaptur
     assert gpus.start() is False
     gpus.stop()
 
-    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    messages = [r.getMessage() for r in caplog.records if from_gpu_source(r)]
     assert len(messages) == 1
     assert messages[0].startswith("no NVML (")
     assert messages[0].endswith("): GPU rules are off")

@@ -9,7 +9,8 @@ import pynvml
 import pytest
 
 from sentinel.sources import GPU_POWER_LIMIT
-from sentinel.sources.gpu import POWER_LIMIT_REREAD_S, GpuMonitor
+from sentinel.sources.gpu import GpuMonitor
+from sentinel.sources.gpu.reading import POWER_LIMIT_REREAD_S
 from tests.helpers.nvml import FakeNvml
 
 NOW = 1_700_000_000.0
