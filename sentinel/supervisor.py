@@ -252,7 +252,7 @@ class Supervisor:
         self._restarts.look(now)
         if self.state is JobState.WAITING:
             self._start_attempt()
-        open_incidents = Counter(self.watch.tracker.open)
+        open_incidents = Counter(self.watch.tracker.open.keys())  # rule -> Incident: count rules
         self.service.tick(
             now,
             latest=self.watch.engine.recent(None, per_metric=1),
