@@ -12,8 +12,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -558,3 +560,99 @@ def test_checkpoints_lists_each_pointer_before_and_after(
         "global_step20",
         "global_step40",
     ]
+
+
+# -- end to end: sentinel watch, a DeepSpeed-style job relaunched by someone else --------------
+
+# Resumes the way DeepSpeedEngine.load_checkpoint(tag=None) does (the `latest` file, then the
+# folder it names; a tag whose folder is gone is the crash DeepSpeed's loader would be) and
+# saves as engine.save_checkpoint does: the tag folder, then `latest` holding the bare tag.
+# Saves every 10 steps and at step 25, right as its loss goes NaN (only in attempt 1).
+DS_JOB = """
+import json, os, shutil, sys, time
+from pathlib import Path
+run, shards = Path(sys.argv[1]), Path(sys.argv[2])
+ckpt = run / "ckpt"; ckpt.mkdir(parents=True, exist_ok=True)
+(run / "job.pid.tmp").write_text(str(os.getpid()))
+os.replace(run / "job.pid.tmp", run / "job.pid")
+attempt = len(list(run.glob("attempt-*"))) + 1
+start, tag = 0, None
+if os.path.isfile(ckpt / "latest"):
+    with open(ckpt / "latest") as fd:
+        tag = fd.read().strip()
+    if not (ckpt / tag).is_dir():
+        (run / f"attempt-{attempt}").write_text(json.dumps({"tag": tag, "start": None}))
+        sys.exit(1)
+    start = int(tag.removeprefix("global_step"))
+(run / f"attempt-{attempt}").write_text(json.dumps({"tag": tag, "start": start}))
+with (run / "train.log").open("a") as log:
+    for step in range(start + 1, 41):
+        if step % 10 == 0 or step == 25:
+            shutil.copytree(shards, ckpt / f"global_step{step}", dirs_exist_ok=True)
+            with open(ckpt / "latest", "w") as fd:
+                fd.write(f"global_step{step}")
+        bad = step == 25 and attempt == 1
+        log.write(json.dumps({"step": step, "loss": float("nan") if bad else 2.0 - step / 100}))
+        log.write("\\n"); log.flush()
+        time.sleep(60 if bad else 0.05)
+"""
+
+# systemd's Restart=on-failure with RestartPreventExitStatus=90, through the README's wrapper.
+DS_ORCHESTRATOR = """
+import json, subprocess, sys
+from pathlib import Path
+py, job, run, shards, state = sys.argv[1:6]
+wrapper = (f"{py} {job} {run} {shards}; status=$?; "
+           f"exec {py} -m sentinel verdict --state-dir {state} --wait --timeout 60"
+           " --job-status $status")
+codes = []
+for _ in range(3):
+    codes.append(subprocess.call(["bash", "-c", wrapper]))
+    Path(run, "codes.json").write_text(json.dumps(codes))
+    if codes[-1] in (0, 90):
+        break
+"""
+
+
+@pytest.mark.slow
+def test_watch_relaunch_by_someone_else_resumes_from_the_rewritten_latest(tmp_path: Path) -> None:
+    run, state = tmp_path / "run", tmp_path / "state"
+    run.mkdir()
+    (tmp_path / "job.py").write_text(DS_JOB)
+    (tmp_path / "orchestrator.py").write_text(DS_ORCHESTRATOR)
+    shards = FIXTURES / "deepspeed" / "global_step40"
+    orchestrator = [sys.executable, str(tmp_path / "orchestrator.py"), sys.executable,
+                    str(tmp_path / "job.py"), str(run), str(shards), str(state)]  # fmt: skip
+    launcher = (  # exits at once: neither the orchestrator nor the job is sentinel's child
+        "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
+    )
+    subprocess.run([sys.executable, "-c", launcher, *orchestrator], check=True, timeout=30)
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "watch", "--pidfile", str(run / "job.pid"),
+         "--log", str(run / "train.log"), "--checkpoints", str(run / "ckpt"),
+         "--state-dir", str(state)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "SENTINEL_JOB__GRACE_PERIOD_S": "5"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while (
+            not (run / "codes.json").exists()
+            or len(json.loads((run / "codes.json").read_text())) < 2
+        ):
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.1)
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        _, err = watch.communicate(timeout=30)
+    assert json.loads((run / "codes.json").read_text()) == [91, 0], err
+    second = json.loads((run / "attempt-2").read_text())
+    assert second == {"tag": "global_step20", "start": 20}, "resumed from the rewritten latest"
+    assert [p.name for p in (run / "ckpt" / QUARANTINE_DIR).rglob("global_step*")] == [
+        "global_step25"
+    ]
+    assert "latest now names global_step20 (was global_step25)" in err
+    kept = [p.read_bytes() for p in state.rglob("*") if p.is_file()]
+    assert any(b"latest -> global_step20" in data for data in kept), "the timeline's note"
+    assert (run / "ckpt" / "latest").read_text() == "global_step40"  # the job's own saves since
