@@ -26,7 +26,7 @@ from sentinel import cli, cli_options
 from sentinel.config import effective_config
 from sentinel.state import StateStore
 from sentinel.state_lock import acquire
-from sentinel.verdict import write_final
+from sentinel.verdict import mark_deciding, write_final
 from tests.helpers.webhook import WebhookReceiver
 
 TOKEN = "tok3nZq81xWvPk22"
@@ -130,6 +130,7 @@ SETTINGS: dict[str, tuple[list[str], Callable[[dict[str, Any]], bool]]] = {
         lambda c: c["job"]["resume_command"] == "python train.py --resume latest",
     ),
     "--dry-run": (["--dry-run"], lambda c: c["dry_run"] is True),
+    "--verdict-file": (["--verdict-file", "v.txt"], lambda c: c["verdict_file"] == "v.txt"),
 }
 
 
@@ -291,6 +292,7 @@ def verdict_config(run: Run, tmp_path: Path) -> None:
 def verdict_wait(run: Run, tmp_path: Path) -> None:
     """A sentinel holds the state dir and decides while ``verdict --wait`` waits."""
     with acquire(tmp_path / "st"):
+        mark_deciding(tmp_path / "st", rule="gpu_health", step=None, attempt=1, time=0.0)
         args = (tmp_path / "st", 92, None, "gpu_health", None, None, 1, 0.0)
         timer = threading.Timer(0.2, write_final, args)
         timer.start()
@@ -301,6 +303,7 @@ def verdict_wait(run: Run, tmp_path: Path) -> None:
 
 def verdict_timeout(run: Run, tmp_path: Path) -> None:
     with acquire(tmp_path / "st"):
+        mark_deciding(tmp_path / "st", rule="nan_inf", step=40, attempt=1, time=0.0)
         result = run("verdict", "--state-dir", "st", "--wait", "--timeout", "0.2")
     assert (result.code, result.out) == (1, "")
     assert "within 0.2 s" in result.err
