@@ -26,11 +26,13 @@ called high.
 ``threshold`` (the resolve bar), ``onset_step``, ``start_values`` and ``values``
 (the window's first and last ``edge_values``).
 
-Replay's blocks (``can_absorb``) are taken whole when no line of them could judge:
-all in warmup, the window not full by the end, no initial level above 0; or when
-every judgement is known without a median: converged (most of each line's last
-``edge_values`` under the "still high" bar) or, in an episode, most of them at or
-above its bar.
+The decisions are written once (``is_plateau``, ``still_high``, ``recovered``, and
+the bars ``high_bar`` and ``resolve_bar``). Replay's blocks (``can_absorb``) are taken
+whole when no line of them could judge: all in warmup, the window not full by the
+end, no initial level above 0; or when every judgement is known without a median:
+converged (most of each line's last ``edge_values`` not ``still_high``) or, in an
+episode, most of them not ``recovered``: a median of values most of which are on one
+side of a bar is on that side too.
 """
 
 from __future__ import annotations
@@ -39,9 +41,8 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
-from itertools import islice, repeat
-from operator import ge, indexOf, lt
-from typing import Any
+from itertools import chain, islice, repeat
+from operator import indexOf, not_
 
 from pydantic import Field, model_validator
 
@@ -85,6 +86,37 @@ class LossPlateauConfig(MetricRuleConfig):
         return self
 
 
+def high_bar(initial: float, settings: LossPlateauConfig) -> float:
+    """The "still high" bar: ``high_fraction`` of the run's initial level."""
+    return settings.high_fraction * initial
+
+
+def still_high(level: float, bar: float) -> bool:
+    """Whether a loss level is still high: at or above the "still high" ``bar``."""
+    return level >= bar
+
+
+def is_plateau(start: float, recent: float, initial: float, settings: LossPlateauConfig) -> bool:
+    """Whether a full window whose ends have the levels ``start`` and ``recent`` is a
+    plateau: ``start`` above 0, not improved by ``min_improvement``, and still high."""
+    if start <= 0:
+        return False
+    if recent < (1 - settings.min_improvement) * start:
+        return False  # still improving
+    return still_high(recent, high_bar(initial, settings))  # flat, and not converged
+
+
+def resolve_bar(recent: float, initial: float, settings: LossPlateauConfig) -> float:
+    """The bar a plateau at level ``recent`` resolves under: improved by ``min_improvement``
+    on it, or under the "still high" bar."""
+    return max((1 - settings.min_improvement) * recent, high_bar(initial, settings))
+
+
+def recovered(level: float, bar: float) -> bool:
+    """Whether the recent level ends an episode: under its resolve ``bar``."""
+    return level < bar
+
+
 class LossPlateauDetector(BaseDetector):
     """Raises one info alert when the loss has stayed flat and high for a whole window."""
 
@@ -125,81 +157,43 @@ class LossPlateauDetector(BaseDetector):
         return statistics.median(self._first)
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        if sample.name == "lr":
+        name, value, step, stamp = sample
+        if name == "lr":
             self._warmup.observe(sample)
             return []
-        if sample.name != METRIC or not math.isfinite(sample.value):
+        if name != METRIC or not math.isfinite(value):
             return []
-        if len(self._first) < self.settings.edge_values:
-            self._first.append(sample.value)
-            if len(self._first) == self.settings.edge_values:
+        edge_values = self.settings.edge_values
+        first = self._first
+        if len(first) < edge_values:
+            first.append(value)
+            if len(first) == edge_values:
                 self._set_high_bar()
-        if self._warmup.active(sample.step):
+        if self._warmup.active(step):
             return []
-        if len(self._window) == self._window.maxlen:
+        window = self._window
+        if len(window) == window.maxlen:
             self._moved_on = True
-        self._window.append((sample.step, sample.value))
-        if self._high_bar is not None and sample.value < self._high_bar:
-            self._under_high += 1
-        else:
+        window.append((step, value))
+        bar = self._high_bar
+        if bar is None or still_high(value, bar):
             self._under_high = 0
-        time = sample.time if sample.time is not None else now
+        else:
+            self._under_high += 1
+            if self._bar is None and self._under_high >= edge_values:
+                # The last edge_values are all under the bar, so is their median: converged.
+                return []
+        time = stamp if stamp is not None else now
         if self._bar is not None:
             return self._judge_recovery(sample, source, time)
         return self._judge_plateau(sample, source, time)
-
-    def observe_samples(
-        self, samples: list[Sample], source: str, now: float
-    ) -> list[tuple[int, Alert]]:
-        """``observe`` per sample, with the common verdict found without a median.
-
-        When the last ``edge_values`` values are all under the "still high" bar, so is
-        their median: the loss has converged and ``_judge_plateau`` says nothing.
-        """
-        found: list[tuple[int, Alert]] = []
-        warmup = self._warmup
-        edge_values = self.settings.edge_values
-        for index, sample in enumerate(samples):
-            name, value, step, stamp = sample
-            if name == "lr":
-                if warmup.lr_rising is not False:
-                    warmup.observe(sample)
-                continue
-            if name != METRIC or not math.isfinite(value):
-                continue
-            first = self._first
-            if len(first) < edge_values:
-                first.append(value)
-                if len(first) == edge_values:
-                    self._set_high_bar()
-            if warmup.lr_rising or (step is not None and step < warmup.warmup_steps):
-                continue
-            window = self._window
-            if len(window) == window.maxlen:
-                self._moved_on = True
-            window.append((step, value))
-            high_bar = self._high_bar
-            if high_bar is not None and value < high_bar:
-                self._under_high += 1
-                if self._bar is None and self._under_high >= edge_values:
-                    continue  # converged: the recent median is under the bar
-            else:
-                self._under_high = 0
-            time = stamp if stamp is not None else now
-            if self._bar is not None:
-                raised = self._judge_recovery(sample, source, time)
-            else:
-                raised = self._judge_plateau(sample, source, time)
-            for alert in raised:
-                found.append((index, alert))
-        return found
 
     def _set_high_bar(self) -> None:
         """The "still high" bar, once the initial level is known; None where a sum of
         two values under it could overflow (the shortcut would then be unsound)."""
         initial = self.initial_level
         assert initial is not None
-        bar = self.settings.high_fraction * initial
+        bar = high_bar(initial, self.settings)
         self._high_bar = bar if 0 < bar < _HUGE else None
 
     def can_absorb(self, block: Block) -> bool:
@@ -217,8 +211,8 @@ class LossPlateauDetector(BaseDetector):
         window, edge_values = self._window, self.settings.edge_values
         bar = self._bar
         if bar is not None:
-            # An episode: each line's recent median must stay at or above its bar.
-            return self._medians_beside(ge, bar, values, 0)
+            # An episode: no line's recent median may have recovered.
+            return self._medians_not(recovered, bar, values, 0)
         size = self.settings.window
         # Index of the first value after which the window is full: the first judged.
         judged_from = max(0, size - len(window) - 1)
@@ -232,26 +226,25 @@ class LossPlateauDetector(BaseDetector):
         assert initial is not None
         if initial <= 0:
             return True
-        # Converged: each recent median under the "still high" bar. (Still improving
-        # would need a median per line: such blocks go line by line.)
-        high_bar = self._high_bar
-        return high_bar is not None and self._medians_beside(lt, high_bar, values, judged_from)
+        # Converged: no recent median still high. (Still improving would need a median
+        # per line: such blocks go line by line.)
+        bar = self._high_bar
+        return bar is not None and self._medians_not(still_high, bar, values, judged_from)
 
-    def _medians_beside(
+    def _medians_not(
         self,
-        side: Callable[[float, float], bool],
+        decision: Callable[[float, float], bool],
         bar: float,
         values: list[float],
         judged_from: int,
     ) -> bool:
         """Whether at each judged line (from index ``judged_from`` of ``values``) the median
-        of the last ``edge_values`` is ``side`` of ``bar`` (``ge``: at or above, ``lt``:
-        under): it is when most of them are."""
+        of the last ``edge_values`` is not ``decision`` against ``bar`` (``still_high``,
+        ``recovered``: each a side of the bar): it is not when most of them are not."""
         edge_values = self.settings.edge_values
         tail = [value for _, value in islice(reversed(self._window), edge_values - 1)]
         tail.reverse()
-        flags = list(map(side, tail, repeat(bar)))
-        flags += map(side, values, repeat(bar))
+        flags = list(map(not_, map(decision, chain(tail, values), repeat(bar))))
         return majority_in_every_window(flags, edge_values, len(tail) + judged_from)
 
     def absorb(self, block: Block) -> None:
@@ -278,14 +271,14 @@ class LossPlateauDetector(BaseDetector):
         if len(window) + len(values) > size:
             self._moved_on = True  # a value was appended to a full window
         window.extend(zip(steps[-size:], values[-size:], strict=True))
-        high_bar = self._high_bar
-        if high_bar is None or barred_from >= len(values):
+        bar = self._high_bar
+        if bar is None or barred_from >= len(values):
             self._under_high = 0
             return
         barred = values[barred_from:]
         try:
-            # The values under the bar at the end, back to the last one that was not.
-            self._under_high = indexOf(map(lt, reversed(barred), repeat(high_bar)), False)
+            # The values not still high at the end, back to the last one that was.
+            self._under_high = indexOf(map(still_high, reversed(barred), repeat(bar)), True)
         except ValueError:
             self._under_high = len(barred) + (self._under_high if barred_from == 0 else 0)
 
@@ -302,13 +295,9 @@ class LossPlateauDetector(BaseDetector):
         recent_values = self._edge(reversed(self._window))[::-1]
         start = statistics.median(start_values)
         recent = statistics.median(recent_values)
-        if start <= 0:
+        if not is_plateau(start, recent, initial, settings):
             return []
-        if recent < (1 - settings.min_improvement) * start:
-            return []  # still improving
-        if recent < settings.high_fraction * initial:
-            return []  # flat, but low: converged
-        self._bar = max((1 - settings.min_improvement) * recent, settings.high_fraction * initial)
+        self._bar = resolve_bar(recent, initial, settings)
         self._onset_step = self._window[0][0]
         from_start = not self._moved_on
         improvement = 1 - recent / start
@@ -331,45 +320,39 @@ class LossPlateauDetector(BaseDetector):
             "start_values": start_values,
             "values": recent_values,
         }
-        return [self._alert(settings.severity, message, sample, source, time, details)]
+        return [
+            self.sample_alert(
+                sample,
+                severity=settings.severity,
+                message=message,
+                time=time,
+                source=source,
+                onset_step=self._onset_step,
+                details=details,
+            )
+        ]
 
     def _judge_recovery(self, sample: Sample, source: str, time: float) -> list[Alert]:
         assert self._bar is not None
         recent_values = self._edge(reversed(self._window))[::-1]
         recent = statistics.median(recent_values)
-        if recent >= self._bar:
+        if not recovered(recent, self._bar):
             return []
         message = f"loss improved to {recent:.4g} at step {sample.step} (under {self._bar:.4g})"
         details = {"kind": "recovered", "threshold": self._bar, "recent_level": recent}
-        alert = self._alert(Severity.INFO, message, sample, source, time, details, resolves=True)
+        alert = self.sample_alert(
+            sample,
+            severity=Severity.INFO,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=self._onset_step,
+            resolves=True,
+            details=details,
+        )
         self._bar = None
         self._onset_step = None
         self._window.clear()
         self._under_high = 0
         self._moved_on = True
         return [alert]
-
-    def _alert(
-        self,
-        severity: Severity,
-        message: str,
-        sample: Sample,
-        source: str,
-        time: float,
-        details: dict[str, Any],
-        *,
-        resolves: bool = False,
-    ) -> Alert:
-        return Alert(
-            rule=self.rule,
-            severity=severity,
-            message=message,
-            time=time,
-            source=source,
-            step=sample.step,
-            metric=METRIC,
-            value=sample.value,
-            onset_step=self._onset_step,
-            resolves=resolves,
-            details=details,
-        )

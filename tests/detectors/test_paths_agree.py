@@ -16,11 +16,13 @@ import math
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sentinel.detectors.base import BaseDetector, RuleConfig
 from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
+from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
 from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
 from tests.detectors.blockcheck import T0, run
 
@@ -41,7 +43,7 @@ def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
     Its bursts multiply the values by about ``bar`` (the rule's factor: just under,
     just over) or far more.
     """
-    lines = draw(st.integers(min_value=40, max_value=300))
+    lines = draw(st.integers(min_value=40, max_value=200))
     noise = draw(st.sampled_from([0.002, 0.02, 0.1]))
     jumps = [bar * 0.97, bar * 1.03, bar * 1.2, bar * 1.6, 6.0, 20.0]
     rng = random.Random(draw(st.integers(min_value=0, max_value=2**32 - 1)))
@@ -53,6 +55,7 @@ def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
     stamped = draw(st.booleans())
     replay = draw(st.booleans()) or not stamped
     level = draw(st.sampled_from([4.0, 1.0, 0.01]))
+    decay = draw(st.sampled_from([1.0, 0.999, 0.99]))  # flat, slowly or quickly falling
     step, now, out = draw(st.integers(min_value=0, max_value=50)), T0, []
     burst = 0
     for index in range(lines):
@@ -60,6 +63,7 @@ def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
             burst = rng.randint(1, 8)
         step += rng.choice(gaps)
         now += rng.choice([0.5, 0.5, 2.0])
+        level *= decay
         if rng.random() < 0.02:
             level *= rng.choice([0.3, 3.0])  # a level shift
         loss = level * (1 + noise * rng.gauss(0, 1))
@@ -133,6 +137,7 @@ def grad_norm_run_configs(draw: st.DrawFn) -> GradNormRunConfig:
     )
 
 
+@pytest.mark.slow
 @AGREE
 @given(data=st.data())
 def test_loss_spike_paths_agree(data: st.DataObject) -> None:
@@ -141,9 +146,31 @@ def test_loss_spike_paths_agree(data: st.DataObject) -> None:
     assert_paths_agree(LossSpikeDetector, config, texts, replay)
 
 
+@pytest.mark.slow
 @AGREE
 @given(data=st.data())
 def test_grad_norm_run_paths_agree(data: st.DataObject) -> None:
     config = data.draw(grad_norm_run_configs())
     texts, replay = data.draw(logs(config.factor))
     assert_paths_agree(GradNormRunDetector, config, texts, replay)
+
+
+@st.composite
+def loss_plateau_configs(draw: st.DrawFn) -> LossPlateauConfig:
+    window = draw(st.integers(min_value=4, max_value=60))
+    return LossPlateauConfig(
+        window=window,
+        edge_values=draw(st.integers(min_value=1, max_value=window // 2)),
+        min_improvement=draw(st.sampled_from([0.0, 0.01, 0.05, 0.3])),
+        high_fraction=draw(st.sampled_from([0.3, 0.9, 1.0])),
+        warmup_steps=draw(st.sampled_from([0, 0, 10, 40])),
+    )
+
+
+@pytest.mark.slow
+@AGREE
+@given(data=st.data())
+def test_loss_plateau_paths_agree(data: st.DataObject) -> None:
+    config = data.draw(loss_plateau_configs())
+    texts, replay = data.draw(logs(1 / config.high_fraction))
+    assert_paths_agree(LossPlateauDetector, config, texts, replay)
