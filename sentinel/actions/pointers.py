@@ -358,14 +358,17 @@ def _replace_copy(
     """Set the copy at ``pointer.path`` aside and put a copy of ``clean`` in its place."""
     path = pointer.path
     temp = atomic.temp_beside(path)
-    clone(clean, temp)
+    aside: Path | None = None
+    linked = False
     try:
+        clone(clean, temp)
         os.utime(temp)  # the newest last*.ckpt wins for ckpt_path="last"
         stat = os.stat(temp)
         quarantine_dir.mkdir(parents=True, exist_ok=True)
         aside = _free(quarantine_dir, path.name, taken)
         try:
             os.link(path, aside)  # the old copy is in the quarantine before its name moves on
+            linked = True
         except OSError as error:
             if error.errno not in _CANNOT_LINK:
                 raise
@@ -374,6 +377,10 @@ def _replace_copy(
     except BaseException:
         if os.path.lexists(temp):
             os.unlink(temp)  # sentinel's own copy, never the job's file
+        if aside is not None and linked:
+            os.unlink(aside)  # sentinel's second name for the job's file, which stays
+        elif aside is not None and os.path.lexists(aside) and not os.path.lexists(path):
+            os.rename(aside, path)  # the job's copy back under its name
         raise
     taken.add(aside)
     log.info("set the copy %s aside to %s; it is now a copy of %s", path, aside, clean.name)

@@ -22,7 +22,14 @@ from typing import Any
 import pytest
 
 from sentinel.actions import atomic
-from sentinel.actions.pointers import Form, PointerKind, find_pointers, plan_rewrites, rewrite
+from sentinel.actions.pointers import (
+    Form,
+    PointerKind,
+    apply_rewrite,
+    find_pointers,
+    plan_rewrites,
+    rewrite,
+)
 from sentinel.actions.restore import RestoreRefused, restore_quarantine
 from sentinel.actions.rollback import MANIFEST, apply_rollback, plan_rollback, pointer_note
 from sentinel.cli import main
@@ -460,6 +467,22 @@ def test_rewrite_renames_over_the_pointer_and_a_failed_one_leaves_it_whole(tmp_p
     stat = os.stat(tmp_path / "latest")
     assert stat.st_ino != inode  # a new file renamed over, never the old one written in place
     assert stat.st_mode & 0o777 == 0o640
+
+
+def test_a_copy_whose_replacement_fails_stays_in_place_whole(tmp_path: Path) -> None:
+    (tmp_path / "last.ckpt").write_bytes(b"the job's last save")
+    clean = tmp_path / "epoch=1-step=40.ckpt"
+    clean.write_bytes(b"clean")
+    inode = os.stat(tmp_path / "last.ckpt").st_ino
+    [planned] = plan_rewrites(find_pointers(tmp_path), clean, [tmp_path / "last.ckpt"])
+    clean.unlink()  # gone between the plan and the rewrite
+
+    with pytest.raises(FileNotFoundError):
+        apply_rewrite(planned, tmp_path / QUARANTINE_DIR / LABEL, set())
+
+    assert (tmp_path / "last.ckpt").read_bytes() == b"the job's last save"
+    assert os.stat(tmp_path / "last.ckpt").st_ino == inode
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]  # no temp copy, nothing set aside
 
 
 # -- restore, dry run, the listing ------------------------------------------------------------
