@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 if an alert this severe or worse was found",
     )
 
-    checkpoints = verbs.add_parser("checkpoints", help="list checkpoints and their status")
+    checkpoints = verbs.add_parser(
+        "checkpoints", help="list checkpoints and their status, and the resume pointers"
+    )
     add_shared(
         checkpoints,
         takes=["--json"],
@@ -109,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--restore",
         metavar="INCIDENT",
         help="undo a rollback: move the quarantine INCIDENT (its folder's name, or a unique"
-        " prefix) back where each item came from; refuses if any of those places is taken",
+        " prefix) back where each item came from, and the resume pointers it rewrote as they"
+        " were; refuses if any of those places is taken",
     )
 
     notify_test = verbs.add_parser("notify-test", help="send a test alert to every target")
