@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sentinel.incidents import Incident
-from sentinel.records import Sample
+from sentinel.records import Alert, Sample
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -110,6 +110,18 @@ def diagnose(
         sample_range=_sample_range(inspect, samples_per_step),
         sparkline=_spark(metric or worst.metric, recent),
     )
+
+
+def explain(
+    incident: Incident,
+    alert: Alert,
+    recent: Mapping[str, Sequence[Sample]],
+    *,
+    samples_per_step: int | None = None,
+) -> None:
+    """Diagnose ``incident`` anew with ``alert`` just folded in; the alert carries it."""
+    incident.diagnosis = diagnose(incident, recent, samples_per_step=samples_per_step)
+    alert.details["diagnosis"] = incident.diagnosis.to_json()
 
 
 def _reading(

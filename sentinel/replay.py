@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sentinel.config import Settings
+from sentinel.diagnosis import explain
 from sentinel.engine import Engine, build_detectors
 from sentinel.incidents import IncidentTracker
 from sentinel.parsers import Garbled, LineParser
 from sentinel.parsers.files import iter_replay_batches, replay_plan
 from sentinel.parsers.hf_trainer import read_trainer_state, trainer_state_info
 from sentinel.records import Alert, Severity
-from sentinel.watch import explain
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,12 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         for alert in alerts:
             tracker.observe(alert)
             if not alert.resolves and alert.rule in tracker.open:
-                explain(tracker.open[alert.rule], alert, engine)
+                explain(
+                    tracker.open[alert.rule],
+                    alert,
+                    engine.recent(None),
+                    samples_per_step=engine.facts.samples_per_step,
+                )
             result.alerts.append(alert)
             if alert.resolves:
                 episodes.pop(alert.rule, None)

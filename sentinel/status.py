@@ -3,7 +3,7 @@
 ``gather`` reads ``state.db`` without writing to it (another sentinel may be
 running): the last run id, the job's state as the supervisor last wrote it,
 messages still owed, each target's last delivery success and failure (with the
-masked error, stored here by the notifier with ``record_result``), the
+masked error, as the notifier stored it: ``actions.target_results``), the
 heartbeat's last ping, and the disk that rollback's quarantine and the kept
 copies of overwritten checkpoints take in the checkpoint dir (kv ``checkpoints.dir``,
 as the supervisor recorded it, else the configured one).
@@ -20,68 +20,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sentinel.actions.disk import DiskUse, disk_use, human_bytes
-from sentinel.actions.outbox import target_hash
 from sentinel.actions.outbox_store import read_pending
-from sentinel.state import StateStore
+from sentinel.actions.target_results import TargetResult, read_results
 
 UNKNOWN = "unknown"
 #: kv key: the checkpoint dir of the run (absolute), written by the supervisor.
 CHECKPOINTS_DIR_KEY = "checkpoints.dir"
 _T = TypeVar("_T")
-
-
-_RESULTS_TABLE = """
-CREATE TABLE IF NOT EXISTS notify_targets (
-    target_hash TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    last_attempt_at REAL,
-    last_success_at REAL,
-    last_failure_at REAL,
-    last_error TEXT
-)
-"""
-
-
-@dataclass(frozen=True)
-class TargetResult:
-    """How delivery to one target last went (epoch seconds; the error is masked)."""
-
-    name: str
-    last_attempt_at: float | None = None
-    last_success_at: float | None = None
-    last_failure_at: float | None = None
-    last_error: str | None = None
-
-
-def record_result(store: StateStore, url: str, name: str, now: float, error: str | None) -> None:
-    """Store the outcome of one delivery attempt to ``url`` (``error`` masked; None: success)."""
-    outcome = (
-        "last_success_at = :now" if error is None else "last_failure_at = :now, last_error = :error"
-    )
-    with store.transaction() as conn:
-        conn.execute(_RESULTS_TABLE)
-        conn.execute(
-            "INSERT INTO notify_targets (target_hash, name) VALUES (:hash, :name)"
-            " ON CONFLICT (target_hash) DO UPDATE SET name = excluded.name",
-            {"hash": target_hash(url), "name": name},
-        )
-        conn.execute(
-            f"UPDATE notify_targets SET last_attempt_at = :now, {outcome}"
-            " WHERE target_hash = :hash",
-            {"now": now, "error": error, "hash": target_hash(url)},
-        )
-
-
-def read_results(conn: sqlite3.Connection) -> dict[str, TargetResult]:
-    """Every target's last delivery outcome as stored, by target hash."""
-    rows: list[Any] = _or_empty(
-        lambda: conn.execute(
-            "SELECT target_hash, name, last_attempt_at, last_success_at, last_failure_at,"
-            " last_error FROM notify_targets ORDER BY name"
-        ).fetchall(),
-        [],
-    )
-    return {row[0]: TargetResult(*row[1:]) for row in rows}
 
 
 class NoState(Exception):

@@ -129,7 +129,9 @@ class Supervisor:
         )
         #: When the loop last turned (monotonic), for the heartbeat's health check.
         self._loop_turned_at = time.monotonic()
-        self._system = SystemSources(settings, self._put_system, on_reading=self._put_reading)
+        self._system = SystemSources(
+            settings.gpu, settings.process, self._put_system, on_reading=self._put_reading
+        )
 
     # -- the loop -------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from sentinel.actions.notify import Notifier
 from sentinel.actions.report import Journal, write_report
 from sentinel.config import Settings
 from sentinel.cost import incident_cost
-from sentinel.diagnosis import diagnose
+from sentinel.diagnosis import explain
 from sentinel.engine import Engine, build_detectors
 from sentinel.incidents import Incident, IncidentEvent, IncidentTracker
 from sentinel.parsers import LineParser
@@ -81,7 +81,12 @@ class Watch:
         for alert in alerts:
             change = self.tracker.observe(alert)
             if not alert.resolves and alert.rule in self.tracker.open:
-                explain(self.tracker.open[alert.rule], alert, self.engine)
+                explain(
+                    self.tracker.open[alert.rule],
+                    alert,
+                    self.engine.recent(None),
+                    samples_per_step=self.engine.facts.samples_per_step,
+                )
             self.journal.append(alert)
             log.log(
                 _LEVELS[alert.severity],
@@ -207,14 +212,6 @@ class Watch:
             now=now if kind is NoticeKind.REPEAT else None,
         )
         self.dispatcher.dispatch(notice, incident.rules, now, force=force)
-
-
-def explain(incident: Incident, alert: Alert, engine: Engine) -> None:
-    """Diagnose an incident anew with the alert just folded in; the alert carries it."""
-    incident.diagnosis = diagnose(
-        incident, engine.recent(None), samples_per_step=engine.facts.samples_per_step
-    )
-    alert.details["diagnosis"] = incident.diagnosis.to_json()
 
 
 _KINDS = {

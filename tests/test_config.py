@@ -496,3 +496,17 @@ def test_check_config_with_bad_file_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "rules.stall" in result.stderr
     assert str(bad) in result.stderr
+
+
+def test_a_target_naming_an_unknown_rule_is_an_error_naming_it(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[[notify.targets]]\nurl = "json://127.0.0.1:9/hook"\nrules = ["nan_inf", "nan_infs"]\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config, environ={})
+    (problem,) = raised.value.problems
+    where = f"notify (from {config})"
+    assert problem.startswith(f"{where}: targets[0].rules: unknown rule(s) nan_infs;")
+    assert "known: nan_inf," in problem

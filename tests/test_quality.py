@@ -1,10 +1,12 @@
-"""The code passes the project's linters: ruff and strict mypy, as part of the full test run.
+"""The code passes the project's linters: ruff, strict mypy and the import layers of
+pyproject's ``[tool.importlinter]`` (``lint-imports``), as part of the full test run.
 
 Marked slow: ``pytest -m "not slow"`` (the fast loop) leaves them to the full run and CI.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -35,3 +37,27 @@ def test_ruff_check() -> None:
 def test_mypy_strict() -> None:
     result = subprocess.run([_tool("mypy"), "sentinel"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_imports_keep_to_their_layers() -> None:
+    """Every contract of ``[tool.importlinter]`` holds: the layers, and no import cycle."""
+    result = subprocess.run(
+        [_tool("lint-imports"), "--no-cache"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_an_import_up_the_layers_breaks_the_contracts(tmp_path: Path) -> None:
+    """The contracts see a real upward import: records (the bottom layer) importing the CLI."""
+    shutil.copytree(ROOT / "sentinel", tmp_path / "sentinel")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    records = tmp_path / "sentinel" / "records.py"
+    records.write_text(records.read_text() + "\nimport sentinel.cli  # noqa: E402, F401\n")
+    result = subprocess.run(
+        [_tool("lint-imports"), "--no-cache"],
+        cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode != 0, result.stdout
+    assert "sentinel.records -> sentinel.cli" in result.stdout

@@ -342,6 +342,32 @@ def test_uncaught_exception_is_printed_masked(raising: str) -> None:
     assert SLACK_TOKEN not in result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("urls", "loaded"), [("", False), (SLACK_URL, True)], ids=["none", "one"])
+def test_apprise_is_loaded_only_when_a_target_is_configured(urls: str, loaded: bool) -> None:
+    """apprise (~17 MiB) is imported by the first URL to read, not by the settings."""
+    script = "\n".join(
+        [
+            "import sys",
+            "from sentinel.config import effective_config, load_settings",
+            f"settings = load_settings(None, environ={{'SENTINEL_NOTIFY__URLS': {urls!r}}})",
+            "effective_config(settings)",
+            "print('apprise' in sys.modules)",
+        ]
+    )
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("SENTINEL_")}
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environ,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(loaded)
+
+
 def test_masking_a_text_without_secrets_leaves_it_unchanged(token: str) -> None:
     load_settings(None, environ={"SENTINEL_NOTIFY__URLS": slack_url(token)})
     text = "step 10 loss 2.31 lr 3e-4"

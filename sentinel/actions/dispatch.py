@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from sentinel.actions.notices import JobInfo, Notice, NoticeKind
+from sentinel.actions.notify_settings import NotifyConfig
 from sentinel.actions.outbox import Added, Batching, Outbox, Target
-from sentinel.config import NotifyConfig
 from sentinel.records import Severity
 from sentinel.secrets import mask_url
 

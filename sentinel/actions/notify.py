@@ -14,7 +14,7 @@ than the normal backoff); the row waits in the outbox, so the worker goes on
 with other messages and targets. apprise hides HTTP answers, so the header is
 read by a ``requests`` response hook (see ``sentinel.actions.retry_after``).
 
-Every attempt's outcome is stored per target (``sentinel.status.record_result``:
+Every attempt's outcome is stored per target (``actions.target_results``:
 last success, last failure, last error) and logged, so ``sentinel status``
 shows them after sentinel is gone.
 
@@ -48,9 +48,9 @@ from sentinel.actions.apprise_message import apprise_call
 from sentinel.actions.notices import Envelope, JobInfo, Notice, NoticeKind
 from sentinel.actions.outbox import Delivery, Outbox, Target, target_hash
 from sentinel.actions.retry_after import observe_responses
+from sentinel.actions.target_results import TargetResult, read_results, record_result
 from sentinel.records import Alert, Severity
 from sentinel.secrets import mask_url, scrub, url_secrets, validate_url
-from sentinel.status import TargetResult, read_results, record_result
 
 __all__ = [
     "DeliveryError",

@@ -8,6 +8,7 @@ from, ``masked`` registers and masks the secrets the settings hold, and
 
 from __future__ import annotations
 
+from sentinel.actions.notify_settings import NotifyConfig, NotifyTarget
 from sentinel.config.errors import ConfigError
 from sentinel.config.load import load_settings
 from sentinel.config.masked import effective_config, register_secrets
@@ -16,19 +17,16 @@ from sentinel.config.models import (
     ENV_PREFIX,
     RESTART_ENV,
     CostConfig,
-    GpuConfig,
     JobConfig,
     KeepConfig,
-    NotifyConfig,
-    NotifyTarget,
     ParserConfig,
-    ProcessConfig,
     RulesConfig,
     Settings,
     TailConfig,
     TrainingConfig,
     WatchConfig,
 )
+from sentinel.sources.settings import GpuConfig, ProcessConfig
 
 __all__ = [
     "CLI_FIELDS",

@@ -12,15 +12,16 @@ import signal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic import create_model as _create_model
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from sentinel import resume, secrets
+from sentinel import resume
+from sentinel.actions.notify_settings import NotifyConfig
 from sentinel.detectors import DETECTORS, RuleConfig
 from sentinel.facts import RunFacts
-from sentinel.records import Severity
-from sentinel.sources.lines import BATCH_S, MAX_BATCH_S
+from sentinel.lines import BATCH_S, MAX_BATCH_S
+from sentinel.sources.settings import GpuConfig, ProcessConfig
 
 ENV_PREFIX = "SENTINEL_"
 #: Variables sentinel sets for the job it restarts; never config.
@@ -31,13 +32,6 @@ def _split_words(value: object) -> object:
     """Let a plain string stand for a list: ``"a.log b.log"`` or ``"a.log,b.log"``."""
     if isinstance(value, str):
         return [part for part in re.split(r"[\s,]+", value) if part]
-    return value
-
-
-def _split_urls(value: object) -> object:
-    """Apprise URLs from one string are separated by whitespace (a URL may hold commas)."""
-    if isinstance(value, str):
-        return value.split()
     return value
 
 
@@ -149,28 +143,6 @@ class TrainingConfig(_Model):
         return self.batch_size * self.gradient_accumulation_steps * self.world_size
 
 
-class GpuConfig(_Model):
-    """``[gpu]``: the NVML source. Without NVML (no driver, no GPU) the GPU rules are off."""
-
-    enabled: bool = True
-    #: Seconds between readings of every GPU. One reading costs a few NVML calls a GPU.
-    interval_s: float = Field(default=5.0, gt=0)
-    #: Which GPUs are the job's: "auto" takes those running one of the job's processes, or
-    #: every visible GPU when NVML shows none of them (a container's own PID namespace
-    #: hides them); "job" only the former; "all" every visible GPU.
-    attribution: Literal["auto", "job", "all"] = "auto"
-    #: Wait for XID critical errors on a thread of their own (NVML event set).
-    xid_events: bool = True
-
-
-class ProcessConfig(_Model):
-    """``[process]``: the job's process tree (psutil)."""
-
-    enabled: bool = True
-    #: Seconds between readings of the tree: CPU, RSS, states, I/O.
-    interval_s: float = Field(default=5.0, gt=0)
-
-
 class CostConfig(_Model):
     """``[cost]``: what the job's GPUs cost, for ``cost_overrun``, ``gpu_idle`` and reports."""
 
@@ -237,75 +209,6 @@ class ParserConfig(_Model):
         return patterns
 
 
-def _accepted_url(url: SecretStr) -> SecretStr:
-    """An apprise URL apprise accepts; the error shows it masked."""
-    problem = secrets.validate_url(url.get_secret_value())
-    if problem:
-        raise ValueError(f"{secrets.mask_url(url.get_secret_value())}: {problem}")
-    return url
-
-
-class NotifyTarget(_Model):
-    """``[[notify.targets]]``: one apprise URL with its own route."""
-
-    url: SecretStr
-    #: Shown instead of the masked URL in ``sentinel status`` and the logs.
-    name: str = ""
-    #: The least severe alert this target gets; unset: ``[notify] min_severity``.
-    min_severity: Severity | None = None
-    #: Only incidents of these rules reach this target; empty: every rule.
-    rules: list[str] = Field(default_factory=list)
-
-    _accepted = field_validator("url")(_accepted_url)
-
-    @field_validator("rules")
-    @classmethod
-    def _known_rules(cls, rules: list[str]) -> list[str]:
-        unknown = sorted(set(rules) - set(DETECTORS))
-        if unknown:
-            raise ValueError(f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(DETECTORS)}")
-        return rules
-
-
-class NotifyConfig(_Model):
-    """``[notify]``: where alerts go, and how often people hear of them."""
-
-    #: Apprise URLs (https://github.com/caronc/apprise/wiki); they hold tokens and are never logged.
-    #: Each gets every incident at ``min_severity`` or worse.
-    urls: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
-    #: Targets with routes of their own (severity, rules), beside ``urls``.
-    targets: list[NotifyTarget] = Field(default_factory=list)
-    min_severity: Severity = Severity.WARNING
-    timeout_s: float = Field(default=10.0, gt=0)
-    retry_max_s: float = Field(default=300.0, gt=0)
-    #: Notices raised within this many seconds of the first go out as one message
-    #: (a NaN, the grad-norm run before it and the rollback that followed).
-    group_wait_s: float = Field(default=30.0, ge=0)
-    #: An incident still open and critical is announced again this often (Alertmanager: 4 h).
-    repeat_interval_s: float = Field(default=4 * 3600.0, gt=0)
-    #: Send a message when an announced incident resolves.
-    send_resolved: bool = True
-    #: At most this many messages per target per ``rate_window_s``; the rest are folded
-    #: into one digest (every alert stays in the journal).
-    rate_limit: int = Field(default=20, ge=1)
-    rate_window_s: float = Field(default=3600.0, gt=0)
-    #: A rule whose incidents open this many times within ``flap_window_s`` is flapping:
-    #: one message says so, and its opens and resolves are held until it settles.
-    flap_threshold: int = Field(default=3, ge=2)
-    flap_window_s: float = Field(default=3600.0, gt=0)
-    #: A URL pinged every ``heartbeat_interval_s`` while sentinel is healthy (a dead-man
-    #: switch such as healthchecks.io), so silence from sentinel itself is noticed.
-    heartbeat_url: SecretStr | None = None
-    heartbeat_interval_s: float = Field(default=300.0, gt=0)
-
-    _split = field_validator("urls", mode="before")(_split_urls)
-
-    @field_validator("urls")
-    @classmethod
-    def _apprise_accepts(cls, urls: list[SecretStr]) -> list[SecretStr]:
-        return [_accepted_url(url) for url in urls]
-
-
 _RULE_FIELDS: dict[str, Any] = {
     rule: (detector.config_model, Field(default_factory=detector.config_model))
     for rule, detector in DETECTORS.items()
@@ -357,6 +260,19 @@ class Settings(BaseSettings):
     rules: RulesConfig = Field(default_factory=RulesConfig)  # type: ignore[valid-type]
 
     _split_logs = field_validator("logs", mode="before")(_split_words)
+
+    @field_validator("notify")
+    @classmethod
+    def _known_rules(cls, notify: NotifyConfig) -> NotifyConfig:
+        """Each target routes rules that exist."""
+        for index, target in enumerate(notify.targets):
+            unknown = sorted(set(target.rules) - set(DETECTORS))
+            if unknown:
+                raise ValueError(
+                    f"targets[{index}].rules: unknown rule(s) {', '.join(unknown)};"
+                    f" known: {', '.join(DETECTORS)}"
+                )
+        return notify
 
     @model_validator(mode="after")
     def _gpus_from_world_size(self) -> Settings:

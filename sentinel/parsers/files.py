@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Literal, Protocol
 
+from sentinel.lines import LineSplitter
 from sentinel.parsers import lightning_csv, mlflow, tensorboard
 from sentinel.parsers.tensorboard import INSTALL_HINT, MissingExtra
 from sentinel.records import Sample
-from sentinel.sources.lines import LineSplitter
 
 logger = logging.getLogger(__name__)
 

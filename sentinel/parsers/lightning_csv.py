@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sentinel.lines import LineSplitter
 from sentinel.parsers.values import (
     STEP_KEYS,
     TIME_KEYS,
@@ -51,7 +52,6 @@ from sentinel.parsers.values import (
     normalise_name,
 )
 from sentinel.records import PROGRESS, Sample
-from sentinel.sources.lines import LineSplitter
 
 #: The file name ``CSVLogger`` writes.
 FILE_NAME = "metrics.csv"

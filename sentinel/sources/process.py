@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
+from sentinel.lines import BATCH_S, GATHER_SLICES, LineSplitter
 from sentinel.sources.identity import ProcessIdentity
-from sentinel.sources.lines import BATCH_S, GATHER_SLICES, LineSplitter
 
 log = logging.getLogger(__name__)
 

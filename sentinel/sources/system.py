@@ -9,25 +9,31 @@ from __future__ import annotations
 
 import os
 
-from sentinel.config import Settings
 from sentinel.records import Sample
 from sentinel.sources import OnSamples
 from sentinel.sources.gpu import GpuMonitor, OnReading
 from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.proctree import ProcessMonitor
+from sentinel.sources.settings import GpuConfig, ProcessConfig
 
 
 class SystemSources:
     """The process-tree and GPU sources of one ``sentinel run``."""
 
     def __init__(
-        self, settings: Settings, on_samples: OnSamples, *, on_reading: OnReading | None = None
+        self,
+        gpu: GpuConfig,
+        process: ProcessConfig,
+        on_samples: OnSamples,
+        *,
+        on_reading: OnReading | None = None,
     ) -> None:
         """``on_reading``: where the periodic readings go, each as one call: a GPU poll's of
         every GPU, the process tree's (None: ``on_samples``, a call per source). XIDs, which
         are events, always go to ``on_samples``: a receiver may let readings wait a little,
         not those."""
-        self.settings = settings
+        self.gpu_settings = gpu
+        self.process_settings = process
         self.on_samples = on_samples
         self.on_reading = on_reading
         self.processes: ProcessMonitor | None = None
@@ -35,21 +41,21 @@ class SystemSources:
         self._job: ProcessIdentity | None = None
 
     def start(self) -> None:
-        settings = self.settings
-        if settings.process.enabled:
+        if self.process_settings.enabled:
             self.processes = ProcessMonitor(
-                interval_s=settings.process.interval_s, on_samples=self._process_samples()
+                interval_s=self.process_settings.interval_s, on_samples=self._process_samples()
             )
             self.processes.start()
-        if settings.gpu.enabled:
+        gpu = self.gpu_settings
+        if gpu.enabled:
             gpus = GpuMonitor(
                 None,
-                interval_s=settings.gpu.interval_s,
+                interval_s=gpu.interval_s,
                 on_samples=self.on_samples,
                 on_reading=self.on_reading,
                 job_pids=self.job_pids,
-                attribution=settings.gpu.attribution,
-                xid_events=settings.gpu.xid_events,
+                attribution=gpu.attribution,
+                xid_events=gpu.xid_events,
                 # The job inherits sentinel's environment: watch the GPUs it can use.
                 visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
             )

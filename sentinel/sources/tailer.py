@@ -34,8 +34,8 @@ from watchdog.events import FileSystemEvent
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
+from sentinel.lines import BATCH_S, GATHER_SLICES
 from sentinel.sources.inotify import FileWatches
-from sentinel.sources.lines import BATCH_S, GATHER_SLICES
 from sentinel.sources.logfile import FileFollower, OffsetStore
 
 logger = logging.getLogger(__name__)

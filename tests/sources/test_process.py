@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sentinel.sources.lines import MAX_BATCH_S
+from sentinel.lines import MAX_BATCH_S
 from sentinel.sources.process import PIPE_BYTES, JobProcess
 
 DEADLINE_S = 10.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.sources.lines import MAX_BATCH_S
+from sentinel.lines import MAX_BATCH_S
 from sentinel.sources.tailer import LogTailer
 from sentinel.state import StateStore
 
