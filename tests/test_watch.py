@@ -1,0 +1,179 @@
+"""``sentinel watch`` end to end: a job sentinel did not start, relaunched by someone else.
+
+An orchestrator process (standing in for systemd's ``Restart=`` with
+``RestartPreventExitStatus=90``, or a Kubernetes podFailurePolicy) runs the job
+through the two-line wrapper of the README and relaunches it unless the wrapper
+exits 0 or 90. It is started by a launcher that exits at once, so neither it nor the
+job is sentinel's child. sentinel follows the job by its pidfile and its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.slow
+
+# Saves step_<N> every 10 steps (and step_25 right before its NaN), resumes from the
+# newest step_* it finds: the "resume from latest" a plain script does.
+JOB = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    run = Path(sys.argv[1]); ckpt = run / "ckpt"; ckpt.mkdir(parents=True, exist_ok=True)
+    mode = sys.argv[2]  # "once", "always" or "never"
+    (run / "job.pid.tmp").write_text(str(os.getpid()))
+    os.replace(run / "job.pid.tmp", run / "job.pid")
+    saved = sorted(int(p.name[5:]) for p in ckpt.glob("step_*"))
+    start = saved[-1] if saved else 0
+    attempt = len(list(run.glob("attempt-*"))) + 1
+    (run / f"attempt-{attempt}").write_text(json.dumps({"pid": os.getpid(), "start": start}))
+    with (run / "train.log").open("a") as log:
+        for step in range(start + 1, 41):
+            if step % 10 == 0 or step == 25:
+                (ckpt / f"step_{step}").mkdir(exist_ok=True)
+                (ckpt / f"step_{step}" / "state.json").write_text(json.dumps({"step": step}))
+            bad = step == 25 and mode != "never" and (attempt == 1 or mode == "always")
+            loss = float("nan") if bad else 2.0 - step / 100
+            log.write(json.dumps({"step": step, "loss": loss}) + "\\n"); log.flush()
+            time.sleep(60 if bad else 0.05 if mode != "never" else 1.0)
+    """
+)
+
+ORCHESTRATOR = textwrap.dedent(
+    """
+    import json, subprocess, sys
+    py, job, run, mode, state = sys.argv[1:6]
+    wrapper = (f"{py} {job} {run} {mode}; status=$?; "
+               f"exec {py} -m sentinel verdict --state-dir {state} --wait --timeout 60"
+               " --job-status $status")
+    codes = []
+    for _ in range(4):
+        codes.append(subprocess.call(["bash", "-c", wrapper]))
+        (__import__("pathlib").Path(run) / "codes.json").write_text(json.dumps(codes))
+        if codes[-1] in (0, 90):
+            break
+    """
+)
+
+
+def _launch_orchestrator(tmp_path: Path, mode: str) -> Path:
+    """Start the orchestrator through a launcher that exits: the job is nobody's child here."""
+    run, state = tmp_path / "run", tmp_path / "state"
+    run.mkdir()
+    (tmp_path / "job.py").write_text(JOB)
+    (tmp_path / "orchestrator.py").write_text(ORCHESTRATOR)
+    args = [sys.executable, str(tmp_path / "orchestrator.py"), sys.executable,
+            str(tmp_path / "job.py"), str(run), mode, str(state)]  # fmt: skip
+    launcher = (
+        "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
+    )
+    subprocess.run([sys.executable, "-c", launcher, *args], check=True, timeout=30)
+    return run
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _watch(tmp_path: Path, run: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "watch", "--pidfile", str(run / "job.pid"),
+         "--log", str(run / "train.log"), "--checkpoints", str(run / "ckpt"),
+         "--state-dir", str(tmp_path / "state"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "SENTINEL_JOB__GRACE_PERIOD_S": "5"},
+    )  # fmt: skip
+
+
+def _wait_for(predicate: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _metrics(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_watch_rolls_back_writes_91_follows_attempt_2_and_gives_up_with_90(
+    tmp_path: Path,
+) -> None:
+    port = _free_port()
+    run = _launch_orchestrator(tmp_path, "always")
+    watch = _watch(tmp_path, run, "--http", f"127.0.0.1:{port}")
+    try:
+        _wait_for(lambda: (run / "codes.json").exists() and 90 in json.loads(
+            (run / "codes.json").read_text()))  # fmt: skip
+        metrics = _metrics(port)
+        probe = urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=5)
+        assert probe.status == 200, "a NaN in the job never makes sentinel look unhealthy"
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        _out, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err
+    assert json.loads((run / "codes.json").read_text()) == [91, 90]
+    attempts = [json.loads((run / f"attempt-{n}").read_text()) for n in (1, 2)]
+    assert [a["start"] for a in attempts] == [0, 20], "attempt 2 resumed from the clean step_20"
+    quarantined = [p.name for p in (run / "ckpt" / "quarantine").rglob("step_*")]
+    # Each attempt's step_25 (written at its NaN) was set aside, the one given up on too,
+    # so that whoever resumes this run later resumes clean.
+    assert quarantined == ["step_25", "step_25"]
+    assert sorted(p.name for p in (run / "ckpt").glob("step_*")) == ["step_10", "step_20"]
+    final = json.loads((tmp_path / "state" / "verdict.json").read_text())
+    assert (final["state"], final["code"], final["rule"], final["attempt"]) == (
+        "final", 90, "nan_inf", 2
+    )
+    assert metrics["sentinel_job_attempt"] == 2
+    assert metrics["sentinel_log_lines_total"] >= 25
+    for attempt in attempts:
+        with pytest.raises(ProcessLookupError):
+            os.kill(attempt["pid"], 0)
+    assert "recurred at the same step (25)" in err
+
+
+def test_sigterm_stops_sentinel_and_never_the_job(tmp_path: Path) -> None:
+    run = _launch_orchestrator(tmp_path, "never")
+    watch = _watch(tmp_path, run)
+    said: list[str] = []
+    assert watch.stderr is not None
+    reader = threading.Thread(target=lambda: said.extend(iter(watch.stderr.readline, "")))
+    reader.start()
+    try:
+        _wait_for(lambda: any("job found (attempt 1" in line for line in said))
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        watch.wait(timeout=30)
+        reader.join()
+        for pipe in (watch.stdout, watch.stderr):
+            assert pipe is not None
+            pipe.close()
+    err = "".join(said)
+    assert watch.returncode == 0, err
+    pid = json.loads((run / "attempt-1").read_text())["pid"]
+    os.kill(pid, 0)  # still running: a watchdog being stopped leaves its job alone
+    os.kill(pid, signal.SIGKILL)
+    assert "leaving the job alone" in err
