@@ -90,18 +90,29 @@ class Restarts:
             self.keeper.close(KEEP_FLUSH_S)
 
     def decide(self, incident: Incident) -> Decision:
-        """Roll back and plan the restart after ``incident`` stopped the job."""
+        """Roll back and plan the restart after ``incident`` stopped the job.
+
+        The rollback happens even when no restart follows, so that whoever resumes the
+        run later (a person, an orchestrator that ignores the verdict) resumes clean.
+        """
         job = self.job
         failure = (incident.rule, incident.first.step)
+        stop = ""
         if failure == self._last_failure:
-            return Decision(
-                give_up=f"{incident.rule} recurred at the same step ({incident.first.step})"
+            stop = (
+                f"{incident.rule} recurred at the same step ({incident.first.step})"
                 " after a restart: not restarting again"
             )
-        if self.count >= job.max_restarts:
-            if job.max_restarts == 0:
-                return Decision(notes=["not restarting (max_restarts is 0)"])
-            return Decision(give_up=f"gave up after {self.count} restart(s) (max_restarts)")
+        elif self.count >= job.max_restarts and job.max_restarts > 0:
+            stop = f"gave up after {self.count} restart(s) (max_restarts)"
+        if stop or job.max_restarts == 0:
+            rolled = self._rollback(incident)
+            notes = [note for note in rolled.notes if "giving up" not in note]
+            if rolled.give_up is not None and rolled.give_up.startswith("rollback failed"):
+                notes.append(rolled.give_up)
+            if not stop:
+                return Decision(notes=[*notes, "not restarting (max_restarts is 0)"])
+            return Decision(give_up=stop, notes=notes)
         self._last_failure = failure
         decision = self._rollback(incident)
         if decision.resume is None:

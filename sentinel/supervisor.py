@@ -116,6 +116,8 @@ class Supervisor:
             settings.job, settings.checkpoints, settings.keep, relaunches=holder.relaunches
         )
         self._waiting_since: float | None = None
+        #: ``watch``: the last attempt ended and the rules were started afresh for the next.
+        self._waiting_for_next = False
         self._shutdown_signals = 0
         self._finished = False
         self._store: StateStore | None = None
@@ -222,6 +224,8 @@ class Supervisor:
         # The batch at once, then its alerts: a batch is at most a gathering window of
         # output, and the engine reads a batch of one schema far faster than line by line.
         self.service.lines(len(lines))
+        if self.state is JobState.WAITING:
+            self._start_attempt()  # output again: the job is likely back; judge it as its own
         alerts = self.watch.engine.feed_texts(source, lines, read_at)
         if alerts:
             self._handle(alerts)
@@ -380,6 +384,10 @@ class Supervisor:
             return
         if incident is not None:
             self.watch.update(incident, final=True)
+        # What the job writes from now on is the next attempt's, even if it is read before
+        # the process is found: the rules start fresh now, not when it is found.
+        self.watch.job_started(time.time(), self._restarts.resume.step or 0)
+        self._waiting_for_next = True
         self._wait_for_next()
 
     @property
@@ -522,8 +530,10 @@ class Supervisor:
         self._system.set_job(job.identity)
         self.service.metrics.attempt_started(attempt)
         self.service.metrics.target_up(True)
-        resumed_at = self._restarts.resume.step if self.restarts else None
-        self.watch.job_started(job.started_at, resumed_at or 0)
+        if not self._waiting_for_next:  # else the rules were started fresh at the last end
+            resumed_at = self._restarts.resume.step if self.restarts else None
+            self.watch.job_started(job.started_at, resumed_at or 0)
+        self._waiting_for_next = False
         self._set_state(JobState.STARTING)
         log.info(
             "job %s (attempt %d, pid %d): %s",
