@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate, chain, compress, count, islice, repeat
-from operator import gt, lt, sub, truediv
+from operator import gt, lt, not_, sub, truediv
 from typing import NamedTuple
 
 from pydantic import Field
@@ -70,6 +70,23 @@ class ThroughputDropConfig(MetricRuleConfig):
 Point = tuple[float, int] | None
 #: The rule's derived steps/sec state: ``_data_clock``, ``_previous``, ``_point``.
 Clock = tuple[bool, Point, Point]
+
+
+def low_bar(baseline: float, fraction: float) -> float:
+    """The bar under which a throughput value is low: ``fraction`` of the baseline. It
+    rises with the baseline, so a value at or above the bar of the highest baseline a
+    block could reach is high whatever the baseline does."""
+    return fraction * baseline
+
+
+def is_low(value: float, bar: float) -> bool:
+    """Whether a throughput value is low: under the ``low_bar`` of the baseline."""
+    return value < bar
+
+
+def highs_among(values: list[float], bar: float) -> list[bool]:
+    """``not is_low`` for each value: which are at or above ``bar``."""
+    return list(map(not_, map(is_low, values, repeat(bar))))
 
 
 class Judged(NamedTuple):
@@ -191,24 +208,24 @@ def block_lows(
     if not values:
         return []
     fraction = settings.fraction
-    bar = fraction * baseline
+    bar = low_bar(baseline, fraction)
     if is_open:
-        return list(range(len(values))) if max(values) < bar else None
+        return list(range(len(values))) if is_low(max(values), bar) else None
     if not bar > 0 or 0.0 in recent:
         return None  # +0.0 and -0.0 sort as equals: the rolling window's order is unsure
     # The baseline only rises, and at most to a window's median, which is at most the
     # window's rank-th largest value: so at most to the largest value of them all.
     smallest = min(values)
     top = max(baseline, max(recent), max(values))
-    if smallest >= fraction * top:
+    if not is_low(smallest, low_bar(top, fraction)):
         lows: list[int] = []  # every value high whatever the baseline does
     else:
-        lows = list(compress(count(), map(bar.__gt__, values))) if smallest < bar else []
-        if sum(map((fraction * top).__le__, values)) + len(lows) < len(values):
+        lows = list(compress(count(), map(is_low, values, repeat(bar))))
+        if sum(highs_among(values, low_bar(top, fraction))) + len(lows) < len(values):
             # Some value near the bar: try the rank-th largest value as the bound.
             size = settings.baseline_window
             top = max(baseline, sorted(chain(recent, values))[size // 2 - size])
-            if sum(map((fraction * top).__le__, values)) + len(lows) < len(values):
+            if sum(highs_among(values, low_bar(top, fraction))) + len(lows) < len(values):
                 return None  # which side of the bar it falls depends on the order
     sustain = settings.sustain
     if lows:

@@ -3,6 +3,10 @@
 The series is the first throughput metric the job logs (tokens/sec, samples/sec...);
 a job that logs none is judged on steps/sec derived from the time at which each
 new step first appears in its training log lines.
+
+A value is low when ``is_low`` against the ``low_bar`` of the baseline (both in
+``throughput_blocks``): ``_judge`` decides each value with them, and the block path's
+proof (``block_lows``) applies the same two to the columns.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from sentinel.detectors.throughput_blocks import (
     Judged,
     ThroughputDropConfig,
     block_lows,
+    highs_among,
+    is_low,
     judged_values,
+    low_bar,
 )
-from sentinel.records import PROGRESS, Alert, Block, Sample, Severity
+from sentinel.records import Alert, Block, Sample, Severity
 
 #: Name of the series derived from timestamps.
 DERIVED = "steps_per_sec"
@@ -91,43 +98,6 @@ class ThroughputDropDetector(BaseDetector):
                 value, step, time = rate
                 return self._judge(value, step, time, source, derived=True)
         return []
-
-    def observe_samples(
-        self, samples: list[Sample], source: str, now: float
-    ) -> list[tuple[int, Alert]]:
-        """``observe`` per sample: the judged series straight to ``_judge``; once the job's
-        own throughput is judged, the step metrics say nothing and a learning rate only
-        feeds the warmup."""
-        found: list[tuple[int, Alert]] = []
-        throughput = self._throughput
-        warmup = self._warmup
-        for index, sample in enumerate(samples):
-            name, value, step, stamp = sample
-            series = self._series
-            if name == series and name != "lr":
-                raised = self._judge(
-                    value, step, stamp if stamp is not None else now, source, derived=False
-                )
-            elif series is not None and name not in throughput:
-                if name == "lr" and warmup.lr_rising is not False:
-                    warmup.observe(sample)
-                continue
-            elif name == PROGRESS:
-                continue
-            elif series is None and name in self._step_metrics and name not in throughput:
-                # observe's derived case, without its dispatch (a job that logs no throughput).
-                if name == "lr" and warmup.lr_rising is not False:
-                    warmup.observe(sample)
-                rate = self._derive(sample, now)
-                if rate is None:
-                    continue
-                value, step, time = rate
-                raised = self._judge(value, step, time, source, derived=True)
-            else:
-                raised = self.observe(sample, source, now)
-            for alert in raised:
-                found.append((index, alert))
-        return found
 
     def can_absorb(self, block: Block) -> bool:
         """Whether the block's judged values raise nothing, as far as a bound proves it.
@@ -204,8 +174,8 @@ class ThroughputDropDetector(BaseDetector):
             if not continued:
                 self._low_since = (steps[start], times[start])
             self._low_run = continued + len(values) - start if lows[-1] == len(values) - 1 else 0
-            bar = self.settings.fraction * self._baseline
-            highs = list(compress(values, map(bar.__le__, values)))
+            bar = low_bar(self._baseline, self.settings.fraction)
+            highs = list(compress(values, highs_among(values, bar)))
         else:
             self._low_run = 0
         if highs:
@@ -262,10 +232,7 @@ class ThroughputDropDetector(BaseDetector):
     def _judge(
         self, value: float, step: int | None, time: float, source: str, *, derived: bool
     ) -> list[Alert]:
-        warmup = self._warmup
-        if not math.isfinite(value) or (
-            warmup.lr_rising or (step is not None and step < warmup.warmup_steps)
-        ):
+        if not math.isfinite(value) or self._warmup.active(step):
             return []
         baseline = self._baseline
         if baseline is None:
@@ -276,8 +243,7 @@ class ThroughputDropDetector(BaseDetector):
                     self._recent.add(learned)
             return []
         self._values.append(value)
-        bar = self.settings.fraction * baseline
-        if value >= bar:
+        if not is_low(value, low_bar(baseline, self.settings.fraction)):
             recent = self._recent
             recent.add(value)
             if len(recent.values) == recent.size:
@@ -289,7 +255,11 @@ class ThroughputDropDetector(BaseDetector):
             if self._high_run < self.settings.resolve_after:
                 return []
             self._open = False
-            return [self._alert(value, step, time, source, derived, resolves=True)]
+            return [
+                self._drop_alert(
+                    value, step=step, time=time, source=source, derived=derived, resolves=True
+                )
+            ]
         self._high_run = 0
         if self._open:
             return []
@@ -301,18 +271,24 @@ class ThroughputDropDetector(BaseDetector):
         ):
             return []
         self._open = True
-        return [self._alert(value, step, time, source, derived, resolves=False)]
+        return [
+            self._drop_alert(
+                value, step=step, time=time, source=source, derived=derived, resolves=False
+            )
+        ]
 
-    def _alert(
+    def _drop_alert(
         self,
         value: float,
+        *,
         step: int | None,
         time: float,
         source: str,
         derived: bool,
-        *,
         resolves: bool,
     ) -> Alert:
+        """The episode's alert about ``value`` (of the judged series, or derived steps/sec):
+        the drop, or with ``resolves`` the recovery."""
         assert self._baseline is not None
         baseline = self._baseline
         metric = DERIVED if derived else (self._series or DERIVED)
@@ -351,7 +327,7 @@ class ThroughputDropDetector(BaseDetector):
             onset_step=onset_step,
             details={
                 "baseline": baseline,
-                "bar": self.settings.fraction * baseline,
+                "bar": low_bar(baseline, self.settings.fraction),
                 "fraction_of_baseline": share,
                 "low_values": self._low_run,
                 "low_for_s": time - self._low_since[1],

@@ -24,6 +24,7 @@ from sentinel.detectors.base import BaseDetector, RuleConfig
 from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
 from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
 from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
+from sentinel.detectors.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
 from tests.detectors.blockcheck import T0, run
 
 #: Deterministic in CI: the same examples every run, none saved between runs.
@@ -56,22 +57,22 @@ def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
     replay = draw(st.booleans()) or not stamped
     level = draw(st.sampled_from([4.0, 1.0, 0.01]))
     decay = draw(st.sampled_from([1.0, 0.999, 0.99]))  # flat, slowly or quickly falling
+    throughput = draw(st.booleans())  # tokens_per_sec logged, else only the steps' times
     step, now, out = draw(st.integers(min_value=0, max_value=50)), T0, []
-    burst = 0
+    burst, jump = 0, 1.0
     for index in range(lines):
         if not burst and rng.random() < burst_rate:
-            burst = rng.randint(1, 8)
+            # One multiplier through the burst, on most of its lines: a sustained episode.
+            burst, jump = rng.randint(1, 12), rng.choice(jumps)
+        hit = jump if burst and rng.random() < 0.85 else 1.0
+        burst = max(0, burst - 1)
         step += rng.choice(gaps)
-        now += rng.choice([0.5, 0.5, 2.0])
+        now += rng.choice([0.5, 0.5, 0.6]) * hit  # a slow step
         level *= decay
         if rng.random() < 0.02:
             level *= rng.choice([0.3, 3.0])  # a level shift
-        loss = level * (1 + noise * rng.gauss(0, 1))
-        grad = 1 + noise * rng.gauss(0, 1)
-        if burst and rng.random() < 0.7:
-            loss *= rng.choice(jumps)
-            grad *= rng.choice(jumps)
-        burst = max(0, burst - 1)
+        loss = level * (1 + noise * rng.gauss(0, 1)) * hit
+        grad = (1 + noise * rng.gauss(0, 1)) * hit
         if rng.random() < odd_rate:
             odd = rng.choice([math.nan, math.inf, -math.inf, 0.0, -0.0])
             if rng.random() < 0.5:
@@ -80,6 +81,8 @@ def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
                 grad = odd
         lr = 1e-5 * (index + 1) if index < warmup_lines else 1e-3 / (1 + 0.01 * index)
         record: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": grad, "lr": lr}
+        if throughput:
+            record["tokens_per_sec"] = 15000.0 * (1 + noise * rng.gauss(0, 1)) / hit
         if stamped:
             record["time"] = now
         out.append(json.dumps(record))
@@ -174,3 +177,24 @@ def test_loss_plateau_paths_agree(data: st.DataObject) -> None:
     config = data.draw(loss_plateau_configs())
     texts, replay = data.draw(logs(1 / config.high_fraction))
     assert_paths_agree(LossPlateauDetector, config, texts, replay)
+
+
+@st.composite
+def throughput_drop_configs(draw: st.DrawFn) -> ThroughputDropConfig:
+    return ThroughputDropConfig(
+        fraction=draw(st.sampled_from([0.3, 0.5, 0.8])),
+        baseline_window=draw(st.integers(min_value=3, max_value=25)),
+        sustain=draw(st.integers(min_value=1, max_value=6)),
+        sustain_s=draw(st.sampled_from([0.0, 0.0, 3.0])),
+        resolve_after=draw(st.integers(min_value=1, max_value=6)),
+        warmup_steps=draw(st.sampled_from([0, 0, 10, 40])),
+    )
+
+
+@pytest.mark.slow
+@AGREE
+@given(data=st.data())
+def test_throughput_drop_paths_agree(data: st.DataObject) -> None:
+    config = data.draw(throughput_drop_configs())
+    texts, replay = data.draw(logs(1 / config.fraction))
+    assert_paths_agree(ThroughputDropDetector, config, texts, replay)
