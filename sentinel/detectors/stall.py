@@ -26,7 +26,9 @@ from sentinel.detectors.stall_evidence import (
     StallConfig,
     Timeouts,
     block_progress,
+    learned_gap,
     moment_progress,
+    uncapped,
 )
 from sentinel.records import Alert, Block, Line, Sample, Severity
 from sentinel.sources import SYSTEM_METRICS
@@ -86,69 +88,19 @@ class StallDetector(BaseDetector):
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         # Progress bars count too (sees_progress): their step is the job's progress.
-        name = sample.name
+        name, value, step, stamp = sample
         if name in SYSTEM_METRICS:
             if name in EVIDENCE_METRICS:
-                self._readings.setdefault(source, {})[name] = (sample.value, now)
+                self._readings.setdefault(source, {})[name] = (value, now)
             return []  # the machine's state, never the job's progress
-        at = sample.time if sample.time is not None else now
-        step = sample.step
+        at = stamp if stamp is not None else now
         if step is not None and (self._last_step is None or step > self._last_step):
-            self._learn(at)
-            self._last_step = step
-            self._last_step_time = at
-            self._steps_seen = True
-            return self._progress(at, source)
-        if sample.time is not None and not self._steps_seen:
+            return self._new_step(step, at, source)
+        if stamp is not None and not self._steps_seen:
             # A timestamped sample is new output even without a step (replay's only evidence).
             return self._progress(at, source)
         self._active(at)
         return []
-
-    def observe_samples(
-        self, samples: list[Sample], source: str, now: float
-    ) -> list[tuple[int, Alert]]:
-        """``observe`` per sample; a sample of a step already seen only marks activity."""
-        found: list[tuple[int, Alert]] = []
-        for index, sample in enumerate(samples):
-            name, _, step, stamp = sample
-            last_step = self._last_step
-            if step is not None and (last_step is None or step > last_step):
-                at = stamp if stamp is not None else now
-                last_time = self._last_step_time
-                if (
-                    last_time is not None
-                    and 0 < at - last_time <= self._uncapped_s
-                    and self._level is None
-                    and self._started_at is not None
-                    and self._last_progress is not None
-                    and self.settings.adaptive
-                    and name not in SYSTEM_METRICS
-                ):
-                    # The usual new step: what observe, _learn and _progress do with it.
-                    gap_s = at - last_time
-                    self._intervals.add(gap_s)
-                    if gap_s > self._longest_gap_s:
-                        self._longest_gap_s = gap_s
-                    self._last_step = step
-                    self._last_step_time = at
-                    self._steps_seen = True
-                    if at > self._last_progress:
-                        self._last_progress = at
-                    continue
-            if (
-                (step is not None and (last_step is None or step > last_step))
-                or name in SYSTEM_METRICS
-                or (stamp is not None and not self._steps_seen)
-            ):
-                for alert in self.observe(sample, source, now):
-                    found.append((index, alert))
-                continue
-            at = stamp if stamp is not None else now
-            activity = self._last_activity
-            if activity is None or at > activity:
-                self._last_activity = at
-        return found
 
     def output(self, line: Line) -> list[Alert]:
         return self.output_text(line.text, line.source, line.time)
@@ -208,6 +160,14 @@ class StallDetector(BaseDetector):
             least_soft_s=self._least_soft_s,
         )
 
+    def _new_step(self, step: int, at: float, source: str) -> list[Alert]:
+        """A step past every one before, seen at ``at``: learn the gap, and it is progress."""
+        self._learn(at)
+        self._last_step = step
+        self._last_step_time = at
+        self._steps_seen = True
+        return self._progress(at, source)
+
     def _active(self, at: float) -> None:
         if self._last_activity is None or at > self._last_activity:
             self._last_activity = at
@@ -222,8 +182,8 @@ class StallDetector(BaseDetector):
             self._longest_startup_s = max(self._longest_startup_s, startup_s)
             return
         gap_s = at - self._last_step_time
-        if gap_s <= 0:
-            return  # lines read in one burst: one moment, not a gap
+        if not learned_gap(gap_s):
+            return
         gap_s = self._capped(gap_s)
         self._intervals.add(gap_s)
         if gap_s > self._longest_gap_s:
@@ -232,7 +192,7 @@ class StallDetector(BaseDetector):
     def _capped(self, gap_s: float) -> float:
         """``gap_s``, at most the hard timeout in force (worked out only for a long gap)."""
         # No hard timeout is shorter than this: the fixed one, or a learned soft + min_timeout_s.
-        if gap_s <= self._uncapped_s:
+        if uncapped(gap_s, self._uncapped_s):
             return gap_s  # the usual step: no need to work out the timeouts
         return min(gap_s, self.timeouts().hard_s)
 
@@ -307,11 +267,22 @@ class StallDetector(BaseDetector):
         if self._level is not None and level <= self._level:
             return []
         self._level = level
-        return [self._alert(now, silent_s, level, timeouts, evidence)]
+        return [
+            self._silence_alert(
+                now, silent_s=silent_s, level=level, timeouts=timeouts, evidence=evidence
+            )
+        ]
 
-    def _alert(
-        self, now: float, silent_s: float, level: Severity, timeouts: Timeouts, evidence: Evidence
+    def _silence_alert(
+        self,
+        now: float,
+        *,
+        silent_s: float,
+        level: Severity,
+        timeouts: Timeouts,
+        evidence: Evidence,
     ) -> Alert:
+        """The warning or critical about ``silent_s`` without progress, at ``now``."""
         verdict = evidence.verdict
         seen = evidence.describe()
         if self._last_step is None:

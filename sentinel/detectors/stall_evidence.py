@@ -198,6 +198,18 @@ class Timeouts:
     learned: bool
 
 
+def learned_gap(gap_s: float) -> bool:
+    """Whether the time between two new steps is a gap the rule learns: lines read in
+    one burst (no time between them) are one moment, not a gap."""
+    return gap_s > 0.0
+
+
+def uncapped(gap_s: float, uncapped_s: float) -> bool:
+    """Whether a learned gap is taken as it is: up to ``uncapped_s`` no hard timeout in
+    force can cap it (a longer one needs the timeouts worked out)."""
+    return gap_s <= uncapped_s
+
+
 @dataclass(frozen=True, slots=True)
 class BlockProgress:
     """What feeding a block line by line leaves of ``stall``'s progress state.
@@ -258,9 +270,9 @@ def block_progress(
     if learning and new_stamps:
         assert last_step_time is not None
         gaps_s = list(map(sub, new_stamps, [last_step_time, *new_stamps[:-1]]))
-        if min(gaps_s) <= 0.0:
-            gaps_s = list(filter((0.0).__lt__, gaps_s))  # lines read in one burst
-        if gaps_s and max(gaps_s) > uncapped_s:
+        if not learned_gap(min(gaps_s)):
+            gaps_s = list(filter(learned_gap, gaps_s))  # lines read in one burst
+        if gaps_s and not uncapped(max(gaps_s), uncapped_s):
             return None  # a long save the hard timeout may cap
     progress = last_progress
     if last_progress is not None:
@@ -358,5 +370,7 @@ __all__ = [
     "Timeouts",
     "Verdict",
     "block_progress",
+    "learned_gap",
     "moment_progress",
+    "uncapped",
 ]

@@ -24,6 +24,7 @@ from sentinel.detectors.base import BaseDetector, RuleConfig
 from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
 from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
 from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
+from sentinel.detectors.stall import StallConfig, StallDetector
 from sentinel.detectors.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
 from tests.detectors.blockcheck import T0, run
 
@@ -58,6 +59,7 @@ def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
     level = draw(st.sampled_from([4.0, 1.0, 0.01]))
     decay = draw(st.sampled_from([1.0, 0.999, 0.99]))  # flat, slowly or quickly falling
     throughput = draw(st.booleans())  # tokens_per_sec logged, else only the steps' times
+    silence_rate = draw(st.sampled_from([0.0, 0.01, 0.03]))  # a save, an eval, a hang
     step, now, out = draw(st.integers(min_value=0, max_value=50)), T0, []
     burst, jump = 0, 1.0
     for index in range(lines):
@@ -68,6 +70,8 @@ def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
         burst = max(0, burst - 1)
         step += rng.choice(gaps)
         now += rng.choice([0.5, 0.5, 0.6]) * hit  # a slow step
+        if rng.random() < silence_rate:
+            now += rng.choice([8.0, 40.0, 700.0])
         level *= decay
         if rng.random() < 0.02:
             level *= rng.choice([0.3, 3.0])  # a level shift
@@ -198,3 +202,28 @@ def test_throughput_drop_paths_agree(data: st.DataObject) -> None:
     config = data.draw(throughput_drop_configs())
     texts, replay = data.draw(logs(1 / config.fraction))
     assert_paths_agree(ThroughputDropDetector, config, texts, replay)
+
+
+@st.composite
+def stall_configs(draw: st.DrawFn) -> StallConfig:
+    soft_s = draw(st.sampled_from([2.0, 5.0, 20.0]))
+    return StallConfig(
+        soft_timeout_s=soft_s,
+        hard_timeout_s=soft_s * draw(st.sampled_from([1.5, 3.0])),
+        adaptive=draw(st.booleans()),
+        learn_steps=draw(st.integers(min_value=2, max_value=12)),
+        min_timeout_s=draw(st.sampled_from([0.5, 2.0, 300.0])),
+        interval_factor=draw(st.sampled_from([2.0, 20.0])),
+        gap_factor=draw(st.sampled_from([1.0, 1.5])),
+        hard_factor=draw(st.sampled_from([1.5, 3.0])),
+    )
+
+
+@pytest.mark.slow
+@AGREE
+@given(data=st.data())
+def test_stall_paths_agree(data: st.DataObject) -> None:
+    config = data.draw(stall_configs())
+    # Slow steps of about the soft timeout (a step is 0.5 s), just under and just over it.
+    texts, replay = data.draw(logs(2 * config.soft_timeout_s))
+    assert_paths_agree(StallDetector, config, texts, replay)
