@@ -194,3 +194,16 @@ def target_of(settings: Settings) -> Target:
         return MatchTarget(watch.match, user=watch.user)
     assert watch.systemd_unit is not None
     return SystemdUnitTarget(watch.systemd_unit)
+
+
+def job_name(settings: Settings, holder: Holder) -> str:
+    """The job's name in messages: ``[job] name``, else its script, else the target."""
+    if settings.job.name:
+        return settings.job.name
+    if not isinstance(holder, Child):
+        return holder.describe()
+    for arg in holder.command:
+        base = Path(arg).name
+        if not base.startswith("python") and not base.startswith("-"):
+            return base
+    return Path(holder.command[0]).name

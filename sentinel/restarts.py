@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sentinel import resume
+from sentinel import resume, verdict
 from sentinel.actions.keep import Keeper
 from sentinel.actions.rollback import apply_rollback, plan_rollback, pointer_note
 from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings
@@ -30,6 +31,8 @@ from sentinel.verdict import EXIT_GIVE_UP as EXIT_GIVE_UP  # run gives up (DESIG
 
 #: Before a rollback, how long to wait for versions the keeper is still copying.
 KEEP_FLUSH_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,13 @@ class Restarts:
         keep: KeepConfig | None = None,
         *,
         relaunches: bool = True,
+        state_dir: Path | None = None,
+        verdict_file: Path | None = None,
     ) -> None:
         self.job = job
+        #: Where the verdict goes (None: nowhere, as in tests of the decision alone).
+        self.state_dir = state_dir
+        self.verdict_file = verdict_file
         #: Whether sentinel starts the next attempt itself (run), or someone else (watch).
         self.relaunches = relaunches
         self.checkpoints = checkpoints
@@ -130,6 +138,29 @@ class Restarts:
                 " whoever started the job restarts it"
             )
         return decision
+
+    def write_verdict(
+        self, code: int, incident: Incident, attempt: int, resume_from: str | None = None
+    ) -> bool:
+        """The final verdict record (and ``verdict_file``); False, logged, when it failed."""
+        if self.state_dir is None:
+            return True
+        try:
+            verdict.write_final(
+                self.state_dir,
+                code,
+                None,
+                incident.rule,
+                incident.first.step,
+                resume_from,
+                attempt,
+                time.time(),
+                verdict_file=self.verdict_file,
+            )
+        except OSError as error:
+            log.error("could not write the verdict (%d): %s", code, error)
+            return False
+        return True
 
     def to_state(self) -> dict[str, str]:
         """The budget and memory that outlive sentinel itself (``sentinel watch``)."""

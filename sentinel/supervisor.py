@@ -30,15 +30,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from sentinel import verdict
 from sentinel.actions.signal_tree import TreeStop, stop_tree
 from sentinel.config import Settings
-from sentinel.detectors import DETECTORS
 from sentinel.detectors.job_crash import describe_exit
-from sentinel.holders import Child, Handle, Holder
+from sentinel.event_loop import EventLoop
+from sentinel.holders import Child, Handle, Holder, job_name
 from sentinel.incidents import Incident
 from sentinel.records import Alert, Sample, Severity
 from sentinel.reload import reloaded
@@ -54,10 +53,6 @@ from sentinel.watch import Watch
 from sentinel.workers import Workers
 
 log = logging.getLogger(__name__)
-
-#: A clock tick due within this fraction of ``tick_interval_s`` runs on the loop's turn
-#: now rather than on a wake-up of its own (a quarter: at most 250 ms early at 1 s).
-TICK_EARLY_FRACTION = 0.25
 
 
 class JobState(StrEnum):
@@ -108,24 +103,30 @@ class Supervisor:
         self.state = JobState.STARTING
         self.exit_code = 0
         self._events: Inbox[tuple[str, Any]] = Inbox()
+        self._loop = EventLoop(self._events, self, settings.tick_interval_s)
         self._job: Handle | None = None
         self._attempt = 0
         self._stop: _Stop | None = None
-        self._restart_at: float | None = None
+        self.restart_at: float | None = None
         self._restarts = Restarts(
-            settings.job, settings.checkpoints, settings.keep, relaunches=holder.relaunches
+            settings.job,
+            settings.checkpoints,
+            settings.keep,
+            relaunches=holder.relaunches,
+            state_dir=settings.state_dir,
+            verdict_file=settings.verdict_file,
         )
         self._waiting_since: float | None = None
         #: ``watch``: the last attempt ended and the rules were started afresh for the next.
         self._waiting_for_next = False
         self._shutdown_signals = 0
-        self._finished = False
+        self.finished = False
         self._store: StateStore | None = None
         self._workers: Workers | None = None
         self._signals = SignalForwarder(lambda signum: self._events.put(("signal", signum)))
         self.service = Service(
             settings,
-            job_name=self._job_name(),
+            job_name=job_name(settings, self.holder),
             mode=holder.mode,
             live_checks={"sources": self._sources_alive},
         )
@@ -152,22 +153,21 @@ class Supervisor:
         workers = self._workers = Workers(
             settings, store, put=self._events.put, healthy=self._healthy
         )
-        self.watch = Watch(
-            settings, store=store, notifier=workers.notifier, job_name=self._job_name()
-        )
+        name = job_name(settings, self.holder)
+        self.watch = Watch(settings, store=store, notifier=workers.notifier, job_name=name)
         self._system.start()
         self._signals.install()
         workers.start()
         self.service.ready()
         try:
             self._start_attempt()
-            self._loop()
+            self._loop.run()
         finally:
             self.service.stopping(settings.drain_timeout_s)
             workers.stop_reading()
             self._system.stop()
             self._restarts.close()
-            self._drain()
+            self._loop.drain()
             workers.stop_notifying(settings.drain_timeout_s)
             self.watch.close()
             store.close()
@@ -175,52 +175,13 @@ class Supervisor:
             self._signals.restore()
         return self.exit_code
 
-    def _loop(self) -> None:
-        tick_s = self.settings.tick_interval_s
-        # A tick due this soon is run on a turn the loop takes anyway (a batch of output):
-        # a wake-up of its own costs more than the tick (see the module).
-        early_s = tick_s * TICK_EARLY_FRACTION
-        next_tick = time.monotonic() + tick_s
-        while not self._finished:
-            self._loop_turned_at = time.monotonic()
-            self.service.turned(time.time())
-            deadline = next_tick if self._restart_at is None else min(next_tick, self._restart_at)
-            events = self._events.take(max(0.0, deadline - time.monotonic()))
-            now_mono = time.monotonic()
-            self._dispatch(events)
-            if now_mono >= next_tick - early_s:
-                # On the beat, so that early ticks do not add up to more ticks; after a
-                # long turn, a full interval from now.
-                next_tick = max(next_tick + tick_s, now_mono + tick_s - early_s)
-                self._on_tick()
-            if self._restart_at is not None and now_mono >= self._restart_at:
-                self._restart_at = None
-                self._start_attempt()
-
-    def _dispatch(self, events: list[tuple[str, Any]], *, late: bool = False) -> None:
-        """Handle events in arrival order; after the end (``late``) only output and outcomes."""
-        for kind, payload in events:
-            if kind == "lines":
-                self._on_lines(*payload)
-            elif kind == "terminated":
-                self._on_terminated(*payload)
-            elif late or self._finished:
-                continue
-            elif kind == "system":
-                self._on_system(*payload)
-            elif kind == "exit":
-                self._on_exit(*payload)
-            elif kind == "signal":
-                self._on_signal(payload)
-
-    def _drain(self) -> None:
-        """Take in what arrived after the end: late output, a SIGKILL's outcome for the report."""
-        while events := self._events.take(0):
-            self._dispatch(events, late=True)
+    def turned(self) -> None:
+        self._loop_turned_at = time.monotonic()
+        self.service.turned(time.time())
 
     # -- events ---------------------------------------------------------------
 
-    def _on_lines(self, source: str, lines: list[str], read_at: float) -> None:
+    def on_lines(self, source: str, lines: list[str], read_at: float) -> None:
         # The batch at once, then its alerts: a batch is at most a gathering window of
         # output, and the engine reads a batch of one schema far faster than line by line.
         self.service.lines(len(lines))
@@ -239,7 +200,7 @@ class Supervisor:
         event that waits for the loop's next turn (at the latest its next tick)."""
         self._events.put(("system", (readings, read_at)), wake=False)
 
-    def _on_system(self, readings: dict[str, list[Sample]], read_at: float) -> None:
+    def on_system(self, readings: dict[str, list[Sample]], read_at: float) -> None:
         for source, samples in readings.items():
             self._handle(self.watch.engine.feed_system(source, samples, read_at))
 
@@ -252,7 +213,7 @@ class Supervisor:
         workers = self._workers
         return (workers is None or workers.alive) and self._system.alive()
 
-    def _on_tick(self) -> None:
+    def on_tick(self) -> None:
         now = time.time()
         self.watch.tick(now)  # repeats of open critical incidents
         self._restarts.look(now)
@@ -280,14 +241,7 @@ class Supervisor:
 
     def _act(self, incident: Incident) -> None:
         """A critical incident opened or escalated: stop the job if its rule says so."""
-        known = incident.rule in DETECTORS
-        policy = self.settings.rule(incident.rule).on_critical if known else "notify"
-        # A rule may ask for more than its usual policy (cost_overrun's kill_fraction: stop).
-        for alert in reversed(incident.alerts):
-            requested = alert.details.get("on_critical")
-            if requested in ("notify", "stop", "restart"):
-                policy = requested
-                break
+        policy = self.watch.policy(incident)
         if policy == "notify" or self._stop is not None:
             return
         job = self._job
@@ -340,14 +294,14 @@ class Supervisor:
 
         threading.Thread(target=run_stop, name="stop-tree", daemon=True).start()
 
-    def _on_terminated(self, stop: _Stop | None, result: TreeStop) -> None:
+    def on_terminated(self, stop: _Stop | None, result: TreeStop) -> None:
         if not result.signalled:
             self.service.metrics.action("stop", ok=False)
         if stop is not None and stop.incident is not None and (result.killed or result.survivors):
             stop.incident.record(time.time(), result.detail)
             self.watch.update(stop.incident)
 
-    def _on_exit(self, attempt: int, returncode: int | None) -> None:
+    def on_exit(self, attempt: int, returncode: int | None) -> None:
         """An attempt ended; ``returncode`` None when not knowable (a job started elsewhere)."""
         if attempt != self._attempt:
             return
@@ -418,7 +372,7 @@ class Supervisor:
             self._wait_for_next()
             return
         self._set_state(JobState.BACKOFF)
-        self._restart_at = time.monotonic() + decision.backoff_s
+        self.restart_at = time.monotonic() + decision.backoff_s
 
     def _give_up(self, incident: Incident, text: str) -> None:
         """The final word on a failure: say why, everywhere, and exit 90 (``watch``: the
@@ -429,21 +383,8 @@ class Supervisor:
         self.exit_code = verdict.EXIT_GIVE_UP
 
     def _verdict(self, code: int, incident: Incident, resume_from: str | None = None) -> None:
-        """The final verdict record, once the job is gone and the rollback done or failed."""
-        try:
-            verdict.write_final(
-                self.settings.state_dir,
-                code,
-                None,
-                incident.rule,
-                incident.first.step,
-                resume_from,
-                self._attempt,
-                time.time(),
-                verdict_file=self.settings.verdict_file,
-            )
-        except OSError as error:
-            log.error("could not write the verdict (%d): %s", code, error)
+        """The final verdict, once the job is gone and the rollback done or failed."""
+        if not self._restarts.write_verdict(code, incident, self._attempt, resume_from):
             self.service.metrics.action("verdict", ok=False)
 
     def _save_restarts(self) -> None:
@@ -473,9 +414,9 @@ class Supervisor:
             self.watch.update(incident, final=True)
         self.exit_code = status
         self._set_state(state)
-        self._finished = True
+        self.finished = True
 
-    def _on_signal(self, signum: int) -> None:
+    def on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:
             self._reload_config()
             return
@@ -508,6 +449,9 @@ class Supervisor:
             self.watch.reload(settings)
 
     # -- attempts ---------------------------------------------------------------
+
+    def restart_due(self) -> None:
+        self._start_attempt()
 
     def _start_attempt(self) -> None:
         """Launch the next attempt (``run``), or look for it (``watch``)."""
@@ -570,15 +514,3 @@ class Supervisor:
                     "job.updated_at": repr(time.time()),
                 }
             )
-
-    def _job_name(self) -> str:
-        if self.settings.job.name:
-            return self.settings.job.name
-        if not isinstance(self.holder, Child):
-            return self.holder.describe()
-        command = self.holder.command
-        for arg in command:
-            base = Path(arg).name
-            if not base.startswith("python") and not base.startswith("-"):
-                return base
-        return Path(command[0]).name

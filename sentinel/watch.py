@@ -22,6 +22,7 @@ from sentinel.actions.notify import Notifier
 from sentinel.actions.report import Journal, write_report
 from sentinel.config import Settings
 from sentinel.cost import incident_cost
+from sentinel.detectors import DETECTORS
 from sentinel.diagnosis import explain
 from sentinel.engine import Engine, build_detectors
 from sentinel.incidents import Incident, IncidentEvent, IncidentTracker
@@ -148,6 +149,20 @@ class Watch:
             self.engine = self._engine(self.settings)
             log.info("the reloaded rules are in force from this attempt on")
         self.engine.job_started(now, start_step)
+
+    def policy(self, incident: Incident) -> str:
+        """What a critical ``incident`` calls for: "notify", "stop" or "restart".
+
+        The rule's ``on_critical``, unless one of its alerts asks for more (cost_overrun's
+        ``kill_fraction``: stop); a rule sentinel does not know only notifies.
+        """
+        known = incident.rule in DETECTORS
+        policy = self.settings.rule(incident.rule).on_critical if known else "notify"
+        for alert in reversed(incident.alerts):
+            requested = alert.details.get("on_critical")
+            if requested in ("notify", "stop", "restart"):
+                return str(requested)
+        return policy
 
     @staticmethod
     def _engine(settings: Settings) -> Engine:

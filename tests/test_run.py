@@ -182,7 +182,7 @@ def test_dry_run_never_signals_or_moves(job: Path, tmp_path: Path) -> None:
     assert [e["event"] for e in _records(record)] == ["start", "finished"]
     assert not (ckpt / "quarantine").exists()
     assert _alerts(state)[0]["rule"] == "nan_inf"
-    assert "dry run: would SIGTERM" in result.stderr
+    assert "dry run: would send SIGTERM to the job's tree" in result.stderr
 
 
 def test_crash_is_classified_from_the_jobs_last_output(tmp_path: Path) -> None:
