@@ -275,7 +275,7 @@ class EvalLossRiseDetector(BaseDetector):
             self._train_at_best = train_now
         if self._open:
             return []
-        best_step, best_value = best
+        best_value = best[1]
         by_rises = self._rise_run >= self.settings.rises
         if not by_rises and value <= best_value + self.settings.margin * abs(best_value):
             return []
@@ -284,18 +284,29 @@ class EvalLossRiseDetector(BaseDetector):
         ):
             return []  # train loss not falling: divergence or a data problem, not overfitting
         self._open = True
-        return [self._alert(sample, source, time, best_step, best_value, train_now, by_rises)]
+        return [
+            self._overfit_alert(
+                sample,
+                source=source,
+                time=time,
+                best=best,
+                train_now=train_now,
+                by_rises=by_rises,
+            )
+        ]
 
-    def _alert(
+    def _overfit_alert(
         self,
         sample: Sample,
+        *,
         source: str,
         time: float,
-        best_step: int | None,
-        best_value: float,
+        best: tuple[int | None, float],
         train_now: float | None,
         by_rises: bool,
     ) -> Alert:
+        """The episode's warning: the eval metric above its ``best`` (step, value)."""
+        best_step, best_value = best
         name, value = self.settings.eval_metric, sample.value
         above = (value - best_value) / abs(best_value) if best_value else math.inf
         at = f" at step {best_step}" if best_step is not None else ""

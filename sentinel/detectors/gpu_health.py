@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -212,7 +212,16 @@ class GpuHealthDetector(BaseDetector):
         key: tuple[str, Kind] = (source, "xid")
         self._open[key] = max(severity, self._open.get(key, severity))
         message = f"XID {xid} on {source}: {meaning} ({advice})"
-        return [self._alert(severity, message, sample, source, now, xid=xid, meaning=meaning)]
+        return [
+            self.sample_alert(
+                sample,
+                severity=severity,
+                message=message,
+                time=now,
+                source=source,
+                details={"xid": xid, "meaning": meaning},
+            )
+        ]
 
     def _ecc(self, sample: Sample, source: str, now: float) -> list[Alert]:
         count = sample.value
@@ -227,7 +236,14 @@ class GpuHealthDetector(BaseDetector):
             " drain the node and reset or replace the GPU"
         )
         return [
-            self._alert(Severity.CRITICAL, message, sample, source, now, new_errors=count - first)
+            self.sample_alert(
+                sample,
+                severity=Severity.CRITICAL,
+                message=message,
+                time=now,
+                source=source,
+                details={"new_errors": count - first},
+            )
         ]
 
     def _throttle(self, sample: Sample, source: str, now: float) -> list[Alert]:
@@ -253,15 +269,13 @@ class GpuHealthDetector(BaseDetector):
                 f" ({', '.join(reasons)}): its clocks are held down"
             )
             return [
-                self._alert(
-                    Severity.WARNING,
-                    message,
+                self.sample_alert(
                     sample,
-                    source,
-                    now,
-                    throttle=kinds,
-                    reasons=reasons,
-                    onset_time=since,
+                    severity=Severity.WARNING,
+                    message=message,
+                    time=now,
+                    source=source,
+                    details={"throttle": kinds, "reasons": reasons, "onset_time": since},
                 )
             ]
         self._throttled_since.pop(source, None)
@@ -291,7 +305,16 @@ class GpuHealthDetector(BaseDetector):
             f"{source} at {temp_c:g} C, at or above {settings.max_temp_c:g} C for {hot}"
             " readings: check its cooling before it slows down"
         )
-        return [self._alert(Severity.WARNING, message, sample, source, now)]
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.WARNING,
+                message=message,
+                time=now,
+                source=source,
+                details={},
+            )
+        ]
 
     # -- episodes ----------------------------------------------------------------------
 
@@ -329,14 +352,3 @@ class GpuHealthDetector(BaseDetector):
                 resolves=True,
             )
         ]
-
-    def _alert(
-        self,
-        severity: Severity,
-        message: str,
-        sample: Sample,
-        source: str,
-        now: float,
-        **details: Any,
-    ) -> Alert:
-        return self.sample_alert(sample, severity, message, now, source, details=details)

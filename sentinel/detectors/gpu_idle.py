@@ -100,7 +100,7 @@ class GpuIdleDetector(BaseDetector):
         self._flagged |= past
         if was_open:
             return []
-        return [self._alert(sample, source, now)]
+        return [self._idle_alert(sample, source=source, now=now)]
 
     def _busy(self, source: str, why: str, sample: Sample, now: float) -> list[Alert]:
         """GPU ``source`` is no longer idle; the resolve when it was the episode's last."""
@@ -127,7 +127,8 @@ class GpuIdleDetector(BaseDetector):
         )
         return {"gpu_hours": gpu_hours, "money": money}, words
 
-    def _alert(self, sample: Sample, source: str, now: float) -> Alert:
+    def _idle_alert(self, sample: Sample, *, source: str, now: float) -> Alert:
+        """The episode's warning: which GPUs idle, since when, and what it cost so far."""
         flagged = sorted(self._flagged)
         onset = min(self._idle_since[gpu] for gpu in flagged)
         wasted_s = sum(now - self._idle_since[gpu] for gpu in flagged)
@@ -142,10 +143,10 @@ class GpuIdleDetector(BaseDetector):
             message += f" (at {format_money(price)}/GPU-hour)"
         return self.sample_alert(
             sample,
-            self.settings.severity,
-            message,
-            now,
-            source,
+            severity=self.settings.severity,
+            message=message,
+            time=now,
+            source=source,
             details={
                 "onset_time": onset,
                 "idle_gpus": flagged,

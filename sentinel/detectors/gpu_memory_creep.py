@@ -238,7 +238,11 @@ class GpuMemoryCreepDetector(BaseDetector):
             self._offending.add((key, kind))
         if not was_open and found:
             kind, details = found[0]
-            return [self._alert(key, sample, source, time, kind, details)]
+            return [
+                self._episode_alert(
+                    key, sample, source=source, time=time, kind=kind, details=details
+                )
+            ]
         if was_open and not self._offending:
             return [self._resolve(key, sample, source, time)]
         return []
@@ -258,15 +262,17 @@ class GpuMemoryCreepDetector(BaseDetector):
         """A value as the message shows it: NVML's bytes in GiB, logged values as logged."""
         return f"{value / 2**30:.2f} GiB" if key[1] else f"{value:.4g}"
 
-    def _alert(
+    def _episode_alert(
         self,
         key: Key,
         sample: Sample,
+        *,
         source: str,
         time: float,
         kind: Kind,
         details: dict[str, Any],
     ) -> Alert:
+        """The episode's warning about series ``key``: a creep or a capacity."""
         name, value = sample.name, sample.value
         label = f"{name} on {key[1]}" if key[1] else name
         projected = details["projected_steps"]
