@@ -6,7 +6,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from itertools import accumulate, compress, count, islice, repeat
-from operator import add, gt, le, lt, mul, sub
+from operator import le, lt, not_, sub
 from typing import ClassVar
 
 from pydantic import Field, model_validator
@@ -55,6 +55,28 @@ class EvalLossRiseConfig(MetricRuleConfig):
     def eval_metric(self) -> str:
         """The one eval metric judged."""
         return self.metrics[0]
+
+
+def is_rise(value: float, before: float) -> bool:
+    """Whether an evaluation rose: above the one before it."""
+    return value > before
+
+
+def is_new_best(value: float, best: float) -> bool:
+    """Whether an evaluation is a new best: under the best so far."""
+    return value < best
+
+
+def margin_bar(best: float, margin: float) -> float:
+    """The level an evaluation must pass to be a rise however it got there: ``margin``
+    (a fraction) above the best."""
+    return best + margin * abs(best)
+
+
+def train_falling(train_now: float | None, train_at_best: float | None) -> bool:
+    """Whether the train level fell since the best evaluation (so a rise of the eval
+    metric is overfitting): known at both, and lower now."""
+    return train_now is not None and train_at_best is not None and train_now < train_at_best
 
 
 class EvalLossRiseDetector(BaseDetector):
@@ -107,34 +129,6 @@ class EvalLossRiseDetector(BaseDetector):
             return []
         return self._evaluation(sample, source, now)
 
-    def observe_samples(
-        self, samples: list[Sample], source: str, now: float
-    ) -> list[tuple[int, Alert]]:
-        """``observe`` per sample, a train value added without a call per sample."""
-        found: list[tuple[int, Alert]] = []
-        settings = self.settings
-        warmup = self._warmup
-        train_metric, metric = settings.train_metric, settings.eval_metric
-        isfinite = math.isfinite
-        for index, sample in enumerate(samples):
-            name, value, step, _ = sample
-            if name == "lr":
-                if warmup.lr_rising is not False:
-                    warmup.observe(sample)
-            elif name != train_metric and name != metric:
-                continue  # not watched (progress samples included)
-            if not isfinite(value) or (
-                warmup.lr_rising or (step is not None and step < warmup.warmup_steps)
-            ):
-                continue
-            if name == train_metric:
-                self._train.add(value)
-                self._train_seen = True
-            elif name == metric:
-                for alert in self._evaluation(sample, source, now):
-                    found.append((index, alert))
-        return found
-
     def can_absorb(self, block: Block) -> bool:
         """Whether the block is train values only, or evaluations that provably raise nothing.
 
@@ -165,10 +159,10 @@ class EvalLossRiseDetector(BaseDetector):
         train_now = self._train.median() if len(self._train) else None
         best = self._best
         best_before = list(accumulate(values, min, initial=best[1] if best else math.inf))
-        new_best = list(compress(count(), map(lt, values, best_before)))
+        new_best = list(compress(count(), map(is_new_best, values, best_before)))
         last = self._last_eval
         before = [last[1] if last is not None else math.inf, *values[:-1]]
-        flat = list(compress(count(), map(le, values, before)))
+        flat = list(compress(count(), map(not_, map(is_rise, values, before))))
         start = flat[-1] + 1 if flat else 0
         self._rise_run = len(values) - start + (self._rise_run if start == 0 else 0)
         self._last_eval = (steps[-1], values[-1])
@@ -226,20 +220,19 @@ class EvalLossRiseDetector(BaseDetector):
         best = self._best
         best_before = list(accumulate(values, min, initial=best[1] if best else math.inf))
         if self._open:
-            return not any(map(lt, values, best_before))  # a new best resolves the episode
+            return not any(map(is_new_best, values, best_before))  # a new best resolves
         train = self._train
         train_now = sorted_median(sorted(train.values)) if len(train) else None
         at_best = self._train_at_best
         # Seen and not falling now, train loss cannot fall before a new best, and after one
         # it is compared with itself.
-        if self._train_seen and (train_now is None or at_best is None or train_now >= at_best):
+        if self._train_seen and not train_falling(train_now, at_best):
             return True
-        margin = self.settings.margin
-        bars = map(add, best_before, map(mul, repeat(margin), map(abs, best_before)))
+        bars = map(margin_bar, best_before, repeat(self.settings.margin))
         if not all(map(le, values, bars)):
             return False
         before = [last[1] if last is not None else math.inf, *values[:-1]]
-        rising = list(compress(count(), map(gt, values, before)))
+        rising = list(compress(count(), map(is_rise, values, before)))
         rises = self.settings.rises
         if rising and rising[0] == 0 and self._rise_run:
             need = rises - self._rise_run
@@ -255,12 +248,12 @@ class EvalLossRiseDetector(BaseDetector):
         last = self._last_eval
         if last is not None and step is not None and last[0] is not None and step <= last[0]:
             return []  # the same evaluation again (a log line and trainer_state.json)
-        self._rise_run = self._rise_run + 1 if last is not None and value > last[1] else 0
+        self._rise_run = self._rise_run + 1 if last is not None and is_rise(value, last[1]) else 0
         self._last_eval = (step, value)
         train_now = self._train.median() if len(self._train) else None
         time = sample.time if sample.time is not None else now
         best = self._best
-        if best is None or value < best[1]:
+        if best is None or is_new_best(value, best[1]):
             alerts = [self._resolve(sample, source, time, best)] if self._open else []
             self._open = False
             self._best = (step, value)
@@ -277,11 +270,9 @@ class EvalLossRiseDetector(BaseDetector):
             return []
         best_value = best[1]
         by_rises = self._rise_run >= self.settings.rises
-        if not by_rises and value <= best_value + self.settings.margin * abs(best_value):
+        if not by_rises and value <= margin_bar(best_value, self.settings.margin):
             return []
-        if self._train_seen and (
-            train_now is None or self._train_at_best is None or train_now >= self._train_at_best
-        ):
+        if self._train_seen and not train_falling(train_now, self._train_at_best):
             return []  # train loss not falling: divergence or a data problem, not overfitting
         self._open = True
         return [

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sentinel.detectors.base import BaseDetector, RuleConfig
+from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
 from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
 from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
 from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
@@ -39,11 +40,12 @@ AGREE = settings(
 
 
 @st.composite
-def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
+def logs(draw: st.DrawFn, bar: float, *, evals: bool = False) -> tuple[list[str], bool]:
     """A JSON-lines log with trouble in it, and whether to feed it as replay (data clock).
 
     Its bursts multiply the values by about ``bar`` (the rule's factor: just under,
-    just over) or far more.
+    just over) or far more. Evaluation lines (another schema) come between the training
+    lines now and then, or often with ``evals``.
     """
     lines = draw(st.integers(min_value=40, max_value=200))
     noise = draw(st.sampled_from([0.002, 0.02, 0.1]))
@@ -60,6 +62,10 @@ def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
     decay = draw(st.sampled_from([1.0, 0.999, 0.99]))  # flat, slowly or quickly falling
     throughput = draw(st.booleans())  # tokens_per_sec logged, else only the steps' times
     silence_rate = draw(st.sampled_from([0.0, 0.01, 0.03]))  # a save, an eval, a hang
+    # Lines between evaluations (0: none); a block is at least 16 lines of one schema.
+    eval_every = draw(st.sampled_from([1, 5, 20] if evals else [0, 0, 20, 40]))
+    eval_trend = draw(st.sampled_from([0.97, 1.0, 1.03]))  # evaluations falling or rising
+    eval_loss = 2.0
     step, now, out = draw(st.integers(min_value=0, max_value=50)), T0, []
     burst, jump = 0, 1.0
     for index in range(lines):
@@ -90,6 +96,12 @@ def logs(draw: st.DrawFn, bar: float) -> tuple[list[str], bool]:
         if stamped:
             record["time"] = now
         out.append(json.dumps(record))
+        if eval_every and index % eval_every == eval_every - 1:
+            eval_loss *= eval_trend * (1 + noise * rng.gauss(0, 1)) * (hit if hit < 2 else 1)
+            evaluation: dict[str, Any] = {"step": step, "eval_loss": eval_loss}
+            if stamped:
+                evaluation["time"] = now
+            out.append(json.dumps(evaluation))
     return out, replay
 
 
@@ -227,3 +239,25 @@ def test_stall_paths_agree(data: st.DataObject) -> None:
     # Slow steps of about the soft timeout (a step is 0.5 s), just under and just over it.
     texts, replay = data.draw(logs(2 * config.soft_timeout_s))
     assert_paths_agree(StallDetector, config, texts, replay)
+
+
+@st.composite
+def eval_loss_rise_configs(draw: st.DrawFn) -> EvalLossRiseConfig:
+    return EvalLossRiseConfig(
+        rises=draw(st.integers(min_value=1, max_value=4)),
+        margin=draw(st.sampled_from([0.01, 0.05, 0.1])),
+        train_window=draw(st.integers(min_value=1, max_value=12)),
+        train_metric=draw(st.sampled_from(["loss", "loss", "grad_norm"])),
+        warmup_steps=draw(st.sampled_from([0, 0, 10, 40])),
+    )
+
+
+@pytest.mark.slow
+@AGREE
+@given(data=st.data())
+def test_eval_loss_rise_paths_agree(data: st.DataObject) -> None:
+    config = data.draw(eval_loss_rise_configs())
+    texts, replay = data.draw(logs(1 + config.margin, evals=True))
+    if data.draw(st.booleans()):
+        texts = [text for text in texts if '"eval_loss"' in text]  # an evaluations file
+    assert_paths_agree(EvalLossRiseDetector, config, texts, replay)
