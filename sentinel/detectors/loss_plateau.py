@@ -42,7 +42,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import chain, islice, repeat
-from operator import indexOf, not_
+from operator import ge, indexOf, lt, not_
 
 from pydantic import Field, model_validator
 
@@ -91,9 +91,9 @@ def high_bar(initial: float, settings: LossPlateauConfig) -> float:
     return settings.high_fraction * initial
 
 
-def still_high(level: float, bar: float) -> bool:
-    """Whether a loss level is still high: at or above the "still high" ``bar``."""
-    return level >= bar
+#: Whether a loss level is still high: at or above the "still high" bar (``level >= bar``:
+#: ``operator.ge`` itself, so the block path applies it to a column at C speed).
+still_high: Callable[[float, float], bool] = ge
 
 
 def is_plateau(start: float, recent: float, initial: float, settings: LossPlateauConfig) -> bool:
@@ -112,9 +112,9 @@ def resolve_bar(recent: float, initial: float, settings: LossPlateauConfig) -> f
     return max((1 - settings.min_improvement) * recent, high_bar(initial, settings))
 
 
-def recovered(level: float, bar: float) -> bool:
-    """Whether the recent level ends an episode: under its resolve ``bar``."""
-    return level < bar
+#: Whether the recent level ends an episode: under its resolve bar (``level < bar``,
+#: ``operator.lt``).
+recovered: Callable[[float, float], bool] = lt
 
 
 class LossPlateauDetector(BaseDetector):
