@@ -11,19 +11,26 @@ import argparse
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import textwrap
 import threading
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel import cli, cli_options
 from sentinel.config import effective_config
+from sentinel.holders import target_of
 from sentinel.state import StateStore
 from sentinel.state_lock import acquire
 from sentinel.verdict import mark_deciding, write_final
@@ -131,6 +138,22 @@ SETTINGS: dict[str, tuple[list[str], Callable[[dict[str, Any]], bool]]] = {
     ),
     "--dry-run": (["--dry-run"], lambda c: c["dry_run"] is True),
     "--verdict-file": (["--verdict-file", "v.txt"], lambda c: c["verdict_file"] == "v.txt"),
+    "--stop-signal": (["--stop-signal", "int"], lambda c: c["job"]["stop_signal"] == "SIGINT"),
+    "--http": (["--http", "127.0.0.1:9464"], lambda c: c["http"] == "127.0.0.1:9464"),
+    "--metrics-textfile": (
+        ["--metrics-textfile", "s.prom"],
+        lambda c: c["metrics_textfile"] == "s.prom",
+    ),
+    "--drain-timeout": (["--drain-timeout", "2.5"], lambda c: c["drain_timeout_s"] == 2.5),
+    "--pid": (["--pid", "4242"], lambda c: c["watch"]["pid"] == 4242),
+    "--pidfile": (["--pidfile", "job.pid"], lambda c: c["watch"]["pidfile"] == "job.pid"),
+    "--match": (["--match", "train.py"], lambda c: c["watch"]["match"] == "train.py"),
+    "--user": (["--user", "root"], lambda c: c["watch"]["user"] == "root"),
+    "--systemd-unit": (
+        ["--systemd-unit", "train.service"],
+        lambda c: c["watch"]["systemd_unit"] == "train.service",
+    ),
+    "--wait": (["--wait", "0.5"], lambda c: c["watch"]["wait_s"] == 0.5),
 }
 
 
@@ -146,6 +169,27 @@ def run_takes(option: str, run: Run, tmp_path: Path) -> None:
     args, check = SETTINGS[option]
     settings = cli._settings(parse("run", *args, *NEEDS["run"]))
     assert check(effective_config(settings))
+
+
+# What ``watch`` then looks for: a target option, the job it names (--user goes with
+# --match); any other option, with --pid 1 as the target.
+WATCH_TARGETS = {
+    "--pid": ([], "pid 4242"),
+    "--pidfile": ([], "pidfile job.pid"),
+    "--match": ([], "the oldest process matching 'train.py'"),
+    "--user": (["--match", "train"], "the oldest process of user root matching 'train'"),
+    "--systemd-unit": ([], "systemd unit train.service"),
+}
+
+
+def watch_takes(option: str, run: Run, tmp_path: Path) -> None:
+    """``watch`` hands the option to the settings the supervisor runs with."""
+    config_file(tmp_path)
+    args, check = SETTINGS[option]
+    target, says = WATCH_TARGETS.get(option, (["--pid", "1"], "pid 1"))
+    settings = cli._settings(parse("watch", *args, *target))
+    assert check(effective_config(settings))
+    assert target_of(settings).describe() == says
 
 
 def check_config_takes(option: str, run: Run, tmp_path: Path) -> None:
@@ -316,6 +360,152 @@ def verdict_job_status(run: Run, tmp_path: Path) -> None:
     assert run("verdict", "--state-dir", "st").code == 1
 
 
+# --- options shown on real runs, where the settings alone do not show the effect ---------
+
+# A training job in miniature: a step_5 checkpoint, a NaN loss at step 7 every attempt (a
+# restart resumes after step 5), then it waits to be stopped and writes down by which signal.
+NAN_JOB = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    from pathlib import Path
+
+    ckpt, stopped_by = Path(sys.argv[1]), Path(sys.argv[2])
+
+    def stop(signum, frame):
+        with stopped_by.open("a") as f:
+            f.write(signal.Signals(signum).name + "\\n")
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for step in range(int(os.environ.get("SENTINEL_RESUME_STEP") or 0) + 1, 8):
+        if step == 5:
+            (ckpt / "step_5").mkdir(parents=True, exist_ok=True)
+            (ckpt / "step_5" / "weights.json").write_text(json.dumps({"step": 5}))
+        loss = float("nan") if step == 7 else 2.0 - step / 100
+        print(json.dumps({"step": step, "loss": loss}), flush=True)
+    time.sleep(30)
+    """
+)
+# A job that runs until the file it is given exists (at most 30 s); 0 if it came.
+WAIT_JOB = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    path, deadline = pathlib.Path(sys.argv[1]), time.monotonic() + 30
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sys.exit(0 if path.exists() else 1)
+    """
+)
+# Ticks and restarts quick enough for a test.
+FAST = "tick_interval_s = 0.1\n[job]\nrestart_backoff_s = 0.1\n"
+
+
+def run_job(run: Run, tmp_path: Path, *args: str | Path) -> Result:
+    """``sentinel run --config FAST --state-dir st ARGS`` (ARGS ends with -- and the job)."""
+    (tmp_path / "fast.toml").write_text(FAST)
+    return run("run", "--config", "fast.toml", "--state-dir", "st", *args)
+
+
+def nan_job(tmp_path: Path) -> list[str | Path]:
+    (tmp_path / "job.py").write_text(NAN_JOB)
+    return ["--", sys.executable, tmp_path / "job.py", tmp_path / "ckpt", tmp_path / "stopped_by"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def run_stop_signal(run: Run, tmp_path: Path) -> None:
+    """The NaN stops the job with the signal given (SIGTERM otherwise), and it arrives."""
+    result = run_job(
+        run, tmp_path, "--max-restarts", "0", "--stop-signal", "SIGINT", *nan_job(tmp_path)
+    )
+    assert result.code == 130, result.err  # no restarts: run exits with the job's status
+    assert (tmp_path / "stopped_by").read_text() == "SIGINT\n"
+
+
+def run_verdict_file(run: Run, tmp_path: Path) -> None:
+    """A run that gives up (the same NaN after the rollback) writes its bare code there."""
+    result = run_job(
+        run, tmp_path, "--checkpoints", "ckpt", "--max-restarts", "1", "--verdict-file", "v.txt",
+        *nan_job(tmp_path),
+    )  # fmt: skip
+    assert result.code == 90, result.err
+    assert (tmp_path / "stopped_by").read_text() == "SIGTERM\n" * 2, "two attempts, each stopped"
+    assert (tmp_path / "v.txt").read_text().strip() == "90"
+
+
+def run_http(run: Run, tmp_path: Path) -> None:
+    """While the job runs, /livez answers 200 at the address given; then the job ends."""
+    port, probed = free_port(), tmp_path / "probed"
+    answers: list[int] = []
+
+    def probe() -> None:
+        deadline = time.monotonic() + 15
+        while not answers and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=5) as reply:
+                    answers.append(reply.status)
+            except (urllib.error.URLError, ConnectionError):  # not serving yet, or not live
+                time.sleep(0.02)
+        probed.touch()
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        result = run_job(
+            run, tmp_path, "--max-restarts", "0", "--http", f"127.0.0.1:{port}",
+            "--", sys.executable, "-c", WAIT_JOB, probed,
+        )  # fmt: skip
+    finally:
+        prober.join()
+    assert result.code == 0, result.err
+    assert answers == [200]
+
+
+def run_metrics_textfile(run: Run, tmp_path: Path) -> None:
+    """While the job runs, the metrics are written there (the job waits for the file)."""
+    prom = tmp_path / "s.prom"
+    result = run_job(
+        run, tmp_path, "--max-restarts", "0", "--metrics-textfile", prom,
+        "--", sys.executable, "-c", WAIT_JOB, prom,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    families = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+    assert [s.name for s in families["sentinel_log_lines"].samples] == ["sentinel_log_lines_total"]
+
+
+def watch_wait(run: Run, tmp_path: Path) -> None:
+    """A job that has not appeared within --wait: exit 1 about that long after it began
+    waiting, saying so. (A subprocess, killed if it outlives 30 s: a wait that never ends
+    then fails the test rather than hanging it.)"""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid names no process now
+    (tmp_path / "fast.toml").write_text(FAST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    with subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "watch", "--config", "fast.toml", "--state-dir", "st",
+         "--wait", "0.5", "--pid", str(gone.pid)],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ) as watch:  # fmt: skip
+        guard = threading.Timer(30, watch.kill)
+        guard.start()
+        assert watch.stderr is not None
+        err, waiting_at = "", None
+        for line in watch.stderr:  # until sentinel exits
+            err += line
+            if waiting_at is None and f"waiting for pid {gone.pid}" in line:
+                waiting_at = time.monotonic()
+        waited = time.monotonic() - (waiting_at or 0)
+        guard.cancel()
+    assert watch.returncode == 1, err
+    assert f"pid {gone.pid} did not appear within 0.5 s" in err
+    assert 0.4 < waited < 2.0, err
+
+
 def verbose(verb: str) -> Callable[[Run, Path], None]:
     def check(run: Run, tmp_path: Path) -> None:
         """``main`` sets debug logging from ``args.verbose`` for every verb."""
@@ -331,8 +521,15 @@ def settings_option(check: Callable[[str, Run, Path], None], option: str) -> Any
 
 #: (verb, option) -> a check that the verb honours the option.
 HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
-    **{("run", o): settings_option(run_takes, o) for o in SETTINGS},
+    **{("run", o): settings_option(run_takes, o) for o in SETTINGS if o not in cli_options.TARGET},
+    **{("watch", o): settings_option(watch_takes, o) for o in SETTINGS if o != "--resume-command"},
     **{("check-config", o): settings_option(check_config_takes, o) for o in SETTINGS},
+    # These replace the settings checks above: the option's effect on a real run.
+    ("run", "--stop-signal"): run_stop_signal,
+    ("run", "--verdict-file"): run_verdict_file,
+    ("run", "--http"): run_http,
+    ("run", "--metrics-textfile"): run_metrics_textfile,
+    ("watch", "--wait"): watch_wait,
     ("check-config", "--json"): check_config_json,
     ("replay", "--config"): replay_config,
     ("replay", "--log"): replay_log,
@@ -355,7 +552,17 @@ HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
     ("verdict", "--job-status"): verdict_job_status,
     **{(verb, "--verbose"): verbose(verb) for verb in verbs() if verb != "checkpoints"},
 }
-SLOW = {("demo", "--keep"): pytest.mark.slow}
+SLOW = {
+    (verb, option): pytest.mark.slow
+    for verb, option in [
+        ("demo", "--keep"),
+        ("run", "--stop-signal"),
+        ("run", "--verdict-file"),
+        ("run", "--http"),
+        ("run", "--metrics-textfile"),
+        ("watch", "--wait"),
+    ]
+}
 
 
 def taken() -> list[Any]:
@@ -426,6 +633,27 @@ def test_run_without_dashes_before_the_command_is_refused(sentinel: Run, tmp_pat
     assert not marker.exists()
     assert sentinel("run").err == "sentinel run: give the job's command after --\n"
     assert sentinel("run", "--state-dir", "st", "--").code == 2
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ([], "give exactly one of --pid, --pidfile, --match, --systemd-unit (given: none)"),
+        (
+            ["--pid", "1", "--systemd-unit", "train.service"],
+            "give exactly one of --pid, --pidfile, --match, --systemd-unit"
+            " (given: --pid, --systemd-unit)",
+        ),
+        (["--pid", "1", "--user", "alice"], "--user only goes with --match"),
+    ],
+    ids=["no target", "two targets", "user without match"],
+)
+def test_watch_refuses_anything_but_one_target_before_it_starts(
+    given: list[str], says: str, sentinel: Run, tmp_path: Path
+) -> None:
+    result = sentinel("watch", "--state-dir", "st", *given)
+    assert (result.code, result.out, result.err) == (2, "", f"sentinel watch: {says}\n")
+    assert not (tmp_path / "st").exists()
 
 
 def test_options_after_the_dashes_go_to_the_job() -> None:
