@@ -12,13 +12,17 @@ next attempt.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from sentinel.config import Settings
+import psutil
+
+from sentinel.config import ENV_PREFIX, RESTART_ENV, Settings
 from sentinel.restarts import Restarts
 from sentinel.sdnotify import strip_notify_env
 from sentinel.sources.attached import AttachedJob
@@ -31,6 +35,8 @@ from sentinel.sources.target import (
     SystemdUnitTarget,
     Target,
 )
+
+log = logging.getLogger(__name__)
 
 #: Hands an event to the loop's inbox (thread-safe).
 Put = Callable[[tuple[str, Any]], None]
@@ -93,19 +99,36 @@ class Child:
         self._stderr = stderr
         #: The arguments of the attempt started last.
         self.argv = list(command)
+        self._current = 0
+        self._group: int | None = None
 
     def begin(self, attempt: int, restarts: Restarts, put: Put) -> Handle:
-        # The job is not sentinel's systemd service: it must not speak for it.
-        env = strip_notify_env(dict(os.environ))
+        # The job is not sentinel's systemd service: it must not speak for it; nor does it
+        # get sentinel's settings, whose notify URLs hold tokens.
+        env = {
+            key: value
+            for key, value in strip_notify_env(os.environ).items()
+            if not key.upper().startswith(ENV_PREFIX) or key.upper() in RESTART_ENV
+        }
         if self.settings.job.unbuffered:
             env.setdefault("PYTHONUNBUFFERED", "1")
         argv, restart_env = restarts.argv_and_env(self.command)
         env.update(restart_env)
         self.argv = argv
+        self._current = attempt
+
+        def on_lines(source: str, lines: list[str], at: float) -> None:
+            # A straggler of an earlier attempt (a grandchild that escaped the stop) still
+            # writing to its old pipe: its output is not this attempt's.
+            if attempt == self._current:
+                put(("lines", (source, lines, at)))
+            else:
+                log.warning("%d line(s) from attempt %d's leftovers ignored", len(lines), attempt)
+
         job = JobProcess(
             argv,
             env=env,
-            on_lines=lambda source, lines, at: put(("lines", (source, lines, at))),
+            on_lines=on_lines,
             on_exit=lambda code: put(("exit", (attempt, code))),
             stdout=self._stdout,
             stderr=self._stderr,
@@ -113,10 +136,21 @@ class Child:
             batch_s=self.settings.tail.batch_s,
         )
         job.start()
+        self._group = job.pid  # started in a session of its own: its pid is the group's id
         return job
 
     def members(self) -> list[ProcessIdentity]:
-        return []
+        """The process group sentinel made for the job: a member that left the tree (its
+        parent died) is still the job's."""
+        found = []
+        group = self._group
+        if group is None:
+            return []
+        for process in psutil.process_iter(["pid", "create_time"]):
+            with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+                if process.pid != os.getpid() and os.getpgid(process.pid) == group:
+                    found.append(ProcessIdentity(process.pid, process.info["create_time"]))
+        return found
 
     def describe(self) -> str:
         return shlex.join(self.argv)

@@ -273,8 +273,24 @@ def preflight(settings: Settings, command: list[str]) -> None:
                 f"checkpoints: {directory} is not writable, so a rollback could not set"
                 " checkpoints aside"
             )
+    problem = _state_dir_problem(settings.state_dir)
+    if problem:
+        problems.append(f"state_dir: {settings.state_dir} {problem}")
     if problems:
         raise ConfigError(problems)
+
+
+def _state_dir_problem(state_dir: Path) -> str:
+    """Why sentinel could not keep its state in ``state_dir`` ("" when it can)."""
+    if state_dir.exists() and not state_dir.is_dir():
+        return "is not a directory"
+    existing = state_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "cannot be created" if existing != state_dir else "is not writable"
+        return f"{what} (sentinel keeps its journal, outbox and verdict there)"
+    return ""
 
 
 def _runnable(program: str) -> bool:
