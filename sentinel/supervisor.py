@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, BinaryIO
 
-from sentinel import verdict
+from sentinel import run_verdict, verdict
 from sentinel.actions.signal_tree import TreeStop, stop_tree
 from sentinel.config import Settings
 from sentinel.detectors.job_crash import describe_exit
@@ -72,6 +72,8 @@ class _Stop:
     incident: Incident | None
     restart: bool
     started_at: float = field(default_factory=time.time)
+    #: Another node's verdict for the run, which this stop carries out.
+    joined: run_verdict.RunRecord | None = None
 
 
 class Supervisor:
@@ -116,6 +118,8 @@ class Supervisor:
             state_dir=settings.state_dir,
             verdict_file=settings.verdict_file,
         )
+        #: The run's verdict shared with the other nodes' sentinels (None: this node alone).
+        self._run = run_verdict.for_run(settings.checkpoints, settings.run_id, os.environ)
         self._waiting_since: float | None = None
         #: ``watch``: the last attempt ended and the rules were started afresh for the next.
         self._waiting_for_next = False
@@ -217,9 +221,12 @@ class Supervisor:
         now = time.time()
         self.watch.tick(now)  # repeats of open critical incidents
         self._restarts.look(now)
+        self._join_run()
         if self.state is JobState.WAITING:
             self._start_attempt()
-        open_incidents = Counter(self.watch.tracker.open.keys())  # rule -> Incident: count rules
+        open_incidents = Counter(self.watch.tracker.open.keys())
+        problems = self.watch.state_problems
+        self.service.problem = "; ".join(f"cannot write {what}" for what in problems) or None  # rule -> Incident: count rules
         self.service.tick(
             now,
             latest=self.watch.engine.recent(None, per_metric=1),
@@ -320,6 +327,9 @@ class Supervisor:
             self._attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL)
             return
         self._stop = None
+        if stop.joined is not None:
+            self._joined(stop.joined)
+            return
         incident = stop.incident
         if incident is not None:
             incident.record(now, f"job stopped: {said} after {now - stop.started_at:.1f} s")
@@ -355,6 +365,10 @@ class Supervisor:
             self._escalate(incident, "hardware fault: not restarting here (verdict 92)")
             self._attempt_over(verdict.EXIT_NODE_FAULT, JobState.FATAL, incident)
             return
+        decided = self._run.peek() if self._run is not None else None
+        if decided is not None:  # another node rolled back and decided: no second rollback
+            self._joined(decided, incident)
+            return
         decision = self._restarts.decide(incident)
         self._save_restarts()
         for note in decision.notes:
@@ -377,19 +391,79 @@ class Supervisor:
     def _give_up(self, incident: Incident, text: str) -> None:
         """The final word on a failure: say why, everywhere, and exit 90 (``watch``: the
         verdict says 90, and it waits on for an attempt nobody should start)."""
+        self._verdict(verdict.EXIT_GIVE_UP, incident)  # first: another node may have spoken
         self._escalate(incident, text)
-        self._verdict(verdict.EXIT_GIVE_UP, incident)
         self._attempt_over(verdict.EXIT_GIVE_UP, JobState.FATAL, incident)
         self.exit_code = verdict.EXIT_GIVE_UP
 
     def _verdict(self, code: int, incident: Incident, resume_from: str | None = None) -> None:
-        """The final verdict, once the job is gone and the rollback done or failed."""
+        """The final verdict, once the job is gone and the rollback done or failed; with
+        other nodes, the run's, if this node decided first (else theirs, and quiet)."""
+        if self._run is not None:
+            try:
+                record, won = self._run.claim(
+                    code, rule=incident.rule, step=incident.first.step, resume_from=resume_from
+                )
+            except OSError as error:
+                log.error("could not write the run's verdict (deciding alone): %s", error)
+            else:
+                if not won:
+                    self._joined(record, incident, over=False)
+                    return
         if not self._restarts.write_verdict(code, incident, self._attempt, resume_from):
             self.service.metrics.action("verdict", ok=False)
 
+    def _join_run(self) -> None:
+        """Another node decided the run: stop this node's job with its verdict, quietly."""
+        run = self._run
+        record = run.peek() if run is not None and self._stop is None else None
+        if record is None:
+            return
+        job = self._job
+        if job is None or job.identity is None or self.settings.dry_run:
+            self._joined(record)  # nothing here to stop: its verdict is this node's too
+            return
+        log.warning(
+            "node %s decided the run (verdict %d: %s at step %s): stopping this node's job",
+            record.node, record.code, record.rule, record.step,
+        )  # fmt: skip
+        self._stop = _Stop(None, restart=False, joined=record)
+        verdict.mark_deciding(
+            self.settings.state_dir,
+            rule=record.rule,
+            step=record.step,
+            attempt=self._attempt,
+            time=time.time(),
+        )
+        self._terminate(job)
+
+    def _joined(
+        self, record: run_verdict.RunRecord, incident: Incident | None = None, *, over: bool = True
+    ) -> None:
+        """Take the run's verdict as this node's (its code, its record); another node paged,
+        so this one says nothing more of ``incident``. ``over``: this attempt ends here."""
+        assert self._run is not None
+        if record.number == self._run.number:
+            self._run.adopted()
+        log.warning("verdict %d for the run, from node %s", record.code, record.node)
+        if incident is not None:
+            self.watch.quiet(incident)
+            incident.record(time.time(), f"verdict {record.code} from node {record.node}")
+        settings = self.settings
+        if not run_verdict.write_adopted(
+            record, settings.state_dir, attempt=self._attempt, verdict_file=settings.verdict_file
+        ):
+            self.service.metrics.action("verdict", ok=False)
+        if record.code == verdict.EXIT_GIVE_UP:
+            self.exit_code = verdict.EXIT_GIVE_UP
+        if over:
+            self._attempt_over(record.code, JobState.FATAL, incident)
+
     def _save_restarts(self) -> None:
         if not self.holder.relaunches and self._store is not None:
-            self._store.put_many(self._restarts.to_state())
+            self.watch.safely(
+                "the restart budget", self._store.put_many, self._restarts.to_state()
+            )
 
     def _escalate(self, incident: Incident, text: str) -> None:
         log.error("%s", text)
@@ -469,7 +543,7 @@ class Supervisor:
         self._waiting_since = None
         self._job = job
         if not self.holder.relaunches and self._store is not None:
-            self._store.put("watch.attempt", str(attempt))
+            self.watch.safely("the attempt", self._store.put, "watch.attempt", str(attempt))
             verdict.clear(self.settings.state_dir)  # the next attempt is under way
         self._system.set_job(job.identity)
         self.service.metrics.attempt_started(attempt)
@@ -506,11 +580,13 @@ class Supervisor:
             self.state = state
         store, job = self._store, self._job
         if store is not None:  # for `sentinel status`
-            store.put_many(
+            self.watch.safely(
+                "the job's state",
+                store.put_many,
                 {
                     "job.state": str(self.state),
                     "job.pid": str(job.pid) if job is not None else "",
                     "job.restarts": str(self.restarts),
                     "job.updated_at": repr(time.time()),
-                }
+                },
             )

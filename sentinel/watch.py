@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sentinel.actions.dispatch import Dispatcher, Policy, routes
 from sentinel.actions.notices import JobInfo, NoticeKind, format_dashboard_url, incident_notice
@@ -28,6 +31,7 @@ from sentinel.engine import Engine, build_detectors
 from sentinel.incidents import Incident, IncidentEvent, IncidentTracker
 from sentinel.parsers import LineParser
 from sentinel.records import Alert, Sample, Severity
+from sentinel.run_verdict import resolve_run_id
 from sentinel.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,8 @@ class Watch:
                     budget,
                 )
         self.journal = Journal(settings.state_dir)
+        #: What could not be written to the state dir lately, and why (for STATUS, metrics).
+        self.state_problems: dict[str, str] = {}
         self.state_dir: Path = settings.state_dir
         dashboard_url = format_dashboard_url(
             settings.job.dashboard_url,
@@ -71,7 +77,10 @@ class Watch:
             run_id=self.run_id,
             environ=os.environ,
         )
-        self.job = JobInfo(job_name, self.host, self.run_id, dashboard_url)
+        shared_run_id = resolve_run_id(settings.run_id, os.environ) or ""
+        self.job = JobInfo(job_name, self.host, self.run_id, dashboard_url, shared_run_id)
+        #: Incidents another node decided for the run (and paged for): not announced here.
+        self._quiet: set[str] = set()
         self.dispatcher = Dispatcher(
             notifier.outbox, routes(settings.notify), Policy.from_config(settings.notify), self.job
         )
@@ -88,7 +97,7 @@ class Watch:
                     self.engine.recent(None),
                     samples_per_step=self.engine.facts.samples_per_step,
                 )
-            self.journal.append(alert)
+            self.safely("the alert journal", self.journal.append, alert)
             log.log(
                 _LEVELS[alert.severity],
                 "%s %s step=%s: %s",
@@ -185,6 +194,11 @@ class Watch:
             self._rules_reloaded = True
             log.info("SIGHUP: rule changes take effect when the next attempt starts")
 
+    def quiet(self, incident: Incident) -> None:
+        """Another node's sentinel decided the run first and paged: no more messages about
+        ``incident`` from here (its journal lines and report are kept)."""
+        self._quiet.add(incident.id)
+
     def close(self) -> None:
         stats = self.engine.parser.stats
         log.info(
@@ -194,11 +208,33 @@ class Watch:
             stats.garbled,
             stats.unparsed,
         )
-        self.journal.close()
+        self.safely("the alert journal", self.journal.close)
 
     def _report(self, incident: Incident, now: float) -> None:
         cost = incident_cost(incident, self.engine.facts, now)
-        write_report(incident, self._recent(incident), self.state_dir, cost=cost)
+        self.safely(
+            "the incident report",
+            write_report,
+            incident,
+            self._recent(incident),
+            self.state_dir,
+            cost=cost,
+        )
+
+    def safely(self, what: str, write: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+        """A write to the state dir that may fail (a full or read-only disk) without costing
+        detection or the stop: said once per kind at ERROR, then again when it works."""
+        try:
+            write(*args, **kwargs)
+        except (OSError, sqlite3.Error) as error:
+            if what not in self.state_problems:
+                log.error(
+                    "cannot write %s in %s: %s (detection goes on)", what, self.state_dir, error
+                )
+            self.state_problems[what] = str(error)
+            return
+        if self.state_problems.pop(what, None) is not None:
+            log.info("writing %s works again", what)
 
     def _recent(self, incident: Incident) -> dict[str, list[Sample]]:
         return dict(self.engine.recent(incident.onset_step))
@@ -215,8 +251,8 @@ class Watch:
         *,
         force: bool = False,
     ) -> None:
-        if not self.dispatcher.routes:
-            return  # no target: spare the report each notice carries
+        if not self.dispatcher.routes or incident.id in self._quiet:
+            return  # no target (spare the report each notice carries), or another node spoke
         notice = incident_notice(
             kind,
             incident,
@@ -226,7 +262,9 @@ class Watch:
             # A repeat is news of now; any other notice is as of its alert.
             now=now if kind is NoticeKind.REPEAT else None,
         )
-        self.dispatcher.dispatch(notice, incident.rules, now, force=force)
+        self.safely(
+            "the outbox", self.dispatcher.dispatch, notice, incident.rules, now, force=force
+        )
 
 
 _KINDS = {
