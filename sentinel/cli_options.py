@@ -128,6 +128,11 @@ SHARED: tuple[SharedOption, ...] = (
         {"type": float, "metavar": "S", "help": "on SIGTERM, deliver pending alerts this long"},
     ),
     SharedOption(
+        ("--run-id",),
+        "service",
+        {"metavar": "ID", "help": "the run's id on every node: one verdict, one page (many nodes)"},
+    ),
+    SharedOption(
         ("--json",), "output", {"action": "store_true", "help": "machine-readable output"}
     ),
     SharedOption(("-v", "--verbose"), "output", {"action": "store_true", "help": "debug logging"}),

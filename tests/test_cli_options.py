@@ -154,6 +154,7 @@ SETTINGS: dict[str, tuple[list[str], Callable[[dict[str, Any]], bool]]] = {
         lambda c: c["watch"]["systemd_unit"] == "train.service",
     ),
     "--wait": (["--wait", "0.5"], lambda c: c["watch"]["wait_s"] == 0.5),
+    "--run-id": (["--run-id", "job-7.a_1"], lambda c: c["run_id"] == "job-7.a_1"),
 }
 
 

@@ -186,6 +186,7 @@ def test_every_cli_field_maps_onto_a_setting() -> None:
         "user": "alice",
         "systemd_unit": "train@a.service",
         "wait": 60,
+        "run_id": "job-7",
     }
     assert set(values) == set(CLI_FIELDS)
     settings = load_settings(None, cli=values, environ={})
@@ -197,6 +198,7 @@ def test_every_cli_field_maps_onto_a_setting() -> None:
     assert settings.job.resume_command == "python train.py --resume {checkpoint}"
     assert settings.dry_run is True
     assert settings.http == "127.0.0.1:9464"
+    assert settings.run_id == "job-7"
     assert str(settings.metrics_textfile) == "/m/sentinel.prom"
     assert str(settings.verdict_file) == "/v/code"
     assert settings.job.stop_signal == "SIGKILL"
@@ -510,3 +512,9 @@ def test_a_target_naming_an_unknown_rule_is_an_error_naming_it(tmp_path: Path) -
     where = f"notify (from {config})"
     assert problem.startswith(f"{where}: targets[0].rules: unknown rule(s) nan_infs;")
     assert "known: nan_inf," in problem
+
+
+@pytest.mark.parametrize("run_id", ["", "../up", "a b", "-x"])
+def test_a_run_id_that_is_not_one_path_segment_is_refused(run_id: str) -> None:
+    with pytest.raises(ConfigError, match="run_id"):
+        load_settings(None, cli={"run_id": run_id}, environ={})

@@ -110,6 +110,8 @@ class JobInfo:
     run_id: str
     #: The run's dashboard, already formatted from ``[job] dashboard_url``; "" for none.
     dashboard_url: str = ""
+    #: The run's id shared by every node's sentinel (``--run-id``, SLURM_JOB_ID...); "" for none.
+    shared_run_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,11 +119,18 @@ class JobInfo:
             "host": self.host,
             "run_id": self.run_id,
             "dashboard_url": self.dashboard_url,
+            "shared_run_id": self.shared_run_id,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobInfo:
-        return cls(data["name"], data["host"], data["run_id"], data.get("dashboard_url", ""))
+        return cls(
+            data["name"],
+            data["host"],
+            data["run_id"],
+            data.get("dashboard_url", ""),
+            data.get("shared_run_id", ""),
+        )
 
 
 # Which notice leads at equal severity: news before reminders, updates and all-clears.

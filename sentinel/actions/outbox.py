@@ -138,6 +138,19 @@ def fold(digest: OpenMessage, notice: Notice, keep: int) -> None:
         digest.folded[rule] = digest.folded.get(rule, 0) + 1
 
 
+def message_key(notice: Notice, job: JobInfo, kind: str, hashed: str = "") -> str:
+    """A new message's idempotency key, kept across retries and restarts.
+
+    Where a run's sentinels share a run id (one per node), the news of an incident
+    (opened, escalated) gets the same key on every node, from the run id, rule and
+    step, so a paging service folds the nodes' pages into one. Else unique.
+    """
+    if job.shared_run_id and kind in (NoticeKind.OPENED, NoticeKind.ESCALATED):
+        step = notice.alert.get("step")
+        return f"{job.shared_run_id}:{notice.rule}:{step}:{kind}:{hashed[:8]}"
+    return f"{notice.incident_id}:{kind}:{uuid.uuid4().hex[:8]}"
+
+
 class Outbox:
     """Durable queue of messages, one row per (target, message), in the state DB.
 
@@ -228,18 +241,12 @@ class Outbox:
         kind = "digest" if digest else notice.kind
         with self._lock:
             name = self._targets[hashed].name if hashed in self._targets else ""
-        outbox_store.insert(
-            conn,
-            key=f"{notice.incident_id}:{kind}:{uuid.uuid4().hex[:8]}",
-            hashed=hashed,
-            name=name,
-            job=job,
-            notice=notice,
-            created_at=now,
-            group_until=group_until,
-            due_at=due,
-            digest=digest,
-        )
+        fields: dict[str, Any] = dict(hashed=hashed, name=name, job=job, notice=notice)
+        fields.update(created_at=now, group_until=group_until, due_at=due, digest=digest)
+        try:
+            outbox_store.insert(conn, key=message_key(notice, job, kind, hashed), **fields)
+        except sqlite3.IntegrityError:  # this node sent that news already: a key of its own
+            outbox_store.insert(conn, key=message_key(notice, JobInfo("", "", ""), kind), **fields)
         return Added.FOLDED if digest else Added.NEW
 
     # -- delivering -------------------------------------------------------------

@@ -247,6 +247,10 @@ class Settings(BaseSettings):
     verdict_file: Path | None = None
     #: On SIGTERM, how long to go on delivering pending notices before exiting.
     drain_timeout_s: float = Field(default=10.0, ge=0)
+    #: The run's id, the same on every node (``--run-id``); unset: the job's own id from the
+    #: environment (SLURM_JOB_ID, TORCHELASTIC_RUN_ID), else none. With it, the first node
+    #: to decide writes the run's verdict under the checkpoint dir and the others adopt it.
+    run_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     job: JobConfig = Field(default_factory=JobConfig)
     watch: WatchConfig = Field(default_factory=WatchConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -311,6 +315,7 @@ CLI_FIELDS: dict[str, tuple[str, ...]] = {
     "verdict_file": ("verdict_file",),
     "stop_signal": ("job", "stop_signal"),
     "drain_timeout": ("drain_timeout_s",),
+    "run_id": ("run_id",),
     "pid": ("watch", "pid"),
     "pidfile": ("watch", "pidfile"),
     "match": ("watch", "match"),
