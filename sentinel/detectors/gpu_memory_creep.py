@@ -22,9 +22,11 @@ from sentinel.detectors.gpu_memory_windows import (
     Window,
     calm,
     creep_evidence,
+    grew_enough,
     growth,
     logged_memory,
     near_capacity,
+    near_full,
 )
 from sentinel.detectors.series import Warmup
 from sentinel.records import PROGRESS, Alert, Block, Sample, Severity
@@ -193,8 +195,9 @@ class GpuMemoryCreepDetector(BaseDetector):
             if held >= self.settings.window and (key, "creep") in self._offending:
                 return self._clear(key, "creep", sample, source, now)
             capacity = self._capacity_of(key)
-            full = capacity is not None and value >= self.settings.capacity_fraction * capacity
-            if not full or (key, "capacity") in self._offending:
+            if (key, "capacity") in self._offending or not near_full(
+                value, capacity, self.settings
+            ):
                 return []
             # Full from the first reading, before this GPU's total was read.
             return self._judge(key, window, sample, source, now)
@@ -228,9 +231,9 @@ class GpuMemoryCreepDetector(BaseDetector):
         creep = creep_evidence(window, self.settings, capacity)
         if creep is not None:
             found.append(("creep", creep))
-        elif (key, "creep") in self._offending and growth(window) < self.settings.min_growth:
+        elif (key, "creep") in self._offending and not grew_enough(growth(window), self.settings):
             self._offending.discard((key, "creep"))
-        if capacity is not None and value >= self.settings.capacity_fraction * capacity:
+        if near_full(value, capacity, self.settings):
             found.append(("capacity", near_capacity(window, capacity)))
         else:
             self._offending.discard((key, "capacity"))

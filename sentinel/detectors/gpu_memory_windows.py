@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import accumulate, compress, islice
+from itertools import accumulate, compress, islice, repeat
 from operator import and_, gt, lt, sub, truediv
 from typing import Any
 
@@ -68,6 +68,7 @@ CAPACITY_METRICS: tuple[str, ...] = (
 #: Name endings of metrics logged as a percentage of the device: their capacity is 100.
 PERCENT_SUFFIXES: tuple[str, ...] = ("(%)", "_pct", "_percent")
 
+
 class GpuMemoryCreepConfig(MetricRuleConfig):
     """``[rules.gpu_memory_creep]``.
 
@@ -109,6 +110,27 @@ Window = deque[tuple[int | None, float]]
 Plan = dict[str, tuple[list[float], list[int]]]
 
 
+def capacity_bar(capacity: float, settings: GpuMemoryCreepConfig) -> float:
+    """The level at which memory is near capacity: ``capacity_fraction`` of it."""
+    return settings.capacity_fraction * capacity
+
+
+def near_full(value: float, capacity: float | None, settings: GpuMemoryCreepConfig) -> bool:
+    """Whether ``value`` is near a known capacity: at or above its bar."""
+    return capacity is not None and value >= capacity_bar(capacity, settings)
+
+
+def grew_enough(grown: float, settings: GpuMemoryCreepConfig) -> bool:
+    """Whether a window's relative growth makes a creep: at least ``min_growth``."""
+    return grown >= settings.min_growth
+
+
+def rises_enough(rises: int, size: int, settings: GpuMemoryCreepConfig) -> bool:
+    """Whether ``rises`` increases among a window of ``size`` values' changes make a creep:
+    at least ``rising_fraction`` of them."""
+    return rises >= settings.rising_fraction * (size - 1)
+
+
 def growth(window: Window) -> float:
     """Relative growth from the window's first value to its last."""
     first, last = window[0][1], window[-1][1]
@@ -125,10 +147,10 @@ def creep_evidence(
         return None
     values = [value for _, value in window]
     rises = [i for i in range(1, len(values)) if values[i] > values[i - 1]]
-    if len(rises) < settings.rising_fraction * (len(values) - 1):
+    if not rises_enough(len(rises), len(values), settings):
         return None
     grown = growth(window)
-    if grown < settings.min_growth:
+    if not grew_enough(grown, settings):
         return None
     half = len(values) // 2
     low_before, low_after = min(values[:half]), min(values[half:])
@@ -217,7 +239,7 @@ def calm(
 ) -> bool:
     """Whether appending ``values`` (at rising ``steps``) to ``window`` judges no creep and
     no capacity at any of them."""
-    if capacity is not None and max(values) >= settings.capacity_fraction * capacity:
+    if near_full(max(values), capacity, settings):
         return False
     last_step = window[-1][0] if window else None
     if last_step is not None and steps[0] <= last_step:
@@ -232,7 +254,7 @@ def calm(
     low = min(islice(series, first_start, None))
     if low <= 0:
         return False  # a growth from zero is infinite (see growth)
-    if (max(series) - low) / low < settings.min_growth:
+    if not grew_enough((max(series) - low) / low, settings):
         return True  # no window's last value is min_growth above its first
     firsts = series[first_start : len(series) - size + 1]
     lasts = series[first_start + size - 1 :]
@@ -240,5 +262,6 @@ def calm(
     rose = list(accumulate(map(gt, islice(series, 1, None), series), initial=0))
     # The window starting at i has its rises among changes i+1 .. i+size-1.
     rises = map(sub, islice(rose, first_start + size - 1, None), islice(rose, first_start, None))
-    bar = settings.rising_fraction * (size - 1)
-    return not any(map(and_, map(settings.min_growth.__le__, growths), map(bar.__le__, rises)))
+    grown = map(grew_enough, growths, repeat(settings))
+    rising = map(rises_enough, rises, repeat(size), repeat(settings))
+    return not any(map(and_, grown, rising))

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from sentinel.detectors.base import BaseDetector, RuleConfig
 from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
+from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
 from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
 from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
 from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
@@ -66,6 +67,8 @@ def logs(draw: st.DrawFn, bar: float, *, evals: bool = False) -> tuple[list[str]
     eval_every = draw(st.sampled_from([1, 5, 20] if evals else [0, 0, 20, 40]))
     eval_trend = draw(st.sampled_from([0.97, 1.0, 1.03]))  # evaluations falling or rising
     eval_loss = 2.0
+    creep = draw(st.sampled_from([0.0, 1.0, 1.003, 1.03]))  # memory growth a line (0: none)
+    memory = 1000.0
     step, now, out = draw(st.integers(min_value=0, max_value=50)), T0, []
     burst, jump = 0, 1.0
     for index in range(lines):
@@ -91,6 +94,9 @@ def logs(draw: st.DrawFn, bar: float, *, evals: bool = False) -> tuple[list[str]
                 grad = odd
         lr = 1e-5 * (index + 1) if index < warmup_lines else 1e-3 / (1 + 0.01 * index)
         record: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": grad, "lr": lr}
+        if creep:
+            memory *= creep
+            record["gpu_memory_mb"] = memory * (1 + 0.1 * noise * rng.gauss(0, 1)) * hit
         if throughput:
             record["tokens_per_sec"] = 15000.0 * (1 + noise * rng.gauss(0, 1)) / hit
         if stamped:
@@ -261,3 +267,24 @@ def test_eval_loss_rise_paths_agree(data: st.DataObject) -> None:
     if data.draw(st.booleans()):
         texts = [text for text in texts if '"eval_loss"' in text]  # an evaluations file
     assert_paths_agree(EvalLossRiseDetector, config, texts, replay)
+
+
+@st.composite
+def gpu_memory_creep_configs(draw: st.DrawFn) -> GpuMemoryCreepConfig:
+    return GpuMemoryCreepConfig(
+        window=draw(st.integers(min_value=3, max_value=20)),
+        rising_fraction=draw(st.sampled_from([0.5, 0.8, 1.0])),
+        min_growth=draw(st.sampled_from([0.005, 0.02, 0.1])),
+        capacity=draw(st.sampled_from([None, 1300.0, 3000.0])),
+        capacity_fraction=draw(st.sampled_from([0.9, 0.95])),
+        warmup_steps=draw(st.sampled_from([0, 10, 40])),
+    )
+
+
+@pytest.mark.slow
+@AGREE
+@given(data=st.data())
+def test_gpu_memory_creep_paths_agree(data: st.DataObject) -> None:
+    config = data.draw(gpu_memory_creep_configs())
+    texts, replay = data.draw(logs(1 + config.min_growth))
+    assert_paths_agree(GpuMemoryCreepDetector, config, texts, replay)
