@@ -43,6 +43,7 @@ from sentinel.records import Alert, Sample, Severity
 from sentinel.reload import reloaded
 from sentinel.restarts import Restarts
 from sentinel.service import Service
+from sentinel.shedding import Shedder
 from sentinel.signals import SignalForwarder
 from sentinel.sources.inbox import Inbox
 from sentinel.sources.process import exit_status
@@ -121,6 +122,7 @@ class Supervisor:
         #: The run's verdict shared with the other nodes' sentinels (None: this node alone).
         self._run = run_verdict.for_run(settings.checkpoints, settings.run_id, os.environ)
         self._waiting_since: float | None = None
+        self._shedder = Shedder()
         #: ``watch``: the last attempt ended and the rules were started afresh for the next.
         self._waiting_for_next = False
         self._shutdown_signals = 0
@@ -191,6 +193,7 @@ class Supervisor:
         self.service.lines(len(lines))
         if self.state is JobState.WAITING:
             self._start_attempt()  # output again: the job is likely back; judge it as its own
+        lines = self._shedder.keep(lines, time.time() - read_at)
         alerts = self.watch.engine.feed_texts(source, lines, read_at)
         if alerts:
             self._handle(alerts)
@@ -226,7 +229,7 @@ class Supervisor:
             self._start_attempt()
         open_incidents = Counter(self.watch.tracker.open.keys())
         problems = self.watch.state_problems
-        self.service.problem = "; ".join(f"cannot write {what}" for what in problems) or None  # rule -> Incident: count rules
+        self.service.problem = "; ".join(f"cannot write {what}" for what in problems) or None
         self.service.tick(
             now,
             latest=self.watch.engine.recent(None, per_metric=1),

@@ -1,0 +1,44 @@
+"""A loop that is behind reads, of each late batch, what may matter and the newest lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from sentinel.shedding import KEEP_NEWEST, LAG_S, Shedder
+
+
+def _batch(count: int, suspect_at: int | None = None, text: str = '{"loss": NaN}') -> list[str]:
+    lines = [f'{{"step": {i}, "loss": 2.5}}' for i in range(count)]
+    if suspect_at is not None:
+        lines[suspect_at] = text
+    return lines
+
+
+def test_a_batch_on_time_is_read_whole() -> None:
+    lines = _batch(1000)
+    assert Shedder().keep(lines, lag_s=LAG_S / 2) == lines
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"step": 9, "loss": NaN}', "{'loss': nan, 'step': 9}", '{"loss": -Infinity}',
+     "Traceback (most recent call last):", "RuntimeError: CUDA error: an illegal memory access"],
+    ids=["json-nan", "hf-nan", "json-inf", "traceback", "error"],
+)  # fmt: skip
+def test_a_late_batch_keeps_every_suspect_line_and_the_newest(text: str) -> None:
+    shedder = Shedder()
+    lines = _batch(10_000, suspect_at=9, text=text)
+    kept = shedder.keep(lines, lag_s=LAG_S * 4)
+    assert kept == [text, *lines[-KEEP_NEWEST:]]
+    assert shedder.skipped == 10_000 - KEEP_NEWEST - 1
+
+
+def test_a_late_batch_with_nothing_suspect_keeps_only_the_newest() -> None:
+    shedder = Shedder()
+    lines = _batch(5000)
+    assert shedder.keep(lines, lag_s=LAG_S * 2) == lines[-KEEP_NEWEST:]
+    assert shedder.skipped == 5000 - KEEP_NEWEST
+    # "info" and "inference" are not "inf"
+    assert shedder.keep(["INFO inference step"] * 200, lag_s=LAG_S * 2) == [
+        "INFO inference step"
+    ] * KEEP_NEWEST
