@@ -151,6 +151,7 @@ class BaseDetector:
     def sample_alert(
         self,
         sample: Sample,
+        *,
         severity: Severity,
         message: str,
         time: float,
@@ -158,7 +159,8 @@ class BaseDetector:
         **fields: Any,
     ) -> Alert:
         """An alert of this rule about ``sample``: its step, metric and value; ``fields``
-        (``onset_step``, ``resolves``, ``details``) for the rest."""
+        (``onset_step``, ``resolves``, ``details``) for the rest. Keyword arguments only, so
+        every rule builds its alerts the one way."""
         return Alert(
             rule=self.rule,
             severity=severity,
