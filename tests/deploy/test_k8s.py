@@ -50,6 +50,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from sentinel.config import load_settings
 from sentinel.health import HealthServer, Metrics
 from sentinel.health.metrics import GRAD_NORM, LOSS, TOKENS_PER_SEC
 
@@ -622,3 +623,28 @@ def test_simulated_pod_rolls_back_exits_91_and_resumes_from_the_clean_checkpoint
         _out, err = watch.communicate(timeout=30)
     assert watch.returncode == 0, err
     assert "attempt 2" in err
+
+
+# -- the README's recipe -----------------------------------------------------------------------
+
+
+def _readme_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("### On Kubernetes")
+    return text[start : text.index("\n## ", start)]
+
+
+def test_readme_recipe_names_files_that_exist_and_a_secret_sentinel_loads() -> None:
+    section = _readme_section()
+    links = re.findall(r"\]\(([^)#]+)\)", section)
+    assert len(links) >= 10
+    for link in links:
+        assert (ROOT / link).exists(), link
+    for overlay in re.findall(r"kubectl apply -k (\S+)", section):
+        assert (ROOT / overlay / "kustomization.yaml").exists(), overlay
+    [urls] = re.findall(r"--from-literal=SENTINEL_NOTIFY__URLS='([^']+)'", section)
+    settings = load_settings(None, environ={"SENTINEL_NOTIFY__URLS": urls})
+    assert [u.get_secret_value() for u in settings.notify.urls] == urls.split()
+    job = _one(_render("overlays/sidecar"), "Job")
+    [sidecar_secret] = _sidecar(job["spec"]["template"]["spec"])["envFrom"]
+    assert f"secret generic {sidecar_secret['secretRef']['name']}" in section
