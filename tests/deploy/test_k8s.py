@@ -548,7 +548,7 @@ class _Pod:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         for item in container.get("env", []):
             if "value" in item:
-                env[item["name"]] = item["value"]
+                env[item["name"]] = self.host_path(container, item["value"])
         env["POD_IP"] = "127.0.0.1"
         return env
 
