@@ -648,3 +648,26 @@ def test_readme_recipe_names_files_that_exist_and_a_secret_sentinel_loads() -> N
     job = _one(_render("overlays/sidecar"), "Job")
     [sidecar_secret] = _sidecar(job["spec"]["template"]["spec"])["envFrom"]
     assert f"secret generic {sidecar_secret['secretRef']['name']}" in section
+
+
+@pytest.mark.slow
+def test_simulated_wrapper_pod_rolls_back_and_restarts_inside_the_container(
+    tmp_path: Path,
+) -> None:
+    """The wrapper overlay's trainer (`sentinel run -- python -u train.py ...`), run as is."""
+    spec = _one(_render("overlays/wrapper"), "Job")["spec"]["template"]["spec"]
+    trainer = _trainer(spec)
+    pod = _Pod(spec, tmp_path, _free_port())
+    (pod.workdir / "train.py").write_text(TRAIN_PY)
+    command = [*trainer["command"], *(pod.expand(trainer, a) for a in trainer["args"])]
+    assert command[0] == "sentinel", "the image's sentinel, found on PATH"
+    done = subprocess.run(
+        command, env=pod.env(trainer), cwd=pod.workdir, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    attempts = [json.loads((pod.workdir / f"attempt-{n}").read_text()) for n in (1, 2)]
+    assert [a["start"] for a in attempts] == [0, 20], "restarted from the clean step_20"
+    ckpt = pod.volumes["data"] / "checkpoints"
+    assert [p.name for p in (ckpt / "quarantine").rglob("step_*")] == ["step_25"]
+    assert (ckpt / "step_40").is_dir()
