@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sentinel.detectors.base import BaseDetector, RuleConfig
+from sentinel.detectors.cost_overrun import CostOverrunConfig, CostOverrunDetector
 from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
 from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
 from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
@@ -28,6 +29,7 @@ from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetect
 from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
 from sentinel.detectors.stall import StallConfig, StallDetector
 from sentinel.detectors.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
+from sentinel.facts import RunFacts
 from tests.detectors.blockcheck import T0, run
 
 #: Deterministic in CI: the same examples every run, none saved between runs.
@@ -118,11 +120,15 @@ def sample_by_sample(rule: type[BaseDetector]) -> type[BaseDetector]:
 
 
 def assert_paths_agree(
-    rule: type[BaseDetector], config: RuleConfig, texts: list[str], replay: bool
+    rule: type[BaseDetector],
+    config: RuleConfig,
+    texts: list[str],
+    replay: bool,
+    facts: RunFacts | None = None,
 ) -> None:
     """Sample by sample, line by line and by blocks give the same alerts and end state."""
     plain = sample_by_sample(rule)
-    feed: dict[str, Any] = {"data_clock": replay, "batch_sizes": (64, 17, 200)}
+    feed: dict[str, Any] = {"data_clock": replay, "batch_sizes": (64, 17, 200), "facts": facts}
     by_sample = run(lambda: [plain(config)], texts, blocks=False, **feed)
     by_line = run(lambda: [rule(config)], texts, blocks=False, **feed)
     by_block = run(lambda: [rule(config)], texts, blocks=True, **feed)
@@ -288,3 +294,30 @@ def test_gpu_memory_creep_paths_agree(data: st.DataObject) -> None:
     config = data.draw(gpu_memory_creep_configs())
     texts, replay = data.draw(logs(1 + config.min_growth))
     assert_paths_agree(GpuMemoryCreepDetector, config, texts, replay)
+
+
+@st.composite
+def cost_overrun_configs(draw: st.DrawFn) -> CostOverrunConfig:
+    return CostOverrunConfig(
+        budget=draw(st.sampled_from([None, 0.05, 0.3, 1.0])),
+        kill_fraction=draw(st.sampled_from([None, 1.5])),
+        projected_margin=draw(st.sampled_from([0.0, 0.2])),
+        rate_window_s=draw(st.sampled_from([10.0, 100.0])),
+        projection_min_s=draw(st.sampled_from([0.0, 30.0])),
+        projection_min_steps=draw(st.sampled_from([1, 10])),
+    )
+
+
+@pytest.mark.slow
+@AGREE
+@given(data=st.data())
+def test_cost_overrun_paths_agree(data: st.DataObject) -> None:
+    config = data.draw(cost_overrun_configs())
+    # 4 GPUs at 2.0 an hour: a log of a few hundred seconds spends about 0.2 to 2.
+    facts = RunFacts(
+        gpus=4,
+        price_per_gpu_hour=2.0,
+        max_steps=data.draw(st.sampled_from([None, 300, 5000])),
+    )
+    texts, replay = data.draw(logs(2.0))
+    assert_paths_agree(CostOverrunDetector, config, texts, replay, facts)
