@@ -11,10 +11,14 @@ by its level, not by its last value. Nothing is judged while either level is <= 
 One info alert per episode (``details["kind"] = "plateau"``); the episode
 resolves once the recent median falls below the bar set when it opened (improved
 by ``min_improvement`` on the plateau's level, or under ``high_fraction`` of the
-initial level), and the window then starts empty, so a new plateau needs a whole
-new window. ``details["from_start"]`` is True when the window holds every judged
-value of the run: the loss never moved, which points at the data (labels all
-masked, a wrong target) or at frozen parameters rather than at the optimizer.
+initial level, each less twice the window's own noise: how far its medians of
+``edge_values`` dipped under its median), and the window then starts empty, so a
+new plateau needs a whole new window. The noise allowance is what keeps a flat but
+noisy loss one open episode: without it a median of ten noisy values crossed a 1%
+bar by chance, and the plateau opened and resolved once a window.
+``details["from_start"]`` is True when the window holds every judged value of the
+run: the loss never moved, which points at the data (labels all masked, a wrong
+target) or at frozen parameters rather than at the optimizer.
 
 The initial level belongs to the run, not to the attempt: after a restart from a
 checkpoint ``job_started`` forgets the window, the warmup and the episode, but
@@ -39,8 +43,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, islice, repeat
 from operator import ge, indexOf, lt, not_
 
@@ -106,10 +111,27 @@ def is_plateau(start: float, recent: float, initial: float, settings: LossPlatea
     return still_high(recent, high_bar(initial, settings))  # flat, and not converged
 
 
-def resolve_bar(recent: float, initial: float, settings: LossPlateauConfig) -> float:
-    """The bar a plateau at level ``recent`` resolves under: improved by ``min_improvement``
-    on it, or under the "still high" bar."""
-    return max((1 - settings.min_improvement) * recent, high_bar(initial, settings))
+def resolve_bar(
+    level: float, initial: float, settings: LossPlateauConfig, noise: float = 0.0
+) -> float:
+    """The bar a plateau at ``level`` resolves under: improved by ``min_improvement`` on
+    it, or under the "still high" bar; either less twice its window's ``noise``."""
+    return max((1 - settings.min_improvement) * level, high_bar(initial, settings)) - 2 * noise
+
+
+def window_level(values: Sequence[float], edge_values: int) -> tuple[float, float]:
+    """The level of a window's ``values`` (their median) and its noise: how far the medians
+    of ``edge_values`` consecutive values dip under that level, the scale recovery is
+    judged on (0 for a constant loss)."""
+    level = statistics.median(values)
+    run = sorted(values[:edge_values])
+    middle = ((edge_values - 1) // 2, edge_values // 2)
+    lowest = (run[middle[0]] + run[middle[1]]) / 2
+    for leaving, entering in zip(values, values[edge_values:], strict=False):
+        del run[bisect_left(run, leaving)]
+        insort(run, entering)
+        lowest = min(lowest, (run[middle[0]] + run[middle[1]]) / 2)
+    return level, max(0.0, level - lowest)
 
 
 #: Whether the recent level ends an episode: under its resolve bar (``level < bar``,
@@ -297,7 +319,8 @@ class LossPlateauDetector(BaseDetector):
         recent = statistics.median(recent_values)
         if not is_plateau(start, recent, initial, settings):
             return []
-        self._bar = resolve_bar(recent, initial, settings)
+        level, noise = window_level([value for _, value in self._window], settings.edge_values)
+        self._bar = resolve_bar(level, initial, settings, noise)
         self._onset_step = self._window[0][0]
         from_start = not self._moved_on
         improvement = 1 - recent / start

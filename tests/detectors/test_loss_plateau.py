@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
+from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector, window_level
 from sentinel.records import Alert, Sample, Severity
 
 NAN = math.nan
@@ -40,6 +40,11 @@ def summary(alerts: Sequence[Alert]) -> list[tuple[Severity, int | None, int | N
 def flat(count: int, level: float, noise: float = 0.02, seed: int = 0) -> list[float]:
     rng = random.Random(seed)
     return [level + rng.uniform(-noise, noise) for _ in range(count)]
+
+
+def gaussian(count: int, sigma: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.gauss(0, sigma) for _ in range(count)]
 
 
 @pytest.mark.parametrize(
@@ -96,6 +101,39 @@ def test_a_new_plateau_needs_a_whole_new_window() -> None:
     alerts = run([2.3] * 200 + [2.2] * 400)
     assert summary(alerts) == [(INFO, 200, 1, False), (INFO, 205, 1, True), (INFO, 405, 206, False)]
     assert alerts[2].details["from_start"] is False
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        flat(20_000, 2.3, noise=0.1, seed=1),
+        [2.3 * (1 + gauss) for gauss in gaussian(20_000, 0.05, seed=2)],
+        [(2.3, 2.375)[flip > 0] for flip in gaussian(20_000, 1.0, seed=3)],
+    ],
+    ids=["uniform-4pct", "gaussian-10pct", "two-levels"],
+)
+def test_a_flat_noisy_loss_is_one_episode_that_stays_open(values: list[float]) -> None:
+    # Its medians of ten cross a 1% bar by chance: that must not resolve the plateau
+    # (it opened and resolved once a window, 118 times in 10 s of a log flood).
+    (opened,) = run(values)
+    assert opened.details["kind"] == "plateau"
+    assert not opened.resolves
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.05, 0.1], ids=["clean", "noise-5pct", "noise-10pct"])
+def test_a_noisy_plateau_resolves_on_a_real_drop(noise: float) -> None:
+    values = [2.3 * (1 + gauss) for gauss in gaussian(300, noise / 2, seed=4)]
+    values += [1.9 * (1 + gauss) for gauss in gaussian(100, noise / 2, seed=5)]
+    opened, resolved = run(values)
+    assert (opened.resolves, resolved.resolves) == (False, True)
+    assert resolved.step is not None and 300 < resolved.step <= 310
+
+
+def test_window_level_is_the_median_and_the_dip_of_its_edge_medians() -> None:
+    assert window_level([2.3] * 200, 10) == (2.3, 0.0)
+    values = [2.0] * 10 + [1.0] * 6 + [2.0] * 10
+    # The medians of ten dip to 1.5 (five 1.0 among ten) and to 1.0 at the run of six.
+    assert window_level(values, 10) == (2.0, 1.0)
 
 
 @pytest.mark.parametrize(
