@@ -114,7 +114,8 @@ class Alert:
     details: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        """The public schema; an alert that opened or escalated an incident adds ``diagnosis``."""
+        """The public schema; an alert that opened or escalated an incident adds ``diagnosis``,
+        one decided live ``decided_at`` (when the decision was made)."""
         out = {
             "rule": self.rule,
             "severity": str(self.severity),
@@ -128,6 +129,9 @@ class Alert:
         diagnosis = self.details.get("diagnosis")
         if diagnosis is not None:
             out["diagnosis"] = diagnosis
+        decided_at = self.details.get("decided_at")
+        if decided_at is not None:  # live: ``time`` is when the evidence was read
+            out["decided_at"] = decided_at
         return out
 
 

@@ -41,6 +41,8 @@ class JobStatus:
     pid: str = UNKNOWN
     restarts: str = UNKNOWN
     updated_at: float | None = None
+    #: Output lines left unparsed to keep up with a flood (``sentinel.shedding``).
+    lines_skipped: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,11 @@ class Status:
             f"state dir:  {self.state_dir}",
             f"last run:   {self.last_run_id or UNKNOWN}",
             f"job:        {job.state}{pid}{restarts}{updated}",
+            *(
+                [f"output:     {job.lines_skipped} line(s) skipped to keep up with a flood"]
+                if job.lines_skipped
+                else []
+            ),
             f"messages:   {self.pending_total} pending",
             f"heartbeat:  {heartbeat}",
             *self._disk_lines(),
@@ -173,6 +180,7 @@ def gather(
             pid=kv.get("job.pid") or UNKNOWN,
             restarts=kv.get("job.restarts") or UNKNOWN,
             updated_at=_float(kv.get("job.updated_at")),
+            lines_skipped=int(kv.get("job.lines_skipped") or 0),
         ),
         pending=pending,
         targets=results,

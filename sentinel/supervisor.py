@@ -105,7 +105,9 @@ class Supervisor:
         self._reload = reload
         self.state = JobState.STARTING
         self.exit_code = 0
-        self._events: Inbox[tuple[str, Any]] = Inbox()
+        #: Sheds output the loop cannot keep up with; bounds the inbox's output too.
+        self._shedder = Shedder()
+        self._events: Inbox[tuple[str, Any]] = Inbox(self._shedder)
         self._loop = EventLoop(self._events, self, settings.tick_interval_s)
         self._job: Handle | None = None
         self._attempt = 0
@@ -122,7 +124,9 @@ class Supervisor:
         #: The run's verdict shared with the other nodes' sentinels (None: this node alone).
         self._run = run_verdict.for_run(settings.checkpoints, settings.run_id, os.environ)
         self._waiting_since: float | None = None
-        self._shedder = Shedder()
+        #: Lines skipped as counted in the metrics, and in the state store, so far.
+        self._skipped_told = 0
+        self._skipped_stored = 0
         #: ``watch``: the last attempt ended and the rules were started afresh for the next.
         self._waiting_for_next = False
         self._shutdown_signals = 0
@@ -193,7 +197,11 @@ class Supervisor:
         self.service.lines(len(lines))
         if self.state is JobState.WAITING:
             self._start_attempt()  # output again: the job is likely back; judge it as its own
-        lines = self._shedder.keep(lines, time.time() - read_at)
+        shedder = self._shedder
+        lines = shedder.keep(lines, time.time() - read_at)
+        if shedder.skipped != self._skipped_told:
+            self.service.metrics.lines_skipped(shedder.skipped - self._skipped_told)
+            self._skipped_told = shedder.skipped
         alerts = self.watch.engine.feed_texts(source, lines, read_at)
         if alerts:
             self._handle(alerts)
@@ -227,6 +235,11 @@ class Supervisor:
         self._join_run()
         if self.state is JobState.WAITING:
             self._start_attempt()
+        if self._store is not None and self._skipped_stored != self._skipped_told:
+            self._skipped_stored = self._skipped_told  # for `sentinel status`
+            self.watch.safely(
+                "the job's state", self._store.put, "job.lines_skipped", str(self._skipped_told)
+            )
         open_incidents = Counter(self.watch.tracker.open.keys())
         problems = self.watch.state_problems
         self.service.problem = "; ".join(f"cannot write {what}" for what in problems) or None
@@ -245,6 +258,9 @@ class Supervisor:
             self._handle(self.watch.engine.tick(now))
 
     def _handle(self, alerts: list[Alert]) -> None:
+        decided_at = time.time()
+        for alert in alerts:  # its ``time`` is when its evidence was read
+            alert.details.setdefault("decided_at", decided_at)
         for incident in self.watch.handle(alerts):
             self._act(incident)  # first: the report and messages can wait a millisecond
             self.watch.update(incident)

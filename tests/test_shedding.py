@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.shedding import KEEP_NEWEST, LAG_S, Shedder
+from sentinel.shedding import (
+    KEEP_NEWEST,
+    LAG_S,
+    LINE_OVERHEAD,
+    MAX_SUSPECTS,
+    Shedder,
+    suspects,
+)
 
 
 def _batch(count: int, suspect_at: int | None = None, text: str = '{"loss": NaN}') -> list[str]:
@@ -42,3 +49,35 @@ def test_a_late_batch_with_nothing_suspect_keeps_only_the_newest() -> None:
     assert shedder.keep(["INFO inference step"] * 200, lag_s=LAG_S * 2) == [
         "INFO inference step"
     ] * KEEP_NEWEST
+
+
+@pytest.mark.parametrize(
+    ("text", "suspect"),
+    [("loss=nan", True), ("tensor(NaN, device='cuda:0')", True), ("grad_norm: -inf", True),
+     ("x: Infinity", True), ("  File \"train.py\", line 3", False), ("INFO inference", False),
+     ("financial nanoseconds", False), ("Traceback (most recent call last):", True),
+     ("torch.OutOfMemoryError: CUDA out of memory", True)],
+    ids=["nan", "tensor-nan", "minus-inf", "json-infinity", "frame", "info", "words",
+         "traceback", "oom"],
+)  # fmt: skip
+def test_the_search_finds_non_finite_values_and_errors_but_not_words(
+    text: str, suspect: bool
+) -> None:
+    lines = _batch(100)
+    lines[40] = text
+    assert suspects(lines) == ([text] if suspect else [])
+
+
+def test_at_most_the_newest_suspects_of_a_batch_are_kept() -> None:
+    lines = [f"step {i} error: 0.5" for i in range(1000)]
+    assert suspects(lines) == lines[-MAX_SUSPECTS:]
+
+
+def test_the_inbox_bound_shrinks_an_output_event_to_its_suspects_and_counts_the_rest() -> None:
+    shedder = Shedder()
+    lines = _batch(1000, suspect_at=500)
+    event = ("lines", ("stdout", lines, 12.5))
+    assert shedder.weight(event) == sum(map(len, lines)) + LINE_OVERHEAD * 1000
+    assert shedder.weight(("exit", (1, 0))) == 0
+    assert shedder.shrink(event) == ("lines", ("stdout", ['{"loss": NaN}'], 12.5))
+    assert shedder.skipped == 999

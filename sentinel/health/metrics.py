@@ -97,6 +97,12 @@ class Metrics:
         self._lines = Counter(
             "sentinel_log_lines", "Lines of the job's output read.", registry=registry
         )
+        self._skipped = Counter(
+            "sentinel_log_lines_skipped",
+            "Lines of a flood left unparsed to keep up (searched only for a non-finite value"
+            " or an error).",
+            registry=registry,
+        )
         self._garbled = Counter(
             "sentinel_log_lines_garbled",
             "Lines read that looked like metrics but could not be parsed.",
@@ -192,6 +198,10 @@ class Metrics:
         self._lines.inc(count)
         if garbled:
             self._garbled.inc(garbled)
+
+    def lines_skipped(self, count: int) -> None:
+        """``count`` lines were skipped to keep up with the output (``sentinel.shedding``)."""
+        self._skipped.inc(count)
 
     def garbled(self, count: int) -> None:
         """``count`` lines looked like metrics but could not be parsed."""

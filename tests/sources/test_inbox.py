@@ -94,3 +94,42 @@ def test_a_wake_given_while_the_owner_is_busy_is_not_lost() -> None:
     waiter.join(DEADLINE_S)
     assert not waiter.is_alive()
     assert taken == [["line"]]
+
+
+class _ByLength:
+    """A bound on string events: each weighs its length; a shrunk one is its first letter."""
+
+    limit = 10
+
+    def __init__(self) -> None:
+        self.shrunk: list[str] = []
+
+    def weight(self, event: str) -> int:
+        return 0 if event.startswith("exit") else len(event)
+
+    def shrink(self, event: str) -> str:
+        self.shrunk.append(event)
+        return event[:1]
+
+
+def test_a_bounded_inbox_shrinks_its_oldest_events_and_never_the_newest() -> None:
+    bound = _ByLength()
+    inbox: Inbox[str] = Inbox(bound)
+    for event in ("aaaa", "exit 1", "bbbb"):
+        inbox.put(event)
+    assert bound.shrunk == []  # 8 <= 10: nothing shrunk yet
+    inbox.put("cccc")  # 12 > 10: the oldest shrink until half the limit is left
+    assert bound.shrunk == ["aaaa", "bbbb"]
+    assert inbox.take(0) == ["a", "exit 1", "b", "cccc"]
+
+
+def test_an_event_that_weighs_nothing_is_never_shrunk_and_a_take_starts_afresh() -> None:
+    bound = _ByLength()
+    inbox: Inbox[str] = Inbox(bound)
+    inbox.put("exit 143")
+    inbox.put("x" * 50)  # over the limit alone, but the newest: kept whole
+    assert bound.shrunk == []
+    assert inbox.take(0) == ["exit 143", "x" * 50]
+    inbox.put("dddddddd")
+    assert bound.shrunk == []  # what was taken no longer counts
+    assert inbox.take(0) == ["dddddddd"]
