@@ -17,7 +17,7 @@ import hashlib
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -162,8 +162,8 @@ class Outbox:
         self._store = store
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}
-        #: Set whenever a row is added; the delivery worker waits on it.
-        self.changed = threading.Event()
+        #: Told the URLs of the targets that got a message or were configured (``on_change``).
+        self._listeners: list[Callable[[Sequence[str]], None]] = []
         store.executescript(outbox_store.SCHEMA)
         self.add_targets(t if isinstance(t, Target) else Target(t, "") for t in targets)
         with self._store.transaction() as conn:
@@ -178,6 +178,16 @@ class Outbox:
                 known = self._targets.get(hashed)
                 if known is None or target.name:
                     self._targets[hashed] = target
+        self._changed([target.url for target in targets])
+
+    def on_change(self, listener: Callable[[Sequence[str]], None]) -> None:
+        """Call ``listener`` with the URLs of the targets that got a message (after it is
+        stored) or were configured; on the caller's thread, so it must not block."""
+        self._listeners.append(listener)
+
+    def _changed(self, urls: Sequence[str]) -> None:
+        for listener in list(self._listeners):
+            listener(urls)
 
     @property
     def store(self) -> StateStore:
@@ -192,9 +202,13 @@ class Outbox:
         with self._lock:
             return self._targets[target_hash(url)].name
 
-    def _configured(self) -> tuple[str, ...]:
+    def _configured(self, url: str | None = None) -> tuple[str, ...]:
+        """The hashes of the configured targets (of ``url`` alone, if given and configured)."""
         with self._lock:
-            return tuple(self._targets)
+            if url is None:
+                return tuple(self._targets)
+            hashed = target_hash(url)
+            return (hashed,) if hashed in self._targets else ()
 
     # -- adding -----------------------------------------------------------------
 
@@ -210,7 +224,7 @@ class Outbox:
         with self._store.transaction() as conn:
             for url in urls:
                 outcome[url] = self._add_one(conn, notice, job, url, now, batching)
-        self.changed.set()
+        self._changed(list(urls))
         return outcome
 
     def _add_one(
@@ -251,9 +265,10 @@ class Outbox:
 
     # -- delivering -------------------------------------------------------------
 
-    def due(self, now: float, limit: int = 50) -> list[Delivery]:
-        """Take the undelivered messages due by ``now``: from here on nothing joins them."""
-        hashes = self._configured()
+    def due(self, now: float, limit: int = 50, target: str | None = None) -> list[Delivery]:
+        """Take the undelivered messages due by ``now`` (of the ``target`` URL only, if
+        given): from here on nothing joins them."""
+        hashes = self._configured(target)
         with self._store.transaction() as conn:
             taken = outbox_store.take_due(conn, hashes, now, limit)
         with self._lock:
@@ -269,9 +284,10 @@ class Outbox:
             for row in taken
         ]
 
-    def next_due_at(self) -> float | None:
-        """When the earliest undelivered message becomes due, or None if nothing is pending."""
-        earliest = self._pending("MIN(next_attempt_at)")
+    def next_due_at(self, target: str | None = None) -> float | None:
+        """When the earliest undelivered message (of the ``target`` URL only, if given)
+        becomes due, or None if nothing is pending."""
+        earliest = self._pending("MIN(next_attempt_at)", target)
         return None if earliest is None else float(earliest)
 
     def release_groups(self, now: float) -> int:
@@ -292,16 +308,16 @@ class Outbox:
 
     # -- reading ----------------------------------------------------------------
 
-    def pending_count(self) -> int:
-        """Undelivered messages for the configured targets."""
-        return int(self._pending("COUNT(*)"))
+    def pending_count(self, target: str | None = None) -> int:
+        """Undelivered messages for the configured targets (or the ``target`` URL only)."""
+        return int(self._pending("COUNT(*)", target))
 
     def messages(self, url: str | None = None) -> list[Message]:
         """Every stored message (of one target's URL, if given), oldest first."""
         with self._store.transaction() as conn:
             return outbox_store.read_messages(conn, None if url is None else target_hash(url))
 
-    def _pending(self, aggregate: str) -> Any:
-        hashes = self._configured()
+    def _pending(self, aggregate: str, target: str | None = None) -> Any:
+        hashes = self._configured(target)
         with self._store.transaction() as conn:
             return outbox_store.pending(conn, hashes, aggregate)
