@@ -26,7 +26,7 @@ from sentinel.actions.notify import (
     backoff_s,
     send_envelope,
 )
-from sentinel.actions.outbox import Batching
+from sentinel.actions.outbox import Batching, Target
 from sentinel.records import Severity
 from sentinel.secrets import mask_url, validate_url
 from sentinel.state import StateStore
@@ -164,6 +164,59 @@ def test_dead_target_does_not_duplicate_live_one(store: StateStore, hook: Webhoo
     assert len(hook.requests) == 1
     assert outbox.pending_count() == 1
     assert "Connection error" in (notifier.results()[dead].last_error or "")
+
+
+@pytest.mark.slow
+def test_stop_drains_every_target_at_once(store: StateStore) -> None:
+    with WebhookReceiver() as slow, WebhookReceiver() as slower, WebhookReceiver() as quick:
+        slow.delay_s = slower.delay_s = 30.0
+        outbox = Outbox(store, [slow.url, slower.url, quick.url])
+        notifier = Notifier(outbox, **{**FAST, "timeout_s": 30.0})
+        notifier.start()
+        enqueue(outbox)
+        slow.wait_for(1, accepted_only=False)
+        slower.wait_for(1, accepted_only=False)
+        quick.wait_for(1)
+        began = time.monotonic()
+        notifier.stop(drain_s=1.0)
+        # One drain for all: not one after the other.
+        assert 0.9 <= time.monotonic() - began < 1.5
+        assert outbox.pending_count(slow.url) == outbox.pending_count(slower.url) == 1
+        assert outbox.pending_count(quick.url) == 0
+
+
+def test_a_target_configured_after_start_gets_its_messages(
+    store: StateStore, hook: WebhookReceiver
+) -> None:
+    outbox = Outbox(store)
+    notifier = Notifier(outbox, **FAST)
+    notifier.start()
+    outbox.add_targets([Target(hook.url, "late")])
+    (key,) = enqueue(outbox)
+    (request,) = hook.wait_for(1)
+    notifier.stop()
+    assert carrying([request], key) == [request]
+    assert notifier.results()["late"].last_success_at is not None
+
+
+def test_a_restarted_notifier_delivers_what_it_left(store: StateStore) -> None:
+    with WebhookReceiver() as hook:
+        hook.delay_s = 30.0
+        outbox = Outbox(store, [hook.url])
+        notifier = Notifier(outbox, **{**FAST, "timeout_s": 30.0})
+        notifier.start()
+        (key,) = enqueue(outbox)
+        hook.wait_for(1, accepted_only=False)
+        notifier.stop(drain_s=0.0)  # left waiting for its answer
+        assert outbox.pending_count() == 1
+        hook.stop()  # the held answer goes out, to a worker that may no longer record it
+        hook.delay_s = 0.0
+        hook.start()
+        notifier.start()
+        eventually(lambda: outbox.pending_count() == 0)
+        notifier.stop()
+    assert len(carrying(hook.requests, key)) == 2  # at least once: the receiver dedups by key
+    assert outbox.messages()[0].delivered_at is not None
 
 
 def test_adding_never_waits_for_a_hanging_endpoint(
