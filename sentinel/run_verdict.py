@@ -188,6 +188,9 @@ class RunVerdict:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return []
+        except OSError as error:  # the shared filesystem: a claim will say more
+            log.warning("could not list the run's verdicts in %s: %s", self.directory, error)
+            return []
         return [int(match[1]) for name in names if (match := _RECORD.match(name))]
 
 

@@ -241,3 +241,13 @@ def _message(body: object) -> dict[str, Any]:
 
 def _kinds(body: object) -> list[str]:
     return [notice["kind"] for notice in _message(body)["notices"]]
+
+
+def test_an_unreadable_run_folder_costs_the_numbering_not_the_start(tmp_path: Path) -> None:
+    folder = tmp_path / ".sentinel-run" / "run-7"
+    folder.parent.mkdir()
+    folder.write_text("not a folder")  # listing it fails with ENOTDIR
+    node = RunVerdict(tmp_path, "run-7", node="a")
+    assert node.number == 1 and node.peek() is None
+    with pytest.raises(OSError):
+        node.claim(91, rule="nan_inf", step=25, resume_from=None)
