@@ -396,6 +396,9 @@ class Supervisor:
             self._give_up(incident, decision.give_up)
             return
         if decision.resume is None:
+            # max_restarts 0: the run is over here, and whoever waits on the verdict must
+            # not relaunch it (sentinel marked "deciding" before its signal).
+            self._verdict(verdict.EXIT_GIVE_UP, incident)
             self._attempt_over(status, JobState.FATAL, incident)
             return
         self.service.metrics.restarted()

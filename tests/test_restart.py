@@ -5,6 +5,8 @@ Real jobs under ``sentinel run``, really stopped and restarted.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -224,3 +226,23 @@ def test_a_checkpoint_path_that_is_a_file_is_refused_before_the_job_starts(
     with pytest.raises(ConfigError) as caught:
         preflight(settings, [sys.executable, "-c", "pass"])
     assert caught.value.problems == [f"checkpoints: {not_a_dir} is not a directory"]
+
+
+@pytest.mark.slow
+def test_max_restarts_0_leaves_a_final_verdict_90_for_whoever_waits(
+    job: Path, tmp_path: Path
+) -> None:
+    ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
+    result = sentinel(
+        "--checkpoints", str(ckpt), "--state-dir", str(state), "--max-restarts", "0",
+        "--", sys.executable, str(job), env={"CKPT": str(ckpt), "RECORD": str(record)},
+    )  # fmt: skip
+    assert result.returncode == 128 + 15, "run exits with the job's status: nothing restarted"
+    final = json.loads((state / "verdict.json").read_text())
+    assert (final["state"], final["code"]) == ("final", EXIT_GIVE_UP)
+    waited = subprocess.run(
+        [sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(state), "--wait",
+         "--timeout", "5", "--job-status", "143"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert waited.returncode == EXIT_GIVE_UP
