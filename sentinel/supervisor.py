@@ -202,7 +202,9 @@ class Supervisor:
         if shedder.skipped != self._skipped_told:
             self.service.metrics.lines_skipped(shedder.skipped - self._skipped_told)
             self._skipped_told = shedder.skipped
+        parse_started = time.perf_counter()
         alerts = self.watch.engine.feed_texts(source, lines, read_at)
+        shedder.parsed(len(lines), time.perf_counter() - parse_started)
         if alerts:
             self._handle(alerts)
 
