@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sentinel.health import Metrics
 from sentinel.shedding import (
     KEEP_NEWEST,
     LAG_S,
@@ -81,3 +82,26 @@ def test_the_inbox_bound_shrinks_an_output_event_to_its_suspects_and_counts_the_
     assert shedder.weight(("exit", (1, 0))) == 0
     assert shedder.shrink(event) == ("lines", ("stdout", ['{"loss": NaN}'], 12.5))
     assert shedder.skipped == 999
+
+
+def test_a_batch_is_read_in_part_when_parsing_it_whole_would_pass_the_lag() -> None:
+    shedder = Shedder()
+    shedder.parsed(1000, 0.1)  # 100 us a line: 2000 lines fit in 0.2 s
+    lines = _batch(10_000, suspect_at=10)
+    kept = shedder.keep(lines, lag_s=LAG_S - 0.2)
+    assert kept == [lines[10], *lines[-2000:]]
+    assert shedder.skipped == 10_000 - 2000 - 1
+    assert shedder.keep(lines[:1500], lag_s=LAG_S - 0.2) == lines[:1500]  # it fits: whole
+
+
+def test_small_batches_do_not_teach_the_cost_of_a_line() -> None:
+    shedder = Shedder()
+    shedder.parsed(10, 1.0)  # a batch that small is mostly the batch's own cost
+    lines = _batch(5000)
+    assert shedder.keep(lines, lag_s=0.0) == lines
+
+
+def test_skipped_lines_are_a_metric() -> None:
+    metrics = Metrics()
+    metrics.lines_skipped(1200)
+    assert b"sentinel_log_lines_skipped_total 1200.0" in metrics.exposition()
