@@ -116,6 +116,16 @@ class Shedder:
                 )
         return kept + newest
 
+    def skim(self, lines: list[str]) -> list[str]:
+        """What a loop reads of a job it is stopping: the suspect lines and the newest (its
+        CPU goes to the stop, which the parsing would slow down by holding the GIL)."""
+        if len(lines) <= KEEP_NEWEST:
+            return lines
+        older, newest = lines[:-KEEP_NEWEST], lines[-KEEP_NEWEST:]
+        kept = suspects(older)
+        self._skipped_late += len(older) - len(kept)
+        return kept + newest
+
     def parsed(self, count: int, elapsed_s: float) -> None:
         """``count`` lines took ``elapsed_s`` to parse: what the next batch's share is
         judged by."""

@@ -198,7 +198,10 @@ class Supervisor:
         if self.state is JobState.WAITING:
             self._start_attempt()  # output again: the job is likely back; judge it as its own
         shedder = self._shedder
-        lines = shedder.keep(lines, time.time() - read_at)
+        if self.state is JobState.STOPPING:
+            lines = shedder.skim(lines)  # the stop is decided; its signals come first
+        else:
+            lines = shedder.keep(lines, time.time() - read_at)
         if shedder.skipped != self._skipped_told:
             self.service.metrics.lines_skipped(shedder.skipped - self._skipped_told)
             self._skipped_told = shedder.skipped

@@ -105,3 +105,10 @@ def test_skipped_lines_are_a_metric() -> None:
     metrics = Metrics()
     metrics.lines_skipped(1200)
     assert b"sentinel_log_lines_skipped_total 1200.0" in metrics.exposition()
+
+
+def test_a_job_being_stopped_is_only_skimmed_whatever_its_lag() -> None:
+    shedder = Shedder()
+    lines = _batch(1000, suspect_at=3)
+    assert shedder.skim(lines) == [lines[3], *lines[-KEEP_NEWEST:]]
+    assert shedder.skipped == 1000 - KEEP_NEWEST - 1
