@@ -586,6 +586,7 @@ def every_layout(directory: Path) -> None:
             os.utime(path, (T0, T0))
 
 
+@pytest.mark.slow
 def test_listing_shows_every_layout_and_the_resume_point(tmp_path: Path) -> None:
     every_layout(tmp_path)
     lines = sentinel("checkpoints", str(tmp_path)).stdout.splitlines()
@@ -608,6 +609,7 @@ def test_listing_shows_every_layout_and_the_resume_point(tmp_path: Path) -> None
     assert marked == ["epoch_7.pt"]
 
 
+@pytest.mark.slow
 def test_listing_json_keeps_its_keys_and_adds_epoch(tmp_path: Path) -> None:
     every_layout(tmp_path)
     listing = json.loads(sentinel("checkpoints", "--json", str(tmp_path)).stdout)
@@ -618,6 +620,7 @@ def test_listing_json_keeps_its_keys_and_adds_epoch(tmp_path: Path) -> None:
     assert (last["step"], last["epoch"], last["status"]) == (None, 7, "clean")
 
 
+@pytest.mark.slow
 def test_listing_says_when_nothing_is_clean(tmp_path: Path) -> None:
     (tmp_path / "checkpoint-20").mkdir()
     out = sentinel("checkpoints", str(tmp_path)).stdout

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sentinel.actions.keep import Keeper
 from sentinel.actions.rollback import apply_rollback, plan_rollback
 from tests.helpers.kept import digest, rewrite_in_place, settle, version_bytes
@@ -34,6 +36,7 @@ def rolled_back(directory: Path) -> None:
     assert digest((directory / "ckpt.pt").read_bytes()) == digest(version_bytes(40))
 
 
+@pytest.mark.slow
 def test_restore_by_prefix_puts_the_poisoned_file_back(tmp_path: Path) -> None:
     rolled_back(tmp_path)
     result = sentinel("checkpoints", "--restore", "20261121T14", str(tmp_path))
@@ -43,6 +46,7 @@ def test_restore_by_prefix_puts_the_poisoned_file_back(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "quarantine") == []
 
 
+@pytest.mark.slow
 def test_restore_over_a_taken_place_exits_2_with_one_line(tmp_path: Path) -> None:
     rolled_back(tmp_path)
     rewrite_in_place(tmp_path / "ckpt.pt", 20)  # the resumed job saved again

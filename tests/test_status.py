@@ -109,6 +109,7 @@ def test_cli_prints_status_for_people(tmp_path: Path) -> None:
     assert "last ok 2023-11-14 22:13:28Z; last error: HTTP 503 from hc-ping.com" in text
 
 
+@pytest.mark.slow
 def test_cli_without_state_is_a_usage_error(tmp_path: Path) -> None:
     result = sentinel("status", "--state-dir", str(tmp_path / "nowhere"), "--json")
     assert result.returncode == 2
@@ -248,6 +249,7 @@ def test_no_checkpoint_dir_known_shows_no_figures(tmp_path: Path) -> None:
     assert gather(tmp_path).disk is None
 
 
+@pytest.mark.slow
 def test_cli_warns_from_the_configured_limit(tmp_path: Path) -> None:
     set_aside(tmp_path / "ckpt")
     StateStore(tmp_path / "state").close()

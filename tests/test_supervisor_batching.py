@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from sentinel.config import Settings, load_settings
 from sentinel.supervisor import Supervisor
 
@@ -65,6 +67,7 @@ def metric_line(step: int, grad_norm: str = "1.0") -> bytes:
     return f'{{"step": {step}, "loss": 2.0, "grad_norm": {grad_norm}}}\n'.encode()
 
 
+@pytest.mark.slow
 def test_a_chatty_job_is_passed_through_exactly_and_every_line_read(tmp_path: Path) -> None:
     code, supervisor, out, err = run(tmp_path, "400", "0")
     assert code == 0
@@ -74,6 +77,7 @@ def test_a_chatty_job_is_passed_through_exactly_and_every_line_read(tmp_path: Pa
     assert (stats.lines, stats.parsed) == (401, 400)
 
 
+@pytest.mark.slow
 def test_a_nan_inside_a_burst_stops_the_job_at_its_step(tmp_path: Path) -> None:
     code, _, out, _ = run(tmp_path, "400", "250", SENTINEL_JOB__GRACE_PERIOD_S="5")
     assert code != 0  # stopped, not finished

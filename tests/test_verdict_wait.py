@@ -101,6 +101,7 @@ def test_wait_ends_at_the_timeout_with_the_job_status(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_wait_ends_when_no_sentinel_holds_the_state_dir(tmp_path: Path) -> None:
     lock = acquire(tmp_path)
     mark_deciding(tmp_path, rule="nan_inf", step=40, attempt=1, time=NOW)

@@ -131,6 +131,7 @@ def test_pings_repeat_at_the_interval_while_healthy(
         assert ping.received_at - before >= n * interval_s - 0.005, (n, ping.received_at - before)
 
 
+@pytest.mark.slow
 def test_unhealthy_sentinel_stays_silent_then_resumes(
     hook: WebhookReceiver, beats: list[Heartbeat], log: io.StringIO
 ) -> None:

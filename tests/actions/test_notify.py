@@ -418,6 +418,7 @@ def test_503_without_usable_retry_after_retries_with_normal_backoff(
     assert attempts_made(store) == [1]
 
 
+@pytest.mark.slow
 def test_huge_retry_after_is_capped_at_retry_max(store: StateStore, hook: WebhookReceiver) -> None:
     hook.respond(429, headers={"Retry-After": "3600"})
     send_one(store, hook, **{**FAST, "retry_max_s": 0.5})

@@ -239,6 +239,7 @@ def test_members_known_beforehand_are_stopped_even_when_the_root_is_gone(folder:
     assert not running(tree["grandchild"])
 
 
+@pytest.mark.slow
 def test_a_job_that_is_sentinels_own_child_is_stopped_and_reaped_by_it(folder: Path) -> None:
     # Run mode: sentinel started the job, so sentinel reaps it and learns its status.
     with subprocess.Popen(role_argv(folder, "job", "tree")) as job_process:

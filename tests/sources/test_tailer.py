@@ -97,6 +97,7 @@ def test_tailer_glob_picks_up_a_new_file(tmp_path: Path, mode: str) -> None:
         tailer.stop()
 
 
+@pytest.mark.slow
 def test_tailer_follows_rename_rotation(tmp_path: Path, mode: str) -> None:
     log = tmp_path / "app.log"
     collector = Collector()
