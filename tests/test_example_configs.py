@@ -39,7 +39,9 @@ EXPECTED: dict[str, Callable[[Settings], None]] = {
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_config_sets_what_it_shows(path: Path) -> None:
-    EXPECTED[path.name](load_settings(path, environ={}))
+    settings = load_settings(path, environ={})
+    assert settings.checkpoints is not None, f"{path.name} names the job's checkpoint dir"
+    EXPECTED[path.name](settings)  # asserts each value the example shows
 
 
 def test_every_example_is_checked() -> None:

@@ -328,10 +328,16 @@ def test_stop_frees_the_port(metrics: Metrics) -> None:
     server.start()
     port = server.address[1]
     server.stop()
+    # Binding the same port again works only if stop closed the socket (OSError otherwise).
     again = HealthServer(
         metrics, f"127.0.0.1:{port}", live_within_s=LIVE_WITHIN_S, poll_interval_s=POLL_S
     )
-    again.stop()
+    again.start()
+    try:
+        assert again.address == ("127.0.0.1", port)
+        assert get(again.url + "/livez")[0] == 200
+    finally:
+        again.stop()
 
 
 @pytest.mark.parametrize(
