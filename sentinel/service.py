@@ -49,7 +49,7 @@ class Service:
                 ready_checks={"state_dir": state_dir_usable(settings.state_dir)},
                 live_checks=live_checks,
             )
-        self._textfile_failed = False
+        self._garbled_seen = 0
         self.problem: str | None = None
 
     def start(self) -> None:
@@ -79,10 +79,21 @@ class Service:
         latest: Mapping[str, list[Sample]],
         attempt: int,
         open_incidents: Mapping[str, int],
-        outbox_depth: int,
+        outbox_depth: int | None,
+        garbled_total: int,
+        spend: float | None,
     ) -> None:
-        """Once a clock tick: the gauges, systemd's STATUS line, the textfile."""
+        """Once a clock tick: the gauges, systemd's STATUS line, the textfile.
+
+        ``garbled_total``: garbled lines since the start (the counter takes the rise);
+        ``outbox_depth`` and ``spend`` are left as they were when None (not knowable now).
+        """
         metrics = self.metrics
+        if garbled_total > self._garbled_seen:
+            metrics.garbled(garbled_total - self._garbled_seen)
+            self._garbled_seen = garbled_total
+        if spend is not None:
+            metrics.spend(spend)
         step = None
         for name, samples in latest.items():
             if not samples:
@@ -93,7 +104,8 @@ class Service:
             if name in _WATCHED and math.isfinite(last.value):
                 metrics.sample(name, last.value, last.step, now)
         metrics.incidents_active(open_incidents)
-        metrics.outbox_depth(outbox_depth)
+        if outbox_depth is not None:
+            metrics.outbox_depth(outbox_depth)
         self.notifier.status(
             format_status(
                 step=step,

@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 from sentinel import run_verdict, verdict
 from sentinel.actions.signal_tree import TreeStop, stop_tree
 from sentinel.config import Settings
+from sentinel.cost import gpu_hours, money
 from sentinel.detectors.job_crash import describe_exit
 from sentinel.event_loop import EventLoop
 from sentinel.holders import Child, Handle, Holder, job_name
@@ -124,6 +125,8 @@ class Supervisor:
         #: The run's verdict shared with the other nodes' sentinels (None: this node alone).
         self._run = run_verdict.for_run(settings.checkpoints, settings.run_id, os.environ)
         self._waiting_since: float | None = None
+        #: When the first attempt started (time.time()), from which spend is counted.
+        self._first_started_at: float | None = None
         #: Lines skipped as counted in the metrics, and in the state store, so far.
         self._skipped_told = 0
         self._skipped_stored = 0
@@ -160,11 +163,16 @@ class Supervisor:
             self._restarts.from_state({key: store.get(key) for key in keys})
             self._attempt = int(store.get("watch.attempt") or 0)
         self.service.start()
+        metrics = self.service.metrics
         workers = self._workers = Workers(
-            settings, store, put=self._events.put, healthy=self._healthy
-        )
+            settings, store, put=self._events.put, healthy=self._healthy,
+            on_delivery=metrics.notified,
+        )  # fmt: skip
         name = job_name(settings, self.holder)
-        self.watch = Watch(settings, store=store, notifier=workers.notifier, job_name=name)
+        self.watch = Watch(
+            settings, store=store, notifier=workers.notifier, job_name=name,
+            on_incident=metrics.incident_opened,
+        )  # fmt: skip
         self._system.start()
         self._signals.install()
         workers.start()
@@ -253,7 +261,9 @@ class Supervisor:
             latest=self.watch.engine.recent(None, per_metric=1),
             attempt=self._attempt,
             open_incidents=open_incidents,
-            outbox_depth=0,
+            outbox_depth=self._workers.pending() if self._workers is not None else None,
+            garbled_total=self.watch.engine.parser.stats.garbled,
+            spend=self._spend(now),
         )
         job = self._job
         uptime_s = now - job.started_at if job is not None else 0.0
@@ -261,6 +271,14 @@ class Supervisor:
             self._set_state(JobState.RUNNING)
         if self.state in (JobState.STARTING, JobState.RUNNING):
             self._handle(self.watch.engine.tick(now))
+
+    def _spend(self, now: float) -> float | None:
+        """What the job's GPUs have cost since the first attempt started; None when unknown."""
+        facts = self.watch.engine.facts
+        gpus, price = facts.gpu_count, facts.price_per_gpu_hour
+        if gpus is None or price is None or self._first_started_at is None:
+            return None
+        return money(gpu_hours(gpus, now - self._first_started_at), price)
 
     def _handle(self, alerts: list[Alert]) -> None:
         decided_at = time.time()
@@ -568,6 +586,8 @@ class Supervisor:
             return
         self._attempt = attempt
         self._waiting_since = None
+        if self._first_started_at is None:
+            self._first_started_at = job.started_at
         self._job = job
         if not self.holder.relaunches and self._store is not None:
             self.watch.safely("the attempt", self._store.put, "watch.attempt", str(attempt))

@@ -46,9 +46,17 @@ class Watch:
     """Alerts in; journal lines, reports, messages and actionable incidents out."""
 
     def __init__(
-        self, settings: Settings, *, store: StateStore, notifier: Notifier, job_name: str
+        self,
+        settings: Settings,
+        *,
+        store: StateStore,
+        notifier: Notifier,
+        job_name: str,
+        on_incident: Callable[[str, str], None] | None = None,
     ) -> None:
+        """``on_incident(rule, severity)``: an incident opened or escalated (for metrics)."""
         self.settings = settings
+        self._on_incident = on_incident
         self.notifier = notifier
         self.job_name = job_name
         self.host = socket.gethostname()
@@ -113,6 +121,8 @@ class Watch:
                     actionable.append(self.tracker.open[alert.rule])
                 continue
             event, incident = change
+            if self._on_incident is not None and event is not IncidentEvent.RESOLVED:
+                self._on_incident(incident.rule, str(incident.severity))
             self._announce(event, incident, alert)
             if event is not IncidentEvent.RESOLVED and incident.severity is Severity.CRITICAL:
                 actionable.append(incident)  # the caller acts, then writes the report (update)

@@ -7,6 +7,7 @@ together at the end, notification last, so what the end produced still goes out.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,12 +31,15 @@ class Workers:
         *,
         put: Callable[[tuple[str, Any]], None],
         healthy: Callable[[], bool],
+        on_delivery: Callable[[str, bool], None] | None = None,
     ) -> None:
+        """``on_delivery(url, ok)``: each delivery's outcome, from the target's thread."""
         self.settings = settings
         self.notifier = Notifier(
             Outbox(store, [url.get_secret_value() for url in settings.notify.urls]),
             timeout_s=settings.notify.timeout_s,
             retry_max_s=settings.notify.retry_max_s,
+            on_result=on_delivery,
         )
         self.tailer = self._tailer(store, put)
         self.heartbeat: Heartbeat | None = None
@@ -70,6 +74,13 @@ class Workers:
             max_line_bytes=settings.tail.max_line_bytes,
             batch_s=settings.tail.batch_s,
         )
+
+    def pending(self) -> int | None:
+        """Messages waiting in the outbox; None when the state dir cannot say (a full disk)."""
+        try:
+            return self.notifier.outbox.pending_count()
+        except (OSError, sqlite3.Error):
+            return None
 
     @property
     def alive(self) -> bool:

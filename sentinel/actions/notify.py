@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -121,8 +121,11 @@ class Notifier:
         tries: int = 3,
         try_wait_initial_s: float = 0.2,
         try_wait_max_s: float = 2.0,
+        on_result: Callable[[str, bool], None] | None = None,
     ) -> None:
+        """``on_result(url, ok)``: told of every delivery's outcome, from its target's thread."""
         self.outbox = outbox
+        self._on_result = on_result
         self._send: SendFn = send or send_envelope
         self._retries = Retries(
             timeout_s=timeout_s,
@@ -195,7 +198,9 @@ class Notifier:
                 if worker is None:
                     if url not in configured:
                         continue
-                    worker = TargetWorker(self.outbox, url, self._send, self._retries)
+                    worker = TargetWorker(
+                        self.outbox, url, self._send, self._retries, self._on_result
+                    )
                     self._workers[url] = worker
                     worker.start()  # under the lock: stop() joins only started workers
                 worker.wake.set()

@@ -96,8 +96,17 @@ class _Closed(Exception):
 class TargetWorker:
     """Delivers the messages of one target (``url``) in order, on its own thread."""
 
-    def __init__(self, outbox: Outbox, url: str, send: SendFn, retries: Retries) -> None:
+    def __init__(
+        self,
+        outbox: Outbox,
+        url: str,
+        send: SendFn,
+        retries: Retries,
+        on_result: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        """``on_result(url, ok)``: told of each delivery round's outcome (for metrics)."""
         self.url = url
+        self._on_result = on_result
         self.name = outbox.name(url)
         self._outbox = outbox
         self._send = send
@@ -242,10 +251,14 @@ class TargetWorker:
     def _failed(self, delivery: Delivery, error: str, now: float, delay: float) -> None:
         self._outbox.mark_failed(delivery, error, now + delay)
         record_result(self._outbox.store, delivery.target, delivery.name, now, error)
+        if self._on_result is not None:
+            self._on_result(delivery.target, False)
 
     def _delivered(self, delivery: Delivery, now: float) -> None:
         self._outbox.mark_delivered(delivery, now)
         record_result(self._outbox.store, delivery.target, delivery.name, now, None)
+        if self._on_result is not None:
+            self._on_result(delivery.target, True)
 
     def _pause(self, seconds: float) -> None:
         # Between in-process tries; cut short by stop() so a drain is not spent sleeping.
