@@ -15,17 +15,14 @@ whether a sentinel still holds it is looked at every ``HOLDER_CHECK_S``.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
-import os
 import select
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from sentinel.sources.inotify import IN_CREATE, IN_MOVED_TO, FileWatches
 from sentinel.state_lock import holder
 from sentinel.verdict import Verdict, read
 
@@ -37,9 +34,6 @@ EXIT_NO_VERDICT = 1
 HOLDER_CHECK_S = 0.5
 #: How often it reads the record where there are no file events.
 POLL_S = 0.1
-#: inotify's events for a file created in, or renamed into, the watched directory.
-_IN_CREATE = 0x00000100
-_IN_MOVED_TO = 0x00000080
 
 
 @dataclass(frozen=True)
@@ -110,35 +104,30 @@ def _fallback(job_status: int | None, why: str) -> Outcome:
 class _Changes:
     """Wakes a wait when a file appears in the state dir (inotify); a short poll without it.
 
-    An inotify descriptor read on the waiting thread itself: no thread to start or stop.
+    The inotify descriptor is read on the waiting thread itself: no thread to start or stop.
     """
 
     def __init__(self, state_dir: Path) -> None:
-        self._fd = -1
-        if sys.platform != "linux":
+        self._watches: FileWatches | None = None
+        try:
+            watches = FileWatches()
+        except OSError as error:
+            log.debug("no inotify (%s): polling", error)
             return
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = int(libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
-        if fd < 0:
-            log.debug("no inotify (%s): polling", os.strerror(ctypes.get_errno()))
+        if not watches.watch(str(state_dir), IN_CREATE | IN_MOVED_TO):
+            watches.close()  # no such dir yet, or the watch quota spent: polling
             return
-        if int(libc.inotify_add_watch(fd, os.fsencode(state_dir), _IN_CREATE | _IN_MOVED_TO)) < 0:
-            why = os.strerror(ctypes.get_errno())  # no such dir yet, or the watch quota spent
-            log.debug("no inotify watch on %s (%s): polling", state_dir, why)
-            os.close(fd)
-            return
-        self._fd = fd
+        self._watches = watches
 
     def wait(self, timeout_s: float) -> None:
         """Until a file appears in the state dir or ``timeout_s`` passed (``POLL_S`` without)."""
-        if self._fd < 0:
+        watches = self._watches
+        if watches is None:
             time.sleep(min(timeout_s, POLL_S))
             return
-        readable, _, _ = select.select([self._fd], [], [], timeout_s)
+        readable, _, _ = select.select([watches], [], [], timeout_s)
         if readable:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(self._fd, 4096):
-                    pass
+            watches.drain()
 
     def __enter__(self) -> _Changes:
         return self
@@ -149,6 +138,6 @@ class _Changes:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._watches is not None:
+            self._watches.close()
+            self._watches = None

@@ -21,6 +21,9 @@ logger = logging.getLogger(__name__)
 
 #: inotify's event for "the file was written" (appended, truncated).
 IN_MODIFY = 0x00000002
+#: In a watched directory: a file was created in it, or renamed into it.
+IN_CREATE = 0x00000100
+IN_MOVED_TO = 0x00000080
 
 
 class FileWatches:
@@ -47,26 +50,28 @@ class FileWatches:
         """The descriptor that is readable once a watched file was written."""
         return self._fd
 
-    def watch(self, path: str) -> None:
-        """Watch the file ``path`` names now, unless it is watched already."""
+    def watch(self, path: str, mask: int = IN_MODIFY) -> bool:
+        """Watch the file (or directory) ``path`` names now for ``mask``'s events, unless it
+        is watched already; whether it is watched."""
         try:
             status = os.stat(path)
         except OSError:
-            return  # not there (yet): the directory watch tells when it comes
+            return False  # not there (yet): the directory watch tells when it comes
         known = self._watched.get(path)
         if known is not None and known[:2] == (status.st_dev, status.st_ino):
-            return
-        wd = int(self._libc.inotify_add_watch(self._fd, os.fsencode(path), IN_MODIFY))
+            return True
+        wd = int(self._libc.inotify_add_watch(self._fd, os.fsencode(path), mask))
         if wd < 0:
             if path not in self._failed:
                 self._failed.add(path)
                 error = _last_error("inotify_add_watch")
                 logger.warning("cannot watch %s for writes (%s): polled instead", path, error)
-            return
+            return False
         self._failed.discard(path)
         self._watched[path] = (status.st_dev, status.st_ino, wd)
         if known is not None:
             self._remove(known[2])
+        return True
 
     def unwatch(self, path: str) -> None:
         """Stop watching ``path`` (nothing if it was not watched)."""
