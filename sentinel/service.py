@@ -12,17 +12,14 @@ from __future__ import annotations
 import logging
 import math
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from sentinel.config import Settings
 from sentinel.health import HealthServer, Metrics, state_dir_usable
-from sentinel.records import Sample
+from sentinel.records import Alert, Sample
 from sentinel.sdnotify import SystemdNotifier, format_status
 
 log = logging.getLogger(__name__)
-
-#: The last values exported as gauges, read from the engine's history on each tick.
-_WATCHED = ("loss", "grad_norm", "tokens_per_sec", "train_loss")
 
 
 class Service:
@@ -67,6 +64,13 @@ class Service:
     def lines(self, count: int) -> None:
         self.metrics.lines_read(count)
 
+    def alerted(self, alerts: Sequence[Alert]) -> None:
+        """The rules' alerts: each non-finite value one names counts for its metric."""
+        for alert in alerts:
+            value = alert.value
+            if alert.metric is not None and value is not None and not math.isfinite(value):
+                self.metrics.sample(alert.metric, value, alert.step)
+
     def turned(self, now: float) -> None:
         """A good cycle of the loop: liveness, and systemd's watchdog."""
         self.metrics.loop_turned(now)
@@ -101,8 +105,8 @@ class Service:
             last = samples[-1]
             if last.step is not None and (step is None or last.step > step):
                 step = last.step
-            if name in _WATCHED and math.isfinite(last.value):
-                metrics.sample(name, last.value, last.step, now)
+            if math.isfinite(last.value):  # a non-finite one is counted from its alert
+                metrics.sample(name, last.value, last.step, now)  # gauges of the known names
         metrics.incidents_active(open_incidents)
         if outbox_depth is not None:
             metrics.outbox_depth(outbox_depth)

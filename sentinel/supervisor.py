@@ -284,6 +284,7 @@ class Supervisor:
         decided_at = time.time()
         for alert in alerts:  # its ``time`` is when its evidence was read
             alert.details.setdefault("decided_at", decided_at)
+        self.service.alerted(alerts)
         for incident in self.watch.handle(alerts):
             self._act(incident)  # first: the report and messages can wait a millisecond
             self.watch.update(incident)

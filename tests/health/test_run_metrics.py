@@ -1,5 +1,5 @@
 """A real ``sentinel run`` feeds the series the README lists: incidents, notifications,
-the outbox, garbled lines and spend, read back from its node_exporter textfile."""
+non-finite values, the outbox, garbled lines and spend, read back from its textfile."""
 
 from __future__ import annotations
 
@@ -73,4 +73,5 @@ def test_a_run_exports_incidents_notifications_garbled_lines_and_spend(
     assert ("sentinel_notification_failures_total", (("scheme", "json"),)) not in samples
     assert samples[("sentinel_log_lines_garbled_total", ())] == 1
     assert samples[("sentinel_outbox_pending", ())] == 0
+    assert samples[("sentinel_nonfinite_values_total", (("metric", "loss"),))] >= 1
     assert samples[("sentinel_spend", ())] > 2.0  # 2 GPUs, over a second at $1 a GPU-second
