@@ -36,7 +36,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -53,6 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sentinel.config import load_settings
 from sentinel.health import HealthServer, Metrics
 from sentinel.health.metrics import GRAD_NORM, LOSS, TOKENS_PER_SEC
+from tests.deploy.standin import TRAIN_PY
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -487,30 +487,6 @@ def test_sentinel_down_alerts_only_while_the_trainer_runs() -> None:
 
 
 # -- the simulated pod ------------------------------------------------------------------------
-
-# A stand-in for train.py: resumes from the newest step_<N> under --output-dir, saves one
-# every 10 steps (and step_25 right before its NaN), and goes NaN at step 25 on its first
-# attempt only. It prints JSON lines; the trainer's wrapper tees them to the log.
-TRAIN_PY = textwrap.dedent(
-    """
-    import argparse, json, math, os, sys, time
-    from pathlib import Path
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--output-dir", required=True)
-    ckpt = Path(parser.parse_args().output_dir); ckpt.mkdir(parents=True, exist_ok=True)
-    saved = sorted(int(p.name[5:]) for p in ckpt.glob("step_*"))
-    start = saved[-1] if saved else 0
-    attempt = len(list(Path.cwd().glob("attempt-*"))) + 1
-    Path(f"attempt-{attempt}").write_text(json.dumps({"pid": os.getpid(), "start": start}))
-    for step in range(start + 1, 41):
-        if step % 10 == 0 or step == 25:
-            (ckpt / f"step_{step}").mkdir(exist_ok=True)
-            (ckpt / f"step_{step}" / "state.json").write_text(json.dumps({"step": step}))
-        bad = step == 25 and attempt == 1
-        print(json.dumps({"step": step, "loss": math.nan if bad else 2.0 - step / 100}))
-        time.sleep(60 if bad else 0.05)
-    """
-)
 
 
 def _free_port() -> int:

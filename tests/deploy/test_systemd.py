@@ -27,7 +27,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.standin import TRAIN_PY
 from tests.helpers.webhook import WebhookReceiver
 
 UNITS_DIR = Path(__file__).resolve().parents[2] / "systemd"
@@ -268,29 +268,6 @@ def test_env_file_example_is_a_valid_config_with_its_secrets_masked() -> None:
 
 
 # --- a stand-in for systemd, running the units' command lines -------------------------------
-
-# Saves step_<N> every 10 steps (and step_25, at its NaN), resumes from the newest step_*;
-# the first attempt goes NaN at step 25 and hangs there.
-TRAIN_PY = textwrap.dedent(
-    """
-    import argparse, json, os, time
-    from pathlib import Path
-    parser = argparse.ArgumentParser(); parser.add_argument("--output-dir", required=True)
-    ckpt = Path(parser.parse_args().output_dir); ckpt.mkdir(parents=True, exist_ok=True)
-    saved = sorted(int(p.name[5:]) for p in ckpt.glob("step_*"))
-    start = saved[-1] if saved else 0
-    attempt = len(list(Path.cwd().glob("attempt-*"))) + 1
-    Path(f"attempt-{attempt}").write_text(json.dumps({"pid": os.getpid(), "start": start}))
-    for step in range(start + 1, 41):
-        if step % 10 == 0 or step == 25:
-            (ckpt / f"step_{step}").mkdir(exist_ok=True)
-            (ckpt / f"step_{step}" / "state.json").write_text(json.dumps({"step": step}))
-        bad = step == 25 and attempt == 1
-        print(json.dumps({"step": step, "loss": float("nan") if bad else 2.0 - step / 100}),
-              flush=True)
-        time.sleep(60 if bad else 0.05)
-    """
-)
 
 
 @dataclass
