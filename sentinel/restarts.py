@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sentinel import resume, verdict
 from sentinel.actions.keep import Keeper
-from sentinel.actions.rollback import apply_rollback, plan_rollback, pointer_note
+from sentinel.actions.rollback import apply_rollback, fresh_label, plan_rollback, pointer_note
 from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings
 from sentinel.health import parse_http_address
 from sentinel.incidents import Incident
@@ -207,7 +207,7 @@ class Restarts:
             )
         onset = Onset(step=incident.onset_step, time=incident.onset_time)
         plan = plan_rollback(directory, onset)
-        label = f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}"
+        label = fresh_label(directory, f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}")
         try:
             moved = apply_rollback(plan, directory, label=label)
         except OSError as error:

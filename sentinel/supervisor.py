@@ -382,9 +382,7 @@ class Supervisor:
         assert incident is not None
         self._plan_restart(incident, status)
 
-    def _attempt_over(
-        self, status: int, state: JobState, incident: Incident | None = None
-    ) -> None:
+    def _attempt_over(self, status: int, state: JobState, incident: Incident | None = None) -> None:
         """``run`` ends with its job; ``watch`` waits for the next attempt."""
         if self.holder.relaunches:
             self._finish(status, state, incident)
@@ -507,9 +505,7 @@ class Supervisor:
 
     def _save_restarts(self) -> None:
         if not self.holder.relaunches and self._store is not None:
-            self.watch.safely(
-                "the restart budget", self._store.put_many, self._restarts.to_state()
-            )
+            self.watch.safely("the restart budget", self._store.put_many, self._restarts.to_state())
 
     def _escalate(self, incident: Incident, text: str) -> None:
         log.error("%s", text)

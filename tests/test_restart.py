@@ -62,9 +62,7 @@ def test_a_bad_template_is_refused_at_load_naming_the_key_and_flag(
     template: str, problem: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_settings(
-            cli={"resume_command": template, "checkpoints": str(tmp_path)}, environ={}
-        )
+        load_settings(cli={"resume_command": template, "checkpoints": str(tmp_path)}, environ={})
     assert caught.value.problems == [
         f"job.resume_command (from --resume-command): {caught.value.problems[0].split(': ', 1)[1]}"
     ]

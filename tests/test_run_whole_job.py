@@ -83,10 +83,7 @@ def test_a_group_member_that_left_the_tree_and_ignores_sigterm_is_killed(tmp_pat
 
 def test_the_job_gets_none_of_sentinels_settings(tmp_path: Path) -> None:
     job, seen = tmp_path / "job.py", tmp_path / "env.txt"
-    job.write_text(
-        "import os, sys\n"
-        "open(sys.argv[1], 'w').write('\\n'.join(sorted(os.environ)))\n"
-    )
+    job.write_text("import os, sys\nopen(sys.argv[1], 'w').write('\\n'.join(sorted(os.environ)))\n")
     token = "tok3nVisibleToNobody"
     result = _sentinel(
         "--state-dir", str(tmp_path / "state"), "--", sys.executable, str(job), str(seen),

@@ -47,9 +47,10 @@ def test_a_late_batch_with_nothing_suspect_keeps_only_the_newest() -> None:
     assert shedder.keep(lines, lag_s=LAG_S * 2) == lines[-KEEP_NEWEST:]
     assert shedder.skipped == 5000 - KEEP_NEWEST
     # "info" and "inference" are not "inf"
-    assert shedder.keep(["INFO inference step"] * 200, lag_s=LAG_S * 2) == [
-        "INFO inference step"
-    ] * KEEP_NEWEST
+    assert (
+        shedder.keep(["INFO inference step"] * 200, lag_s=LAG_S * 2)
+        == ["INFO inference step"] * KEEP_NEWEST
+    )
 
 
 @pytest.mark.parametrize(

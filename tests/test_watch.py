@@ -145,7 +145,10 @@ def test_watch_rolls_back_writes_91_follows_attempt_2_and_gives_up_with_90(
     assert sorted(p.name for p in (run / "ckpt").glob("step_*")) == ["step_10", "step_20"]
     final = json.loads((tmp_path / "state" / "verdict.json").read_text())
     assert (final["state"], final["code"], final["rule"], final["attempt"]) == (
-        "final", 90, "nan_inf", 2
+        "final",
+        90,
+        "nan_inf",
+        2,
     )
     assert metrics["sentinel_job_attempt"] == 2
     assert metrics["sentinel_log_lines_total"] >= 25

@@ -169,6 +169,21 @@ def sanitize_label(label: str) -> str:
     return safe or "unlabelled"
 
 
+def fresh_label(directory: Path, label: str) -> str:
+    """``label``, or ``label-2``, ``label-3``... : one no quarantine folder in ``directory`` has.
+
+    Two rollbacks within the same second (a job that fails again at once) each get a folder
+    of their own, so that each folder's manifest records one onset.
+    """
+    base = sanitize_label(label)
+    parent = Path(directory) / QUARANTINE_DIR
+    candidate, n = base, 1
+    while os.path.lexists(parent / candidate):
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
 def apply_rollback(
     plan: RollbackPlan, directory: Path, *, label: str, dry_run: bool = False
 ) -> list[Path]:

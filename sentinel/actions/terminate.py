@@ -26,6 +26,7 @@ KILL_WAIT_S = 5.0
 _POLL_FIRST_S = 0.005
 _POLL_MAX_S = 0.1
 
+
 @dataclass(frozen=True)
 class TerminateResult:
     """What ``terminate`` did and how the process ended up."""

@@ -82,6 +82,7 @@ class StallConfig(RuleConfig):
             raise ValueError("hard_timeout_s must be greater than soft_timeout_s")
         return self
 
+
 #: The readings ``stall`` keeps (the latest of each, per source).
 EVIDENCE_METRICS = frozenset(
     {GPU_JOB, GPU_POWER, GPU_POWER_LIMIT, GPU_UTIL, PROC_CPU, PROC_D_STATE}

@@ -162,9 +162,7 @@ class JobProcess:
         finally:
             pipe.close()
 
-    def _gather(
-        self, name: str, fd: int, ready: select.poll, splitter: LineSplitter
-    ) -> int | None:
+    def _gather(self, name: str, fd: int, ready: select.poll, splitter: LineSplitter) -> int | None:
         """Look at the pipe (``ready`` polls it) every slice of the window and hand on what
         came once a window, while every look finds output; the bytes read, None if the
         pipe closed."""

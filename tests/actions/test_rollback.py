@@ -15,7 +15,13 @@ import pytest
 
 from sentinel.actions.keep import Keeper, kept_versions
 from sentinel.actions.restore import RestoreRefused, restore_quarantine
-from sentinel.actions.rollback import MANIFEST, apply_rollback, plan_rollback, sanitize_label
+from sentinel.actions.rollback import (
+    MANIFEST,
+    apply_rollback,
+    fresh_label,
+    plan_rollback,
+    sanitize_label,
+)
 from sentinel.sources.checkpoints import QUARANTINE_DIR, CheckpointStatus, Onset
 from tests.helpers.kept import (
     digest,
@@ -345,3 +351,20 @@ def test_a_kept_version_with_no_step_is_placed_by_its_time(tmp_path: Path) -> No
     assert (plan.put_back.mtime_ns, plan.restore.step) == (mtime_ns(40), None)
     assert plan.restore.placed_by == "kept version 2"
     assert plan_rollback(tmp_path, 50).put_back is None  # no time, no step: nothing placed
+
+
+def test_two_rollbacks_in_one_second_get_a_folder_and_an_onset_each(tmp_path: Path) -> None:
+    build_run(tmp_path)
+    first = fresh_label(tmp_path, LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=500), tmp_path, label=first)
+    write_checkpoint(tmp_path / "checkpoint-600", step=600)  # the resumed job failed again
+    second = fresh_label(tmp_path, LABEL)
+    apply_rollback(plan_rollback(tmp_path, onset=550), tmp_path, label=second)
+    assert (first, second) == (LABEL, f"{LABEL}-2")
+    onsets = [
+        json.loads((tmp_path / QUARANTINE_DIR / label / MANIFEST).read_text())["onset"]["step"]
+        for label in (first, second)
+    ]
+    assert onsets == [500, 550]
+    in_second = sorted(os.listdir(tmp_path / QUARANTINE_DIR / second))
+    assert in_second == sorted(["checkpoint-600", MANIFEST])

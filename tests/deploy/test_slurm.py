@@ -217,9 +217,7 @@ def test_a_nan_on_one_node_rolls_back_and_requeues_once(tmp_path: Path) -> None:
     assert steps["sentinel"]["exits"] == [0, 0], "each node's sentinel drained and exited 0"
     assert "--kill-on-bad-exit=1" in steps["training"]["argv"]
     assert 91 in steps["training"]["exits"], "node 0's rank exits with the verdict"
-    assert [c["argv"] for c in _calls(tmp_path, "scontrol", "scancel")] == [
-        ["requeue", JOB_ID]
-    ]
+    assert [c["argv"] for c in _calls(tmp_path, "scontrol", "scancel")] == [["requeue", JOB_ID]]
     (record,) = _shared(tmp_path)
     assert (record["code"], record["rule"], record["step"]) == (91, "nan_inf", 25)
     ckpt = tmp_path / "runs" / "train" / "ckpt"
@@ -238,9 +236,10 @@ def test_the_same_nan_after_the_requeue_gives_up_with_90_and_cancels_the_chain(
     # step_20 and the NaN comes back at step 25.
     code, err = _finish(_submit(tmp_path, "nan", CHAIN_NAME="train-chain"))
     assert code == 90, err
-    user = os.environ.get("USER") or subprocess.run(
-        ["id", "-un"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    user = (
+        os.environ.get("USER")
+        or subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    )
     assert [c["argv"] for c in _calls(tmp_path, "scontrol", "scancel")] == [
         ["--state=PENDING", "--name=train-chain", f"--user={user}"]
     ]
@@ -278,7 +277,5 @@ def test_the_time_limit_warning_reaches_the_ranks_not_sentinel_and_requeues(
     steps = _steps(tmp_path)
     assert steps["training"]["exits"] == [0, 0]
     assert steps["sentinel"]["exits"] == [0, 0], "sentinel's step got no SIGUSR1"
-    assert [c["argv"] for c in _calls(tmp_path, "scontrol", "scancel")] == [
-        ["requeue", JOB_ID]
-    ]
+    assert [c["argv"] for c in _calls(tmp_path, "scontrol", "scancel")] == [["requeue", JOB_ID]]
     assert _shared(tmp_path) == []
