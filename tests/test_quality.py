@@ -34,6 +34,15 @@ def test_ruff_check() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_ruff_format() -> None:
+    """One format, so that a diff shows what changed, not who formatted it."""
+    result = subprocess.run(
+        [_tool("ruff"), "format", "--check", "sentinel", "tests", "bench"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_mypy_strict() -> None:
     result = subprocess.run([_tool("mypy"), "sentinel"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
