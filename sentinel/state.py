@@ -5,6 +5,11 @@ one database file in the state dir. Each write is one transaction, so a crash
 leaves either the old value or the new one, never half of each. The store is
 shared by threads; one lock serialises access to the single connection.
 
+The database carries a schema version (SQLite's ``user_version``). A newer sentinel
+migrates an older state dir in place; a state dir it cannot read (written by a newer
+sentinel, or not a database at all) is moved aside, whole, and sentinel starts afresh,
+saying so in one line. Nothing is deleted.
+
 The state dir is private (0700) and so are its files (0600), whatever the
 umask: the outbox holds notification URLs with their tokens. ``private_dir``
 and ``open_private`` are what every writer under the state dir creates with.
@@ -17,7 +22,8 @@ import os
 import sqlite3
 import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +50,24 @@ CREATE TABLE IF NOT EXISTS kv (
     value TEXT NOT NULL
 );
 """
+
+#: The layout this sentinel writes. Bump it with a migration in ``_MIGRATIONS``.
+SCHEMA_VERSION = 1
+
+
+def _from_unversioned(conn: sqlite3.Connection) -> None:
+    """Schema 0 (sentinel 0.1, no version mark) had the same tables: only the mark is new."""
+    for statement in _SCHEMA.split(";"):  # not executescript: it would commit
+        if statement.strip():
+            conn.execute(statement)
+
+
+#: Version N's migration to N + 1; each runs in its own transaction with the new mark.
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _from_unversioned}
+
+
+class StateUnreadable(Exception):
+    """The database cannot be used as it is (a newer schema, or not a database)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +155,46 @@ class StateStore:
         for suffix in _SQLITE_SIDE_FILES:  # left by an older sentinel, with the umask's mode
             make_private(self.path.with_name(self.path.name + suffix))
         self._lock = threading.RLock()
-        self._conn = sqlite3.connect(
+        try:
+            self._conn = self._open()
+        except StateUnreadable as why:
+            aside = _move_aside(self.path)
+            log.warning("%s: moved it aside to %s and started afresh", why, aside.name)
+            os.close(open_private(self.path, os.O_RDWR))
+            self._conn = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
             self.path, check_same_thread=False, isolation_level=None, timeout=30.0
         )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(_SCHEMA)
+        try:
+            # Read before anything writes: a database sentinel cannot read is kept as it was.
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StateUnreadable(
+                    f"{self.path} was written by a newer sentinel (schema {version}; this one"
+                    f" reads up to {SCHEMA_VERSION})"
+                )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            for old in range(version, SCHEMA_VERSION):
+                conn.execute("BEGIN IMMEDIATE")
+                _MIGRATIONS[old](conn)
+                conn.execute(f"PRAGMA user_version = {old + 1}")
+                conn.execute("COMMIT")
+                if old or _has_rows(conn):
+                    log.info("%s: migrated the state from schema %d to %d", self.path, old, old + 1)
+            conn.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as error:
+            conn.close()
+            if isinstance(error, sqlite3.OperationalError):
+                raise  # locked, read-only, full: the caller says so; nothing is moved
+            why = f"{self.path} is not a sentinel state database ({error})"
+            raise StateUnreadable(why) from None
+        except StateUnreadable:
+            conn.close()
+            raise
+        return conn
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -158,6 +216,11 @@ class StateStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
 
     # -- tail offsets -------------------------------------------------------
 
@@ -201,3 +264,25 @@ class StateStore:
             conn.executemany(
                 "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", list(values.items())
             )
+
+
+def _has_rows(conn: sqlite3.Connection) -> bool:
+    """Whether an unversioned database held anything (not merely created just now)."""
+    return any(
+        conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() for table in ("offsets", "kv")
+    )
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename the database and its SQLite side files to ``<name>.unreadable-<time>``."""
+    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+    n = 1
+    while os.path.lexists(aside):
+        n += 1
+        aside = aside.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{n}")
+    os.rename(path, aside)
+    for suffix in _SQLITE_SIDE_FILES:
+        side = path.with_name(path.name + suffix)
+        if os.path.lexists(side):
+            os.rename(side, aside.with_name(aside.name + suffix))
+    return aside

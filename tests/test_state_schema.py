@@ -1,0 +1,74 @@
+"""The state dir's schema version: an older one is migrated, one sentinel cannot read is
+moved aside whole (never deleted) and sentinel starts afresh, saying so in one line."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from sentinel.state import SCHEMA_VERSION, StateStore
+
+
+def _unversioned(state: Path) -> None:
+    """A state dir as sentinel 0.1 left it: the same tables, no version mark."""
+    state.mkdir(mode=0o700)
+    with sqlite3.connect(state / "state.db") as conn:
+        conn.executescript(
+            "CREATE TABLE offsets (dev INTEGER NOT NULL, inode INTEGER NOT NULL,"
+            " path TEXT NOT NULL, offset INTEGER NOT NULL, head_hash TEXT NOT NULL,"
+            " tail_hash TEXT NOT NULL, PRIMARY KEY (dev, inode));"
+            "CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "INSERT INTO kv VALUES ('restarts.count', '2');"
+        )
+
+
+def test_a_new_state_dir_carries_the_schema_version(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state")
+    assert store.schema_version == SCHEMA_VERSION
+    store.close()
+    with sqlite3.connect(tmp_path / "state" / "state.db") as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_an_older_state_dir_is_migrated_and_keeps_what_it_knew(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _unversioned(tmp_path / "state")
+    with caplog.at_level(logging.INFO, logger="sentinel.state"):
+        store = StateStore(tmp_path / "state")
+    assert store.schema_version == SCHEMA_VERSION
+    assert store.get("restarts.count") == "2"
+    assert f"migrated the state from schema 0 to {SCHEMA_VERSION}" in caplog.text
+    store.close()
+
+
+@pytest.mark.parametrize("written_by", ["newer", "garbage"])
+def test_a_state_db_it_cannot_read_is_moved_aside_and_sentinel_starts_afresh(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, written_by: str
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    if written_by == "newer":
+        with sqlite3.connect(state / "state.db") as conn:
+            conn.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            conn.execute("INSERT INTO kv VALUES ('restarts.count', '5')")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+        why = f"written by a newer sentinel (schema {SCHEMA_VERSION + 1}"
+    else:
+        (state / "state.db").write_bytes(b"not a database, " * 512)
+        why = "is not a sentinel state database"
+    before = (state / "state.db").read_bytes()
+    with caplog.at_level(logging.WARNING, logger="sentinel.state"):
+        store = StateStore(state)
+    assert store.get("restarts.count") is None, "started afresh"
+    store.put("restarts.count", "1")
+    assert store.schema_version == SCHEMA_VERSION
+    store.close()
+    aside = [p for p in state.iterdir() if p.name.startswith("state.db.unreadable-")]
+    assert len(aside) == 1, sorted(p.name for p in state.iterdir())
+    assert aside[0].read_bytes() == before, "the old database is kept, byte for byte"
+    (record,) = [r for r in caplog.records if "afresh" in r.getMessage()]
+    assert why in record.getMessage() and "started afresh" in record.getMessage()
