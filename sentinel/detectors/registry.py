@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from sentinel.detectors.base import BaseDetector
 from sentinel.detectors.cost_overrun import CostOverrunDetector
+from sentinel.detectors.divergence import DivergenceDetector
 from sentinel.detectors.eval_loss_rise import EvalLossRiseDetector
 from sentinel.detectors.gpu_health import GpuHealthDetector
 from sentinel.detectors.gpu_idle import GpuIdleDetector
@@ -23,6 +24,7 @@ DETECTORS: dict[str, type[BaseDetector]] = {
     "nan_inf": NanInfDetector,
     "grad_norm_run": GradNormRunDetector,
     "loss_spike": LossSpikeDetector,
+    "divergence": DivergenceDetector,
     "throughput_drop": ThroughputDropDetector,
     "eval_loss_rise": EvalLossRiseDetector,
     "loss_plateau": LossPlateauDetector,

@@ -218,6 +218,10 @@ class Rolling:
     def __len__(self) -> int:
         return len(self.values)
 
+    def ordered(self) -> list[float]:
+        """The window's values in ascending order (the rolling copy: do not change it)."""
+        return self._sorted
+
     def least(self) -> float:
         """The smallest value in the window; +inf when it is empty."""
         return self._sorted[0] if self._sorted else math.inf

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from sentinel.detectors.base import BaseDetector, RuleConfig
 from sentinel.detectors.cost_overrun import CostOverrunConfig, CostOverrunDetector
+from sentinel.detectors.divergence import DivergenceConfig, DivergenceDetector
 from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
 from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
 from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
@@ -184,6 +185,21 @@ def test_grad_norm_run_paths_agree(data: st.DataObject) -> None:
     config = data.draw(grad_norm_run_configs())
     texts, replay = data.draw(logs(config.factor))
     assert_paths_agree(GradNormRunDetector, config, texts, replay)
+
+
+@pytest.mark.slow
+@AGREE
+@given(data=st.data())
+def test_divergence_paths_agree(data: st.DataObject) -> None:
+    config = DivergenceConfig(
+        window=data.draw(st.sampled_from([10, 20, 50])),
+        level_window=data.draw(st.sampled_from([3, 5])),
+        min_history=data.draw(st.sampled_from([5, 10])),
+        patience=data.draw(st.sampled_from([2, 4, 8])),
+        warmup_steps=data.draw(st.sampled_from([0, 0, 10, 40])),
+    )
+    texts, replay = data.draw(logs(config.rise))
+    assert_paths_agree(DivergenceDetector, config, texts, replay)
 
 
 @st.composite

@@ -1,0 +1,325 @@
+"""divergence: the loss shifted up and did not come back.
+
+A spike that recovers is ``loss_spike``'s warning; a loss that climbs and then stays
+above where it was (a learning rate raised by mistake, a bad resume, a run that
+blew up and settled on a worse level) wastes the rest of the run while looking
+calm. This rule makes that its own critical incident, whose onset is the first
+value of the shift, so the rollback goes back to a checkpoint before it.
+
+Per watched metric (``metrics``, default the train loss):
+
+- ``history``: the last ``window`` values that were not part of a shift (long enough
+  to hold a per-epoch rhythm); ``level``: the median of the last ``level_window`` of them;
+  ``noise``: 1.4826 x the median absolute deviation of ``history`` (a robust standard
+  deviation), at least ``noise_floor`` x the level.
+- A value opens a candidate shift when it is above the bar: the highest of ``rise`` x the
+  level, the level plus ``noise_sigmas`` x the noise, and the ``envelope`` quantile of the
+  history (what the run shows at the top of its normal wobble or rhythm).
+- The candidate recovers (is forgotten, its values learned as normal) at the first value
+  at most the recovery bar: ``recover`` x the level, or the level plus the noise.
+- It is confirmed, critical, once ``patience`` values have come since its onset and the
+  median of the last ``patience`` is still above the bar. A candidate that neither
+  recovers nor confirms for a whole ``window`` is a new normal: learned.
+
+Nothing is judged during warmup (configured steps, or the logged LR still rising: the
+loss may wobble up as the rate climbs; ``loss_spike`` watches the warmup), before the
+history holds ``min_history`` values, or while the level is <= 0 (a ratio to it means
+nothing). Non-finite values are ``nan_inf``'s business and are skipped. A confirmed
+shift resolves (info) when the metric comes back under the recovery bar.
+
+``details``: ``kind`` (``"unrecovered"`` or ``"recovered"``), ``metric``, ``level``,
+``noise``, ``threshold`` (the bar), ``recover_threshold``, ``onset_step``, ``ratio``
+(median since onset / level), ``values``/``steps`` (the last ``level_window`` values
+before the onset and those since).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from sentinel.detectors.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.detectors.series import (
+    Rolling,
+    Warmup,
+    finite_values,
+    finite_with_steps,
+    never_above,
+    sorted_median,
+)
+from sentinel.records import Alert, Block, Sample, Severity
+
+#: 1 / Phi^-1(3/4): the median absolute deviation of a normal sample times this is its sigma.
+MAD_TO_SIGMA = 1.4826
+
+
+class DivergenceConfig(MetricRuleConfig):
+    """``[rules.divergence]``: a shift of the loss up that does not recover."""
+
+    #: Metrics judged, each on its own (the first that confirms raises the incident).
+    metrics: MetricNames = Field(default_factory=lambda: ["loss"], min_length=1)
+    severity: Severity = Severity.CRITICAL
+    #: Values (not part of a shift) the noise and envelope are taken over.
+    window: int = Field(default=50, ge=10, le=10_000)
+    #: The latest of those whose median is the level before a shift.
+    level_window: int = Field(default=10, ge=3)
+    #: Values the history needs before anything is judged.
+    min_history: int = Field(default=20, ge=3)
+    #: A shift is above this multiple of the level...
+    rise: float = Field(default=1.3, gt=1.0)
+    #: ...and above the level plus this many robust standard deviations of the history...
+    noise_sigmas: float = Field(default=4.0, gt=0)
+    #: ...and above this quantile of the history (the top of the run's normal wobble).
+    envelope: float = Field(default=0.9, ge=0.5, le=1.0)
+    #: The noise is at least this fraction of the level (a flat loss has a MAD of 0).
+    noise_floor: float = Field(default=0.01, ge=0)
+    #: A value at most this multiple of the level (or the level plus one noise) is back.
+    recover: float = Field(default=1.1, gt=1.0)
+    #: Values since the onset, still above the bar at their median, that confirm a shift.
+    patience: int = Field(default=10, ge=2)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> DivergenceConfig:
+        if not self.level_window <= self.min_history <= self.window:
+            raise ValueError("need level_window <= min_history <= window")
+        if self.patience >= self.window:
+            raise ValueError("patience must be less than window")
+        if self.recover >= self.rise:
+            raise ValueError("recover must be less than rise")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Bars:
+    """Where a metric stands before a shift: its level, noise and the two bars."""
+
+    level: float
+    noise: float
+    shift: float
+    back: float
+
+
+def quantile(ordered: list[float], fraction: float) -> float:
+    """The ``fraction`` quantile of sorted values (nearest rank below)."""
+    return ordered[int(fraction * (len(ordered) - 1))]
+
+
+def rise_bar(level: float, rise: float) -> float:
+    """The least a shift bar can be over ``level``: ``rise`` x it (rising with the level)."""
+    return rise * level
+
+
+def bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> Bars:
+    """The level (median of ``recent``), the noise of ``history``, the shift and recovery bars."""
+    level = sorted_median(sorted(recent))
+    ordered = history.ordered()
+    middle = sorted_median(ordered)
+    deviation = sorted_median(sorted(abs(value - middle) for value in ordered))
+    noise = max(MAD_TO_SIGMA * deviation, settings.noise_floor * abs(level))
+    shift = max(
+        settings.rise * level,
+        level + settings.noise_sigmas * noise,
+        quantile(ordered, settings.envelope),
+    )
+    back = max(settings.recover * level, level + noise)
+    return Bars(level, noise, shift, back)
+
+
+@dataclass(slots=True)
+class _Shift:
+    """A candidate shift: where it started and what came since."""
+
+    bars: Bars
+    onset_step: int | None
+    before: list[tuple[int | None, float]]
+    since: list[tuple[int | None, float]] = field(default_factory=list)
+    confirmed: bool = False
+
+
+class _Series:
+    """One metric: its history and its candidate shift."""
+
+    __slots__ = ("history", "recent", "shift")
+
+    def __init__(self, settings: DivergenceConfig) -> None:
+        self.history = Rolling(settings.window)
+        #: The latest values not part of a shift, with their steps.
+        self.recent: deque[tuple[int | None, float]] = deque(maxlen=settings.level_window)
+        self.shift: _Shift | None = None
+
+    def learn(self, step: int | None, value: float) -> None:
+        self.history.add(value)
+        self.recent.append((step, value))
+
+
+class DivergenceDetector(BaseDetector):
+    """Critical when the loss shifts up and stays there; resolves when it comes back."""
+
+    rule = "divergence"
+    config_model = DivergenceConfig
+
+    def __init__(self, config: DivergenceConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self.watches = frozenset({*config.metrics, "lr"})
+        self._warmup = Warmup(config.warmup_steps)
+        self._series: dict[str, _Series] = {}
+        self.job_started(0.0)
+
+    def job_started(self, now: float) -> None:
+        self._warmup.reset()
+        self._series = {name: _Series(self.settings) for name in self.settings.metrics}
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        if sample.name == "lr":
+            self._warmup.observe(sample)
+            return []
+        series = self._series.get(sample.name)
+        if series is None or not math.isfinite(sample.value):
+            return []
+        return self._judge(series, sample, source, now)
+
+    def _judge(self, series: _Series, sample: Sample, source: str, now: float) -> list[Alert]:
+        _, value, step, stamp = sample[:4]
+        shift = series.shift
+        if shift is None:
+            settings = self.settings
+            if self._warmup.active(step) or len(series.history) < settings.min_history:
+                series.learn(step, value)
+                return []
+            recent = [value for _, value in series.recent]
+            level = sorted_median(sorted(recent))
+            if level <= 0 or value <= rise_bar(level, settings.rise):
+                series.learn(step, value)  # the cheap test: under every bar
+                return []
+            current = bars(series.history, recent, settings)
+            if value <= current.shift:
+                series.learn(step, value)
+                return []
+            series.shift = _Shift(current, step, list(series.recent), [(step, value)])
+            return []
+        time = stamp if stamp is not None else now
+        if value <= shift.bars.back:
+            return self._recovered(series, shift, sample, source, time)
+        shift.since.append((step, value))
+        if shift.confirmed:
+            return []
+        patience = self.settings.patience
+        if len(shift.since) < patience:
+            return []
+        latest = sorted_median(sorted(value for _, value in shift.since[-patience:]))
+        if latest > shift.bars.shift:
+            shift.confirmed = True
+            return [self._alert(shift, latest, sample, source, time)]
+        if len(shift.since) >= self.settings.window:
+            self._forget(series, shift)  # neither back nor up: the run's new normal
+        return []
+
+    def _forget(self, series: _Series, shift: _Shift) -> None:
+        series.shift = None
+        for step, value in shift.since:
+            series.learn(step, value)
+
+    def _recovered(
+        self, series: _Series, shift: _Shift, sample: Sample, source: str, time: float
+    ) -> list[Alert]:
+        self._forget(series, shift)
+        series.learn(sample.step, sample.value)
+        if not shift.confirmed:
+            return []
+        message = (
+            f"{sample.name} back to {sample.value:.4g} at step {sample.step}, near its level"
+            f" {shift.bars.level:.4g} from before step {shift.onset_step}"
+        )
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.INFO,
+                message=message,
+                time=time,
+                source=source,
+                onset_step=shift.onset_step,
+                resolves=True,
+                details=self._details("recovered", shift, sample),
+            )
+        ]
+
+    def _alert(
+        self, shift: _Shift, latest: float, sample: Sample, source: str, time: float
+    ) -> Alert:
+        level = shift.bars.level
+        count = len(shift.since)
+        message = (
+            f"{sample.name} shifted up at step {shift.onset_step} and has not recovered:"
+            f" median {latest:.4g} over the last {self.settings.patience} values"
+            f" ({latest / level:.2f}x its level {level:.4g} before the shift, above"
+            f" {shift.bars.shift:.4g}) for {count} values; rolling back to before step"
+            f" {shift.onset_step}"
+        )
+        return self.sample_alert(
+            sample,
+            severity=self.settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=shift.onset_step,
+            details=self._details("unrecovered", shift, sample, latest),
+        )
+
+    def _details(
+        self, kind: str, shift: _Shift, sample: Sample, latest: float | None = None
+    ) -> dict[str, Any]:
+        latest = sample.value if latest is None else latest
+        evidence = [*shift.before, *shift.since]
+        bars_ = shift.bars
+        return {
+            "kind": kind,
+            "metric": sample.name,
+            "level": bars_.level,
+            "noise": bars_.noise,
+            "threshold": bars_.shift,
+            "recover_threshold": bars_.back,
+            "onset_step": shift.onset_step,
+            "ratio": round(latest / bars_.level, 3),
+            "values": [value for _, value in evidence],
+            "steps": [step for step, _ in evidence],
+        }
+
+    def can_absorb(self, block: Block) -> bool:
+        """Uneventful: no candidate shift, and every line in warmup or no value above
+        ``rise`` x the least value the level could be taken over (the bar is at least that)."""
+        columns = block.columns
+        judged = [name for name in self._series if name in columns]
+        if not judged:
+            return True  # only learning rates
+        if any(self._series[name].shift is not None for name in judged):
+            return False
+        if self._warmup.block_phase(block.step_range(), columns.get("lr")):
+            return True
+        bar = partial(rise_bar, rise=self.settings.rise)
+        for name in judged:
+            series = self._series[name]
+            values = finite_values(columns[name])
+            least = min((value for _, value in series.recent), default=math.inf)
+            filling = max(0, self.settings.min_history - len(series.history))
+            if least <= 0 or not never_above(values, bar, least, filling):
+                return False
+        return True
+
+    def absorb(self, block: Block) -> None:
+        """What ``observe`` does with values under every bar: learn them."""
+        columns = block.columns
+        self._warmup.extend(columns.get("lr"))
+        for name, series in self._series.items():
+            column = columns.get(name)
+            if column is None:
+                continue
+            values, steps = finite_with_steps(column, block.steps)
+            series.history.extend(values)
+            kept = series.recent.maxlen or len(values)
+            series.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))

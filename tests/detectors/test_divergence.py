@@ -1,0 +1,114 @@
+"""divergence: a loss that shifts up and does not come back is critical, with its onset."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pydantic
+import pytest
+
+from sentinel.detectors.divergence import DivergenceConfig, DivergenceDetector
+from sentinel.records import Alert, Sample, Severity
+
+NOW = 1_700_000_000.0
+CRIT, INFO = Severity.CRITICAL, Severity.INFO
+
+
+def noisy(level: float, count: int, noise: float = 0.02, seed: int = 7) -> list[float]:
+    rng = random.Random(seed)
+    return [level * (1 + rng.gauss(0, noise)) for _ in range(count)]
+
+
+def feed(values: Sequence[float], lrs: Sequence[float] | None = None, **config: Any) -> list[Alert]:
+    detector = DivergenceDetector(DivergenceConfig(**config))
+    alerts: list[Alert] = []
+    for index, value in enumerate(values):
+        step = index + 1
+        if lrs is not None:
+            alerts += detector.observe(Sample("lr", lrs[index], step), "log", NOW)
+        alerts += detector.observe(Sample("loss", value, step), "log", NOW)
+    return alerts
+
+
+def summary(alerts: Sequence[Alert]) -> list[tuple[Severity, int | None, int | None]]:
+    return [(alert.severity, alert.step, alert.onset_step) for alert in alerts]
+
+
+def test_a_shift_that_stays_up_is_critical_with_its_onset() -> None:
+    values = noisy(2.0, 40) + noisy(3.2, 30, seed=8)
+    alerts = feed(values)
+    assert summary(alerts) == [(CRIT, 50, 41)]
+    details = alerts[0].details
+    assert details["kind"] == "unrecovered"
+    assert 1.5 < details["ratio"] < 1.7
+    assert details["steps"][-1] == 50 and 41 in details["steps"]
+    assert "shifted up at step 41" in alerts[0].message
+
+
+def test_a_spike_that_recovers_is_not_a_divergence() -> None:
+    values = [*noisy(2.0, 40), 8.0, 6.0, 4.0, 2.1, *noisy(2.0, 30, seed=9)]
+    assert feed(values) == []
+
+
+def test_a_confirmed_shift_resolves_when_the_loss_comes_back() -> None:
+    values = noisy(2.0, 40) + noisy(3.0, 15, seed=8) + noisy(2.0, 5, seed=9)
+    assert summary(feed(values)) == [(CRIT, 50, 41), (INFO, 56, 41)]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(noisy(2.0, 200, noise=0.1), id="healthy-noise"),
+        pytest.param([4.0 * 0.995**i for i in range(200)], id="falling-loss"),
+        pytest.param(noisy(2.0, 60) + noisy(1.6, 60, seed=3), id="lr-decay-step-down"),
+        pytest.param(
+            [0.5 + 1.2 * math.sin(math.pi * (i % 24) / 24) ** 2 for i in range(240)],
+            id="per-epoch-rhythm",
+        ),
+        pytest.param(noisy(0.0003, 100, noise=0.6), id="tiny-noisy-loss"),
+        pytest.param([0.0] * 30 + [0.01] * 30, id="level-zero-is-not-judged"),
+    ],
+)
+def test_healthy_series_raise_nothing(values: list[float]) -> None:
+    assert feed(values) == []
+
+
+def test_warmup_only_learns() -> None:
+    values = noisy(2.0, 40) + noisy(3.2, 30, seed=8)
+    rising = [0.001 * (i + 1) for i in range(len(values))]
+    assert feed(values, lrs=rising) == []
+
+
+def test_a_shift_before_min_history_is_not_judged() -> None:
+    assert feed(noisy(2.0, 10) + noisy(3.2, 30, seed=8)) == []
+
+
+def test_a_new_normal_that_neither_recovers_nor_confirms_is_learned() -> None:
+    # Up past the bar once, then hovering between the recovery bar and the shift bar.
+    values = [*noisy(2.0, 40), 3.0, *([2.4] * 60), *noisy(3.5, 12, seed=4)]
+    alerts = feed(values, window=50)
+    assert [alert.severity for alert in alerts] == [CRIT]
+
+
+def test_job_started_forgets_the_history() -> None:
+    detector = DivergenceDetector(DivergenceConfig())
+    for step, value in enumerate(noisy(2.0, 40), start=1):
+        detector.observe(Sample("loss", value, step), "log", NOW)
+    detector.job_started(NOW)
+    alerts: list[Alert] = []
+    for step, value in enumerate(noisy(3.2, 15), start=41):
+        alerts += detector.observe(Sample("loss", value, step), "log", NOW)
+    assert alerts == []
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"recover": 1.5, "rise": 1.3}, {"patience": 60}, {"level_window": 30, "min_history": 20}],
+    ids=["recover-above-rise", "patience-over-window", "level-window-over-min-history"],
+)
+def test_config_rejects_incoherent_values(config: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        DivergenceConfig(**config)
