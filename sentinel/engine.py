@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sentinel.detectors import DETECTORS, BaseDetector
 from sentinel.engine_blocks import BLOCK_MIN_LINES, BlockFeeder
@@ -360,6 +360,26 @@ class Engine:
         return self._each(
             lambda detector: detector.job_exited(exit_code, now, expected=expected), now
         )
+
+    def memory(self, now: float) -> dict[str, Any]:
+        """Per rule, what it keeps across restarts of sentinel (``BaseDetector.memory``)."""
+        kept: dict[str, Any] = {}
+        for detector in self.detectors:
+            memory = detector.memory(now)
+            if memory is not None:
+                kept[detector.rule] = memory
+        return kept
+
+    def remember(self, memory: dict[str, Any], *, same_job: bool) -> None:
+        """Give each rule back its memory; one that cannot take it starts afresh (logged)."""
+        for detector in self.detectors:
+            if detector.rule in memory:
+                try:
+                    detector.remember(memory[detector.rule], same_job=same_job)
+                except (KeyError, TypeError, ValueError) as error:
+                    log.warning(
+                        "rule %s starts afresh: its memory is unusable (%r)", detector.rule, error
+                    )
 
     def recent(self, before_step: int | None, per_metric: int = 8) -> dict[str, list[Sample]]:
         """The last samples of each metric up to ``before_step`` (inclusive), for reports."""

@@ -54,6 +54,9 @@ class Incident:
     open_rules: set[str] = field(default_factory=set)
     #: What the evidence suggests (``sentinel.diagnosis.Diagnosis``), set by the owner.
     diagnosis: Any = None
+    #: Taken back from a sentinel that restarted, and not raised again since: its rule's
+    #: state did not survive, so it is not announced again until its rule speaks.
+    restored: bool = False
 
     @property
     def first(self) -> Alert:
@@ -85,6 +88,62 @@ class Incident:
             "actions": [{"time": time, "text": text} for time, text in self.actions],
             "diagnosis": None if self.diagnosis is None else self.diagnosis.to_json(),
         }
+
+
+#: Alerts an incident keeps in the state dir's memory: the first, then the newest.
+MEMORY_ALERTS = 20
+
+
+def alert_memory(alert: Alert) -> dict[str, Any]:
+    """Every field of ``alert``, as JSON (the public schema leaves some out)."""
+    return {
+        "rule": alert.rule,
+        "severity": str(alert.severity),
+        "message": alert.message,
+        "time": alert.time,
+        "source": alert.source,
+        "step": alert.step,
+        "metric": alert.metric,
+        "value": alert.value,
+        "onset_step": alert.onset_step,
+        "resolves": alert.resolves,
+        "details": alert.details,
+    }
+
+
+def alert_from_memory(data: dict[str, Any]) -> Alert:
+    return Alert(**{**data, "severity": Severity(data["severity"])})
+
+
+def incident_memory(incident: Incident) -> dict[str, Any]:
+    alerts = incident.alerts
+    kept = alerts if len(alerts) <= MEMORY_ALERTS else alerts[:1] + alerts[1 - MEMORY_ALERTS :]
+    return {
+        "id": incident.id,
+        "rule": incident.rule,
+        "severity": str(incident.severity),
+        "opened_at": incident.opened_at,
+        "onset_step": incident.onset_step,
+        "onset_time": incident.onset_time,
+        "alerts": [alert_memory(alert) for alert in kept],
+        "actions": incident.actions,
+        "open_rules": sorted(incident.open_rules),
+    }
+
+
+def incident_from_memory(data: dict[str, Any]) -> Incident:
+    return Incident(
+        id=str(data["id"]),
+        rule=str(data["rule"]),
+        severity=Severity(data["severity"]),
+        opened_at=float(data["opened_at"]),
+        onset_step=data["onset_step"],
+        onset_time=float(data["onset_time"]),
+        alerts=[alert_from_memory(alert) for alert in data["alerts"]],
+        actions=[(float(time), str(text)) for time, text in data["actions"]],
+        open_rules=set(data["open_rules"]),
+        restored=True,
+    )
 
 
 class IncidentTracker:
@@ -136,11 +195,27 @@ class IncidentTracker:
             self.open[alert.rule] = incident
             return IncidentEvent.OPENED, incident
         incident.alerts.append(alert)
+        incident.restored = False
         if alert.severity > incident.severity:
             incident.severity = alert.severity
             incident.rule = alert.rule
             return IncidentEvent.ESCALATED, incident
         return None
+
+    def memory(self) -> list[dict[str, Any]]:
+        """The open incidents, as JSON, for the state dir (``remember`` takes them back)."""
+        unique = {id(incident): incident for incident in self.open.values()}
+        return [incident_memory(incident) for incident in unique.values()]
+
+    def remember(self, memory: list[dict[str, Any]]) -> list[Incident]:
+        """Reopen the incidents ``memory`` holds (the same job, under a restarted sentinel)."""
+        restored = []
+        for data in memory:
+            incident = incident_from_memory(data)
+            for rule in incident.open_rules:
+                self.open[rule] = incident
+            restored.append(incident)
+        return restored
 
     def close_all(self, now: float) -> list[Incident]:
         """End every open episode (the job attempt they belong to is over)."""

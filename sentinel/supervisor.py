@@ -171,7 +171,7 @@ class Supervisor:
         name = job_name(settings, self.holder)
         self.watch = Watch(
             settings, store=store, notifier=workers.notifier, job_name=name,
-            on_incident=metrics.incident_opened,
+            on_incident=metrics.incident_opened, remember=not self.holder.relaunches,
         )  # fmt: skip
         self._system.start()
         self._signals.install()
@@ -594,7 +594,9 @@ class Supervisor:
         self.service.metrics.target_up(True)
         if not self._waiting_for_next:  # else the rules were started fresh at the last end
             resumed_at = self._restarts.resume.step if self.restarts else None
-            self.watch.job_started(job.started_at, resumed_at or 0)
+            who = job.identity
+            identity = None if who is None else (who.pid, who.create_time)
+            self.watch.job_started(job.started_at, resumed_at or 0, identity)
         self._waiting_for_next = False
         self._set_state(JobState.STARTING)
         log.info(

@@ -8,6 +8,7 @@ when, is the dispatcher's (``sentinel.actions.dispatch``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -36,6 +37,11 @@ from sentinel.state import StateStore
 
 log = logging.getLogger(__name__)
 
+#: The state dir's key for what sentinel knows of the run (``Watch.save_memory``).
+MEMORY_KEY = "memory"
+#: Its layout; a memory of another layout is not taken back (said once).
+MEMORY_VERSION = 1
+
 
 def new_run_id() -> str:
     """A sortable id, unique across restarts of sentinel (idempotency keys build on it)."""
@@ -53,9 +59,20 @@ class Watch:
         notifier: Notifier,
         job_name: str,
         on_incident: Callable[[str, str], None] | None = None,
+        remember: bool = False,
     ) -> None:
-        """``on_incident(rule, severity)``: an incident opened or escalated (for metrics)."""
+        """``on_incident(rule, severity)``: an incident opened or escalated (for metrics).
+
+        With ``remember`` (``watch``: the job outlives sentinel), what the last sentinel
+        knew of the run is taken back when the first attempt starts: the spend, the
+        flapping clocks and, when it is the same job still, its open incidents, who was
+        told of them and when they were last announced.
+        """
         self.settings = settings
+        self._store = store
+        self._remembered = self._load_memory(store) if remember else None
+        self._memory_saved = ""
+        self._job_identity: list[float] | None = None
         self._on_incident = on_incident
         self.notifier = notifier
         self.job_name = job_name
@@ -149,15 +166,73 @@ class Watch:
             self._notify(NoticeKind.ACTIONS, incident, summary, now, force=force_notify)
 
     def tick(self, now: float) -> None:
-        """Announce again each open critical incident whose ``repeat_interval_s`` has passed."""
+        """Announce again each open critical incident whose ``repeat_interval_s`` has passed
+        (one taken back from before a restart only once its rule raises it again); save
+        what sentinel knows of the run when it changed."""
         for incident in {id(i): i for i in self.tracker.open.values()}.values():
-            if incident.severity is Severity.CRITICAL and self.dispatcher.repeat_due(
-                incident.id, now
+            if (
+                incident.severity is Severity.CRITICAL
+                and not incident.restored
+                and self.dispatcher.repeat_due(incident.id, now)
             ):
                 self._notify(NoticeKind.REPEAT, incident, incident.worst, now)
+        self.save_memory(now)
 
-    def job_started(self, now: float, start_step: int = 0) -> None:
-        """A new attempt (resuming at ``start_step``): the previous attempt's episodes are over."""
+    def save_memory(self, now: float) -> None:
+        """Write what must outlive sentinel to the state dir, if it changed since last time."""
+        memory = {
+            "version": MEMORY_VERSION,
+            "job": self._job_identity,
+            "rules": self.engine.memory(now),
+            "incidents": self.tracker.memory(),
+            "dispatch": self.dispatcher.memory(),
+        }
+        text = json.dumps(memory, default=str, sort_keys=True)
+        if text != self._memory_saved:
+            self.safely("what sentinel knows of the run", self._store.put, MEMORY_KEY, text)
+            self._memory_saved = text
+
+    @staticmethod
+    def _load_memory(store: StateStore) -> dict[str, Any] | None:
+        try:
+            text = store.get(MEMORY_KEY)
+            memory = json.loads(text) if text else None
+        except (OSError, sqlite3.Error, ValueError) as error:
+            log.warning("what sentinel knew of the run cannot be read (%s): starting afresh", error)
+            return None
+        if memory is not None and memory.get("version") != MEMORY_VERSION:
+            log.warning(
+                "what sentinel knew of the run has layout %r, this one reads %d: starting afresh",
+                memory.get("version"),
+                MEMORY_VERSION,
+            )
+            return None
+        return memory if isinstance(memory, dict) else None
+
+    def _remember(self, memory: dict[str, Any]) -> None:
+        same_job = self._job_identity is not None and memory.get("job") == self._job_identity
+        try:
+            self.engine.remember(memory["rules"], same_job=same_job)
+            self.dispatcher.remember(memory["dispatch"], same_job=same_job)
+            restored = self.tracker.remember(memory["incidents"]) if same_job else []
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            log.warning("what sentinel knew of the run is unusable (%r): starting afresh", error)
+            return
+        log.info(
+            "took back what sentinel knew before it restarted (%s)%s",
+            "the same job" if same_job else "a new attempt",
+            f": {len(restored)} open incident(s): {', '.join(i.id for i in restored)}"
+            if restored
+            else "",
+        )
+
+    def job_started(
+        self, now: float, start_step: int = 0, identity: tuple[int, float] | None = None
+    ) -> None:
+        """A new attempt (resuming at ``start_step``): the previous attempt's episodes are over.
+
+        ``identity`` (pid, start time) names the attempt's process, where known: a
+        sentinel that restarts beside the same job takes back its open incidents."""
         for incident in self.tracker.close_all(now):
             self.dispatcher.forget(incident.id)
             if incident.severity is Severity.CRITICAL:
@@ -168,6 +243,10 @@ class Watch:
             self.engine = self._engine(self.settings)
             log.info("the reloaded rules are in force from this attempt on")
         self.engine.job_started(now, start_step)
+        self._job_identity = None if identity is None else [identity[0], identity[1]]
+        remembered, self._remembered = self._remembered, None
+        if remembered is not None:
+            self._remember(remembered)
 
     def policy(self, incident: Incident) -> str:
         """What a critical ``incident`` calls for: "notify", "stop" or "restart".
@@ -198,7 +277,7 @@ class Watch:
         attempt (a rule's state is the attempt's; swapping it mid-run would lose it)."""
         rules_changed = settings.model_dump()["rules"] != self.settings.model_dump()["rules"]
         self.settings = settings
-        self.dispatcher.routes = list(routes(settings.notify))
+        self.dispatcher.set_routes(routes(settings.notify))
         self.dispatcher.policy = Policy.from_config(settings.notify)
         if rules_changed:
             self._rules_reloaded = True
@@ -218,6 +297,7 @@ class Watch:
             stats.garbled,
             stats.unparsed,
         )
+        self.save_memory(time.time())
         self.safely("the alert journal", self.journal.close)
 
     def _report(self, incident: Incident, now: float) -> None:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sentinel.actions.notices import JobInfo, Notice, NoticeKind
 from sentinel.actions.notify_settings import NotifyConfig
-from sentinel.actions.outbox import Added, Batching, Outbox, Target
+from sentinel.actions.outbox import Added, Batching, Outbox, Target, target_hash
 from sentinel.records import Severity
 from sentinel.secrets import mask_url
 
@@ -140,6 +141,14 @@ class Dispatcher:
         #: Per flapping rule: when it last opened (held or not).
         self._flapping: dict[str, float] = {}
 
+    def set_routes(self, routes: Sequence[Route]) -> None:
+        """New routes (SIGHUP): a new target is configured in the outbox, so that what it is
+        sent is delivered; what the others were told is kept."""
+        self.routes = list(routes)
+        self.outbox.add_targets(route.target for route in self.routes)
+        for route in self.routes:
+            self._told.setdefault(route.url, set())
+
     def dispatch(
         self, notice: Notice, rules: Sequence[str], now: float, *, force: bool = False
     ) -> list[str]:
@@ -183,6 +192,28 @@ class Dispatcher:
                 _OUTCOMES[added],
             )
         return names
+
+    def memory(self) -> dict[str, Any]:
+        """The clocks and the told lists, as JSON, for the state dir; targets by hash."""
+        return {
+            "told": {target_hash(url): sorted(ids) for url, ids in self._told.items() if ids},
+            "announced_at": dict(self._announced_at),
+            "opened_at": dict(self._opened_at),
+            "flapping": dict(self._flapping),
+        }
+
+    def remember(self, memory: dict[str, Any], *, same_job: bool) -> None:
+        """Take back the flapping clocks (the run's); with ``same_job``, who was told of
+        which incident and when each was last announced (the incidents are the job's)."""
+        self._opened_at.update({rule: list(at) for rule, at in memory["opened_at"].items()})
+        self._flapping.update(memory["flapping"])
+        if not same_job:
+            return
+        self._announced_at.update(memory["announced_at"])
+        by_hash = {target_hash(url): url for url in self._told}
+        for hashed, ids in memory["told"].items():
+            if hashed in by_hash:  # a target no longer configured is told nothing more
+                self._told[by_hash[hashed]].update(ids)
 
     def repeat_due(self, incident_id: str, now: float) -> bool:
         """Whether an announced incident, still open and critical, is due to be announced again."""

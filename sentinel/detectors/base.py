@@ -234,3 +234,13 @@ class BaseDetector:
 
     def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
         return []
+
+    def memory(self, now: float) -> dict[str, Any] | None:
+        """What the rule knows of the whole run, as JSON, kept across restarts of sentinel
+        (cost_overrun: the spend so far); None when it keeps nothing."""
+        return None
+
+    def remember(self, memory: dict[str, Any], *, same_job: bool) -> None:
+        """Take back what ``memory`` saved, after ``job_started``; ``same_job`` when the
+        attempt is the one it was saved in (sentinel restarted beside a running job)."""
+        return None

@@ -142,6 +142,34 @@ class CostOverrunDetector(BaseDetector):
             judge=judge,
         )
 
+    # -- memory across restarts of sentinel ------------------------------------------
+
+    def memory(self, now: float) -> dict[str, Any] | None:
+        if self.settings.budget is None:
+            return None
+        self._accrue(now)
+        state = self.state
+        return {
+            "gpu_s": state.gpu_s,
+            "unknown_s": state.unknown_s,
+            "raised": sorted(state.raised),
+            "at": now,
+        }
+
+    def remember(self, memory: dict[str, Any], *, same_job: bool) -> None:
+        """The spend of earlier attempts counts on. The same job's spend up to the save
+        replaces what its start time implies (charged again from the save, so the time
+        sentinel was down is charged once)."""
+        state = self.state
+        gpu_s, unknown_s = float(memory["gpu_s"]), float(memory["unknown_s"])
+        if same_job:
+            state.gpu_s, state.unknown_s = gpu_s, unknown_s
+            if state.since is not None:
+                state.since = max(state.since, float(memory["at"]))
+        else:
+            state.gpu_s += gpu_s + unknown_s * (state.gpus or 0)
+        state.raised.update(str(level) for level in memory["raised"])
+
     # -- spend ------------------------------------------------------------------------
 
     def _accrue(self, now: float) -> None:

@@ -1,0 +1,123 @@
+"""What sentinel knows of a run outlives sentinel: a ``sentinel watch`` killed with SIGKILL
+and started again beside the same job takes back its open incidents, who was told of them
+and its clocks, so nobody is paged twice for one incident; the spend of earlier attempts
+counts on in the next."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sentinel.detectors.cost_blocks import CostOverrunConfig
+from sentinel.detectors.cost_overrun import CostOverrunDetector
+from sentinel.facts import RunFacts
+from tests.helpers.webhook import WebhookReceiver
+
+# A job that keeps training with a NaN loss from step 5 on (sentinel only notifies).
+JOB = textwrap.dedent(
+    """
+    import json, os, sys, time
+    log, pidfile = sys.argv[1], sys.argv[2]
+    with open(log, "a") as out:
+        open(pidfile + ".tmp", "w").write(str(os.getpid()))
+        os.replace(pidfile + ".tmp", pidfile)
+        for step in range(1, 100000):
+            loss = float("nan") if step >= 5 else 2.0
+            out.write(json.dumps({"step": step, "loss": loss}) + "\\n")
+            out.flush()
+            time.sleep(0.05)
+    """
+)
+
+
+def _wait(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_restarted_watch_takes_back_the_open_incident_and_pages_nobody_twice(
+    tmp_path: Path,
+) -> None:
+    log, pidfile, state = tmp_path / "train.log", tmp_path / "job.pid", tmp_path / "state"
+    (tmp_path / "job.py").write_text(JOB)
+    job = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(log), str(pidfile)])
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+        "SENTINEL_RULES__NAN_INF__ON_CRITICAL": "notify",
+        "SENTINEL_NOTIFY__GROUP_WAIT_S": "0",
+        "SENTINEL_TICK_INTERVAL_S": "0.1",
+    }
+    with WebhookReceiver() as hook:
+
+        def watch() -> subprocess.Popen[str]:
+            return subprocess.Popen(
+                [sys.executable, "-m", "sentinel", "watch", "--pidfile", str(pidfile),
+                 "--log", str(log), "--notify", hook.url, "--state-dir", str(state)],
+                env=env, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+
+        try:
+            _wait(pidfile.exists)
+            first = watch()
+            hook.wait_for(1, timeout=30)
+            time.sleep(0.5)  # the memory is saved on the next tick
+            first.send_signal(signal.SIGKILL)
+            first.communicate(timeout=10)
+            paged = len(hook.accepted)
+            second = watch()
+            try:
+                # The new sentinel's own nan_inf rule raises the NaN again (critical)...
+                _wait(lambda: (state / "alerts.jsonl").read_text().count('"nan_inf"') >= 2)
+                time.sleep(1.0)  # ...and its page, were it sent, would be here by now
+            finally:
+                second.send_signal(signal.SIGTERM)
+                _out, err = second.communicate(timeout=30)
+        finally:
+            job.kill()
+            job.wait()
+        assert len(hook.accepted) == paged == 1, [r.json for r in hook.accepted]
+    assert "took back what sentinel knew before it restarted (the same job)" in err, err
+    assert "1 open incident(s)" in err
+    assert "CRITICAL nan_inf" in err, "the restarted sentinel saw the NaN itself"
+
+
+def _cost_rule() -> CostOverrunDetector:
+    rule = CostOverrunDetector(CostOverrunConfig(budget=1000.0))
+    rule.facts = RunFacts(price_per_gpu_hour=3600.0, gpus=2)  # $1 per GPU-second
+    return rule
+
+
+def test_the_spend_of_earlier_attempts_counts_on_after_a_restart_of_sentinel() -> None:
+    before = _cost_rule()
+    before.job_started(100.0)
+    memory = before.memory(160.0)  # 60 s on 2 GPUs
+    assert memory is not None and memory["gpu_s"] == 120.0
+
+    after = _cost_rule()  # a new sentinel, a new attempt that started at 200
+    after.job_started(200.0)
+    after.remember(memory, same_job=False)
+    assert after.memory(210.0)["gpu_s"] == 120.0 + 20.0  # type: ignore[index]
+
+
+def test_the_same_job_is_charged_once_for_the_time_before_the_restart() -> None:
+    before = _cost_rule()
+    before.job_started(100.0)
+    memory = before.memory(160.0)
+    assert memory is not None
+
+    after = _cost_rule()  # the same job (started at 100) found again at 190
+    after.job_started(100.0)
+    after.remember(memory, same_job=True)
+    # 60 s before the save, then from the save on: the 30 s sentinel was down count once.
+    assert after.memory(190.0)["gpu_s"] == 120.0 + 60.0  # type: ignore[index]
