@@ -166,7 +166,7 @@ class Supervisor:
         metrics = self.service.metrics
         workers = self._workers = Workers(
             settings, store, put=self._events.put, healthy=self._healthy,
-            on_delivery=metrics.notified,
+            on_delivery=metrics.notified, mode=self.holder.mode,
         )  # fmt: skip
         name = job_name(settings, self.holder)
         self.watch = Watch(

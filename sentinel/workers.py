@@ -1,5 +1,8 @@
 """The threads around the supervisor's loop: notification delivery, log tailing, heartbeat.
 
+Log tailing follows the ``--log`` files and the metric files found under the job's
+folder (``sentinel.sources.discover``) as they appear.
+
 Each feeds the loop through its inbox or works off the loop's decisions; none of
 them decides anything. They start together before the first attempt and stop
 together at the end, notification last, so what the end produced still goes out.
@@ -7,7 +10,10 @@ together at the end, notification last, so what the end produced still goes out.
 
 from __future__ import annotations
 
+import glob
+import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -15,10 +21,14 @@ from typing import TYPE_CHECKING, Any
 from sentinel.actions.heartbeat import Heartbeat
 from sentinel.actions.notify import Notifier, Outbox
 from sentinel.config import Settings
+from sentinel.sources.discover import MetricFileFinder
 from sentinel.state import StateStore
 
 if TYPE_CHECKING:
     from sentinel.sources.tailer import LogTailer
+
+#: ``watch``: a metric file written this recently is the attached job's.
+WATCH_RECENT_S = 600.0
 
 
 class Workers:
@@ -32,9 +42,15 @@ class Workers:
         put: Callable[[tuple[str, Any]], None],
         healthy: Callable[[], bool],
         on_delivery: Callable[[str, bool], None] | None = None,
+        mode: str = "run",
     ) -> None:
-        """``on_delivery(url, ok)``: each delivery's outcome, from the target's thread."""
+        """``on_delivery(url, ok)``: each delivery's outcome, from the target's thread.
+        ``mode``: ``run`` or ``watch``, where metric files are looked for (``discovery``)."""
         self.settings = settings
+        self._put = put
+        self._store = store
+        #: The tailer is made by the first file found when there is no ``--log``.
+        self._tailer_lock = threading.Lock()
         self.notifier = Notifier(
             Outbox(store, [url.get_secret_value() for url in settings.notify.urls]),
             timeout_s=settings.notify.timeout_s,
@@ -42,6 +58,18 @@ class Workers:
             on_result=on_delivery,
         )
         self.tailer = self._tailer(store, put)
+        self.finder: MetricFileFinder | None = None
+        found_in = discovery(settings, mode)
+        if found_in is not None:
+            root, since = found_in
+            self.finder = MetricFileFinder(
+                root,
+                self._found,
+                since=since,
+                skip=[settings.state_dir],
+                poll=settings.tail.poll,
+                poll_interval_s=settings.tail.poll_interval_s,
+            )
         self.heartbeat: Heartbeat | None = None
         if settings.notify.heartbeat_url is not None:
             self.heartbeat = Heartbeat(
@@ -53,20 +81,23 @@ class Workers:
             )
 
     def _tailer(
-        self, store: StateStore, put: Callable[[tuple[str, Any]], None]
+        self,
+        store: StateStore,
+        put: Callable[[tuple[str, Any]], None],
+        found: list[str] | None = None,
     ) -> LogTailer | None:
-        """The tailer of the ``--log`` files; None without any.
+        """The tailer of the ``--log`` files (and the ``found`` ones); None without any.
 
         Without, neither its thread nor watchdog's wakes every second for nothing, and
         watchdog is not even imported (a few MiB of RSS).
         """
         settings = self.settings
-        if not settings.logs:
+        if not settings.logs and not found:
             return None
         from sentinel.sources.tailer import LogTailer
 
         return LogTailer(
-            settings.logs,
+            [*settings.logs, *(found or [])],
             lambda path, lines: put(("lines", (path, lines, time.time()))),
             offsets=store,
             poll=settings.tail.poll,
@@ -82,15 +113,32 @@ class Workers:
         except (OSError, sqlite3.Error):
             return None
 
+    def _found(self, path: str) -> None:
+        """From the finder's thread: follow a metric file, unless a ``--log`` already does."""
+        if _configured(path, self.settings.logs):
+            return
+        with self._tailer_lock:
+            if self.tailer is None:
+                self.tailer = self._tailer(self._store, self._put, [path])
+                assert self.tailer is not None
+                self.tailer.start()
+            else:
+                self.tailer.add(path)
+
     @property
     def alive(self) -> bool:
         """No worker whose death would leave sentinel blind has died."""
-        return self.tailer is None or self.tailer.running
+        tailer = self.tailer
+        return (tailer is None or tailer.running) and (
+            self.finder is None or self.finder.running
+        )
 
     def start(self) -> None:
         self.notifier.start()
         if self.tailer is not None:
             self.tailer.start()
+        if self.finder is not None:
+            self.finder.start()
         if self.heartbeat is not None:
             self.heartbeat.start()
 
@@ -98,9 +146,45 @@ class Workers:
         """Stop what feeds the loop (the heartbeat too: sentinel is ending)."""
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.finder is not None:
+            self.finder.stop()  # first: it may make or feed the tailer
         if self.tailer is not None:
             self.tailer.stop()
 
     def stop_notifying(self, drain_s: float) -> None:
         """Deliver what is pending for up to ``drain_s``, then stop."""
         self.notifier.stop(drain_s=drain_s)
+
+
+def _configured(path: str, patterns: list[str]) -> bool:
+    """Whether a ``--log`` path or glob names ``path`` (the same file, however spelled)."""
+    for pattern in patterns:
+        expanded = os.path.expanduser(pattern)
+        named = glob.glob(expanded, recursive=True) if glob.has_magic(expanded) else [expanded]
+        for other in named:
+            try:
+                if os.path.samefile(other, path):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def discovery(settings: Settings, mode: str) -> tuple[str, float] | None:
+    """The folder whose metric files are found and followed (``[tail] discover``), and the
+    time since which a file must have been written to count; None: no finding.
+
+    ``run``: the job's working directory (sentinel's own) unless ``discover_dir`` says,
+    files written from now on (the job starts now). ``watch``: only ``discover_dir``, since
+    the job it attaches to may run elsewhere, and files written in the last
+    ``WATCH_RECENT_S`` (a running job's files may be held open, unseen until written).
+    """
+    tail = settings.tail
+    if not tail.discover:
+        return None
+    now = time.time()
+    if mode == "watch":
+        if tail.discover_dir is None:
+            return None
+        return str(tail.discover_dir), now - WATCH_RECENT_S
+    return str(tail.discover_dir or os.getcwd()), now

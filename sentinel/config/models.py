@@ -167,6 +167,13 @@ class TailConfig(_Model):
     #: line inside a busy stream (a NaN among a hundred lines a second) waits up to this
     #: long. 0: read at every write.
     batch_s: float = Field(default=BATCH_S, ge=0, le=MAX_BATCH_S)
+    #: Find and follow the metric files a framework writes (Lightning's ``metrics.csv``,
+    #: TensorBoard event files, MLflow's ``mlruns``, JSON-lines metrics) as they appear
+    #: under ``discover_dir``, without a ``--log`` for them.
+    discover: bool = True
+    #: Where to look; unset: the job's working directory for ``run``, nowhere for
+    #: ``watch`` (its job may run elsewhere).
+    discover_dir: Path | None = None
 
 
 class KeepConfig(_Model):

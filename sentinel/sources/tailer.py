@@ -113,6 +113,8 @@ class LogTailer:
         self._observer: Any = None
         self._watched: set[tuple[str, bool]] = set()
         self._globbed: set[str] = set()
+        #: Paths given to ``add``: dropped like globbed ones once gone.
+        self._added: set[str] = set()
         self._missing_since: dict[str, float] = {}
 
     @property
@@ -139,6 +141,19 @@ class LogTailer:
         self._flush()
         self._thread = threading.Thread(target=self._run, name="sentinel-log-tailer", daemon=True)
         self._thread.start()
+
+    def add(self, path: str) -> None:
+        """Follow ``path`` too, from its start (any thread; a path followed already: nothing).
+
+        Like a globbed file, it is dropped once it has been gone for ``VANISHED_GRACE_S``.
+        """
+        pattern = glob.escape(path) if glob.has_magic(path) else path
+        if pattern in self._patterns:
+            return
+        self._added.add(path)
+        # A new list, not an append: the tailer's thread may be iterating the old one.
+        self._patterns = [*self._patterns, pattern]
+        self._wake.set()
 
     def stop(self) -> None:
         """Stop the thread and the observer, then read what was appended before stop."""
@@ -261,7 +276,7 @@ class LogTailer:
             paths = sorted(glob.glob(pattern, recursive=True)) if globbed else [pattern]
             for path in paths:
                 if path not in self._followers and not os.path.isdir(path):
-                    if globbed:
+                    if globbed or path in self._added:
                         self._globbed.add(path)
                     self._followers[path] = FileFollower(
                         Path(path), offsets=self._offsets, max_line_bytes=self._max_line_bytes

@@ -1,0 +1,241 @@
+"""Find the metric files a training framework writes under a folder, as they appear.
+
+A user who runs ``sentinel run -- python train.py`` rarely says where the job
+writes its metrics, and many frameworks write them somewhere by default:
+Lightning's ``CSVLogger`` to ``lightning_logs/version_N/metrics.csv``, its
+``TensorBoardLogger`` and the HF Trainer to ``events.out.tfevents.*`` files,
+MLflow to ``mlruns/``, Detectron2 and mmengine to JSON-lines files. A
+:class:`MetricFileFinder` walks the folder (bounded: depth, folders, files),
+reports each such file written since it started, and is woken by inotify when
+a folder it watches gains a file or a file in it is closed after a write, so
+it looks again only when something may have appeared.
+
+Bounds, so a job started in a home directory costs little: at most
+``MAX_DEPTH`` folders deep, ``MAX_DIRS`` folders watched and ``MAX_FILES``
+files reported; hidden folders (``.git``, sentinel's ``.sentinel`` state),
+rollback's ``quarantine`` folders, virtual environments and caches are never
+entered. Only files written since ``since`` count: a ``version_0`` left by
+yesterday's run is not today's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from sentinel.parsers import tensorboard
+from sentinel.parsers.files import classify
+from sentinel.sources.checkpoints import QUARANTINE_DIR
+from sentinel.sources.inotify import IN_CREATE, IN_MOVED_TO, FileWatches
+
+logger = logging.getLogger(__name__)
+
+#: A file's path below the root has at most this many parts (``mlruns/0/<run>/metrics/loss``: 5).
+MAX_DEPTH = 5
+#: Folders walked and watched at most; a deeper or wider tree is not searched further.
+MAX_DIRS = 512
+#: Files reported at most.
+MAX_FILES = 64
+#: Folders never entered, besides hidden ones.
+SKIPPED_DIRS = frozenset(
+    {QUARANTINE_DIR, "__pycache__", "node_modules", "site-packages", "venv", "wandb"}
+)
+#: JSON-lines metric files by name: Detectron2's ``metrics.json``, mmengine's ``scalars.json``.
+JSON_LINES_NAMES = frozenset({"metrics.json", "scalars.json"})
+#: A ``.jsonl`` file is a metrics file when its name says so.
+JSONL_NAME_WORDS = ("metric", "log", "train", "history", "progress", "scalar", "loss", "stats")
+#: A file written this long before ``since`` still counts (coarse file-system clocks).
+MTIME_SLACK_S = 2.0
+#: Without events (no inotify, or a network file system), how often to look; with
+#: them, a look this often anyway, for the events a full queue dropped.
+RESCAN_INTERVAL_S = 10.0
+#: Looks at most this often: a job writing many files wakes the finder once per this.
+MIN_RESCAN_S = 0.5
+
+#: inotify: a file open for writing was closed (a logger that opens, appends, closes).
+IN_CLOSE_WRITE = 0x00000008
+_DIR_MASK = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE
+
+
+def is_metric_file(path: str | Path) -> bool:
+    """Whether a framework's metric file is named so (``classify`` knows its format, or a
+    JSON-lines name); not whether it holds metrics yet."""
+    name = os.path.basename(path)
+    if name in JSON_LINES_NAMES:
+        return True
+    if name.endswith(".jsonl"):
+        lowered = name.lower()
+        return any(word in lowered for word in JSONL_NAME_WORDS)
+    return classify(path).format is not None
+
+
+class MetricFileFinder:
+    """Reports the metric files written under ``root`` since ``since``, once each, from its
+    own thread (``on_found(path)``).
+
+    ``skip``: folders never entered (the state dir). ``poll``: no inotify, look every
+    ``poll_interval_s`` (network file systems).
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        on_found: Callable[[str], None],
+        *,
+        since: float,
+        skip: Collection[str | Path] = (),
+        poll: bool = False,
+        poll_interval_s: float = RESCAN_INTERVAL_S,
+        max_depth: int = MAX_DEPTH,
+        max_dirs: int = MAX_DIRS,
+        max_files: int = MAX_FILES,
+    ) -> None:
+        self.root = os.path.abspath(root)
+        self._on_found = on_found
+        self._since = since - MTIME_SLACK_S
+        self._skip = frozenset(os.path.abspath(path) for path in skip)
+        self._poll = poll
+        self._interval_s = poll_interval_s if poll else RESCAN_INTERVAL_S
+        self._max_depth = max_depth
+        self._max_dirs = max_dirs
+        self._max_files = max_files
+        self._found: list[str] = []
+        self._reported: set[str] = set()
+        self._told: set[str] = set()
+        self._watches: FileWatches | None = None
+        self._stopping = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def found(self) -> list[str]:
+        """The files reported so far, in order."""
+        return list(self._found)
+
+    @property
+    def running(self) -> bool:
+        """Whether the finding thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Watch and look on a thread; the first look is at once."""
+        if not self._poll:
+            try:
+                self._watches = FileWatches()
+            except OSError as error:
+                logger.info("no inotify (%s): looking for metric files every %g s",
+                            error, self._interval_s)  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name="sentinel-discover", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop looking (files already reported stay followed by whoever took them)."""
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"\0")
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        watches, self._watches = self._watches, None
+        if watches is not None:
+            watches.close()
+        for fd in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def look(self) -> list[str]:
+        """Walk the tree once (watching its folders); the files newly found, reported."""
+        new: list[str] = []
+        for path in self._walk():
+            if path in self._reported:
+                continue
+            if len(self._reported) >= self._max_files:
+                self._tell_once("files", "more than %d metric files under %s: no more followed",
+                                self._max_files, self.root)  # fmt: skip
+                break
+            self._reported.add(path)
+            self._found.append(path)
+            new.append(path)
+            logger.info("following %s (found under %s)", path, self.root)
+            try:
+                self._on_found(path)
+            except Exception:
+                logger.exception("cannot follow the metric file %s", path)
+        return new
+
+    def _run(self) -> None:
+        looked_at = 0.0
+        while not self._stopping.is_set():
+            wait_s = max(0.0, looked_at + MIN_RESCAN_S - time.monotonic())
+            if wait_s and self._stopping.wait(wait_s):
+                return
+            looked_at = time.monotonic()
+            try:
+                self.look()
+            except Exception:
+                logger.exception("cannot look for metric files under %s", self.root)
+            waited = [self._wake_read]
+            watches = self._watches
+            if watches is not None:
+                waited.append(watches.fileno())
+            readable, _, _ = select.select(waited, [], [], self._interval_s)
+            if watches is not None and watches.fileno() in readable:
+                watches.drain()
+
+    def _walk(self) -> list[str]:
+        """The metric files in the tree, breadth first, written since ``since``."""
+        files: list[str] = []
+        folders = [(self.root, 0)]
+        dirs = 0
+        while folders:
+            folder, depth = folders.pop(0)
+            dirs += 1
+            if dirs > self._max_dirs:
+                self._tell_once("dirs", "more than %d folders under %s: the rest not searched",
+                                self._max_dirs, self.root)  # fmt: skip
+                break
+            # The watch before the listing: a file created in between is then not missed.
+            if self._watches is not None:
+                self._watches.watch(folder, _DIR_MASK)
+            try:
+                with os.scandir(folder) as listing:
+                    entries = sorted(listing, key=lambda entry: entry.name)
+            except OSError:
+                continue
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        if depth + 1 < self._max_depth and not self._skipped(entry):
+                            folders.append((entry.path, depth + 1))
+                    elif entry.is_file() and self._wanted(entry):
+                        files.append(entry.path)
+        return files
+
+    def _skipped(self, entry: os.DirEntry[str]) -> bool:
+        name = entry.name
+        if name.startswith(".") or name in SKIPPED_DIRS or entry.path in self._skip:
+            return True
+        # A virtual environment by another name.
+        return os.path.exists(os.path.join(entry.path, "pyvenv.cfg"))
+
+    def _wanted(self, entry: os.DirEntry[str]) -> bool:
+        if entry.path in self._reported or not is_metric_file(entry.path):
+            return False
+        if entry.stat().st_mtime < self._since:
+            return False
+        if tensorboard.NAME_MARK in entry.name and not tensorboard.available():
+            self._tell_once("tensorboard", "%s is not followed: %s", entry.path,
+                            tensorboard.INSTALL_HINT)  # fmt: skip
+            return False
+        return True
+
+    def _tell_once(self, what: str, message: str, *args: object) -> None:
+        if what not in self._told:
+            self._told.add(what)
+            logger.warning(message, *args)

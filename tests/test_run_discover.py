@@ -1,0 +1,77 @@
+"""``sentinel run`` finds the metric file its job writes, with no ``--log``: a real job, a
+real CSV written the way Lightning's CSVLogger writes it, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: Writes ``lightning_logs/version_1/metrics.csv`` (``version_0`` is an old run's) as
+#: CSVLogger does: the header and rows at each flush; the NaN at step 69; then trains on
+#: for as long as it is told.
+JOB = textwrap.dedent(
+    """
+    import os, sys, time
+    folder = os.path.join("lightning_logs", "version_1")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "metrics.csv"), "w") as stream:
+        stream.write("epoch,step,train_loss\\n")
+        for step in range(9, 60, 10):
+            stream.write(f"{step // 50},{step},{1.0 / (step + 1)}\\n")
+    time.sleep(0.5)
+    with open(os.path.join(folder, "metrics.csv"), "a") as stream:
+        stream.write("1,69,nan\\n")
+    time.sleep(float(sys.argv[1]))
+    """
+)
+
+
+def _alerts(state: Path) -> list[dict[str, Any]]:
+    journal = state / "alerts.jsonl"
+    if not journal.exists():
+        return []
+    return [json.loads(line) for line in journal.read_text().splitlines()]
+
+
+def _run(folder: Path, *options: str, job_s: float = 60) -> subprocess.CompletedProcess[str]:
+    (folder / "job.py").write_text(JOB)
+    old = folder / "lightning_logs" / "version_0" / "metrics.csv"
+    old.parent.mkdir(parents=True)
+    old.write_text("epoch,step,train_loss\n0,9,nan\n")  # yesterday's NaN: not this run's
+    os.utime(old, (1_700_000_000, 1_700_000_000))
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(folder / "state"),
+         "--max-restarts", "0", *options, "--", sys.executable, "job.py", str(job_s)],
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_jobs_metrics_csv_is_found_and_its_nan_stops_the_job_at_its_step(
+    tmp_path: Path,
+) -> None:
+    result = _run(tmp_path)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    nan = [alert for alert in _alerts(tmp_path / "state") if alert["rule"] == "nan_inf"]
+    assert [(alert["step"], alert["metric"]) for alert in nan][:1] == [(69, "loss")], nan
+    assert "version_1" in nan[0]["source"]
+
+
+@pytest.mark.slow
+def test_discovery_turned_off_reads_no_file(tmp_path: Path) -> None:
+    (tmp_path / "sentinel.toml").write_text("[tail]\ndiscover = false\n")
+    result = _run(tmp_path, "--config", str(tmp_path / "sentinel.toml"), job_s=1)
+    assert result.returncode == 0, result.stderr
+    assert not [a for a in _alerts(tmp_path / "state") if a["rule"] == "nan_inf"]
