@@ -163,6 +163,17 @@ class StateStore:
             os.close(open_private(self.path, os.O_RDWR))
             self._conn = self._open()
 
+    @classmethod
+    def in_memory(cls) -> StateStore:
+        """A store that keeps nothing on disk: what cannot wait for a state dir that
+        refuses writes (``Outbox``'s spill). Gone when sentinel exits."""
+        store = cls.__new__(cls)
+        store.path = Path(":memory:")
+        store._lock = threading.RLock()
+        store._conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        store._conn.executescript(_SCHEMA)
+        return store
+
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self.path, check_same_thread=False, isolation_level=None, timeout=30.0
@@ -204,9 +215,21 @@ class StateStore:
             try:
                 yield self._conn
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # a full disk has SQLite roll back itself
+                    self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """A consistent read that takes no write lock: it works in a read-only state dir."""
+        with self._lock:
+            self._conn.execute("BEGIN DEFERRED")
+            try:
+                yield self._conn
+            finally:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
 
     def executescript(self, script: str) -> None:
         """Create a plugin's own tables (idempotent ``CREATE ... IF NOT EXISTS``)."""
@@ -225,7 +248,7 @@ class StateStore:
     # -- tail offsets -------------------------------------------------------
 
     def load_offset(self, dev: int, inode: int) -> FileOffset | None:
-        with self.transaction() as conn:
+        with self.reading() as conn:
             row = conn.execute(
                 "SELECT path, dev, inode, offset, head_hash, tail_hash FROM offsets"
                 " WHERE dev = ? AND inode = ?",
@@ -251,7 +274,7 @@ class StateStore:
     # -- small counters (restart count, run id) -----------------------------
 
     def get(self, key: str) -> str | None:
-        with self.transaction() as conn:
+        with self.reading() as conn:
             row = conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
         return str(row[0]) if row else None
 

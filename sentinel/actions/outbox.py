@@ -9,11 +9,17 @@ it starts a message of its own, unless the target has had ``rate_limit`` message
 in the last ``rate_window_s``: then it goes into the target's pending digest.
 Those decisions are the pure functions ``place`` and ``limited_until``; each, with
 the write it makes, is one SQLite transaction, so a ``kill -9`` loses nothing.
+
+When the state dir refuses writes (full, read-only), a notice is not dropped: it
+goes to a spill, the same table in memory, and is delivered from there at once
+(it would not survive a ``kill -9`` of sentinel: said once in the log). What was
+stored before waits in the state DB until the disk takes writes again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import sqlite3
 import threading
 import uuid
@@ -28,6 +34,11 @@ from sentinel.actions.notices import Envelope, JobInfo, Notice, NoticeKind
 from sentinel.actions.outbox_store import Message, OpenMessage
 from sentinel.records import Severity
 from sentinel.state import StateStore
+
+log = logging.getLogger(__name__)
+
+#: What a state DB that refuses writes raises (full, read-only, I/O error).
+REFUSED = (OSError, sqlite3.OperationalError)
 
 #: Delivered messages older than this are pruned at start (the rate limit looks back less).
 KEEP_DELIVERED_S = 7 * 86400.0
@@ -72,6 +83,8 @@ class Delivery:
     name: str
     envelope: Envelope
     attempts: int
+    #: Taken from the spill in memory, not from the state DB.
+    spilled: bool = False
 
 
 def target_hash(url: str) -> str:
@@ -164,6 +177,9 @@ class Outbox:
         self._targets: dict[str, Target] = {}
         #: Told the URLs of the targets that got a message or were configured (``on_change``).
         self._listeners: list[Callable[[Sequence[str]], None]] = []
+        #: Where notices go while the state DB refuses writes (``REFUSED``); made then.
+        self._spill: StateStore | None = None
+        self._refused: str | None = None
         store.executescript(outbox_store.SCHEMA)
         self.add_targets(t if isinstance(t, Target) else Target(t, "") for t in targets)
         with self._store.transaction() as conn:
@@ -221,11 +237,45 @@ class Outbox:
         """
         notice = Notice.from_json(secrets.mask_data(notice.to_json()))
         outcome: dict[str, Added] = {}
-        with self._store.transaction() as conn:
-            for url in urls:
-                outcome[url] = self._add_one(conn, notice, job, url, now, batching)
+        try:
+            with self._store.transaction() as conn:
+                for url in urls:
+                    outcome[url] = self._add_one(conn, notice, job, url, now, batching)
+        except REFUSED as error:
+            self._refusing(error)
+            outcome.clear()
+            with self._spilled().transaction() as conn:
+                for url in urls:
+                    outcome[url] = self._add_one(conn, notice, job, url, now, batching)
+        else:
+            self._accepting()
         self._changed(list(urls))
         return outcome
+
+    @property
+    def refused(self) -> str | None:
+        """Why the state DB refused the last notice (it went to the spill); None when not."""
+        return self._refused
+
+    def _spilled(self) -> StateStore:
+        if self._spill is None:
+            self._spill = StateStore.in_memory()
+            self._spill.executescript(outbox_store.SCHEMA)
+        return self._spill
+
+    def _refusing(self, error: Exception) -> None:
+        if self._refused is None:
+            log.error(
+                "the outbox cannot be written in the state dir (%s): notices are held in memory"
+                " and sent from there, and are lost if sentinel dies before they are",
+                error,
+            )
+        self._refused = str(error)
+
+    def _accepting(self) -> None:
+        if self._refused is not None:
+            log.info("the outbox takes notices in the state dir again")
+            self._refused = None
 
     def _add_one(
         self,
@@ -269,8 +319,18 @@ class Outbox:
         """Take the undelivered messages due by ``now`` (of the ``target`` URL only, if
         given): from here on nothing joins them."""
         hashes = self._configured(target)
-        with self._store.transaction() as conn:
-            taken = outbox_store.take_due(conn, hashes, now, limit)
+        taken: list[tuple[outbox_store.DueRow, bool]] = []
+        if self._spill is not None:
+            with self._spill.transaction() as conn:
+                taken += [(row, True) for row in outbox_store.take_due(conn, hashes, now, limit)]
+        try:
+            with self._store.transaction() as conn:
+                rows = outbox_store.take_due(conn, hashes, now, limit - len(taken))
+        except REFUSED:
+            if not taken:
+                raise  # nothing to send from memory: the caller retries the state DB later
+            rows = []
+        taken += [(row, False) for row in rows]
         with self._lock:
             targets = dict(self._targets)
         return [
@@ -280,8 +340,9 @@ class Outbox:
                 targets[row.target_hash].name,
                 row.envelope,
                 row.attempts,
+                spilled,
             )
-            for row in taken
+            for row, spilled in taken
         ]
 
     def next_due_at(self, target: str | None = None) -> float | None:
@@ -298,13 +359,16 @@ class Outbox:
 
     def mark_delivered(self, delivery: Delivery, now: float) -> None:
         """The message reached its target: it is never sent again."""
-        with self._store.transaction() as conn:
+        with self._holding(delivery).transaction() as conn:
             outbox_store.mark_delivered(conn, delivery.id, now)
 
     def mark_failed(self, delivery: Delivery, error: str, next_attempt_at: float) -> None:
         """Count a failed attempt; ``error`` must already be masked."""
-        with self._store.transaction() as conn:
+        with self._holding(delivery).transaction() as conn:
             outbox_store.mark_failed(conn, delivery.id, error, next_attempt_at)
+
+    def _holding(self, delivery: Delivery) -> StateStore:
+        return self._spilled() if delivery.spilled else self._store
 
     # -- reading ----------------------------------------------------------------
 
@@ -314,10 +378,19 @@ class Outbox:
 
     def messages(self, url: str | None = None) -> list[Message]:
         """Every stored message (of one target's URL, if given), oldest first."""
-        with self._store.transaction() as conn:
+        with self._store.reading() as conn:
             return outbox_store.read_messages(conn, None if url is None else target_hash(url))
 
     def _pending(self, aggregate: str, target: str | None = None) -> Any:
+        """``aggregate`` over the state DB's undelivered messages and the spill's."""
         hashes = self._configured(target)
-        with self._store.transaction() as conn:
-            return outbox_store.pending(conn, hashes, aggregate)
+        values = []
+        if self._spill is not None:
+            with self._spill.reading() as conn:
+                values.append(outbox_store.pending(conn, hashes, aggregate))
+        with self._store.reading() as conn:
+            values.append(outbox_store.pending(conn, hashes, aggregate))
+        known = [value for value in values if value is not None]
+        if not known:
+            return None
+        return sum(known) if aggregate.startswith("COUNT") else min(known)

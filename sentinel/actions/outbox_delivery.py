@@ -20,6 +20,7 @@ the outbox and goes out on the next start.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import sqlite3
@@ -39,7 +40,7 @@ from tenacity import (
 )
 
 from sentinel.actions.notices import Envelope
-from sentinel.actions.outbox import Delivery, Outbox
+from sentinel.actions.outbox import REFUSED, Delivery, Outbox
 from sentinel.actions.target_results import record_result
 from sentinel.secrets import scrub
 
@@ -250,13 +251,15 @@ class TargetWorker:
 
     def _failed(self, delivery: Delivery, error: str, now: float, delay: float) -> None:
         self._outbox.mark_failed(delivery, error, now + delay)
-        record_result(self._outbox.store, delivery.target, delivery.name, now, error)
+        with contextlib.suppress(*REFUSED):  # for `sentinel status` only
+            record_result(self._outbox.store, delivery.target, delivery.name, now, error)
         if self._on_result is not None:
             self._on_result(delivery.target, False)
 
     def _delivered(self, delivery: Delivery, now: float) -> None:
         self._outbox.mark_delivered(delivery, now)
-        record_result(self._outbox.store, delivery.target, delivery.name, now, None)
+        with contextlib.suppress(*REFUSED):  # for `sentinel status` only
+            record_result(self._outbox.store, delivery.target, delivery.name, now, None)
         if self._on_result is not None:
             self._on_result(delivery.target, True)
 

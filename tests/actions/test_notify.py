@@ -473,3 +473,59 @@ def test_retry_after_blocks_neither_other_messages_nor_other_targets(store: Stat
 )
 def test_retry_at_parses_retry_after(value: str, expected: float | None) -> None:
     assert retry_after.retry_at(value, now=1_000_000.0) == expected
+
+
+#: Every notice a message of its own, with no rate limit's digest.
+EACH_ALONE = Batching(group_wait_s=0.0, rate_limit=1000)
+
+
+def _fill(store: StateStore) -> None:
+    """The database file may grow no more: SQLite answers "database or disk is full", as it
+    does on a full disk (once what is free in its pages is taken)."""
+    with store.transaction() as conn:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def _read_only(store: StateStore, read_only: bool = True) -> None:
+    """SQLite refuses every write on the state DB's connection ("attempt to write a readonly
+    database"), as it does when the state dir turned read-only."""
+    with store.transaction() as conn:
+        conn.execute(f"PRAGMA query_only = {int(read_only)}")
+
+
+def test_a_notice_the_full_state_db_refuses_is_delivered_from_memory(
+    store: StateStore, hook: WebhookReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    outbox = Outbox(store, [hook.url])
+    notifier = Notifier(outbox, **FAST)
+    notifier.start()
+    with caplog.at_level(logging.ERROR, logger="sentinel.actions.outbox"):
+        _read_only(store)
+        for n in range(3):
+            outbox.add(make_notice(f"run-1-{n}"), JOB, [hook.url], time.time(), EACH_ALONE)
+        assert outbox.refused is not None and "readonly" in outbox.refused
+        hook.wait_for(3)
+        eventually(lambda: outbox.pending_count() == 0)
+    notifier.stop()
+    assert outbox.messages() == [], "the spill is not in the state DB"
+    for n in range(3):
+        assert len(carrying(hook.accepted, f"run-1-{n}")) == 1
+    assert len([r for r in caplog.records if "held in memory" in r.getMessage()]) == 1
+
+
+def test_the_outbox_writes_to_the_state_db_again_once_it_takes_writes(
+    store: StateStore, hook: WebhookReceiver
+) -> None:
+    outbox = Outbox(store, [hook.url])
+    _fill(store)
+    for n in range(30):  # enough that the database would have to grow
+        outbox.add(make_notice(f"run-1-{n}"), JOB, [hook.url], time.time(), EACH_ALONE)
+    assert outbox.refused is not None and "full" in outbox.refused
+    with store.transaction() as conn:
+        conn.execute("PRAGMA max_page_count = 1073741823")
+    enqueue(outbox, "run-1-after", EACH_ALONE)
+    assert outbox.refused is None
+    stored = [m.envelope.notices[0].incident_id for m in outbox.messages()]
+    assert "run-1-after" in stored and "run-1-29" not in stored
+    assert outbox.pending_count() == 31, "none lost: the rest wait in memory"
