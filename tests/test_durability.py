@@ -30,7 +30,7 @@ JOB = textwrap.dedent(
     import json, os, sys, time
     open(sys.argv[1], "w").write(str(os.getpid()))
     print(json.dumps({"step": 1, "loss": 2.0, "grad_norm": 1.0}), flush=True)
-    print(json.dumps({"step": 2, "loss": 2.0, "grad_norm": float("nan")}), flush=True)
+    print(json.dumps({"step": 2, "loss": float("nan"), "grad_norm": float("nan")}), flush=True)
     time.sleep(120)
     """
 )

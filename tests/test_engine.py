@@ -49,7 +49,9 @@ class Exploding(BaseDetector):
 
 
 def engine(*detectors: BaseDetector) -> Engine:
-    return Engine(list(detectors) or [NanInfDetector(NanInfConfig())], LineParser())
+    # Without loss scaling a lone NaN grad-norm is a failure (with it, a skipped fp16 step).
+    nan_inf = NanInfDetector(NanInfConfig(loss_scaling="none"))
+    return Engine(list(detectors) or [nan_inf], LineParser())
 
 
 def feed(eng: Engine, *texts: str, source: str = "stdout", at: float = T0) -> list[Alert]:

@@ -87,7 +87,14 @@ def job(tmp_path: Path) -> Path:
 def sentinel(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "SENTINEL_JOB__RESTART_BACKOFF_S": "0.1", **(env or {})}
+    # The stand-in job trains without loss scaling: its lone NaN grad-norm is a failure
+    # (with loss scaling it could be a skipped fp16 step).
+    full_env = {
+        **os.environ,
+        "SENTINEL_JOB__RESTART_BACKOFF_S": "0.1",
+        "SENTINEL_RULES__NAN_INF__LOSS_SCALING": "none",
+        **(env or {}),
+    }
     return subprocess.run(
         [sys.executable, "-m", "sentinel", "run", *args],
         env=full_env,

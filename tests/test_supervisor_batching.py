@@ -29,7 +29,8 @@ CHATTY = textwrap.dedent(
     steps, nan_at = int(sys.argv[1]), int(sys.argv[2])
     for step in range(1, steps + 1):
         grad_norm = float("nan") if step == nan_at else 1.0
-        print(json.dumps({"step": step, "loss": 2.0, "grad_norm": grad_norm}), flush=True)
+        loss = 2.0 * grad_norm  # a NaN loss: a NaN grad-norm alone may be a skipped fp16 step
+        print(json.dumps({"step": step, "loss": loss, "grad_norm": grad_norm}), flush=True)
         time.sleep(0.001)
     print("done", file=sys.stderr, flush=True)
     if nan_at:
@@ -64,7 +65,8 @@ def run(tmp_path: Path, *args: str, **environ: str) -> tuple[int, Supervisor, by
 
 
 def metric_line(step: int, grad_norm: str = "1.0") -> bytes:
-    return f'{{"step": {step}, "loss": 2.0, "grad_norm": {grad_norm}}}\n'.encode()
+    loss = "NaN" if grad_norm == "NaN" else "2.0"
+    return f'{{"step": {step}, "loss": {loss}, "grad_norm": {grad_norm}}}\n'.encode()
 
 
 @pytest.mark.slow

@@ -1,13 +1,67 @@
-"""nan_inf: a watched metric is NaN or +/-Inf."""
+"""nan_inf: a non-finite loss stops the job, a grad-norm when it is no skipped fp16 step.
+
+Which non-finite values stop the job (README, "Non-finite values"):
+
+- a loss (training or evaluation: ``loss``, ``eval_loss``, ``lm_loss``...) and any metric
+  named in ``stop_metrics``: critical at once;
+- the grad-norm: under dynamic loss scaling an overflowing step logs a non-finite grad-norm
+  with a finite loss and the scaler skips it, so alone among healthy values it is counted
+  (``skipped_steps``), and a cluster of them warns. But HF's ``logging_nan_inf_filter``
+  hides a NaN loss behind the running average, so a non-finite grad-norm is also how a real
+  NaN shows: it is critical at once when something corroborates a failure (the grad-norm or
+  the loss climbing before it, the loss scale at its minimum, a run that trains without loss
+  scaling, a loss of exactly 0.0 on consecutive values, which is what the filter leaves of an
+  interval of NaN steps), else when it persists for ``persist`` logged values. The incident
+  names the first non-finite step;
+- any other metric (BLEU, perplexity, a best-so-far tracker, a setting): a warning naming it,
+  and none for a metric that has been non-finite since its first value.
+"""
 
 from __future__ import annotations
 
 import math
+import re
+import statistics
+from collections import deque
+from itertools import repeat
+from typing import Any, Literal
 
 from pydantic import Field
 
 from sentinel.detectors.base import BaseDetector, MetricNames, RuleConfig
-from sentinel.records import Alert, Block, Sample, Severity
+from sentinel.records import PROGRESS, Alert, Block, Sample, Severity
+
+#: Words that make a name with "loss" in it a tracker or a setting, not a loss.
+_NOT_A_LOSS = frozenset({"best", "min", "max", "lowest", "highest", "scale", "scaler", "weight"})
+_WORDS = re.compile(r"[a-z0-9]+")
+#: Finite values of the train loss and the grad-norm kept to tell a climb.
+_KEPT = 20
+#: A last grad-norm this many times the median before it is a climb.
+GRAD_CLIMB = 5.0
+#: A last loss this many times the median before it (and above every value) is a climb.
+LOSS_CLIMB = 2.0
+#: A last grad-norm this many times the run's first values is a runaway, however long ago
+#: it began (the window's median has long since climbed with it).
+GRAD_RUNAWAY = 100.0
+#: Finite grad-norms at the start whose least is the run's first level (a run can blow up
+#: at its second step).
+_EARLY = 3
+
+Kind = Literal["loss", "grad_norm", "loss_scale", "other"]
+
+
+def kind_of(name: str, stop_metrics: frozenset[str]) -> Kind:
+    """What a non-finite value of metric ``name`` means (see the module docstring)."""
+    if name in stop_metrics:
+        return "loss"
+    if name == "grad_norm":
+        return "grad_norm"
+    if name == "loss_scale":
+        return "loss_scale"
+    words = _WORDS.findall(name)
+    if any(word.endswith("loss") for word in words) and _NOT_A_LOSS.isdisjoint(words):
+        return "loss"
+    return "other"
 
 
 class NanInfConfig(RuleConfig):
@@ -19,12 +73,29 @@ class NanInfConfig(RuleConfig):
     metrics: MetricNames = Field(default_factory=list)
     #: Metrics never watched, e.g. a loss-scale that is legitimately inf at times.
     ignore: MetricNames = Field(default_factory=list)
+    #: Metrics whose non-finite value stops the job, besides every loss (only a warning
+    #: by default: eval scores, perplexities, best-so-far trackers, settings).
+    stop_metrics: MetricNames = Field(default_factory=list)
+    #: ``none``: the run trains without loss scaling (bf16, fp32), so a non-finite
+    #: grad-norm is never a skipped step; ``auto``: it may be one.
+    loss_scaling: Literal["auto", "none"] = "auto"
+    #: Consecutive logged non-finite grad-norms (with a finite loss) that are a failure.
+    persist: int = Field(default=3, ge=1)
+    #: The same before the first finite grad-norm: the scaler calibrating at the start
+    #: halves its scale (65536) on each overflow.
+    calibration: int = Field(default=20, ge=1)
+    #: A logged loss scale at or below this is at its minimum (DeepSpeed's and Megatron's
+    #: default minimum is 1; fairseq's is 1e-4).
+    min_loss_scale: float = Field(default=1.0, ge=0)
+    #: Skipped steps among the last ``skip_window`` logged grad-norms that warn.
+    skip_cluster: int = Field(default=5, ge=1)
+    skip_window: int = Field(default=50, ge=1)
     #: Consecutive finite values of every offending metric that end the episode.
     resolve_after: int = Field(default=10, ge=1)
 
 
 class NanInfDetector(BaseDetector):
-    """Raises a critical alert on the first non-finite value of an episode."""
+    """Critical on a non-finite loss or a failing grad-norm; warns on other metrics."""
 
     rule = "nan_inf"
     config_model = NanInfConfig
@@ -34,53 +105,294 @@ class NanInfDetector(BaseDetector):
         self.settings = config
         self._watched = frozenset(config.metrics)
         self._ignored = frozenset(config.ignore)
-        # metric -> finite values seen since it was last non-finite
+        self._stop = frozenset(config.stop_metrics)
+        self._kinds: dict[str, Kind | None] = {}  # None: not watched
+        #: Steps the loss scaler skipped (a lone non-finite grad-norm), this attempt.
+        self.skipped_steps = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        # The critical episode, and the warning one: metric -> finite values seen since.
         self._offending: dict[str, int] = {}
+        self._warned: dict[str, int] = {}
+        self._seen_finite: set[str] = set()
+        self._losses: deque[float] = deque(maxlen=_KEPT)
+        self._grads: deque[float] = deque(maxlen=_KEPT)
+        self._early_grads: list[float] = []
+        self._last_loss: tuple[int | None, float] | None = None
+        self._loss_scale: float | None = None
+        # The current run of non-finite grad-norms: its first step and length.
+        self._run_start: int | None = None
+        self._run = 0
+        # After calibration (a finite grad-norm seen): whether each logged one was skipped.
+        self._calibrated = False
+        self._skips: deque[bool] = deque(maxlen=self.settings.skip_window)
+
+    def job_started(self, now: float) -> None:
+        self.skipped_steps = 0
+        self._reset()
+
+    def _kind(self, name: str) -> Kind | None:
+        kinds = self._kinds
+        if name in kinds:
+            return kinds[name]
+        kind: Kind | None = None
+        if name not in self._ignored and (not self._watched or name in self._watched):
+            kind = kind_of(name, self._stop)
+        kinds[name] = kind
+        return kind
+
+    # -- feeding -------------------------------------------------------------------
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        name = sample.name
-        if name in self._ignored or (self._watched and name not in self._watched):
-            return []
-        if math.isfinite(sample.value):
-            return self._count_finite(sample, source, now)
-        first_of_episode = not self._offending
-        self._offending[name] = 0
-        if not first_of_episode:
-            return []
-        return [
-            Alert(
-                rule=self.rule,
-                severity=Severity.CRITICAL,
-                message=f"{name} is {sample.value} at step {sample.step}",
-                time=sample.time if sample.time is not None else now,
-                source=source,
-                step=sample.step,
-                metric=name,
-                value=sample.value,
-                onset_step=sample.step,
-            )
-        ]
+        return [alert for _, alert in self.observe_samples([sample], source, now)]
 
     def observe_samples(
         self, samples: list[Sample], source: str, now: float
     ) -> list[tuple[int, Alert]]:
-        """Nothing to say about a line of finite values outside an episode: one pass."""
-        if not self._offending:
-            isfinite = math.isfinite
-            for sample in samples:
-                if not isfinite(sample[1]):
-                    break
-            else:
-                return []
-        return super().observe_samples(samples, source, now)
+        """The line's samples, its grad-norm judged last, beside the line's own loss."""
+        found: list[tuple[int, Alert]] = []
+        grads: list[int] = []
+        line_loss: tuple[int | None, float] | None = None
+        kind_of_name = self._kind
+        for index, sample in enumerate(samples):
+            name, value, step = sample[0], sample[1], sample[2]
+            if name == PROGRESS:
+                continue
+            kind = kind_of_name(name)
+            if kind is None:
+                continue
+            if kind == "grad_norm":
+                grads.append(index)
+                continue
+            if name == "loss":
+                line_loss = (step, value)
+            if math.isfinite(value):
+                found += [(index, alert) for alert in self._finite(sample, kind, source, now)]
+            elif kind == "loss":
+                found += [(index, alert) for alert in self._critical(sample, source, now)]
+            elif kind == "other" and name in self._seen_finite:
+                found += [(index, alert) for alert in self._warn_metric(sample, source, now)]
+        for index in grads:
+            sample = samples[index]
+            loss = line_loss
+            if loss is None and self._last_loss is not None and self._last_loss[0] == sample[2]:
+                loss = self._last_loss
+            found += [(index, alert) for alert in self._grad_norm(sample, loss, source, now)]
+        return found
+
+    def _finite(self, sample: Sample, kind: Kind, source: str, now: float) -> list[Alert]:
+        name, value = sample[0], sample[1]
+        self._seen_finite.add(name)
+        if name == "loss":
+            self._losses.append(value)
+            self._last_loss = (sample[2], value)
+        elif kind == "loss_scale":
+            self._loss_scale = value
+        return self._count_finite(sample, source, now)
+
+    def _count_finite(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        """A finite value towards the end of the episode its metric is in, if any."""
+        name = sample[0]
+        for episode in (self._offending, self._warned):
+            if name not in episode:
+                continue
+            episode[name] += 1
+            if min(episode.values()) >= self.settings.resolve_after:
+                episode.clear()
+                return [self._resolved(sample, source, now)]
+        return []
+
+    # -- the grad-norm -----------------------------------------------------------------
+
+    def _grad_norm(
+        self,
+        sample: Sample,
+        loss: tuple[int | None, float] | None,
+        source: str,
+        now: float,
+    ) -> list[Alert]:
+        value, step = sample[1], sample[2]
+        if math.isfinite(value):
+            self._seen_finite.add("grad_norm")
+            self._grads.append(value)
+            if len(self._early_grads) < _EARLY:
+                self._early_grads.append(value)
+            self._run = 0
+            self._calibrated = True
+            self._skips.append(False)
+            return self._count_finite(sample, source, now)
+        if self._offending:
+            self._offending["grad_norm"] = 0
+            return []
+        if self._run == 0:
+            self._run_start = step
+        self._run += 1
+        if loss is not None and not math.isfinite(loss[1]):
+            return []  # the loss itself said so
+        reasons = self._corroboration(loss)
+        if reasons:
+            return self._critical(sample, source, now, onset_step=self._run_start, reasons=reasons)
+        self.skipped_steps += 1
+        if not self._calibrated:
+            return []  # the scaler calibrating: counted, not alarmed
+        self._skips.append(True)
+        if "grad_norm" in self._warned:
+            self._warned["grad_norm"] = 0
+            return []
+        skipped = sum(self._skips)
+        if skipped < self.settings.skip_cluster:
+            return []
+        self._warned["grad_norm"] = 0
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.WARNING,
+                message=(
+                    f"the fp16 loss scaler skipped {skipped} of the last {len(self._skips)}"
+                    f" logged steps (grad_norm {value} with a finite loss, last at step"
+                    f" {step}); {self.skipped_steps} skipped this attempt"
+                ),
+                time=_time(sample, now),
+                source=source,
+                details=self._details("skip_cluster"),
+            )
+        ]
+
+    def _corroboration(self, loss: tuple[int | None, float] | None) -> list[str]:
+        """What says a non-finite grad-norm (with a finite loss) is a failure, not a skip."""
+        settings = self.settings
+        reasons = []
+        if settings.loss_scaling == "none":
+            reasons.append("the run trains without loss scaling")
+        scale = self._loss_scale
+        if scale is not None and scale <= settings.min_loss_scale:
+            reasons.append(f"the loss scale is at its minimum ({scale:g})")
+        if loss is not None and loss[1] == 0.0 and self._run >= 2:
+            reasons.append(
+                "the loss is exactly 0.0 with a non-finite grad-norm on consecutive values"
+                " (what HF's nan filter leaves of an interval of NaN steps)"
+            )
+        if _climbed(self._grads, GRAD_CLIMB, last=2):
+            reasons.append(f"the grad-norm climbed to {self._grads[-1]:.4g} before it")
+        early = self._early_grads
+        if len(early) == _EARLY and len(self._grads) > _EARLY:
+            newest, first = max(list(self._grads)[-2:]), min(early)
+            if first > 0 and newest > GRAD_RUNAWAY * first:
+                reasons.append(
+                    f"the grad-norm ran away to {newest:.4g} from {first:.4g} at the start"
+                )
+        if _climbed(self._losses, LOSS_CLIMB, last=2, above_all=True):
+            reasons.append(f"the loss climbed to {max(list(self._losses)[-2:]):.4g} before it")
+        limit = settings.persist if self._calibrated else settings.calibration
+        if self._run >= limit:
+            reasons.append(f"it persisted for {self._run} logged values")
+        return reasons
+
+    # -- alerts --------------------------------------------------------------------
+
+    def _critical(
+        self,
+        sample: Sample,
+        source: str,
+        now: float,
+        *,
+        onset_step: int | None = None,
+        reasons: list[str] | None = None,
+    ) -> list[Alert]:
+        """Open the critical episode (or join it); a warning open is closed first, so the
+        incident's onset is this failure's, not the warning's."""
+        name, value, step = sample[0], sample[1], sample[2]
+        first = not self._offending
+        self._offending[name] = 0
+        if not first:
+            return []
+        alerts = []
+        if self._warned:
+            self._warned.clear()
+            alerts.append(self._resolved(sample, source, now, superseded=True))
+        if onset_step is None:
+            # A loss that follows a run of non-finite grad-norms: the run is the onset.
+            onset_step = self._run_start if self._run and self._run_start is not None else step
+        onset = onset_step
+        if reasons:
+            since = f" (non-finite since step {onset})" if onset != step else ""
+            message = (
+                f"{name} is {value} at step {step}{since} with a finite loss: a failure,"
+                f" not a skipped fp16 step: {'; '.join(reasons)}"
+            )
+        else:
+            message = f"{name} is {value} at step {step}"
+        alerts.append(
+            self.sample_alert(
+                sample,
+                severity=Severity.CRITICAL,
+                message=message,
+                time=_time(sample, now),
+                source=source,
+                onset_step=onset,
+                details=self._details("grad_norm" if reasons else "loss", reasons),
+            )
+        )
+        return alerts
+
+    def _warn_metric(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        name = sample[0]
+        if name in self._warned or self._offending:
+            if name in self._warned:
+                self._warned[name] = 0
+            return []
+        self._warned[name] = 0
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.WARNING,
+                message=(
+                    f"{name} is {sample[1]} at step {sample[2]}: a warning, not a stop"
+                    " (only a loss, a failing grad-norm or [rules.nan_inf] stop_metrics"
+                    " stop the job)"
+                ),
+                time=_time(sample, now),
+                source=source,
+                details=self._details("metric"),
+            )
+        ]
+
+    def _resolved(
+        self, sample: Sample, source: str, now: float, *, superseded: bool = False
+    ) -> Alert:
+        if superseded:
+            message = f"the warning gives way to a failure: {sample[0]} is {sample[1]}"
+        else:
+            message = (
+                f"every metric finite again for {self.settings.resolve_after} values"
+                f" (last: {sample[0]}={sample[1]:g} at step {sample[2]})"
+            )
+        return self.sample_alert(
+            sample,
+            severity=Severity.INFO,
+            message=message,
+            time=_time(sample, now),
+            source=source,
+            resolves=True,
+        )
+
+    def _details(self, kind: str, reasons: list[str] | None = None) -> dict[str, Any]:
+        details: dict[str, Any] = {"kind": kind, "skipped_steps": self.skipped_steps}
+        if reasons:
+            details["evidence"] = reasons
+            details["first_nonfinite_step"] = self._run_start
+        return details
+
+    # -- replay blocks -------------------------------------------------------------
 
     def can_absorb(self, block: Block) -> bool:
-        """Outside an episode, a block of finite values says nothing (and changes nothing)."""
-        if self._offending:
+        """Outside an episode, a block of finite values raises nothing."""
+        if self._offending or self._warned:
             return False
-        ignored, watched = self._ignored, self._watched
+        kind_of_name = self._kind
         for name in block.names:
-            if name in ignored or (watched and name not in watched):
+            if kind_of_name(name) is None:
                 continue
             # The sum of finite values is finite unless it overflows: then line by line.
             if not math.isfinite(sum(block.columns[name])):
@@ -88,31 +400,40 @@ class NanInfDetector(BaseDetector):
         return True
 
     def absorb(self, block: Block) -> None:
-        return None
+        """What feeding the block's finite values line by line leaves."""
+        columns = block.columns
+        for name in block.names:
+            kind = self._kind(name)
+            if kind is None:
+                continue
+            self._seen_finite.add(name)
+            column = columns[name]
+            if name == "loss":
+                self._losses.extend(column[-_KEPT:])
+                self._last_loss = (block.steps[-1], column[-1])
+            elif kind == "loss_scale":
+                self._loss_scale = column[-1]
+            elif kind == "grad_norm":
+                self._grads.extend(column[-_KEPT:])
+                self._early_grads.extend(column[: _EARLY - len(self._early_grads)])
+                self._run = 0
+                self._calibrated = True
+                self._skips.extend(repeat(False, min(len(column), self.settings.skip_window)))
 
-    def _count_finite(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        if sample.name not in self._offending:
-            return []
-        self._offending[sample.name] += 1
-        if min(self._offending.values()) < self.settings.resolve_after:
-            return []
-        self._offending.clear()
-        return [
-            Alert(
-                rule=self.rule,
-                severity=Severity.INFO,
-                message=(
-                    f"every metric finite again for {self.settings.resolve_after} values"
-                    f" (last: {sample.name}={sample.value:g} at step {sample.step})"
-                ),
-                time=sample.time if sample.time is not None else now,
-                source=source,
-                step=sample.step,
-                metric=sample.name,
-                value=sample.value,
-                resolves=True,
-            )
-        ]
 
-    def job_started(self, now: float) -> None:
-        self._offending.clear()
+def _climbed(values: deque[float], factor: float, *, last: int, above_all: bool = False) -> bool:
+    """Whether the ``last`` newest values top ``factor`` times the median of those before
+    (and, ``above_all``, every one of them)."""
+    if len(values) < last + 4:
+        return False
+    kept = list(values)
+    earlier, newest = kept[:-last], max(kept[-last:])
+    baseline = statistics.median(earlier)
+    if above_all and newest <= max(earlier):
+        return False
+    return baseline > 0 and newest > factor * baseline
+
+
+def _time(sample: Sample, now: float) -> float:
+    stamp = sample[3]
+    return stamp if stamp is not None else now

@@ -72,8 +72,8 @@ def test_alert_json_is_strict_json(value: float, json_value: str) -> None:
     }
 
 
-def test_any_metric_is_watched_grad_norm_nan_while_loss_finite() -> None:
-    detector = NanInfDetector(NanInfConfig())
+def test_grad_norm_nan_with_a_finite_loss_stops_a_run_without_loss_scaling() -> None:
+    detector = NanInfDetector(NanInfConfig(loss_scaling="none"))
     samples = [
         Sample("loss", 2.0, 10),
         Sample("grad_norm", 1.5, 10),
@@ -190,3 +190,162 @@ def test_job_started_resets_the_episode() -> None:
     alerts = feed(detector, [Sample("loss", NAN, 40)])
     assert len(alerts) == 1
     assert alerts[0].onset_step == 40
+
+
+# -- which non-finite values stop the job (issue 22.5, 22.6) ----------------------------
+
+
+def hf_steps(
+    grad_norms: Sequence[float],
+    losses: Sequence[float] | None = None,
+    first_step: int = 10,
+    every: int = 10,
+) -> list[list[Sample]]:
+    """HF log lines: loss then grad_norm, one line per logged step."""
+    losses = losses if losses is not None else [1.5] * len(grad_norms)
+    return [
+        [
+            Sample("loss", loss, first_step + i * every),
+            Sample("grad_norm", grad, first_step + i * every),
+        ]
+        for i, (loss, grad) in enumerate(zip(losses, grad_norms, strict=True))
+    ]
+
+
+def feed_lines(detector: NanInfDetector, lines: Sequence[list[Sample]]) -> list[Alert]:
+    alerts: list[Alert] = []
+    for line in lines:
+        alerts += [alert for _, alert in detector.observe_samples(line, "train.log", NOW)]
+    return alerts
+
+
+HEALTHY = [0.9, 1.1, 1.0, 0.8, 1.2, 0.95, 1.05, 1.0]
+
+
+@pytest.mark.parametrize(
+    "grad_norms",
+    [
+        [*HEALTHY, INF, *HEALTHY],
+        [*HEALTHY, NAN, *HEALTHY],
+        [INF, INF, INF, INF, *HEALTHY],  # the scaler calibrating at the start
+        [*HEALTHY, INF, INF, *HEALTHY],  # two in a row: below persist
+    ],
+    ids=["lone-inf", "lone-nan", "calibration", "two-in-a-row"],
+)
+def test_a_skipped_fp16_step_is_counted_not_alarmed(grad_norms: list[float]) -> None:
+    detector = NanInfDetector(NanInfConfig())
+    assert feed_lines(detector, hf_steps(grad_norms)) == []
+    assert detector.skipped_steps == sum(not math.isfinite(g) for g in grad_norms)
+
+
+def test_skipped_steps_that_cluster_warn_once() -> None:
+    detector = NanInfDetector(NanInfConfig(skip_cluster=3))
+    grads = [*HEALTHY, INF, 1.0, INF, 1.0, INF, 1.0, INF, 1.0]
+    (alert,) = feed_lines(detector, hf_steps(grads))
+    assert alert.severity is Severity.WARNING
+    assert alert.step == 10 + 12 * 10  # the third skip
+    assert alert.details["kind"] == "skip_cluster"
+    assert "skipped 3 of the last" in alert.message
+
+
+def test_a_persistent_non_finite_grad_norm_is_critical_at_its_first_step() -> None:
+    detector = NanInfDetector(NanInfConfig(persist=3))
+    (alert,) = feed_lines(detector, hf_steps([*HEALTHY, NAN, NAN, NAN, NAN]))
+    assert alert.severity is Severity.CRITICAL
+    assert alert.metric == "grad_norm"
+    assert alert.step == 10 + 10 * 10  # the third
+    assert alert.onset_step == 10 + 8 * 10  # the first non-finite step
+    assert "persisted for 3" in alert.message
+
+
+@pytest.mark.parametrize(
+    ("config", "before", "extra"),
+    [
+        (NanInfConfig(loss_scaling="none"), [], []),
+        (NanInfConfig(), [], [Sample("loss_scale", 1.0, 89)]),
+        (NanInfConfig(), [(1.0, 40.0), (1.5, 60.0)], []),  # grad-norm climbing
+        (NanInfConfig(), [(3.5, 1.0)], []),  # loss climbing
+    ],
+    ids=["no-loss-scaling", "scale-at-minimum", "grad-norm-climbed", "loss-climbed"],
+)
+def test_a_corroborated_non_finite_grad_norm_is_critical_at_once(
+    config: NanInfConfig, before: list[tuple[float, float]], extra: list[Sample]
+) -> None:
+    detector = NanInfDetector(config)
+    lines = hf_steps(HEALTHY)
+    lines += [
+        [Sample("loss", loss, 100 + i), Sample("grad_norm", grad, 100 + i)]
+        for i, (loss, grad) in enumerate(before)
+    ]
+    lines += [extra, [Sample("loss", 1.5, 200), Sample("grad_norm", NAN, 200)]]
+    (alert,) = feed_lines(detector, lines)
+    assert alert.severity is Severity.CRITICAL
+    assert (alert.metric, alert.step, alert.onset_step) == ("grad_norm", 200, 200)
+    assert alert.details["evidence"]
+
+
+def test_a_loss_of_zero_with_a_nan_grad_norm_on_every_step_is_a_failed_run() -> None:
+    """HF's nan filter logs 0.0 for an interval of NaN steps: not a converged run."""
+    detector = NanInfDetector(NanInfConfig())
+    (alert,) = feed_lines(detector, hf_steps([NAN, NAN, NAN], losses=[0.0, 0.0, 0.0]))
+    assert alert.severity is Severity.CRITICAL
+    assert (alert.step, alert.onset_step) == (20, 10)
+    assert "exactly 0.0" in alert.message
+
+
+def test_the_line_loss_counts_even_when_the_grad_norm_comes_first() -> None:
+    """trainer_state.json sorts its keys: grad_norm before loss. The NaN is the loss's."""
+    detector = NanInfDetector(NanInfConfig())
+    (alert,) = feed_lines(detector, [[Sample("grad_norm", NAN, 5), Sample("loss", NAN, 5)]])
+    assert (alert.metric, alert.severity) == ("loss", Severity.CRITICAL)
+
+
+@pytest.mark.parametrize(
+    ("name", "severity"),
+    [
+        ("loss", Severity.CRITICAL),
+        ("eval_loss", Severity.CRITICAL),
+        ("lm_loss", Severity.CRITICAL),
+        ("eval_bleu", Severity.WARNING),
+        ("eval_perplexity", Severity.WARNING),
+        ("best_eval_loss", Severity.WARNING),
+        ("objective", Severity.WARNING),  # an Optuna trial's score
+        ("loss_scale", None),
+    ],
+)
+def test_which_metric_stops_the_job(name: str, severity: Severity | None) -> None:
+    detector = NanInfDetector(NanInfConfig())
+    alerts = feed(detector, [Sample(name, 2.0, 1), Sample(name, NAN, 2)])
+    assert [alert.severity for alert in alerts] == ([severity] if severity else [])
+    if alerts:
+        assert alerts[0].metric == name
+        assert name in alerts[0].message
+
+
+def test_a_metric_non_finite_since_its_first_value_is_not_news() -> None:
+    detector = NanInfDetector(NanInfConfig())
+    assert feed(detector, steps("best_eval_loss", [INF, INF, INF])) == []
+    (alert,) = feed(detector, steps("best_eval_loss", [0.9, INF], first_step=4))
+    assert alert.severity is Severity.WARNING
+
+
+def test_stop_metrics_names_more_metrics_that_stop_the_job() -> None:
+    detector = NanInfDetector(NanInfConfig(stop_metrics=["eval_perplexity"]))
+    (alert,) = feed(
+        detector, [Sample("eval_perplexity", 9.0, 1), Sample("eval_perplexity", INF, 2)]
+    )
+    assert alert.severity is Severity.CRITICAL
+
+
+def test_a_warning_gives_way_to_a_critical_with_its_own_onset() -> None:
+    detector = NanInfDetector(NanInfConfig())
+    alerts = feed(
+        detector,
+        [Sample("eval_bleu", 20.0, 100), Sample("eval_bleu", NAN, 200), Sample("loss", NAN, 900)],
+    )
+    assert [(a.severity, a.resolves) for a in alerts] == [
+        (Severity.WARNING, False),
+        (Severity.INFO, True),
+        (Severity.CRITICAL, False),
+    ]
+    assert alerts[-1].onset_step == 900

@@ -22,7 +22,6 @@ from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetec
 from sentinel.detectors.job_crash import JobCrashConfig, JobCrashDetector
 from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
 from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
-from sentinel.detectors.nan_inf import NanInfConfig, NanInfDetector
 from sentinel.detectors.stall import StallConfig, StallDetector
 from sentinel.detectors.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
 from sentinel.records import PROGRESS, Alert, Line, Sample
@@ -115,8 +114,9 @@ def drive(detector: BaseDetector, lines: list[RunLine], path: Hooks) -> list[tup
     return raised
 
 
+# Not nan_inf: it judges a line's grad-norm beside the line's own loss (trainer_state.json
+# sorts grad_norm before loss), so its unit is the line, not the sample (test_nan_inf.py).
 CASES: list[tuple[Callable[[], BaseDetector], bool]] = [
-    (lambda: NanInfDetector(NanInfConfig()), True),
     (lambda: GradNormRunDetector(GradNormRunConfig()), True),
     (lambda: GradNormRunDetector(GradNormRunConfig(max_grad_norm=1.0, clip_window=5)), True),
     (lambda: LossSpikeDetector(LossSpikeConfig(metrics=["loss", "grad_norm"])), True),
@@ -134,7 +134,6 @@ CASES: list[tuple[Callable[[], BaseDetector], bool]] = [
     (lambda: JobCrashDetector(JobCrashConfig()), True),
 ]
 IDS = [
-    "nan_inf",
     "grad_norm_run",
     "grad_norm_run-clipping",
     "loss_spike-two-metrics",
