@@ -17,7 +17,8 @@ from sentinel.detectors import DETECTORS, BaseDetector
 from sentinel.engine_blocks import BLOCK_MIN_LINES, BlockFeeder
 from sentinel.engine_history import HISTORY_LEN, History
 from sentinel.engine_position import UNCLOCKED, RunPosition
-from sentinel.engine_routes import Routes
+from sentinel.engine_ranks import RunSeries, with_rank
+from sentinel.engine_routes import Routes, overrides
 from sentinel.facts import RunFacts
 from sentinel.parsers import LineParser
 from sentinel.parsers.files import FileReader, reader_for
@@ -72,6 +73,11 @@ class Engine:
         self.parser = parser
         self.position = RunPosition(data_clock=data_clock, logging_steps=logging_steps)
         self._history = History()
+        #: Each rank its own series, each observation once (``engine_ranks``); None in the
+        #: engine of one rank's series (``_ranked``), whose lines were sorted already.
+        self.series: RunSeries | None = RunSeries()
+        # Per rank above 0: an engine of its own with the rules that judge a metric series.
+        self._ranked: dict[int, Engine] = {}
         #: Whether ``feed_texts`` may hand rules whole blocks (False: line by line, the
         #: reference the block path is tested against).
         self.blocks = blocks
@@ -80,6 +86,7 @@ class Engine:
             position=self.position,
             history=self._history,
             routes=self.routes,
+            series=self.series,
             feed_text=self.feed_text,
             disable=self._disable,
         )
@@ -179,6 +186,10 @@ class Engine:
                 self._facts.observe_line(text)
         else:
             samples = self.parser.parse_with(reader, text)
+        rank = None
+        if samples and self.series is not None:
+            # Before steps are counted: only a line's own step tells ranks and copies apart.
+            samples, rank = self.series.admit(samples, source)
         position = self.position
         if position.logging_steps is not None and samples:
             samples = position.count_step(samples)
@@ -197,7 +208,7 @@ class Engine:
                 # Before the data's first timestamp there is no clock: only the crash
                 # classifier's tail of output and the metrics themselves matter.
                 if samples:
-                    return alerts + self.feed_samples(samples, source, UNCLOCKED)
+                    return alerts + self.feed_samples(samples, source, UNCLOCKED, rank=rank)
                 return alerts
             now = position.data_time
         routes = self.routes
@@ -213,7 +224,7 @@ class Engine:
             if found:
                 alerts += found
         if samples:
-            found = self.feed_samples(samples, source, now)
+            found = self.feed_samples(samples, source, now, rank=rank)
             if found:
                 alerts += found
         return alerts
@@ -241,14 +252,21 @@ class Engine:
                 self._facts.observe_gpu(source, sample.value >= 0.5)
         return self.feed_samples(samples, source, now)
 
-    def feed_samples(self, samples: Iterable[Sample], source: str, now: float) -> list[Alert]:
+    def feed_samples(
+        self, samples: Iterable[Sample], source: str, now: float, *, rank: int | None = None
+    ) -> list[Alert]:
         """Samples from a parser or a structured reader (e.g. ``trainer_state.json``).
 
         The samples of one call are one line's: each rule is shown them all at once
         (``BaseDetector.observe_samples``), and the alerts come back in the order of
         the samples that raised them, rules in registry order for the same sample:
         what calling ``observe`` sample by sample, rule by rule, would give.
+
+        ``rank``: the line's (``RunSeries.admit``); above 0 the samples go to that rank's
+        own rules. Alerts of a ranked line name the rank.
         """
+        if rank:
+            return self._feed_rank(rank, list(samples), source, now)
         shown: list[Sample] = []
         metrics = 0
         position = self.position
@@ -256,7 +274,7 @@ class Engine:
         history = self._history.by_metric
         data_clock = position.data_clock
         for sample in samples:
-            name, value, step, stamp = sample
+            name, value, step, stamp = sample[:4]
             if stamp is not None and not data_clock:
                 position.data_time = stamp
             if name == PROGRESS:
@@ -268,7 +286,7 @@ class Engine:
                     shown.append(sample)
                 continue
             if step is None:
-                sample = _new_sample(Sample, (name, value, current, stamp))
+                sample = _new_sample(Sample, (name, value, current, stamp, None))
             elif current is None or step > current:
                 current = step
             metrics += 1
@@ -307,7 +325,29 @@ class Engine:
         if merged:
             # Sample order first; for one sample, the rules' order (a stable sort).
             found.sort(key=_position)
-        return [alert for _, alert in found]
+        alerts = [alert for _, alert in found]
+        return alerts if rank is None else with_rank(alerts, rank)
+
+    def _feed_rank(self, rank: int, samples: list[Sample], source: str, now: float) -> list[Alert]:
+        """A line of rank ``rank`` (above 0), to that rank's own rules: those that judge a
+        metric series (no tick, output or exit hook), made when the rank first logs."""
+        ranked = self._ranked.get(rank)
+        if ranked is None:
+            hooks = ("tick", "output", "output_text", "job_exited")
+            ranked = self._ranked[rank] = Engine(
+                [
+                    type(detector)(detector.config)
+                    for detector in self.detectors
+                    if not detector.sees_progress
+                    and not any(overrides(detector, hook) for hook in hooks)
+                ],
+                self.parser,
+                blocks=False,
+            )
+            ranked.series = None
+            ranked.facts = self._facts
+            ranked.job_started(now, self.position.start_step)
+        return with_rank(ranked.feed_samples(samples, source, now), rank)
 
     def _observe_each(
         self, detector: BaseDetector, samples: list[Sample], source: str, now: float
@@ -354,6 +394,9 @@ class Engine:
         """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
         self.position.restart(start_step)
         self._history.clear()
+        if self.series is not None:
+            self.series.restart()
+        self._ranked.clear()
         self._each(lambda detector: detector.job_started(now), now)
 
     def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:

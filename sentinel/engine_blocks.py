@@ -18,6 +18,7 @@ from itertools import accumulate, groupby, repeat
 from sentinel.detectors import BaseDetector
 from sentinel.engine_history import History
 from sentinel.engine_position import TRAINING_LOG_METRICS, UNCLOCKED, RunPosition
+from sentinel.engine_ranks import RunSeries
 from sentinel.engine_routes import Routes
 from sentinel.parsers import LineParser
 from sentinel.parsers.columns import Columns, parse_runs
@@ -48,6 +49,7 @@ class BlockFeeder:
         position: RunPosition,
         history: History,
         routes: Routes,
+        series: RunSeries | None,
         feed_text: FeedText,
         disable: Disable,
     ) -> None:
@@ -55,6 +57,8 @@ class BlockFeeder:
         self.position = position
         self.history = history
         self.routes = routes
+        #: The run's series (``engine_ranks``): a block goes whole only past what it has seen.
+        self.series = series
         self._feed_text = feed_text
         self._disable = disable
         #: Lines the rules took as blocks rather than one by one.
@@ -250,9 +254,15 @@ class BlockFeeder:
         if len(texts) < BLOCK_MIN_LINES:
             return alerts + self.feed_each(source, texts, now)
         block = self._block(source, texts, parsed, now)
+        series = self.series
         concerned = self.routes.block(block)
-        if all(self._accepts(detector, block) for detector in concerned):
-            return alerts + self._absorb(block, concerned)
+        if (series is None or series.takes_block(block)) and all(
+            self._accepts(detector, block) for detector in concerned
+        ):
+            alerts += self._absorb(block, concerned)
+            if series is not None:
+                series.took_block(block)
+            return alerts
         if len(texts) < 2 * BLOCK_MIN_LINES:
             return alerts + self.feed_each(source, texts, now)
         middle = len(texts) // 2

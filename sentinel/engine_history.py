@@ -50,7 +50,7 @@ class History:
         for name in names:
             values = columns[name][tail]
             self.series(name).extend(
-                map(_sample_of, zip(repeat(name), values, tail_steps, tail_times))
+                map(_sample_of, zip(repeat(name), values, tail_steps, tail_times, repeat(None)))
             )
 
     def recent(self, before_step: int | None, per_metric: int = 8) -> dict[str, list[Sample]]:

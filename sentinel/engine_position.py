@@ -62,6 +62,6 @@ class RunPosition:
         return [
             sample
             if sample.name == PROGRESS
-            else _new_sample(Sample, (sample.name, sample.value, step, sample.time))
+            else _new_sample(Sample, (sample.name, sample.value, step, sample.time, None))
             for sample in samples
         ]

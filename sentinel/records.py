@@ -71,12 +71,19 @@ class Sample(NamedTuple):
     A named tuple rather than a frozen dataclass: just as immutable, and about
     four times cheaper to make, which counts when every line of a metrics file
     makes several (``bench/replay.py``). A changed copy is ``sample._replace(step=5)``.
+
+    ``rank`` is the distributed rank whose line it came from, when the line says so
+    (``[rank1]:``, ``[default1]:``, ``1: ``; ``sentinel.parsers.ranks``), else None. Fast
+    paths may make a sample as a plain 4-tuple (``tuple.__new__``): such a sample has no
+    rank, so code that may meet one reads ``sample[:4]``, and the rank as
+    ``sample[4] if len(sample) > 4 else None``.
     """
 
     name: str
     value: float
     step: int | None = None
     time: float | None = None
+    rank: int | None = None
 
 
 #: Sample name a parser uses to report progress without a metric (a tqdm bar's "120/1000").

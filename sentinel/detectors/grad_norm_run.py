@@ -157,7 +157,7 @@ class GradNormRunDetector(BaseDetector):
         self._calm = 0
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        name, value, step, stamp = sample
+        name, value, step, stamp = sample[:4]
         if name == "lr":
             self._warmup.observe(sample)
             return []

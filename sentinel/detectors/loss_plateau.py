@@ -179,7 +179,7 @@ class LossPlateauDetector(BaseDetector):
         return statistics.median(self._first)
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        name, value, step, stamp = sample
+        name, value, step, stamp = sample[:4]
         if name == "lr":
             self._warmup.observe(sample)
             return []

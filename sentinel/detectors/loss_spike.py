@@ -172,7 +172,7 @@ class LossSpikeDetector(BaseDetector):
     def _judge(self, series: _Series, sample: Sample, source: str, now: float) -> list[Alert]:
         """One value of a judged metric: learned in warmup or while the window fills, else
         judged against the baseline (``is_spike``) and learned unless it is a spike."""
-        _, value, step, stamp = sample
+        _, value, step, stamp = sample[:4]
         if not math.isfinite(value):
             return []
         series.recent.append((step, value))

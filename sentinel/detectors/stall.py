@@ -88,7 +88,7 @@ class StallDetector(BaseDetector):
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         # Progress bars count too (sees_progress): their step is the job's progress.
-        name, value, step, stamp = sample
+        name, value, step, stamp = sample[:4]
         if name in SYSTEM_METRICS:
             if name in EVIDENCE_METRICS:
                 self._readings.setdefault(source, {})[name] = (value, now)

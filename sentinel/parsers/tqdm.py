@@ -49,5 +49,5 @@ def parse_tqdm(text: str) -> list[Sample] | None:
         samples = [Sample(name, value, step) for name, value in pairs if name not in _NOT_METRICS]
     if training:
         # tuple.__new__: the same Sample without a Python-level call (a bar is redrawn often).
-        samples.append(_new_tuple(Sample, (PROGRESS, float(count), count, None)))
+        samples.append(_new_tuple(Sample, (PROGRESS, float(count), count, None, None)))
     return samples

@@ -1,0 +1,219 @@
+"""One view of the run: each rank its own series, each observation once.
+
+A job of many ranks often prints into one stream; a run often writes the same metrics
+into several files (TensorBoard events and a CSV, stdout and ``trainer_state.json``).
+``RunSeries`` decides, line by line, before the rules see the samples:
+
+- the line's rank: the one its prefix names (``Sample.rank``, ``parsers.ranks``), or, for
+  unlabelled lines, the series it continues. A stream that logs a step it already logged,
+  with other values, right after logging it (two ranks printing the same format) holds
+  several series: each line goes to the series that has not had its step yet and whose
+  last value is nearest its own (ranks an order of magnitude apart stay apart); such
+  series are numbered in order of appearance (``rank`` 0, 1...). A step far behind the
+  stream's newest is a restart, not a rank: the stream starts again as one series;
+- which samples are new observations: a metric at a step it was already seen at, or
+  behind, from another source of the run is the same observation (or a late copy of it)
+  and is dropped; a non-finite value is never dropped unless the very same value was
+  seen at that step. Lines that repeat themselves exactly in one stream are dropped too.
+
+Only samples that carry their own step take part: a step the engine filled in (from a
+progress bar) says nothing about ranks or copies. ``restart`` (a new attempt) forgets it all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from itertools import pairwise
+
+from sentinel.records import PROGRESS, Alert, Block, Sample
+
+#: How many of a stream's newest distinct steps a repeated step may be one of and still be
+#: another rank's (ranks in lockstep print the same step one after another); further back it
+#: is a restart.
+RANK_WINDOW = 2
+
+
+class _Slot:
+    """One series of an unlabelled stream: its last step, the values of that line, and
+    the last finite first value (what a line is matched by)."""
+
+    __slots__ = ("level", "step", "values")
+
+    def __init__(self, step: int, values: tuple[float, ...]) -> None:
+        self.step = step
+        self.values = values
+        self.level = math.nan
+        self.move(step, values)
+
+    def move(self, step: int, values: tuple[float, ...]) -> None:
+        self.step = step
+        self.values = values
+        if values and math.isfinite(values[0]):
+            self.level = values[0]
+
+
+class _Stream:
+    """The series of one kind of line (one source, one set of stepped metric names)."""
+
+    __slots__ = ("recent", "slots")
+
+    def __init__(self, step: int, values: tuple[float, ...]) -> None:
+        self.slots = [_Slot(step, values)]
+        self.recent: deque[int] = deque([step], maxlen=RANK_WINDOW)
+
+    def place(self, step: int, values: tuple[float, ...]) -> int | None:
+        """The index of the series a line at ``step`` continues; None for a repeat of a line."""
+        slots = self.slots
+        if len(slots) == 1 and step > slots[0].step:
+            index = 0
+        else:
+            open_slots = [index for index, slot in enumerate(slots) if slot.step < step]
+            if open_slots:
+                index = min(open_slots, key=lambda at: _distance(values, slots[at].level))
+            elif any(slot.step == step and _same(slot.values, values) for slot in slots):
+                return None
+            elif step in self.recent:
+                index = len(slots)
+                slots.append(_Slot(step, values))
+            else:  # far behind: a restart of the job, not another rank
+                slots[:] = [_Slot(step, values)]
+                self.recent.clear()
+                index = 0
+        slots[index].move(step, values)
+        if step not in self.recent:
+            self.recent.append(step)
+        return index
+
+
+def _distance(values: tuple[float, ...], level: float) -> float:
+    """How far a line's first value is from a series' level, in orders of magnitude; a
+    value that cannot be compared (non-finite, zero) is as near to every series."""
+    a, b = abs(values[0]), abs(level)
+    if not (math.isfinite(a) and math.isfinite(b)) or a == 0.0 or b == 0.0:
+        return 0.0 if not math.isfinite(a) or a == 0.0 else math.inf
+    return abs(math.log(a / b))
+
+
+def _same(values: tuple[float, ...], other: tuple[float, ...]) -> bool:
+    return len(values) == len(other) and all(map(_same_value, values, other))
+
+
+def _same_value(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+class RunSeries:
+    """Per line: its rank, and its samples that are new observations (see module doc)."""
+
+    __slots__ = ("_last", "_streams")
+
+    def __init__(self) -> None:
+        # Per (source, stepped metric names): the series of unlabelled lines.
+        self._streams: dict[tuple[str, tuple[str, ...]], _Stream] = {}
+        # Per (metric, rank): the newest step it was seen at, its value and its source.
+        self._last: dict[tuple[str, int | None], tuple[int, float, str]] = {}
+
+    def restart(self) -> None:
+        """A new attempt: its steps start again."""
+        self._streams.clear()
+        self._last.clear()
+
+    def admit(self, samples: Iterable[Sample], source: str) -> tuple[list[Sample], int | None]:
+        """The samples of one line that are new observations, and the line's rank (None:
+        unlabelled, in a stream of one series)."""
+        samples = list(samples)
+        if not samples:
+            return samples, None
+        first = samples[0]
+        rank: int | None = first[4] if len(first) > 4 else None
+        stepped = [
+            sample for sample in samples if sample[2] is not None and sample[0] != PROGRESS
+        ]
+        if not stepped:
+            return samples, rank
+        if rank is None:
+            names = tuple([sample[0] for sample in stepped])
+            values = tuple([sample[1] for sample in stepped])
+            step: int = stepped[0][2]  # type: ignore[assignment]
+            key = (source, names)
+            stream = self._streams.get(key)
+            if stream is None:
+                self._streams[key] = _Stream(step, values)
+            else:
+                index = stream.place(step, values)
+                if index is None:
+                    return [sample for sample in samples if sample not in stepped], None
+                if len(stream.slots) > 1:
+                    rank = index
+        last = self._last
+        kept: list[Sample] = []
+        for sample in samples:
+            name, value, step_of = sample[0], sample[1], sample[2]
+            if step_of is None or name == PROGRESS:
+                kept.append(sample)
+                continue
+            key_of = (name, rank)
+            seen = last.get(key_of)
+            if (
+                seen is not None
+                and seen[2] != source
+                and step_of <= seen[0]
+                and (math.isfinite(value) or _same_value(value, seen[1]))
+            ):
+                continue  # the same observation, or a late copy of one
+            if seen is None or step_of >= seen[0] or seen[2] == source:
+                last[key_of] = (step_of, value, source)
+            kept.append(sample)
+        return kept, rank
+
+    def takes_block(self, block: Block) -> bool:
+        """Whether a block of one source's lines (unlabelled, each with its own step) may
+        go to the rules whole: its steps rise, past every step its metrics were seen at."""
+        steps = block.steps
+        if not all(a < b for a, b in pairwise(steps)):
+            return False
+        first = steps[0]
+        stream = self._streams.get((block.source, block.names))
+        if stream is not None and (len(stream.slots) > 1 or stream.slots[0].step >= first):
+            return False
+        last = self._last
+        for name in block.names:
+            seen = last.get((name, None))
+            if seen is not None and seen[0] >= first:
+                return False
+        return True
+
+    def took_block(self, block: Block) -> None:
+        """Move past a block the rules took whole (``takes_block``)."""
+        steps = block.steps
+        if not steps:
+            return
+        step = steps[-1]
+        values = tuple([block.columns[name][-1] for name in block.names])
+        key = (block.source, block.names)
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = _Stream(step, values)
+        else:
+            stream.place(step, values)
+        last = self._last
+        for name, value in zip(block.names, values, strict=True):
+            last[(name, None)] = (step, value, block.source)
+
+
+def with_rank(alerts: Sequence[Alert], rank: int) -> list[Alert]:
+    """Alerts raised on one rank's series, naming the rank (in the text and ``details``)."""
+    return [
+        replace(
+            alert,
+            message=f"rank {rank}: {alert.message}",
+            details={**alert.details, "rank": rank},
+        )
+        for alert in alerts
+    ]
+
+
+__all__ = ["RANK_WINDOW", "RunSeries", "with_rank"]
