@@ -15,7 +15,7 @@ from typing import Any
 from sentinel.parsers.values import (
     _EPOCH_MS,
     _MAX_STEP,
-    STEP_KEYS,
+    RECORD_STEP_KEYS,
     TIME_KEYS,
     as_epoch_seconds,
     as_step,
@@ -75,7 +75,7 @@ fast_loads: Callable[[str], Any] | None = (
     orjson.loads if JSON_LIBRARY == "orjson" else None  # pragma: no cover - environment
 )
 
-_STEP_PRIORITY = {key: rank for rank, key in enumerate(STEP_KEYS)}
+_STEP_PRIORITY = {key: rank for rank, key in enumerate(RECORD_STEP_KEYS)}
 _new_tuple = tuple.__new__
 _TIME_PRIORITY = {key: rank for rank, key in enumerate(TIME_KEYS)}
 
@@ -162,7 +162,7 @@ def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
             except (ValueError, OverflowError):
                 continue
         # tuple.__new__ rather than Sample(): the same tuple without a Python-level call.
-        samples.append(_new_tuple(Sample, (name, value, step, time, None)))
+        samples.append(_new_tuple(Sample, (name, value, step, time)))
     if not samples and step is not None:
         samples.append(Sample(PROGRESS, float(step), step, time))
     return samples

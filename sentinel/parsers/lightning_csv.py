@@ -44,7 +44,7 @@ from pathlib import Path
 
 from sentinel.lines import LineSplitter
 from sentinel.parsers.values import (
-    STEP_KEYS,
+    RECORD_STEP_KEYS,
     TIME_KEYS,
     Garbled,
     as_epoch_seconds,
@@ -60,7 +60,7 @@ FILE_NAME = "metrics.csv"
 _HEADER_KEYS = frozenset({"step", "epoch"})
 _EVAL_PREFIX = re.compile(r"^(?:val|valid|validation|eval|test)[_/]")
 _LR_MONITOR = re.compile(r"^lr-[a-z0-9_]+$")
-_STEP_RANK = {key: rank for rank, key in enumerate(STEP_KEYS)}
+_STEP_RANK = {key: rank for rank, key in enumerate(RECORD_STEP_KEYS)}
 _TIME_RANK = {key: rank for rank, key in enumerate(TIME_KEYS)}
 
 

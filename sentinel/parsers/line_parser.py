@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sentinel.parsers import fields, hf_trainer, jsonl, ranks, tqdm
+from sentinel.parsers import fields, hf_steps, hf_trainer, jsonl, tqdm
 from sentinel.parsers.files import FileReader
 from sentinel.parsers.regex import UserRegex, compile_regexes, parse_with_regexes
 from sentinel.parsers.registry import PARSERS
@@ -63,21 +63,55 @@ class LineParser:
         #: Whether JSON lines may be read many at once (``parsers.columns``): only when
         #: they read as JSON, with no user regex in front.
         self.reads_json_blocks = self._brace is jsonl.parse_jsonl and not self._regexes
-        #: Whether HF Trainer output may be read many lines at once (``parsers.hf_blocks``):
-        #: its dicts by the brace parser and its bars by tqdm's, with no user regex in front.
-        self.reads_hf_blocks = (
+        self._hf_blocks = (
             self._brace is not None and not self._regexes and self._human[:1] == (tqdm.parse_tqdm,)
         )
+        self._hf = hf_steps.HfSteps()
+        self._no_step_yet = True
+
+    @property
+    def reads_hf_blocks(self) -> bool:
+        """Whether HF Trainer output may be read many lines at once (``parsers.hf_blocks``):
+        its dicts by the brace parser and its bars by tqdm's, with no user regex in front,
+        and while no steps per epoch are known (the block path takes a dict's step from
+        the bars or the logging cadence, not from its epoch)."""
+        return self._hf_blocks and self._hf.steps_per_epoch is None
+
+    def learn_trainer_state(self, text: str) -> bool:
+        """Read steps per epoch from a ``trainer_state.json`` found beside the checkpoints,
+        so that HF Trainer dicts get their exact step; whether it held them."""
+        return self._hf.learn_trainer_state(text)
 
     def parse(self, text: str) -> list[Sample]:
         """The samples in one line; an empty list for plain text or a garbled line.
 
-        A line with a rank prefix (``[rank1]:``, ``[default1]:``, ``1: ``) is read without
-        it, its samples carrying the rank (``parsers.ranks``)."""
-        if ranks.may_carry(text):
-            ranked = ranks.parse_ranked(self.parse, text)
-            if ranked is not None:
-                return ranked
+        An HF Trainer dict gets the step its epoch implies where that is known
+        (``parsers.hf_steps``); the first metrics with no step while none was seen are
+        logged once, as a notice that the log names no step.
+        """
+        samples = self._parse_line(text)
+        if "{'" in text or "%|" in text:
+            samples = self._hf.process(text, samples)
+        if self._no_step_yet and samples:
+            self._check_step(samples, text)
+        return samples
+
+    def _check_step(self, samples: list[Sample], text: str) -> None:
+        """Log, once, metrics that arrive while no line has named a step."""
+        for sample in samples:
+            if sample.step is not None:
+                self._no_step_yet = False
+                return
+        self._no_step_yet = False
+        logger.warning(
+            "metrics on a line that names no step (%r): they are read at the last step"
+            " a progress bar showed, or at no step; a --regex with a (?P<step>...) group,"
+            " or a step field in the log, gives them theirs",
+            text[:120],
+        )
+
+    def _parse_line(self, text: str) -> list[Sample]:
+        """``parse`` but for the step of HF dicts and the notice."""
         stats = self.stats
         stats.lines += 1
         if self._brace_fast and text[:1] == "{":

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from sentinel.parsers import hf_trainer, jsonl, keyvalue, tqdm
+from sentinel.parsers import hf_trainer, jsonl, keyvalue, rich_bar, tqdm
 from sentinel.parsers.values import ParseFn
 
 #: Built-in parsers by name, in the order auto-detection tries them.
 PARSERS: dict[str, ParseFn] = {
     "jsonl": jsonl.parse_jsonl,
     "hf_trainer": hf_trainer.parse_hf_dict,
+    "rich_bar": rich_bar.parse_rich_bar,
     "tqdm": tqdm.parse_tqdm,
     "keyvalue": keyvalue.parse_keyvalue,
 }

@@ -51,6 +51,9 @@ ALIASES: dict[str, str] = {
 
 #: Field names (lower-cased) that carry the step rather than a metric, most specific first.
 STEP_KEYS: tuple[str, ...] = ("step", "global_step", "iteration", "iter")
+#: Every name a logged record or line gives its step under (lower-cased), most specific
+#: first: ``STEP_KEYS`` and the counts of updates of fairseq and others.
+RECORD_STEP_KEYS: tuple[str, ...] = (*STEP_KEYS, "num_updates", "updates", "steps", "global step")
 #: Field names (lower-cased) that carry the data's own timestamp.
 TIME_KEYS: tuple[str, ...] = ("time", "timestamp", "ts", "wall_time")
 

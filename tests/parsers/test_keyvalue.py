@@ -90,6 +90,34 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
         pytest.param("we ran 3 epochs with batch 8", None, id="unknown-space-keys"),
         pytest.param("Num examples = 1,000", None, id="thousands-separator"),
         pytest.param("cuda:0 ready", None, id="device-name"),
+        pytest.param("UserWarning: 4 workers", None, id="warning-class-is-not-a-metric"),
+        pytest.param(
+            "/x/loader.py:12: UserWarning: This DataLoader will create 4 worker processes",
+            None,
+            id="python-warning-line",
+        ),
+        pytest.param("RuntimeError: 2 errors", None, id="error-class-is-not-a-metric"),
+        pytest.param("workers: 4", None, id="message-word-key"),
+        pytest.param("batch_size: 32 samples", None, id="word-after-value-is-prose"),
+        pytest.param(
+            "mae: 3.2 mse: 4.0", [Sample("mae", 3.2), Sample("mse", 4.0)], id="pairs-after-pairs"
+        ),
+        pytest.param("steps 8400 | loss nan", [Sample("loss", NAN, 8400)], id="steps-plural"),
+        pytest.param(
+            "Global Step: 20, loss: nan", [Sample("loss", NAN, 20)], id="global-step-two-words"
+        ),
+        pytest.param(
+            "| epoch   2 |   200/ 2983 batches | lr 20.00 | ms/batch 12.34 | loss  nan",
+            [Sample("epoch", 2.0, 3183), Sample("lr", 20.0, 3183), Sample("loss", NAN, 3183)],
+            id="word-language-model-epoch-batches",
+        ),
+        pytest.param(
+            "iteration      100/  500000 | loss: nan",
+            [Sample("loss", NAN, 100)],
+            id="iteration-of-spaced-total",
+        ),
+        pytest.param("num_updates 5000 loss nan", [Sample("loss", NAN, 5000)], id="num-updates"),
+        pytest.param("updates 12 loss 1.0", [Sample("loss", 1.0, 12)], id="updates"),
     ],
 )
 def test_parse_keyvalue(line: str, expected: list[Sample] | None) -> None:
