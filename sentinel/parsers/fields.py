@@ -162,7 +162,7 @@ def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
             except (ValueError, OverflowError):
                 continue
         # tuple.__new__ rather than Sample(): the same tuple without a Python-level call.
-        samples.append(_new_tuple(Sample, (name, value, step, time)))
+        samples.append(_new_tuple(Sample, (name, value, step, time, None)))
     if not samples and step is not None:
         samples.append(Sample(PROGRESS, float(step), step, time))
     return samples

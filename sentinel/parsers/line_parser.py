@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sentinel.parsers import fields, hf_steps, hf_trainer, jsonl, tqdm
+from sentinel.parsers import fields, hf_steps, hf_trainer, jsonl, ranks, tqdm
 from sentinel.parsers.files import FileReader
 from sentinel.parsers.regex import UserRegex, compile_regexes, parse_with_regexes
 from sentinel.parsers.registry import PARSERS
@@ -111,7 +111,14 @@ class LineParser:
         )
 
     def _parse_line(self, text: str) -> list[Sample]:
-        """``parse`` but for the step of HF dicts and the notice."""
+        """``parse`` but for the step of HF dicts and the notice.
+
+        A line with a rank prefix (``[rank1]:``, ``[default1]:``, ``1: ``) is read without
+        it, its samples carrying the rank (``parsers.ranks``)."""
+        if ranks.may_carry(text):
+            ranked = ranks.parse_ranked(self.parse, text)
+            if ranked is not None:
+                return ranked
         stats = self.stats
         stats.lines += 1
         if self._brace_fast and text[:1] == "{":
