@@ -1,0 +1,122 @@
+"""Real runs that people published, replayed with no configuration (see README.md here).
+
+Each folder under ``healthy/`` and ``failed/`` is one run: its log files, a
+``SOURCE.md`` (where it came from) and an ``expected.json`` (the truth the log
+itself shows). The replay is ``sentinel replay``'s, with the default settings:
+
+- every file yields metrics;
+- a healthy run raises no critical, and across the corpus at most one warning
+  per ten runs that its ``expected.json`` does not list (issue 22's budget);
+- a failed run is caught by the expected rule at the first bad step its log names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.config import Settings, load_settings
+from sentinel.records import Alert, Severity
+from sentinel.replay import ReplayResult, replay
+
+CORPUS = Path(__file__).resolve().parent
+
+
+def cases(kind: str) -> list[str]:
+    return sorted(p.parent.name for p in (CORPUS / kind).glob("*/expected.json"))
+
+
+HEALTHY = cases("healthy")
+FAILED = cases("failed")
+
+
+def expected(kind: str, name: str) -> dict[str, Any]:
+    text = (CORPUS / kind / name / "expected.json").read_text(encoding="utf-8")
+    truth: dict[str, Any] = json.loads(text)
+    return truth
+
+
+def files(kind: str, name: str) -> list[Path]:
+    return [CORPUS / kind / name / file for file in expected(kind, name)["files"]]
+
+
+def defaults() -> Settings:
+    return load_settings(None, environ={})
+
+
+def replayed(kind: str, name: str) -> ReplayResult:
+    """The run's files replayed together, as ``sentinel replay DIR`` does."""
+    return replay(files(kind, name), defaults())
+
+
+def opened(result: ReplayResult) -> list[Alert]:
+    return [alert for alert in result.alerts if not alert.resolves]
+
+
+def shown(alerts: list[Alert]) -> str:
+    return "; ".join(f"{a.rule}/{a.severity} step {a.step}: {a.message[:120]}" for a in alerts)
+
+
+def test_the_corpus_holds_at_least_thirty_healthy_runs_and_some_failed_ones() -> None:
+    assert len(HEALTHY) >= 30, HEALTHY
+    assert len(FAILED) >= 5, FAILED
+    for kind, names in (("healthy", HEALTHY), ("failed", FAILED)):
+        for name in names:
+            folder = CORPUS / kind / name
+            assert (folder / "SOURCE.md").is_file(), folder
+            for path in files(kind, name):
+                assert path.is_file(), path
+                assert path.stat().st_size < 200_000, path
+
+
+@pytest.mark.parametrize(
+    "kind_name",
+    [("healthy", n) for n in HEALTHY] + [("failed", n) for n in FAILED],
+    ids=lambda kind_name: "/".join(kind_name),
+)
+def test_every_file_yields_metrics_with_no_configuration(kind_name: tuple[str, str]) -> None:
+    kind, name = kind_name
+    for path in files(kind, name):
+        result = replay([path], defaults())
+        assert result.samples > 0, f"{path.relative_to(CORPUS)}: no metric read"
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_run_raises_no_critical(name: str) -> None:
+    criticals = [a for a in opened(replayed("healthy", name)) if a.severity >= Severity.CRITICAL]
+    assert criticals == [], shown(criticals)
+
+
+def unexpected_warnings(name: str) -> list[Alert]:
+    allowed = {entry["rule"] for entry in expected("healthy", name)["expected_warnings"]}
+    seen: set[str] = set()
+    found = []
+    for alert in opened(replayed("healthy", name)):
+        # One per rule: a rule's episode is one page, however often it repeats.
+        if alert.severity == Severity.WARNING and alert.rule not in allowed | seen:
+            seen.add(alert.rule)
+            found.append(alert)
+    return found
+
+
+def test_healthy_runs_stay_within_one_unexpected_warning_per_ten_runs() -> None:
+    found = {name: unexpected_warnings(name) for name in HEALTHY}
+    total = sum(len(alerts) for alerts in found.values())
+    report = "\n".join(f"{name}: {shown(alerts)}" for name, alerts in found.items() if alerts)
+    budget = len(HEALTHY) // 10
+    assert total <= budget, f"{total} unexpected warnings on {len(HEALTHY)} runs\n{report}"
+
+
+@pytest.mark.parametrize("name", FAILED)
+def test_failed_run_is_caught_at_its_first_bad_step(name: str) -> None:
+    truth = expected("failed", name)
+    alerts = opened(replayed("failed", name))
+    by_rule = [a for a in alerts if a.rule == truth["rule"]]
+    assert by_rule, f"{truth['rule']} never fired; raised: {shown(alerts) or 'nothing'}"
+    first = by_rule[0]
+    assert first.step == truth["first_bad_step"], shown(by_rule)
+    if "severity" in truth:
+        assert max(a.severity for a in by_rule) == Severity(truth["severity"]), shown(by_rule)
