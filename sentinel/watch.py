@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 MEMORY_KEY = "memory"
 #: Its layout; a memory of another layout is not taken back (said once).
 MEMORY_VERSION = 1
+#: The incident of a state dir that refuses writes (sentinel's own; it only notifies).
+STATE_DIR_RULE = "state_dir"
 
 
 def new_run_id() -> str:
@@ -317,14 +319,36 @@ class Watch:
         try:
             write(*args, **kwargs)
         except (OSError, sqlite3.Error) as error:
+            first = not self.state_problems
             if what not in self.state_problems:
                 log.error(
                     "cannot write %s in %s: %s (detection goes on)", what, self.state_dir, error
                 )
             self.state_problems[what] = str(error)
+            if first:  # its own incident, so that a person hears of it (from memory if need be)
+                self.handle([self._state_alert(f"cannot write {what}: {error}")])
             return
         if self.state_problems.pop(what, None) is not None:
             log.info("writing %s works again", what)
+            if not self.state_problems:
+                self.handle([self._state_alert("the state dir takes writes again", resolves=True)])
+
+    def _state_alert(self, problem: str, *, resolves: bool = False) -> Alert:
+        message = (
+            problem
+            if resolves
+            else f"state dir {self.state_dir}: {problem}; detection and the stop go on,"
+            " notices are sent from memory, and what sentinel knows may not survive its restart"
+        )
+        return Alert(
+            rule=STATE_DIR_RULE,
+            severity=Severity.WARNING,
+            message=message,
+            time=time.time(),
+            source="sentinel",
+            step=self.engine.position.current_step,
+            resolves=resolves,
+        )
 
     def _recent(self, incident: Incident) -> dict[str, list[Sample]]:
         return dict(self.engine.recent(incident.onset_step))

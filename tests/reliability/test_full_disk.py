@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.webhook import WebhookReceiver
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +62,116 @@ def test_a_nan_still_stops_the_job_when_no_state_write_succeeds(tmp_path: Path) 
     assert "cannot write the alert journal" in result.stderr
     assert "Traceback" not in result.stderr
     assert "CRITICAL nan_inf step=20" in result.stderr
+
+
+# The job fills the state dir's disk (or waits until the test turns it read-only) at step
+# 10, then writes a NaN at step 20; its record of SIGTERM goes outside that disk.
+FILLING_JOB = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    state, record, fault = sys.argv[1], sys.argv[2], sys.argv[3]
+    def on_term(signum, frame):
+        open(record, "w").write("sigterm")
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, on_term)
+    for step in range(1, 200):
+        if step == 10 and fault == "full":
+            try:
+                with open(os.path.join(state, "filler"), "wb") as filler:
+                    while True:
+                        filler.write(b"x" * 65536)
+                        filler.flush()
+            except OSError:
+                pass
+        if step == 10 and fault == "read-only":
+            open(record + ".at10", "w").write("")
+            while not os.path.exists(record + ".go"):
+                time.sleep(0.02)
+        loss = float("nan") if step == 20 else 1.0
+        print(json.dumps({"step": step, "loss": loss}), flush=True)
+        time.sleep(0.05 if step != 20 else 60)
+    """
+)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs for the state dir: it really fills, and really turns read-only."""
+    mount_point = tmp_path / "state"
+    mount_point.mkdir(mode=0o700)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount_point)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs needs CAP_SYS_ADMIN: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _stops_and_tells(tmp_path: Path, state: Path, fault: str) -> None:
+    """Run the filling job under sentinel with ``state`` as the state dir; check that the
+    NaN still stopped it, that nothing ended in a traceback, and who was told what."""
+    job, record = tmp_path / "job.py", tmp_path / "record"
+    job.write_text(FILLING_JOB)
+    # Read-only for sentinel as a root without CAP_DAC_OVERRIDE or CAP_FOWNER (as in a
+    # locked-down pod), once the state dir is another user's.
+    drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner,-chown"]
+    with WebhookReceiver() as hook:
+        sentinel = subprocess.Popen(
+            [*(drop if fault == "read-only" else []),
+             sys.executable, "-m", "sentinel", "run", "--state-dir", str(state),
+             "--notify", hook.url, "--max-restarts", "0", "--",
+             sys.executable, str(job), str(state), str(record), fault],
+            stderr=subprocess.PIPE, text=True,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+                 "SENTINEL_NOTIFY__GROUP_WAIT_S": "0"},
+        )  # fmt: skip
+        try:
+            if fault == "read-only":
+                deadline = time.monotonic() + 30
+                while not Path(f"{record}.at10").exists():
+                    assert time.monotonic() < deadline and sentinel.poll() is None
+                    time.sleep(0.02)
+                os.chown(state, 65534, 65534)  # another user's now, and not writable by us
+                state.chmod(0o755)
+                Path(f"{record}.go").write_text("")
+            _out, err = sentinel.communicate(timeout=60)
+        finally:
+            if sentinel.poll() is None:
+                sentinel.kill()
+                sentinel.communicate()
+        deadline = time.monotonic() + 10
+        told = ""
+        while not ("nan_inf" in told and "state_dir" in told) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            told = "\n".join(r.json["message"] for r in hook.accepted)
+    assert record.read_text() == "sigterm", err
+    assert sentinel.returncode == 143, err
+    assert "Traceback" not in err, err
+    assert "nan_inf" in told, "the NaN reached a person though the state dir refused it"
+    assert "state_dir" in told, f"and so did the state dir's own trouble: {err}"
+
+
+def test_a_state_dir_whose_disk_fills_mid_run_still_stops_the_job_and_tells(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    _stops_and_tells(tmp_path, small_disk, "full")
+
+
+def test_a_state_dir_turned_read_only_mid_run_still_stops_the_job_and_tells(
+    tmp_path: Path,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to hand the state dir to another user (chown) mid-run")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is needed to run sentinel without CAP_DAC_OVERRIDE")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    try:
+        _stops_and_tells(tmp_path, state, "read-only")
+    finally:
+        os.chown(state, 0, 0)
+        state.chmod(0o700)
