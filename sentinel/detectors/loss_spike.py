@@ -2,17 +2,27 @@
 
 A logged value is a spike when it is more than ``factor`` times the baseline: the
 rolling median of the last ``window`` values that were not spikes themselves, so
-one spike neither raises the bar for the next nor hides it. Nothing is judged
-until that window is full, nor during warmup (the rule only learns then), nor
-while the baseline is <= 0 (a ratio to it means nothing). Non-finite values are
+one spike neither raises the bar for the next nor hides it; and more than
+``noise_sigmas`` robust standard deviations above it, taken over the last
+``noise_window`` non-spike values (``sentinel.detectors.noise``): a change smaller
+than the run's own wobble, or than the swing of a rhythm that window holds, is no
+spike whatever its ratio. Nothing is judged until the window is full, nor while
+the baseline is <= 0 (a ratio to it means nothing). Non-finite values are
 ``nan_inf``'s business and are skipped.
+
+During warmup the rule relaxes, it does not switch off: a value more than
+``warmup_factor`` times the least the metric has been in this attempt (and above
+its noise) warns once (``"warmup_growth"``), whatever the learning rate does.
 
 One episode of the rule, shared by every watched metric:
 
 - opens on the first spike (config ``severity``), ``details["kind"] = "spike"``;
 - escalates once to ``sustain_severity`` when ``sustain`` consecutive logged
-  values are spikes (``"persistent"``): not a blip, so the job is stopped and
-  rolled back to before the episode's onset;
+  values are spikes (``"persistent"``) and the evidence is more than one noisy
+  signal: a value of the run beyond ``extreme_factor`` times the highest non-spike
+  value in the noise window, or a spike of another metric (``corroborate``, the
+  grad-norm by default) from ``sustain`` values before the onset on. Then the job is
+  stopped and rolled back to before the episode's onset; else it stays a warning;
 - resolves after ``resolve_after`` consecutive values under the bar (``"recovered"``),
   so two spikes further apart than that are two episodes;
 - resolves as well when a metric stays above the bar for a whole ``window``
@@ -35,89 +45,25 @@ only rises with the baseline).
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Mapping
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from sentinel.detectors.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.detectors.base import BaseDetector
+from sentinel.detectors.loss_spike_config import (
+    LossSpikeConfig,
+    SpikeSeries,
+    growth_bar,
+    is_spike,
+    spike_bar,
+)
+from sentinel.detectors.noise import above_noise, beyond_seen
 from sentinel.detectors.series import (
-    Rolling,
     Warmup,
     finite_values,
     finite_with_steps,
     never_above,
 )
 from sentinel.records import Alert, Block, Sample, Severity
-
-
-class LossSpikeConfig(MetricRuleConfig):
-    """``[rules.loss_spike]``.
-
-    The defaults follow Lightning's ``SpikeDetection`` callback (a value over 2x the
-    mean of the last 10 is a spike; the median here, so one spike does not raise the
-    bar) and llm-foundry's ``KillLossSpike`` (act once a spike persists for 4 steps).
-    """
-
-    renamed: ClassVar[Mapping[str, str]] = {
-        "persist_steps": "sustain",
-        "persist_severity": "sustain_severity",
-    }
-
-    #: Metrics judged, each against its own baseline; they share one episode.
-    metrics: MetricNames = Field(default_factory=lambda: ["loss"], min_length=1)
-    #: Non-spike values whose median is the baseline; judging starts once it is full.
-    window: int = Field(default=10, ge=3, le=10_000)
-    #: A value above ``factor`` x the baseline is a spike.
-    factor: float = Field(default=2.0, gt=1.0)
-    #: Consecutive logged spikes that escalate the episode to ``sustain_severity``.
-    sustain: int = Field(default=4, ge=1)
-    #: Severity of that escalation (critical: stop, roll back before the onset).
-    sustain_severity: Severity = Severity.CRITICAL
-    #: Consecutive values under the bar that end the episode.
-    resolve_after: int = Field(default=3, ge=1)
-
-    @model_validator(mode="after")
-    def _coherent(self) -> LossSpikeConfig:
-        if self.sustain >= self.window:
-            raise ValueError("sustain must be less than window (a longer run is a level shift)")
-        if self.sustain_severity < self.severity:
-            raise ValueError("sustain_severity must not be lower than severity")
-        return self
-
-
-def spike_bar(baseline: float, factor: float) -> float:
-    """The value above which a sample is a spike against ``baseline``: ``factor`` x it.
-
-    Rises with ``baseline`` (``factor`` > 1): a value at most the bar of the least value
-    a median can be is no spike against that median.
-    """
-    return factor * baseline
-
-
-def is_spike(value: float, baseline: float, factor: float) -> bool:
-    """Whether ``value`` is a spike against the median ``baseline``: above its bar, with a
-    baseline above 0 (a ratio to a level <= 0 means nothing)."""
-    return baseline > 0 and value > spike_bar(baseline, factor)
-
-
-class _Series:
-    """One metric's baseline and its current run of spikes."""
-
-    __slots__ = ("baseline", "calm", "offending", "recent", "run")
-
-    def __init__(self, window: int) -> None:
-        self.baseline = Rolling(window)
-        #: Every finite value seen lately, spikes included: the evidence in ``details``.
-        self.recent: deque[tuple[int | None, float]] = deque(maxlen=2 * window)
-        #: The consecutive spikes up to now, as (step, value).
-        self.run: list[tuple[int | None, float]] = []
-        #: Consecutive values under the bar since this metric's last spike.
-        self.calm = 0
-        #: Whether this metric keeps the episode open.
-        self.offending = False
 
 
 class LossSpikeDetector(BaseDetector):
@@ -129,20 +75,29 @@ class LossSpikeDetector(BaseDetector):
     def __init__(self, config: LossSpikeConfig) -> None:
         super().__init__(config)
         self.settings = config
-        self.watches = frozenset({*config.metrics, "lr"})
+        self._judged = frozenset(config.metrics)
+        self.watches = frozenset({*config.metrics, *config.corroborate, "lr"})
         self._warmup = Warmup(config.warmup_steps)
-        self._series: dict[str, _Series] = {}
+        self._series: dict[str, SpikeSeries] = {}
         self._onset_step: int | None = None
+        #: Judged values seen in this attempt, and their count when the episode opened.
+        self._count = 0
+        self._onset_count = 0
         self._open = False
         self._escalated = False
+        self._warmup_warned = False
         self.job_started(0.0)
 
     def job_started(self, now: float) -> None:
+        settings = self.settings
         self._warmup.reset()
-        self._series = {name: _Series(self.settings.window) for name in self.settings.metrics}
+        names = dict.fromkeys([*settings.metrics, *settings.corroborate])
+        self._series = {name: SpikeSeries(settings.window, settings.noise_window) for name in names}
         self._onset_step = None
+        self._count = self._onset_count = 0
         self._open = False
         self._escalated = False
+        self._warmup_warned = False
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         if sample.name == "lr":
@@ -169,48 +124,101 @@ class LossSpikeDetector(BaseDetector):
                     found.append((index, alert))
         return found
 
-    def _judge(self, series: _Series, sample: Sample, source: str, now: float) -> list[Alert]:
-        """One value of a judged metric: learned in warmup or while the window fills, else
-        judged against the baseline (``is_spike``) and learned unless it is a spike."""
-        _, value, step, stamp = sample[:4]
+    def _judge(self, series: SpikeSeries, sample: Sample, source: str, now: float) -> list[Alert]:
+        """One value of a watched metric: learned in warmup or while the window fills (a
+        judged one checked for growth then), else judged against the baseline (``is_spike``
+        and ``above_noise``) and learned unless it is a spike."""
+        name, value, step, stamp = sample[:4]
         if not math.isfinite(value):
             return []
+        judged = name in self._judged
+        if judged:
+            self._count += 1
         series.recent.append((step, value))
         rolling = series.baseline
-        if self._warmup.active(step) or not rolling.full:
-            rolling.add(value)
-            return []
-        baseline = rolling.median()
         time = stamp if stamp is not None else now
-        if is_spike(value, baseline, self.settings.factor):
-            return self._spike(series, baseline, sample, source, time)
-        rolling.add(value)
-        if not series.offending:
+        settings = self.settings
+        if self._warmup.active(step) or not rolling.full:
+            alerts = self._growth(series, sample, source, time) if judged else []
+            series.learn(value)
+            return alerts
+        baseline = rolling.median()
+        if is_spike(value, baseline, settings.factor) and above_noise(
+            value, baseline, series.noise.values, settings.noise_sigmas, settings.noise_floor
+        ):
+            series.spiked_at = self._count
+            series.least = min(series.least, value)
+            return self._spike(series, baseline, sample, source, time) if judged else []
+        series.learn(value)
+        if not judged or not series.offending:
             return []
         return self._under(series, baseline, sample, source, time)
 
+    def _growth(self, series: SpikeSeries, sample: Sample, source: str, time: float) -> list[Alert]:
+        """Once an attempt: a value in warmup (or before the window is full) far above the
+        least the metric has been, and above its noise."""
+        least, value = series.least, sample.value
+        settings = self.settings
+        if self._warmup_warned or not least > 0 or value <= growth_bar(least, settings):
+            return []
+        if not above_noise(
+            value, least, series.noise.values, settings.noise_sigmas, settings.noise_floor
+        ):
+            return []
+        self._warmup_warned = True
+        message = (
+            f"{sample.name} {value:.4g} at step {sample.step} is {value / least:.3g}x the"
+            f" lowest it has been ({least:.4g}) while the rule is still learning (warmup):"
+            " the run is diverging"
+        )
+        recent = list(series.recent)[-settings.window :]
+        details = {
+            "kind": "warmup_growth",
+            "metric": sample.name,
+            "least": least,
+            "factor": settings.warmup_factor,
+            "ratio": round(value / least, 3),
+            "onset_step": sample.step,
+            "values": [value for _, value in recent],
+            "steps": [step for step, _ in recent],
+        }
+        return [
+            self.sample_alert(
+                sample,
+                severity=settings.severity,
+                message=message,
+                time=time,
+                source=source,
+                onset_step=sample.step,
+                details=details,
+            )
+        ]
+
     def can_absorb(self, block: Block) -> bool:
-        """Uneventful: every line in warmup, or no metric in an episode and no value of a
-        judged one above ``factor`` x the least of its window and the values before it."""
+        """Uneventful: no metric in an episode; no judged value past the growth bar of the
+        least before it where it could be checked for growth; and, past warmup, no value of
+        a watched metric above ``factor`` x the least of its window and the values before it."""
         columns = block.columns
-        judged = [name for name in self._series if name in columns]
-        if not judged:
+        present = [name for name in self._series if name in columns]
+        if not present:
             return True  # only learning rates
         phase = self._warmup.block_phase(block.step_range(), columns.get("lr"))
         if phase is None:
             return False
-        if phase:
-            return True  # in warmup every value is only learned
         bar = partial(spike_bar, factor=self.settings.factor)
-        for name in judged:
+        growth = partial(growth_bar, settings=self.settings)
+        for name in present:
             series = self._series[name]
             if series.offending:
                 return False  # a value under the bar counts towards the resolve
             values = finite_values(columns[name])
             baseline = series.baseline
-            # The first values fill the window: not judged.
-            filling = baseline.size - len(baseline)
-            if not never_above(values, bar, baseline.least(), filling):
+            # The first values fill the window: not judged, only checked for growth.
+            filling = len(values) if phase else baseline.size - len(baseline)
+            checks_growth = name in self._judged and not self._warmup_warned
+            if checks_growth and filling and not never_above(values, growth, series.least, 0):
+                return False
+            if not phase and not never_above(values, bar, baseline.least(), filling):
                 return False
         return True
 
@@ -223,23 +231,31 @@ class LossSpikeDetector(BaseDetector):
             if column is None:
                 continue
             values, steps = finite_with_steps(column, block.steps)
+            if not values:
+                continue
+            if name in self._judged:
+                self._count += len(values)
             kept = series.recent.maxlen or len(values)
             series.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
             series.baseline.extend(values)
+            series.noise.extend(values)
+            series.least = min(series.least, *values)
 
     def _spike(
-        self, series: _Series, baseline: float, sample: Sample, source: str, time: float
+        self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
     ) -> list[Alert]:
         settings = self.settings
         name = sample.name
         series.calm = 0
         series.run.append((sample.step, sample.value))
+        series.episode.append(sample.value)
         alerts: list[Alert] = []
         if not series.offending:
             series.offending = True
             if not self._open:
                 self._open = True
                 self._onset_step = sample.step
+                self._onset_count = self._count
                 ratio = sample.value / baseline
                 message = (
                     f"{name} {sample.value:.4g} at step {sample.step}"
@@ -259,19 +275,23 @@ class LossSpikeDetector(BaseDetector):
                     )
                 )
         run_length = len(series.run)
+        evidence = None
         if (
             run_length >= settings.sustain
             and not self._escalated
             and settings.sustain_severity > settings.severity
         ):
+            evidence = self._second_signal(series)
+        if evidence is not None:
             self._escalated = True
             bar = spike_bar(baseline, settings.factor)
             message = (
                 f"{name} above {bar:.4g} ({settings.factor:g}x its recent"
                 f" median {baseline:.4g}) for {run_length} consecutive values since step"
-                f" {series.run[0][0]} (now {sample.value:.4g} at step {sample.step})"
+                f" {series.run[0][0]} (now {sample.value:.4g} at step {sample.step}), {evidence}"
             )
             details = self._details("persistent", series, baseline, sample)
+            details["evidence"] = evidence
             alerts.append(
                 self.sample_alert(
                     sample,
@@ -287,8 +307,22 @@ class LossSpikeDetector(BaseDetector):
             alerts += self._level_shift(series, baseline, sample, source, time)
         return alerts
 
+    def _second_signal(self, series: SpikeSeries) -> str | None:
+        """What makes a persistent run more than one noisy signal, or None: a value far
+        beyond anything the run has shown, or a spike of another watched metric since
+        ``sustain`` judged values before the onset."""
+        settings = self.settings
+        highest = max(value for _, value in series.run)
+        if beyond_seen(highest, series.noise.values, settings.extreme_factor):
+            return f"far beyond anything the run has shown ({max(series.noise.values):.4g})"
+        since = self._onset_count - settings.sustain
+        for name, other in self._series.items():
+            if other is not series and other.spiked_at is not None and other.spiked_at >= since:
+                return f"and {name} spiked with it"
+        return None
+
     def _level_shift(
-        self, series: _Series, baseline: float, sample: Sample, source: str, time: float
+        self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
     ) -> list[Alert]:
         """A whole window above the bar is a new level: learn it; this metric's part is over."""
         details = self._details("level_shift", series, baseline, sample)
@@ -296,6 +330,8 @@ class LossSpikeDetector(BaseDetector):
         series.baseline.clear()
         for _, value in series.run:
             series.baseline.add(value)
+        series.noise.extend(series.episode)
+        series.episode.clear()
         series.run.clear()
         series.offending = False
         if self._still_offending():
@@ -310,7 +346,7 @@ class LossSpikeDetector(BaseDetector):
         return [self._resolve(message, sample, source, time, details)]
 
     def _under(
-        self, series: _Series, baseline: float, sample: Sample, source: str, time: float
+        self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
     ) -> list[Alert]:
         """A value under the bar of a metric that keeps the episode open."""
         series.run.clear()
@@ -319,6 +355,9 @@ class LossSpikeDetector(BaseDetector):
             return []
         series.offending = False
         series.calm = 0
+        # Spikes the run came back from are part of its wobble (a rhythm's peaks).
+        series.noise.extend(series.episode)
+        series.episode.clear()
         if self._still_offending():
             return []
         details = self._details("recovered", series, baseline, sample)
@@ -333,7 +372,7 @@ class LossSpikeDetector(BaseDetector):
         return any(series.offending for series in self._series.values())
 
     def _details(
-        self, kind: str, series: _Series, baseline: float, sample: Sample
+        self, kind: str, series: SpikeSeries, baseline: float, sample: Sample
     ) -> dict[str, Any]:
         window = self.settings.window
         recent = list(series.recent)[-(window + len(series.run)) :]
