@@ -5,34 +5,23 @@ byte, and also split into lines for the engine, so a job that prints its
 metrics needs no ``--log``. The exit code is reported only after both pipes
 are drained: the last lines (the traceback) are what a crash is classified from.
 
-Output is gathered, not handled a line at a time. The first output after a
-quiet spell is passed through and handed on at once; after that a pump looks
-at the pipe only every ``batch_s / GATHER_SLICES`` and hands on what came once
-per ``batch_s``, for as long as every look finds output: a job printing a
-hundred lines a second wakes sentinel's threads a few times per window, not
-twice per line (on a VM a wake-up, and the cold caches the code then runs in,
-cost more than the line's own work). The first look that finds nothing ends
-the gathering, so a line after a quiet spell of ``batch_s`` goes at once. The
-pipes are enlarged where the platform allows, so that the job does not block on
-a full pipe while a pump gathers.
-
-A flood is never gathered: a pump gathers only while the output's recent rate
-(bytes read, decaying with a half-life of a second) would not fill a look's
-worth (``_SMALL_READ``) in a slice; otherwise it reads on at once, so a job that
-is flooding, even one a moment slower, never waits on a full pipe. A read takes
-what the pipe holds (up to ``PIPE_BYTES``), so under a flood a read, its
-passthrough and its split cost a few hand-overs of the interpreter's lock per
-mebibyte, not per 64 KiB: a reader waiting on that lock while the loop parses
-is what would fill the pipe and block the job.
+Output is gathered, not handled a line at a time (``sentinel.sources.gathering``):
+what the job writes after a quiet spell is handed on at once, and while it keeps
+writing, a pump reads at most every ``LOOK_S`` and hands lines on once per
+``batch_s``, unless a read may hold a non-finite value or a traceback, which goes
+at once. The pipes are enlarged where the platform allows, so that the job does
+not block on a full pipe while a pump gathers. A flood is never gathered: a read
+that fills a look's worth is handed on with all the pipe holds (up to
+``PIPE_BYTES``) at once, so under a flood a read, its passthrough and its split
+cost a few hand-overs of the interpreter's lock per mebibyte, not per 64 KiB: a
+reader waiting on that lock while the loop parses is what would fill the pipe and
+block the job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
-import select
 import subprocess
 import sys
 import threading
@@ -40,7 +29,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
-from sentinel.lines import BATCH_S, GATHER_SLICES, LineSplitter
+from sentinel.lines import BATCH_S, LineSplitter
+from sentinel.sources.gathering import pump
 from sentinel.sources.identity import ProcessIdentity
 
 log = logging.getLogger(__name__)
@@ -50,13 +40,8 @@ OnLines = Callable[[str, list[str], float], None]
 #: The pipe capacity asked for (Linux ``F_SETPIPE_SZ``; 64 KiB otherwise): room for what
 #: the job writes while a pump gathers, so the job is never held up by it.
 PIPE_BYTES = 1 << 20
-#: The most one read takes: all the pipe holds.
+#: The most one read of a flood takes: all the pipe holds.
 _READ_BYTES = PIPE_BYTES
-#: How fast what was read is forgotten when the output's rate is judged.
-RATE_HALF_LIFE_S = 1.0
-#: A look that finds this much ends the gathering (output is coming fast); a read this
-#: small, at a rate that would not fill it in a slice, starts one.
-_SMALL_READ = 32768
 
 
 def exit_status(returncode: int) -> int:
@@ -138,22 +123,13 @@ class JobProcess:
 
     def _read(self, name: str, pipe: BinaryIO) -> None:
         splitter = LineSplitter(self._max_line_bytes)
-        fd = pipe.fileno()
-        ready = select.poll()
-        ready.register(fd, select.POLLIN)
-        slice_s = self._batch_s / GATHER_SLICES
-        rate = _Rate()
         try:
-            # Blocks until the job writes: the first output after a quiet spell goes at once.
-            while chunk := os.read(fd, _READ_BYTES):
-                rate.add(len(chunk))
-                self._hand_on(name, splitter, chunk)
-                # Output trickles: let the next lines gather (see the module).
-                if rate.per_s() * slice_s < _SMALL_READ:
-                    gathered = self._gather(name, fd, ready, splitter)
-                    if gathered is None:
-                        break  # the job closed the pipe meanwhile
-                    rate.add(gathered)
+            pump(
+                pipe.fileno(),
+                self._batch_s,
+                lambda data: self._hand_on(name, splitter, data),
+                _READ_BYTES,
+            )
             rest = splitter.flush()
             if rest:
                 self._on_lines(name, rest, time.time())
@@ -161,31 +137,6 @@ class JobProcess:
             log.exception("reading the job's %s failed", name)
         finally:
             pipe.close()
-
-    def _gather(self, name: str, fd: int, ready: select.poll, splitter: LineSplitter) -> int | None:
-        """Look at the pipe (``ready`` polls it) every slice of the window and hand on what
-        came once a window, while every look finds output; the bytes read, None if the
-        pipe closed."""
-        slice_s = self._batch_s / GATHER_SLICES
-        held: list[bytes] = []
-        count = 0
-        while True:
-            for _ in range(GATHER_SLICES):
-                time.sleep(slice_s)
-                chunk = os.read(fd, _READ_BYTES) if ready.poll(0) else None
-                if chunk == b"":  # ready with nothing to read: the job closed the pipe
-                    self._hand_on(name, splitter, b"".join(held))
-                    return None
-                if chunk is not None:
-                    held.append(chunk)
-                    count += len(chunk)
-                if chunk is None or len(chunk) >= _SMALL_READ:
-                    # A quiet slice: the next output goes at once. Or more than a window
-                    # holds: read on without waiting.
-                    self._hand_on(name, splitter, b"".join(held))
-                    return count
-            self._hand_on(name, splitter, b"".join(held))
-            held = []
 
     def _hand_on(self, name: str, splitter: LineSplitter, data: bytes) -> None:
         """Pass ``data`` through and hand its complete lines on."""
@@ -214,23 +165,6 @@ class JobProcess:
             # A grandchild may hold the pipes open after the job exits: do not wait forever.
             reader.join(timeout=5.0)
         self._on_exit(self.returncode)
-
-
-class _Rate:
-    """How fast output came lately: the bytes read, halved every ``RATE_HALF_LIFE_S``."""
-
-    def __init__(self) -> None:
-        self._bytes = 0.0
-        self._at = time.monotonic()
-
-    def add(self, count: int) -> None:
-        now = time.monotonic()
-        self._bytes = self._bytes * 0.5 ** ((now - self._at) / RATE_HALF_LIFE_S) + count
-        self._at = now
-
-    def per_s(self) -> float:
-        """Bytes a second (a steady rate ``r`` gives ``r``)."""
-        return self._bytes * math.log(2) / RATE_HALF_LIFE_S
 
 
 def _enlarge(fd: int) -> None:

@@ -8,12 +8,12 @@ watchdog watches the directories (files that appear, move, go); on Linux the
 writes to the followed files wake the thread through their own inotify watches
 (``sentinel.sources.inotify``), so no thread of watchdog's wakes for each line.
 
-Lines are gathered like the job's own output (``sentinel.sources.process``): the
-first after a quiet spell is read and handed on at once; after that the thread
-reads every ``batch_s / GATHER_SLICES`` and hands on what came once per
-``batch_s``, until a read finds nothing new. A log written a line at a time then
-costs a hand-over per window, not per line, and a line after a quiet spell of a
-window goes at once.
+Lines are gathered like the job's own output (``sentinel.sources.gathering``):
+the first after a quiet spell is read and handed on at once; while the log keeps
+growing the thread reads at most every ``LOOK_S`` and hands lines on once per
+``batch_s``, unless a read may hold a non-finite value or a traceback, which goes
+at once. A log written a line at a time then costs a hand-over per window, not
+per line, and a NaN waits at most a look, not a window.
 """
 
 from __future__ import annotations
@@ -34,12 +34,15 @@ from watchdog.events import FileSystemEvent
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
-from sentinel.lines import BATCH_S, GATHER_SLICES
+from sentinel.lines import BATCH_S
+from sentinel.sources.gathering import Gathering, may_be_urgent_text
 from sentinel.sources.inotify import FileWatches
 from sentinel.sources.logfile import FileFollower, OffsetStore
 
 logger = logging.getLogger(__name__)
 
+#: A read of more lines than this is not looked at for urgent ones (a backlog).
+_LOOK_LINES = 256
 #: A globbed file gone this long is dropped (a rotated-away one may still be written first).
 VANISHED_GRACE_S = 10.0
 #: How often read offsets are saved (and at stop): a restart of sentinel after a crash
@@ -99,6 +102,8 @@ class LogTailer:
         self._held: dict[str, list[str]] = {}
         #: Whether the last ``_cycle`` read any line.
         self._read_any = False
+        #: Whether a held line may be urgent (``sentinel.sources.gathering``).
+        self._urgent = False
         self._commit_due_s = 0.0
         # Directories are looked at again only after a directory event (or a quiet
         # poll interval), not after every write to a followed file.
@@ -172,13 +177,18 @@ class LogTailer:
         self._wake.close()
 
     def _run(self) -> None:
+        gathering = Gathering(self._batch_s)
         while not self._stopping.is_set():
             watches = self._file_watches
             waited = [self._wake.fileno()]
             if watches is not None:
                 waited.append(watches.fileno())
-            readable, _, _ = select.select(waited, [], [], self._poll_interval_s)
-            self._dirs_changed = not readable or waited[0] in readable
+            timeout_s = self._poll_interval_s
+            if self._held:  # until they are due
+                timeout_s = max(0.0, min(timeout_s, gathering.due() - time.monotonic()))
+            readable, _, _ = select.select(waited, [], [], timeout_s)
+            quiet = not readable and timeout_s == self._poll_interval_s
+            self._dirs_changed = quiet or waited[0] in readable
             # Cleared before reading, so a write during the read wakes us again.
             if self._dirs_changed:
                 self._wake.clear()
@@ -187,23 +197,13 @@ class LogTailer:
             if self._stopping.is_set():
                 return
             self._cycle()
-            self._flush()  # the first lines after a quiet spell: at once
-            if self._read_any and self._batch_s > 0:
-                self._gather()
-
-    def _gather(self) -> None:
-        """Read every slice of the window and hand on what came once a window, while every
-        read finds lines (see the module); ``stop()`` cuts it short and reads the rest."""
-        slice_s = self._batch_s / GATHER_SLICES
-        while True:
-            for _ in range(GATHER_SLICES):
-                if self._stopping.wait(slice_s):
-                    return
-                self._cycle()
-                if not self._read_any:
-                    self._flush()
-                    return
-            self._flush()
+            now_s = time.monotonic()
+            if self._held and gathering.hand_on_now(self._urgent, now_s):
+                self._flush()
+                gathering.handed_on(now_s)
+            if self._read_any and gathering.look_s:
+                # Let the next lines gather; a stop meanwhile wakes the select above.
+                time.sleep(gathering.look_s)
 
     def _cycle(self) -> None:
         """Find files and read each to its end; the lines are held for ``_flush``."""
@@ -232,6 +232,7 @@ class LogTailer:
     def _flush(self) -> None:
         """Hand on the held lines, then save the offsets if that is due (or stopping)."""
         held, self._held = self._held, {}
+        self._urgent = False
         for path, lines in held.items():
             try:
                 self._on_lines(path, lines)
@@ -268,6 +269,9 @@ class LogTailer:
         if lines:
             self._read_any = True
             self._held.setdefault(path, []).extend(lines)
+            # A backlog is not looked at: it waits for its window (see the gathering).
+            if not self._urgent and len(lines) <= _LOOK_LINES:
+                self._urgent = may_be_urgent_text(lines)
 
     def _rescan(self) -> None:
         followed = self._files

@@ -236,3 +236,23 @@ def test_the_job_can_write_half_a_mebibyte_while_the_pump_gathers(tmp_path: Path
         running.go()
         assert running.wait_exit() == 0
     assert running.lines("stderr") == [f"wrote {size}"]
+
+
+def test_a_nan_ends_the_gathering_window_at_once(tmp_path: Path) -> None:
+    code = """
+        print("first")
+        wait_go()
+        print("held")
+        print('{"loss": NaN}')
+        wait_go()
+    """
+    # A window of an hour: only the NaN can end it while the job still runs.
+    with job(code, tmp_path, batch_s=3600.0) as running:
+        running.wait_lines(1)
+        running.go()
+        running.wait_lines(3)
+        before_exit = running.batches()
+        running.go()
+        assert running.wait_exit() == 0
+    assert before_exit == [["first"], ["held", '{"loss": NaN}']]
+    assert running.stdout.getvalue() == b'first\nheld\n{"loss": NaN}\n'
