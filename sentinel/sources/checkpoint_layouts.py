@@ -148,6 +148,9 @@ def judge_dir(path: Path) -> Verdict:
         return Verdict(CheckpointStatus.INCOMPLETE, "empty directory", layout)
     indexes = [f for f in files if f.name.endswith(".index.json")]
     for file in files:
+        # A file sentinel cannot open makes the checkpoint unreadable (PermissionError up to
+        # the scan), whatever it holds: what cannot be checked is not trusted.
+        os.close(os.open(file, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
         if file.name.endswith(DCP_SUFFIX):
             continue  # judged against .metadata below
         if checkpoint_suffix(file.name):
