@@ -37,6 +37,14 @@ CRASH_CLASSES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         ),
     ),
     (
+        "loss_scale",
+        "the fp16 loss scale collapsed to its minimum (the loss or gradients overflow even"
+        " unscaled): roll back, lower the learning rate, clip gradients, or train in bf16",
+        # fairseq's FloatingPointError, DeepSpeed's exception; the cause even when a
+        # distributed launcher's traceback wraps it.
+        re.compile(r"Minimum loss scale reached|loss scale already at minimum", re.IGNORECASE),
+    ),
+    (
         "distributed",
         "distributed failure (NCCL/c10d): a rank died or a collective timed out; check"
         " the other ranks' logs and the network",

@@ -15,6 +15,7 @@ from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepDetector
 from sentinel.detectors.grad_norm_run import GradNormRunDetector
 from sentinel.detectors.job_crash import JobCrashDetector
 from sentinel.detectors.loss_plateau import LossPlateauDetector
+from sentinel.detectors.loss_scale import LossScaleDetector
 from sentinel.detectors.loss_spike import LossSpikeDetector
 from sentinel.detectors.nan_inf import NanInfDetector
 from sentinel.detectors.stall import StallDetector
@@ -22,6 +23,7 @@ from sentinel.detectors.throughput_drop import ThroughputDropDetector
 
 DETECTORS: dict[str, type[BaseDetector]] = {
     "nan_inf": NanInfDetector,
+    "loss_scale": LossScaleDetector,
     "grad_norm_run": GradNormRunDetector,
     "loss_spike": LossSpikeDetector,
     "divergence": DivergenceDetector,

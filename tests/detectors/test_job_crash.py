@@ -101,6 +101,27 @@ def crashed(lines: list[str], exit_code: int, *, expected: bool = False) -> list
     return detector.job_exited(exit_code, NOW + 1, expected=expected)
 
 
+#: fairseq's end when the scale collapses (a torch.distributed spawn wraps it on many GPUs).
+FAIRSEQ_MIN_SCALE = [
+    "2021-03-04 05:06:07 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring"
+    " gradient, setting loss scale to: 0.0001",
+    "Traceback (most recent call last):",
+    '  File "/opt/venv/lib/python3.8/site-packages/torch/multiprocessing/spawn.py", line 59,'
+    " in _wrap",
+    '  File "/opt/fairseq/fairseq/trainer.py", line 1034, in train_step',
+    "    raise FloatingPointError(",
+    "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding."
+    " Try lowering the learning rate, using gradient clipping or increasing the batch size.",
+]
+DEEPSPEED_MIN_SCALE = [
+    '  File "/opt/venv/lib/python3.10/site-packages/deepspeed/runtime/fp16/loss_scaler.py",'
+    " line 183, in update_scale",
+    "    raise Exception(",
+    "Exception: Current loss scale already at minimum - cannot decrease scale anymore."
+    " Exiting run.",
+]
+
+
 @pytest.mark.parametrize(
     ("lines", "exit_code", "crash_class"),
     [
@@ -113,6 +134,8 @@ def crashed(lines: list[str], exit_code: int, *, expected: bool = False) -> list
         ([], -signal.SIGKILL, "oom"),
         ([], 128 + signal.SIGKILL, "oom"),
         (PLAIN_VALUE_ERROR, 1, "other"),
+        (FAIRSEQ_MIN_SCALE, 1, "loss_scale"),
+        (DEEPSPEED_MIN_SCALE, 1, "loss_scale"),
     ],
     ids=[
         "cuda-oom-traceback",
@@ -124,6 +147,8 @@ def crashed(lines: list[str], exit_code: int, *, expected: bool = False) -> list
         "sigkill-no-output-host-oom",
         "exit-137-no-output-host-oom",
         "plain-value-error",
+        "fairseq-minimum-loss-scale",
+        "deepspeed-loss-scale-at-minimum",
     ],
 )
 def test_crash_is_classified(lines: list[str], exit_code: int, crash_class: str) -> None:

@@ -1,0 +1,159 @@
+"""loss_scale: a collapsed fp16 loss scale is critical; calibration is counted, not alarmed."""
+
+from __future__ import annotations
+
+import pytest
+
+from sentinel.detectors.loss_scale import LossScaleConfig, LossScaleDetector
+from sentinel.records import Alert, Sample, Severity
+
+NOW = 1_700_000_000.0
+#: As DeepSpeed (stage_1_and_2.py), fairseq (trainer.py) and apex print them.
+DEEPSPEED = (
+    "[2023-05-02 10:11:12,345] [INFO] [stage_1_and_2.py:1794:step] [deepspeed] OVERFLOW!"
+    " Rank 0 Skipping step. Attempted loss scale: {before}, reducing to {after}"
+)
+FAIRSEQ = (
+    "2021-03-04 05:06:07 | INFO | fairseq.trainer | NOTE: gradient overflow detected,"
+    " ignoring gradient, setting loss scale to: {after}"
+)
+FAIRSEQ_FATAL = (
+    "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably"
+    " exploding. Try lowering the learning rate, using gradient clipping or increasing the"
+    " batch size."
+)
+DEEPSPEED_FATAL = (
+    "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
+)
+
+
+def megatron(step: int, scale: float, skipped: int) -> str:
+    return (
+        f" iteration {step:8d}/  500000 | consumed samples: {step * 512:12d} | elapsed time"
+        f" per iteration (ms): 1021.3 | learning rate: 6.000E-05 | global batch size:   512 |"
+        f" lm loss: 2.4E+00 | loss scale: {scale:.1f} | grad norm: 0.312 |"
+        f" number of skipped iterations: {skipped:3d} | number of nan iterations:   0 |"
+    )
+
+
+class Run:
+    """Feeds a detector lines of output and samples, as the engine does (output first)."""
+
+    def __init__(self, config: LossScaleConfig | None = None) -> None:
+        self.detector = LossScaleDetector(config or LossScaleConfig())
+        self.alerts: list[Alert] = []
+
+    def line(self, text: str) -> None:
+        self.alerts += self.detector.output_text(text, "train.log", NOW)
+
+    def step(self, step: int, *extra: Sample) -> None:
+        samples = [Sample("loss", 2.0, step), *extra]
+        found = self.detector.observe_samples(samples, "train.log", NOW)
+        self.alerts += [alert for _, alert in found]
+
+
+def calibrated_deepspeed() -> Run:
+    run = Run()
+    scale = 65536
+    for _ in range(4):  # the scaler calibrating at the start
+        run.line(DEEPSPEED.format(before=scale, after=scale // 2))
+        scale //= 2
+    for step in range(1, 2001):
+        run.step(step)
+    return run
+
+
+def test_calibration_at_the_start_is_counted_not_alarmed() -> None:
+    run = calibrated_deepspeed()
+    assert run.alerts == []
+    assert run.detector.overflows == 4
+
+
+def test_a_lone_overflow_later_is_not_news() -> None:
+    run = calibrated_deepspeed()
+    run.line(DEEPSPEED.format(before=8192, after=4096))
+    run.step(2001)
+    assert run.alerts == []
+    assert run.detector.overflows == 5
+
+
+def test_overflows_that_cluster_warn() -> None:
+    run = calibrated_deepspeed()
+    for step in range(2001, 2011):
+        run.line(DEEPSPEED.format(before=8192, after=8192))
+        run.step(step)
+    (alert,) = run.alerts
+    assert alert.severity is Severity.WARNING
+    assert alert.rule == "loss_scale"
+    assert alert.onset_step == 2000
+
+
+@pytest.mark.parametrize("text", [FAIRSEQ_FATAL, DEEPSPEED_FATAL], ids=["fairseq", "deepspeed"])
+def test_the_frameworks_minimum_scale_error_is_critical(text: str) -> None:
+    run = Run()
+    for step in range(1, 50):
+        run.step(step)
+    run.line(FAIRSEQ.format(after=0.5))
+    run.step(50)
+    run.line(text)
+    (alert,) = run.alerts
+    assert (alert.severity, alert.step, alert.onset_step) == (Severity.CRITICAL, 50, 49)
+    assert "minimum" in alert.message
+
+
+def test_a_scale_that_falls_to_its_minimum_is_critical() -> None:
+    run = Run()
+    scale = 128.0
+    for step in range(1, 30):
+        run.step(step)
+        if step > 20:
+            scale /= 2
+            run.line(FAIRSEQ.format(after=scale))
+    critical = [alert for alert in run.alerts if alert.severity is Severity.CRITICAL]
+    assert len(critical) == 1
+    assert critical[0].value == 1.0
+
+
+def test_megatron_skipping_on_every_interval_long_after_the_start_is_critical() -> None:
+    run = Run()
+    for step in range(10, 60, 10):  # calibrating
+        run.line(megatron(step, 2.0**20 / step, 3))
+        run.step(step)
+    for step in range(60, 2000, 10):
+        run.line(megatron(step, 65536.0, 0))
+        run.step(step)
+    assert run.alerts == []
+    for step in range(2000, 2100, 10):
+        run.line(megatron(step, 65536.0, 10))
+        run.step(step)
+    (alert,) = run.alerts
+    assert alert.severity is Severity.CRITICAL
+    assert alert.onset_step is not None and 1990 <= alert.onset_step <= 2000
+    assert "skipped" in alert.message
+
+
+def test_megatron_counter_from_samples_when_the_line_is_not_seen() -> None:
+    run = Run(LossScaleConfig(skipped_intervals=3))
+    for step in range(1, 20):
+        run.step(step, Sample("skipped_iterations", 0.0, step))
+    for step in range(20, 23):
+        run.step(step, Sample("skipped_iterations", 2.0, step))
+    (alert,) = run.alerts
+    assert (alert.severity, alert.onset_step) == (Severity.CRITICAL, 20)
+
+
+def test_a_run_that_keeps_its_scale_at_one_is_not_collapsing() -> None:
+    run = Run()
+    for step in range(1, 20):
+        run.step(step, Sample("loss_scale", 1.0, step))
+    assert run.alerts == []
+
+
+def test_job_started_forgets_the_attempt() -> None:
+    run = calibrated_deepspeed()
+    run.line(DEEPSPEED_FATAL)
+    assert len(run.alerts) == 1
+    run.detector.job_started(NOW)
+    run.line(DEEPSPEED_FATAL)
+    assert len(run.alerts) == 2
+    assert run.detector.overflows == 0
