@@ -39,7 +39,8 @@ NOT_METRIC_KEYS: frozenset[str] = frozenset(
         "warning", "warn", "error", "info", "debug", "note", "critical", "fatal", "notice",
         "hint", "tip", "todo", "exception", "traceback", "line", "pid", "port", "errno",
         "code", "exit", "signal", "attempt", "retry", "retries", "version", "worker",
-        "workers", "rank", "node", "host", "cuda", "device", "gpu", "file", "id",
+        "workers", "rank", "node", "host", "cuda", "device", "gpu", "file", "id", "to", "from",
+        "at", "of", "in", "is", "by", "for", "with", "was", "be",
     }
 )  # fmt: skip
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sentinel.parsers import fields, hf_steps, hf_trainer, jsonl, ranks, tqdm
+from sentinel.parsers import fields, formats, hf_steps, hf_trainer, jsonl, ranks, tqdm
 from sentinel.parsers.files import FileReader
 from sentinel.parsers.regex import UserRegex, compile_regexes, parse_with_regexes
 from sentinel.parsers.registry import PARSERS
@@ -67,6 +67,7 @@ class LineParser:
             self._brace is not None and not self._regexes and self._human[:1] == (tqdm.parse_tqdm,)
         )
         self._hf = hf_steps.HfSteps()
+        self._formats = formats.Formats() if "keyvalue" in names else None
         self._no_step_yet = True
 
     @property
@@ -231,6 +232,12 @@ class LineParser:
             found = self._brace(stripped[brace:]) if brace > 0 else None
             if found is not None:
                 return self._parse_segment(stripped[:brace]) + found
+        formats = self._formats
+        if formats is not None:
+            # Frameworks' own lines, and those whose step or names an earlier line gave.
+            found = formats.parse(stripped)
+            if found is not None:
+                return found
         if not _has_digit(stripped):
             return []
         for parse in self._human:

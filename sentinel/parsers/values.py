@@ -53,7 +53,14 @@ ALIASES: dict[str, str] = {
 STEP_KEYS: tuple[str, ...] = ("step", "global_step", "iteration", "iter")
 #: Every name a logged record or line gives its step under (lower-cased), most specific
 #: first: ``STEP_KEYS`` and the counts of updates of fairseq and others.
-RECORD_STEP_KEYS: tuple[str, ...] = (*STEP_KEYS, "num_updates", "updates", "steps", "global step")
+RECORD_STEP_KEYS: tuple[str, ...] = (
+    *STEP_KEYS,
+    "num_updates",
+    "updates",
+    "current_steps",  # LLaMA-Factory's trainer_log.jsonl
+    "steps",
+    "global step",
+)
 #: Field names (lower-cased) that carry the data's own timestamp.
 TIME_KEYS: tuple[str, ...] = ("time", "timestamp", "ts", "wall_time")
 
