@@ -9,7 +9,8 @@ into several files (TensorBoard events and a CSV, stdout and ``trainer_state.jso
   with other values, right after logging it (two ranks printing the same format) holds
   several series: each line goes to the series that has not had its step yet and whose
   last value is nearest its own (ranks an order of magnitude apart stay apart); such
-  series are numbered in order of appearance (``rank`` 0, 1...). A step far behind the
+  series are numbered in order of appearance (``rank`` 0, 1...); a NaN that could be
+  either's names no rank and goes to the first series. A step far behind the
   stream's newest is a restart, not a rank: the stream starts again as one series;
 - which samples are new observations: a metric at a step it was already seen at, or
   behind, from another source of the run is the same observation (or a late copy of it)
@@ -34,6 +35,8 @@ from sentinel.records import PROGRESS, Alert, Block, Sample
 #: another rank's (ranks in lockstep print the same step one after another); further back it
 #: is a restart.
 RANK_WINDOW = 2
+#: ``_Stream.place``: a line no series can be told to own.
+UNPLACED = -1
 
 
 class _Slot:
@@ -65,12 +68,16 @@ class _Stream:
         self.recent: deque[int] = deque([step], maxlen=RANK_WINDOW)
 
     def place(self, step: int, values: tuple[float, ...]) -> int | None:
-        """The index of the series a line at ``step`` continues; None for a repeat of a line."""
+        """The index of the series a line at ``step`` continues; None for a repeat of a line;
+        ``UNPLACED`` for a value that cannot be matched (NaN) while several series wait for
+        this step: it goes to no series, which stays open for the line that is its own."""
         slots = self.slots
         if len(slots) == 1 and step > slots[0].step:
             index = 0
         else:
             open_slots = [index for index, slot in enumerate(slots) if slot.step < step]
+            if len(open_slots) > 1 and not math.isfinite(values[0]):
+                return UNPLACED
             if open_slots:
                 index = min(open_slots, key=lambda at: _distance(values, slots[at].level))
             elif any(slot.step == step and _same(slot.values, values) for slot in slots):
@@ -129,9 +136,7 @@ class RunSeries:
             return samples, None
         first = samples[0]
         rank: int | None = first[4] if len(first) > 4 else None
-        stepped = [
-            sample for sample in samples if sample[2] is not None and sample[0] != PROGRESS
-        ]
+        stepped = [sample for sample in samples if sample[2] is not None and sample[0] != PROGRESS]
         if not stepped:
             return samples, rank
         if rank is None:
@@ -146,7 +151,7 @@ class RunSeries:
                 index = stream.place(step, values)
                 if index is None:
                     return [sample for sample in samples if sample not in stepped], None
-                if len(stream.slots) > 1:
+                if index != UNPLACED and len(stream.slots) > 1:
                     rank = index
         last = self._last
         kept: list[Sample] = []

@@ -25,9 +25,11 @@ import psutil
 from sentinel.config import ENV_PREFIX, RESTART_ENV, Settings
 from sentinel.restarts import Restarts
 from sentinel.sdnotify import strip_notify_env
+from sentinel.sources.adopted import AdoptedJob
 from sentinel.sources.attached import AttachedJob
 from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.process import JobProcess
+from sentinel.sources.relayed import JobRecord, RelayedStart, attempt_dir, prune
 from sentinel.sources.target import (
     MatchTarget,
     PidfileTarget,
@@ -35,11 +37,14 @@ from sentinel.sources.target import (
     SystemdUnitTarget,
     Target,
 )
+from sentinel.sources.terminal_text import TerminalLines
 
 log = logging.getLogger(__name__)
 
 #: Hands an event to the loop's inbox (thread-safe).
 Put = Callable[[tuple[str, Any]], None]
+#: The attempts' output directories kept in the state dir (the newest).
+KEEP_ATTEMPT_DIRS = 10
 
 
 class Handle(Protocol):
@@ -80,7 +85,13 @@ class Holder(Protocol):
 
 
 class Child:
-    """``sentinel run``: the job is a child; its output is captured and passed through."""
+    """``sentinel run``: the job is a child; its output is captured and passed through.
+
+    The job runs under a relay that holds its terminals (or pipes) and copies its output
+    to files in the state dir as well as to sentinel, so the job outlives a crash of
+    sentinel; a ``sentinel run`` started again on that state dir adopts it (its first
+    attempt is the job found running, not a second copy beside it).
+    """
 
     mode = "run"
     relaunches = True
@@ -101,8 +112,14 @@ class Child:
         self.argv = list(command)
         self._current = 0
         self._group: int | None = None
+        self._looked_for_orphan = False
 
     def begin(self, attempt: int, restarts: Restarts, put: Put) -> Handle:
+        if not self._looked_for_orphan:
+            self._looked_for_orphan = True
+            adopted = self._adopt(attempt, put)
+            if adopted is not None:
+                return adopted
         # The job is not sentinel's systemd service: it must not speak for it; nor does it
         # get sentinel's settings, whose notify URLs hold tokens.
         env = {
@@ -110,21 +127,21 @@ class Child:
             for key, value in strip_notify_env(os.environ).items()
             if not key.upper().startswith(ENV_PREFIX) or key.upper() in RESTART_ENV
         }
-        if self.settings.job.unbuffered:
+        terminal = self.settings.job.pty
+        if self.settings.job.unbuffered and not terminal:
+            # A terminal buffers Python's output by line: a line is one write, where
+            # unbuffered output writes a line's text and its newline apart (and two
+            # ranks' lines glue on one pipe).
             env.setdefault("PYTHONUNBUFFERED", "1")
         argv, restart_env = restarts.argv_and_env(self.command)
         env.update(restart_env)
         self.argv = argv
         self._current = attempt
 
-        def on_lines(source: str, lines: list[str], at: float) -> None:
-            # A straggler of an earlier attempt (a grandchild that escaped the stop) still
-            # writing to its old pipe: its output is not this attempt's.
-            if attempt == self._current:
-                put(("lines", (source, lines, at)))
-            else:
-                log.warning("%d line(s) from attempt %d's leftovers ignored", len(lines), attempt)
-
+        on_lines = self._lines_of(attempt, put, terminal=terminal)
+        state_dir = self.settings.state_dir
+        prune(state_dir, KEEP_ATTEMPT_DIRS - 1)
+        relay = RelayedStart(attempt_dir(state_dir, attempt), pty=terminal)
         job = JobProcess(
             argv,
             env=env,
@@ -134,10 +151,76 @@ class Child:
             stderr=self._stderr,
             max_line_bytes=self.settings.tail.max_line_bytes,
             batch_s=self.settings.tail.batch_s,
+            relay=relay,
         )
         job.start()
         self._group = job.pid  # started in a session of its own: its pid is the group's id
+        if job.identity is not None:
+            try:
+                JobRecord(
+                    attempt, relay.directory, ProcessIdentity.of(relay.relay_pid),
+                    job.identity, argv, job.started_at,
+                ).save(state_dir)  # fmt: skip
+            except (OSError, ProcessLookupError) as error:
+                log.error("cannot record the job for a restart of sentinel to adopt: %s", error)
         return job
+
+    def _lines_of(
+        self, attempt: int, put: Put, *, terminal: bool
+    ) -> Callable[[str, list[str], float], None]:
+        """What hands the attempt's lines to the loop: a terminal's cleaned of escapes."""
+        cleaners = {"stdout": TerminalLines(), "stderr": TerminalLines()} if terminal else {}
+
+        def on_lines(source: str, lines: list[str], at: float) -> None:
+            # A straggler of an earlier attempt (a grandchild that escaped the stop) still
+            # writing to its old terminal: its output is not this attempt's.
+            if attempt != self._current:
+                log.warning("%d line(s) from attempt %d's leftovers ignored", len(lines), attempt)
+                return
+            cleaner = cleaners.get(source)
+            if cleaner is not None:
+                lines = cleaner.clean(lines)
+            if lines:
+                put(("lines", (source, lines, at)))
+
+        return on_lines
+
+    def _adopt(self, attempt: int, put: Put) -> Handle | None:
+        """The job an earlier ``sentinel run`` on this state dir left running, adopted;
+        None when there is none. OSError: one may run that cannot be told apart."""
+        record = JobRecord.load(self.settings.state_dir)
+        if record is None:
+            return None
+        relay, job = record.relay.liveness(), record.job.liveness()
+        if "unknown" in (relay, job):
+            raise OSError(
+                f"the job sentinel started before (pid {record.job.pid}) may still run and"
+                " cannot be told apart (its create time is hidden): not starting a second copy"
+            )
+        if relay != "same" and job != "same":
+            status = record.exit_returncode()
+            if status is not None:
+                log.info("the job sentinel started before ended with status %d", status)
+            return None
+        self.argv = record.argv
+        self._current = attempt
+        self._group = record.job.pid
+        adopted = AdoptedJob(
+            record,
+            on_lines=self._lines_of(attempt, put, terminal=self.settings.job.pty),
+            on_exit=lambda code: put(("exit", (attempt, code))),
+            stdout=self._stdout,
+            stderr=self._stderr,
+            max_line_bytes=self.settings.tail.max_line_bytes,
+            batch_s=self.settings.tail.batch_s,
+        )
+        adopted.start()
+        log.warning(
+            "adopted the job an earlier sentinel started and left running (pid %d, its attempt"
+            " %d, output in %s)",
+            record.job.pid, record.attempt, record.directory,
+        )  # fmt: skip
+        return adopted
 
     def members(self) -> list[ProcessIdentity]:
         """The process group sentinel made for the job: a member that left the tree (its

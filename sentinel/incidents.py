@@ -71,6 +71,16 @@ class Incident:
     def worst(self) -> Alert:
         return max(self.alerts, key=lambda alert: alert.severity.rank)
 
+    @property
+    def rank(self) -> int | None:
+        """The distributed rank whose series raised it (its first alert that names one);
+        None when no alert does (a single-rank job, a job-wide rule)."""
+        for alert in self.alerts:
+            rank = alert.details.get("rank")
+            if rank is not None:
+                return int(rank)
+        return None
+
     def record(self, time: float, text: str) -> None:
         self.actions.append((time, text))
 
@@ -84,6 +94,7 @@ class Incident:
             "resolved_at": self.resolved_at,
             "onset_step": self.onset_step,
             "onset_time": self.onset_time,
+            "rank": self.rank,
             "alerts": [alert.to_json() for alert in self.alerts],
             "actions": [{"time": time, "text": text} for time, text in self.actions],
             "diagnosis": None if self.diagnosis is None else self.diagnosis.to_json(),

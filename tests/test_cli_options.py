@@ -479,6 +479,16 @@ def run_metrics_textfile(run: Run, tmp_path: Path) -> None:
     assert [s.name for s in families["sentinel_log_lines"].samples] == ["sentinel_log_lines_total"]
 
 
+def run_no_pty(run: Run, tmp_path: Path) -> None:
+    """The job gets pipes for stdout and stderr, not the terminals it gets otherwise."""
+    says = "import sys; print(sys.stdout.isatty(), sys.stderr.isatty(), file=open(sys.argv[1],'a'))"
+    seen = tmp_path / "isatty"
+    for args in ((), ("--no-pty",)):
+        result = run_job(run, tmp_path, *args, "--", sys.executable, "-c", says, seen)
+        assert result.code == 0, result.err
+    assert seen.read_text() == "True True\nFalse False\n"
+
+
 def watch_wait(run: Run, tmp_path: Path) -> None:
     """A job that has not appeared within --wait: exit 1 about that long after it began
     waiting, saying so. (A subprocess, killed if it outlives 30 s: a wait that never ends
@@ -530,6 +540,7 @@ HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
     ("run", "--verdict-file"): run_verdict_file,
     ("run", "--http"): run_http,
     ("run", "--metrics-textfile"): run_metrics_textfile,
+    ("run", "--no-pty"): run_no_pty,
     ("watch", "--wait"): watch_wait,
     ("check-config", "--json"): check_config_json,
     ("replay", "--config"): replay_config,
@@ -561,6 +572,7 @@ SLOW = {
         ("run", "--verdict-file"),
         ("run", "--http"),
         ("run", "--metrics-textfile"),
+        ("run", "--no-pty"),
         ("watch", "--wait"),
     ]
 }

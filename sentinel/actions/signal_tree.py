@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from sentinel.actions.terminate import KILL_WAIT_S
 from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.pidfd import PinnedProcess, pin
 
 log = logging.getLogger(__name__)
+
+#: How long to wait for the kernel to tear a process down after SIGKILL.
+KILL_WAIT_S = 5.0
 
 #: How often the grace looks for processes the tree started since the last look.
 RESCAN_S = 0.25

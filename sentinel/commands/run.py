@@ -29,6 +29,13 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         },
     )
     run.add_argument(
+        "--no-pty",
+        action="store_const",
+        # A False would read as "not given": the setting takes the word.
+        const="false",
+        help="give the job pipes, not terminals, for its stdout and stderr ([job] pty)",
+    )
+    run.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND [ARGS...]",

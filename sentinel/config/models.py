@@ -60,7 +60,12 @@ class JobConfig(_Model):
     restart_backoff_max_s: float = Field(default=300.0, ge=0)
     #: A job that lives this long counts as started (Supervisor's ``startsecs``).
     min_uptime_s: float = Field(default=10.0, ge=0)
-    #: Set PYTHONUNBUFFERED=1 for the job, so its printed metrics arrive as written.
+    #: Give the job a pseudo-terminal for its stdout and one for its stderr (``run``), so
+    #: progress bars (tqdm, rich) draw live and Python buffers by line, as at a terminal;
+    #: off (``--no-pty``): pipes.
+    pty: bool = True
+    #: Without a terminal (``pty = false``), set PYTHONUNBUFFERED=1 for the job, so its
+    #: printed metrics arrive as written.
     unbuffered: bool = True
     #: A link to the run's dashboard put in every message, e.g.
     #: ``https://wandb.ai/acme/llm/runs/{env[WANDB_RUN_ID]}``; ``{job}``, ``{host}``,
@@ -321,6 +326,7 @@ CLI_FIELDS: dict[str, tuple[str, ...]] = {
     "metrics_textfile": ("metrics_textfile",),
     "verdict_file": ("verdict_file",),
     "stop_signal": ("job", "stop_signal"),
+    "no_pty": ("job", "pty"),
     "drain_timeout": ("drain_timeout_s",),
     "run_id": ("run_id",),
     "pid": ("watch", "pid"),

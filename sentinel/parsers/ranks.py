@@ -65,9 +65,7 @@ def parse_ranked(parse: Callable[[str], list[Sample]], text: str) -> list[Sample
     samples = parse(rest)
     if not samples:
         return samples
-    if not sure and not any(
-        sample[2] is not None and sample[0] != PROGRESS for sample in samples
-    ):
+    if not sure and not any(sample[2] is not None and sample[0] != PROGRESS for sample in samples):
         return samples
     return [_new_sample(Sample, (*sample[:4], rank)) for sample in samples]
 

@@ -32,6 +32,7 @@ from typing import BinaryIO
 from sentinel.lines import BATCH_S, LineSplitter
 from sentinel.sources.gathering import pump
 from sentinel.sources.identity import ProcessIdentity
+from sentinel.sources.relayed import RelayedStart
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,11 @@ class JobProcess:
         stderr: BinaryIO | None,
         max_line_bytes: int = 1 << 20,
         batch_s: float = BATCH_S,
+        relay: RelayedStart | None = None,
     ) -> None:
         """``batch_s``: how long to gather output after a read (0: hand on every read); the
-        most a line (and its passthrough) waits while the job is printing fast."""
+        most a line (and its passthrough) waits while the job is printing fast. ``relay``:
+        start the job under a relay (``sentinel.sources.relay``) and read its output from it."""
         self.argv = list(argv)
         self._env = dict(env)
         self._on_lines = on_lines
@@ -73,6 +76,8 @@ class JobProcess:
         self._passthrough = {"stdout": stdout, "stderr": stderr}
         self._max_line_bytes = max_line_bytes
         self._batch_s = batch_s
+        self._relay = relay
+        #: The job's process, or its relay's.
         self._popen: subprocess.Popen[bytes] | None = None
         self.identity: ProcessIdentity | None = None
         self.started_at = 0.0
@@ -81,21 +86,24 @@ class JobProcess:
     @property
     def pid(self) -> int:
         assert self._popen is not None
-        return self._popen.pid
+        return self._relay.job_pid if self._relay is not None else self._popen.pid
 
     def start(self) -> None:
         """Launch the job in a new session (its own process group) and start the readers."""
-        self._popen = subprocess.Popen(
-            self.argv,
-            env=self._env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        if self._relay is not None:
+            self._popen = self._relay.start(self.argv, self._env)
+        else:
+            self._popen = subprocess.Popen(
+                self.argv,
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         self.started_at = time.time()
         try:
-            self.identity = ProcessIdentity.of(self._popen.pid)
+            self.identity = ProcessIdentity.of(self.pid)
         except ProcessLookupError:
             # Exited before we looked: nothing to signal, the waiter reports the exit.
             self.identity = None
@@ -164,6 +172,8 @@ class JobProcess:
         for reader in readers:
             # A grandchild may hold the pipes open after the job exits: do not wait forever.
             reader.join(timeout=5.0)
+        if self._relay is not None:
+            self.returncode = self._relay.returncode(self.returncode)
         self._on_exit(self.returncode)
 
 

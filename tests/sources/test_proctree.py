@@ -17,7 +17,6 @@ from contextlib import contextmanager
 import psutil
 import pytest
 
-from sentinel.actions.terminate import ProcessIdentity
 from sentinel.detectors.stall import StallConfig, StallDetector
 from sentinel.engine import Engine
 from sentinel.parsers import LineParser
@@ -30,6 +29,7 @@ from sentinel.sources import (
     PROC_ZOMBIES,
     PROCESS_SOURCE,
 )
+from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.proctree import PROC_CHILDREN, ProcessMonitor, descendant_pids
 
 DEADLINE_S = 10.0

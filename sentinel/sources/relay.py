@@ -1,0 +1,231 @@
+"""A tiny process that holds the job's terminals and copies its output: the job outlives sentinel.
+
+``sentinel run`` starts this file as a script (``python -I relay.py``; the standard
+library only, nothing of sentinel's is imported) and the relay starts the job. The
+job's stdout and stderr are each a pseudo-terminal (``--pty``: rich and tqdm draw as
+for a person, Python buffers by line, so a line is one write and two ranks' lines
+never glue) or a pipe. The relay owns their other ends and copies every byte, as it
+comes, to a file per stream in the attempt's directory and to sentinel through the
+relay's own stdout and stderr.
+
+When sentinel dies (a crash, ``kill -9``) its ends of those pipes close; the relay
+sees it at once (``POLLERR``), notes in ``detached.json`` how far sentinel had read
+each stream (what it wrote, less what the pipe still held) and goes on copying to
+the files only. So the job never blocks on a full pipe nor dies of a broken one,
+and its terminals are never hung up while it runs. A restarted sentinel adopts the
+job from the record sentinel left beside these files, and follows the files from
+where the dead one had read.
+
+Protocol with sentinel: fd 3 (``--control``) gets ``pid N`` once the job runs (or
+``error TEXT`` if it could not be started) and ``exit S`` at the end (S as Popen's
+returncode: negative for a signal). ``exit.json`` holds the same status for a
+sentinel that was not there to read it. The relay exits after the job has exited
+and its output is drained (or ``DRAIN_S`` after, if a grandchild keeps a terminal open).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+#: What each stream's file is called in the attempt's directory.
+STREAM_FILES = {"stdout": "stdout.log", "stderr": "stderr.log"}
+#: Written once sentinel is gone: how far (bytes) it had read of each stream.
+DETACHED = "detached.json"
+#: Written at the end: the job's status (Popen's returncode).
+EXIT = "exit.json"
+#: After the job has exited, how long output still held open by a grandchild is read.
+DRAIN_S = 5.0
+#: The terminal's size when sentinel has none of its own to copy.
+DEFAULT_COLUMNS, DEFAULT_ROWS = 200, 50
+_READ_BYTES = 1 << 20
+
+
+def write_json(path: str, record: dict[str, object]) -> None:
+    """Write ``record`` to ``path`` atomically (temp file and rename), private to the user."""
+    temporary = f"{path}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, json.dumps(record).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _unread(fd: int) -> int:
+    """Bytes still in the pipe ``fd`` writes to (Linux answers FIONREAD on either end)."""
+    try:
+        answer = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", answer)[0])
+
+
+def open_terminal(columns: int, rows: int) -> tuple[int, int]:
+    """A pseudo-terminal (master, slave) that passes ``\\n`` as is (no ``\\r\\n``)."""
+    master, slave = pty.openpty()
+    attributes = termios.tcgetattr(slave)
+    attributes[1] &= ~termios.OPOST  # output as written: no \n -> \r\n, no tab expansion
+    attributes[3] &= ~termios.ECHO
+    termios.tcsetattr(slave, termios.TCSANOW, attributes)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    return master, slave
+
+
+class Relay:
+    """Copies the job's streams to their files and to sentinel, until the job is done."""
+
+    def __init__(self, directory: str, *, channels: dict[str, int], control: int) -> None:
+        self.directory = directory
+        #: stream -> the fd sentinel reads it from; gone once sentinel is.
+        self.channels = dict(channels)
+        self.control: int | None = control
+        self.sent = dict.fromkeys(STREAM_FILES, 0)
+        self.files = {
+            name: os.open(
+                os.path.join(directory, file_name),
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                0o600,
+            )
+            for name, file_name in STREAM_FILES.items()
+        }
+
+    def copy(self, name: str, data: bytes) -> None:
+        _write_all(self.files[name], data)
+        channel = self.channels.get(name)
+        if channel is None:
+            return
+        try:
+            _write_all(channel, data)
+        except BrokenPipeError:
+            self.detach()
+        else:
+            self.sent[name] += len(data)
+
+    def detach(self) -> None:
+        """Sentinel is gone: note how far it read, and copy to the files alone from now."""
+        if not self.channels:
+            return
+        read = {name: self.sent[name] - _unread(fd) for name, fd in self.channels.items()}
+        with contextlib.suppress(OSError):
+            write_json(os.path.join(self.directory, DETACHED), {"read": read, "at": time.time()})
+        # The fds stay open (unread by anyone): closed, their numbers could be reused
+        # while the relay's poller still names them.
+        self.channels = {}
+        self.control = None
+
+    def say(self, text: str) -> None:
+        """One line to sentinel on the control channel, while sentinel is there."""
+        if self.control is not None:
+            with contextlib.suppress(OSError):
+                _write_all(self.control, f"{text}\n".encode())
+
+
+def relay(job: subprocess.Popen[bytes], sources: dict[str, int], out: Relay) -> int:
+    """Copy until the job has exited and its streams are drained; the job's returncode."""
+    poller = select.poll()
+    by_fd = {fd: name for name, fd in sources.items()}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    channels = list(out.channels.values())
+    for fd in channels:
+        poller.register(fd, 0)  # POLLERR: sentinel closed its end
+    exited: int | None = None
+    try:
+        exited = os.pidfd_open(job.pid)
+    except (AttributeError, OSError):
+        pass  # no pidfds: look every half second
+    else:
+        poller.register(exited, select.POLLIN)
+    ended_at: float | None = None
+    while by_fd:
+        if ended_at is None and job.poll() is not None:
+            ended_at = time.monotonic()
+            if exited is not None:
+                poller.unregister(exited)
+        if ended_at is not None:
+            left_s = DRAIN_S - (time.monotonic() - ended_at)
+            if left_s <= 0:
+                break
+            timeout_ms = int(left_s * 1000) + 1
+        else:
+            timeout_ms = 500 if exited is None else -1
+        for fd, _ in poller.poll(timeout_ms):
+            if fd in by_fd:
+                try:
+                    data = os.read(fd, _READ_BYTES)
+                except OSError:  # EIO: a terminal whose every slave end is closed
+                    data = b""
+                if data:
+                    out.copy(by_fd[fd], data)
+                    continue
+                poller.unregister(fd)
+                del by_fd[fd]
+            elif fd in channels:
+                out.detach()
+        if channels and not out.channels:  # detached, here or by a failed write
+            for fd in channels:
+                poller.unregister(fd)
+            channels = []
+    return job.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sentinel-relay")
+    parser.add_argument("--dir", required=True, help="the attempt's directory")
+    parser.add_argument("--control", type=int, required=True, help="fd for pid/exit lines")
+    parser.add_argument("--pty", action="store_true", help="give the job terminals")
+    parser.add_argument("--columns", type=int, default=DEFAULT_COLUMNS)
+    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    out = Relay(args.dir, channels={"stdout": 1, "stderr": 2}, control=args.control)
+    ends: dict[str, tuple[int, int]] = {}
+    for name in STREAM_FILES:
+        ends[name] = open_terminal(args.columns, args.rows) if args.pty else os.pipe()
+    try:
+        job = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=ends["stdout"][1],
+            stderr=ends["stderr"][1],
+            start_new_session=True,
+        )
+    except OSError as error:
+        out.say(f"error {error.errno} {error.strerror}: {command[0] if command else ''}")
+        return 127
+    # Set after the job started, so that it does not inherit them. Python ignores SIGPIPE
+    # already (a write to sentinel's closed end fails, it does not kill).
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    for _, slave in ends.values():
+        os.close(slave)
+    out.say(f"pid {job.pid}")
+    returncode = relay(job, {name: master for name, (master, _) in ends.items()}, out)
+    with contextlib.suppress(OSError):
+        write_json(os.path.join(args.dir, EXIT), {"returncode": returncode, "at": time.time()})
+    out.say(f"exit {returncode}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""A 2-rank DDP job whose ranks each print their own loss, an order of magnitude apart.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 ranks_job.py STEPS NAN_STEP
+
+Each rank trains its own tiny regression (gloo all-reduces the gradients, as DDP does)
+and prints ``[rank<r>] step <n> | loss <x>`` every step. Both ranks fit the same line, but
+rank 1's targets carry about ten times the noise of rank 0's, so once the model has learned
+its loss stays an order of magnitude above rank 0's (about 10 against 1). At ``NAN_STEP``
+(0: never) rank 1 alone prints a NaN loss, as a rank whose batch went bad does. A line is
+written with one ``os.write``, so two ranks sharing a pipe never glue their lines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def main() -> None:
+    steps, nan_step = int(sys.argv[1]), int(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(rank)
+    noise = 10.0**0.5 if rank == 1 else 1.0
+    for step in range(1, steps + 1):
+        inputs = torch.randn(64, 8, generator=generator)
+        targets = inputs.sum(dim=1, keepdim=True) + 3.0
+        targets += noise * torch.randn(64, 1, generator=generator)
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        value = float("nan") if rank == 1 and step == nan_step else loss.item()
+        os.write(1, f"[rank{rank}] step {step} | loss {value:.4f}\n".encode())
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

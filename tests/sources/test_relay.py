@@ -1,0 +1,204 @@
+"""The relay: the job's terminals held by a process of its own, its output copied to files and to
+sentinel, the job never blocked nor killed by sentinel's end, and adopted again from the files.
+
+Real relays, real jobs, real terminals; sentinel's death is its ends of the pipes closing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sentinel.sources.adopted import AdoptedJob
+from sentinel.sources.identity import ProcessIdentity
+from sentinel.sources.process import JobProcess
+from sentinel.sources.relay import DETACHED, EXIT
+from sentinel.sources.relayed import JobRecord, RelayedStart
+
+#: The job's environment: no PYTHONUNBUFFERED, so Python buffers as a terminal makes it.
+ENV = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+
+
+class Captured:
+    """One attempt under a relay: its lines by stream, its exit."""
+
+    def __init__(self, tmp_path: Path, code: str, *, pty: bool = True) -> None:
+        self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.exited = threading.Event()
+        self.returncode: int | None = None
+        self.relay = RelayedStart(tmp_path / "attempt", pty=pty)
+        self.job = JobProcess(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=ENV,
+            on_lines=lambda source, lines, at: self.lines[source].extend(lines),
+            on_exit=self._exit,
+            stdout=None,
+            stderr=None,
+            relay=self.relay,
+        )
+
+    def _exit(self, returncode: int) -> None:
+        self.returncode = returncode
+        self.exited.set()
+
+    def run(self) -> Captured:
+        self.job.start()
+        assert self.exited.wait(20), "the job did not end"
+        return self
+
+
+def test_the_job_writes_to_terminals_kept_apart_and_copied_to_files(tmp_path: Path) -> None:
+    done = Captured(
+        tmp_path,
+        """
+        import os, sys
+        out = sys.stdout
+        print("stdout", out.isatty(), out.line_buffering, os.get_terminal_size().columns)
+        print("stderr", sys.stderr.isatty(), file=sys.stderr)
+        print("loss 1.5", end="\\r"); print("loss 1.4")
+        sys.exit(3)
+        """,
+    ).run()
+    assert done.returncode == 3
+    assert done.lines["stdout"][0].startswith("stdout True True ")
+    assert done.lines["stdout"][1:] == ["loss 1.5", "loss 1.4"]  # \r ends a line
+    assert done.lines["stderr"] == ["stderr True"]
+    attempt = done.relay.directory
+    assert (attempt / "stdout.log").read_bytes().endswith(b"loss 1.5\rloss 1.4\n")  # no \r\n
+    assert (attempt / "stderr.log").read_bytes() == b"stderr True\n"
+    assert json.loads((attempt / EXIT).read_text())["returncode"] == 3
+    assert not (attempt / DETACHED).exists(), "sentinel read to the end: nothing detached"
+
+
+@pytest.mark.slow
+def test_without_a_terminal_the_job_gets_pipes(tmp_path: Path) -> None:
+    done = Captured(
+        tmp_path, "import sys; print(sys.stdout.isatty(), sys.stderr.isatty())", pty=False
+    ).run()
+    assert (done.returncode, done.lines["stdout"]) == (0, ["False False"])
+
+
+def test_a_job_killed_by_a_signal_says_so(tmp_path: Path) -> None:
+    done = Captured(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)").run()
+    assert done.returncode == -signal.SIGKILL
+
+
+def test_a_command_that_cannot_start_is_an_oserror(tmp_path: Path) -> None:
+    relay = RelayedStart(tmp_path / "attempt", pty=True)
+    with pytest.raises(FileNotFoundError):
+        relay.start([str(tmp_path / "no-such-program")], ENV)
+
+
+@pytest.mark.slow
+def test_two_ranks_on_one_terminal_never_glue_their_lines(tmp_path: Path) -> None:
+    """torchrun's ranks share the job's stdout: a line is one write on a terminal."""
+    done = Captured(
+        tmp_path,
+        """
+        import subprocess, sys
+        rank = '''
+        import sys
+        r = sys.argv[1]
+        for step in range(400):
+            print(f"[rank{r}] step {step} | loss {10 ** int(r) * 2.5:.4f} | tokens/s 5050")
+        '''.replace("\\n        ", "\\n")
+        ranks = [subprocess.Popen([sys.executable, "-c", rank, str(r)]) for r in (0, 1)]
+        sys.exit(max(p.wait() for p in ranks))
+        """,
+    ).run()
+    assert done.returncode == 0
+    whole = re.compile(r"\[rank[01]\] step \d+ \| loss \d+\.\d{4} \| tokens/s 5050")
+    glued = [line for line in done.lines["stdout"] if not whole.fullmatch(line)]
+    assert glued == []
+    assert len(done.lines["stdout"]) == 800
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> Iterator[tuple[RelayedStart, object, Path]]:
+    """A job under a relay that writes a numbered line every 20 ms until ``stop`` appears,
+    then ``loss nan`` if ``nan`` appeared meanwhile; its relay started by this test."""
+    code = textwrap.dedent(
+        """
+        import os, sys, time
+        stop, nan = os.path.join(sys.argv[1], "stop"), os.path.join(sys.argv[1], "nan")
+        step = 0
+        while not os.path.exists(stop):
+            step += 1
+            print(f"step {step} loss {'nan' if os.path.exists(nan) else 1.0}")
+            time.sleep(0.02)
+        """
+    )
+    relay = RelayedStart(tmp_path / "attempt", pty=True)
+    process = relay.start([sys.executable, "-c", code, str(tmp_path)], ENV)
+    yield relay, process, tmp_path
+    (tmp_path / "stop").touch()
+    relay.returncode(process.wait(10))  # type: ignore[attr-defined]
+    for pipe in (process.stdout, process.stderr):  # type: ignore[attr-defined]
+        pipe.close()
+
+
+@pytest.mark.slow
+def test_the_job_outlives_its_reader_and_is_adopted_from_the_files(
+    writer: tuple[RelayedStart, object, Path],
+) -> None:
+    relay, process, work = writer
+    stdout = process.stdout  # type: ignore[attr-defined]
+    read = b""
+    while read.count(b"\n") < 5:
+        read += os.read(stdout.fileno(), 1 << 16)
+    # Sentinel dies: its ends close. The relay notes how far it had read, at once.
+    stdout.close()
+    process.stderr.close()  # type: ignore[attr-defined]
+    attempt = relay.directory
+    deadline = time.monotonic() + 5
+    while not (attempt / DETACHED).exists():
+        assert time.monotonic() < deadline, "the relay did not see sentinel go"
+        time.sleep(0.02)
+    assert json.loads((attempt / DETACHED).read_text())["read"]["stdout"] == len(read)
+    # The job goes on writing, to the file now, never blocked nor killed.
+    size = (attempt / "stdout.log").stat().st_size
+    time.sleep(0.3)
+    assert (attempt / "stdout.log").stat().st_size > size
+    assert process.poll() is None  # type: ignore[attr-defined]
+
+    record = JobRecord(
+        1, attempt, ProcessIdentity.of(relay.relay_pid), ProcessIdentity.of(relay.job_pid),
+        ["job"], time.time(),
+    )  # fmt: skip
+    lines: list[str] = []
+    ended: list[int | None] = []
+    adopted = AdoptedJob(
+        record,
+        on_lines=lambda source, new, at: lines.extend(new),
+        on_exit=ended.append,
+        stdout=None,
+        stderr=None,
+    )
+    adopted.start()
+    assert adopted.identity == record.job
+    # From where the dead reader had read: the next line, none again, none lost.
+    first = int(read.splitlines()[-1].split()[1]) + 1
+    deadline = time.monotonic() + 10
+    while not lines:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert lines[0] == f"step {first} loss 1.0"
+    (work / "nan").touch()
+    while not any("nan" in line for line in lines):
+        assert time.monotonic() < deadline, lines[-3:]
+        time.sleep(0.02)
+    (work / "stop").touch()
+    assert adopted.wait(10)
+    assert ended == [0]
+    steps = [int(line.split()[1]) for line in lines]
+    assert steps == list(range(first, first + len(steps)))

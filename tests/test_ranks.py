@@ -1,0 +1,187 @@
+"""Every rank its own series: rank prefixes, unlabelled ranks, restarts, copies (issue 20.5, 20.7).
+
+The lines are those a 2-rank job prints (``tests/e2e/ranks_job.py`` under torchrun, whose
+real run is ``tests/e2e/test_ranks_live.py``): rank 1's loss about ten times rank 0's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from sentinel.config import Settings
+from sentinel.engine import Engine, build_detectors
+from sentinel.incidents import IncidentTracker
+from sentinel.parsers import LineParser
+from sentinel.parsers.ranks import split_rank
+from sentinel.records import Alert, Line
+
+T0 = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("[rank1]: step 5 | loss 2.3", (1, "step 5 | loss 2.3", True), id="pytorch"),
+        pytest.param("[rank1] step 5 | loss 2.3", (1, "step 5 | loss 2.3", True), id="no-colon"),
+        pytest.param("[Rank 1] step=5, skipped=0", (1, "step=5, skipped=0", True), id="deepspeed"),
+        pytest.param("[default1]:step 5 loss 2.3", (1, "step 5 loss 2.3", True), id="torchrun-tee"),
+        pytest.param("[1]: step 5 loss 2.3", (1, "step 5 loss 2.3", True), id="torchrun-template"),
+        pytest.param("1: step 5 | loss 2.3", (1, "step 5 | loss 2.3", False), id="srun-label"),
+        pytest.param(" 3: step 5 | loss 2.3", (3, "step 5 | loss 2.3", False), id="srun-padded"),
+        pytest.param("[1] loss 2.3", None, id="bare-brackets-are-no-rank"),
+        pytest.param("[INFO] step 5 loss 2.3", None, id="log-level"),
+        pytest.param("step 5 | loss 2.3", None, id="plain"),
+    ],
+)
+def test_a_rank_prefix_is_read_and_stripped(
+    text: str, expected: tuple[int, str, bool] | None
+) -> None:
+    assert split_rank(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "rank", "step"),
+    [
+        pytest.param(
+            "[default1]:[rank1] step 7 | loss 2.5", 1, 7, id="torchrun-tee-of-a-ranked-line"
+        ),
+        pytest.param("1: step 7 | loss 2.5", 1, 7, id="srun-label-with-a-step"),
+        pytest.param("100: loss=2.5", None, None, id="a-number-before-a-stepless-line-is-no-rank"),
+        pytest.param('[0]: {"step": 7, "loss": 2.5}', 0, 7, id="json-behind-a-prefix"),
+    ],
+)
+def test_a_parsed_line_carries_its_rank(text: str, rank: int | None, step: int | None) -> None:
+    (sample,) = LineParser().parse(text)
+    assert (sample.name, sample.value, sample.step, sample.rank) == ("loss", 2.5, step, rank)
+
+
+def engine() -> Engine:
+    return Engine(build_detectors(Settings()), LineParser())
+
+
+def losses(steps: int, rank: int, *, nan_at: int = 0, seed: int = 0) -> list[float]:
+    """A loss that settles near 1 (rank 0) or 10 (rank 1), with noise."""
+    rng = random.Random(seed * 10 + rank)
+    level = 10.0 if rank == 1 else 1.0
+    out = [level * (1.0 + 4.0 / step) * rng.uniform(0.85, 1.15) for step in range(1, steps + 1)]
+    if nan_at:
+        out[nan_at - 1] = math.nan
+    return out
+
+
+def two_ranks(steps: int, *, label: bool, nan_at: int = 0, seed: int = 0) -> list[str]:
+    """Both ranks' lines in one stream, in the order they reach the pipe (either first)."""
+    rng = random.Random(seed)
+    by_rank = [losses(steps, rank, nan_at=nan_at if rank == 1 else 0, seed=seed) for rank in (0, 1)]
+    lines = []
+    for step in range(1, steps + 1):
+        order = [0, 1] if rng.random() < 0.5 else [1, 0]
+        for rank in order:
+            prefix = f"[rank{rank}] " if label else ""
+            lines.append(f"{prefix}step {step} | loss {by_rank[rank][step - 1]:.4f}")
+    return lines
+
+
+def feed(eng: Engine, texts: list[str], source: str = "stdout") -> list[Alert]:
+    alerts: list[Alert] = []
+    for index, text in enumerate(texts):
+        alerts += eng.feed_line(Line(source, text, T0 + index))
+    return alerts
+
+
+@pytest.mark.parametrize("label", [True, False], ids=["labelled", "unlabelled"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_ranks_an_order_of_magnitude_apart_raise_nothing(label: bool, seed: int) -> None:
+    assert feed(engine(), two_ranks(200, label=label, seed=seed)) == []
+
+
+def test_today_one_series_of_both_ranks_would_spike() -> None:
+    """The same numbers as one series, as they were read before: loss_spike fires, so the
+    test above proves something."""
+    rng = random.Random(0)
+    texts = []
+    for step in range(1, 201):
+        # Each rank's own step numbers let them apart; number them as one series instead.
+        texts.append(f"step {2 * step} | loss {rng.uniform(0.9, 1.1):.4f}")
+        texts.append(f"step {2 * step + 1} | loss {rng.uniform(9.0, 11.0):.4f}")
+    assert {alert.rule for alert in feed(engine(), texts)} & {"loss_spike", "divergence"}
+
+
+def test_a_nan_on_rank_1_alone_is_raised_naming_rank_1_at_its_step() -> None:
+    alerts = feed(engine(), two_ranks(120, label=True, nan_at=80))
+    raised = [alert for alert in alerts if not alert.resolves]
+    assert [(alert.rule, alert.step, alert.details.get("rank")) for alert in raised] == [
+        ("nan_inf", 80, 1)
+    ]
+    assert raised[0].message.startswith("rank 1: ")
+    tracker = IncidentTracker("t")
+    for alert in alerts:
+        tracker.observe(alert)
+    (incident,) = list(tracker.open.values()) + tracker.closed
+    assert incident.rank == 1
+    assert incident.to_json()["rank"] == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_an_unlabelled_nan_keeps_both_series_apart(seed: int) -> None:
+    """A NaN could be either rank's: raised at its step, and the series stay whole after it."""
+    alerts = feed(engine(), two_ranks(150, label=False, nan_at=80, seed=seed))
+    raised = [alert for alert in alerts if not alert.resolves]
+    assert [(alert.rule, alert.step) for alert in raised] == [("nan_inf", 80)]
+
+
+def test_steps_logged_again_after_a_restart_are_the_new_attempt_not_a_rank() -> None:
+    """The job goes back 60 steps (resumed from a checkpoint) in the same stream: one series
+    still, so a NaN after it names no rank."""
+    values = losses(200, 0)
+    texts = [f"step {step} | loss {values[step - 1]:.4f}" for step in range(1, 151)]
+    texts += [f"step {step} | loss {values[step - 1] * 1.01:.4f}" for step in range(91, 201)]
+    texts.append("step 201 | loss nan")
+    alerts = feed(engine(), texts)
+    assert [(alert.rule, alert.step, alert.message) for alert in alerts] == [
+        ("nan_inf", 201, "loss is nan at step 201")
+    ]
+
+
+def test_a_new_attempt_starts_the_series_again() -> None:
+    eng = engine()
+    values = losses(100, 0)
+    assert feed(eng, [f"step {s} | loss {values[s - 1]:.4f}" for s in range(1, 101)]) == []
+    eng.job_started(T0 + 500, start_step=50)
+    again = [f"step {s} | loss {values[s - 1]:.4f}" for s in range(51, 101)] + [
+        "step 101 | loss nan"
+    ]
+    alerts = feed(eng, again)
+    assert [(alert.rule, alert.step, alert.details.get("rank")) for alert in alerts] == [
+        ("nan_inf", 101, None)
+    ]
+
+
+def test_a_line_printed_twice_is_one_observation() -> None:
+    """Two ranks printing the same all-reduced loss: the second copy is dropped."""
+    texts = []
+    for step in range(1, 60):
+        texts += [f"step {step} | loss {losses(60, 0)[step - 1]:.4f}"] * 2
+    texts += ["step 60 | loss nan"] * 2
+    alerts = feed(engine(), texts)
+    assert [(alert.rule, alert.step, alert.details.get("rank")) for alert in alerts] == [
+        ("nan_inf", 60, None)
+    ]
+
+
+def test_a_metric_seen_at_its_step_in_another_source_is_one_observation() -> None:
+    """stdout and a metrics file of one run: each NaN once, and the file's late copies of
+    steps already seen never reach the rules (no spike from a series read twice)."""
+    values = losses(100, 0)
+    eng = engine()
+    stdout = [f"step {s} | loss {values[s - 1]:.4f}" for s in range(1, 101)] + [
+        "step 101 | loss nan"
+    ]
+    alerts = feed(eng, stdout, "stdout")
+    jsonl = [f'{{"step": {s}, "loss": {values[s - 1]}}}' for s in range(1, 101)]
+    jsonl.append('{"step": 101, "loss": NaN}')
+    alerts += feed(eng, jsonl, "metrics.jsonl")
+    assert [(alert.rule, alert.step) for alert in alerts] == [("nan_inf", 101)]
