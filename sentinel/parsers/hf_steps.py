@@ -70,7 +70,13 @@ class HfSteps:
     def process(self, text: str, samples: list[Sample]) -> list[Sample]:
         """One line's samples in order: its bars move the bar, an HF dict gets its step."""
         if "%|" in text:
-            self._bars(text)
+            if self._pending is None and self._total is not None:
+                # Only the count is needed now: the bar's own sample, no regex.
+                for sample in samples:
+                    if sample.name == PROGRESS:
+                        self._bar = sample.step
+            else:
+                self._bars(text)
         if "{'" not in text:
             return samples
         epoch: float | None = None
