@@ -9,14 +9,19 @@ a job before its checkpoints are poisoned. Three kinds, one rule, one episode
   logged steps;
 - ``"relative"``: above ``factor`` x its own rolling median (the last
   ``window`` values that were not in a run; judged once it holds ``min_history``)
-  on ``sustain`` consecutive steps, some of them under ``threshold``;
+  and more than ``noise_sigmas`` robust standard deviations of that window above
+  it (a change inside the run's own wobble is none, whatever its ratio), on
+  ``sustain`` consecutive steps, some of them under ``threshold``;
 - ``"clipping"``: when ``max_grad_norm`` is known, at least ``clip_fraction`` of
   the last ``clip_window`` logged grad-norms are >= it. Trainers log the norm
   before clipping (``clip_grad_norm_`` returns it), so that is clipping engaged
   on most steps: the learning rate is likely too high.
 
 During warmup (configured steps, or the logged LR still rising) a high grad-norm
-is normal: the rule only learns the median then. Non-finite values are
+is normal, so the rule relaxes, it does not switch off: it learns the median, and
+warns once (``"warmup"``) when the grad-norm stays above ``warmup_factor`` x the
+least it has been in this attempt for ``sustain`` consecutive steps: far above the
+run's own early values, whatever the learning rate does. Non-finite values are
 ``nan_inf``'s business and are skipped. The episode resolves after
 ``resolve_after`` consecutive values under every bar (not in a run, and clipping
 under ``clip_fraction``). ``onset_step`` is the first step of the run (of the
@@ -29,7 +34,8 @@ window, for ``"clipping"``), plus ``clipped`` and ``clip_window`` for clipping.
 
 The decisions are written once, ``is_high`` and ``is_clipped``: ``observe`` judges
 each value with them, and replay's blocks (``can_absorb``) are taken whole when every
-line is in warmup, or none is, no episode is open, the block's largest value is not
+line is in warmup (and none far above the least seen, unless that warning was given),
+or none is, no episode is open, the block's largest value is not
 high against no median (the absolute bar), no value is above ``relative_bar`` of the
 least value the median could be taken over (the bar rises with the median), and no
 clip window ending in the block reaches ``clip_fraction``.
@@ -39,15 +45,20 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
 from functools import partial
 from itertools import accumulate, repeat
 from operator import sub
-from typing import Any, ClassVar
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from sentinel.detectors.base import BaseDetector, MetricRuleConfig
+from sentinel.detectors.base import BaseDetector
+from sentinel.detectors.grad_norm_run_config import (
+    GradNormRunConfig,
+    clips_needed,
+    is_clipped,
+    is_high,
+    relative_bar,
+    warmup_bar,
+)
 from sentinel.detectors.series import (
     Rolling,
     Warmup,
@@ -60,68 +71,6 @@ from sentinel.records import Alert, Block, Sample, Severity
 METRIC = "grad_norm"
 #: Values before a run's onset kept as evidence.
 CONTEXT = 10
-
-
-class GradNormRunConfig(MetricRuleConfig):
-    """``[rules.grad_norm_run]``.
-
-    The defaults are the runbooks': a grad-norm above 10 for 3 consecutive logged
-    steps, or far above its own median, is the usual prelude to a NaN loss; a
-    trainer that clips on most steps (HF's ``max_grad_norm`` is 1.0) is running
-    with too high a learning rate.
-    """
-
-    renamed: ClassVar[Mapping[str, str]] = {"run_length": "sustain", "relative_factor": "factor"}
-
-    #: A grad-norm above this is high whatever the run's history.
-    threshold: float = Field(default=10.0, gt=0)
-    #: Consecutive logged steps above a bar that make a run.
-    sustain: int = Field(default=3, ge=1, le=1000)
-    #: A grad-norm above this multiple of its rolling median is high.
-    factor: float = Field(default=5.0, gt=1.0)
-    #: Values (not in a run) whose median is the relative baseline.
-    window: int = Field(default=50, ge=1, le=100_000)
-    #: Values the median needs before the relative test is made.
-    min_history: int = Field(default=10, ge=1)
-    #: The job's gradient clipping norm; None (unknown) turns the clipping test off.
-    max_grad_norm: float | None = Field(default=None, gt=0)
-    #: Fraction of the last ``clip_window`` grad-norms at or above ``max_grad_norm`` that warns.
-    clip_fraction: float = Field(default=0.9, gt=0, le=1)
-    #: Logged grad-norms the clipping fraction is taken over.
-    clip_window: int = Field(default=20, ge=1, le=100_000)
-    #: Consecutive values under every bar that end the episode.
-    resolve_after: int = Field(default=5, ge=1)
-
-    @model_validator(mode="after")
-    def _history_fits(self) -> GradNormRunConfig:
-        if self.min_history > self.window:
-            raise ValueError("min_history must not exceed window")
-        return self
-
-
-def relative_bar(median: float, factor: float) -> float:
-    """The relative bar: ``factor`` x the rolling median, rising with it."""
-    return factor * median
-
-
-def is_high(value: float, median: float | None, settings: GradNormRunConfig) -> bool:
-    """Whether a grad-norm is high: above ``threshold``, or above the relative bar of the
-    rolling ``median`` (None before ``min_history``; a median of 0 sets no bar)."""
-    if value > settings.threshold:
-        return True
-    if not median:
-        return False
-    return value > relative_bar(median, settings.factor)
-
-
-def is_clipped(value: float, max_grad_norm: float) -> bool:
-    """Whether a logged (pre-clipping) grad-norm means the trainer clipped it."""
-    return value >= max_grad_norm
-
-
-def clips_needed(settings: GradNormRunConfig) -> int:
-    """Clipped values among the last ``clip_window`` that make clipping the rule."""
-    return math.ceil(round(settings.clip_fraction * settings.clip_window, 9))
 
 
 class GradNormRunDetector(BaseDetector):
@@ -145,6 +94,10 @@ class GradNormRunDetector(BaseDetector):
         self._open = False
         self._onset_step: int | None = None
         self._calm = 0
+        #: The least grad-norm of the attempt, and the run above the warmup bar.
+        self._least = math.inf
+        self._warmup_run: list[tuple[int | None, float]] = []
+        self._warmup_warned = False
 
     def job_started(self, now: float) -> None:
         self._warmup.reset()
@@ -155,6 +108,9 @@ class GradNormRunDetector(BaseDetector):
         self._open = False
         self._onset_step = None
         self._calm = 0
+        self._least = math.inf
+        self._warmup_run.clear()
+        self._warmup_warned = False
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         name, value, step, stamp = sample[:4]
@@ -164,12 +120,15 @@ class GradNormRunDetector(BaseDetector):
         if name != METRIC or not math.isfinite(value):
             return []
         rolling = self._median
+        settings = self.settings
         if self._warmup.active(step):
             rolling.add(value)
-            return []
-        settings = self.settings
+            alerts = [] if self._warmup_warned else self._in_warmup(sample, source, now)
+            self._least = min(self._least, value)
+            return alerts
+        self._least = min(self._least, value)
         median = rolling.median() if len(rolling) >= settings.min_history else None
-        high = is_high(value, median, settings)
+        high = is_high(value, median, settings, rolling)
         if high:
             self._run.append((step, value))
         else:
@@ -189,6 +148,40 @@ class GradNormRunDetector(BaseDetector):
             return [self._open_clipping(sample, source, time)]
         return []
 
+    def _in_warmup(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        """A grad-norm in warmup: part of a run far above the least seen, or not."""
+        name, value, step, stamp = sample[:4]
+        settings = self.settings
+        least = self._least
+        if not (least > 0 and value > warmup_bar(least, settings)):
+            self._warmup_run.clear()
+            return []
+        self._warmup_run.append((step, value))
+        if len(self._warmup_run) < settings.sustain:
+            return []
+        self._warmup_warned = True
+        onset = self._warmup_run[0][0]
+        message = (
+            f"{name} above {warmup_bar(least, settings):.4g} ({settings.warmup_factor:g}x the"
+            f" least it has been, {least:.4g}) for {len(self._warmup_run)} consecutive steps"
+            f" since step {onset} during warmup (now {value:.4g}): far above the run's own"
+            " early values"
+        )
+        evidence = [*list(self._recent)[-CONTEXT:], *self._warmup_run]
+        details = self._details("warmup", warmup_bar(least, settings), None, onset, evidence)
+        details["run_length"] = len(self._warmup_run)
+        return [
+            self.sample_alert(
+                sample,
+                severity=settings.severity,
+                message=message,
+                time=stamp if stamp is not None else now,
+                source=source,
+                onset_step=onset,
+                details=details,
+            )
+        ]
+
     def can_absorb(self, block: Block) -> bool:
         """Uneventful: every line in warmup, or no episode, no value high by either bar
         (the relative one bounded by the least value its median could hold) and no full
@@ -200,14 +193,20 @@ class GradNormRunDetector(BaseDetector):
         phase = self._warmup.block_phase(block.step_range(), columns.get("lr"))
         if phase is None:
             return False
+        values = finite_values(column)
+        settings = self.settings
         if phase:
-            return True  # in warmup every value is only learned
+            # In warmup every value is only learned, unless it is far above the least.
+            if self._warmup_warned or not values:
+                return True
+            if self._least <= 0:
+                return not self._warmup_run  # no warning now (the least only falls)
+            bar = partial(warmup_bar, settings=settings)
+            return not self._warmup_run and never_above(values, bar, self._least, 0)
         if self._open:
             return False  # a calm value counts towards the resolve
-        values = finite_values(column)
         if not values:
             return True
-        settings = self.settings
         if is_high(max(values), None, settings):
             return False  # above the absolute bar
         rolling = self._median
@@ -244,6 +243,7 @@ class GradNormRunDetector(BaseDetector):
         in_warmup, values, steps = taken
         if not values:
             return
+        self._least = min(self._least, *values)
         self._median.extend(values)
         if in_warmup:
             return

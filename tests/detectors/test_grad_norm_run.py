@@ -249,3 +249,35 @@ def test_alert_time_is_the_sample_time() -> None:
 def test_config_rejects_bad_values(config: dict[str, Any]) -> None:
     with pytest.raises(pydantic.ValidationError):
         GradNormRunConfig(**config)
+
+
+def test_a_relative_run_inside_the_runs_own_wobble_is_not_high() -> None:
+    # A tiny grad-norm that wobbles 0.001-0.009: three values of 0.008 are 5.3x the median.
+    wobble = [0.001, 0.005, 0.002, 0.009, 0.0015, 0.001, 0.004, 0.002, 0.006, 0.0015]
+    assert run([*wobble * 5, 0.008, 0.008, 0.008]) == []
+    # Against a steady level the same run is high.
+    alerts = run([*[0.0015] * 50, 0.008, 0.008, 0.008])
+    assert [(alert.details["kind"], alert.onset_step) for alert in alerts] == [("relative", 51)]
+
+
+def with_rising_lr(values: Sequence[float]) -> list[Sample]:
+    samples: list[Sample] = []
+    for step, value in enumerate(values, start=1):
+        samples += [Sample("lr", 1e-4 * step, step), Sample("grad_norm", value, step)]
+    return samples
+
+
+def test_warmup_relaxes_but_a_run_far_above_the_early_values_warns_once() -> None:
+    detector = GradNormRunDetector(GradNormRunConfig())
+    values = [1.4, 1.2, 2.0, 1.3, 1.9e4, 4.4e4, 6.6e4, 1.7e5, 1.2e5]
+    alerts = feed(detector, with_rising_lr(values))
+    assert summary(alerts) == [(WARN, 7, 5, False)]
+    assert alerts[0].details["kind"] == "warmup"
+    assert "10x the least it has been, 1.2" in alerts[0].message
+
+
+def test_warmup_high_values_that_are_not_a_run_only_learn() -> None:
+    detector = GradNormRunDetector(GradNormRunConfig())
+    # Big early norms falling, and single jumps: normal in warmup.
+    values = [50.0, 20.0, 5.0, 1.0, 15.0, 1.0, 0.9, 12.0, 13.0, 1.0]
+    assert feed(detector, with_rising_lr(values)) == []
