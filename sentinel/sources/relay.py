@@ -26,6 +26,7 @@ and its output is drained (or ``DRAIN_S`` after, if a grandchild keeps a termina
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import fcntl
 import json
@@ -41,8 +42,15 @@ import time
 
 #: What each stream's file is called in the attempt's directory.
 STREAM_FILES = {"stdout": "stdout.log", "stderr": "stderr.log"}
-#: Written once sentinel is gone: how far (bytes) it had read of each stream.
+#: Written once sentinel is gone: how far (bytes) it had read of each stream ("read"),
+#: and where one that takes over should read from ("resume": ``RESUME_S`` earlier).
 DETACHED = "detached.json"
+#: What sentinel had read but not yet handed on when it died (a gathering window, at most
+#: a second, and the loop's lag) is lost with it: one that takes over reads again what
+#: the dead one was sent in this long before it went, so that no line is missed.
+RESUME_S = 2.0
+#: How finely what was sent is remembered over time.
+_MARK_S = 0.1
 #: Written at the end: the job's status (Popen's returncode).
 EXIT = "exit.json"
 #: After the job has exited, how long output still held open by a grandchild is read.
@@ -99,6 +107,10 @@ class Relay:
         self.channels = dict(channels)
         self.control: int | None = control
         self.sent = dict.fromkeys(STREAM_FILES, 0)
+        #: stream -> (monotonic time, bytes sent before that time's output) over RESUME_S.
+        self.marks: dict[str, collections.deque[tuple[float, int]]] = {
+            name: collections.deque() for name in STREAM_FILES
+        }
         self.files = {
             name: os.open(
                 os.path.join(directory, file_name),
@@ -113,6 +125,11 @@ class Relay:
         channel = self.channels.get(name)
         if channel is None:
             return
+        now, marks = time.monotonic(), self.marks[name]
+        if not marks or now - marks[-1][0] >= _MARK_S:
+            marks.append((now, self.sent[name]))
+            while marks[0][0] < now - RESUME_S:
+                marks.popleft()
         try:
             _write_all(channel, data)
         except BrokenPipeError:
@@ -125,8 +142,14 @@ class Relay:
         if not self.channels:
             return
         read = {name: self.sent[name] - _unread(fd) for name, fd in self.channels.items()}
+        since = time.monotonic() - RESUME_S
+        resume = {}
+        for name, done in read.items():
+            recent = [sent for at, sent in self.marks[name] if at >= since]
+            resume[name] = min([done, *recent[:1]])
+        record = {"read": read, "resume": resume, "at": time.time()}
         with contextlib.suppress(OSError):
-            write_json(os.path.join(self.directory, DETACHED), {"read": read, "at": time.time()})
+            write_json(os.path.join(self.directory, DETACHED), record)
         # The fds stay open (unread by anyone): closed, their numbers could be reused
         # while the relay's poller still names them.
         self.channels = {}

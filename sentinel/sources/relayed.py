@@ -171,15 +171,16 @@ class JobRecord:
             return None
 
     def read_offsets(self, wait_s: float = 1.0) -> dict[str, int]:
-        """How far the sentinel that died had read each stream (bytes), as the relay noted
-        when it saw it go (it sees that at once; ``wait_s`` for it to write the note).
-        Without the note, the files' ends: the relay is gone too, or never saw it."""
+        """Where to read each stream from (bytes): where the sentinel that died had read it,
+        less what it may not have handed on yet, as the relay noted when it saw it go (at
+        once; ``wait_s`` for it to write the note). Without the note, the files' ends: the
+        relay is gone too, or never saw it."""
         path = self.directory / DETACHED
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                read = json.loads(path.read_text())["read"]
-                return {name: max(0, int(read.get(name, 0))) for name in STREAM_FILES}
+                resume = json.loads(path.read_text())["resume"]
+                return {name: max(0, int(resume.get(name, 0))) for name in STREAM_FILES}
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 if time.monotonic() >= deadline or self.relay.liveness() != "same":
                     break
