@@ -1,0 +1,63 @@
+"""The statistical rules on real runs (``tests/fixtures/divergence``, made by
+``make_divergence_runs.py``): an LR jump that never recovers is rolled back to before the
+jump, a warmup divergence warns well before the NaN, a per-epoch rhythm is the run's normal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.config import load_settings
+from sentinel.records import Alert, Severity
+from sentinel.replay import replay
+
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "divergence"
+
+
+def expected(run: str) -> dict[str, Any]:
+    return json.loads((RUNS / run / "expected.json").read_text(encoding="utf-8"))
+
+
+def raised(path: Path) -> list[Alert]:
+    result = replay([path], load_settings(None, environ={}))
+    return [alert for alert in result.alerts if not alert.resolves and alert.severity > Severity.INFO]
+
+
+@pytest.mark.parametrize("artifact", ["trainer_state.json", "train.log"])
+def test_an_lr_jump_that_never_recovers_is_rolled_back_to_before_the_jump(artifact: str) -> None:
+    truth = expected("lr_jump")
+    logging = truth["hyperparameters"]["logging_steps"]
+    alerts = raised(RUNS / "lr_jump" / artifact)
+    criticals = [alert for alert in alerts if alert.severity == Severity.CRITICAL]
+    assert [alert.rule for alert in criticals] == ["divergence"]
+    (critical,) = criticals
+    assert critical.onset_step is not None
+    # The train.log's steps come from the progress bars: up to a logged interval early.
+    assert truth["jump_step"] - logging <= critical.onset_step <= truth["jump_step"]
+    clean = max(step for step in truth["checkpoint_steps"] if step < critical.onset_step)
+    assert clean == truth["last_clean_checkpoint"]
+    assert all(alert.step is not None and alert.step >= critical.onset_step for alert in alerts)
+
+
+@pytest.mark.parametrize("artifact", ["trainer_state.json", "train.log"])
+def test_a_warmup_divergence_warns_five_logged_steps_before_the_first_nan(artifact: str) -> None:
+    truth = expected("warmup_diverge")
+    logging = truth["hyperparameters"]["logging_steps"]
+    alerts = raised(RUNS / "warmup_diverge" / artifact)
+    first, nan = alerts[0], next(alert for alert in alerts if alert.rule == "nan_inf")
+    assert first.severity == Severity.WARNING
+    assert first.details["kind"] in {"warmup_growth", "warmup"}
+    assert first.step is not None and nan.step is not None
+    assert (nan.step - first.step) // logging >= 5
+
+
+def test_a_per_epoch_rhythm_is_the_runs_normal() -> None:
+    truth = expected("rhythm")
+    alerts = raised(RUNS / "rhythm" / "metrics.csv")
+    assert [alert for alert in alerts if alert.severity == Severity.CRITICAL] == []
+    # The first epoch may look odd (nothing to compare it with yet); the rhythm after never.
+    assert [a.step for a in alerts if (a.step or 0) >= truth["steps_per_epoch"]] == []
