@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.actions import atomic
-from sentinel.actions.pointers import Form, PointerChange, read_pointer
+from sentinel.actions.pointer_find import Form, read_pointer
+from sentinel.actions.pointers import PointerChange
 from sentinel.actions.rollback import MANIFEST, read_manifest
 from sentinel.sources.checkpoints import QUARANTINE_DIR
 

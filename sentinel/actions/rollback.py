@@ -31,15 +31,8 @@ from typing import Any
 
 from sentinel.actions.clone import clone
 from sentinel.actions.keep import KeptVersion, kept_versions, weights_problem
-from sentinel.actions.pointers import (
-    Form,
-    PointerChange,
-    Rewrite,
-    apply_rewrite,
-    find_pointers,
-    hpc_above_clean,
-    plan_rewrites,
-)
+from sentinel.actions.pointer_find import Form, find_pointers, hpc_above_clean
+from sentinel.actions.pointers import PointerChange, Rewrite, apply_rewrite, plan_rewrites
 from sentinel.sources.checkpoints import (
     QUARANTINE_DIR,
     Checkpoint,

@@ -15,7 +15,7 @@ from sentinel.cli_options import add_shared
 from sentinel.commands.common import usage_error
 
 if TYPE_CHECKING:
-    from sentinel.actions.pointers import Pointer
+    from sentinel.actions.pointer_find import Pointer
 
 VERB = "checkpoints"
 
@@ -41,7 +41,7 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def handle(args: argparse.Namespace) -> int:
-    from sentinel.actions.pointers import find_pointers
+    from sentinel.actions.pointer_find import find_pointers
     from sentinel.sources.checkpoints import last_clean, scan
 
     if args.restore is not None:

@@ -22,14 +22,8 @@ from typing import Any
 import pytest
 
 from sentinel.actions import atomic
-from sentinel.actions.pointers import (
-    Form,
-    PointerKind,
-    apply_rewrite,
-    find_pointers,
-    plan_rewrites,
-    rewrite,
-)
+from sentinel.actions.pointer_find import Form, PointerKind, find_pointers
+from sentinel.actions.pointers import apply_rewrite, plan_rewrites, rewrite
 from sentinel.actions.restore import RestoreRefused, restore_quarantine
 from sentinel.actions.rollback import MANIFEST, apply_rollback, plan_rollback, pointer_note
 from sentinel.cli import main
