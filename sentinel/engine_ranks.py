@@ -14,8 +14,9 @@ into several files (TensorBoard events and a CSV, stdout and ``trainer_state.jso
   stream's newest is a restart, not a rank: the stream starts again as one series;
 - which samples are new observations: a metric at a step it was already seen at, or
   behind, from another source of the run is the same observation (or a late copy of it)
-  and is dropped; a non-finite value is never dropped unless the very same value was
-  seen at that step. Lines that repeat themselves exactly in one stream are dropped too.
+  and is dropped; a non-finite value only when that metric was non-finite at that very
+  step in another source (a NaN is never lost). Lines that repeat themselves exactly in
+  one stream are dropped too.
 
 Only samples that carry their own step take part: a step the engine filled in (from a
 progress bar) says nothing about ranks or copies. ``restart`` (a new attempt) forgets it all.
@@ -37,6 +38,8 @@ from sentinel.records import PROGRESS, Alert, Block, Sample
 RANK_WINDOW = 2
 #: ``_Stream.place``: a line no series can be told to own.
 UNPLACED = -1
+#: Non-finite steps remembered per metric (past that many, they are forgotten at once).
+NONFINITE_KEPT = 4096
 
 
 class _Slot:
@@ -115,18 +118,21 @@ def _same_value(a: float, b: float) -> bool:
 class RunSeries:
     """Per line: its rank, and its samples that are new observations (see module doc)."""
 
-    __slots__ = ("_last", "_streams")
+    __slots__ = ("_last", "_nonfinite", "_streams")
 
     def __init__(self) -> None:
         # Per (source, stepped metric names): the series of unlabelled lines.
         self._streams: dict[tuple[str, tuple[str, ...]], _Stream] = {}
         # Per (metric, rank): the newest step it was seen at, its value and its source.
         self._last: dict[tuple[str, int | None], tuple[int, float, str]] = {}
+        # Per (metric, rank): the steps it was non-finite at, each with its source.
+        self._nonfinite: dict[tuple[str, int | None], dict[int, str]] = {}
 
     def restart(self) -> None:
         """A new attempt: its steps start again."""
         self._streams.clear()
         self._last.clear()
+        self._nonfinite.clear()
 
     def admit(self, samples: Iterable[Sample], source: str) -> tuple[list[Sample], int | None]:
         """The samples of one line that are new observations, and the line's rank (None:
@@ -162,17 +168,25 @@ class RunSeries:
                 continue
             key_of = (name, rank)
             seen = last.get(key_of)
-            if (
-                seen is not None
-                and seen[2] != source
-                and step_of <= seen[0]
-                and (math.isfinite(value) or _same_value(value, seen[1]))
-            ):
-                continue  # the same observation, or a late copy of one
+            if math.isfinite(value):
+                if seen is not None and seen[2] != source and step_of <= seen[0]:
+                    continue  # the same observation, or a late copy of one
+            elif self._seen_nonfinite(key_of, step_of, source):
+                continue  # the same NaN, read in another file of the run
             if seen is None or step_of >= seen[0] or seen[2] == source:
                 last[key_of] = (step_of, value, source)
             kept.append(sample)
         return kept, rank
+
+    def _seen_nonfinite(self, key: tuple[str, int | None], step: int, source: str) -> bool:
+        """Whether another source had this metric non-finite at ``step``; notes this one."""
+        steps = self._nonfinite.get(key)
+        if steps is None:
+            steps = self._nonfinite[key] = {}
+        elif len(steps) >= NONFINITE_KEPT:
+            steps.clear()
+        first = steps.setdefault(step, source)
+        return first != source
 
     def takes_block(self, block: Block) -> bool:
         """Whether a block of one source's lines (unlabelled, each with its own step) may
