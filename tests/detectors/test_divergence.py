@@ -112,3 +112,20 @@ def test_job_started_forgets_the_history() -> None:
 def test_config_rejects_incoherent_values(config: dict[str, Any]) -> None:
     with pytest.raises(pydantic.ValidationError):
         DivergenceConfig(**config)
+
+
+def test_a_megatron_style_jump_that_never_recovers_is_caught() -> None:
+    # `lm loss` 6.4 -> 11.4 in one logged interval, and it stays there.
+    values = [*noisy(6.4, 30, noise=0.01), *noisy(11.4, 12, noise=0.01, seed=5)]
+    assert summary(feed(values)) == [(CRIT, 40, 31)]
+
+
+def test_an_eval_at_a_new_epoch_is_not_the_train_loss() -> None:
+    detector = DivergenceDetector(DivergenceConfig())
+    alerts: list[Alert] = []
+    for step, value in enumerate(noisy(2.0, 80), start=1):
+        alerts += detector.observe(Sample("loss", value, step), "log", NOW)
+        if step % 20 == 0:  # an evaluation, well above the train loss
+            alerts += detector.observe(Sample("eval_loss", 3.5, step), "log", NOW)
+    assert alerts == []
+    assert detector.watches == frozenset({"loss", "lr"})
