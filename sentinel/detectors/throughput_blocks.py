@@ -43,9 +43,10 @@ class ThroughputDropConfig(MetricRuleConfig):
     """``[rules.throughput_drop]``.
 
     DESIGN's table: "< 50% of the run's baseline, sustained". Five values in a row
-    outlast a checkpoint save or an evaluation, which slow one logging interval;
-    the baseline is the median of 20 values, so a slow first step (compilation,
-    allocator warmup) does not set it.
+    just under the bar outlast a checkpoint save or an evaluation, which slow one logging
+    interval; a deeper drop needs fewer (``values_needed``), never under two; the
+    baseline is the median of 20 values, so a slow first step (compilation, allocator
+    warmup) does not set it.
     """
 
     #: Throughput metrics (names as logged, lower-cased). The first of them the job logs
@@ -59,12 +60,45 @@ class ThroughputDropConfig(MetricRuleConfig):
     #: Values (after warmup) whose median is the first baseline; also the rolling window
     #: whose median can later raise it (it never lowers it).
     baseline_window: int = Field(default=20, ge=3)
-    #: Consecutive values below the bar that make a drop.
+    #: Consecutive values just below the bar that make a drop; a deeper drop needs fewer
+    #: (a drop to a quarter of the baseline two, with the default bar).
     sustain: int = Field(default=5, ge=1)
     #: Seconds the drop must also have lasted (from its first low value); 0 counts values only.
     sustain_s: float = Field(default=0.0, ge=0)
     #: Consecutive values back at or above the bar that end the episode.
     resolve_after: int = Field(default=5, ge=1)
+
+
+#: The fewest values any drop needs, however deep: one slow interval (a save, an eval) is
+#: no drop.
+MIN_SUSTAIN = 2
+
+
+def depth_slack(fraction: float) -> float:
+    """What each low value's depth below the baseline (``1 - value / baseline``) gives up
+    before it counts as evidence: 80% of the depth at the bar."""
+    return 0.8 * (1.0 - fraction)
+
+
+def evidence_needed(settings: ThroughputDropConfig) -> float:
+    """The evidence that makes a drop: what ``sustain`` values just under the bar give.
+
+    A one-sided CUSUM of the depth below the baseline, restarted by any value at or
+    above the bar: with the default bar (50%), five values just under it, three at 40%
+    of the baseline, two at a quarter. The slack is what keeps a shallow dip from paging
+    on fewer values: each value just under the bar adds a fifth of what is needed.
+    """
+    return settings.sustain * (1.0 - settings.fraction - depth_slack(settings.fraction))
+
+
+def values_needed(depth: float, settings: ThroughputDropConfig) -> int:
+    """How many low values of the same ``depth`` make a drop (for docs and tests)."""
+    gain = depth - depth_slack(settings.fraction)
+    need = evidence_needed(settings)
+    count = MIN_SUSTAIN if settings.sustain >= MIN_SUSTAIN else 1
+    while count * gain < need - 1e-9:
+        count += 1
+    return count
 
 
 #: Derived steps/sec: (time, highest step) of a time point, or None.
@@ -228,12 +262,11 @@ def block_lows(
             top = max(baseline, sorted(chain(recent, values))[size // 2 - size])
             if sum(highs_among(values, low_bar(top, fraction))) + len(lows) < len(values):
                 return None  # which side of the bar it falls depends on the order
-    sustain = settings.sustain
     if lows:
+        # How many lows a drop needs depends on their depth: a run of the fewest any
+        # drop needs, or one that goes on from before the block, is fed line by line.
         if low_run and lows[0] == 0:
-            need = sustain - low_run
-            if need <= 0 or (len(lows) >= need and lows[need - 1] == need - 1):
-                return None
-        if longest_run_at_least(lows, sustain):
+            return None
+        if longest_run_at_least(lows, min(MIN_SUSTAIN, settings.sustain)):
             return None
     return lows

@@ -20,10 +20,13 @@ from itertools import compress
 from sentinel.detectors.base import BaseDetector
 from sentinel.detectors.series import Rolling, Warmup
 from sentinel.detectors.throughput_blocks import (
+    MIN_SUSTAIN,
     THROUGHPUT_METRICS,
     Judged,
     ThroughputDropConfig,
     block_lows,
+    depth_slack,
+    evidence_needed,
     highs_among,
     is_low,
     judged_values,
@@ -75,6 +78,8 @@ class ThroughputDropDetector(BaseDetector):
         self._recent = Rolling(size)
         self._values: deque[float] = deque(maxlen=self.settings.sustain + 5)
         self._low_run = 0
+        # The run's evidence: the sum of each low value's depth less the slack (CUSUM).
+        self._evidence = 0.0
         self._low_since: tuple[int | None, float] = (None, 0.0)
         self._open = False
         self._high_run = 0
@@ -181,6 +186,10 @@ class ThroughputDropDetector(BaseDetector):
         if highs:
             self._baseline = self._recent.peak_median(highs, self._baseline)
             self._recent.extend(highs)
+        if self._low_run:
+            # A lone low at the end (block_lows refuses longer runs): judged against the
+            # baseline after the highs before it, which is the baseline now.
+            self._evidence = self._depth(values[-1], self._baseline)
 
     def _adopt(self, name: str, source: str, now: float) -> list[Alert]:
         """The job logs throughput after all: judge it from now on, not derived steps/sec."""
@@ -265,9 +274,14 @@ class ThroughputDropDetector(BaseDetector):
             return []
         if self._low_run == 0:
             self._low_since = (step, time)
+            self._evidence = 0.0
         self._low_run += 1
-        if self._low_run < self.settings.sustain or (
-            time - self._low_since[1] < self.settings.sustain_s
+        self._evidence += self._depth(value, baseline)
+        settings = self.settings
+        if (
+            self._low_run < min(MIN_SUSTAIN, settings.sustain)
+            or self._evidence < evidence_needed(settings) - 1e-9
+            or time - self._low_since[1] < settings.sustain_s
         ):
             return []
         self._open = True
@@ -276,6 +290,10 @@ class ThroughputDropDetector(BaseDetector):
                 value, step=step, time=time, source=source, derived=derived, resolves=False
             )
         ]
+
+    def _depth(self, value: float, baseline: float) -> float:
+        """A low value's evidence: its depth below the baseline, less the slack."""
+        return 1.0 - value / baseline - depth_slack(self.settings.fraction)
 
     def _drop_alert(
         self,
