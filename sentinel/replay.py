@@ -7,12 +7,26 @@ timestamps is replayed in step order and time-based rules stay silent.
 The result is a backtest table: per rule, whether it fired, its first step,
 how many episodes, and for the warning rules their lead over the first
 ``nan_inf`` (how many steps of warning a kill would have had).
+
+A run often writes its metrics twice (TensorBoard events and a CSV, a JSONL and
+stdout). Read one file after the other, the rules would see step 300, then step 1
+again. So when replay is given several files, each is read ahead to learn its steps
+and times, and files whose steps overlap (by ``OVERLAP`` of the shorter one's span or
+more) and whose times do not lie apart are one run: their lines are merged by step,
+each file in its own order, ties in the order the files were given; the engine takes
+a metric seen twice at one step as one observation (``engine_ranks``). Files that do
+not overlap (two attempts, two runs) are read one after the other, as given. One file,
+or an MLflow run (merged already), is streamed.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import count, groupby, repeat
+from operator import itemgetter
 from pathlib import Path
 
 from sentinel.config import Settings
@@ -20,11 +34,14 @@ from sentinel.diagnosis import explain
 from sentinel.engine import Engine, build_detectors
 from sentinel.incidents import IncidentTracker
 from sentinel.parsers import Garbled, LineParser
-from sentinel.parsers.files import iter_replay_batches, replay_plan
+from sentinel.parsers.files import MetricsFile, ReplayPlan, iter_replay_batches, replay_plan
 from sentinel.parsers.hf_trainer import read_trainer_state, trainer_state_info
-from sentinel.records import Alert, Severity
+from sentinel.records import PROGRESS, Alert, Severity
 
 log = logging.getLogger(__name__)
+
+#: Files are one run when their step ranges share at least this fraction of the shorter span.
+OVERLAP = 0.5
 
 
 @dataclass
@@ -135,7 +152,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         for file in group:
             engine.open_source(file.source, file.new_reader())
     feed_texts = engine.feed_texts
-    for source, texts in iter_replay_batches(plan):
+    for source, texts in run_batches(plan, settings.parsers.regexes):
         alerts = feed_texts(source, texts, 0.0)  # 0.0: the engine keeps the data's own clock
         if alerts:
             keep(alerts)
@@ -149,3 +166,96 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         tracker.closed
     )
     return result
+
+
+@dataclass
+class FileRead:
+    """One file read ahead: its lines, each line's step (the last one named, for a line
+    that names none; -1 before any), and the file's range of steps and times."""
+
+    file: MetricsFile
+    texts: list[str]
+    keys: list[int]
+    steps: tuple[int, int] | None = None
+    times: tuple[float, float] | None = None
+
+
+def read_ahead(file: MetricsFile, regexes: Sequence[str]) -> FileRead:
+    """Every line of ``file`` with its step, read by a parser of its own (not the engine's)."""
+    reader = file.new_reader()
+    parse = LineParser(regexes=regexes).parse if reader is None else reader.parse
+    read = FileRead(file, [], [])
+    for _, lines in iter_replay_batches([[file]]):
+        read.texts += lines
+    key = -1
+    steps: list[int] = []
+    times: list[float] = []
+    for text in read.texts:
+        try:
+            samples = parse(text) or ()
+        except Garbled:
+            samples = ()
+        for sample in samples:
+            if sample[3] is not None:
+                times.append(sample[3])
+            if sample[2] is not None and sample[0] != PROGRESS:
+                key = sample[2]
+                steps.append(key)
+        read.keys.append(key)
+    if steps:
+        read.steps = (min(steps), max(steps))
+    if times:
+        read.times = (min(times), max(times))
+    return read
+
+
+def same_run(one: FileRead, other: FileRead) -> bool:
+    """Whether two files are of one run: overlapping steps, times not apart."""
+    if one.steps is None or other.steps is None:
+        return False
+    shared = min(one.steps[1], other.steps[1]) - max(one.steps[0], other.steps[0])
+    shorter = min(one.steps[1] - one.steps[0], other.steps[1] - other.steps[0])
+    if shared < 0 or shared < OVERLAP * shorter:
+        return False
+    if one.times is not None and other.times is not None:
+        return one.times[0] <= other.times[1] and other.times[0] <= one.times[1]
+    return True
+
+
+def run_batches(plan: ReplayPlan, regexes: Sequence[str] = ()) -> Iterator[tuple[str, list[str]]]:
+    """``iter_replay_batches(plan)``, the files of one run merged in step order."""
+    if len(plan) < 2:
+        yield from iter_replay_batches(plan)
+        return
+    runs: list[list[FileRead] | list[MetricsFile]] = []
+    reads: list[list[FileRead]] = []
+    for group in plan:
+        if group[0].format == "mlflow":
+            runs.append(group)
+            continue
+        read = read_ahead(group[0], regexes)
+        run = next((run for run in reads if any(same_run(read, other) for other in run)), None)
+        if run is None:
+            run = [read]
+            reads.append(run)
+            runs.append(run)
+        else:
+            run.append(read)
+    for each in runs:
+        if each and isinstance(each[0], MetricsFile):
+            yield from iter_replay_batches(
+                [[file for file in each if isinstance(file, MetricsFile)]]
+            )
+        else:
+            yield from _merged([read for read in each if isinstance(read, FileRead)])
+
+
+def _merged(reads: list[FileRead]) -> Iterator[tuple[str, list[str]]]:
+    """The lines of a run's files by step, each file in its own order: a batch per stretch
+    of one file's lines."""
+    streams = [
+        zip(read.keys, repeat(order), count(), repeat(read.file.source), read.texts)
+        for order, read in enumerate(reads)
+    ]
+    for source, lines in groupby(heapq.merge(*streams), key=itemgetter(3)):
+        yield source, [line[4] for line in lines]

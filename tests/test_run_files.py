@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import Settings
-from sentinel.replay import ReplayResult, replay
+from sentinel.parsers.files import replay_plan
+from sentinel.replay import ReplayResult, replay, run_batches
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUN = FIXTURES / "run_files"
@@ -72,3 +73,27 @@ def test_no_state_bleeds_from_one_file_into_the_other(paths: list[Path]) -> None
     expected = json.loads((SPIKES / "expected.json").read_text())["spike_steps"]
     assert openers(result) == [("loss_spike", "warning", step) for step in expected]
     assert result.worst() == "warning"
+
+
+def test_the_files_of_one_run_are_read_merged_in_step_order() -> None:
+    """Step by step: each step's event records, then its CSV row (the header first)."""
+    batches = list(run_batches(replay_plan([RUN_EVENTS, RUN_CSV])))
+    sources = [Path(source).name for source, _ in batches]
+    assert len(batches) == 1 + 2 * 130  # the header, then per step its events and its row
+    assert set(sources[1::2]) == {RUN_EVENTS.name}
+    assert set(sources[2::2]) == {RUN_CSV.name}
+    rows = [line for source, lines in batches if source == str(RUN_CSV) for line in lines]
+    assert rows == RUN_CSV.read_text().splitlines()  # every line, in the file's own order
+
+
+def test_two_attempts_whose_steps_do_not_overlap_are_read_one_after_the_other(
+    tmp_path: Path,
+) -> None:
+    """The run's CSV cut in two at step 60, as two attempts would write it."""
+    header, *rows = RUN_CSV.read_text().splitlines()
+    first, second = tmp_path / "a" / "metrics.csv", tmp_path / "b" / "metrics.csv"
+    for path, part in ((first, rows[:60]), (second, rows[60:])):
+        path.parent.mkdir()
+        path.write_text("\n".join([header, *part]) + "\n")
+    batches = list(run_batches(replay_plan([second, first])))
+    assert [source for source, _ in batches] == [str(second), str(first)]
