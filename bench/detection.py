@@ -256,6 +256,24 @@ def false_alarm_rows(outcomes: Iterable[Outcome]) -> tuple[list[list[str]], list
     return total, per_rule
 
 
+def alarm_rows(outcomes: Iterable[Outcome]) -> list[list[str]]:
+    """Each healthy run that raised something: its first alert of each rule."""
+    rows = []
+    for outcome in outcomes:
+        if outcome.case.rule is not None:
+            continue
+        seen: set[str] = set()
+        for alert in outcome.alerts:
+            if alert.rule in seen:
+                continue
+            seen.add(alert.rule)
+            expected = "yes" if alert.rule in outcome.case.expected_warnings else "no"
+            rows.append(
+                [outcome.case.name, alert.rule, str(alert.severity), _cell(alert.step), expected]
+            )
+    return rows
+
+
 def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -275,6 +293,7 @@ DETECTION = (
 )
 TOTALS = ("healthy runs", "runs with alerts", "warnings", "expected", "unexpected", "criticals")
 PER_RULE = ("rule", "warnings", "of them expected", "criticals", "runs")
+ALARMS = ("healthy run", "rule", "severity", "first at step", "expected")
 
 
 def report(outcomes: list[Outcome]) -> str:
@@ -286,6 +305,7 @@ def report(outcomes: list[Outcome]) -> str:
             "False alarms (healthy runs)",
             markdown(TOTALS, total),
             markdown(PER_RULE, per_rule) if per_rule else "(no rule fired)",
+            markdown(ALARMS, alarm_rows(outcomes)) if per_rule else "",
         ]
     )
 

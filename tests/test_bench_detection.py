@@ -52,5 +52,7 @@ def test_false_alarm_tables_count_the_replays_episodes() -> None:
     assert total[3] == str(len(warned & {"eval_loss_rise"}))
     assert total[5] == str(len(critical))
     assert [row[0] for row in per_rule] == sorted(warned | critical)
+    listed = {(row[0], row[1]) for row in detection.alarm_rows(outcomes)}
+    assert listed == {(HEALTHY, rule) for rule in warned | critical}
     table = detection.report(outcomes)
     assert "| hf/nan/trainer_state.json | 19 | nan_inf |" in table
