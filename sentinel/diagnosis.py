@@ -7,9 +7,12 @@ sparkline of the metric around onset (``grad_norm ▁▁▂▃▅▇█ nan``).
 
 The readings follow the field's runbooks:
 
+- a jump in the logged learning rate, or a warmup still rising, before a blow-up: the
+  schedule, named with the step where the LR changed, next to the grad-norm evidence;
 - a grad-norm run or spike just before a NaN: an optimisation blow-up;
-- a NaN with a flat grad-norm before it: a bad batch or a numerics bug;
-- a NaN in the first steps: the data;
+- a NaN in the first steps with no divergence before it: the data;
+- a NaN out of the blue after a healthy stretch: a bad batch at that step, an fp16
+  overflow or a numerics edge case (the step and its samples to inspect);
 - a loss flat from the start: data or label masking, frozen parameters.
 """
 
@@ -30,6 +33,8 @@ _BARS = "▁▂▃▄▅▆▇█"
 FIRST_STEPS = 5
 #: A last grad-norm this many times its earlier median before a NaN is a blow-up.
 BLOW_UP_FACTOR = 5.0
+#: A rise of the logged learning rate between two logged values that is a jump.
+LR_JUMP = 3.0
 #: Points of the sparkline around onset.
 SPARK_POINTS = 12
 
@@ -129,29 +134,18 @@ def _reading(
 ) -> tuple[str, str, str | None]:
     """(cause, advice, metric to draw) for the incident."""
     worst = incident.worst
+    lr = _lr_evidence(incident, recent)
     if "nan_inf" in rules:
-        nan_alert = next(alert for alert in incident.alerts if alert.rule == "nan_inf")
-        metric = nan_alert.metric
-        before = _finite_before(recent.get(metric or "", ()), nan_alert.step)
-        if len(before) <= FIRST_STEPS and not rules & {"grad_norm_run", "loss_spike"}:
-            return (
-                f"{metric} non-finite in the first steps",
-                "look at the data: empty sequences, labels out of range, inf or NaN in the"
-                " inputs, a bad tokenizer pad id",
-                metric,
-            )
-        if rules & {"grad_norm_run", "loss_spike"} or _grad_norm_blew_up(recent, nan_alert.step):
-            return (
-                "optimisation blow-up (grad-norm rose before the NaN)",
-                "lower the learning rate, add or lengthen warmup, clip gradients at 1.0,"
-                " use bf16 rather than fp16",
-                "grad_norm" if "grad_norm" in recent else metric,
-            )
+        return _nan_reading(incident, rules, recent, lr)
+    if lr is not None and rules & {"grad_norm_run", "loss_spike", "divergence"}:
+        what, advice = lr
+        return (f"the loss or grad-norm rose after {what}", advice, worst.metric)
+    if "divergence" in rules:
         return (
-            "NaN with a flat grad-norm before it: a bad batch or a numerics bug in a layer",
-            "inspect the batch at this step; look for log(0), division by zero or fp16"
-            " overflow in one layer (torch.autograd.detect_anomaly for one step finds it)",
-            metric,
+            "divergence: the loss moved up and did not come back",
+            "roll back to the checkpoint before the onset; lower the learning rate, check the"
+            " schedule and the data order around the onset step",
+            worst.metric,
         )
     if {"grad_norm_run", "loss_spike"} <= rules:
         return (
@@ -250,6 +244,112 @@ def _reading(
     return (rule.replace("_", " "), advice or "see the timeline", worst.metric)
 
 
+def _nan_reading(
+    incident: Incident,
+    rules: set[str],
+    recent: Mapping[str, Sequence[Sample]],
+    lr: tuple[str, str] | None,
+) -> tuple[str, str, str | None]:
+    """What a non-finite value says, by what came before it: a learning-rate jump or a
+    warmup, a blow-up, a collapsed loss scale, the first steps (the data), or nothing (a
+    bad batch, an fp16 overflow or a numerics edge case at that step)."""
+    nan_alert = next(alert for alert in incident.alerts if alert.rule == "nan_inf")
+    metric, step = nan_alert.metric, nan_alert.step
+    told = nan_alert.details.get("finite_before")
+    before = (
+        told if isinstance(told, int) else len(_finite_before(recent.get(metric or "", ()), step))
+    )
+    grad = _grad_norm_rise(recent, step)
+    diverged = bool(rules & {"grad_norm_run", "loss_spike", "divergence"}) or (
+        grad is not None or _loss_climbed(recent, step)
+    )
+    drawn = "grad_norm" if "grad_norm" in recent else metric
+    beside = f"; {grad}" if grad else ""
+    if lr is not None and lr[0].startswith("the logged learning rate jumped"):
+        return (f"optimisation blow-up after {lr[0]}{beside}", lr[1], drawn)
+    if lr is not None and diverged:
+        return (f"divergence during warmup: {lr[0]}{beside}", lr[1], drawn)
+    if diverged:
+        return (
+            f"optimisation blow-up (grad-norm rose before the NaN){beside}",
+            "lower the learning rate, add or lengthen warmup, clip gradients at 1.0,"
+            " use bf16 rather than fp16",
+            drawn,
+        )
+    evidence = nan_alert.details.get("evidence") or []
+    if any("loss scale" in str(item) for item in evidence):
+        return (
+            "fp16 overflow: the loss scale is at its minimum and the gradients still overflow",
+            "train in bf16, or lower the learning rate and clip gradients; roll back to the"
+            " last checkpoint before the overflows began",
+            drawn,
+        )
+    if before <= FIRST_STEPS:
+        return (
+            f"{metric} non-finite in the first steps",
+            "look at the data: empty sequences, labels out of range, inf or NaN in the"
+            " inputs, a bad tokenizer pad id",
+            metric,
+        )
+    return (
+        f"NaN with a flat grad-norm before it, out of the blue at step {step} after {before}"
+        " healthy logged values: a bad batch, an fp16 overflow or a numerics edge case",
+        f"inspect the batch at step {step} (the samples below); rerun that step under"
+        " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, suspect an"
+        " fp16 overflow (bf16, or a lower initial loss scale) or a log(0) or division by zero",
+        metric,
+    )
+
+
+def _lr_evidence(
+    incident: Incident, recent: Mapping[str, Sequence[Sample]]
+) -> tuple[str, str] | None:
+    """(what the logged learning rate did, advice): a jump between two logged values (the
+    step where it changed), or a warmup still rising at the latest step; None when neither.
+
+    A rule that saw the jump long before may say so itself (``details["lr_jump"]``:
+    ``[step, before, after]``); else the recent ``lr`` samples tell.
+    """
+    for alert in incident.alerts:
+        told = alert.details.get("lr_jump")
+        if isinstance(told, (list, tuple)) and len(told) == 3:
+            step, before, after = told
+            return _lr_jump(step, float(before), float(after))
+    values = [
+        (sample.step, sample.value)
+        for sample in recent.get("lr", ())
+        if math.isfinite(sample.value) and sample.value > 0
+    ]
+    best: tuple[int | None, float, float] | None = None
+    for index in range(1, len(values)):
+        (step, after), before = values[index], values[index - 1][1]
+        ratio = after / before
+        # Warmup climbs by a steady factor (2x, 1.5x...): a jump is far above the step before.
+        prior = before / values[index - 2][1] if index >= 2 else 1.0
+        if ratio >= LR_JUMP and ratio > 2 * prior and (best is None or ratio > best[2] / best[1]):
+            best = (step, before, after)
+    if best is not None:
+        return _lr_jump(*best)
+    if len(values) >= 2 and values[-1][1] > values[-2][1] * (1 + 1e-6):
+        return (
+            f"the learning rate was still warming up (rising, {values[-1][1]:.3g} at step"
+            f" {values[-1][0]})",
+            "lower the peak learning rate or lengthen the warmup; clip gradients at 1.0;"
+            " use bf16 rather than fp16",
+        )
+    return None
+
+
+def _lr_jump(step: int | None, before: float, after: float) -> tuple[str, str]:
+    at = f" at step {step}" if step is not None else ""
+    return (
+        f"the logged learning rate jumped {after / before:.3g}x{at} (from {before:.3g} to"
+        f" {after:.3g})",
+        f"look at the learning-rate schedule{at}: a scheduler restarted or resumed with other"
+        " settings, a wrong multiplier or unit; roll back to the checkpoint before it",
+    )
+
+
 def _stall_reading(evidence: Mapping[str, object]) -> tuple[str, str, str | None]:
     """What a stall's evidence (``StallDetector``'s ``details["evidence"]``) points at."""
     if evidence.get("d_state"):
@@ -292,12 +392,25 @@ def _finite_before(samples: Sequence[Sample], step: int | None) -> list[float]:
     ]
 
 
-def _grad_norm_blew_up(recent: Mapping[str, Sequence[Sample]], step: int | None) -> bool:
+def _grad_norm_rise(recent: Mapping[str, Sequence[Sample]], step: int | None) -> str | None:
+    """The grad-norm evidence before ``step``: "grad-norm rose to X, N times its median"."""
     values = _finite_before(recent.get("grad_norm", ()), step)
     if len(values) < 3:
-        return False
+        return None
     baseline = statistics.median(values[:-2])
-    return baseline > 0 and max(values[-2:]) > BLOW_UP_FACTOR * baseline
+    top = max(values[-2:])
+    if not (baseline > 0 and top > BLOW_UP_FACTOR * baseline):
+        return None
+    return f"the grad-norm rose to {top:.4g}, {top / baseline:.3g}x its median {baseline:.4g}"
+
+
+def _loss_climbed(recent: Mapping[str, Sequence[Sample]], step: int | None) -> bool:
+    """Whether the loss climbed before ``step``: its last value ``BLOW_UP_FACTOR`` times the
+    first kept, or above every earlier one by half again."""
+    values = _finite_before(recent.get("loss", ()), step)
+    if len(values) < 3 or values[0] <= 0:
+        return False
+    return values[-1] > BLOW_UP_FACTOR * values[0] or values[-1] > 1.5 * max(values[:-1])
 
 
 def _sample_range(step: int | None, samples_per_step: int | None) -> tuple[int, int] | None:

@@ -159,3 +159,71 @@ def test_stall_reads_its_evidence(evidence: dict[str, object], cause_has: str) -
     reading = diagnose(incident_of(stall), {})
     assert cause_has in reading.cause
     assert reading.inspect_step == 40
+
+
+# -- a diagnosis that fits the evidence (issue 21.3) ---------------------------------------
+
+
+def test_a_learning_rate_jump_is_named_with_its_step_beside_the_grad_norm() -> None:
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 60, "loss"))
+    recent = {
+        "lr": series("lr", [2e-5] * 4 + [2.4e-3] * 4, first_step=53),
+        "grad_norm": series("grad_norm", [1.0] * 5 + [9.0, 40.0], first_step=53),
+        "loss": series("loss", [2.0] * 7 + [NAN], first_step=53),
+    }
+    diagnosis = diagnose(incident, recent)
+    assert "jumped 120x at step 57" in diagnosis.cause
+    assert "grad-norm rose to 40" in diagnosis.cause
+    assert "schedule at step 57" in diagnosis.advice
+
+
+def test_a_divergence_during_warmup_is_not_read_as_the_data() -> None:
+    """The loss climbs 3.2 -> 15 -> 5e11 while the learning rate still rises."""
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 10, "loss"))
+    recent = {
+        "lr": series("lr", [1e-4 * step for step in range(2, 10)], first_step=2),
+        "loss": series("loss", [3.2, 3.5, 4.8, 15.0, 90.0, 3e3, 2e7, 5e11, NAN], first_step=2),
+    }
+    diagnosis = diagnose(incident, recent)
+    assert diagnosis.cause.startswith("divergence during warmup")
+    assert "lengthen the warmup" in diagnosis.advice
+    assert "look at the data" not in diagnosis.advice
+
+
+def test_a_nan_out_of_the_blue_after_a_long_stretch_names_the_step_and_samples() -> None:
+    nan = alert("nan_inf", Severity.CRITICAL, 8400, "grad_norm", finite_before=840)
+    recent = {
+        "lr": series("lr", [3e-5] * 8, first_step=8393),
+        "grad_norm": series("grad_norm", [0.4, 0.5, 0.45] * 2 + [NAN], first_step=8394),
+        "loss": series("loss", [1.1, 1.0, 1.05] * 2, first_step=8394),
+    }
+    diagnosis = diagnose(incident_of(nan), recent, samples_per_step=8)
+    assert "out of the blue at step 8400 after 840" in diagnosis.cause
+    assert "fp16 overflow" in diagnosis.cause
+    assert "detect_anomaly" in diagnosis.advice
+    assert "samples 67192-67199" in diagnosis.text()
+
+
+def test_a_nan_in_the_first_steps_is_the_data_even_while_warming_up() -> None:
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 3, "loss"))
+    recent = {"lr": series("lr", [1e-6, 2e-6, 3e-6]), "loss": series("loss", [2.3, 2.2, NAN])}
+    assert "first steps" in diagnose(incident, recent).cause
+
+
+def test_a_collapsed_loss_scale_reads_as_an_fp16_overflow() -> None:
+    nan = alert(
+        "nan_inf",
+        Severity.CRITICAL,
+        900,
+        "grad_norm",
+        finite_before=90,
+        evidence=["the loss scale is at its minimum (1)"],
+    )
+    recent = {"grad_norm": series("grad_norm", [0.5] * 6 + [NAN], first_step=894)}
+    assert diagnose(incident_of(nan), recent).cause.startswith("fp16 overflow")
+
+
+def test_a_rule_that_saw_the_jump_long_before_says_where() -> None:
+    spike = alert("divergence", Severity.CRITICAL, 700, lr_jump=[500, 2e-5, 2.4e-3])
+    diagnosis = diagnose(incident_of(spike), {})
+    assert "jumped 120x at step 500" in diagnosis.cause

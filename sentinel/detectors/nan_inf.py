@@ -120,6 +120,8 @@ class NanInfDetector(BaseDetector):
         self._grads: deque[float] = deque(maxlen=_KEPT)
         self._early_grads: list[float] = []
         self._last_loss: tuple[int | None, float] | None = None
+        # Finite values of the loss and of the grad-norm this attempt (the healthy stretch).
+        self._healthy = {"loss": 0, "grad_norm": 0}
         self._loss_scale: float | None = None
         # The current run of non-finite grad-norms: its first step and length.
         self._run_start: int | None = None
@@ -187,6 +189,7 @@ class NanInfDetector(BaseDetector):
         if name == "loss":
             self._losses.append(value)
             self._last_loss = (sample[2], value)
+            self._healthy["loss"] += 1
         elif kind == "loss_scale":
             self._loss_scale = value
         return self._count_finite(sample, source, now)
@@ -215,6 +218,7 @@ class NanInfDetector(BaseDetector):
         value, step = sample[1], sample[2]
         if math.isfinite(value):
             self._seen_finite.add("grad_norm")
+            self._healthy["grad_norm"] += 1
             self._grads.append(value)
             if len(self._early_grads) < _EARLY:
                 self._early_grads.append(value)
@@ -378,7 +382,11 @@ class NanInfDetector(BaseDetector):
         )
 
     def _details(self, kind: str, reasons: list[str] | None = None) -> dict[str, Any]:
-        details: dict[str, Any] = {"kind": kind, "skipped_steps": self.skipped_steps}
+        details: dict[str, Any] = {
+            "kind": kind,
+            "skipped_steps": self.skipped_steps,
+            "finite_before": max(self._healthy.values()),
+        }
         if reasons:
             details["evidence"] = reasons
             details["first_nonfinite_step"] = self._run_start
@@ -411,10 +419,12 @@ class NanInfDetector(BaseDetector):
             if name == "loss":
                 self._losses.extend(column[-_KEPT:])
                 self._last_loss = (block.steps[-1], column[-1])
+                self._healthy["loss"] += len(column)
             elif kind == "loss_scale":
                 self._loss_scale = column[-1]
             elif kind == "grad_norm":
                 self._grads.extend(column[-_KEPT:])
+                self._healthy["grad_norm"] += len(column)
                 self._early_grads.extend(column[: _EARLY - len(self._early_grads)])
                 self._run = 0
                 self._calibrated = True
