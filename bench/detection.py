@@ -196,12 +196,14 @@ def detection_rows(outcomes: Iterable[Outcome]) -> list[list[str]]:
         hit = outcome.detection
         if hit is None:
             verdict = "missed"
+        elif case.bad_step is None:
+            verdict = "caught (the log names no step)"
         elif hit.step == case.bad_step:
             verdict = "at its step"
         elif hit.step is None:
             verdict = "no step"
         else:
-            verdict = f"{hit.step - case.bad_step:+d} steps" if case.bad_step is not None else "?"
+            verdict = f"{hit.step - case.bad_step:+d} steps"
         steps, logged = outcome.lead()
         first = outcome.first_alert
         rows.append(

@@ -117,6 +117,8 @@ def test_failed_run_is_caught_at_its_first_bad_step(name: str) -> None:
     by_rule = [a for a in alerts if a.rule == truth["rule"]]
     assert by_rule, f"{truth['rule']} never fired; raised: {shown(alerts) or 'nothing'}"
     first = by_rule[0]
-    assert first.step == truth["first_bad_step"], shown(by_rule)
+    # null: the log's lines name no step (then only the rule and severity are checked)
+    if truth["first_bad_step"] is not None:
+        assert first.step == truth["first_bad_step"], shown(by_rule)
     if "severity" in truth:
         assert max(a.severity for a in by_rule) == Severity(truth["severity"]), shown(by_rule)
