@@ -18,13 +18,14 @@ import os
 import select
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import psutil
 
 from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.pidfd import PinnedProcess, pin
+from sentinel.sources.proctree import PROC_CHILDREN, descendant_pids
 
 log = logging.getLogger(__name__)
 
@@ -78,22 +79,28 @@ def stop_tree(
     grace_s: float,
     stop_signal: signal.Signals = signal.SIGTERM,
     kill_wait_s: float = KILL_WAIT_S,
-    members: Iterable[ProcessIdentity] = (),
+    members: Iterable[ProcessIdentity] | Callable[[], Iterable[ProcessIdentity]] = (),
     dry_run: bool = False,
     use_pidfd: bool | None = None,
 ) -> TreeStop:
     """Send ``stop_signal`` to the job's tree, wait up to ``grace_s``, then SIGKILL the rest.
 
     ``members``: processes known to be the job's besides those below the root (the tree
-    as last read, whose root may be gone; a systemd unit's cgroup). ``use_pidfd`` False
-    forces the check-before-each-signal fallback.
+    as last read, whose root may be gone; a systemd unit's cgroup), or a function that
+    finds them: it is called after the tree has the signal, since finding a process
+    group's members means looking at every process (tens of milliseconds on a busy
+    host), where the walk down from the root takes a few. ``use_pidfd`` False forces the
+    check-before-each-signal fallback.
     """
     run = _Run(root, use_pidfd)
     try:
-        run.collect(members)
+        run.collect(())
         if dry_run:
+            run.collect(members() if callable(members) else members)
             return run.result(_dry_run_words(run, stop_signal, grace_s))
         run.signal_live(stop_signal)
+        run.collect(members() if callable(members) else members)
+        run.signal_live(stop_signal)  # the members not in the tree
         if stop_signal != signal.SIGKILL:
             run.wait_all(grace_s, stop_signal)
             if run.live():
@@ -103,6 +110,18 @@ def stop_tree(
         return run.result(_words(run, stop_signal, grace_s))
     finally:
         run.close()
+
+
+def _descendants(process: psutil.Process) -> list[psutil.Process]:
+    """Every process below ``process``: read down from it through /proc where the kernel
+    lists children, which costs the tree's size; psutil's walk reads every process."""
+    if not PROC_CHILDREN:
+        return process.children(recursive=True)
+    found = []
+    for pid in descendant_pids(process.pid):
+        with contextlib.suppress(*_GONE):
+            found.append(psutil.Process(pid))
+    return found
 
 
 @dataclass
@@ -165,10 +184,10 @@ class _Run:
 
     def _add_children(self, process: psutil.Process, *, late: bool) -> None:
         try:
-            children = process.children(recursive=True)
+            children = _descendants(process)
             if self._me_inside is not None:
                 # Listed after the tree, so a child sentinel started meanwhile is among them.
-                self.excluded.update(self._me_inside.children(recursive=True))
+                self.excluded.update(_descendants(self._me_inside))
         except psutil.Error:
             return
         for child in children:
@@ -185,7 +204,9 @@ class _Run:
         self, identity: ProcessIdentity, *, late: bool, process: psutil.Process | None = None
     ) -> psutil.Process | None:
         """Pin ``identity``; the psutil handle of it, or None if it cannot be pinned."""
-        if identity in self.members or any(who == identity for who, _ in self.refused):
+        if identity in self.members or identity in self.gone:
+            return None
+        if any(who == identity for who, _ in self.refused):
             return None
         if identity.pid == os.getpid():
             self.refused.append((identity, "sentinel itself"))

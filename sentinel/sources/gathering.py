@@ -62,11 +62,6 @@ def may_be_urgent(data: bytes) -> bool:
     return (b"error" in low or b"traceback" in low) and _ERROR.search(data) is not None
 
 
-def may_be_urgent_text(lines: list[str]) -> bool:
-    """:func:`may_be_urgent` for lines already decoded (a tailed file's)."""
-    return may_be_urgent("\n".join(lines).encode("utf-8", errors="replace"))
-
-
 class Gathering:
     """When what a reader holds is handed on; times are ``time.monotonic()`` seconds.
 

@@ -70,6 +70,8 @@ class FileFollower:
         self._dev = 0
         self._inode = 0
         self._position = 0
+        #: How far ``peek`` has looked (the bytes after ``_position`` are not read yet).
+        self._peeked = 0
         # The bytes just before _position: a file whose bytes there changed was
         # truncated and regrew before we looked.
         self._tail = b""
@@ -106,6 +108,20 @@ class FileFollower:
         else:
             self._last_error = ""
         return lines
+
+    def peek(self, limit: int) -> bytes:
+        """Up to ``limit`` bytes of the open file after what ``read`` and earlier looks took,
+        without reading them as lines (a cheap look at what is coming; a rotation or a
+        truncation since shows only to ``read``)."""
+        if self._fd is None:
+            return b""
+        start = max(self._position, self._peeked)
+        try:
+            data = os.pread(self._fd, limit, start)
+        except OSError:
+            return b""
+        self._peeked = start + len(data)
+        return data
 
     def commit(self) -> None:
         """Persist the offsets of everything ``read`` returned so far."""
@@ -174,6 +190,7 @@ class FileFollower:
         self._fd, self._dev, self._inode = fd, opened.st_dev, opened.st_ino
         self._splitter = splitter_for(self.path, self._max_line_bytes)
         self._position, self._tail, self._head_hash = 0, b"", ""
+        self._peeked = 0
         # Only the first file of this follower may be the one an earlier run was
         # reading; any later one appeared while we watched and starts at 0.
         if not self._resume_checked:
@@ -212,6 +229,7 @@ class FileFollower:
         logger.info("%s %s (truncated); reading from the start", self.path, reason)
         self._splitter = splitter_for(self.path, self._max_line_bytes)
         self._position, self._tail, self._head_hash = 0, b"", ""
+        self._peeked = 0
 
     def _drain(self, lines: list[str]) -> None:
         """Read the open file to its end (or a batch's worth of text)."""

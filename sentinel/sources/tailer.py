@@ -10,10 +10,12 @@ writes to the followed files wake the thread through their own inotify watches
 
 Lines are gathered like the job's own output (``sentinel.sources.gathering``):
 the first after a quiet spell is read and handed on at once; while the log keeps
-growing the thread reads at most every ``LOOK_S`` and hands lines on once per
-``batch_s``, unless a read may hold a non-finite value or a traceback, which goes
-at once. A log written a line at a time then costs a hand-over per window, not
-per line, and a NaN waits at most a look, not a window.
+growing the thread reads the files once per ``batch_s`` window and hands their lines
+on, and in between only looks at the new bytes, at most every ``LOOK_S``: a look
+that may hold a non-finite value or a traceback reads and hands on at once. A log
+written a line at a time then costs a hand-over per window, not per line, a look
+costs a ``pread`` (not a ``stat``, the checks for rotation and truncation, the
+split), and a NaN waits at most a look, not a window.
 """
 
 from __future__ import annotations
@@ -35,14 +37,12 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from sentinel.lines import BATCH_S
-from sentinel.sources.gathering import Gathering, may_be_urgent_text
+from sentinel.sources.gathering import LOOK_BYTES, Gathering, may_be_urgent
 from sentinel.sources.inotify import FileWatches
 from sentinel.sources.logfile import FileFollower, OffsetStore
 
 logger = logging.getLogger(__name__)
 
-#: A read of more lines than this is not looked at for urgent ones (a backlog).
-_LOOK_LINES = 256
 #: A globbed file gone this long is dropped (a rotated-away one may still be written first).
 VANISHED_GRACE_S = 10.0
 #: How often read offsets are saved (and at stop): a restart of sentinel after a crash
@@ -102,8 +102,8 @@ class LogTailer:
         self._held: dict[str, list[str]] = {}
         #: Whether the last ``_cycle`` read any line.
         self._read_any = False
-        #: Whether a held line may be urgent (``sentinel.sources.gathering``).
-        self._urgent = False
+        #: Whether a look found bytes not read yet: they are read at the window's end.
+        self._unread = False
         self._commit_due_s = 0.0
         # Directories are looked at again only after a directory event (or a quiet
         # poll interval), not after every write to a followed file.
@@ -184,7 +184,7 @@ class LogTailer:
             if watches is not None:
                 waited.append(watches.fileno())
             timeout_s = self._poll_interval_s
-            if self._held:  # until they are due
+            if self._unread:  # until they are due
                 timeout_s = max(0.0, min(timeout_s, gathering.due() - time.monotonic()))
             readable, _, _ = select.select(waited, [], [], timeout_s)
             quiet = not readable and timeout_s == self._poll_interval_s
@@ -196,14 +196,37 @@ class LogTailer:
                 watches.drain()
             if self._stopping.is_set():
                 return
+            if not self._look(gathering):
+                continue  # nothing new inside the window: wait for a write or its end
             self._cycle()
-            now_s = time.monotonic()
-            if self._held and gathering.hand_on_now(self._urgent, now_s):
+            if self._held:
                 self._flush()
-                gathering.handed_on(now_s)
+                gathering.handed_on(time.monotonic())
+            self._unread = False
             if self._read_any and gathering.look_s:
                 # Let the next lines gather; a stop meanwhile wakes the select above.
                 time.sleep(gathering.look_s)
+
+    def _look(self, gathering: Gathering) -> bool:
+        """Inside the window, look at the new bytes every ``LOOK_S``; True once the lines are
+        to be read and handed on (the window ended, or a look found something urgent),
+        False when a look found nothing new."""
+        while not self._stopping.is_set():
+            now_s = time.monotonic()
+            if gathering.hand_on_now(False, now_s):
+                return True
+            new = self._peek()
+            if not new:
+                return False
+            self._unread = True
+            if may_be_urgent(new) and gathering.hand_on_now(True, now_s):
+                return True
+            time.sleep(min(gathering.look_s, max(0.0, gathering.due() - now_s)))
+        return True
+
+    def _peek(self) -> bytes:
+        """The bytes appended to the followed files since the last read or look."""
+        return b"".join(follower.peek(LOOK_BYTES) for follower in self._followers.values())
 
     def _cycle(self) -> None:
         """Find files and read each to its end; the lines are held for ``_flush``."""
@@ -232,7 +255,6 @@ class LogTailer:
     def _flush(self) -> None:
         """Hand on the held lines, then save the offsets if that is due (or stopping)."""
         held, self._held = self._held, {}
-        self._urgent = False
         for path, lines in held.items():
             try:
                 self._on_lines(path, lines)
@@ -269,9 +291,6 @@ class LogTailer:
         if lines:
             self._read_any = True
             self._held.setdefault(path, []).extend(lines)
-            # A backlog is not looked at: it waits for its window (see the gathering).
-            if not self._urgent and len(lines) <= _LOOK_LINES:
-                self._urgent = may_be_urgent_text(lines)
 
     def _rescan(self) -> None:
         followed = self._files

@@ -17,7 +17,6 @@ from sentinel.sources.gathering import (
     URGENT_PER_S,
     Gathering,
     may_be_urgent,
-    may_be_urgent_text,
     pump,
 )
 from sentinel.sources.tailer import LogTailer
@@ -61,7 +60,6 @@ DEADLINE_S = 10.0
 )
 def test_may_be_urgent(data: bytes, urgent: bool) -> None:
     assert may_be_urgent(data) is urgent
-    assert may_be_urgent_text(data.decode().splitlines()) is urgent
 
 
 def test_the_first_read_goes_at_once_and_the_next_waits_for_the_window() -> None:
