@@ -29,18 +29,19 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, BinaryIO
 
 from sentinel import run_verdict, verdict
 from sentinel.actions.signal_tree import TreeStop, stop_tree
+from sentinel.aftermath import Aftermath
 from sentinel.config import Settings
 from sentinel.cost import gpu_hours, money
 from sentinel.detectors.job_crash import describe_exit
 from sentinel.event_loop import EventLoop
 from sentinel.holders import Child, Handle, Holder, job_name
 from sentinel.incidents import Incident
-from sentinel.records import Alert, Sample, Severity
+from sentinel.job_state import JobState
+from sentinel.records import Alert, Sample
 from sentinel.reload import reloaded
 from sentinel.restarts import Restarts
 from sentinel.service import Service
@@ -55,16 +56,6 @@ from sentinel.watch import Watch
 from sentinel.workers import Workers
 
 log = logging.getLogger(__name__)
-
-
-class JobState(StrEnum):
-    WAITING = "WAITING"
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    STOPPING = "STOPPING"
-    BACKOFF = "BACKOFF"
-    EXITED = "EXITED"
-    FATAL = "FATAL"
 
 
 @dataclass
@@ -122,8 +113,6 @@ class Supervisor:
             state_dir=settings.state_dir,
             verdict_file=settings.verdict_file,
         )
-        #: The run's verdict shared with the other nodes' sentinels (None: this node alone).
-        self._run = run_verdict.for_run(settings.checkpoints, settings.run_id, os.environ)
         self._waiting_since: float | None = None
         #: When the first attempt started (time.time()), from which spend is counted.
         self._first_started_at: float | None = None
@@ -173,6 +162,12 @@ class Supervisor:
             settings, store=store, notifier=workers.notifier, job_name=name,
             on_incident=metrics.incident_opened, remember=not self.holder.relaunches,
         )  # fmt: skip
+        self._after = Aftermath(
+            self, self._restarts,
+            run_verdict.for_run(settings.checkpoints, settings.run_id, os.environ),
+            watch=self.watch, service=self.service, relaunches=self.holder.relaunches,
+        )  # fmt: skip
+        self._after.store = store
         self._system.start()
         self._signals.install()
         workers.start()
@@ -371,7 +366,7 @@ class Supervisor:
             return
         self._stop = None
         if stop.joined is not None:
-            self._joined(stop.joined)
+            self._after.joined(stop.joined)
             return
         incident = stop.incident
         if incident is not None:
@@ -380,7 +375,7 @@ class Supervisor:
             self._attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL, incident)
             return
         assert incident is not None
-        self._plan_restart(incident, status)
+        self._after.plan_restart(incident, status)
 
     def _attempt_over(self, status: int, state: JobState, incident: Incident | None = None) -> None:
         """``run`` ends with its job; ``watch`` waits for the next attempt."""
@@ -400,72 +395,14 @@ class Supervisor:
         """Restarts made so far."""
         return self._restarts.count
 
-    def _plan_restart(self, incident: Incident, status: int) -> None:
-        if incident.rule == "gpu_health":  # the node, not the run: retry elsewhere
-            self._verdict(verdict.EXIT_NODE_FAULT, incident)
-            self._escalate(incident, "hardware fault: not restarting here (verdict 92)")
-            self._attempt_over(verdict.EXIT_NODE_FAULT, JobState.FATAL, incident)
-            return
-        decided = self._run.peek() if self._run is not None else None
-        if decided is not None:  # another node rolled back and decided: no second rollback
-            self._joined(decided, incident)
-            return
-        decision = self._restarts.decide(incident)
-        self._save_restarts()
-        for note in decision.notes:
-            incident.record(time.time(), note)
-        if decision.give_up is not None:
-            self._give_up(incident, decision.give_up)
-            return
-        if decision.resume is None:
-            # max_restarts 0: the run is over here, and whoever waits on the verdict must
-            # not relaunch it (sentinel marked "deciding" before its signal).
-            self._verdict(verdict.EXIT_GIVE_UP, incident)
-            self._attempt_over(status, JobState.FATAL, incident)
-            return
-        self.service.metrics.restarted()
-        self._verdict(verdict.EXIT_ROLLED_BACK, incident, decision.resume.checkpoint or None)
-        self.watch.update(incident, final=True)
-        if not self.holder.relaunches:
-            self._wait_for_next()
-            return
-        self._set_state(JobState.BACKOFF)
-        self.restart_at = time.monotonic() + decision.backoff_s
-
-    def _give_up(self, incident: Incident, text: str) -> None:
-        """The final word on a failure: say why, everywhere, and exit 90 (``watch``: the
-        verdict says 90, and it waits on for an attempt nobody should start)."""
-        self._verdict(verdict.EXIT_GIVE_UP, incident)  # first: another node may have spoken
-        self._escalate(incident, text)
-        self._attempt_over(verdict.EXIT_GIVE_UP, JobState.FATAL, incident)
-        self.exit_code = verdict.EXIT_GIVE_UP
-
-    def _verdict(self, code: int, incident: Incident, resume_from: str | None = None) -> None:
-        """The final verdict, once the job is gone and the rollback done or failed; with
-        other nodes, the run's, if this node decided first (else theirs, and quiet)."""
-        if self._run is not None:
-            try:
-                record, won = self._run.claim(
-                    code, rule=incident.rule, step=incident.first.step, resume_from=resume_from
-                )
-            except OSError as error:
-                log.error("could not write the run's verdict (deciding alone): %s", error)
-            else:
-                if not won:
-                    self._joined(record, incident, over=False)
-                    return
-        if not self._restarts.write_verdict(code, incident, self._attempt, resume_from):
-            self.service.metrics.action("verdict", ok=False)
-
     def _join_run(self) -> None:
         """Another node decided the run: stop this node's job with its verdict, quietly."""
-        run = self._run
-        record = run.peek() if run is not None and self._stop is None else None
+        record = self._after.decided_elsewhere() if self._stop is None else None
         if record is None:
             return
         job = self._job
         if job is None or job.identity is None or self.settings.dry_run:
-            self._joined(record)  # nothing here to stop: its verdict is this node's too
+            self._after.joined(record)  # nothing here to stop: its verdict is this node's too
             return
         log.warning(
             "node %s decided the run (verdict %d: %s at step %s): stopping this node's job",
@@ -481,49 +418,27 @@ class Supervisor:
         )
         self._terminate(job)
 
-    def _joined(
-        self, record: run_verdict.RunRecord, incident: Incident | None = None, *, over: bool = True
-    ) -> None:
-        """Take the run's verdict as this node's (its code, its record); another node paged,
-        so this one says nothing more of ``incident``. ``over``: this attempt ends here."""
-        assert self._run is not None
-        if record.number == self._run.number:
-            self._run.adopted()
-        log.warning("verdict %d for the run, from node %s", record.code, record.node)
-        if incident is not None:
-            self.watch.quiet(incident)
-            incident.record(time.time(), f"verdict {record.code} from node {record.node}")
-        settings = self.settings
-        if not run_verdict.write_adopted(
-            record, settings.state_dir, attempt=self._attempt, verdict_file=settings.verdict_file
-        ):
-            self.service.metrics.action("verdict", ok=False)
-        if record.code == verdict.EXIT_GIVE_UP:
-            self.exit_code = verdict.EXIT_GIVE_UP
-        if over:
-            self._attempt_over(record.code, JobState.FATAL, incident)
+    # -- what the aftermath asks (``aftermath.Attempts``) --------------------------
 
-    def _save_restarts(self) -> None:
-        if not self.holder.relaunches and self._store is not None:
-            self.watch.safely("the restart budget", self._store.put_many, self._restarts.to_state())
+    @property
+    def attempt(self) -> int:
+        return self._attempt
 
-    def _escalate(self, incident: Incident, text: str) -> None:
-        log.error("%s", text)
-        incident.record(time.time(), text)
-        self._handle(
-            [
-                Alert(
-                    rule=incident.rule,
-                    severity=Severity.CRITICAL,
-                    message=text,
-                    time=time.time(),
-                    source="sentinel",
-                    step=incident.first.step,
-                    details={"escalation": True},
-                )
-            ]
-        )
-        self.watch.update(incident, final=True, force_notify=True)
+    def attempt_over(self, status: int, state: JobState, incident: Incident | None) -> None:
+        self._attempt_over(status, state, incident)
+
+    def back_off(self, delay_s: float) -> None:
+        self._set_state(JobState.BACKOFF)
+        self.restart_at = time.monotonic() + delay_s
+
+    def wait_for_next(self) -> None:
+        self._wait_for_next()
+
+    def gave_up(self) -> None:
+        self.exit_code = verdict.EXIT_GIVE_UP
+
+    def handle(self, alerts: list[Alert]) -> None:
+        self._handle(alerts)
 
     def _finish(self, status: int, state: JobState, incident: Incident | None = None) -> None:
         if incident is not None:

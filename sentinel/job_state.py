@@ -1,0 +1,20 @@
+"""The job's life as the supervisor sees it.
+
+WAITING (``watch``: for the job to appear), STARTING (launched or found, younger than
+``min_uptime_s``), RUNNING, STOPPING (sentinel asked it to stop), BACKOFF (waiting to
+restart), and the final EXITED or FATAL.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    WAITING = "WAITING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    BACKOFF = "BACKOFF"
+    EXITED = "EXITED"
+    FATAL = "FATAL"
