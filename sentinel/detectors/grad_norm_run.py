@@ -128,7 +128,7 @@ class GradNormRunDetector(BaseDetector):
             return alerts
         self._least = min(self._least, value)
         median = rolling.median() if len(rolling) >= settings.min_history else None
-        high = is_high(value, median, settings, rolling)
+        high = is_high(value, median, settings, rolling, self._least)
         if high:
             self._run.append((step, value))
         else:
@@ -265,7 +265,8 @@ class GradNormRunDetector(BaseDetector):
         onset = self._run[0][0]
         self._open, self._onset_step, self._calm = True, onset, 0
         steps = f"{len(self._run)} consecutive steps since step {onset}"
-        if all(value > settings.threshold for _, value in self._run):
+        absolute = self._least <= settings.threshold
+        if absolute and all(value > settings.threshold for _, value in self._run):
             kind, bar = "absolute", settings.threshold
             message = f"grad_norm above {bar:g} for {steps} (now {sample.value:.4g})"
         else:

@@ -64,12 +64,19 @@ def relative_bar(median: float, factor: float) -> float:
 
 
 def is_high(
-    value: float, median: float | None, settings: GradNormRunConfig, window: Rolling | None = None
+    value: float,
+    median: float | None,
+    settings: GradNormRunConfig,
+    window: Rolling | None = None,
+    least: float = 0.0,
 ) -> bool:
-    """Whether a grad-norm is high: above ``threshold``, or above the relative bar of the
-    rolling ``median`` (None before ``min_history``; a median of 0 sets no bar) and the
-    noise of its ``window`` (None: the ratio alone, an upper bound used by ``can_absorb``)."""
-    if value > settings.threshold:
+    """Whether a grad-norm is high: above ``threshold`` in a run that has been under it
+    (``least``, the least grad-norm of the attempt: a run whose norm was never under the
+    bar, as an fp16 run logging scaled norms, has a normal of its own), or above the
+    relative bar of the rolling ``median`` (None before ``min_history``; a median of 0 sets
+    no bar) and the noise of its ``window`` (None: the ratio alone, an upper bound used by
+    ``can_absorb``; so is the default ``least``)."""
+    if value > settings.threshold and least <= settings.threshold:
         return True
     if not median or value <= relative_bar(median, settings.factor):
         return False

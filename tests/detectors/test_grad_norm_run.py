@@ -203,16 +203,19 @@ def test_watches_grad_norm_and_lr() -> None:
 
 def test_job_started_resets_run_and_episode() -> None:
     detector = GradNormRunDetector(GradNormRunConfig())
-    assert feed(detector, norms([20.0, 20.0])) == []
+    assert feed(detector, norms([1.0, 20.0, 20.0])) == []
     detector.job_started(NOW)
-    assert feed(detector, norms([20.0], first_step=3)) == []  # the run starts again
-    assert summary(feed(detector, norms([20.0, 20.0], first_step=4))) == [(WARN, 5, 3, False)]
+    assert feed(detector, norms([1.0, 20.0], first_step=3)) == []  # the run starts again
+    assert summary(feed(detector, norms([20.0, 20.0], first_step=5))) == [(WARN, 6, 4, False)]
     detector.job_started(NOW)
-    assert summary(feed(detector, norms([20.0] * 3, first_step=3))) == [(WARN, 5, 3, False)]
+    # The least grad-norm is forgotten too: a fresh attempt never under the bar has
+    # shown no normal under it yet.
+    assert feed(detector, norms([20.0] * 3, first_step=3)) == []
 
 
 def test_alert_time_is_the_sample_time() -> None:
     detector = GradNormRunDetector(GradNormRunConfig(sustain=1))
+    assert detector.observe(Sample("grad_norm", 1.0, 6, time=120.0), "m.jsonl", NOW) == []
     (alert,) = detector.observe(Sample("grad_norm", 20.0, 7, time=123.5), "m.jsonl", NOW)
     assert (alert.time, alert.source, alert.step) == (123.5, "m.jsonl", 7)
 
@@ -281,3 +284,10 @@ def test_warmup_high_values_that_are_not_a_run_only_learn() -> None:
     # Big early norms falling, and single jumps: normal in warmup.
     values = [50.0, 20.0, 5.0, 1.0, 15.0, 1.0, 0.9, 12.0, 13.0, 1.0]
     assert feed(detector, with_rising_lr(values)) == []
+
+
+def test_the_absolute_bar_needs_a_run_that_has_been_under_it() -> None:
+    # An fp16 run logging scaled norms: 1e6 from the first step is its normal.
+    assert run([2.1e6, 2.2e6, 1.4e6, 1.5e6, 1.6e6, 1.8e6]) == []
+    alerts = run([2.0, 15.0, 15.0, 15.0])
+    assert [(alert.details["kind"], alert.onset_step) for alert in alerts] == [("absolute", 2)]
