@@ -7,7 +7,8 @@ itself shows). The replay is ``sentinel replay``'s, with the default settings:
 - every file yields metrics;
 - a healthy run raises no critical, and across the corpus at most one warning
   per ten runs that its ``expected.json`` does not list (issue 22's budget);
-- a failed run is caught by the expected rule at the first bad step its log names.
+- a failed run is caught by the expected rule at the first bad step its log names, and
+  where ``expected.json`` says what its diagnosis must not claim, it does not.
 """
 
 from __future__ import annotations
@@ -122,3 +123,18 @@ def test_failed_run_is_caught_at_its_first_bad_step(name: str) -> None:
         assert first.step == truth["first_bad_step"], shown(by_rule)
     if "severity" in truth:
         assert max(a.severity for a in by_rule) == Severity(truth["severity"]), shown(by_rule)
+
+
+DIAGNOSED = [name for name in FAILED if "diagnosis_not" in expected("failed", name)]
+
+
+@pytest.mark.parametrize("name", DIAGNOSED)
+def test_failed_run_diagnosis_fits_what_its_log_shows(name: str) -> None:
+    """Issue 21.3: e.g. "look at the data" only when the NaN really comes first."""
+    truth = expected("failed", name)
+    by_rule = [a for a in opened(replayed("failed", name)) if a.rule == truth["rule"]]
+    assert by_rule, f"{truth['rule']} never fired"
+    diagnosis: dict[str, Any] = by_rule[0].details.get("diagnosis", {})
+    cause = str(diagnosis.get("cause", ""))
+    assert cause, f"no diagnosis on {shown(by_rule[:1])}"
+    assert truth["diagnosis_not"] not in cause, f"{cause!r}: {truth['diagnosis_reason']}"
