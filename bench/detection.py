@@ -217,9 +217,16 @@ def detection_rows(outcomes: Iterable[Outcome]) -> list[list[str]]:
                 f"{first.rule} @ {_cell(first.step)}" if first else "-",
                 _cell(steps),
                 _cell(logged if outcome.logged else None),
+                _diagnosis(hit),
             ]
         )
     return rows
+
+
+def _diagnosis(alert: Alert | None, width: int = 70) -> str:
+    """The cause the detecting alert's incident was diagnosed with, cut to ``width``."""
+    cause = str((alert.details.get("diagnosis") or {}).get("cause", "")) if alert else ""
+    return (cause[: width - 3] + "...") if len(cause) > width else (cause or "-")
 
 
 def false_alarm_rows(outcomes: Iterable[Outcome]) -> tuple[list[list[str]], list[list[str]]]:
@@ -292,6 +299,7 @@ DETECTION = (
     "first alert",
     "lead (steps)",
     "lead (logged steps)",
+    "diagnosis",
 )
 TOTALS = ("healthy runs", "runs with alerts", "warnings", "expected", "unexpected", "criticals")
 PER_RULE = ("rule", "warnings", "of them expected", "criticals", "runs")

@@ -33,6 +33,8 @@ def test_detection_row_is_the_first_alert_of_the_rule_in_the_replay() -> None:
     assert row[7] == str(19 - first.step)
     # Logged steps between the first alert and the bad step: one a step here (logging_steps=1).
     assert row[8] == str(19 - first.step)
+    cause = caught.details["diagnosis"]["cause"]
+    assert cause and row[9] == (cause if len(cause) <= 70 else cause[:67] + "...")
 
 
 def test_false_alarm_tables_count_the_replays_episodes() -> None:
