@@ -91,6 +91,7 @@ def test_a_killed_sentinel_leaves_the_job_running_and_the_next_one_adopts_it(wor
     wait_for("job", lambda: current.exists() and (work / "first.out").read_text().count("\n") > 3)
     record = json.loads(current.read_text())
     job_pid = record["job"][0]
+    assert (current.parent / "job.pid").read_text() == f"{job_pid}\n"  # for watch --pidfile
     stdout_log = Path(record["directory"]) / "stdout.log"
 
     first.send_signal(signal.SIGKILL)

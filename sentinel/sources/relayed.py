@@ -37,6 +37,8 @@ RELAY_SCRIPT = str(Path(__file__).with_name("relay.py"))
 #: Under the state dir: the attempts' directories and the record of the current one.
 JOBS_DIR = "job"
 CURRENT = "current.json"
+#: Beside the record: the current attempt's pid alone, for ``sentinel watch --pidfile``.
+PIDFILE = "job.pid"
 
 
 def jobs_dir(state_dir: Path) -> Path:
@@ -67,7 +69,9 @@ class RelayedStart:
     def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """The relay's process (its stdout and stderr carry the job's); OSError when the job
         could not be started (the relay's ``error`` line says why)."""
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Private, as the state dir is: the job's output may hold anything.
+        self.directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.directory.mkdir(exist_ok=True, mode=0o700)
         columns, rows = terminal_size()
         control_r, control_w = os.pipe()
         try:
@@ -128,6 +132,15 @@ class JobRecord:
     started_at: float
 
     def save(self, state_dir: Path) -> None:
+        """Write the record, and the job's pid to ``job.pid`` (both atomically)."""
+        pidfile = jobs_dir(state_dir) / PIDFILE
+        temporary = pidfile.with_name(f"{PIDFILE}.tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, f"{self.job.pid}\n".encode())
+        finally:
+            os.close(fd)
+        os.replace(temporary, pidfile)
         write_json(
             str(jobs_dir(state_dir) / CURRENT),
             {
