@@ -347,6 +347,10 @@ class Engine:
             ranked.series = None
             ranked.facts = self._facts
             ranked.job_started(now, self.position.start_step)
+        # A step-less line of the rank (an HF dict) is at the run's step, as on rank 0.
+        run_step, own_step = self.position.current_step, ranked.position.current_step
+        if run_step is not None and (own_step is None or own_step < run_step):
+            ranked.position.current_step = run_step
         return with_rank(ranked.feed_samples(samples, source, now), rank)
 
     def _observe_each(

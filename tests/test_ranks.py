@@ -185,3 +185,17 @@ def test_a_metric_seen_at_its_step_in_another_source_is_one_observation() -> Non
     jsonl.append('{"step": 101, "loss": NaN}')
     alerts += feed(eng, jsonl, "metrics.jsonl")
     assert [(alert.rule, alert.step) for alert in alerts] == [("nan_inf", 101)]
+
+
+def test_a_ranked_line_without_a_step_is_read_at_the_runs_step() -> None:
+    """An HF Trainer dict printed by rank 1: at the step the progress bar reached."""
+    alerts = feed(
+        engine(),
+        [
+            "  5%|▌   | 10/200 [00:01<00:19,  9.81it/s]",
+            "[rank1]: {'loss': nan, 'grad_norm': 1.0, 'learning_rate': 5e-05, 'epoch': 0.01}",
+        ],
+    )
+    assert [(alert.rule, alert.step, alert.details.get("rank")) for alert in alerts] == [
+        ("nan_inf", 10, 1)
+    ]

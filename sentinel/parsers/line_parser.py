@@ -117,7 +117,7 @@ class LineParser:
         A line with a rank prefix (``[rank1]:``, ``[default1]:``, ``1: ``) is read without
         it, its samples carrying the rank (``parsers.ranks``)."""
         if ranks.may_carry(text):
-            ranked = ranks.parse_ranked(self.parse, text)
+            ranked = ranks.parse_ranked(self._parse_line, text)
             if ranked is not None:
                 return ranked
         stats = self.stats
