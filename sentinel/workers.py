@@ -129,9 +129,7 @@ class Workers:
     def alive(self) -> bool:
         """No worker whose death would leave sentinel blind has died."""
         tailer = self.tailer
-        return (tailer is None or tailer.running) and (
-            self.finder is None or self.finder.running
-        )
+        return (tailer is None or tailer.running) and (self.finder is None or self.finder.running)
 
     def start(self) -> None:
         self.notifier.start()

@@ -34,9 +34,7 @@ from sentinel.parsers.keyvalue import find_pairs
 from sentinel.records import PROGRESS, Sample
 
 #: CSI sequences (colours, erases, cursor moves), OSC ones (titles, links), and the rest.
-_ESCAPES = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]"
-)
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]")
 _CLOCK = r"(?:\d+:)?\d+:\d{2}"
 _RICH = re.compile(
     r"(?P<description>[A-Z][\w ]*?(?:\s+(?P<epoch>\d+)(?:/\d+)?)?)\s+"

@@ -49,12 +49,8 @@ EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
             id="tqdm-padded-nan-at-0",
         ),
         pytest.param("Epoch 0:   0%|          | 0/50 [00:00<?, ?it/s]", [], id="tqdm-first-frame"),
-        pytest.param(
-            "Validation ━━━━━━━━━━ 3/10 0:00:00 • 0:00:01 12.00it/s", [], id="validation"
-        ),
-        pytest.param(
-            "Sanity Checking ━━━━ 1/2 0:00:00 • 0:00:00 5.00it/s", [], id="sanity-check"
-        ),
+        pytest.param("Validation ━━━━━━━━━━ 3/10 0:00:00 • 0:00:01 12.00it/s", [], id="validation"),
+        pytest.param("Sanity Checking ━━━━ 1/2 0:00:00 • 0:00:00 5.00it/s", [], id="sanity-check"),
         pytest.param("  5%|▌         | 10/200 [00:01<00:19,  9.81it/s]", None, id="hf-bar"),
         pytest.param("epoch 3 loss 2.1", None, id="plain-text"),
         pytest.param("              train_loss: nan", None, id="wrapped-metrics"),
