@@ -38,6 +38,8 @@ from sentinel.records import PROGRESS, Alert, Block, Sample
 RANK_WINDOW = 2
 #: ``_Stream.place``: a line no series can be told to own.
 UNPLACED = -1
+#: Kinds of line (source, metric names) whose series are kept.
+STREAMS_MAX = 4096
 #: Non-finite steps remembered per metric (past that many, they are forgotten at once).
 NONFINITE_KEPT = 4096
 
@@ -152,6 +154,8 @@ class RunSeries:
             key = (source, names)
             stream = self._streams.get(key)
             if stream is None:
+                if len(self._streams) >= STREAMS_MAX:
+                    self._streams.clear()  # a log of ever new schemas: start over
                 self._streams[key] = _Stream(step, values)
             else:
                 index = stream.place(step, values)
