@@ -24,15 +24,13 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from sentinel import run_verdict, verdict
-from sentinel.actions.signal_tree import TreeStop, stop_tree
+from sentinel import run_verdict, stopping, verdict
+from sentinel.actions.signal_tree import TreeStop
 from sentinel.aftermath import Aftermath
 from sentinel.config import Settings
 from sentinel.cost import gpu_hours, money
@@ -52,21 +50,11 @@ from sentinel.sources.process import exit_status
 from sentinel.sources.system import SystemSources
 from sentinel.state import StateStore
 from sentinel.status import CHECKPOINTS_DIR_KEY
+from sentinel.stopping import Stop
 from sentinel.watch import Watch
 from sentinel.workers import Workers
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Stop:
-    """A stop sentinel decided on: why, and whether a rollback (and restart) follows."""
-
-    incident: Incident | None
-    restart: bool
-    started_at: float = field(default_factory=time.time)
-    #: Another node's verdict for the run, which this stop carries out.
-    joined: run_verdict.RunRecord | None = None
 
 
 class Supervisor:
@@ -103,7 +91,7 @@ class Supervisor:
         self._loop = EventLoop(self._events, self, settings.tick_interval_s)
         self._job: Handle | None = None
         self._attempt = 0
-        self._stop: _Stop | None = None
+        self._stop: Stop | None = None
         self.restart_at: float | None = None
         self._restarts = Restarts(
             settings.job,
@@ -292,58 +280,37 @@ class Supervisor:
         job = self._job
         if job is None or self.state not in (JobState.STARTING, JobState.RUNNING):
             return
-        stop_signal = self.settings.job.stop_signal
-        if self.settings.dry_run:
-            text = f"dry run: would send {stop_signal} to the job's tree (pid {job.pid}), " + (
-                "roll back and restart it" if policy == "restart" else "and not restart it"
-            )
+        settings = self.settings
+        if settings.dry_run:
+            text = stopping.dry_run_note(settings.job, job.pid, policy)
             log.warning("%s", text)
             incident.record(time.time(), text)
             self.watch.update(incident)
             return
-        self._stop = _Stop(incident, restart=policy == "restart")
+        self._stop = Stop(incident, restart=policy == "restart")
         # Before the first signal, so that whatever waits on the job knows the exit is ours.
-        verdict.mark_deciding(
-            self.settings.state_dir,
-            rule=incident.rule,
-            step=incident.first.step,
-            attempt=self._attempt,
-            time=time.time(),
-        )
-        incident.record(
-            time.time(),
-            f"{stop_signal} to the job's process tree (pid {job.pid}),"
-            f" SIGKILL after {self.settings.job.grace_period_s:g} s to what still runs",
-        )
+        stopping.mark_deciding(settings, incident.rule, incident.first.step, self._attempt)
+        incident.record(time.time(), stopping.stop_words(settings.job, job.pid))
         self.service.metrics.action("stop")
         self._terminate(job)
 
     def _terminate(self, job: Handle) -> None:
-        """The stop signal to the job's whole tree, SIGKILL to what outlives the grace.
-
-        On a thread of its own, which collects the tree and signals it at once; the
-        outcome comes back through the inbox.
-        """
+        """The stop signal to the job's whole tree, on a thread of its own (``stopping``)."""
         identity = job.identity
         if identity is None:
             return  # it already exited; the waiter reports the exit
-        stop = self._stop
         self._set_state(JobState.STOPPING)
-        members = self.holder.members()
-        stop_signal = signal.Signals[self.settings.job.stop_signal]
-        grace_s = self.settings.job.grace_period_s
+        stopping.stop_in_background(
+            identity, self._stop, self.settings.job,
+            members=self.holder.members, put=self._events.put,
+        )  # fmt: skip
 
-        def run_stop() -> None:
-            result = stop_tree(identity, grace_s=grace_s, stop_signal=stop_signal, members=members)
-            self._events.put(("terminated", (stop, result)))
-
-        threading.Thread(target=run_stop, name="stop-tree", daemon=True).start()
-
-    def on_terminated(self, stop: _Stop | None, result: TreeStop) -> None:
+    def on_terminated(self, stop: Stop | None, result: TreeStop) -> None:
         if not result.signalled:
             self.service.metrics.action("stop", ok=False)
-        if stop is not None and stop.incident is not None and (result.killed or result.survivors):
-            stop.incident.record(time.time(), result.detail)
+        note = stopping.outcome_note(stop, result)
+        if note is not None and stop is not None and stop.incident is not None:
+            stop.incident.record(time.time(), note)
             self.watch.update(stop.incident)
 
     def on_exit(self, attempt: int, returncode: int | None) -> None:
@@ -408,14 +375,8 @@ class Supervisor:
             "node %s decided the run (verdict %d: %s at step %s): stopping this node's job",
             record.node, record.code, record.rule, record.step,
         )  # fmt: skip
-        self._stop = _Stop(None, restart=False, joined=record)
-        verdict.mark_deciding(
-            self.settings.state_dir,
-            rule=record.rule,
-            step=record.step,
-            attempt=self._attempt,
-            time=time.time(),
-        )
+        self._stop = Stop(None, restart=False, joined=record)
+        stopping.mark_deciding(self.settings, record.rule, record.step, self._attempt)
         self._terminate(job)
 
     # -- what the aftermath asks (``aftermath.Attempts``) --------------------------
@@ -467,7 +428,7 @@ class Supervisor:
             return
         log.warning("%s received: stopping the job (again to force)", name)
         if self._stop is None:
-            self._stop = _Stop(None, restart=False)
+            self._stop = Stop(None, restart=False)
             self._terminate(job)
 
     def _reload_config(self) -> None:
