@@ -7,7 +7,8 @@ a failure:
 
 - the frameworks' own fatal errors: fairseq's ``FloatingPointError: Minimum loss scale
   reached (0.0001)``, DeepSpeed's ``Current loss scale already at minimum``;
-- a logged loss scale at or below ``min_loss_scale`` (it was higher before);
+- an overflow that sets the scale at or below ``min_loss_scale`` (1e-3: fairseq's floor is
+  1e-4, and its healthy runs calibrate down to 4e-3), or a logged scale that falls there;
 - Megatron's ``number of skipped iterations`` above 0 on ``skipped_intervals`` logged
   intervals in a row after a clean one (long after the start).
 
@@ -51,9 +52,10 @@ class LossScaleConfig(RuleConfig):
     skipped_metrics: MetricNames = Field(
         default_factory=lambda: ["skipped_iterations", "number_of_skipped_iterations"]
     )
-    #: A scale at or below this is collapsed (DeepSpeed's and Megatron's minimum is 1;
-    #: fairseq's 1e-4 ends the run with its own error).
-    min_loss_scale: float = Field(default=1.0, ge=0)
+    #: A scale at or below this is collapsed. fairseq runs healthily at 0.5 and calibrates
+    #: down to 0.004; its floor (1e-4) ends the run with its own error, as DeepSpeed's (1)
+    #: does, so the bar sits a few halvings above fairseq's floor.
+    min_loss_scale: float = Field(default=1e-3, ge=0)
     #: Logged intervals in a row with skipped iterations, after a clean one, that are a collapse.
     skipped_intervals: int = Field(default=5, ge=2)
     #: Overflows within ``window_steps`` steps (after calibration) that warn.
@@ -87,6 +89,10 @@ class LossScaleDetector(BaseDetector):
         self._skipping = 0  # logged intervals in a row with skipped iterations
         self._skipping_since: int | None = None
         self._skips_in_text = False
+        self._clean_interval = False  # a logged interval with no skipped iteration
+        # Overflows with no new step between them, and the step before the first of them.
+        self._run_of_overflows = False
+        self._cascade_from: int | None = None
         self._warned = False
         self._critical = False
 
@@ -144,10 +150,14 @@ class LossScaleDetector(BaseDetector):
         return [alert for _, alert in self.observe_samples([sample], source, now)]
 
     def _new_step(self, step: int) -> None:
-        if self._step is None or step > self._step:
+        """A new step: past the last overflow (or past the first step, with none yet), the
+        scaler has calibrated."""
+        previous = self._step
+        if previous is None or step > previous:
             self._step = step
+            self._run_of_overflows = False
             last = self._last_overflow
-            if last is not None and step > last:
+            if (last is None and previous is not None) or (last is not None and step > last):
                 self._calibrated = True
 
     # -- judging -------------------------------------------------------------------
@@ -155,7 +165,19 @@ class LossScaleDetector(BaseDetector):
     def _overflow(self, scale: float | None, source: str, now: float) -> list[Alert]:
         self.overflows += 1
         step = self._step if self._step is not None else 0
+        if self._last_overflow is None or not self._run_of_overflows:
+            self._cascade_from = self._step
         self._last_overflow = step
+        self._run_of_overflows = True
+        if scale is not None and scale <= self.settings.min_loss_scale:
+            return self._collapse(
+                f"an fp16 overflow set the loss scale to {scale:g}, at or below"
+                f" {self.settings.min_loss_scale:g}: the gradients overflow even unscaled",
+                scale,
+                source,
+                now,
+                onset=self._cascade_from,
+            )
         alerts = [] if scale is None else self._level(scale, source, now)
         if not self._calibrated or self._critical:
             return alerts  # the scaler calibrating at the start: counted, not alarmed
@@ -206,14 +228,14 @@ class LossScaleDetector(BaseDetector):
 
     def _skipped(self, count: float, source: str, now: float) -> list[Alert]:
         if not count > 0:
-            self._calibrated = True
+            self._clean_interval = True
             self._skipping = 0
             return []
         self.overflows += int(count)
         if self._skipping == 0:
             self._skipping_since = self._step
         self._skipping += 1
-        if not self._calibrated or self._skipping < self.settings.skipped_intervals:
+        if not self._clean_interval or self._skipping < self.settings.skipped_intervals:
             return []
         return self._collapse(
             f"iterations skipped on {self._skipping} logged intervals in a row"

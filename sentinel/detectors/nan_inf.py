@@ -49,6 +49,9 @@ _EARLY = 3
 
 Kind = Literal["loss", "grad_norm", "loss_scale", "other"]
 
+#: A job's own count of the iterations its loss scaler skipped (Megatron's, per interval).
+SKIP_COUNTERS = frozenset({"skipped_iterations", "number_of_skipped_iterations"})
+
 
 def kind_of(name: str, stop_metrics: frozenset[str]) -> Kind:
     """What a non-finite value of metric ``name`` means (see the module docstring)."""
@@ -84,9 +87,9 @@ class NanInfConfig(RuleConfig):
     #: The same before the first finite grad-norm: the scaler calibrating at the start
     #: halves its scale (65536) on each overflow.
     calibration: int = Field(default=20, ge=1)
-    #: A logged loss scale at or below this is at its minimum (DeepSpeed's and Megatron's
-    #: default minimum is 1; fairseq's is 1e-4).
-    min_loss_scale: float = Field(default=1.0, ge=0)
+    #: A logged loss scale at or below this is at its minimum (fairseq runs healthily at
+    #: 0.5 and calibrates down to 0.004; its floor is 1e-4), as ``[rules.loss_scale]``.
+    min_loss_scale: float = Field(default=1e-3, ge=0)
     #: Skipped steps among the last ``skip_window`` logged grad-norms that warn.
     skip_cluster: int = Field(default=5, ge=1)
     skip_window: int = Field(default=50, ge=1)
@@ -156,6 +159,7 @@ class NanInfDetector(BaseDetector):
         found: list[tuple[int, Alert]] = []
         grads: list[int] = []
         line_loss: tuple[int | None, float] | None = None
+        skipped_none = False
         kind_of_name = self._kind
         for index, sample in enumerate(samples):
             name, value, step = sample[0], sample[1], sample[2]
@@ -169,6 +173,8 @@ class NanInfDetector(BaseDetector):
                 continue
             if name == "loss":
                 line_loss = (step, value)
+            elif name in SKIP_COUNTERS and value == 0:
+                skipped_none = True
             if math.isfinite(value):
                 found += [(index, alert) for alert in self._finite(sample, kind, source, now)]
             elif kind == "loss":
@@ -180,7 +186,10 @@ class NanInfDetector(BaseDetector):
             loss = line_loss
             if loss is None and self._last_loss is not None and self._last_loss[0] == sample[2]:
                 loss = self._last_loss
-            found += [(index, alert) for alert in self._grad_norm(sample, loss, source, now)]
+            found += [
+                (index, alert)
+                for alert in self._grad_norm(sample, loss, source, now, skipped_none=skipped_none)
+            ]
         return found
 
     def _finite(self, sample: Sample, kind: Kind, source: str, now: float) -> list[Alert]:
@@ -214,6 +223,8 @@ class NanInfDetector(BaseDetector):
         loss: tuple[int | None, float] | None,
         source: str,
         now: float,
+        *,
+        skipped_none: bool = False,
     ) -> list[Alert]:
         value, step = sample[1], sample[2]
         if math.isfinite(value):
@@ -235,6 +246,8 @@ class NanInfDetector(BaseDetector):
         if loss is not None and not math.isfinite(loss[1]):
             return []  # the loss itself said so
         reasons = self._corroboration(loss)
+        if skipped_none:
+            reasons.append("the job counts no skipped iteration beside it")
         if reasons:
             return self._critical(sample, source, now, onset_step=self._run_start, reasons=reasons)
         self.skipped_steps += 1

@@ -101,17 +101,40 @@ def test_the_frameworks_minimum_scale_error_is_critical(text: str) -> None:
     assert "minimum" in alert.message
 
 
-def test_a_scale_that_falls_to_its_minimum_is_critical() -> None:
+def test_overflows_that_push_the_scale_to_its_floor_are_critical() -> None:
+    """fairseq after a healthy epoch: overflow after overflow, no update between them."""
     run = Run()
-    scale = 128.0
-    for step in range(1, 30):
-        run.step(step)
-        if step > 20:
+    for step in range(10000, 10199, 10):
+        run.step(step, Sample("loss_scale", 0.5, step))
+    scale = 0.5
+    while scale > 1e-4:
+        scale /= 2
+        run.line(FAIRSEQ.format(after=scale))
+    warning, alert = run.alerts  # the cluster warns at the fifth overflow
+    assert (warning.severity, alert.severity) == (Severity.WARNING, Severity.CRITICAL)
+    assert alert.value is not None and 5e-4 < alert.value <= 1e-3  # the ninth halving
+    assert (alert.step, alert.onset_step) == (10190, 10190)
+
+
+def test_fairseq_calibrating_down_to_four_thousandths_is_healthy() -> None:
+    """As fairseq's own healthy runs do at the start: 0.0625 down to 0.0039, steps between."""
+    run = Run()
+    scale = 0.125
+    for step in range(0, 600, 10):
+        if step % 100 == 0 and scale > 0.004:
             scale /= 2
             run.line(FAIRSEQ.format(after=scale))
-    critical = [alert for alert in run.alerts if alert.severity is Severity.CRITICAL]
-    assert len(critical) == 1
-    assert critical[0].value == 1.0
+        run.step(step, Sample("loss_scale", scale, step))
+    assert run.alerts == []
+    assert run.detector.overflows == 5
+
+
+def test_a_logged_scale_that_falls_to_its_floor_is_critical() -> None:
+    run = Run()
+    for step, scale in enumerate([128.0, 64.0, 8.0, 0.5, 0.01, 1e-3], start=1):
+        run.step(step * 10, Sample("loss_scale", scale, step * 10))
+    (alert,) = run.alerts
+    assert (alert.severity, alert.step, alert.value) == (Severity.CRITICAL, 60, 1e-3)
 
 
 def test_megatron_skipping_on_every_interval_long_after_the_start_is_critical() -> None:

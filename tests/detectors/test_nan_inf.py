@@ -262,7 +262,7 @@ def test_a_persistent_non_finite_grad_norm_is_critical_at_its_first_step() -> No
     ("config", "before", "extra"),
     [
         (NanInfConfig(loss_scaling="none"), [], []),
-        (NanInfConfig(), [], [Sample("loss_scale", 1.0, 89)]),
+        (NanInfConfig(), [], [Sample("loss_scale", 1e-4, 89)]),
         (NanInfConfig(), [(1.0, 40.0), (1.5, 60.0)], []),  # grad-norm climbing
         (NanInfConfig(), [(3.5, 1.0)], []),  # loss climbing
     ],
@@ -349,3 +349,12 @@ def test_a_warning_gives_way_to_a_critical_with_its_own_onset() -> None:
         (Severity.CRITICAL, False),
     ]
     assert alerts[-1].onset_step == 900
+
+
+def test_a_non_finite_grad_norm_the_job_did_not_skip_is_critical_at_once() -> None:
+    """Megatron counts the iterations its scaler skipped: 0 beside a NaN grad-norm is a NaN."""
+    detector = NanInfDetector(NanInfConfig())
+    line = [Sample("grad_norm", NAN, 5426), Sample("skipped_iterations", 0.0, 5426)]
+    (alert,) = feed_lines(detector, [line])
+    assert (alert.severity, alert.step) == (Severity.CRITICAL, 5426)
+    assert "no skipped iteration" in alert.message
