@@ -32,6 +32,8 @@ class Handlers(Protocol):
 
     def on_system(self, readings: dict[str, Any], read_at: float) -> None: ...
 
+    def on_trainer_state(self, source: str, text: str, read_at: float) -> None: ...
+
     def on_exit(self, attempt: int, returncode: int | None) -> None: ...
 
     def on_signal(self, signum: int) -> None: ...
@@ -84,6 +86,8 @@ class EventLoop:
                 continue
             elif kind == "system":
                 handlers.on_system(*payload)
+            elif kind == "trainer_state":
+                handlers.on_trainer_state(*payload)
             elif kind == "exit":
                 handlers.on_exit(*payload)
             elif kind == "signal":

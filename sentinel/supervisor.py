@@ -39,6 +39,8 @@ from sentinel.event_loop import EventLoop
 from sentinel.holders import Child, Handle, Holder, job_name
 from sentinel.incidents import Incident
 from sentinel.job_state import JobState
+from sentinel.parsers import Garbled
+from sentinel.parsers.hf_trainer import trainer_state_info
 from sentinel.records import Alert, Sample
 from sentinel.reload import reloaded
 from sentinel.restarts import Restarts
@@ -214,6 +216,22 @@ class Supervisor:
     def on_system(self, readings: dict[str, list[Sample]], read_at: float) -> None:
         for source, samples in readings.items():
             self._handle(self.watch.engine.feed_system(source, samples, read_at))
+
+    def on_trainer_state(self, source: str, text: str, read_at: float) -> None:
+        """A ``trainer_state.json`` the job wrote (found under its folder): the run's shape
+        (max steps, batch size) for the rules and reports, and the HF dicts' steps per epoch."""
+        engine = self.watch.engine
+        training = self.settings.training
+        try:
+            engine.facts.observe_trainer_state(
+                trainer_state_info(text),
+                accumulation_steps=training.gradient_accumulation_steps,
+                world_size=training.world_size,
+            )
+        except Garbled as error:
+            log.warning("%s: %s (skipped)", source, error)
+            return
+        engine.parser.learn_trainer_state(text)
 
     def _healthy(self) -> bool:
         """For the heartbeat: the loop turned lately and no source's thread has died."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sentinel.actions.heartbeat import Heartbeat
 from sentinel.actions.notify import Notifier, Outbox
 from sentinel.config import Settings
-from sentinel.sources.discover import MetricFileFinder
+from sentinel.sources.discover import WHOLE_FILES, MetricFileFinder
 from sentinel.state import StateStore
 
 if TYPE_CHECKING:
@@ -114,7 +114,12 @@ class Workers:
             return None
 
     def _found(self, path: str) -> None:
-        """From the finder's thread: follow a metric file, unless a ``--log`` already does."""
+        """From the finder's thread: follow a metric file, unless a ``--log`` already does;
+        hand a ``trainer_state.json`` to the loop whole (``trainer_state`` event)."""
+        if os.path.basename(path) in WHOLE_FILES:
+            with open(path, encoding="utf-8", errors="replace") as stream:
+                self._put(("trainer_state", (path, stream.read(), time.time())))
+            return
         if _configured(path, self.settings.logs):
             return
         with self._tailer_lock:

@@ -75,3 +75,38 @@ def test_discovery_turned_off_reads_no_file(tmp_path: Path) -> None:
     result = _run(tmp_path, "--config", str(tmp_path / "sentinel.toml"), job_s=1)
     assert result.returncode == 0, result.stderr
     assert not [a for a in _alerts(tmp_path / "state") if a["rule"] == "nan_inf"]
+
+
+#: Saves a checkpoint as the HF Trainer does (100 steps an epoch by its log history), then
+#: prints a step-less HF dict with a NaN loss at epoch 0.37, that is step 37.
+HF_JOB = textwrap.dedent(
+    """
+    import json, os, time
+    os.makedirs("out/checkpoint-10")
+    history = [{"loss": 2.0, "grad_norm": 1.0, "learning_rate": 1e-05, "epoch": 0.1, "step": 10}]
+    with open("out/checkpoint-10/trainer_state.json", "w") as stream:
+        json.dump({"global_step": 10, "max_steps": 300, "log_history": history}, stream)
+    time.sleep(2)
+    print({"loss": "nan", "grad_norm": "1.0", "learning_rate": "1e-5", "epoch": "0.37"}, flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_trainer_state_found_beside_the_checkpoints_gives_hf_dicts_their_step(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "hf_job.py").write_text(HF_JOB)
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(tmp_path / "state"),
+         "--max-restarts", "0", "--", sys.executable, "hf_job.py"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    nan = [alert for alert in _alerts(tmp_path / "state") if alert["rule"] == "nan_inf"]
+    assert [(alert["step"], alert["metric"]) for alert in nan][:1] == [(37, "loss")], nan

@@ -4,7 +4,9 @@ A user who runs ``sentinel run -- python train.py`` rarely says where the job
 writes its metrics, and many frameworks write them somewhere by default:
 Lightning's ``CSVLogger`` to ``lightning_logs/version_N/metrics.csv``, its
 ``TensorBoardLogger`` and the HF Trainer to ``events.out.tfevents.*`` files,
-MLflow to ``mlruns/``, Detectron2 and mmengine to JSON-lines files. A
+MLflow to ``mlruns/``, Detectron2 and mmengine to JSON-lines files, the HF
+Trainer its ``trainer_state.json`` into each ``checkpoint-N/`` (reported once it
+parses, since it is read whole, not followed). A
 :class:`MetricFileFinder` walks the folder (bounded: depth, folders, files),
 reports each such file written since it started, and is woken by inotify when
 a folder it watches gains a file or a file in it is closed after a write, so
@@ -21,6 +23,7 @@ yesterday's run is not today's.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import select
@@ -46,6 +49,9 @@ MAX_FILES = 64
 SKIPPED_DIRS = frozenset(
     {QUARANTINE_DIR, "__pycache__", "node_modules", "site-packages", "venv", "wandb"}
 )
+#: Files read whole, not followed: reported once complete (they parse), and not counted
+#: in ``MAX_FILES`` (a long HF run writes one a checkpoint).
+WHOLE_FILES = frozenset({"trainer_state.json"})
 #: JSON-lines metric files by name: Detectron2's ``metrics.json``, mmengine's ``scalars.json``.
 JSON_LINES_NAMES = frozenset({"metrics.json", "scalars.json"})
 #: A ``.jsonl`` file is a metrics file when its name says so.
@@ -67,7 +73,7 @@ def is_metric_file(path: str | Path) -> bool:
     """Whether a framework's metric file is named so (``classify`` knows its format, or a
     JSON-lines name); not whether it holds metrics yet."""
     name = os.path.basename(path)
-    if name in JSON_LINES_NAMES:
+    if name in JSON_LINES_NAMES or name in WHOLE_FILES:
         return True
     if name.endswith(".jsonl"):
         lowered = name.lower()
@@ -107,6 +113,8 @@ class MetricFileFinder:
         self._max_files = max_files
         self._found: list[str] = []
         self._reported: set[str] = set()
+        #: Files reported to be followed (``WHOLE_FILES`` are not).
+        self._followed = 0
         self._told: set[str] = set()
         self._watches: FileWatches | None = None
         self._stopping = threading.Event()
@@ -155,14 +163,20 @@ class MetricFileFinder:
         for path in self._walk():
             if path in self._reported:
                 continue
-            if len(self._reported) >= self._max_files:
+            whole = os.path.basename(path) in WHOLE_FILES
+            if whole and not _complete(path):
+                continue  # being written: its close wakes the finder again
+            if not whole and self._followed >= self._max_files:
                 self._tell_once("files", "more than %d metric files under %s: no more followed",
                                 self._max_files, self.root)  # fmt: skip
-                break
+                continue
             self._reported.add(path)
+            if not whole:
+                self._followed += 1
             self._found.append(path)
             new.append(path)
-            logger.info("following %s (found under %s)", path, self.root)
+            logger.info("%s %s (found under %s)", "reading" if whole else "following", path,
+                        self.root)  # fmt: skip
             try:
                 self._on_found(path)
             except Exception:
@@ -239,3 +253,13 @@ class MetricFileFinder:
         if what not in self._told:
             self._told.add(what)
             logger.warning(message, *args)
+
+
+def _complete(path: str) -> bool:
+    """Whether a whole-read JSON file is all there (it parses)."""
+    try:
+        with open(path, "rb") as stream:
+            json.loads(stream.read())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return True

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,6 +55,7 @@ def _write(path: Path, text: str = "step,loss\n1,2.0\n", *, age_s: float = 0.0) 
         ("output/metrics.json", True),
         ("work_dirs/vis_data/scalars.json", True),
         ("train_log.jsonl", True),
+        ("out/checkpoint-500/trainer_state.json", True),
         ("data/shard_00.jsonl", False),
         ("output/checkpoint-500/model.safetensors", False),
         ("results.txt", False),
@@ -112,6 +114,18 @@ def test_bounds_on_files_and_folders(tmp_path: Path) -> None:
     assert len(narrow.look()) == 2  # the root and two of its folders
 
 
+def test_a_trainer_state_is_reported_once_complete_and_not_counted_as_followed(
+    tmp_path: Path,
+) -> None:
+    finder = MetricFileFinder(tmp_path, Found(), since=time.time(), max_files=1)
+    state = _write(tmp_path / "out" / "checkpoint-10" / "trainer_state.json", '{"log_history": [')
+    csv = _write(tmp_path / "lightning_logs" / "version_0" / "metrics.csv")
+    assert finder.look() == [str(csv)]  # HF is still writing it
+    state.write_text('{"log_history": [{"epoch": 0.1, "step": 10, "loss": 2.0}]}')
+    later = _write(tmp_path / "out" / "checkpoint-20" / "trainer_state.json", "{}")
+    assert finder.look() == [str(state), str(later)]  # past max_files: read, not followed
+
+
 def test_discovery_is_on_for_run_in_its_folder_and_opt_in_for_watch(tmp_path: Path) -> None:
     run = discovery(Settings(), "run")
     assert run is not None and run[0] == os.getcwd()
@@ -132,9 +146,15 @@ def test_a_file_named_by_log_is_not_followed_twice(tmp_path: Path) -> None:
     )
     store = StateStore(settings.state_dir)
     received: list[tuple[str, list[str]]] = []
+    states: list[tuple[str, str]] = []
+
+    def put(event: tuple[str, Any]) -> None:
+        kind, payload = event
+        (received if kind == "lines" else states).append(payload[:2])
+
     workers = Workers(
         settings, store,
-        put=lambda event: received.append(event[1][:2]),
+        put=put,
         healthy=lambda: True,
         mode="watch",
     )  # fmt: skip
@@ -142,6 +162,7 @@ def test_a_file_named_by_log_is_not_followed_twice(tmp_path: Path) -> None:
     try:
         configured = _write(logs / "version_0" / "metrics.csv")
         found = _write(tmp_path / "other" / "metrics.csv")
+        state = _write(tmp_path / "out" / "checkpoint-5" / "trainer_state.json", '{"a": 1}')
         assert workers.finder is not None and workers.tailer is not None
         deadline = time.monotonic() + WAIT_S
         while len(received) < 2 and time.monotonic() < deadline:
@@ -155,5 +176,6 @@ def test_a_file_named_by_log_is_not_followed_twice(tmp_path: Path) -> None:
         "other",
         "version_0",
     ]
-    assert sorted(workers.finder.found) == sorted([str(configured), str(found)])
+    assert sorted(workers.finder.found) == sorted([str(configured), str(found), str(state)])
+    assert states == [(str(state), '{"a": 1}')]  # whole, to the loop, never tailed
     assert workers.alive is False  # stopped
