@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +18,10 @@ from sentinel.incidents import IncidentTracker
 from sentinel.parsers import LineParser
 from sentinel.parsers.ranks import split_rank
 from sentinel.records import Alert, Line
+from sentinel.replay import replay
 
 T0 = 1_700_000_000.0
+RANKS = Path(__file__).parent / "fixtures" / "ranks"
 
 
 @pytest.mark.parametrize(
@@ -199,3 +202,13 @@ def test_a_ranked_line_without_a_step_is_read_at_the_runs_step() -> None:
     assert [(alert.rule, alert.step, alert.details.get("rank")) for alert in alerts] == [
         ("nan_inf", 10, 1)
     ]
+
+
+@pytest.mark.parametrize("log", ["torchrun_tee.log", "plain.log"])
+def test_a_real_two_rank_log_raises_only_rank_1s_nan(log: str) -> None:
+    """Real torchrun output (``fixtures/ranks``): labelled by torchrun, or not at all."""
+    result = replay([RANKS / log], Settings())
+    raised = [alert for alert in result.alerts if not alert.resolves and alert.severity != "info"]
+    assert [(alert.rule, alert.step) for alert in raised] == [("nan_inf", 60)]
+    if log == "torchrun_tee.log":
+        assert raised[0].details["rank"] == 1

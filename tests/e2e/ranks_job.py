@@ -1,12 +1,14 @@
 """A 2-rank DDP job whose ranks each print their own loss, an order of magnitude apart.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 ranks_job.py STEPS NAN_STEP
+    torchrun --standalone --nproc-per-node 2 ranks_job.py STEPS NAN_STEP [plain]
 
-Each rank trains its own tiny regression (gloo all-reduces the gradients, as DDP does)
-and prints ``[rank<r>] step <n> | loss <x>`` every step. Both ranks fit the same line, but
+The ranks train one tiny linear regression under DDP (gloo all-reduces the gradients), each
+on its own batches, and print ``[rank<r>] step <n> | loss <x>`` every step. Both fit one line, but
 rank 1's targets carry about ten times the noise of rank 0's, so once the model has learned
 its loss stays an order of magnitude above rank 0's (about 10 against 1). At ``NAN_STEP``
-(0: never) rank 1 alone prints a NaN loss, as a rank whose batch went bad does. A line is
+(0: never) rank 1 alone prints a NaN loss, as a rank whose batch went bad does. With
+``plain`` the lines carry no ``[rank<r>]`` of their own (torchrun's ``--tee 3`` labels them
+``[default<r>]:``; ``tests/fixtures/ranks/make_ranks_logs.sh``). A line is
 written with one ``os.write``, so two ranks sharing a pipe never glue their lines.
 """
 
@@ -22,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 def main() -> None:
     steps, nan_step = int(sys.argv[1]), int(sys.argv[2])
+    plain = sys.argv[3:] == ["plain"]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -38,7 +41,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         value = float("nan") if rank == 1 and step == nan_step else loss.item()
-        os.write(1, f"[rank{rank}] step {step} | loss {value:.4f}\n".encode())
+        label = "" if plain else f"[rank{rank}] "
+        os.write(1, f"{label}step {step} | loss {value:.4f}\n".encode())
     dist.destroy_process_group()
 
 
