@@ -139,7 +139,8 @@ def _reading(
         return _nan_reading(incident, rules, recent, lr)
     if lr is not None and rules & {"grad_norm_run", "loss_spike", "divergence"}:
         what, advice = lr
-        return (f"the loss or grad-norm rose after {what}", advice, worst.metric)
+        when = "after" if what.startswith("the logged learning rate jumped") else "while"
+        return (f"the loss or grad-norm rose {when} {what}", advice, worst.metric)
     if "divergence" in rules:
         return (
             "divergence: the loss moved up and did not come back",
@@ -315,10 +316,14 @@ def _lr_evidence(
         if isinstance(told, (list, tuple)) and len(told) == 3:
             step, before, after = told
             return _lr_jump(step, float(before), float(after))
+    steps = [alert.step for alert in incident.alerts if alert.step is not None]
+    latest = max(steps) if steps else None
     values = [
         (sample.step, sample.value)
         for sample in recent.get("lr", ())
-        if math.isfinite(sample.value) and sample.value > 0
+        if math.isfinite(sample.value)
+        and sample.value > 0
+        and (latest is None or sample.step is None or sample.step <= latest)
     ]
     best: tuple[int | None, float, float] | None = None
     for index in range(1, len(values)):
