@@ -103,6 +103,11 @@ SHARED: tuple[SharedOption, ...] = (
         {"metavar": "UNIT", "help": "the job's systemd unit (MainPID, exit status)"},
     ),
     SharedOption(
+        ("--systemd-user",),
+        "target",
+        {"action": "store_true", "help": "with --systemd-unit: a unit of systemctl --user"},
+    ),
+    SharedOption(
         ("--wait",),
         "target",
         {"type": float, "metavar": "S", "help": "give up if the job has not appeared in S s"},
@@ -140,7 +145,7 @@ SHARED: tuple[SharedOption, ...] = (
 
 ALL = tuple(option.name for option in SHARED)
 #: The options that say which job ``watch`` attaches to.
-TARGET = ("--pid", "--pidfile", "--match", "--user", "--systemd-unit", "--wait")
+TARGET = ("--pid", "--pidfile", "--match", "--user", "--systemd-unit", "--systemd-user", "--wait")
 
 
 class Refused(argparse.Action):

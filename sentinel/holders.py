@@ -303,6 +303,8 @@ def target_of(settings: Settings) -> Target:
         )
     if watch.user is not None and watch.match is None:
         raise ValueError("--user only goes with --match")
+    if watch.systemd_user and watch.systemd_unit is None:
+        raise ValueError("--systemd-user only goes with --systemd-unit")
     if watch.pid is not None:
         return PidTarget(watch.pid)
     if watch.pidfile is not None:
@@ -310,7 +312,8 @@ def target_of(settings: Settings) -> Target:
     if watch.match is not None:
         return MatchTarget(watch.match, user=watch.user)
     assert watch.systemd_unit is not None
-    return SystemdUnitTarget(watch.systemd_unit)
+    systemctl = ("systemctl", "--user") if watch.systemd_user else ("systemctl",)
+    return SystemdUnitTarget(watch.systemd_unit, systemctl=systemctl)
 
 
 def job_name(settings: Settings, holder: Holder) -> str:

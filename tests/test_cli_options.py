@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sentinel import cli, cli_options
 from sentinel.config import effective_config
 from sentinel.holders import target_of
+from sentinel.sources.target import SystemdUnitTarget
 from sentinel.state import StateStore
 from sentinel.state_lock import acquire
 from sentinel.verdict import mark_deciding, write_final
@@ -153,6 +154,7 @@ SETTINGS: dict[str, tuple[list[str], Callable[[dict[str, Any]], bool]]] = {
         ["--systemd-unit", "train.service"],
         lambda c: c["watch"]["systemd_unit"] == "train.service",
     ),
+    "--systemd-user": (["--systemd-user"], lambda c: c["watch"]["systemd_user"] is True),
     "--wait": (["--wait", "0.5"], lambda c: c["watch"]["wait_s"] == 0.5),
     "--run-id": (["--run-id", "job-7.a_1"], lambda c: c["run_id"] == "job-7.a_1"),
 }
@@ -489,6 +491,18 @@ def run_no_pty(run: Run, tmp_path: Path) -> None:
     assert seen.read_text() == "True True\nFalse False\n"
 
 
+def watch_systemd_user(run: Run, tmp_path: Path) -> None:
+    """The unit is asked of the user's service manager; without a unit, a usage error."""
+    unit = ("watch", "--systemd-unit", "t.service")
+    for args, systemctl in (((), ("systemctl",)), (("--systemd-user",), ("systemctl", "--user"))):
+        target = target_of(cli._settings(parse(*unit, *args)))
+        assert isinstance(target, SystemdUnitTarget)
+        assert target.systemctl == systemctl
+    result = run("watch", "--pid", "1", "--systemd-user")
+    assert result.code == 2
+    assert "--systemd-user only goes with --systemd-unit" in result.err
+
+
 def watch_wait(run: Run, tmp_path: Path) -> None:
     """A job that has not appeared within --wait: exit 1 about that long after it began
     waiting, saying so. (A subprocess, killed if it outlives 30 s: a wait that never ends
@@ -542,6 +556,7 @@ HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
     ("run", "--metrics-textfile"): run_metrics_textfile,
     ("run", "--no-pty"): run_no_pty,
     ("watch", "--wait"): watch_wait,
+    ("watch", "--systemd-user"): watch_systemd_user,
     ("check-config", "--json"): check_config_json,
     ("replay", "--config"): replay_config,
     ("replay", "--log"): replay_log,

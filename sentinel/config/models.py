@@ -108,6 +108,8 @@ class WatchConfig(_Model):
     user: str | None = None
     #: A systemd unit whose MainPID is the job.
     systemd_unit: str | None = None
+    #: With ``systemd_unit``: a unit of the user's own service manager (``systemctl --user``).
+    systemd_user: bool = False
     #: How long to wait for the target to appear; unset: forever.
     wait_s: float | None = Field(default=None, ge=0)
 
@@ -334,5 +336,6 @@ CLI_FIELDS: dict[str, tuple[str, ...]] = {
     "match": ("watch", "match"),
     "user": ("watch", "user"),
     "systemd_unit": ("watch", "systemd_unit"),
+    "systemd_user": ("watch", "systemd_user"),
     "wait": ("watch", "wait_s"),
 }
