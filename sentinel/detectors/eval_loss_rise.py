@@ -12,6 +12,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from sentinel.detectors.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.detectors.noise import MAD_TO_SIGMA
 from sentinel.detectors.series import LazyRolling, Warmup, sorted_median
 from sentinel.records import Alert, Block, Sample, Severity
 
@@ -40,6 +41,11 @@ class EvalLossRiseConfig(MetricRuleConfig):
     #: Train values whose median is the train level at an evaluation (around the best
     #: one, and now).
     train_window: int = Field(default=10, ge=1)
+    #: The margin test also needs the eval above its best by this many times its own
+    #: noise: the robust spread of the changes between the last ``noise_evals`` evaluations.
+    noise_sigmas: float = Field(default=2.0, ge=0)
+    #: Evaluations the eval metric's noise is taken over.
+    noise_evals: int = Field(default=10, ge=3, le=1000)
 
     @model_validator(mode="after")
     def _distinct_metrics(self) -> EvalLossRiseConfig:
@@ -68,6 +74,17 @@ def margin_bar(best: float, margin: float) -> float:
     """The level an evaluation must pass to be a rise however it got there: ``margin``
     (a fraction) above the best."""
     return best + margin * abs(best)
+
+
+def eval_noise(evals: deque[float]) -> float:
+    """The eval metric's own wobble: 1.4826 x the median absolute change between
+    consecutive evaluations, over sqrt(2) (a change holds two draws' noise); 0 before four
+    (two changes say nothing of a spread)."""
+    if len(evals) < 4:
+        return 0.0
+    later = islice(evals, 1, None)
+    changes = sorted(abs(after - before) for before, after in zip(evals, later, strict=False))
+    return MAD_TO_SIGMA * sorted_median(changes) / math.sqrt(2)
 
 
 def train_falling(train_now: float | None, train_at_best: float | None) -> bool:
@@ -107,6 +124,8 @@ class EvalLossRiseDetector(BaseDetector):
         self._after_best: deque[tuple[int | None, float]] = deque(maxlen=KEPT_EVALS)
         self._first_after_best: int | None = None
         self._last_eval: tuple[int | None, float] | None = None
+        #: The latest evaluations, whose changes are the metric's own noise.
+        self._evals: deque[float] = deque(maxlen=self.settings.noise_evals)
         self._rise_run = 0
         self._open = False
 
@@ -163,6 +182,7 @@ class EvalLossRiseDetector(BaseDetector):
         start = flat[-1] + 1 if flat else 0
         self._rise_run = len(values) - start + (self._rise_run if start == 0 else 0)
         self._last_eval = (steps[-1], values[-1])
+        self._evals.extend(values)
         if new_best:
             at = new_best[-1]
             self._best = (steps[at], values[at])
@@ -247,6 +267,7 @@ class EvalLossRiseDetector(BaseDetector):
             return []  # the same evaluation again (a log line and trainer_state.json)
         self._rise_run = self._rise_run + 1 if last is not None and is_rise(value, last[1]) else 0
         self._last_eval = (step, value)
+        self._evals.append(value)
         train_now = self._train.median() if len(self._train) else None
         time = sample.time if sample.time is not None else now
         best = self._best
@@ -267,7 +288,10 @@ class EvalLossRiseDetector(BaseDetector):
             return []
         best_value = best[1]
         by_rises = self._rise_run >= self.settings.rises
-        if not by_rises and value <= margin_bar(best_value, self.settings.margin):
+        if not by_rises and (
+            value <= margin_bar(best_value, self.settings.margin)
+            or value - best_value <= self.settings.noise_sigmas * eval_noise(self._evals)
+        ):
             return []
         if self._train_seen and not train_falling(train_now, self._train_at_best):
             return []  # train loss not falling: divergence or a data problem, not overfitting

@@ -79,13 +79,24 @@ def test_overfit_curve_fires_once_at_the_third_rise_with_the_best_step() -> None
 
 
 def test_margin_above_the_best_fires_without_consecutive_rises() -> None:
-    evals = [3.0, 2.5, 2.0, 2.05, 2.02, 2.3]  # 2.3 is 15% above 2.0, after a dip
+    evals = [3.0, 2.5, 2.0, 2.05, 2.02, 2.01, 2.03, 2.3]  # 2.3 is 15% above 2.0, after a dip
     (alert,) = feed(detector(), run(evals, falling(len(evals))))
-    assert alert.step == 600
+    assert alert.step == 800
     assert alert.onset_step == 400
     assert alert.details["kind"] == "margin"
     assert alert.details["best_step"] == 300
     assert "15% above its best 2 at step 300" in alert.message
+
+
+def test_a_margin_inside_the_evals_own_wobble_is_no_rise() -> None:
+    # Keras on MNIST (healthy corpus): each eval 10-30% off the one before, new bests keep
+    # coming.
+    evals = [0.5, 0.050, 0.033, 0.037, 0.032, 0.031, 0.034, 0.026, 0.031, 0.023, 0.030, 0.023]
+    assert feed(detector(), run(evals, falling(len(evals)))) == []
+    # The same margin after a steady stretch is a rise.
+    steady = [0.050, 0.033, 0.0232, 0.0231, 0.0230, 0.0231, 0.0230, 0.030]
+    (alert,) = feed(detector(), run(steady, falling(len(steady))))
+    assert alert.details["kind"] == "margin"
 
 
 @pytest.mark.parametrize(
