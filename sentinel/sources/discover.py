@@ -63,6 +63,9 @@ MTIME_SLACK_S = 2.0
 RESCAN_INTERVAL_S = 10.0
 #: Looks at most this often: a job writing many files wakes the finder once per this.
 MIN_RESCAN_S = 0.5
+#: ... and a look that took long waits this many times as long before the next: a busy
+#: tree (a home directory) costs at most about 5% of a core.
+RESCAN_COST_FACTOR = 20
 
 #: inotify: a file open for writing was closed (a logger that opens, appends, closes).
 IN_CLOSE_WRITE = 0x00000008
@@ -184,16 +187,18 @@ class MetricFileFinder:
         return new
 
     def _run(self) -> None:
-        looked_at = 0.0
+        next_look = 0.0
         while not self._stopping.is_set():
-            wait_s = max(0.0, looked_at + MIN_RESCAN_S - time.monotonic())
+            wait_s = max(0.0, next_look - time.monotonic())
             if wait_s and self._stopping.wait(wait_s):
                 return
-            looked_at = time.monotonic()
+            started = time.monotonic()
             try:
                 self.look()
             except Exception:
                 logger.exception("cannot look for metric files under %s", self.root)
+            took_s = time.monotonic() - started
+            next_look = started + max(MIN_RESCAN_S, RESCAN_COST_FACTOR * took_s)
             waited = [self._wake_read]
             watches = self._watches
             if watches is not None:
