@@ -20,81 +20,26 @@ Which non-finite values stop the job (README, "Non-finite values"):
 from __future__ import annotations
 
 import math
-import re
-import statistics
 from collections import deque
 from itertools import repeat
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
-
-from sentinel.detectors.base import BaseDetector, MetricNames, RuleConfig
+from sentinel.detectors.base import BaseDetector
+from sentinel.detectors.nan_inf_kinds import (
+    EARLY,
+    GRAD_CLIMB,
+    GRAD_RUNAWAY,
+    KEPT,
+    LOSS_CLIMB,
+    SKIP_COUNTERS,
+    Kind,
+    NanInfConfig,
+    climbed,
+    kind_of,
+)
 from sentinel.records import PROGRESS, Alert, Block, Sample, Severity
 
-#: Words that make a name with "loss" in it a tracker or a setting, not a loss.
-_NOT_A_LOSS = frozenset({"best", "min", "max", "lowest", "highest", "scale", "scaler", "weight"})
-_WORDS = re.compile(r"[a-z0-9]+")
-#: Finite values of the train loss and the grad-norm kept to tell a climb.
-_KEPT = 20
-#: A last grad-norm this many times the median before it is a climb.
-GRAD_CLIMB = 5.0
-#: A last loss this many times the median before it (and above every value) is a climb.
-LOSS_CLIMB = 2.0
-#: A last grad-norm this many times the run's first values is a runaway, however long ago
-#: it began (the window's median has long since climbed with it).
-GRAD_RUNAWAY = 100.0
-#: Finite grad-norms at the start whose least is the run's first level (a run can blow up
-#: at its second step).
-_EARLY = 3
-
-Kind = Literal["loss", "grad_norm", "loss_scale", "other"]
-
-#: A job's own count of the iterations its loss scaler skipped (Megatron's, per interval).
-SKIP_COUNTERS = frozenset({"skipped_iterations", "number_of_skipped_iterations"})
-
-
-def kind_of(name: str, stop_metrics: frozenset[str]) -> Kind:
-    """What a non-finite value of metric ``name`` means (see the module docstring)."""
-    if name in stop_metrics:
-        return "loss"
-    if name == "grad_norm":
-        return "grad_norm"
-    if name == "loss_scale":
-        return "loss_scale"
-    words = _WORDS.findall(name)
-    if any(word.endswith("loss") for word in words) and _NOT_A_LOSS.isdisjoint(words):
-        return "loss"
-    return "other"
-
-
-class NanInfConfig(RuleConfig):
-    """``[rules.nan_inf]``."""
-
-    #: Metrics to watch; empty means every metric the job logs. Watching all of
-    #: them matters: the HF Trainer's default ``logging_nan_inf_filter=True``
-    #: hides a NaN loss but not the NaN grad-norm beside it.
-    metrics: MetricNames = Field(default_factory=list)
-    #: Metrics never watched, e.g. a loss-scale that is legitimately inf at times.
-    ignore: MetricNames = Field(default_factory=list)
-    #: Metrics whose non-finite value stops the job, besides every loss (only a warning
-    #: by default: eval scores, perplexities, best-so-far trackers, settings).
-    stop_metrics: MetricNames = Field(default_factory=list)
-    #: ``none``: the run trains without loss scaling (bf16, fp32), so a non-finite
-    #: grad-norm is never a skipped step; ``auto``: it may be one.
-    loss_scaling: Literal["auto", "none"] = "auto"
-    #: Consecutive logged non-finite grad-norms (with a finite loss) that are a failure.
-    persist: int = Field(default=3, ge=1)
-    #: The same before the first finite grad-norm: the scaler calibrating at the start
-    #: halves its scale (65536) on each overflow.
-    calibration: int = Field(default=20, ge=1)
-    #: A logged loss scale at or below this is at its minimum (fairseq runs healthily at
-    #: 0.5 and calibrates down to 0.004; its floor is 1e-4), as ``[rules.loss_scale]``.
-    min_loss_scale: float = Field(default=1e-3, ge=0)
-    #: Skipped steps among the last ``skip_window`` logged grad-norms that warn.
-    skip_cluster: int = Field(default=5, ge=1)
-    skip_window: int = Field(default=50, ge=1)
-    #: Consecutive finite values of every offending metric that end the episode.
-    resolve_after: int = Field(default=10, ge=1)
+__all__ = ["NanInfConfig", "NanInfDetector", "kind_of"]
 
 
 class NanInfDetector(BaseDetector):
@@ -119,8 +64,8 @@ class NanInfDetector(BaseDetector):
         self._offending: dict[str, int] = {}
         self._warned: dict[str, int] = {}
         self._seen_finite: set[str] = set()
-        self._losses: deque[float] = deque(maxlen=_KEPT)
-        self._grads: deque[float] = deque(maxlen=_KEPT)
+        self._losses: deque[float] = deque(maxlen=KEPT)
+        self._grads: deque[float] = deque(maxlen=KEPT)
         self._early_grads: list[float] = []
         self._last_loss: tuple[int | None, float] | None = None
         # Finite values of the loss and of the grad-norm this attempt (the healthy stretch).
@@ -231,7 +176,7 @@ class NanInfDetector(BaseDetector):
             self._seen_finite.add("grad_norm")
             self._healthy["grad_norm"] += 1
             self._grads.append(value)
-            if len(self._early_grads) < _EARLY:
+            if len(self._early_grads) < EARLY:
                 self._early_grads.append(value)
             self._run = 0
             self._calibrated = True
@@ -290,16 +235,16 @@ class NanInfDetector(BaseDetector):
                 "the loss is exactly 0.0 with a non-finite grad-norm on consecutive values"
                 " (what HF's nan filter leaves of an interval of NaN steps)"
             )
-        if _climbed(self._grads, GRAD_CLIMB, last=2):
+        if climbed(self._grads, GRAD_CLIMB, last=2):
             reasons.append(f"the grad-norm climbed to {self._grads[-1]:.4g} before it")
         early = self._early_grads
-        if len(early) == _EARLY and len(self._grads) > _EARLY:
+        if len(early) == EARLY and len(self._grads) > EARLY:
             newest, first = max(list(self._grads)[-2:]), min(early)
             if first > 0 and newest > GRAD_RUNAWAY * first:
                 reasons.append(
                     f"the grad-norm ran away to {newest:.4g} from {first:.4g} at the start"
                 )
-        if _climbed(self._losses, LOSS_CLIMB, last=2, above_all=True):
+        if climbed(self._losses, LOSS_CLIMB, last=2, above_all=True):
             reasons.append(f"the loss climbed to {max(list(self._losses)[-2:]):.4g} before it")
         limit = settings.persist if self._calibrated else settings.calibration
         if self._run >= limit:
@@ -430,31 +375,18 @@ class NanInfDetector(BaseDetector):
             self._seen_finite.add(name)
             column = columns[name]
             if name == "loss":
-                self._losses.extend(column[-_KEPT:])
+                self._losses.extend(column[-KEPT:])
                 self._last_loss = (block.steps[-1], column[-1])
                 self._healthy["loss"] += len(column)
             elif kind == "loss_scale":
                 self._loss_scale = column[-1]
             elif kind == "grad_norm":
-                self._grads.extend(column[-_KEPT:])
+                self._grads.extend(column[-KEPT:])
                 self._healthy["grad_norm"] += len(column)
-                self._early_grads.extend(column[: _EARLY - len(self._early_grads)])
+                self._early_grads.extend(column[: EARLY - len(self._early_grads)])
                 self._run = 0
                 self._calibrated = True
                 self._skips.extend(repeat(False, min(len(column), self.settings.skip_window)))
-
-
-def _climbed(values: deque[float], factor: float, *, last: int, above_all: bool = False) -> bool:
-    """Whether the ``last`` newest values top ``factor`` times the median of those before
-    (and, ``above_all``, every one of them)."""
-    if len(values) < last + 4:
-        return False
-    kept = list(values)
-    earlier, newest = kept[:-last], max(kept[-last:])
-    baseline = statistics.median(earlier)
-    if above_all and newest <= max(earlier):
-        return False
-    return baseline > 0 and newest > factor * baseline
 
 
 def _time(sample: Sample, now: float) -> float:
