@@ -145,6 +145,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
                 log.warning("%s: %s (skipped)", path, error)
                 result.garbled += 1
                 continue
+            parser.learn_trainer_state(text)  # each printed HF dict at its exact step
             states.append((path, text))
     logs = [path for path in paths if path.name != "trainer_state.json"]
     plan = replay_plan(logs)

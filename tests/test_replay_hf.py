@@ -62,3 +62,29 @@ def test_replay_cli_json_on_hf_log() -> None:
     assert alerts[0]["rule"] == "grad_norm_run"
     assert alerts[0]["step"] < 19
     assert first["diagnosis"]["cause"].startswith("optimisation blow-up")
+
+
+def test_a_trainer_state_beside_the_log_gives_each_printed_dict_its_exact_step(
+    tmp_path: Path,
+) -> None:
+    """Real transformers 5.x stdout (tests/fixtures/hf_steps, buffered, with the tqdm bar)
+    whose fifth logged loss is made NaN: with the trainer_state.json of the checkpoint
+    before it beside the log, the NaN is at the step HF logged it at (20), not at the
+    progress bar's (24)."""
+    fixtures = Path(__file__).parent / "fixtures" / "hf_steps"
+    lines = (fixtures / "tqdm.log").read_bytes().decode("utf-8").split("\n")
+    index = [i for i, line in enumerate(lines) if "{'loss': '" in line][4]
+    value = lines[index].split("'loss': '")[1].split("'")[0]
+    lines[index] = lines[index].replace(f"'loss': '{value}'", "'loss': 'nan'", 1)
+    (tmp_path / "train.log").write_bytes("\n".join(lines).encode("utf-8"))
+    state = json.loads((fixtures / "trainer_state.json").read_text())
+    truth = [e["step"] for e in state["log_history"] if "loss" in e and "eval_loss" not in e]
+    # As the last checkpoint before the NaN holds it: the log history up to there.
+    history = [e for e in state["log_history"] if e["step"] < truth[4]]
+    saved = {**state, "log_history": history, "global_step": history[-1]["step"]}
+    (tmp_path / "trainer_state.json").write_text(json.dumps(saved))
+
+    result = replay([tmp_path / "trainer_state.json", tmp_path / "train.log"], Settings())
+
+    first = next(a for a in result.alerts if a.rule == "nan_inf")
+    assert (truth[4], first.step) == (20, 20)  # the bar read alone says 24
