@@ -22,6 +22,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from sentinel.incidents import Incident
@@ -31,6 +32,8 @@ _BARS = "▁▂▃▄▅▆▇█"
 
 #: A NaN with at most this many finite values of its metric before it is "in the first steps".
 FIRST_STEPS = 5
+#: A logged epoch at most this far in is the first steps (when no step is known).
+EARLY_EPOCH = 0.05
 #: A last grad-norm this many times its earlier median before a NaN is a blow-up.
 BLOW_UP_FACTOR = 5.0
 #: A rise of the logged learning rate between two logged values that is a jump.
@@ -277,6 +280,7 @@ def _nan_reading(
             " use bf16 rather than fp16",
             drawn,
         )
+    where = f" at step {step}" if step is not None else ""
     evidence = nan_alert.details.get("evidence") or []
     if any("loss scale" in str(item) for item in evidence):
         return (
@@ -285,7 +289,7 @@ def _nan_reading(
             " last checkpoint before the overflows began",
             drawn,
         )
-    if before <= FIRST_STEPS:
+    if before <= FIRST_STEPS and _early(step, recent.get(metric or "", ()), recent):
         return (
             f"{metric} non-finite in the first steps",
             "look at the data: empty sequences, labels out of range, inf or NaN in the"
@@ -293,9 +297,10 @@ def _nan_reading(
             metric,
         )
     return (
-        f"NaN with a flat grad-norm before it, out of the blue at step {step} after {before}"
-        " healthy logged values: a bad batch, an fp16 overflow or a numerics edge case",
-        f"inspect the batch at step {step} (the samples below); rerun that step under"
+        f"NaN with a flat grad-norm before it, out of the blue{where} after a healthy"
+        f" stretch ({before} finite values seen): a bad batch, an fp16 overflow or a numerics"
+        " edge case",
+        f"inspect the batch{where} (the samples below); rerun that step under"
         " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, suspect an"
         " fp16 overflow (bf16, or a lower initial loss scale) or a log(0) or division by zero",
         metric,
@@ -395,6 +400,23 @@ def _finite_before(samples: Sequence[Sample], step: int | None) -> list[float]:
         if math.isfinite(sample.value)
         and (step is None or sample.step is None or sample.step < step)
     ]
+
+
+def _early(
+    step: int | None, samples: Sequence[Sample], recent: Mapping[str, Sequence[Sample]]
+) -> bool:
+    """Whether ``step`` is among the run's first logged steps: at most ``FIRST_STEPS`` + 1
+    logging intervals from the start. A log that begins late (an excerpt, a resumed run)
+    shows few values before a NaN at step 1655, which is no first step. With no step, the
+    logged epoch tells (its first 5%); with neither, nothing says it came first."""
+    if step is None:
+        epochs = [sample.value for sample in recent.get("epoch", ()) if math.isfinite(sample.value)]
+        # A fraction (HF's 0.02); a whole number counts epochs (0 is all of the first one).
+        return bool(epochs) and epochs[-1] <= EARLY_EPOCH and not epochs[-1].is_integer()
+    steps = sorted({sample.step for sample in samples if sample.step is not None})
+    gaps = [later - earlier for earlier, later in pairwise(steps)]
+    interval = statistics.median(gaps) if gaps else 1
+    return step <= (FIRST_STEPS + 1) * max(interval, 1)
 
 
 def _grad_norm_rise(recent: Mapping[str, Sequence[Sample]], step: int | None) -> str | None:

@@ -198,7 +198,7 @@ def test_a_nan_out_of_the_blue_after_a_long_stretch_names_the_step_and_samples()
         "loss": series("loss", [1.1, 1.0, 1.05] * 2, first_step=8394),
     }
     diagnosis = diagnose(incident_of(nan), recent, samples_per_step=8)
-    assert "out of the blue at step 8400 after 840" in diagnosis.cause
+    assert "out of the blue at step 8400 after a healthy stretch (840" in diagnosis.cause
     assert "fp16 overflow" in diagnosis.cause
     assert "detect_anomaly" in diagnosis.advice
     assert "samples 67192-67199" in diagnosis.text()
@@ -227,3 +227,14 @@ def test_a_rule_that_saw_the_jump_long_before_says_where() -> None:
     spike = alert("divergence", Severity.CRITICAL, 700, lr_jump=[500, 2e-5, 2.4e-3])
     diagnosis = diagnose(incident_of(spike), {})
     assert "jumped 120x at step 500" in diagnosis.cause
+
+
+def test_a_nan_late_in_a_log_that_begins_late_is_not_the_first_steps() -> None:
+    """An excerpt shows two values before a NaN at iteration 500 (logged every 50)."""
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 500, "loss"))
+    recent = {
+        "loss": [Sample("loss", 1.2, 400), Sample("loss", 1.1, 450), Sample("loss", NAN, 500)]
+    }
+    cause = diagnose(incident, recent).cause
+    assert "first steps" not in cause
+    assert "out of the blue at step 500" in cause

@@ -264,7 +264,7 @@ def test_a_persistent_non_finite_grad_norm_is_critical_at_its_first_step() -> No
         (NanInfConfig(loss_scaling="none"), [], []),
         (NanInfConfig(), [], [Sample("loss_scale", 1e-4, 89)]),
         (NanInfConfig(), [(1.0, 40.0), (1.5, 60.0)], []),  # grad-norm climbing
-        (NanInfConfig(), [(3.5, 1.0)], []),  # loss climbing
+        (NanInfConfig(), [(3.5, 1.0), (20.0, 1.0)], []),  # loss climbing
     ],
     ids=["no-loss-scaling", "scale-at-minimum", "grad-norm-climbed", "loss-climbed"],
 )
