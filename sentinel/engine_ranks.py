@@ -28,7 +28,8 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from itertools import pairwise
+from itertools import islice
+from operator import lt
 
 from sentinel.records import PROGRESS, Alert, Block, Sample
 
@@ -196,7 +197,7 @@ class RunSeries:
         """Whether a block of one source's lines (unlabelled, each with its own step) may
         go to the rules whole: its steps rise, past every step its metrics were seen at."""
         steps = block.steps
-        if not all(a < b for a, b in pairwise(steps)):
+        if not all(map(lt, steps, islice(steps, 1, None))):
             return False
         first = steps[0]
         stream = self._streams.get((block.source, block.names))
