@@ -40,6 +40,8 @@ class Handlers(Protocol):
 
     def on_terminated(self, stop: Any, result: Any) -> None: ...
 
+    def on_evidence(self, stop: Any, evidence: Any) -> None: ...
+
     def on_tick(self) -> None: ...
 
     def restart_due(self) -> None: ...
@@ -82,6 +84,8 @@ class EventLoop:
                 handlers.on_lines(*payload)
             elif kind == "terminated":
                 handlers.on_terminated(*payload)
+            elif kind == "evidence":
+                handlers.on_evidence(*payload)
             elif late or handlers.finished:
                 continue
             elif kind == "system":

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sentinel import run_verdict, verdict
+from sentinel.actions import evidence
 from sentinel.actions.signal_tree import TreeStop, stop_tree
 from sentinel.config import JobConfig, Settings
 from sentinel.incidents import Incident
@@ -63,17 +64,60 @@ def stop_in_background(
     *,
     members: Callable[[], Iterable[ProcessIdentity]],
     put: Callable[[tuple[str, Any]], None],
+    first: Callable[[], None] | None = None,
 ) -> None:
     """Stop the tree under ``identity`` on a thread of its own; ``members`` finds the job's
-    processes outside that tree (looked for after the tree has the signal)."""
+    processes outside that tree (looked for after the tree has the signal); ``first`` runs
+    on that thread before the first signal (``evidence_first``)."""
     stop_signal = signal.Signals[job.stop_signal]
     grace_s = job.grace_period_s
 
     def run_stop() -> None:
+        if first is not None:
+            first()
         result = stop_tree(identity, grace_s=grace_s, stop_signal=stop_signal, members=members)
         put(("terminated", (stop, result)))
 
     threading.Thread(target=run_stop, name="stop-tree", daemon=True).start()
+
+
+def evidence_first(
+    settings: Settings,
+    stop: Stop | None,
+    identity: ProcessIdentity,
+    *,
+    members: Callable[[], Iterable[ProcessIdentity]],
+    put: Callable[[tuple[str, Any]], None],
+) -> Callable[[], None] | None:
+    """What the stop's thread takes from the live job before its first signal, handing it to
+    the loop as an ``("evidence", (stop, evidence))`` event (ahead of the exit the signal
+    brings); None when the stop's rule needs none (a NaN) or ``[evidence]`` is off."""
+    incident = stop.incident if stop is not None else None
+    if incident is None or not settings.evidence.enabled or not evidence.wanted(incident.rule):
+        return None
+    folder = evidence.incident_dir(settings.state_dir, incident.id)
+
+    def take() -> None:
+        pids, leaves = evidence.job_processes(identity.pid, (m.pid for m in members()))
+        taken = evidence.take(
+            pids,
+            folder,
+            budget_s=settings.evidence.budget_s,
+            output_files=evidence.output_files(settings.state_dir, pids, settings.logs),
+            leaves=leaves,
+        )
+        put(("evidence", (stop, taken)))
+
+    return take
+
+
+def record_evidence(stop: Stop | None, taken: evidence.Evidence) -> Incident | None:
+    """The evidence's lines in the stop's incident; the incident, to report again."""
+    if stop is None or stop.incident is None:
+        return None
+    for note in taken.notes():
+        stop.incident.record(time.time(), note)
+    return stop.incident
 
 
 def outcome_note(stop: Stop | None, result: TreeStop) -> str | None:

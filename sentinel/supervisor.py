@@ -318,9 +318,12 @@ class Supervisor:
         if identity is None:
             return  # it already exited; the waiter reports the exit
         self._set_state(JobState.STOPPING)
+        first = stopping.evidence_first(
+            self.settings, self._stop, identity, members=self.holder.members, put=self._events.put
+        )
         stopping.stop_in_background(
             identity, self._stop, self.settings.job,
-            members=self.holder.members, put=self._events.put,
+            members=self.holder.members, put=self._events.put, first=first,
         )  # fmt: skip
 
     def on_terminated(self, stop: Stop | None, result: TreeStop) -> None:
@@ -330,6 +333,12 @@ class Supervisor:
         if note is not None and stop is not None and stop.incident is not None:
             stop.incident.record(time.time(), note)
             self.watch.update(stop.incident)
+
+    def on_evidence(self, stop: Stop | None, taken: Any) -> None:
+        """What the job was doing, taken before the first signal (``stopping``)."""
+        incident = stopping.record_evidence(stop, taken)
+        if incident is not None:
+            self.watch.update(incident)
 
     def on_exit(self, attempt: int, returncode: int | None) -> None:
         """An attempt ended; ``returncode`` None when not knowable (a job started elsewhere)."""

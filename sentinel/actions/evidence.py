@@ -16,6 +16,8 @@ thread was (``stuck in torch.distributed.distributed_c10d.all_reduce <- train_st
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import logging
 import os
@@ -29,7 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import psutil
+
 from sentinel.actions.evidence_stacks import Dump, dump, py_spy_path
+from sentinel.sources.proctree import descendant_pids
+from sentinel.sources.relay import STREAM_FILES
+from sentinel.sources.relayed import JobRecord
 from sentinel.state import open_private, private_dir
 
 log = logging.getLogger(__name__)
@@ -75,10 +82,33 @@ class Evidence:
     def notes(self) -> list[str]:
         """The incident's record of it: one line, and one for what is missing."""
         where = f"{self.summary}; " if self.summary else ""
-        lines = [f"evidence taken before the stop in {self.took_s:.1f} s: {where}{self.path}"]
+        lines = [f"evidence taken before the stop in {self.took_s:.2f} s: {where}{self.path}"]
         if self.missing:
             lines.append("evidence not taken: " + "; ".join(self.missing))
         return lines
+
+
+def job_processes(root: int, members: Iterable[int] = ()) -> tuple[list[int], list[int]]:
+    """The job's processes (the tree under ``root``, and ``members`` outside it) and its
+    leaves, the processes with no child among them (the workers, not their launcher)."""
+    pids = list(dict.fromkeys([root, *descendant_pids(root), *members]))
+    parents = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            parents.add(psutil.Process(pid).ppid())
+    return pids, [pid for pid in pids if pid not in parents]
+
+
+def output_files(state_dir: Path, pids: Iterable[int], logs: Iterable[str]) -> list[Path]:
+    """Where the job's last lines are: the output ``sentinel run`` captured for the running
+    attempt (when its record names one of ``pids``), and the logs followed."""
+    found: list[Path] = []
+    record = JobRecord.load(state_dir)
+    if record is not None and {record.job.pid, record.relay.pid} & set(pids):
+        found += [record.stream_path(name) for name in STREAM_FILES]
+    for pattern in logs:
+        found += sorted(Path(path) for path in glob.glob(pattern))[-4:]
+    return found
 
 
 def take(

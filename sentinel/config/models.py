@@ -198,6 +198,16 @@ class KeepConfig(_Model):
     warn_disk_bytes: int | None = Field(default=None, ge=1)
 
 
+class EvidenceConfig(_Model):
+    """``[evidence]``: what sentinel takes from a live job before it stops it for a stall, a
+    hang, a rank's crash or a GPU fault (stacks, threads, nvidia-smi, XID lines, output)."""
+
+    #: Take it; off: the stop goes at once, with no evidence.
+    enabled: bool = True
+    #: At most this long before the first signal; what is not taken by then is said so.
+    budget_s: float = Field(default=3.0, ge=0, le=60)
+
+
 class ParserConfig(_Model):
     """``[parsers]``: extra line formats."""
 
@@ -274,6 +284,7 @@ class Settings(BaseSettings):
     tail: TailConfig = Field(default_factory=TailConfig)
     keep: KeepConfig = Field(default_factory=KeepConfig)
     parsers: ParserConfig = Field(default_factory=ParserConfig)
+    evidence: EvidenceConfig = Field(default_factory=EvidenceConfig)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)  # type: ignore[valid-type]
 
