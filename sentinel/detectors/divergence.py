@@ -44,6 +44,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from sentinel.detectors.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.detectors.noise import robust_sigma
 from sentinel.detectors.series import (
     Rolling,
     Warmup,
@@ -53,9 +54,6 @@ from sentinel.detectors.series import (
     sorted_median,
 )
 from sentinel.records import Alert, Block, Sample, Severity
-
-#: 1 / Phi^-1(3/4): the median absolute deviation of a normal sample times this is its sigma.
-MAD_TO_SIGMA = 1.4826
 
 
 class DivergenceConfig(MetricRuleConfig):
@@ -118,9 +116,7 @@ def bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> B
     """The level (median of ``recent``), the noise of ``history``, the shift and recovery bars."""
     level = sorted_median(sorted(recent))
     ordered = history.ordered()
-    middle = sorted_median(ordered)
-    deviation = sorted_median(sorted(abs(value - middle) for value in ordered))
-    noise = max(MAD_TO_SIGMA * deviation, settings.noise_floor * abs(level))
+    noise = robust_sigma(ordered, level, settings.noise_floor)
     shift = max(
         settings.rise * level,
         level + settings.noise_sigmas * noise,
