@@ -47,6 +47,15 @@ SHARED: tuple[SharedOption, ...] = (
         },
     ),
     SharedOption(
+        ("--discover",),
+        "input",
+        {
+            "metavar": "DIR",
+            "help": "follow the metric files written under DIR as they appear"
+            " (run: the job's working directory unless told)",
+        },
+    ),
+    SharedOption(
         ("--notify",),
         "notify",
         {"action": "append", "metavar": "URL", "help": "apprise URL to alert (repeatable)"},

@@ -126,6 +126,7 @@ CONFIG = 'state_dir = "from-file"\n[job]\nmax_restarts = 5\n'
 SETTINGS: dict[str, tuple[list[str], Callable[[dict[str, Any]], bool]]] = {
     "--config": (["--config", "sentinel.toml"], lambda c: c["job"]["max_restarts"] == 5),
     "--log": (["--log", "a.log", "--log", "b*.log"], lambda c: c["logs"] == ["a.log", "b*.log"]),
+    "--discover": (["--discover", "runs"], lambda c: c["tail"]["discover_dir"] == "runs"),
     "--checkpoints": (["--checkpoints", "ckpts"], lambda c: c["checkpoints"] == "ckpts"),
     "--notify": (
         ["--notify", HOOK_URL],
@@ -491,6 +492,23 @@ def run_no_pty(run: Run, tmp_path: Path) -> None:
     assert seen.read_text() == "True True\nFalse False\n"
 
 
+#: Writes a Lightning-style metrics.csv with a NaN row under the folder it is given, then
+#: trains on for the seconds it is given (a NaN found stops it sooner).
+CSV_JOB = (
+    "import os, sys, time; d = os.path.join(sys.argv[1], 'lightning_logs', 'version_0');"
+    " os.makedirs(d); open(os.path.join(d, 'metrics.csv'), 'w').write('step,train_loss\\n"
+    "9,1.0\\n19,nan\\n'); time.sleep(float(sys.argv[2]))"
+)
+
+
+def run_discover(run: Run, tmp_path: Path) -> None:
+    """The metric files under DIR are followed, and those elsewhere no longer are."""
+    job = ["--max-restarts", "0", "--", sys.executable, "-c", CSV_JOB]
+    outside = run_job(run, tmp_path, "--discover", "runs", *job, ".", "1")
+    inside = run_job(run, tmp_path, "--discover", "runs", *job, "runs", "30")
+    assert (outside.code, inside.code) == (0, 143), inside.err  # 143: stopped by SIGTERM
+
+
 def watch_systemd_user(run: Run, tmp_path: Path) -> None:
     """The unit is asked of the user's service manager; without a unit, a usage error."""
     unit = ("watch", "--systemd-unit", "t.service")
@@ -555,6 +573,7 @@ HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
     ("run", "--http"): run_http,
     ("run", "--metrics-textfile"): run_metrics_textfile,
     ("run", "--no-pty"): run_no_pty,
+    ("run", "--discover"): run_discover,
     ("watch", "--wait"): watch_wait,
     ("watch", "--systemd-user"): watch_systemd_user,
     ("check-config", "--json"): check_config_json,
@@ -588,6 +607,7 @@ SLOW = {
         ("run", "--http"),
         ("run", "--metrics-textfile"),
         ("run", "--no-pty"),
+        ("run", "--discover"),
         ("watch", "--wait"),
     ]
 }

@@ -169,6 +169,7 @@ def test_unset_cli_flags_leave_env_values() -> None:
 def test_every_cli_field_maps_onto_a_setting() -> None:
     values: dict[str, Any] = {
         "log": ["x.log"],
+        "discover": "/runs",
         "checkpoints": "/ckpt",
         "notify": [JSON_URL],
         "state_dir": "/state",
@@ -191,6 +192,7 @@ def test_every_cli_field_maps_onto_a_setting() -> None:
     assert set(values) == set(CLI_FIELDS)
     settings = load_settings(None, cli=values, environ={})
     assert settings.logs == ["x.log"]
+    assert str(settings.tail.discover_dir) == "/runs"
     assert str(settings.checkpoints) == "/ckpt"
     assert settings.notify.urls[0].get_secret_value() == JSON_URL
     assert str(settings.state_dir) == "/state"

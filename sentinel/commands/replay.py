@@ -27,7 +27,10 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         replay,
         takes=["--config", "--log", "--json", "--verbose"],
         why="replay sends, signals, moves and restarts nothing",
-        because={"--state-dir": "replay keeps no state: it reads its files and writes nothing"},
+        because={
+            "--state-dir": "replay keeps no state: it reads its files and writes nothing",
+            "--discover": "replay reads the files and folders it is given",
+        },
     )
     replay.add_argument(
         "paths",

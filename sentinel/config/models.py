@@ -329,6 +329,7 @@ class Settings(BaseSettings):
 #: CLI option dest -> the field it sets. The CLI declares no option of its own.
 CLI_FIELDS: dict[str, tuple[str, ...]] = {
     "log": ("logs",),
+    "discover": ("tail", "discover_dir"),
     "checkpoints": ("checkpoints",),
     "notify": ("notify", "urls"),
     "state_dir": ("state_dir",),

@@ -210,6 +210,12 @@ class MetricFileFinder:
     def _walk(self) -> list[str]:
         """The metric files in the tree, breadth first, written since ``since``."""
         files: list[str] = []
+        if not os.path.isdir(self.root):
+            # Not made yet (``--discover runs`` before the job makes it): its making shows
+            # in the nearest folder that exists.
+            if self._watches is not None:
+                self._watches.watch(_existing_ancestor(self.root), _DIR_MASK)
+            return files
         folders = [(self.root, 0)]
         dirs = 0
         while folders:
@@ -258,6 +264,13 @@ class MetricFileFinder:
         if what not in self._told:
             self._told.add(what)
             logger.warning(message, *args)
+
+
+def _existing_ancestor(path: str) -> str:
+    """``path``'s nearest parent that exists."""
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def _complete(path: str) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sentinel.config import Settings
+from sentinel.sources import discover
 from sentinel.sources.discover import MetricFileFinder, is_metric_file
 from sentinel.state import StateStore
 from sentinel.workers import Workers, discovery
@@ -82,6 +83,23 @@ def test_a_file_the_job_writes_is_found_as_it_appears_and_only_once(tmp_path: Pa
     finally:
         finder.stop()
     assert not finder.running
+
+
+@pytest.mark.slow
+def test_a_root_made_after_the_start_is_searched_as_soon_as_it_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No safety look within the test: only the folder's making can wake the finder.
+    monkeypatch.setattr(discover, "RESCAN_INTERVAL_S", 3600.0)
+    found = Found()
+    finder = MetricFileFinder(tmp_path / "runs", found, since=time.time())
+    finder.start()
+    try:
+        time.sleep(0.2)  # the first look, at nothing
+        csv = _write(tmp_path / "runs" / "lightning_logs" / "version_0" / "metrics.csv")
+        assert found.wait_for(1) == [str(csv)]
+    finally:
+        finder.stop()
 
 
 def test_old_files_hidden_folders_quarantine_and_weights_are_not_followed(
