@@ -20,7 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sentinel.actions.chart import ChartDrawer, picture
 from sentinel.actions.dispatch import Dispatcher, Policy, routes
+from sentinel.actions.evidence import incident_dir
 from sentinel.actions.notices import JobInfo, NoticeKind, format_dashboard_url, incident_notice
 from sentinel.actions.notify import Notifier
 from sentinel.actions.report import Journal, write_report
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 MEMORY_KEY = "memory"
 #: Its layout; a memory of another layout is not taken back (said once).
 MEMORY_VERSION = 1
+#: How long sentinel waits, when it ends, for the incident charts still being drawn.
+CHART_FLUSH_S = 20.0
 #: The incident of a state dir that refuses writes (sentinel's own; it only notifies).
 STATE_DIR_RULE = "state_dir"
 
@@ -94,6 +98,8 @@ class Watch:
                     budget,
                 )
         self.journal = Journal(settings.state_dir)
+        #: Each incident's chart, drawn off the loop.
+        self.charts = ChartDrawer()
         #: What could not be written to the state dir lately, and why (for STATUS, metrics).
         self.state_problems: dict[str, str] = {}
         self.state_dir: Path = settings.state_dir
@@ -301,6 +307,8 @@ class Watch:
         )
         self.save_memory(time.time())
         self.safely("the alert journal", self.journal.close)
+        if not self.charts.flush(CHART_FLUSH_S):
+            log.warning("an incident chart was not drawn within %g s", CHART_FLUSH_S)
 
     def _report(self, incident: Incident, now: float) -> None:
         cost = incident_cost(incident, self.engine.facts, now)
@@ -312,6 +320,13 @@ class Watch:
             self.state_dir,
             cost=cost,
         )
+        shown = picture(
+            f"{incident.rule} · incident {incident.id} · {self.job_name}",
+            self.engine.history,
+            incident.onset_step,
+            incident.actions,
+        )
+        self.charts.request(incident.id, shown, incident_dir(self.state_dir, incident.id))
 
     def safely(self, what: str, write: Callable[..., object], *args: Any, **kwargs: Any) -> None:
         """A write to the state dir that may fail (a full or read-only disk) without costing

@@ -4,7 +4,9 @@ Every alert goes to ``<state_dir>/alerts.jsonl`` as one JSON object a line
 (the public schema). Every critical incident gets a short report in
 ``<state_dir>/reports/<incident>.md`` and ``.json``: its timeline, the last
 samples before onset, what sentinel did, and the money the incident cost
-(``sentinel.cost.incident_cost``) when the owner counts it.
+(``sentinel.cost.incident_cost``) when the owner counts it. It links what its folder,
+``reports/<incident>/``, holds: the evidence taken before a stop (``evidence``) and
+the chart (``chart``).
 
 Both go through ``sentinel.secrets``: a token quoted in an alert (the job's own
 output, an error from a webhook) is masked before it reaches the disk.
@@ -21,6 +23,9 @@ from pathlib import Path
 from typing import IO
 
 from sentinel import secrets
+from sentinel.actions import chart
+from sentinel.actions.chart import CHART_PNG, CHART_SVG
+from sentinel.actions.evidence import EVIDENCE_FILE, incident_dir
 from sentinel.cost import UNKNOWN_COST, IncidentCost
 from sentinel.diagnosis import sparkline
 from sentinel.incidents import Incident
@@ -75,11 +80,28 @@ def write_report(
     data["cost"] = None if cost is None else cost.to_json()
     data = secrets.mask_data(data)
     markdown = secrets.mask(render_markdown(incident, recent, cost=cost))
+    markdown += files_section(state_dir, incident.id)
     json_path = reports / f"{incident.id}.json"
     md_path = reports / f"{incident.id}.md"
     _atomic_write(json_path, json.dumps(data, indent=2, allow_nan=False) + "\n")
     _atomic_write(md_path, markdown)
     return md_path
+
+
+def files_section(state_dir: Path, incident_id: str) -> str:
+    """Links to what the incident's folder holds: the evidence taken before the stop, the
+    chart (named while it is being drawn, when it can be); "" when there is neither."""
+    folder = incident_dir(state_dir, incident_id)
+    names = [name for name in (EVIDENCE_FILE, CHART_PNG, CHART_SVG) if (folder / name).exists()]
+    if chart.AVAILABLE and CHART_PNG not in names:
+        names += [CHART_PNG, CHART_SVG]
+    if not names:
+        return ""
+    lines = ["", "## Evidence and chart", ""]
+    lines += [f"- [{name}]({incident_id}/{name})" for name in names]
+    if CHART_PNG in names:
+        lines += ["", f"![loss, grad-norm, learning rate, throughput]({incident_id}/{CHART_PNG})"]
+    return "\n".join(lines) + "\n"
 
 
 def render_markdown(

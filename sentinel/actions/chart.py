@@ -1,0 +1,187 @@
+"""A picture of the incident: loss, grad-norm, learning rate and throughput around the onset.
+
+The onset, the last clean checkpoint and what sentinel did are marked on the steps;
+a non-finite value is a red cross at the top of its panel. Saved as ``chart.png`` and
+``chart.svg`` in the incident's folder beside its report (``evidence.incident_dir``).
+
+matplotlib is an optional extra (``sentinel-watchdog[evidence]``): without it there is
+no chart and the report keeps its text sparklines. Drawing takes a few hundred
+milliseconds, so ``ChartDrawer`` draws on a thread of its own, the latest picture of
+each incident, never on the loop that decides the stop.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sentinel.records import Sample
+from sentinel.state import private_dir
+
+log = logging.getLogger(__name__)
+
+CHART_PNG = "chart.png"
+CHART_SVG = "chart.svg"
+#: Whether a chart can be drawn here at all.
+AVAILABLE = importlib.util.find_spec("matplotlib") is not None
+#: The panels, each the first metric present of its names.
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("loss", ("loss", "eval_loss")),
+    ("grad-norm", ("grad_norm",)),
+    ("learning rate", ("lr",)),
+    ("throughput", ("tokens_per_sec", "samples_per_second", "train_samples_per_second")),
+)
+_CLEAN = re.compile(r"rolled back to (\S+)")
+_STEP = re.compile(r"(\d+)(?!.*\d)")
+
+
+@dataclass(frozen=True)
+class Picture:
+    """What a chart shows, copied off the loop: series by metric, the marks."""
+
+    title: str
+    series: Mapping[str, Sequence[Sample]]
+    onset_step: int | None
+    #: What sentinel did: (epoch seconds, text).
+    actions: Sequence[tuple[float, str]]
+
+
+def picture(
+    title: str,
+    history: Mapping[str, Sequence[Sample]],
+    onset_step: int | None,
+    actions: Sequence[tuple[float, str]],
+) -> Picture:
+    """A copy of what the chart needs, safe to hand to another thread."""
+    wanted = {name for _, names in PANELS for name in names}
+    series = {name: list(samples) for name, samples in history.items() if name in wanted}
+    return Picture(title, series, onset_step, list(actions))
+
+
+def clean_step(actions: Sequence[tuple[float, str]]) -> int | None:
+    """The last clean checkpoint's step, from the rollback's record (its name's number)."""
+    for _, text in reversed(actions):
+        if (match := _CLEAN.search(text)) and (step := _STEP.search(match[1])):
+            return int(step[1])
+    return None
+
+
+def draw(shown: Picture, folder: Path) -> list[Path]:
+    """Save the chart as PNG and SVG in ``folder``; [] when there is nothing to draw."""
+    # Here, not at the top: an optional extra, and a second of start-up for every sentinel.
+    from matplotlib.figure import Figure
+
+    panels = []
+    for label, names in PANELS:
+        stepped = (n for n in names if any(s.step is not None for s in shown.series.get(n, ())))
+        if (name := next(stepped, None)) is not None:
+            panels.append((label, name, shown.series[name]))
+    if not panels:
+        return []
+    figure = Figure(figsize=(8, 1.9 * len(panels) + 0.6), layout="constrained")
+    axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    clean = clean_step(shown.actions)
+    for ax, (label, name, samples) in zip(axes, panels, strict=True):
+        points = [(s.step, s.value) for s in samples if s.step is not None]
+        finite = [(step, value) for step, value in points if math.isfinite(value)]
+        ax.plot([p[0] for p in finite], [p[1] for p in finite], marker=".", linewidth=1.2)
+        bad = [step for step, value in points if not math.isfinite(value)]
+        if bad:
+            ax.plot(bad, [1.0] * len(bad), "rx", transform=ax.get_xaxis_transform(),
+                    markersize=9, label="non-finite")  # fmt: skip
+        ax.set_ylabel(f"{label}\n({name})", fontsize=8)
+        if shown.onset_step is not None:
+            ax.axvline(shown.onset_step, color="red", linewidth=1.5, label="onset")
+        if clean is not None:
+            ax.axvline(clean, color="green", linestyle="--", label="last clean checkpoint")
+        for index, (step, text) in enumerate(_action_steps(shown)):
+            what = "what sentinel did" if index == 0 else None
+            ax.axvline(step, color="grey", linestyle=":", linewidth=1, label=what)
+            if ax is axes[0]:
+                ax.annotate(
+                    text, (step, 1.0), xycoords=("data", "axes fraction"),
+                    rotation=90, fontsize=6, va="top", ha="right", color="dimgrey",
+                )  # fmt: skip
+    axes[-1].set_xlabel("step")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        axes[0].legend(handles, labels, fontsize=7, loc="upper left")
+    axes[0].set_title(shown.title, fontsize=9)
+    private_dir(folder)
+    written = []
+    for name in (CHART_PNG, CHART_SVG):
+        path = folder / name
+        tmp = path.with_name(f".{name}.tmp")
+        figure.savefig(tmp, format=name.rsplit(".", 1)[1], dpi=110)
+        os.replace(tmp, path)
+        written.append(path)
+    return written
+
+
+def _action_steps(shown: Picture) -> list[tuple[int, str]]:
+    """Each of sentinel's actions at the last step logged by its time (the first words)."""
+    timed = sorted(
+        (s.time, s.step)
+        for samples in shown.series.values()
+        for s in samples
+        if s.time is not None and s.step is not None
+    )
+    marks: dict[int, str] = {}
+    for at, text in shown.actions:
+        steps = [step for time, step in timed if time <= at]
+        if steps:
+            word = " ".join(text.split()[:3])
+            marks.setdefault(steps[-1], word)
+    return sorted(marks.items())
+
+
+class ChartDrawer:
+    """Draws each incident's latest picture on a thread of its own."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, tuple[Picture, Path]] = {}
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._busy = False
+        self._failed = False
+
+    def request(self, key: str, shown: Picture, folder: Path) -> None:
+        """Draw ``shown`` in ``folder`` soon; a newer request for ``key`` replaces it."""
+        if not AVAILABLE:
+            return
+        with self._lock:
+            self._pending[key] = (shown, folder)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="charts", daemon=True)
+                self._thread.start()
+            self._lock.notify()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for the pictures asked for so far; True when drawn."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._pending and not self._busy, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: bool(self._pending))
+                key = next(iter(self._pending))
+                shown, folder = self._pending.pop(key)
+                self._busy = True
+            try:
+                draw(shown, folder)
+            except Exception:  # a chart is a bonus: said once, never fatal
+                if not self._failed:
+                    log.exception("the incident chart could not be drawn")
+                self._failed = True
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
