@@ -25,11 +25,13 @@ progress bar) says nothing about ranks or copies. ``restart`` (a new attempt) fo
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from itertools import islice
 from operator import lt
+from pathlib import PurePath
 
 from sentinel.records import PROGRESS, Alert, Block, Sample
 
@@ -39,6 +41,12 @@ from sentinel.records import PROGRESS, Alert, Block, Sample
 RANK_WINDOW = 2
 #: ``_Stream.place``: a line no series can be told to own.
 UNPLACED = -1
+#: Steps of each metric whose values are kept, to tell a late copy from another rank's value.
+RECENT_KEPT = 1024
+#: Values of two sources at one step this close (relative) are one observation printed twice.
+COPY_TOLERANCE = 1e-3
+#: A rank in a file's name: ``metrics_rank1.jsonl``, ``rank-1.log``.
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 #: Kinds of line (source, metric names) whose series are kept.
 STREAMS_MAX = 4096
 #: Non-finite steps remembered per metric (past that many, they are forgotten at once).
@@ -110,31 +118,45 @@ def _distance(values: tuple[float, ...], level: float) -> float:
     return abs(math.log(a / b))
 
 
-def _same(values: tuple[float, ...], other: tuple[float, ...]) -> bool:
-    return len(values) == len(other) and all(map(_same_value, values, other))
+def _same(values: tuple[float, ...], other: tuple[float, ...], *, close: bool = False) -> bool:
+    """Whether two lines hold the same values: equal, or with ``close`` equal as far as
+    a printed value is (``COPY_TOLERANCE``: a CSV's float64 and TensorBoard's float32, or a
+    ``%.4g`` print); NaN is NaN."""
+    same = _close_value if close else _same_value
+    return len(values) == len(other) and all(map(same, values, other))
 
 
 def _same_value(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+def _close_value(a: float, b: float) -> bool:
+    return _same_value(a, b) or math.isclose(a, b, rel_tol=COPY_TOLERANCE)
+
+
 class RunSeries:
     """Per line: its rank, and its samples that are new observations (see module doc)."""
 
-    __slots__ = ("_last", "_nonfinite", "_streams")
+    __slots__ = ("_last", "_nonfinite", "_recent", "_source_rank", "_streams")
 
     def __init__(self) -> None:
         # Per (source, stepped metric names): the series of unlabelled lines.
         self._streams: dict[tuple[str, tuple[str, ...]], _Stream] = {}
         # Per (metric, rank): the newest step it was seen at, its value and its source.
         self._last: dict[tuple[str, int | None], tuple[int, float, str]] = {}
+        # Per (metric, rank): its last ``RECENT_KEPT`` steps, each with its value and source.
+        self._recent: dict[tuple[str, int | None], dict[int, tuple[float, str]]] = {}
         # Per (metric, rank): the steps it was non-finite at, each with its source.
         self._nonfinite: dict[tuple[str, int | None], dict[int, str]] = {}
+        # Sources whose values differ from another source's at the same steps: a rank's own
+        # file (``metrics_rank1.jsonl``), with the rank its lines are.
+        self._source_rank: dict[str, int] = {}
 
     def restart(self) -> None:
         """A new attempt: its steps start again."""
         self._streams.clear()
         self._last.clear()
+        self._recent.clear()
         self._nonfinite.clear()
 
     def admit(self, samples: Iterable[Sample], source: str) -> tuple[list[Sample], int | None]:
@@ -144,10 +166,11 @@ class RunSeries:
         if not samples:
             return samples, None
         first = samples[0]
-        rank: int | None = first[4] if len(first) > 4 else None
+        labelled: int | None = first[4] if len(first) > 4 else None
         stepped = [sample for sample in samples if sample[2] is not None and sample[0] != PROGRESS]
         if not stepped:
-            return samples, rank
+            return samples, labelled
+        rank = labelled if labelled is not None else self._source_rank.get(source)
         if rank is None:
             names = tuple([sample[0] for sample in stepped])
             values = tuple([sample[1] for sample in stepped])
@@ -164,7 +187,7 @@ class RunSeries:
                     return [sample for sample in samples if sample not in stepped], None
                 if index != UNPLACED and len(stream.slots) > 1:
                     rank = index
-        last = self._last
+        last, recent = self._last, self._recent
         kept: list[Sample] = []
         for sample in samples:
             name, value, step_of = sample[0], sample[1], sample[2]
@@ -173,15 +196,40 @@ class RunSeries:
                 continue
             key_of = (name, rank)
             seen = last.get(key_of)
-            if math.isfinite(value):
-                if seen is not None and seen[2] != source and step_of <= seen[0]:
+            kept_steps = recent.get(key_of)
+            if seen is not None and seen[2] != source and step_of <= seen[0]:
+                earlier = kept_steps.get(step_of) if kept_steps is not None else None
+                if (
+                    earlier is not None
+                    and earlier[1] != source
+                    and not _same(values=(value,), other=(earlier[0],), close=True)
+                    and rank is None
+                ):
+                    # Another series at the same steps, not a copy: a rank's own file.
+                    self._source_rank[source] = self._rank_of(source)
+                    return self.admit(samples, source)
+                if math.isfinite(value) or self._seen_nonfinite(key_of, step_of, source):
                     continue  # the same observation, or a late copy of one
-            elif self._seen_nonfinite(key_of, step_of, source):
+            elif not math.isfinite(value) and self._seen_nonfinite(key_of, step_of, source):
                 continue  # the same NaN, read in another file of the run
             if seen is None or step_of >= seen[0] or seen[2] == source:
                 last[key_of] = (step_of, value, source)
+            if kept_steps is None:
+                kept_steps = recent[key_of] = {}
+            elif len(kept_steps) >= RECENT_KEPT:
+                del kept_steps[next(iter(kept_steps))]
+            kept_steps.setdefault(step_of, (value, source))
             kept.append(sample)
         return kept, rank
+
+    def _rank_of(self, source: str) -> int:
+        """The rank of a file whose series is its own: the one its name says (``rank1``),
+        else the next after those known. Never 0: rank 0's rules have the first series."""
+        taken = self._source_rank.values()
+        named = _RANK_IN_NAME.search(PurePath(source).name)
+        if named is not None and int(named.group(1)) > 0 and int(named.group(1)) not in taken:
+            return int(named.group(1))
+        return 1 + max(taken, default=0)
 
     def _seen_nonfinite(self, key: tuple[str, int | None], step: int, source: str) -> bool:
         """Whether another source had this metric non-finite at ``step``; notes this one."""
@@ -196,6 +244,8 @@ class RunSeries:
     def takes_block(self, block: Block) -> bool:
         """Whether a block of one source's lines (unlabelled, each with its own step) may
         go to the rules whole: its steps rise, past every step its metrics were seen at."""
+        if block.source in self._source_rank:
+            return False  # a rank's own file: its lines go to that rank's rules
         steps = block.steps
         if not all(map(lt, steps, islice(steps, 1, None))):
             return False

@@ -13,7 +13,7 @@ stdout). Read one file after the other, the rules would see step 300, then step 
 again. So when replay is given several files, each is read ahead to learn its steps
 and times, and files whose steps overlap (by ``OVERLAP`` of the shorter one's span or
 more) and whose times do not lie apart are one run: their lines are merged by step,
-each file in its own order, ties in the order the files were given; the engine takes
+each file in its own order, at one step the files in name order; the engine takes
 a metric seen twice at one step as one observation (``engine_ranks``). Files that do
 not overlap (two attempts, two runs) are read one after the other, as given. One file,
 or an MLflow run (merged already), is streamed.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import count, groupby, repeat
@@ -40,6 +41,7 @@ from sentinel.records import PROGRESS, Alert, Severity
 
 log = logging.getLogger(__name__)
 
+_DIGITS = re.compile(r"(\d+)")
 #: Files are one run when their step ranges share at least this fraction of the shorter span.
 OVERLAP = 0.5
 
@@ -253,10 +255,20 @@ def run_batches(plan: ReplayPlan, regexes: Sequence[str] = ()) -> Iterator[tuple
 
 def _merged(reads: list[FileRead]) -> Iterator[tuple[str, list[str]]]:
     """The lines of a run's files by step, each file in its own order: a batch per stretch
-    of one file's lines."""
+    of one file's lines. At one step the files go in the order of their names (numbers by
+    value), so ``metrics_rank0.jsonl`` comes before ``metrics_rank1.jsonl``."""
+    by_name = sorted(reads, key=lambda read: _natural(str(read.file.path)))
     streams = [
         zip(read.keys, repeat(order), count(), repeat(read.file.source), read.texts)
-        for order, read in enumerate(reads)
+        for order, read in enumerate(by_name)
     ]
     for source, lines in groupby(heapq.merge(*streams), key=itemgetter(3)):
         yield source, [line[4] for line in lines]
+
+
+def _natural(name: str) -> tuple[tuple[int, str], ...]:
+    """Sort key that orders the numbers in names by value: ``rank2`` before ``rank10``."""
+    return tuple(
+        (0, part) if index % 2 == 0 else (1, part.zfill(20))
+        for index, part in enumerate(_DIGITS.split(name))
+    )

@@ -212,3 +212,33 @@ def test_a_real_two_rank_log_raises_only_rank_1s_nan(log: str) -> None:
     assert [(alert.rule, alert.step) for alert in raised] == [("nan_inf", 60)]
     if log == "torchrun_tee.log":
         assert raised[0].details["rank"] == 1
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["metrics_rank0.jsonl", "metrics_rank1.jsonl"],
+        ["metrics_rank1.jsonl", "metrics_rank0.jsonl"],
+    ],
+    ids=["rank0-first", "rank1-first"],
+)
+def test_each_ranks_own_file_is_its_own_series(names: list[str]) -> None:
+    """Each rank's ``metrics_rank<r>.jsonl`` of the same real run: the same steps with other
+    values are another rank, not a copy; only rank 1's NaN is raised, naming rank 1."""
+    result = replay([RANKS / name for name in names], Settings())
+    raised = [alert for alert in result.alerts if not alert.resolves]
+    assert [(alert.rule, alert.step, alert.details.get("rank")) for alert in raised] == [
+        ("nan_inf", 60, 1)
+    ]
+
+
+def test_a_ranks_file_read_late_is_still_its_own_series() -> None:
+    """Live, a rank's file may be read long after the other's (its writer flushed late):
+    its values at steps already seen differ, so it is a rank, not a late copy."""
+    eng = engine()
+    alerts = feed(eng, (RANKS / "metrics_rank0.jsonl").read_text().splitlines(), "rank0.jsonl")
+    alerts += feed(eng, (RANKS / "metrics_rank1.jsonl").read_text().splitlines(), "rank1.jsonl")
+    raised = [alert for alert in alerts if not alert.resolves]
+    assert [(alert.rule, alert.step, alert.details.get("rank")) for alert in raised] == [
+        ("nan_inf", 60, 1)
+    ]

@@ -1,6 +1,6 @@
 """A 2-rank DDP job whose ranks each print their own loss, an order of magnitude apart.
 
-    torchrun --standalone --nproc-per-node 2 ranks_job.py STEPS NAN_STEP [plain]
+    torchrun --standalone --nproc-per-node 2 ranks_job.py STEPS NAN_STEP [plain] [JSONL_DIR]
 
 The ranks train one tiny linear regression under DDP (gloo all-reduces the gradients), each
 on its own batches, and print ``[rank<r>] step <n> | loss <x>`` every step. Both fit one line, but
@@ -8,12 +8,15 @@ rank 1's targets carry about ten times the noise of rank 0's, so once the model 
 its loss stays an order of magnitude above rank 0's (about 10 against 1). At ``NAN_STEP``
 (0: never) rank 1 alone prints a NaN loss, as a rank whose batch went bad does. With
 ``plain`` the lines carry no ``[rank<r>]`` of their own (torchrun's ``--tee 3`` labels them
-``[default<r>]:``; ``tests/fixtures/ranks/make_ranks_logs.sh``). A line is
+``[default<r>]:``; ``tests/fixtures/ranks/make_ranks_logs.sh``). With ``JSONL_DIR`` each
+rank also appends ``{"step": n, "loss": x}`` to its own ``JSONL_DIR/metrics_rank<r>.jsonl``,
+as scripts that log every rank do. A line is
 written with one ``os.write``, so two ranks sharing a pipe never glue their lines.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -24,7 +27,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 def main() -> None:
     steps, nan_step = int(sys.argv[1]), int(sys.argv[2])
-    plain = sys.argv[3:] == ["plain"]
+    plain = sys.argv[3:4] == ["plain"]
+    jsonl_dir = sys.argv[4] if len(sys.argv) > 4 else None
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -43,6 +47,9 @@ def main() -> None:
         value = float("nan") if rank == 1 and step == nan_step else loss.item()
         label = "" if plain else f"[rank{rank}] "
         os.write(1, f"{label}step {step} | loss {value:.4f}\n".encode())
+        if jsonl_dir is not None:
+            with open(os.path.join(jsonl_dir, f"metrics_rank{rank}.jsonl"), "a") as metrics:
+                metrics.write(json.dumps({"step": step, "loss": value}) + "\n")
     dist.destroy_process_group()
 
 
