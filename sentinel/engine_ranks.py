@@ -188,13 +188,14 @@ class RunSeries:
                 if index != UNPLACED and len(stream.slots) > 1:
                     rank = index
         last, recent = self._last, self._recent
+        series_rank = rank or None  # rank 0 and unlabelled lines are one series (rank 0's rules)
         kept: list[Sample] = []
         for sample in samples:
             name, value, step_of = sample[0], sample[1], sample[2]
             if step_of is None or name == PROGRESS:
                 kept.append(sample)
                 continue
-            key_of = (name, rank)
+            key_of = (name, series_rank)
             seen = last.get(key_of)
             kept_steps = recent.get(key_of)
             if seen is not None and seen[2] != source and step_of <= seen[0]:
@@ -203,7 +204,8 @@ class RunSeries:
                     earlier is not None
                     and earlier[1] != source
                     and not _same(values=(value,), other=(earlier[0],), close=True)
-                    and rank is None
+                    and series_rank is None
+                    and labelled is None
                 ):
                     # Another series at the same steps, not a copy: a rank's own file.
                     self._source_rank[source] = self._rank_of(source)

@@ -6,6 +6,7 @@ real run is ``tests/e2e/test_ranks_live.py``): rank 1's loss about ten times ran
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -242,3 +243,28 @@ def test_a_ranks_file_read_late_is_still_its_own_series() -> None:
     assert [(alert.rule, alert.step, alert.details.get("rank")) for alert in raised] == [
         ("nan_inf", 60, 1)
     ]
+
+
+def test_ranked_stdout_and_each_ranks_file_read_late_are_one_view() -> None:
+    """Live: the ranks print ``[rank<r>] step ... | loss ...`` and each also writes its own
+    ``metrics_rank<r>.jsonl``, read 20 steps at a time as its writer flushes. Each rank's
+    series holds each step once; only rank 1's NaN is raised, once."""
+    eng = engine()
+    files = {
+        rank: (RANKS / f"metrics_rank{rank}.jsonl").read_text().splitlines() for rank in (0, 1)
+    }
+    alerts: list[Alert] = []
+    for index in range(80):
+        for rank in (0, 1):
+            record = json.loads(files[rank][index])
+            text = f"[rank{rank}] step {record['step']} | loss {record['loss']:.4f}"
+            alerts += eng.feed_line(Line("stdout", text, T0 + index))
+        if index % 20 == 19:
+            for rank in (0, 1):
+                flushed = files[rank][index - 19 : index + 1]
+                alerts += feed(eng, flushed, f"/run/metrics_rank{rank}.jsonl")
+    raised = [alert for alert in alerts if not alert.resolves]
+    assert [(alert.rule, alert.step, alert.details.get("rank")) for alert in raised] == [
+        ("nan_inf", 60, 1)
+    ]
+    assert eng.samples_seen == 80  # rank 0's series: stdout's, its file's copies dropped
