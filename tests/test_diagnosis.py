@@ -238,3 +238,14 @@ def test_a_nan_late_in_a_log_that_begins_late_is_not_the_first_steps() -> None:
     cause = diagnose(incident, recent).cause
     assert "first steps" not in cause
     assert "out of the blue at step 500" in cause
+
+
+@pytest.mark.parametrize(
+    ("severity", "cause_has"),
+    [(Severity.CRITICAL, "loss scale collapsed"), (Severity.WARNING, "overflows cluster")],
+    ids=["collapse", "cluster"],
+)
+def test_loss_scale_readings(severity: Severity, cause_has: str) -> None:
+    reading = diagnose(incident_of(alert("loss_scale", severity, 700, "loss_scale")), {})
+    assert cause_has in reading.cause
+    assert reading.inspect_step == 700
