@@ -84,9 +84,11 @@ class Workers:
         self,
         store: StateStore,
         put: Callable[[tuple[str, Any]], None],
-        found: list[str] | None = None,
+        *,
+        found: bool = False,
     ) -> LogTailer | None:
-        """The tailer of the ``--log`` files (and the ``found`` ones); None without any.
+        """The tailer of the ``--log`` files (and of those ``found``, then added); None
+        without any.
 
         Without, neither its thread nor watchdog's wakes every second for nothing, and
         watchdog is not even imported (a few MiB of RSS).
@@ -97,7 +99,7 @@ class Workers:
         from sentinel.sources.tailer import LogTailer
 
         return LogTailer(
-            [*settings.logs, *(found or [])],
+            settings.logs,
             lambda path, lines: put(("lines", (path, lines, time.time()))),
             offsets=store,
             poll=settings.tail.poll,
@@ -113,9 +115,10 @@ class Workers:
         except (OSError, sqlite3.Error):
             return None
 
-    def _found(self, path: str) -> None:
-        """From the finder's thread: follow a metric file, unless a ``--log`` already does;
-        hand a ``trainer_state.json`` to the loop whole (``trainer_state`` event)."""
+    def _found(self, path: str, skip: tuple[int, int, int] | None = None) -> None:
+        """From the finder's thread: follow a metric file (past ``skip``, the bytes written
+        before the run), unless a ``--log`` already does; hand a ``trainer_state.json`` to
+        the loop whole (``trainer_state`` event)."""
         if os.path.basename(path) in WHOLE_FILES:
             with open(path, encoding="utf-8", errors="replace") as stream:
                 self._put(("trainer_state", (path, stream.read(), time.time())))
@@ -123,12 +126,15 @@ class Workers:
         if _configured(path, self.settings.logs):
             return
         with self._tailer_lock:
-            if self.tailer is None:
-                self.tailer = self._tailer(self._store, self._put, [path])
-                assert self.tailer is not None
-                self.tailer.start()
+            tailer = self.tailer
+            if tailer is None:
+                tailer = self._tailer(self._store, self._put, found=True)
+                assert tailer is not None
+                tailer.add(path, skip)
+                tailer.start()
+                self.tailer = tailer
             else:
-                self.tailer.add(path)
+                tailer.add(path, skip)
 
     @property
     def alive(self) -> bool:

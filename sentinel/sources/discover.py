@@ -76,17 +76,25 @@ def is_metric_file(path: str | Path) -> bool:
     """Whether a framework's metric file is named so (``classify`` knows its format, or a
     JSON-lines name); not whether it holds metrics yet."""
     name = os.path.basename(path)
-    if name in JSON_LINES_NAMES or name in WHOLE_FILES:
+    if name in WHOLE_FILES or _json_lines(name):
         return True
-    if name.endswith(".jsonl"):
-        lowered = name.lower()
-        return any(word in lowered for word in JSONL_NAME_WORDS)
     return classify(path).format is not None
+
+
+def _json_lines(name: str) -> bool:
+    """Whether a file so named is a JSON-lines metrics file (one record a line)."""
+    if name in JSON_LINES_NAMES:
+        return True
+    lowered = name.lower()
+    return lowered.endswith(".jsonl") and any(word in lowered for word in JSONL_NAME_WORDS)
 
 
 class MetricFileFinder:
     """Reports the metric files written under ``root`` since ``since``, once each, from its
-    own thread (``on_found(path)``).
+    own thread: ``on_found(path, skip)``, where ``skip`` is None or ``(device, inode,
+    size)``: a JSON-lines file that was there, untouched, before ``since`` and is written
+    again (a job that appends to yesterday's ``metrics.jsonl``); its first ``size`` bytes
+    are not this run's.
 
     ``skip``: folders never entered (the state dir). ``poll``: no inotify, look every
     ``poll_interval_s`` (network file systems).
@@ -95,7 +103,7 @@ class MetricFileFinder:
     def __init__(
         self,
         root: str | Path,
-        on_found: Callable[[str], None],
+        on_found: Callable[[str, tuple[int, int, int] | None], None],
         *,
         since: float,
         skip: Collection[str | Path] = (),
@@ -118,6 +126,8 @@ class MetricFileFinder:
         self._reported: set[str] = set()
         #: Files reported to be followed (``WHOLE_FILES`` are not).
         self._followed = 0
+        #: JSON-lines files seen untouched since before ``since``: size by (device, inode).
+        self._older: dict[tuple[int, int], int] = {}
         self._told: set[str] = set()
         self._watches: FileWatches | None = None
         self._stopping = threading.Event()
@@ -181,7 +191,7 @@ class MetricFileFinder:
             logger.info("%s %s (found under %s)", "reading" if whole else "following", path,
                         self.root)  # fmt: skip
             try:
-                self._on_found(path)
+                self._on_found(path, self._written_before(path))
             except Exception:
                 logger.exception("cannot follow the metric file %s", path)
         return new
@@ -252,13 +262,25 @@ class MetricFileFinder:
     def _wanted(self, entry: os.DirEntry[str]) -> bool:
         if entry.path in self._reported or not is_metric_file(entry.path):
             return False
-        if entry.stat().st_mtime < self._since:
+        status = entry.stat()
+        if status.st_mtime < self._since:
+            if _json_lines(entry.name):
+                self._older.setdefault((status.st_dev, status.st_ino), status.st_size)
             return False
         if tensorboard.NAME_MARK in entry.name and not tensorboard.available():
             self._tell_once("tensorboard", "%s is not followed: %s", entry.path,
                             tensorboard.INSTALL_HINT)  # fmt: skip
             return False
         return True
+
+    def _written_before(self, path: str) -> tuple[int, int, int] | None:
+        """``(device, inode, size)`` of the bytes of ``path`` written before ``since``."""
+        try:
+            status = os.stat(path)
+        except OSError:
+            return None
+        size = self._older.get((status.st_dev, status.st_ino))
+        return None if size is None else (status.st_dev, status.st_ino, size)
 
     def _tell_once(self, what: str, message: str, *args: object) -> None:
         if what not in self._told:

@@ -60,10 +60,19 @@ class FileFollower:
     """
 
     def __init__(
-        self, path: Path, *, offsets: OffsetStore | None = None, max_line_bytes: int = 1 << 20
+        self,
+        path: Path,
+        *,
+        offsets: OffsetStore | None = None,
+        max_line_bytes: int = 1 << 20,
+        skip: tuple[int, int, int] | None = None,
     ) -> None:
+        """``skip``: ``(device, inode, offset)``: that file's bytes before ``offset`` were
+        written before the run began; unless a saved offset says more, reading starts there
+        (at a line's start), and any other file at ``path`` is read from 0."""
         self.path = path
         self._offsets = offsets
+        self._skip = skip
         self._max_line_bytes = max_line_bytes
         self._splitter: Splitter = splitter_for(path, max_line_bytes)
         self._fd: int | None = None
@@ -198,21 +207,38 @@ class FileFollower:
             self._resume(fd, opened.st_size)
 
     def _resume(self, fd: int, size: int) -> None:
+        if not self._resume_saved(fd, size):
+            self._skip_old(fd, size)
+
+    def _resume_saved(self, fd: int, size: int) -> bool:
+        """Start at the offset saved for this file, if any; whether it did."""
         if self._offsets is None:
-            return
+            return False
         try:
             saved = self._offsets.load_offset(self._dev, self._inode)
         except Exception:
             logger.exception("cannot load the offset of %s", self.path)
-            return
+            return False
         if saved is None or saved.offset > size:
-            return
+            return False
         if _matches(fd, saved.head_hash, None) and _matches(fd, saved.tail_hash, saved.offset):
             self._position = saved.offset
             self._tail = os.pread(fd, FINGERPRINT_BYTES, max(0, saved.offset - FINGERPRINT_BYTES))
             logger.debug("resuming %s at byte %d", self.path, saved.offset)
-        else:
-            logger.info("%s is not the file read before (inode reused); reading from 0", self.path)
+            return True
+        logger.info("%s is not the file read before (inode reused); reading from 0", self.path)
+        return False
+
+    def _skip_old(self, fd: int, size: int) -> None:
+        """Start after the bytes ``skip`` names, when this is that file and they end a line."""
+        if self._skip is None or self._skip[:2] != (self._dev, self._inode):
+            return
+        offset = self._skip[2]
+        if 0 < offset <= size and os.pread(fd, 1, offset - 1) == b"\n":
+            self._position = offset
+            self._tail = os.pread(fd, FINGERPRINT_BYTES, max(0, offset - FINGERPRINT_BYTES))
+            logger.info("%s: reading from byte %d, what was written before the run skipped",
+                        self.path, offset)  # fmt: skip
 
     def _check_truncated(self) -> None:
         assert self._fd is not None

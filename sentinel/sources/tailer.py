@@ -120,6 +120,8 @@ class LogTailer:
         self._globbed: set[str] = set()
         #: Paths given to ``add``: dropped like globbed ones once gone.
         self._added: set[str] = set()
+        #: Bytes of an added file written before the run, by path (``add``).
+        self._skips: dict[str, tuple[int, int, int]] = {}
         self._missing_since: dict[str, float] = {}
 
     @property
@@ -147,14 +149,17 @@ class LogTailer:
         self._thread = threading.Thread(target=self._run, name="sentinel-log-tailer", daemon=True)
         self._thread.start()
 
-    def add(self, path: str) -> None:
+    def add(self, path: str, skip: tuple[int, int, int] | None = None) -> None:
         """Follow ``path`` too, from its start (any thread; a path followed already: nothing).
 
-        Like a globbed file, it is dropped once it has been gone for ``VANISHED_GRACE_S``.
+        ``skip``: ``(device, inode, offset)``, bytes of that file written before the run
+        (``FileFollower``). Like a globbed file, it is dropped once gone ``VANISHED_GRACE_S``.
         """
         pattern = glob.escape(path) if glob.has_magic(path) else path
         if pattern in self._patterns:
             return
+        if skip is not None:
+            self._skips[path] = skip
         self._added.add(path)
         # A new list, not an append: the tailer's thread may be iterating the old one.
         self._patterns = [*self._patterns, pattern]
@@ -302,7 +307,10 @@ class LogTailer:
                     if globbed or path in self._added:
                         self._globbed.add(path)
                     self._followers[path] = FileFollower(
-                        Path(path), offsets=self._offsets, max_line_bytes=self._max_line_bytes
+                        Path(path),
+                        offsets=self._offsets,
+                        max_line_bytes=self._max_line_bytes,
+                        skip=self._skips.get(path),
                     )
         self._files = tuple(self._followers)
         # A path names another file only after a directory event: look only then.

@@ -13,6 +13,7 @@ import pytest
 from sentinel.config import Settings
 from sentinel.sources import discover
 from sentinel.sources.discover import MetricFileFinder, is_metric_file
+from sentinel.sources.tailer import LogTailer
 from sentinel.state import StateStore
 from sentinel.workers import Workers, discovery
 
@@ -24,10 +25,12 @@ class Found:
 
     def __init__(self) -> None:
         self.paths: list[str] = []
+        self.skips: list[tuple[int, int, int] | None] = []
         self._event = threading.Event()
 
-    def __call__(self, path: str) -> None:
+    def __call__(self, path: str, skip: tuple[int, int, int] | None) -> None:
         self.paths.append(path)
+        self.skips.append(skip)
         self._event.set()
 
     def wait_for(self, count: int) -> list[str]:
@@ -120,6 +123,37 @@ def test_old_files_hidden_folders_quarantine_and_weights_are_not_followed(
     # The old run's file written again (the same job appending): now it counts.
     os.utime(old)
     assert finder.look() == [str(old)]
+
+
+def test_a_jsonl_file_from_before_the_run_is_followed_past_its_old_lines(
+    tmp_path: Path,
+) -> None:
+    """A job that appends to yesterday's metrics.jsonl: yesterday's NaN is not today's."""
+    old = '{"step": 5, "loss": NaN}\n'
+    path = _write(tmp_path / "metrics.jsonl", old, age_s=3600)
+    found = Found()
+    finder = MetricFileFinder(tmp_path, found, since=time.time())
+    assert finder.look() == []
+    with path.open("a") as stream:
+        stream.write('{"step": 0, "loss": 2.5}\n')
+    assert finder.look() == [str(path)]
+    status = path.stat()
+    assert found.skips == [(status.st_dev, status.st_ino, len(old))]
+    lines: list[str] = []
+    tailer = LogTailer([], lambda _, read: lines.extend(read))
+    tailer.add(str(path), found.skips[0])
+    tailer.start()
+    tailer.stop()
+    assert lines == ['{"step": 0, "loss": 2.5}']
+    # A new file at the same path (the job started it afresh) is read whole.
+    replaced = tmp_path / "new.jsonl"
+    replaced.write_text(old)
+    replaced.replace(path)
+    again = LogTailer([], lambda _, read: lines.extend(read))
+    again.add(str(path), found.skips[0])
+    again.start()
+    again.stop()
+    assert lines[1:] == [old.strip()]
 
 
 def test_bounds_on_files_and_folders(tmp_path: Path) -> None:
