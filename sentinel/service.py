@@ -86,13 +86,16 @@ class Service:
         outbox_depth: int | None,
         garbled_total: int,
         spend: float | None,
+        fp16_skipped_steps: int = 0,
     ) -> None:
         """Once a clock tick: the gauges, systemd's STATUS line, the textfile.
 
         ``garbled_total``: garbled lines since the start (the counter takes the rise);
-        ``outbox_depth`` and ``spend`` are left as they were when None (not knowable now).
+        ``outbox_depth`` and ``spend`` are left as they were when None (not knowable now);
+        ``fp16_skipped_steps``: the steps the loss scaler skipped in this attempt.
         """
         metrics = self.metrics
+        metrics.fp16_skipped_steps(fp16_skipped_steps)
         if garbled_total > self._garbled_seen:
             metrics.garbled(garbled_total - self._garbled_seen)
             self._garbled_seen = garbled_total

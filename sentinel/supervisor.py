@@ -35,6 +35,7 @@ from sentinel.aftermath import Aftermath
 from sentinel.config import Settings
 from sentinel.cost import gpu_hours, money
 from sentinel.detectors.job_crash import describe_exit
+from sentinel.detectors.skipped import skipped_steps
 from sentinel.event_loop import EventLoop
 from sentinel.holders import Child, Handle, Holder, job_name
 from sentinel.incidents import Incident
@@ -265,6 +266,7 @@ class Supervisor:
             outbox_depth=self._workers.pending() if self._workers is not None else None,
             garbled_total=self.watch.engine.parser.stats.garbled,
             spend=self._spend(now),
+            fp16_skipped_steps=skipped_steps(self.watch.engine.detectors),
         )
         job = self._job
         uptime_s = now - job.started_at if job is not None else 0.0

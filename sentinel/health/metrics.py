@@ -157,6 +157,12 @@ class Metrics:
             "Money the run has cost so far, in the currency of [cost] price_per_gpu_hour.",
             registry=registry,
         )
+        self._fp16_skipped = Gauge(
+            "sentinel_fp16_skipped_steps",
+            "Steps the fp16 loss scaler skipped in this attempt (a non-finite grad-norm with a"
+            " finite loss, or an overflow line): counted, not alarmed.",
+            registry=registry,
+        )
         self._loss = Gauge("sentinel_loss", "The last training loss seen.", registry=registry)
         self._grad_norm = Gauge(
             "sentinel_grad_norm", "The last gradient norm seen.", registry=registry
@@ -291,6 +297,10 @@ class Metrics:
     def spend(self, amount: float) -> None:
         """What the run has cost so far."""
         self._spend.set(amount)
+
+    def fp16_skipped_steps(self, count: int) -> None:
+        """Steps the fp16 loss scaler skipped in this attempt, as the rules counted them."""
+        self._fp16_skipped.set(count)
 
     # -- exposition ---------------------------------------------------------------------
 
