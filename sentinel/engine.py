@@ -17,8 +17,8 @@ from sentinel.detectors import DETECTORS, BaseDetector
 from sentinel.engine_blocks import BLOCK_MIN_LINES, BlockFeeder
 from sentinel.engine_history import HISTORY_LEN, History
 from sentinel.engine_position import UNCLOCKED, RunPosition
-from sentinel.engine_ranks import RunSeries, with_rank
-from sentinel.engine_routes import Routes, overrides
+from sentinel.engine_ranks import RunSeries, rank_rules, with_rank
+from sentinel.engine_routes import Routes
 from sentinel.facts import RunFacts
 from sentinel.parsers import LineParser
 from sentinel.parsers.files import FileReader, reader_for
@@ -329,20 +329,12 @@ class Engine:
         return alerts if rank is None else with_rank(alerts, rank)
 
     def _feed_rank(self, rank: int, samples: list[Sample], source: str, now: float) -> list[Alert]:
-        """A line of rank ``rank`` (above 0), to that rank's own rules: those that judge a
-        metric series (no tick, output or exit hook), made when the rank first logs."""
+        """A line of rank ``rank`` (above 0), to that rank's own rules (``rank_rules``),
+        made when the rank first logs."""
         ranked = self._ranked.get(rank)
         if ranked is None:
-            hooks = ("tick", "output", "output_text", "job_exited")
             ranked = self._ranked[rank] = Engine(
-                [
-                    type(detector)(detector.config)
-                    for detector in self.detectors
-                    if not detector.sees_progress
-                    and not any(overrides(detector, hook) for hook in hooks)
-                ],
-                self.parser,
-                blocks=False,
+                rank_rules(self.detectors), self.parser, blocks=False
             )
             ranked.series = None
             ranked.facts = self._facts

@@ -33,6 +33,8 @@ from itertools import islice
 from operator import lt
 from pathlib import PurePath
 
+from sentinel.detectors import BaseDetector
+from sentinel.engine_routes import overrides
 from sentinel.records import PROGRESS, Alert, Block, Sample
 
 #: How many of a stream's newest distinct steps a repeated step may be one of and still be
@@ -41,6 +43,8 @@ from sentinel.records import PROGRESS, Alert, Block, Sample
 RANK_WINDOW = 2
 #: ``_Stream.place``: a line no series can be told to own.
 UNPLACED = -1
+#: Hooks of a rule that watches the job, not a metric series: such a rule is not made per rank.
+_JOB_HOOKS = ("tick", "output", "output_text", "job_exited")
 #: Steps of each metric whose values are kept, to tell a late copy from another rank's value.
 RECENT_KEPT = 1024
 #: Values of two sources at one step this close (relative) are one observation printed twice.
@@ -280,6 +284,17 @@ class RunSeries:
             last[(name, None)] = (step, value, block.source)
 
 
+def rank_rules(detectors: Sequence[BaseDetector]) -> list[BaseDetector]:
+    """New rules for one more rank: those of ``detectors`` that judge a metric series (no
+    tick, output or exit hook, no progress), each with the same settings. The time- and
+    process-based rules (stall, job_crash, gpu_*, cost) stay one per job."""
+    return [
+        type(detector)(detector.config)
+        for detector in detectors
+        if not detector.sees_progress and not any(overrides(detector, hook) for hook in _JOB_HOOKS)
+    ]
+
+
 def with_rank(alerts: Sequence[Alert], rank: int) -> list[Alert]:
     """Alerts raised on one rank's series, naming the rank (in the text and ``details``)."""
     return [
@@ -292,4 +307,4 @@ def with_rank(alerts: Sequence[Alert], rank: int) -> list[Alert]:
     ]
 
 
-__all__ = ["RANK_WINDOW", "RunSeries", "with_rank"]
+__all__ = ["RANK_WINDOW", "RunSeries", "rank_rules", "with_rank"]
