@@ -140,17 +140,37 @@ class _Shift:
 class _Series:
     """One metric: its history and its candidate shift."""
 
-    __slots__ = ("history", "recent", "shift")
+    __slots__ = ("history", "recent", "resumed", "shift", "steps")
 
     def __init__(self, settings: DivergenceConfig) -> None:
         self.history = Rolling(settings.window)
+        #: The step of each value in ``history``, in the same order.
+        self.steps: deque[int | None] = deque(maxlen=settings.window)
         #: The latest values not part of a shift, with their steps.
         self.recent: deque[tuple[int | None, float]] = deque(maxlen=settings.level_window)
         self.shift: _Shift | None = None
+        #: A new attempt began: its first step says how much of the history still holds.
+        self.resumed = False
 
     def learn(self, step: int | None, value: float) -> None:
         self.history.add(value)
+        self.steps.append(step)
         self.recent.append((step, value))
+
+    def resume_at(self, step: int | None) -> None:
+        """Keep the history from before ``step``, where the new attempt resumed (a rollback
+        to a clean checkpoint: the level it had then); a restart from scratch keeps none."""
+        kept = [
+            (before, value)
+            for before, value in zip(self.steps, self.history.values, strict=True)
+            if step is not None and before is not None and before < step
+        ]
+        self.history.clear()
+        self.steps.clear()
+        self.recent.clear()
+        for before, value in kept:
+            self.learn(before, value)
+        self.resumed = False
 
 
 class DivergenceDetector(BaseDetector):
@@ -168,8 +188,14 @@ class DivergenceDetector(BaseDetector):
         self.job_started(0.0)
 
     def job_started(self, now: float) -> None:
+        """A new attempt: its episode is forgotten; the history is trimmed to before the
+        step it resumes at (its first value's), so a run rolled back and diverging again at
+        the same step is caught again, at once."""
         self._warmup.reset()
-        self._series = {name: _Series(self.settings) for name in self.settings.metrics}
+        for name in self.settings.metrics:
+            series = self._series.setdefault(name, _Series(self.settings))
+            series.shift = None
+            series.resumed = len(series.history) > 0
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         if sample.name == "lr":
@@ -182,6 +208,8 @@ class DivergenceDetector(BaseDetector):
 
     def _judge(self, series: _Series, sample: Sample, source: str, now: float) -> list[Alert]:
         _, value, step, stamp = sample[:4]
+        if series.resumed:
+            series.resume_at(step)
         shift = series.shift
         if shift is None:
             settings = self.settings
@@ -293,7 +321,7 @@ class DivergenceDetector(BaseDetector):
         judged = [name for name in self._series if name in columns]
         if not judged:
             return True  # only learning rates
-        if any(self._series[name].shift is not None for name in judged):
+        if any(self._series[name].shift or self._series[name].resumed for name in judged):
             return False
         if self._warmup.block_phase(block.step_range(), columns.get("lr")):
             return True
@@ -317,5 +345,6 @@ class DivergenceDetector(BaseDetector):
                 continue
             values, steps = finite_with_steps(column, block.steps)
             series.history.extend(values)
+            series.steps.extend(steps)
             kept = series.recent.maxlen or len(values)
             series.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))

@@ -93,15 +93,28 @@ def test_a_new_normal_that_neither_recovers_nor_confirms_is_learned() -> None:
     assert [alert.severity for alert in alerts] == [CRIT]
 
 
-def test_job_started_forgets_the_history() -> None:
-    detector = DivergenceDetector(DivergenceConfig())
-    for step, value in enumerate(noisy(2.0, 40), start=1):
-        detector.observe(Sample("loss", value, step), "log", NOW)
+def attempt(detector: DivergenceDetector, values: Sequence[float], first: int) -> list[Alert]:
     detector.job_started(NOW)
     alerts: list[Alert] = []
-    for step, value in enumerate(noisy(3.2, 15), start=41):
+    for step, value in enumerate(values, start=first):
         alerts += detector.observe(Sample("loss", value, step), "log", NOW)
-    assert alerts == []
+    return alerts
+
+
+def test_a_rolled_back_attempt_that_diverges_again_is_caught_again() -> None:
+    detector = DivergenceDetector(DivergenceConfig())
+    first = attempt(detector, [*noisy(2.0, 40), *noisy(3.2, 20, seed=8)], first=1)
+    assert summary(first) == [(CRIT, 50, 41)]
+    # Rolled back to step 35: the history before it holds, the shift comes again.
+    again = attempt(detector, [*noisy(2.0, 6, seed=2), *noisy(3.2, 20, seed=8)], first=35)
+    assert summary(again) == [(CRIT, 50, 41)]
+
+
+def test_a_restart_from_scratch_keeps_no_history() -> None:
+    detector = DivergenceDetector(DivergenceConfig())
+    attempt(detector, noisy(2.0, 60), first=1)
+    # Step 1 again, the loss high as a fresh run's is: nothing to compare with yet.
+    assert attempt(detector, [*[6.0] * 15, *noisy(2.0, 30)], first=1) == []
 
 
 @pytest.mark.parametrize(
