@@ -18,6 +18,7 @@ import math
 import os
 import re
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("learning rate", ("lr",)),
     ("throughput", ("tokens_per_sec", "samples_per_second", "train_samples_per_second")),
 )
+#: How long a chart waits for its incident's report to settle before it is drawn.
+SETTLE_S = 1.0
 _CLEAN = re.compile(r"rolled back to (\S+)")
 _STEP = re.compile(r"(\d+)(?!.*\d)")
 
@@ -143,13 +146,17 @@ def _action_steps(shown: Picture) -> list[tuple[int, str]]:
 
 
 class ChartDrawer:
-    """Draws each incident's latest picture on a thread of its own."""
+    """Draws each incident's latest picture on a thread of its own, once its requests
+    settle (``settle_s``): a stop rewrites a report several times within a second."""
 
-    def __init__(self) -> None:
-        self._pending: dict[str, tuple[Picture, Path]] = {}
+    def __init__(self, settle_s: float = SETTLE_S) -> None:
+        self.settle_s = settle_s
+        #: Per incident: the latest picture, its folder, and when it may be drawn.
+        self._pending: dict[str, tuple[Picture, Path, float]] = {}
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._busy = False
+        self._hurry = False
         self._failed = False
 
     def request(self, key: str, shown: Picture, folder: Path) -> None:
@@ -157,24 +164,38 @@ class ChartDrawer:
         if not AVAILABLE:
             return
         with self._lock:
-            self._pending[key] = (shown, folder)
+            self._pending[key] = (shown, folder, time.monotonic() + self.settle_s)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="charts", daemon=True)
                 self._thread.start()
-            self._lock.notify()
+            self._lock.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) for the pictures asked for so far; True when drawn."""
+        """Draw what is pending now, waiting at most ``timeout_s``; True when all is drawn."""
         with self._lock:
-            return self._lock.wait_for(lambda: not self._pending and not self._busy, timeout_s)
+            self._hurry = True
+            self._lock.notify_all()
+            done = self._lock.wait_for(lambda: not self._pending and not self._busy, timeout_s)
+            self._hurry = False
+            return done
+
+    def _next(self) -> tuple[Picture, Path]:
+        with self._lock:
+            while True:
+                if self._pending:
+                    key, (_, _, due) = min(self._pending.items(), key=lambda item: item[1][2])
+                    wait_s = due - time.monotonic()
+                    if self._hurry or wait_s <= 0:
+                        shown, folder, _ = self._pending.pop(key)
+                        self._busy = True
+                        return shown, folder
+                    self._lock.wait(wait_s)
+                else:
+                    self._lock.wait()
 
     def _run(self) -> None:
         while True:
-            with self._lock:
-                self._lock.wait_for(lambda: bool(self._pending))
-                key = next(iter(self._pending))
-                shown, folder = self._pending.pop(key)
-                self._busy = True
+            shown, folder = self._next()
             try:
                 draw(shown, folder)
             except Exception:  # a chart is a bonus: said once, never fatal

@@ -118,19 +118,22 @@ def take(
     budget_s: float,
     output_files: Iterable[Path] = (),
     leaves: Iterable[int] = (),
+    find_py_spy: Callable[[], str | None] = py_spy_path,
 ) -> Evidence:
     """Collect the evidence of processes ``pids`` into ``folder``, within ``budget_s``.
 
     ``leaves`` are the processes whose main thread the summary names (the workers,
     not the launcher or the relay above them); all of ``pids`` when empty.
+    ``find_py_spy`` says where py-spy is (None: not installed).
     """
     started = time.monotonic()
     deadline = started + budget_s
     pids = list(dict.fromkeys(pids))[:_PROCESSES_MAX]
     evidence = Evidence(folder)
     results: dict[str, Taken] = {}
+    named = list(leaves) or pids
     jobs: dict[str, Callable[[], Taken]] = {
-        "Python stacks (py-spy dump)": lambda: _stacks(pids, list(leaves) or pids, deadline),
+        "Python stacks (py-spy dump)": lambda: _stacks(find_py_spy(), pids, named, deadline),
         "Threads (state, wait channel)": lambda: Taken(_threads(pids)),
         "GPU (nvidia-smi -q)": lambda: _nvidia_smi(deadline),
         "Kernel NVIDIA XID lines": lambda: _xid_lines(deadline),
@@ -174,9 +177,8 @@ class Taken(NamedTuple):
     summary: str = ""
 
 
-def _stacks(pids: list[int], leaves: list[int], deadline: float) -> Taken:
+def _stacks(binary: str | None, pids: list[int], leaves: list[int], deadline: float) -> Taken:
     """Every process's dump, in parallel; the summary names each leaf's main thread."""
-    binary = py_spy_path()
     if binary is None:
         return Taken(
             "",

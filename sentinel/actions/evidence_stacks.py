@@ -20,11 +20,12 @@ from pathlib import Path
 PY_SPY = "py-spy"
 #: What py-spy prints when the process is not Python (a shell, the launcher's binary).
 _NOT_PYTHON = ("Failed to find python version", "Failed to find a python interpreter")
-_NOT_PERMITTED = ("Permission denied", "Operation not permitted", "EPERM", "ptrace")
+_NOT_PERMITTED = ("permission denied", "operation not permitted", "eperm", "ptrace")
 #: Wrappers that name nothing: a decorator's inner function, a logging shim.
 _WRAPPERS = {"wrapper", "wrapped", "inner", "_fn", "decorate_context", "_call_impl"}
 
-_THREAD = re.compile(r'^Thread (?:0x[0-9a-fA-F]+|\d+) \((?P<state>[^)]*)\): "(?P<name>[^"]*)"')
+#: A thread's header; a job that never imported threading has threads with no name.
+_THREAD = re.compile(r'^Thread (?:0x[0-9a-fA-F]+|\d+) \((?P<state>[^)]*)\)(?:: "(?P<name>[^"]*)")?')
 #: Where a library's files live; what follows is its dotted module path.
 _LIBRARY = re.compile(r"/(?:site-packages|dist-packages)/|/lib/python3\.\d+/")
 _FRAME = re.compile(r"^\s+(?P<function>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)$")
@@ -115,8 +116,8 @@ def dump(binary: str, pid: int, timeout_s: float) -> Dump:
     first = next((line for line in said.splitlines() if line.strip()), "no output")
     if any(text in said for text in _NOT_PYTHON):
         return Dump(pid, "", missing="not a Python process", not_python=True)
-    if any(text in said for text in _NOT_PERMITTED):
-        return Dump(pid, "", missing=not_permitted(first))
+    if any(text in said.lower() for text in _NOT_PERMITTED):
+        return Dump(pid, "", missing=not_permitted(first.partition(":")[0]))
     return Dump(pid, "", missing=f"py-spy failed: {first}")
 
 
