@@ -25,7 +25,7 @@ from sentinel.actions.dispatch import Dispatcher, Policy, routes
 from sentinel.actions.evidence import incident_dir
 from sentinel.actions.notices import JobInfo, NoticeKind, format_dashboard_url, incident_notice
 from sentinel.actions.notify import Notifier
-from sentinel.actions.report import Journal, write_report
+from sentinel.actions.report import Journal, incident_files, write_report
 from sentinel.config import Settings
 from sentinel.cost import incident_cost
 from sentinel.detectors import DETECTORS
@@ -390,6 +390,7 @@ class Watch:
             cost=incident_cost(incident, self.engine.facts, now),
             # A repeat is news of now; any other notice is as of its alert.
             now=now if kind is NoticeKind.REPEAT else None,
+            attachments=incident_files(self.state_dir, incident.id),
         )
         self.safely(
             "the outbox", self.dispatcher.dispatch, notice, incident.rules, now, force=force

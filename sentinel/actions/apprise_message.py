@@ -3,6 +3,7 @@ layout needs, and the keyword arguments of ``notify``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -77,9 +78,18 @@ def apprise_call(target_url: str, envelope: Envelope) -> tuple[str, dict[str, An
         # The key in a header too, where receivers that dedupe usually look for it.
         defaults["+Idempotency-Key"] = quote(envelope.key, safe="")
     url = _with_defaults(target_url, defaults)
-    return url, {
+    arguments: dict[str, Any] = {
         "title": rendered.title,
         "body": rendered.body,
         "body_format": _BODY_FORMATS[rendered.style],
         "notify_type": notify_type,
     }
+    if scheme in ("mailto", "mailtos") and (files := attachments(envelope)):
+        arguments["attach"] = files
+    return url, arguments
+
+
+def attachments(envelope: Envelope) -> list[str]:
+    """The incident files an email carries: those of its notices that exist by now."""
+    paths = dict.fromkeys(path for notice in envelope.notices for path in notice.attachments)
+    return [path for path in paths if os.path.isfile(path)]

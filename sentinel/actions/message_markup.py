@@ -113,6 +113,7 @@ def summary_lines(envelope: Envelope, stories: Sequence[Story], up: Plain) -> li
         skipped = len(actions) - _MAX_ACTIONS + 1
         actions = [f"... {skipped} earlier actions", *actions[-_MAX_ACTIONS + 1 :]]
     section("What sentinel did (UTC)", actions)
+    section("Evidence and chart", [up.code(path) for path in story.attachments] if news else [])
     others = []
     for other in stories[1 : 1 + _MAX_OTHERS]:
         others.append(up.escape(f"{event(other.lead)} (incident {other.lead.incident_id})"))

@@ -25,6 +25,8 @@ class Story:
     sparkline: str
     actions: tuple[str, ...]
     report: str
+    #: The incident's evidence and chart files (the latest notice's).
+    attachments: tuple[str, ...] = ()
 
 
 def incident_stories(envelope: Envelope) -> list[Story]:
@@ -45,6 +47,7 @@ def incident_stories(envelope: Envelope) -> list[Story]:
                 # Each notice carries the actions so far: keep every line once, in order.
                 actions=tuple(dict.fromkeys(line for n in ordered for line in n.actions)),
                 report=next((n.report for n in latest if n.report), ""),
+                attachments=next((n.attachments for n in latest if n.attachments), ()),
             )
         )
     return sorted(stories, key=lambda story: rank(story.lead), reverse=True)

@@ -65,6 +65,9 @@ class Notice:
     opened_at: float | None = None
     #: A line the notifying policy adds, e.g. how often a flapping rule flapped.
     note: str = ""
+    #: Files of the incident's folder (its evidence, its chart): attached to email when they
+    #: exist at send time, named in the other bodies.
+    attachments: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +83,7 @@ class Notice:
             "report": self.report,
             "opened_at": self.opened_at,
             "note": self.note,
+            "attachments": list(self.attachments),
         }
 
     @classmethod
@@ -97,6 +101,7 @@ class Notice:
             report=data.get("report", ""),
             opened_at=data.get("opened_at"),
             note=data.get("note", ""),
+            attachments=tuple(data.get("attachments", ())),
         )
 
 
@@ -191,6 +196,7 @@ def incident_notice(
     cost: IncidentCost | None = None,
     now: float | None = None,
     note: str = "",
+    attachments: Sequence[str] = (),
 ) -> Notice:
     """A notice about ``incident`` now, with its diagnosis, actions so far and report.
 
@@ -212,6 +218,7 @@ def incident_notice(
         report=render_markdown(incident, recent, cost=cost),
         opened_at=incident.opened_at,
         note=note,
+        attachments=tuple(attachments),
     )
 
 

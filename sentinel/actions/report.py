@@ -104,6 +104,16 @@ def files_section(state_dir: Path, incident_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def incident_files(state_dir: Path, incident_id: str) -> list[str]:
+    """What a message about the incident carries: its evidence, if taken, and its chart
+    (drawn by the time the message is sent) when it can be drawn."""
+    folder = incident_dir(state_dir, incident_id).absolute()
+    found = [str(folder / EVIDENCE_FILE)] if (folder / EVIDENCE_FILE).exists() else []
+    if chart.AVAILABLE or (folder / CHART_PNG).exists():
+        found.append(str(folder / CHART_PNG))
+    return found
+
+
 def render_markdown(
     incident: Incident,
     recent: Mapping[str, Sequence[Sample]],
