@@ -64,6 +64,7 @@ PIPE_BYTES = 1 << 20
 #: again: a terminal's buffer (64 KiB) takes 7 ms to fill at 200k lines a second.
 NAP_S = 0.002
 _SMALL_READ = 2048
+_LINE_ENDS = (b"\n", b"\r")
 
 
 def write_json(path: str, record: dict[str, object]) -> None:
@@ -176,6 +177,33 @@ class Relay:
                 _write_all(self.control, f"{text}\n".encode())
 
 
+def _rest_of_line(fd: int) -> bytes:
+    """The rest of a line the job writes in parts, if it comes within ``NAP_S``.
+
+    Unbuffered Python (``PYTHONUNBUFFERED``, pipes) writes a line's text and its newline
+    in two calls: handed on apart, the line's end would come to sentinel in a read of its
+    own, one that says nothing of the NaN before it, and wait out a gathering window.
+    """
+    waiter = select.poll()
+    waiter.register(fd, select.POLLIN)
+    deadline = time.monotonic() + NAP_S
+    more = b""
+    while len(more) < _READ_BYTES:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0 or not waiter.poll(left_s * 1000):
+            break
+        try:
+            chunk = os.read(fd, _READ_BYTES)
+        except OSError:
+            break  # the end: the main loop sees it again
+        if not chunk:
+            break
+        more += chunk
+        if chunk[-1:] in _LINE_ENDS:
+            break
+    return more
+
+
 def relay(job: subprocess.Popen[bytes], sources: dict[str, int], out: Relay) -> int:
     """Copy until the job has exited and its streams are drained; the job's returncode."""
     poller = select.poll()
@@ -212,6 +240,8 @@ def relay(job: subprocess.Popen[bytes], sources: dict[str, int], out: Relay) -> 
                     data = os.read(fd, _READ_BYTES)
                 except OSError:  # EIO: a terminal whose every slave end is closed
                     data = b""
+                if data and data[-1:] not in _LINE_ENDS:
+                    data += _rest_of_line(fd)
                 if data:
                     out.copy(by_fd[fd], data)
                     trickle = trickle or len(data) < _SMALL_READ
