@@ -43,6 +43,8 @@ class JobStatus:
     updated_at: float | None = None
     #: Output lines left unparsed to keep up with a flood (``sentinel.shedding``).
     lines_skipped: int = 0
+    #: Steps the fp16 loss scaler skipped in this attempt (``detectors.skipped``).
+    fp16_skipped_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,11 @@ class Status:
                 if job.lines_skipped
                 else []
             ),
+            *(
+                [f"fp16:       {job.fp16_skipped_steps} step(s) the loss scaler skipped (counted)"]
+                if job.fp16_skipped_steps
+                else []
+            ),
             f"messages:   {self.pending_total} pending",
             f"heartbeat:  {heartbeat}",
             *self._disk_lines(),
@@ -181,6 +188,7 @@ def gather(
             restarts=kv.get("job.restarts") or UNKNOWN,
             updated_at=_float(kv.get("job.updated_at")),
             lines_skipped=int(kv.get("job.lines_skipped") or 0),
+            fp16_skipped_steps=int(kv.get("job.fp16_skipped_steps") or 0),
         ),
         pending=pending,
         targets=results,

@@ -110,6 +110,7 @@ class Supervisor:
         #: Lines skipped as counted in the metrics, and in the state store, so far.
         self._skipped_told = 0
         self._skipped_stored = 0
+        self._fp16_stored = 0
         #: ``watch``: the last attempt ended and the rules were started afresh for the next.
         self._waiting_for_next = False
         self._shutdown_signals = 0
@@ -255,6 +256,12 @@ class Supervisor:
             self.watch.safely(
                 "the job's state", self._store.put, "job.lines_skipped", str(self._skipped_told)
             )
+        fp16_skipped = skipped_steps(self.watch.engine.detectors)
+        if self._store is not None and self._fp16_stored != fp16_skipped:
+            self._fp16_stored = fp16_skipped  # for `sentinel status`
+            self.watch.safely(
+                "the job's state", self._store.put, "job.fp16_skipped_steps", str(fp16_skipped)
+            )
         open_incidents = Counter(self.watch.tracker.open.keys())
         problems = self.watch.state_problems
         self.service.problem = "; ".join(f"cannot write {what}" for what in problems) or None
@@ -266,7 +273,7 @@ class Supervisor:
             outbox_depth=self._workers.pending() if self._workers is not None else None,
             garbled_total=self.watch.engine.parser.stats.garbled,
             spend=self._spend(now),
-            fp16_skipped_steps=skipped_steps(self.watch.engine.detectors),
+            fp16_skipped_steps=fp16_skipped,
         )
         job = self._job
         uptime_s = now - job.started_at if job is not None else 0.0

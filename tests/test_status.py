@@ -42,6 +42,7 @@ def seed(state: Path) -> None:
         store.put("job.restarts", "1")
         store.put("job.updated_at", str(T0 + 9))
         store.put("job.lines_skipped", "1200")
+        store.put("job.fp16_skipped_steps", "13")
         store.put("heartbeat.last_ok_at", str(T0 + 8))
         store.put("heartbeat.last_error", "HTTP 503 from hc-ping.com")
         with WebhookReceiver() as slack, WebhookReceiver() as pager:
@@ -70,6 +71,7 @@ def test_gather_reads_run_job_messages_targets_and_heartbeat(tmp_path: Path) -> 
         "restarts": "1",
         "updated_at": T0 + 9,
         "lines_skipped": 1200,
+        "fp16_skipped_steps": 13,
     }
     assert status["job"] == job
     assert (status["pending_messages"], status["pending_by_target"]) == (1, {"pager": 1})
@@ -104,6 +106,7 @@ def test_cli_prints_status_for_people(tmp_path: Path) -> None:
     assert "20231114T221320-abc123" in text
     assert "BACKOFF, pid 4242, 1 restart(s)" in text
     assert "output:     1200 line(s) skipped to keep up with a flood" in text
+    assert "fp16:       13 step(s) the loss scaler skipped (counted)" in text
     assert "1 pending" in text
     assert "last error:   " in text and "401" in text
     assert "last ok 2023-11-14 22:13:28Z; last error: HTTP 503 from hc-ping.com" in text
