@@ -200,3 +200,16 @@ def test_close_all_closes_a_joined_incident_once() -> None:
     assert len(closed) == 1
     assert closed[0].resolved_at == T0 + 5
     assert tracker.open == {}
+
+
+def test_a_collapsing_loss_scale_and_the_nan_it_ends_in_are_one_page() -> None:
+    """fp16 overflow after overflow (loss_scale), the loss shifted up (divergence), then the
+    NaN: one failure, one incident, its onset the first evidence."""
+    tracker = IncidentTracker("run")
+    opened = tracker.observe(alert("loss_scale", Severity.CRITICAL, step=700, onset_step=650))
+    assert opened is not None and opened[0] is IncidentEvent.OPENED
+    assert tracker.observe(alert("divergence", Severity.CRITICAL, step=705)) is None
+    assert tracker.observe(alert("nan_inf", Severity.CRITICAL, step=710)) is None
+    (incident,) = {id(i): i for i in tracker.open.values()}.values()
+    assert incident.rules == ["loss_scale", "divergence", "nan_inf"]
+    assert incident.onset_step == 650

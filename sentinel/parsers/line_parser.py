@@ -55,7 +55,7 @@ class LineParser:
         elif "hf_trainer" in names:
             self._brace = hf_trainer.parse_hf_dict
         self._human: tuple[ParseFn, ...] = tuple(
-            PARSERS[name] for name in ("tqdm", "keyvalue") if name in names
+            PARSERS[name] for name in ("rich_bar", "tqdm", "keyvalue") if name in names
         )
         # User regexes come first, so with any the fast path is off.
         self._brace_fast = self._brace is not None and not self._regexes
@@ -64,7 +64,7 @@ class LineParser:
         #: they read as JSON, with no user regex in front.
         self.reads_json_blocks = self._brace is jsonl.parse_jsonl and not self._regexes
         self._hf_blocks = (
-            self._brace is not None and not self._regexes and self._human[:1] == (tqdm.parse_tqdm,)
+            self._brace is not None and not self._regexes and tqdm.parse_tqdm in self._human
         )
         self._hf = hf_steps.HfSteps()
         self._formats = formats.Formats() if "keyvalue" in names else None
