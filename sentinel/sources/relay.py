@@ -126,17 +126,26 @@ class Relay:
         self.marks: dict[str, collections.deque[tuple[float, int]]] = {
             name: collections.deque() for name in STREAM_FILES
         }
-        self.files = {
-            name: os.open(
-                os.path.join(directory, file_name),
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                0o600,
-            )
-            for name, file_name in STREAM_FILES.items()
-        }
+        #: stream -> its file; a file that cannot be written (a full or read-only state
+        #: dir) is dropped: the job and sentinel's copy matter more than the file.
+        self.files: dict[str, int] = {}
+        for name, file_name in STREAM_FILES.items():
+            with contextlib.suppress(OSError):
+                self.files[name] = os.open(
+                    os.path.join(directory, file_name),
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                    0o600,
+                )
 
     def copy(self, name: str, data: bytes) -> None:
-        _write_all(self.files[name], data)
+        file = self.files.get(name)
+        if file is not None:
+            try:
+                _write_all(file, data)
+            except OSError:
+                del self.files[name]
+                with contextlib.suppress(OSError):
+                    os.close(file)
         channel = self.channels.get(name)
         if channel is None:
             return

@@ -93,6 +93,29 @@ def test_a_job_killed_by_a_signal_says_so(tmp_path: Path) -> None:
     assert done.returncode == -signal.SIGKILL
 
 
+def test_files_that_cannot_be_written_cost_the_job_nothing(tmp_path: Path) -> None:
+    """A full state dir (writes fail) or a broken one (the file cannot be made): the job
+    runs on and sentinel still gets every line."""
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    (attempt / "stdout.log").symlink_to("/dev/full")  # every write: ENOSPC
+    (attempt / "stderr.log").mkdir()  # cannot be opened as a file
+    done = Captured(
+        tmp_path,
+        """
+        import sys
+        for step in range(50):
+            print(f"step {step}")
+            print(f"warn {step}", file=sys.stderr)
+        """,
+    ).run()
+    assert done.returncode == 0
+    assert done.lines == {
+        "stdout": [f"step {n}" for n in range(50)],
+        "stderr": [f"warn {n}" for n in range(50)],
+    }
+
+
 def test_a_command_that_cannot_start_is_an_oserror(tmp_path: Path) -> None:
     relay = RelayedStart(tmp_path / "attempt", pty=True)
     with pytest.raises(FileNotFoundError):
