@@ -24,7 +24,8 @@ def expected(run: str) -> dict[str, Any]:
 
 def raised(path: Path) -> list[Alert]:
     result = replay([path], load_settings(None, environ={}))
-    return [alert for alert in result.alerts if not alert.resolves and alert.severity > Severity.INFO]
+    opened = [alert for alert in result.alerts if not alert.resolves]
+    return [alert for alert in opened if alert.severity > Severity.INFO]
 
 
 @pytest.mark.parametrize("artifact", ["trainer_state.json", "train.log"])
