@@ -96,9 +96,11 @@ def stop_tree(
     try:
         run.collect(())
         if dry_run:
+            run.exclude_ancestors()
             run.collect(members() if callable(members) else members)
             return run.result(_dry_run_words(run, stop_signal, grace_s))
         run.signal_live(stop_signal)
+        run.exclude_ancestors()
         run.collect(members() if callable(members) else members)
         run.signal_live(stop_signal)  # the members not in the tree
         if stop_signal != signal.SIGKILL:
@@ -148,23 +150,42 @@ class _Run:
         self.excluded: set[psutil.Process] = set()
         #: Sentinel, where it runs below the root: its children are looked up at every walk.
         self._me_inside: psutil.Process | None = None
+        #: The root's parent when the tree was collected (``exclude_ancestors``).
+        self._root_parent: int | None = None
 
     def collect(self, members: Iterable[ProcessIdentity]) -> None:
-        """Pin the root and everything below it (and ``members``) before any signal."""
+        """Pin the root and everything below it (and ``members``) before any signal to them."""
         process = self._add(self.root, late=False)
         if process is not None:
             with contextlib.suppress(*_GONE):
-                self.excluded.update(process.parents())
+                self._root_parent = process.ppid()
             self._exclude_self(process)
             self._add_children(process, late=False)
         for identity in members:
             self._add(identity, late=False)
 
+    def exclude_ancestors(self) -> None:
+        """Leave the root's ancestors (a wrapper waiting for the verdict) out of later walks.
+
+        A walk down from the root cannot meet them, so they are looked up (a read of every
+        ancestor, about a millisecond, far more on a busy host) after the first signal, for
+        the walks below other members and the rescans.
+        """
+        if self._root_parent is None:
+            return
+        with contextlib.suppress(*_GONE):
+            parent = psutil.Process(self._root_parent)
+            self.excluded.add(parent)
+            self.excluded.update(parent.parents())
+
     def _exclude_self(self, root: psutil.Process) -> None:
         """Leave sentinel and its own children out where it runs inside the job's tree."""
         try:
             me = psutil.Process()
-            below_root = root in me.parents()
+            if PROC_CHILDREN:
+                below_root = me.pid in descendant_pids(root.pid)
+            else:
+                below_root = root in me.parents()
         except _GONE:
             return
         if below_root:
