@@ -27,7 +27,7 @@ _WRAPPERS = {"wrapper", "wrapped", "inner", "_fn", "decorate_context", "_call_im
 #: A thread's header; a job that never imported threading has threads with no name.
 _THREAD = re.compile(r'^Thread (?:0x[0-9a-fA-F]+|\d+) \((?P<state>[^)]*)\)(?:: "(?P<name>[^"]*)")?')
 #: Where a library's files live; what follows is its dotted module path.
-_LIBRARY = re.compile(r"/(?:site-packages|dist-packages)/|/lib/python3\.\d+/")
+_LIBRARIES = (re.compile(r"/(?:site|dist)-packages/"), re.compile(r"/lib/python3\.\d+/"))
 _FRAME = re.compile(r"^\s+(?P<function>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)$")
 
 
@@ -55,10 +55,14 @@ class Frame:
 def _module_path(file: str) -> str | None:
     """The dotted module of a library file (``.../site-packages/torch/distributed/x.py``,
     ``.../lib/python3.11/threading.py``); None for the job's own code."""
-    ends = [match.end() for match in _LIBRARY.finditer(file)]  # the innermost: site-packages
-    if not ends or not file.endswith(".py"):
+    if not file.endswith(".py"):
         return None
-    parts = file[ends[-1] : -len(".py")].split("/")
+    # site-packages first: it lies inside lib/python3.X.
+    ends = [[match.end() for match in library.finditer(file)] for library in _LIBRARIES]
+    end = next((found[-1] for found in ends if found), None)
+    if end is None:
+        return None
+    parts = file[end : -len(".py")].split("/")
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts) or None
