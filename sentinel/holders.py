@@ -117,7 +117,7 @@ class Child:
     def begin(self, attempt: int, restarts: Restarts, put: Put) -> Handle:
         if not self._looked_for_orphan:
             self._looked_for_orphan = True
-            adopted = self._adopt(attempt, put)
+            adopted = self._adopt(attempt, restarts, put)
             if adopted is not None:
                 return adopted
         # The job is not sentinel's systemd service: it must not speak for it; nor does it
@@ -159,7 +159,7 @@ class Child:
             try:
                 JobRecord(
                     attempt, relay.directory, ProcessIdentity.of(relay.relay_pid),
-                    job.identity, argv, job.started_at,
+                    job.identity, argv, job.started_at, restarts.to_state(),
                 ).save(state_dir)  # fmt: skip
             except (OSError, ProcessLookupError) as error:
                 log.error("cannot record the job for a restart of sentinel to adopt: %s", error)
@@ -185,9 +185,10 @@ class Child:
 
         return on_lines
 
-    def _adopt(self, attempt: int, put: Put) -> Handle | None:
-        """The job an earlier ``sentinel run`` on this state dir left running, adopted;
-        None when there is none. OSError: one may run that cannot be told apart."""
+    def _adopt(self, attempt: int, restarts: Restarts, put: Put) -> Handle | None:
+        """The job an earlier ``sentinel run`` on this state dir left running, adopted, with
+        the restart budget and memory it was started under; None when there is none.
+        OSError: one may run that cannot be told apart."""
         record = JobRecord.load(self.settings.state_dir)
         if record is None:
             return None
@@ -205,6 +206,7 @@ class Child:
         self.argv = record.argv
         self._current = attempt
         self._group = record.job.pid
+        restarts.from_state(record.restarts)
         adopted = AdoptedJob(
             record,
             on_lines=self._lines_of(attempt, put, terminal=self.settings.job.pty),

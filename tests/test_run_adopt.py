@@ -7,6 +7,7 @@ learns its watchdog died (its terminal is the relay's, not sentinel's).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -18,6 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from sentinel.config import Settings
+from sentinel.holders import Child
+from sentinel.restarts import Restarts
+from sentinel.sources.adopted import AdoptedJob
 
 JOB = textwrap.dedent(
     """
@@ -133,3 +139,31 @@ def test_a_killed_sentinel_leaves_the_job_running_and_the_next_one_adopts_it(wor
     first, second_steps = steps("first.out"), steps("second.out")
     assert second_steps[0] <= first[-1] + 1
     assert second_steps == list(range(second_steps[0], second_steps[0] + len(second_steps)))
+
+
+@pytest.mark.slow
+def test_an_adopted_job_keeps_the_restart_budget_it_was_started_under(tmp_path: Path) -> None:
+    """The second sentinel takes the job's attempt as it was: a job started as restart 2
+    leaves one restart of three, not three more."""
+    state = tmp_path / "state"
+    settings = Settings(state_dir=state)
+    first = Restarts(settings.job, None, relaunches=True)
+    first.from_state({"restarts.count": "2", "restarts.resume": '["/ckpt/step_10", 10]'})
+    child = Child([sys.executable, "-c", "import time; time.sleep(30)"], settings,
+                  stdout=io.BytesIO(), stderr=io.BytesIO())  # fmt: skip
+    events: list[tuple[str, object]] = []
+    job = child.begin(1, first, events.append)
+    try:
+        second = Restarts(settings.job, None, relaunches=True)
+        adopted = Child(["unused"], settings, stdout=io.BytesIO(), stderr=io.BytesIO())
+        handle = adopted.begin(1, second, events.append)
+        assert isinstance(handle, AdoptedJob)
+        assert handle.pid == job.pid
+        assert (second.count, second.resume.checkpoint, second.resume.step) == (
+            2,
+            "/ckpt/step_10",
+            10,
+        )
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        assert job.wait(10)

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -130,6 +130,8 @@ class JobRecord:
     job: ProcessIdentity
     argv: list[str]
     started_at: float
+    #: The restart budget and memory the attempt was started under (``Restarts.to_state``).
+    restarts: dict[str, str] = field(default_factory=dict)
 
     def save(self, state_dir: Path) -> None:
         """Write the record, and the job's pid to ``job.pid`` (both atomically)."""
@@ -150,6 +152,7 @@ class JobRecord:
                 "job": [self.job.pid, self.job.create_time],
                 "argv": self.argv,
                 "started_at": self.started_at,
+                "restarts": self.restarts,
             },
         )
 
@@ -166,6 +169,7 @@ class JobRecord:
                 job=ProcessIdentity(int(data["job"][0]), float(data["job"][1])),
                 argv=[str(arg) for arg in data["argv"]],
                 started_at=float(data["started_at"]),
+                restarts={str(k): str(v) for k, v in dict(data.get("restarts") or {}).items()},
             )
         except FileNotFoundError:
             return None
