@@ -1,18 +1,28 @@
-"""How fast does ``sentinel run`` stop a job after a NaN reaches its log?
+"""How fast does sentinel stop a job after a NaN, beside `tail -F | grep && kill`, at what cost?
 
-Each trial starts ``sentinel run --log FILE -- JOB`` afresh. JOB is a tiny
-Python script whose SIGTERM handler records ``CLOCK_MONOTONIC`` (one clock for
-every process on a Linux machine) into a file and exits. Once sentinel shows
-the job's "ready" line and has read a few healthy metric lines, the bench
-takes the clock and appends one NaN line with a single ``os.write``; the
-latency is the handler's time minus that time.
+One run measures, at 10, 100 and 1,000 metric lines a second:
 
-For scale, the same run measures ``tail -F FILE | grep --line-buffered -i nan``
-(``-i``: the line says ``NaN``): the write to the moment the bench has read
-grep's output line. One pipeline serves every trial; it is measured between
-sentinel trials, never while a sentinel runs.
+- ``tail|grep``: ``tail -n0 -F LOG | grep -m1 -iE 'nan|inf' && kill -TERM PID``, the shell
+  one-liner (the job started by the bench);
+- ``run --log``: ``sentinel run --log LOG -- JOB``, the job appending to LOG;
+- ``run``: ``sentinel run -- JOB``, the job printing its metrics (read from its stdout);
+- ``watch``: ``sentinel watch --pid PID --log LOG``, the job started by the bench.
 
-    .venv/bin/python bench/latency.py --trials 30
+Each trial starts the watcher and a job that waits on a FIFO. Once the watcher is ready
+(sentinel: ``READY=1`` on the ``$NOTIFY_SOCKET`` the bench listens on; the pipeline: half
+a second after it started), the bench says go; the job writes healthy JSON lines at the
+rate for 1 to 1.5 s (at random), then one NaN line. It reads ``CLOCK_MONOTONIC`` (one clock
+for every process) just before that write and in its SIGTERM handler: the latency is the
+difference. Trials of each watcher and rate are interleaved, so a busy spell of a shared
+machine falls on all of them alike.
+
+Then the steady overhead at 100 lines a second, in the same run: sentinel's own CPU time
+(user + system, its children not counted) as a percent of one core, and its RSS, over
+``--overhead-s`` seconds after a warm-up, for ``run`` (the job printing) and ``watch`` (the
+job appending to a log).
+
+    .venv/bin/python bench/latency.py                   # about 5 minutes
+    .venv/bin/python bench/latency.py --trials 20 --overhead-s 60
 """
 
 from __future__ import annotations
@@ -24,42 +34,72 @@ import math
 import os
 import platform
 import random
-import select
 import shlex
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
-GRACE_S = "5"
-#: Healthy lines appended before the NaN, and the pause after them.
-HEALTHY_LINES = 3
-SETTLE_S = 0.3
-TRIAL_TIMEOUT_S = 20.0
+RATES = (10, 100, 1000)
+WATCHERS = ("tail|grep", "run --log", "run", "watch")
+#: Healthy lines for this long (plus up to half of it, at random) before the NaN.
+HEALTHY_S = 1.0
+READY_TIMEOUT_S = 30.0
+TERM_TIMEOUT_S = 10.0
+#: The pipeline has no readiness to wait for: it is given this long to start.
+PIPELINE_START_S = 0.5
+OVERHEAD_RATE = 100
+WARM_UP_S = 5.0
 
 JOB = r"""
-import os, signal, sys, time
+import json, os, random, signal, sys, time
 
-out = sys.argv[1]
+out, log, go = sys.argv[1], sys.argv[2], sys.argv[5]
+rate, healthy_s = float(sys.argv[3]), float(sys.argv[4])
 
 def on_term(signum, frame):
     now = time.clock_gettime(time.CLOCK_MONOTONIC)
-    with open(out + ".tmp", "w") as f:
+    with open(out + ".term", "w") as f:
         f.write(repr(now))
-    os.replace(out + ".tmp", out)
-    os._exit(0)
+    os._exit(143)
 
 signal.signal(signal.SIGTERM, on_term)
 with open(out + ".pid", "w") as f:
     f.write(str(os.getpid()))
-print("bench-job-ready", flush=True)
+with open(go, "rb", buffering=0) as f:
+    f.read(1)
+stream = sys.stdout if log == "-" else open(log, "a")
+rng = random.Random(os.getpid())
+start = time.monotonic()
+step = 0
 while True:
-    time.sleep(3600)
+    step += 1
+    if time.monotonic() - start >= abs(healthy_s):
+        if healthy_s < 0:
+            sys.exit(0)
+        line = json.dumps({"step": step, "loss": float("nan"), "grad_norm": 1.0}) + "\n"
+        written = time.clock_gettime(time.CLOCK_MONOTONIC)
+        stream.write(line)
+        stream.flush()
+        with open(out + ".nan", "w") as f:
+            f.write(repr(written))
+        time.sleep(60)
+        sys.exit(0)
+    stream.write(json.dumps({
+        "step": step, "loss": 2.0 + 0.01 * rng.random(), "grad_norm": 1.0 + 0.1 * rng.random(),
+        "lr": 3e-4, "tokens_per_sec": 15000 + 100 * rng.random(),
+    }) + "\n")
+    stream.flush()
+    time.sleep(max(0.0, start + step / rate - time.monotonic()))
 """
 
 
@@ -67,153 +107,178 @@ def monotonic() -> float:
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-def metric_line(step: int, grad_norm: str) -> bytes:
-    return f'{{"step": {step}, "loss": 2.0, "grad_norm": {grad_norm}}}\n'.encode()
+@dataclass
+class Trial:
+    """One job and one watcher, in a folder of their own."""
 
+    work: Path
+    watcher: str
+    rate: float
+    healthy_s: float
+    notify: socket.socket | None = None
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-class LineReader:
-    """Reads lines from a pipe with a deadline (no buffering beyond what it returns)."""
+    @property
+    def out(self) -> Path:
+        return self.work / "job"
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buffer = b""
-
-    def readline(self, timeout_s: float) -> bytes | None:
-        deadline = monotonic() + timeout_s
-        while b"\n" not in self.buffer:
-            remaining = deadline - monotonic()
-            if remaining <= 0:
-                return None
-            ready, _, _ = select.select([self.fd], [], [], remaining)
-            if not ready:
-                return None
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line
-
-
-def sentinel_trial(work: Path, index: int, job: Path, verbose: bool) -> float:
-    """One sentinel run: seconds from the NaN write to the job's SIGTERM handler."""
-    trial = work / f"trial{index:03d}"
-    trial.mkdir()
-    log, state, term = trial / "train.jsonl", trial / "state", trial / "sigterm_at"
-    log.touch()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
-    env["SENTINEL_JOB__GRACE_PERIOD_S"] = GRACE_S
-    argv = [sys.executable, "-m", "sentinel", "run", "--log", str(log), "--state-dir", str(state)]
-    argv += ["--max-restarts", "0", *(["-v"] if verbose else [])]
-    argv += ["--", sys.executable, str(job), str(term)]
-    with open(trial / "sentinel.stderr", "wb") as stderr:
-        proc = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr
-        )
-    assert proc.stdout is not None
-    try:
-        reader = LineReader(proc.stdout.fileno())
-        while (line := reader.readline(TRIAL_TIMEOUT_S)) != b"bench-job-ready":
-            if line is None:
-                raise RuntimeError(f"trial {index}: the job never became ready (see {trial})")
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
-        try:
-            for step in range(1, HEALTHY_LINES + 1):
-                os.write(fd, metric_line(step, "1.0"))
-                time.sleep(0.02)
-            time.sleep(SETTLE_S)
-            written_at = monotonic()
-            os.write(fd, metric_line(HEALTHY_LINES + 1, "NaN"))
-        finally:
-            os.close(fd)
-        proc.wait(TRIAL_TIMEOUT_S)
-        proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-            _kill_orphaned_job(Path(f"{term}.pid"))
-        proc.stdout.close()
-    if not term.exists():
-        raise RuntimeError(f"trial {index}: the job got no SIGTERM (see {trial})")
-    return float(term.read_text()) - written_at
-
-
-def _kill_orphaned_job(pid_file: Path) -> None:
-    """The job leads its own process group, so killing sentinel leaves it running."""
-    with contextlib.suppress(OSError, ValueError):
-        os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-
-
-class TailGrep:
-    """A long-lived ``tail -F FILE | grep --line-buffered -i nan``."""
-
-    def __init__(self, work: Path) -> None:
-        self.log = work / "tail.jsonl"
-        self.log.touch()
-        self.tail = subprocess.Popen(
-            ["tail", "-F", "-n", "0", str(self.log)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        assert self.tail.stdout is not None
-        self.grep = subprocess.Popen(
-            ["grep", "--line-buffered", "-i", "nan"],
-            stdin=self.tail.stdout,
-            stdout=subprocess.PIPE,
-        )
-        self.tail.stdout.close()
-        assert self.grep.stdout is not None
-        self.reader = LineReader(self.grep.stdout.fileno())
-        self.fd = os.open(self.log, os.O_WRONLY | os.O_APPEND)
-        # tail -n 0 skips what was there when it started: write until a line comes out.
-        for _ in range(50):
-            os.write(self.fd, b"warm-up nan\n")
-            if self.reader.readline(0.2) is not None:
-                break
+    def start(self) -> None:
+        go = self.work / "go"
+        os.mkfifo(go)
+        # Read-write: opening never blocks, and what is written waits for the job's read.
+        self._go_fd = os.open(go, os.O_RDWR)
+        log = self.work / "train.jsonl"
+        log.touch()
+        job = [
+            sys.executable,
+            str(self.work.parent / "job.py"),
+            str(self.out),
+            "-" if self.watcher == "run" else str(log),
+            str(self.rate),
+            str(self.healthy_s),
+            str(go),
+        ]
+        state = self.work / "state"
+        stderr = (self.work / "watcher.err").open("wb")
+        if self.watcher.startswith("run"):
+            argv = sentinel_argv("run", state)
+            argv += ["--log", str(log)] if self.watcher == "run --log" else []
+            self._spawn([*argv, "--", *job], stderr, notify=True)
         else:
-            raise RuntimeError("tail -F | grep never printed the warm-up line")
-        while self.reader.readline(0.3) is not None:
-            pass
-        self.step = 0
+            job_proc = subprocess.Popen(job, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            self.procs.append(job_proc)
+            if self.watcher == "watch":
+                argv = [*sentinel_argv("watch", state), "--pid", str(job_proc.pid)]
+                self._spawn([*argv, "--log", str(log)], stderr, notify=True)
+            else:
+                pipeline = (
+                    f"tail -n0 -F {shlex.quote(str(log))}"
+                    " | grep -m1 --line-buffered -iE 'nan|inf' >/dev/null"
+                    f" && kill -TERM {job_proc.pid}"
+                )
+                self._spawn(["sh", "-c", pipeline], stderr, notify=False)
+        stderr.close()
 
-    def trial(self) -> float:
-        for _ in range(HEALTHY_LINES):
-            self.step += 1
-            os.write(self.fd, metric_line(self.step, "1.0"))
-            time.sleep(0.02)
-        time.sleep(0.05 + random.random() * 0.05)
-        self.step += 1
-        line = metric_line(self.step, "NaN")
-        written_at = monotonic()
-        os.write(self.fd, line)
-        got = self.reader.readline(TRIAL_TIMEOUT_S)
-        read_at = monotonic()
-        if got is None or got + b"\n" != line:
-            raise RuntimeError(f"tail -F | grep printed {got!r}, not the NaN line")
-        return read_at - written_at
+    def _spawn(self, argv: list[str], stderr: object, *, notify: bool) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+        if notify:
+            self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            path = str(self.work / "notify")
+            self.notify.bind(path)
+            env["NOTIFY_SOCKET"] = path
+        self.procs.append(
+            subprocess.Popen(
+                argv,
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,  # type: ignore[arg-type]
+                start_new_session=True,
+            )
+        )
+
+    def wait_ready(self) -> None:
+        if self.notify is None:
+            time.sleep(PIPELINE_START_S)
+            return
+        deadline = monotonic() + READY_TIMEOUT_S
+        while monotonic() < deadline:
+            self.notify.settimeout(max(0.01, deadline - monotonic()))
+            try:
+                if b"READY=1" in self.notify.recv(4096):
+                    return
+            except TimeoutError:
+                break
+        raise RuntimeError(f"{self.watcher}: no READY=1 within {READY_TIMEOUT_S:g} s ({self.work})")
+
+    def go(self) -> None:
+        os.write(self._go_fd, b"g")
+
+    def latency_s(self) -> float | None:
+        deadline = monotonic() + self.healthy_s + TERM_TIMEOUT_S
+        term = self.out.with_suffix(".term")
+        while monotonic() < deadline and not term.exists():
+            time.sleep(0.05)
+        nan = self.out.with_suffix(".nan")
+        if not term.exists() or not nan.exists():
+            return None
+        return float(term.read_text()) - float(nan.read_text())
 
     def close(self) -> None:
-        os.close(self.fd)
-        for proc in (self.tail, self.grep):
-            proc.kill()
-            proc.wait()
-        assert self.grep.stdout is not None
-        self.grep.stdout.close()
+        os.close(self._go_fd)
+        for proc in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                if proc is self.procs[-1]:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                else:
+                    proc.kill()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        # A job sentinel started and left behind (a missed trial) is killed by its pid.
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(self.out.with_suffix(".pid").read_text()), signal.SIGKILL)
+        if self.notify is not None:
+            self.notify.close()
+
+
+def sentinel_argv(verb: str, state: Path) -> list[str]:
+    return [sys.executable, "-m", "sentinel", verb, "--state-dir", str(state)] + (
+        ["--max-restarts", "0"] if verb == "run" else []
+    )
+
+
+def run_trial(work: Path, watcher: str, rate: float) -> float | None:
+    trial = Trial(work, watcher, rate, HEALTHY_S * (1 + random.random() / 2))
+    work.mkdir()
+    try:
+        trial.start()
+        trial.wait_ready()
+        trial.go()
+        return trial.latency_s()
+    finally:
+        trial.close()
+
+
+@dataclass
+class Overhead:
+    cpu_percent: float
+    rss_start: int
+    rss_end: int
+
+
+def overhead(work: Path, watcher: str, seconds: float) -> Overhead:
+    """Sentinel's CPU and RSS while the job writes ``OVERHEAD_RATE`` lines a second."""
+    trial = Trial(work, watcher, OVERHEAD_RATE, -(WARM_UP_S + seconds + 5.0))
+    work.mkdir()
+    try:
+        trial.start()
+        trial.wait_ready()
+        trial.go()
+        sentinel = psutil.Process(trial.procs[-1].pid)
+
+        def reading() -> tuple[float, float, int]:
+            with sentinel.oneshot():
+                cpu = sentinel.cpu_times()
+                return monotonic(), cpu.user + cpu.system, sentinel.memory_info().rss
+
+        time.sleep(WARM_UP_S)
+        t0, cpu0, rss0 = reading()
+        time.sleep(seconds)
+        t1, cpu1, rss1 = reading()
+        return Overhead(100.0 * (cpu1 - cpu0) / (t1 - t0), rss0, rss1)
+    finally:
+        trial.close()
 
 
 def percentile(values: list[float], p: float) -> float:
-    """Nearest rank: with n=30, p99 is the largest value."""
+    """Nearest rank."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
-def summary(name: str, values: list[float]) -> str:
-    ms = [v * 1000 for v in values]
-    return (
-        f"{name:<22} p50 {percentile(ms, 50):7.1f} ms, p99 {percentile(ms, 99):7.1f} ms"
-        f"   (min {min(ms):.1f}, mean {statistics.fmean(ms):.1f}, max {max(ms):.1f}; n={len(ms)})"
-    )
 
 
 def machine() -> str:
@@ -223,58 +288,101 @@ def machine() -> str:
             if row.startswith("model name"):
                 model = row.split(":", 1)[1].strip()
                 break
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     return (
         f"nproc {len(os.sched_getaffinity(0))} ({model or platform.machine()}),"
-        f" Python {platform.python_version()}, Linux {platform.release()}"
+        f" Python {platform.python_version()}, Linux {platform.release()}, load {load}"
     )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=30, help="trials of each (default 30)")
+    parser.add_argument(
+        "--trials", type=int, default=10, help="trials of each (default 10; 0: overhead only)"
+    )
+    parser.add_argument(
+        "--rates", type=lambda text: [float(r) for r in text.split(",")], default=list(RATES)
+    )
+    parser.add_argument("--watchers", type=lambda text: text.split(","), default=list(WATCHERS))
+    parser.add_argument(
+        "--overhead-s", type=float, default=30.0, help="steady window (0: no overhead)"
+    )
     parser.add_argument("--dir", type=Path, help="work here (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("-v", "--verbose", action="store_true", help="run sentinel with -v")
     parser.add_argument("--json", type=Path, help="also write every sample here")
     args = parser.parse_args()
-    if args.trials < 1:
-        parser.error("--trials must be at least 1")
+    unknown = set(args.watchers) - set(WATCHERS)
+    if unknown or args.trials < 0:
+        parser.error(f"--watchers from {', '.join(WATCHERS)}; --trials 0 or more")
     if shutil.which("tail") is None or shutil.which("grep") is None:
         parser.error("tail and grep must be on PATH")
 
     work = Path(tempfile.mkdtemp(prefix="sentinel-latency-", dir=args.dir))
-    job = work / "job.py"
-    job.write_text(JOB)
+    (work / "job.py").write_text(JOB)
     started = monotonic()
-    sentinel_s: list[float] = []
-    tail_s: list[float] = []
-    pipeline = TailGrep(work)
+    samples: dict[str, dict[str, list[float]]] = {
+        w: {f"{r:g}": [] for r in args.rates} for w in args.watchers
+    }
+    missed: dict[str, int] = {w: 0 for w in args.watchers}
+    costs: dict[str, Overhead] = {}
     try:
+        count = 0
         for index in range(args.trials):
-            sentinel_s.append(sentinel_trial(work, index, job, args.verbose))
-            tail_s.append(pipeline.trial())
-            print(
-                f"\rtrial {index + 1}/{args.trials}: sentinel {sentinel_s[-1] * 1000:.1f} ms,"
-                f" tail|grep {tail_s[-1] * 1000:.1f} ms   ",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
+            for rate in args.rates:
+                for watcher in args.watchers:
+                    count += 1
+                    folder = work / f"{count:04d}-{watcher.replace(' ', '').replace('|', '-')}"
+                    latency = run_trial(folder, watcher, rate)
+                    if latency is None:
+                        missed[watcher] += 1
+                        print(f"\nmissed: {watcher} at {rate:g}/s ({folder})", file=sys.stderr)
+                    else:
+                        samples[watcher][f"{rate:g}"].append(latency * 1000)
+                    print(
+                        f"\rtrial {index + 1}/{args.trials}, {rate:g} lines/s, {watcher}:"
+                        f" {'missed' if latency is None else f'{latency * 1000:.1f} ms'}      ",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         print(file=sys.stderr)
+        if args.overhead_s > 0:
+            for watcher in ("run", "watch"):
+                costs[watcher] = overhead(work / f"overhead-{watcher}", watcher, args.overhead_s)
     finally:
-        pipeline.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    print("NaN line written -> job's SIGTERM handler runs (sentinel) / grep's line read (tail)")
-    print(summary("sentinel run:", sentinel_s))
-    print(summary("tail -F | grep:", tail_s))
+    print(f"NaN line written -> job's SIGTERM handler, ms: p50 / p90 of {args.trials} trials")
+    print(f"{'lines/s':>8}" + "".join(f"{w:>20}" for w in args.watchers))
+    for rate in args.rates:
+        row = f"{rate:>8g}"
+        for watcher in args.watchers:
+            values = samples[watcher][f"{rate:g}"]
+            cell = (
+                f"{statistics.median(values):.1f} / {percentile(values, 90):.1f}" if values else "-"
+            )
+            row += f"{cell:>20}"
+        print(row)
+    if any(missed.values()):
+        print("missed: " + ", ".join(f"{w} {n}" for w, n in missed.items() if n))
+    for watcher, cost in costs.items():
+        print(
+            f"steady overhead, {watcher} at {OVERHEAD_RATE} lines/s over {args.overhead_s:g} s:"
+            f" {cost.cpu_percent:.2f}% of one core, RSS {cost.rss_start / 2**20:.1f}"
+            f" -> {cost.rss_end / 2**20:.1f} MiB"
+        )
     print(f"machine: {machine()}")
     print(f"command: {shlex.join(['python', 'bench/latency.py', *sys.argv[1:]])}")
     print(f"took {monotonic() - started:.0f} s" + (f"; kept {work}" if args.keep else ""))
     if args.json:
-        samples = {"sentinel_s": sentinel_s, "tail_grep_s": tail_s, "machine": machine()}
-        args.json.write_text(json.dumps(samples, indent=1))
+        record = {
+            "samples_ms": samples,
+            "missed": missed,
+            "overhead": {w: vars(c) for w, c in costs.items()},
+            "machine": machine(),
+        }
+        args.json.write_text(json.dumps(record, indent=1))
     return 0
 
 
