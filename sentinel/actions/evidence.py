@@ -49,6 +49,8 @@ EVIDENCE_JSON = "evidence.json"
 #: Lines of output kept from each of the job's output files.
 TAIL_LINES = 60
 _TAIL_BYTES = 64 * 1024
+#: Distinct main-thread stacks the summary names at most.
+SUMMARY_STACKS = 4
 _XID = re.compile(r"NVRM: Xid", re.IGNORECASE)
 _PROCESSES_MAX = 64
 
@@ -178,7 +180,7 @@ class Taken(NamedTuple):
 
 
 def _stacks(binary: str | None, pids: list[int], leaves: list[int], deadline: float) -> Taken:
-    """Every process's dump, in parallel; the summary names each leaf's main thread."""
+    """Every process's dump, in parallel; the summary names each worker's main thread."""
     if binary is None:
         return Taken(
             "",
@@ -203,8 +205,11 @@ def _stacks(binary: str | None, pids: list[int], leaves: list[int], deadline: fl
             texts.append(taken.text.rstrip())
         elif not taken.not_python:
             reasons.append(taken.missing)
-    summaries = [dumps[pid].summary() for pid in leaves if pid in dumps]
-    summary = "; ".join(dict.fromkeys(s for s in summaries if s))
+    # The workers: the leaves, and a parent that does more than wait for its children (a
+    # training process whose data-loader workers are its children).
+    named = [pid for pid in pids if pid in dumps and (pid in leaves or not dumps[pid].launcher)]
+    summaries = [dumps[pid].summary() for pid in named]
+    summary = "; ".join(list(dict.fromkeys(s for s in summaries if s))[:SUMMARY_STACKS])
     missing = [
         f"Python stacks of {count} process(es): {reason}"
         for reason, count in _counted(reasons).items()

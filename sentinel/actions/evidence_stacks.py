@@ -22,6 +22,9 @@ PY_SPY = "py-spy"
 _NOT_PYTHON = ("Failed to find python version", "Failed to find a python interpreter")
 _NOT_PERMITTED = ("permission denied", "operation not permitted", "eperm", "ptrace")
 #: Wrappers that name nothing: a decorator's inner function, a logging shim.
+#: Where a launcher's main thread waits for its children.
+_LAUNCHERS = ("subprocess.", "torch.distributed.elastic.", "multiprocessing.", "os.wait")
+_RELAY = "sentinel/sources/relay.py"
 _WRAPPERS = {"wrapper", "wrapped", "inner", "_fn", "decorate_context", "_call_impl"}
 
 #: A thread's header; a job that never imported threading has threads with no name.
@@ -78,6 +81,15 @@ class Dump:
     #: Why there is no stack: not Python, not permitted, py-spy missing or timed out.
     missing: str = ""
     not_python: bool = False
+
+    @property
+    def launcher(self) -> bool:
+        """Its main thread waits for its children: a launcher (torchrun's agent, a relay,
+        a script that runs another), not a worker."""
+        return any(
+            frame.qualified().startswith(_LAUNCHERS) or frame.file.endswith(_RELAY)
+            for frame in self.main_frames
+        )
 
     def summary(self) -> str:
         """``stuck in torch.distributed.distributed_c10d.all_reduce <- train_step (train.py:88)``:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -60,6 +62,18 @@ loader.start()
 wait_for_loader(loader)
 """
 
+# A training process with a worker process of its own (a data loader's), deadlocked itself.
+WITH_A_WORKER = """
+import subprocess, sys, threading
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+lock = threading.Lock()
+def wait_for_checkpoint_writer():
+    with lock:
+        print("ready", flush=True)
+        lock.acquire()
+wait_for_checkpoint_writer()
+"""
+
 
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[Start]:
@@ -75,12 +89,22 @@ def start(tmp_path: Path) -> Iterator[Start]:
         children.append(child)
         assert child.stdout is not None
         assert child.stdout.readline() == b"ready\n"
+        asleep(child.pid)
         return child
 
     yield run
     for child in children:
         child.kill()
         child.communicate()
+
+
+def asleep(pid: int) -> None:
+    """Wait until the job's main thread sleeps in the kernel: it said "ready" just before."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "S":
+            return
+        time.sleep(0.01)
 
 
 def stacks_or_skip(evidence: Evidence) -> Evidence:
@@ -165,3 +189,17 @@ def test_the_job_tree_and_its_leaves(start: Start) -> None:
     pids, leaves = job_processes(os.getpid(), [job.pid])
     assert pids[0] == os.getpid() and job.pid in pids
     assert job.pid in leaves and os.getpid() not in leaves
+
+
+def test_a_parent_that_works_is_named_beside_its_worker(start: Start, tmp_path: Path) -> None:
+    job = start(WITH_A_WORKER)
+    pids, leaves = job_processes(job.pid)
+    (worker,) = leaves
+    try:
+        evidence = stacks_or_skip(take(pids, tmp_path / "incident", budget_s=10, leaves=leaves))
+    finally:
+        os.kill(worker, signal.SIGKILL)
+    assert worker != job.pid and pids == [job.pid, worker]
+    # The parent does more than wait for its child: its deadlock is named, then the worker's.
+    assert evidence.summary.startswith("stuck in wait_for_checkpoint_writer (job0.py:8)")
+    assert f"Process {worker}:" in evidence.sections["Python stacks (py-spy dump)"]
