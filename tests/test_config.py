@@ -186,8 +186,10 @@ def test_every_cli_field_maps_onto_a_setting() -> None:
         "match": "train\\.py",
         "user": "alice",
         "systemd_unit": "train@a.service",
+        "systemd_user": True,
         "wait": 60,
         "run_id": "job-7",
+        "no_pty": "false",  # run --no-pty's value
     }
     assert set(values) == set(CLI_FIELDS)
     settings = load_settings(None, cli=values, environ={})
@@ -208,6 +210,8 @@ def test_every_cli_field_maps_onto_a_setting() -> None:
     watch = settings.watch
     assert (watch.pid, str(watch.pidfile), watch.match) == (1234, "/run/job.pid", "train\\.py")
     assert (watch.user, watch.systemd_unit, watch.wait_s) == ("alice", "train@a.service", 60)
+    assert watch.systemd_user is True
+    assert settings.job.pty is False
 
 
 # --- errors name the key and the source ------------------------------------------------------
