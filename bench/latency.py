@@ -16,8 +16,9 @@ for every process) just before that write and in its SIGTERM handler: the latenc
 difference. Trials of each watcher and rate are interleaved, so a busy spell of a shared
 machine falls on all of them alike.
 
-Then the steady overhead at 100 lines a second, in the same run: sentinel's own CPU time
-(user + system, its children not counted) as a percent of one core, and its RSS, over
+Then the steady overhead at 100 lines a second, in the same run: the CPU time (user +
+system) of sentinel and of ``run``'s relay (the job's own not counted) as a percent of one
+core, and their RSS, over
 ``--overhead-s`` seconds after a warm-up, for ``run`` (the job printing) and ``watch`` (the
 job appending to a log).
 
@@ -207,19 +208,15 @@ class Trial:
 
     def close(self) -> None:
         os.close(self._go_fd)
+        # The watcher's session at once (a drain would take seconds a trial), then the job:
+        # run's relay outlives sentinel by design and ends once the job has.
         for proc in reversed(self.procs):
             with contextlib.suppress(ProcessLookupError):
                 if proc is self.procs[-1]:
-                    os.killpg(proc.pid, signal.SIGTERM)
+                    os.killpg(proc.pid, signal.SIGKILL)
                 else:
                     proc.kill()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        # A job sentinel started and left behind (a missed trial) is killed by its pid.
+            proc.wait()
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(self.out.with_suffix(".pid").read_text()), signal.SIGKILL)
         if self.notify is not None:
@@ -246,7 +243,9 @@ def run_trial(work: Path, watcher: str, rate: float) -> float | None:
 
 @dataclass
 class Overhead:
+    #: sentinel and its relay (run), then sentinel alone.
     cpu_percent: float
+    sentinel_cpu_percent: float
     rss_start: int
     rss_end: int
 
@@ -260,17 +259,27 @@ def overhead(work: Path, watcher: str, seconds: float) -> Overhead:
         trial.wait_ready()
         trial.go()
         sentinel = psutil.Process(trial.procs[-1].pid)
-
-        def reading() -> tuple[float, float, int]:
-            with sentinel.oneshot():
-                cpu = sentinel.cpu_times()
-                return monotonic(), cpu.user + cpu.system, sentinel.memory_info().rss
-
         time.sleep(WARM_UP_S)
+        # run's relay (the job's parent, sentinel's child) is part of what watching costs.
+        job_pid = int(trial.out.with_suffix(".pid").read_text())
+        ours = [sentinel, *(c for c in sentinel.children(recursive=True) if c.pid != job_pid)]
+
+        def reading() -> tuple[float, list[float], int]:
+            cpu_s, rss = [], 0
+            for process in ours:
+                with process.oneshot():
+                    cpu = process.cpu_times()
+                    cpu_s.append(cpu.user + cpu.system)
+                    rss += process.memory_info().rss
+            return monotonic(), cpu_s, rss
+
         t0, cpu0, rss0 = reading()
         time.sleep(seconds)
         t1, cpu1, rss1 = reading()
-        return Overhead(100.0 * (cpu1 - cpu0) / (t1 - t0), rss0, rss1)
+        percent = [
+            100.0 * (after - before) / (t1 - t0) for before, after in zip(cpu0, cpu1, strict=True)
+        ]
+        return Overhead(sum(percent), percent[0], rss0, rss1)
     finally:
         trial.close()
 
@@ -369,8 +378,14 @@ def main() -> int:
     for watcher, cost in costs.items():
         print(
             f"steady overhead, {watcher} at {OVERHEAD_RATE} lines/s over {args.overhead_s:g} s:"
-            f" {cost.cpu_percent:.2f}% of one core, RSS {cost.rss_start / 2**20:.1f}"
-            f" -> {cost.rss_end / 2**20:.1f} MiB"
+            f" {cost.cpu_percent:.2f}% of one core"
+            + (
+                f" (sentinel {cost.sentinel_cpu_percent:.2f}%, relay"
+                f" {cost.cpu_percent - cost.sentinel_cpu_percent:.2f}%)"
+                if cost.cpu_percent != cost.sentinel_cpu_percent
+                else ""
+            )
+            + f", RSS {cost.rss_start / 2**20:.1f} -> {cost.rss_end / 2**20:.1f} MiB"
         )
     print(f"machine: {machine()}")
     print(f"command: {shlex.join(['python', 'bench/latency.py', *sys.argv[1:]])}")
