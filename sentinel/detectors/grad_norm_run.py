@@ -46,13 +46,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from functools import partial
-from itertools import accumulate, repeat
+from itertools import accumulate, islice, repeat
 from operator import sub
 from typing import Any
 
 from sentinel.detectors.base import BaseDetector
 from sentinel.detectors.grad_norm_run_config import (
     GradNormRunConfig,
+    absolute_applies,
     clips_needed,
     is_clipped,
     is_high,
@@ -64,6 +65,7 @@ from sentinel.detectors.series import (
     Warmup,
     finite_values,
     never_above,
+    sorted_median,
     warmup_and_values,
 )
 from sentinel.records import Alert, Block, Sample, Severity
@@ -128,7 +130,8 @@ class GradNormRunDetector(BaseDetector):
             return alerts
         self._least = min(self._least, value)
         median = rolling.median() if len(rolling) >= settings.min_history else None
-        high = is_high(value, median, settings, rolling, self._least)
+        level = self._recent_level() if value > settings.threshold else None
+        high = is_high(value, median, settings, rolling, self._least, level)
         if high:
             self._run.append((step, value))
         else:
@@ -260,12 +263,18 @@ class GradNormRunDetector(BaseDetector):
             return False
         return sum(self._clips) >= clips_needed(self.settings)
 
+    def _recent_level(self) -> float | None:
+        """The median of the latest judged grad-norms before the current run (None: none)."""
+        before = len(self._recent) - len(self._run)
+        values = sorted(value for _, value in islice(self._recent, 0, max(0, before)))
+        return sorted_median(values) if values else None
+
     def _open_run(self, median: float | None, sample: Sample, source: str, time: float) -> Alert:
         settings = self.settings
         onset = self._run[0][0]
         self._open, self._onset_step, self._calm = True, onset, 0
         steps = f"{len(self._run)} consecutive steps since step {onset}"
-        absolute = self._least <= settings.threshold
+        absolute = absolute_applies(self._recent_level(), self._least, settings)
         if absolute and all(value > settings.threshold for _, value in self._run):
             kind, bar = "absolute", settings.threshold
             message = f"grad_norm above {bar:g} for {steps} (now {sample.value:.4g})"

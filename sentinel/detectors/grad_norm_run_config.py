@@ -69,14 +69,15 @@ def is_high(
     settings: GradNormRunConfig,
     window: Rolling | None = None,
     least: float = 0.0,
+    level: float | None = None,
 ) -> bool:
     """Whether a grad-norm is high: above ``threshold`` in a run that has been under it
     (``least``, the least grad-norm of the attempt: a run whose norm was never under the
     bar, as an fp16 run logging scaled norms, has a normal of its own), or above the
     relative bar of the rolling ``median`` (None before ``min_history``; a median of 0 sets
     no bar) and the noise of its ``window`` (None: the ratio alone, an upper bound used by
-    ``can_absorb``; so is the default ``least``)."""
-    if value > settings.threshold and least <= settings.threshold:
+    ``can_absorb``; so are the defaults of ``least`` and ``level``, see ``absolute_applies``)."""
+    if value > settings.threshold and absolute_applies(level, least, settings):
         return True
     if not median or value <= relative_bar(median, settings.factor):
         return False
@@ -84,6 +85,16 @@ def is_high(
         return True
     noise = robust_sigma(window.ordered(), median, settings.noise_floor)
     return value - median > settings.noise_sigmas * noise
+
+
+def absolute_applies(level: float | None, least: float, settings: GradNormRunConfig) -> bool:
+    """Whether the absolute bar means anything for this run: it has been under it (its
+    ``least``), and its recent level (the median of its latest judged values), when known,
+    is under half of it. A run whose normal sits near the bar (a grad-norm wobbling 5-15
+    all along) is judged against its own median and noise instead."""
+    if least > settings.threshold:
+        return False
+    return level is None or level <= settings.threshold / 2
 
 
 def warmup_bar(least: float, settings: GradNormRunConfig) -> float:

@@ -291,3 +291,12 @@ def test_the_absolute_bar_needs_a_run_that_has_been_under_it() -> None:
     assert run([2.1e6, 2.2e6, 1.4e6, 1.5e6, 1.6e6, 1.8e6]) == []
     alerts = run([2.0, 15.0, 15.0, 15.0])
     assert [(alert.details["kind"], alert.onset_step) for alert in alerts] == [("absolute", 2)]
+
+
+def test_a_run_whose_normal_sits_near_the_absolute_bar_is_judged_by_its_own_level() -> None:
+    # A BERT fine-tune (healthy corpus): grad-norm wobbling 4.6-16 around 8.5 from the start.
+    values = [8.39, 9.29, 4.57, 7.94, 15.88, 8.24, 11.75, 8.63, 12.61, 10.1, 13.76, 9.0]
+    assert run(values) == []
+    # Far above that level it is still high.
+    alerts = run([*values, 60.0, 70.0, 80.0])
+    assert [(alert.details["kind"], alert.onset_step) for alert in alerts] == [("relative", 13)]
