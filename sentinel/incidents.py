@@ -22,7 +22,7 @@ from sentinel.records import Alert, Severity
 
 #: Rules whose episodes join one incident while both are open.
 EPISODE_GROUPS: tuple[frozenset[str], ...] = (
-    frozenset({"grad_norm_run", "loss_spike", "divergence", "loss_scale", "nan_inf"}),
+    frozenset({"grad_norm_run", "loss_spike", "loss_scale", "nan_inf"}),
 )
 
 
