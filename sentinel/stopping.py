@@ -99,6 +99,8 @@ def evidence_first(
 
     def take() -> None:
         pids, leaves = evidence.job_processes(identity.pid, (m.pid for m in members()))
+        if not pids:
+            return  # the job ended by itself (a crash): nothing alive to look at
         taken = evidence.take(
             pids,
             folder,

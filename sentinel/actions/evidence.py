@@ -91,9 +91,10 @@ class Evidence:
 
 
 def job_processes(root: int, members: Iterable[int] = ()) -> tuple[list[int], list[int]]:
-    """The job's processes (the tree under ``root``, and ``members`` outside it) and its
-    leaves, the processes with no child among them (the workers, not their launcher)."""
-    pids = list(dict.fromkeys([root, *descendant_pids(root), *members]))
+    """The job's live processes (the tree under ``root``, and ``members`` outside it) and
+    its leaves, the processes with no child among them (the workers, not their launcher)."""
+    found = dict.fromkeys([root, *descendant_pids(root), *members])
+    pids = [pid for pid in found if psutil.pid_exists(pid)]
     parents = set()
     for pid in pids:
         with contextlib.suppress(psutil.Error):

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 #: The py-spy binary: beside sentinel's Python (the extra's wheel puts it there), else on PATH.
 PY_SPY = "py-spy"
 #: What py-spy prints when the process is not Python (a shell, the launcher's binary).
@@ -80,6 +82,7 @@ class Dump:
     main_frames: tuple[Frame, ...] = ()
     #: Why there is no stack: not Python, not permitted, py-spy missing or timed out.
     missing: str = ""
+    #: Not Python, or ended meanwhile: no stack, and nothing to report missing.
     not_python: bool = False
 
     @property
@@ -132,6 +135,8 @@ def dump(binary: str, pid: int, timeout_s: float) -> Dump:
     first = next((line for line in said.splitlines() if line.strip()), "no output")
     if any(text in said for text in _NOT_PYTHON):
         return Dump(pid, "", missing="not a Python process", not_python=True)
+    if not psutil.pid_exists(pid):  # it ended meanwhile: nothing is missing
+        return Dump(pid, "", missing="gone", not_python=True)
     if any(text in said.lower() for text in _NOT_PERMITTED):
         return Dump(pid, "", missing=not_permitted(first.partition(":")[0]))
     return Dump(pid, "", missing=f"py-spy failed: {first}")
