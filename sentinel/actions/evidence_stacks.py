@@ -126,7 +126,7 @@ def dump(binary: str, pid: int, timeout_s: float) -> Dump:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return Dump(pid, "", missing=f"py-spy took over {timeout_s:.1f} s")
+        return Dump(pid, "", missing="py-spy did not finish within the budget")
     except OSError as error:
         return Dump(pid, "", missing=f"py-spy could not run: {error}")
     if done.returncode == 0 and done.stdout.strip():

@@ -203,3 +203,20 @@ def test_a_parent_that_works_is_named_beside_its_worker(start: Start, tmp_path: 
     # The parent does more than wait for its child: its deadlock is named, then the worker's.
     assert evidence.summary.startswith("stuck in wait_for_checkpoint_writer (job0.py:8)")
     assert f"Process {worker}:" in evidence.sections["Python stacks (py-spy dump)"]
+
+
+def test_the_budget_bounds_the_wait_and_says_what_ran_out(start: Start, tmp_path: Path) -> None:
+    """A py-spy that never answers costs the stop the budget, no more, and is named."""
+    stuck_tool = tmp_path / "py-spy-that-hangs"
+    stuck_tool.write_text("#!/bin/sh\nexec sleep 30\n")
+    stuck_tool.chmod(0o755)
+    job = start(DEADLOCK)
+    evidence = take(
+        [job.pid], tmp_path / "incident", budget_s=0.5, find_py_spy=lambda: str(stuck_tool)
+    )
+    assert evidence.took_s < 10  # bounded by the budget (and a loaded machine), not by 30 s
+    assert "Python stacks of 1 process(es): py-spy did not finish within the budget" in (
+        evidence.missing
+    )
+    # What did not wait for py-spy was taken all the same.
+    assert f"process {job.pid}:" in evidence.sections["Threads (state, wait channel)"]
