@@ -53,6 +53,7 @@ from sentinel.detectors.series import (
     never_above,
     sorted_median,
 )
+from sentinel.diagnosis_nan import LR_JUMP
 from sentinel.records import Alert, Block, Sample, Severity
 
 
@@ -185,6 +186,11 @@ class DivergenceDetector(BaseDetector):
         self.watches = frozenset({*config.metrics, "lr"})
         self._warmup = Warmup(config.warmup_steps)
         self._series: dict[str, _Series] = {}
+        #: The logged learning rate: its last (step, value), the ratio it last moved by,
+        #: and its last jump (step, before, after), which the diagnosis names.
+        self._lr: tuple[int | None, float] | None = None
+        self._lr_ratio = 1.0
+        self._lr_jump: tuple[int | None, float, float] | None = None
         self.job_started(0.0)
 
     def job_started(self, now: float) -> None:
@@ -192,6 +198,7 @@ class DivergenceDetector(BaseDetector):
         step it resumes at (its first value's), so a run rolled back and diverging again at
         the same step is caught again, at once."""
         self._warmup.reset()
+        self._lr, self._lr_ratio, self._lr_jump = None, 1.0, None
         for name in self.settings.metrics:
             series = self._series.setdefault(name, _Series(self.settings))
             series.shift = None
@@ -200,11 +207,44 @@ class DivergenceDetector(BaseDetector):
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         if sample.name == "lr":
             self._warmup.observe(sample)
+            self._note_lr(sample.step, sample.value)
             return []
         series = self._series.get(sample.name)
         if series is None or not math.isfinite(sample.value):
             return []
         return self._judge(series, sample, source, now)
+
+    def _note_lr(self, step: int | None, value: float) -> None:
+        """A jump is a move far above the one before (a warmup climbs by a steady factor)."""
+        if not math.isfinite(value) or value <= 0:
+            return
+        last = self._lr
+        if last is not None:
+            ratio = value / last[1]
+            if ratio >= LR_JUMP and ratio > 2 * self._lr_ratio:
+                self._lr_jump = (step, last[1], value)
+            self._lr_ratio = ratio
+        self._lr = (step, value)
+
+    def _absorb_lr(self, column: list[float] | None, steps: list[int]) -> None:
+        """``_note_lr`` for a block's learning rates: the same state, and where no two
+        values are ``LR_JUMP`` apart (the usual block), without a Python step per value."""
+        if column is None:
+            return
+        values, at = finite_with_steps(column, steps)
+        pairs = [(step, value) for step, value in zip(at, values, strict=True) if value > 0]
+        if not pairs:
+            return
+        known = [value for _, value in pairs] + ([self._lr[1]] if self._lr else [])
+        if max(known) < LR_JUMP * min(known):
+            if len(pairs) >= 2:
+                self._lr_ratio = pairs[-1][1] / pairs[-2][1]
+            elif self._lr is not None:
+                self._lr_ratio = pairs[-1][1] / self._lr[1]
+            self._lr = pairs[-1]
+            return
+        for step, value in pairs:
+            self._note_lr(step, value)
 
     def _judge(self, series: _Series, sample: Sample, source: str, now: float) -> list[Alert]:
         _, value, step, stamp = sample[:4]
@@ -301,7 +341,18 @@ class DivergenceDetector(BaseDetector):
         latest = sample.value if latest is None else latest
         evidence = [*shift.before, *shift.since]
         bars_ = shift.bars
+        jump = self._lr_jump
+        first = evidence[0][0] if evidence else None
+        lr_jump = (
+            list(jump)
+            if jump is not None
+            and jump[0] is not None
+            and (first is None or jump[0] >= first)
+            and (shift.onset_step is None or jump[0] <= shift.onset_step)
+            else None
+        )
         return {
+            "lr_jump": lr_jump,
             "kind": kind,
             "metric": sample.name,
             "level": bars_.level,
@@ -339,6 +390,7 @@ class DivergenceDetector(BaseDetector):
         """What ``observe`` does with values under every bar: learn them."""
         columns = block.columns
         self._warmup.extend(columns.get("lr"))
+        self._absorb_lr(columns.get("lr"), block.steps)
         for name, series in self._series.items():
             column = columns.get(name)
             if column is None:

@@ -45,6 +45,21 @@ def test_an_lr_jump_that_never_recovers_is_rolled_back_to_before_the_jump(artifa
 
 
 @pytest.mark.parametrize("artifact", ["trainer_state.json", "train.log"])
+def test_the_divergence_names_the_learning_rate_jump_behind_it(artifact: str) -> None:
+    """The diagnosis reads the jump the rule saw (the last 8 samples no longer hold it)."""
+    truth = expected("lr_jump")
+    logging = truth["hyperparameters"]["logging_steps"]
+    result = replay([RUNS / "lr_jump" / artifact], load_settings(None, environ={}))
+    (critical,) = [a for a in result.alerts if a.rule == "divergence" and not a.resolves]
+    step, before, after = critical.details["lr_jump"]
+    assert truth["jump_step"] - logging <= step <= truth["jump_step"]
+    assert after / before == pytest.approx(120, rel=0.01)
+    assert critical.details["diagnosis"]["cause"].startswith(
+        "the loss or grad-norm rose after the logged learning rate jumped 120x"
+    )
+
+
+@pytest.mark.parametrize("artifact", ["trainer_state.json", "train.log"])
 def test_a_warmup_divergence_warns_five_logged_steps_before_the_first_nan(artifact: str) -> None:
     truth = expected("warmup_diverge")
     logging = truth["hyperparameters"]["logging_steps"]
