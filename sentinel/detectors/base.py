@@ -78,9 +78,10 @@ class MetricRuleConfig(RuleConfig):
 
     #: Severity of the alert the rule raises.
     severity: Severity = Severity.WARNING
-    #: Steps at the start of each attempt that are never judged. Besides these, the
-    #: learning-rate warmup is skipped by itself when the job logs ``lr``: while the
-    #: logged learning rate is still rising the rule only learns, it does not judge.
+    #: Steps at the start of each attempt judged only for growth by orders of magnitude.
+    #: Besides these, the learning-rate warmup is found by itself when the job logs
+    #: ``lr``: while the logged rate still rises the rule relaxes (it learns, and warns only
+    #: on a loss or grad-norm far above the least seen: ``warmup_factor``), never switches off.
     warmup_steps: int = Field(default=0, ge=0)
 
 
