@@ -104,7 +104,7 @@ def draw(shown: Picture, folder: Path) -> list[Path]:
             ax.axvline(shown.onset_step, color="red", linewidth=1.5, label="onset")
         if clean is not None:
             ax.axvline(clean, color="green", linestyle="--", label="last clean checkpoint")
-        for index, (step, text) in enumerate(_action_steps(shown)):
+        for index, (step, text) in enumerate(action_steps(shown)):
             what = "what sentinel did" if index == 0 else None
             ax.axvline(step, color="grey", linestyle=":", linewidth=1, label=what)
             if ax is axes[0]:
@@ -128,18 +128,16 @@ def draw(shown: Picture, folder: Path) -> list[Path]:
     return written
 
 
-def _action_steps(shown: Picture) -> list[tuple[int, str]]:
-    """Each of sentinel's actions at the last step logged by its time (the first words)."""
-    timed = sorted(
-        (s.time, s.step)
-        for samples in shown.series.values()
-        for s in samples
-        if s.time is not None and s.step is not None
-    )
+def action_steps(shown: Picture) -> list[tuple[int, str]]:
+    """Each of sentinel's actions at the last step logged by its time (the first words);
+    at the last step shown where the lines carry no time (sentinel acts on the newest)."""
+    stepped = [s for samples in shown.series.values() for s in samples if s.step is not None]
+    timed = sorted((s.time, s.step) for s in stepped if s.time is not None)
+    last = max((s.step for s in stepped if s.step is not None), default=None)
     marks: dict[int, str] = {}
     for at, text in shown.actions:
-        steps = [step for time, step in timed if time <= at]
-        if steps:
+        steps = [step for time, step in timed if time <= at] if timed else [last]
+        if steps and steps[-1] is not None:
             word = " ".join(text.split()[:3])
             marks.setdefault(steps[-1], word)
     return sorted(marks.items())

@@ -102,3 +102,11 @@ def test_slack_names_the_files_and_other_targets_attach_nothing(tmp_path: Path) 
     assert f"**Evidence and chart**\n• `{path}`" in body
     _, arguments = apprise_call("slack://T000/B000/XXX", sent)
     assert "attach" not in arguments
+
+
+def test_actions_are_marked_at_the_step_of_their_time_or_the_last_step() -> None:
+    timed = chart.picture("x", _history(), 29, ACTIONS)
+    assert chart.action_steps(timed) == [(30, "SIGTERM to the")]
+    # Live lines without a timestamp: sentinel acted on the newest step it had.
+    untimed = {name: [s._replace(time=None) for s in series] for name, series in _history().items()}
+    assert chart.action_steps(chart.picture("x", untimed, 29, ACTIONS)) == [(30, "SIGTERM to the")]
