@@ -215,8 +215,8 @@ def test_the_budget_bounds_the_wait_and_says_what_ran_out(start: Start, tmp_path
         [job.pid], tmp_path / "incident", budget_s=0.5, find_py_spy=lambda: str(stuck_tool)
     )
     assert evidence.took_s < 10  # bounded by the budget (and a loaded machine), not by 30 s
-    assert "Python stacks of 1 process(es): py-spy did not finish within the budget" in (
-        evidence.missing
-    )
+    # Cut by the dump's own timeout or by the wait for it, whichever came first: said once.
+    (stacks,) = [line for line in evidence.missing if line.startswith("Python stacks")]
+    assert "budget" in stacks, stacks
     # What did not wait for py-spy was taken all the same.
     assert f"process {job.pid}:" in evidence.sections["Threads (state, wait channel)"]
