@@ -12,6 +12,7 @@ each incident, never on the loop that decides the stop.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import math
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sentinel.records import Sample
-from sentinel.state import private_dir
+from sentinel.state import open_private, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,15 @@ def draw(shown: Picture, folder: Path) -> list[Path]:
     for name in (CHART_PNG, CHART_SVG):
         path = folder / name
         tmp = path.with_name(f".{name}.tmp")
-        figure.savefig(tmp, format=name.rsplit(".", 1)[1], dpi=110)
-        os.replace(tmp, path)
+        # Private like every file in the state dir (0600, whatever the umask).
+        try:
+            with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as out:
+                figure.savefig(out, format=name.rsplit(".", 1)[1], dpi=110)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # no half-written chart left behind on a full disk
+            raise
         written.append(path)
     return written
 
@@ -196,6 +204,10 @@ class ChartDrawer:
             shown, folder = self._next()
             try:
                 draw(shown, folder)
+            except OSError as error:  # a full or read-only state dir: one line, no traceback
+                if not self._failed:
+                    log.error("the incident chart could not be written in %s: %s", folder, error)
+                self._failed = True
             except Exception:  # a chart is a bonus: said once, never fatal
                 if not self._failed:
                     log.exception("the incident chart could not be drawn")
