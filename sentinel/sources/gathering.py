@@ -62,6 +62,11 @@ def may_be_urgent(data: bytes) -> bool:
     return (b"error" in low or b"traceback" in low) and _ERROR.search(data) is not None
 
 
+def ends_a_line(data: bytes) -> bool:
+    """Whether ``data`` holds a line's end (``\\n``, or tqdm's ``\\r``)."""
+    return b"\n" in data or b"\r" in data
+
+
 class Gathering:
     """When what a reader holds is handed on; times are ``time.monotonic()`` seconds.
 
@@ -102,17 +107,27 @@ class Gathering:
         return True
 
 
-def pump(fd: int, batch_s: float, hand_on: Callable[[bytes], None], read_bytes: int) -> None:
+def pump(
+    fd: int,
+    batch_s: float,
+    hand_on: Callable[[bytes], None],
+    read_bytes: int,
+    *,
+    look_s: float = LOOK_S,
+) -> None:
     """Read the pipe ``fd`` to its end, handing on what was read as ``Gathering`` says.
 
     A read takes up to ``LOOK_BYTES`` (a small read costs no fresh mapping of memory, a
     mebibyte one does, on every read); one that fills it is a flood: what else the pipe
     holds (up to ``read_bytes``) is read at once and handed on with it, without a wait.
     """
-    gathering = Gathering(batch_s)
+    gathering = Gathering(batch_s, look_s)
     ready = select.poll()
     ready.register(fd, select.POLLIN)
     held: list[bytes] = []
+    # What went on at a read ended inside a line (an unbuffered print writes the text and
+    # its newline apart): the end of that line goes at once too, or it would wait a window.
+    partial = False
     while True:
         if held:
             wait_s = gathering.due() - time.monotonic()
@@ -120,6 +135,7 @@ def pump(fd: int, batch_s: float, hand_on: Callable[[bytes], None], read_bytes: 
                 hand_on(b"".join(held))
                 held = []
                 gathering.handed_on(time.monotonic())
+                partial = False
                 continue
         chunk = os.read(fd, LOOK_BYTES)
         if not chunk:
@@ -129,10 +145,13 @@ def pump(fd: int, batch_s: float, hand_on: Callable[[bytes], None], read_bytes: 
             chunk += os.read(fd, read_bytes)
         held.append(chunk)
         now = time.monotonic()
-        if flood or gathering.hand_on_now(may_be_urgent(chunk), now):
-            hand_on(b"".join(held) if len(held) > 1 else chunk)
+        ends_line = partial and ends_a_line(chunk)
+        if flood or ends_line or gathering.hand_on_now(may_be_urgent(chunk), now):
+            data = b"".join(held) if len(held) > 1 else chunk
+            hand_on(data)
             held = []
             gathering.handed_on(now)
+            partial = not data.endswith((b"\n", b"\r"))
         if not flood and gathering.look_s:
             time.sleep(gathering.look_s)
     if held:

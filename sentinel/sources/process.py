@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
 from sentinel.lines import BATCH_S, LineSplitter
-from sentinel.sources.gathering import pump
+from sentinel.sources.gathering import LOOK_S, pump
 from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.relayed import RelayedStart
 
@@ -65,9 +65,11 @@ class JobProcess:
         max_line_bytes: int = 1 << 20,
         batch_s: float = BATCH_S,
         relay: RelayedStart | None = None,
+        look_s: float = LOOK_S,
     ) -> None:
         """``batch_s``: how long to gather output after a read (0: hand on every read); the
-        most a line (and its passthrough) waits while the job is printing fast. ``relay``:
+        most a line (and its passthrough) waits while the job is printing fast. ``look_s``:
+        how often a busy pipe is looked at for a NaN (``sentinel.sources.gathering``). ``relay``:
         start the job under a relay (``sentinel.sources.relay``) and read its output from it."""
         self.argv = list(argv)
         self._env = dict(env)
@@ -76,6 +78,7 @@ class JobProcess:
         self._passthrough = {"stdout": stdout, "stderr": stderr}
         self._max_line_bytes = max_line_bytes
         self._batch_s = batch_s
+        self._look_s = look_s
         self._relay = relay
         #: The job's process, or its relay's.
         self._popen: subprocess.Popen[bytes] | None = None
@@ -137,6 +140,7 @@ class JobProcess:
                 self._batch_s,
                 lambda data: self._hand_on(name, splitter, data),
                 _READ_BYTES,
+                look_s=self._look_s,
             )
             rest = splitter.flush()
             if rest:

@@ -37,7 +37,13 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from sentinel.lines import BATCH_S
-from sentinel.sources.gathering import LOOK_BYTES, Gathering, may_be_urgent
+from sentinel.sources.gathering import (
+    LOOK_BYTES,
+    LOOK_S,
+    Gathering,
+    ends_a_line,
+    may_be_urgent,
+)
 from sentinel.sources.inotify import FileWatches
 from sentinel.sources.logfile import FileFollower, OffsetStore
 
@@ -78,7 +84,8 @@ class LogTailer:
     committed only after it returns, at most every ``COMMIT_INTERVAL_S`` and at
     ``stop``. Events only wake the thread, which also re-checks every
     ``poll_interval_s`` because events can be missed. After a read that found
-    lines it gathers for ``batch_s`` windows while lines keep coming (0: never).
+    lines it gathers for ``batch_s`` windows while lines keep coming (0: never),
+    looking at the new bytes every ``look_s`` for a NaN that cannot wait.
     """
 
     def __init__(
@@ -91,6 +98,7 @@ class LogTailer:
         poll_interval_s: float = 1.0,
         max_line_bytes: int = 1 << 20,
         batch_s: float = BATCH_S,
+        look_s: float = LOOK_S,
     ) -> None:
         self._patterns = [os.path.expanduser(pattern) for pattern in patterns]
         self._on_lines = on_lines
@@ -98,12 +106,15 @@ class LogTailer:
         self._poll_interval_s = poll_interval_s
         self._max_line_bytes = max_line_bytes
         self._batch_s = batch_s
+        self._look_s = look_s
         #: Lines read and not yet handed on, by path in the order first read.
         self._held: dict[str, list[str]] = {}
         #: Whether the last ``_cycle`` read any line.
         self._read_any = False
         #: Whether a look found bytes not read yet: they are read at the window's end.
         self._unread = False
+        #: A look found something urgent in a line not ended yet: its end is read at once.
+        self._urgent_line = False
         self._commit_due_s = 0.0
         # Directories are looked at again only after a directory event (or a quiet
         # poll interval), not after every write to a followed file.
@@ -182,7 +193,7 @@ class LogTailer:
         self._wake.close()
 
     def _run(self) -> None:
-        gathering = Gathering(self._batch_s)
+        gathering = Gathering(self._batch_s, self._look_s)
         while not self._stopping.is_set():
             watches = self._file_watches
             waited = [self._wake.fileno()]
@@ -207,6 +218,7 @@ class LogTailer:
             if self._held:
                 self._flush()
                 gathering.handed_on(time.monotonic())
+                self._urgent_line = False
             self._unread = False
             if self._read_any and gathering.look_s:
                 # Let the next lines gather; a stop meanwhile wakes the select above.
@@ -224,7 +236,10 @@ class LogTailer:
             if not new:
                 return False
             self._unread = True
+            if self._urgent_line and ends_a_line(new):
+                return True  # the end of the urgent line a look found before it was written
             if may_be_urgent(new) and gathering.hand_on_now(True, now_s):
+                self._urgent_line = True
                 return True
             time.sleep(min(gathering.look_s, max(0.0, gathering.due() - now_s)))
         return True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,7 +99,7 @@ class HandOns:
     """What a reader handed on, a call at a time, with waiting for a count of calls."""
 
     def __init__(self) -> None:
-        self.calls: list[object] = []
+        self.calls: list[Any] = []
         self._changed = threading.Condition()
 
     def __call__(self, *args: object) -> None:
@@ -106,7 +107,7 @@ class HandOns:
             self.calls.append(args[-1])
             self._changed.notify_all()
 
-    def wait(self, count: int) -> list[object]:
+    def wait(self, count: int) -> list[Any]:
         with self._changed:
             got = self._changed.wait_for(lambda: len(self.calls) >= count, DEADLINE_S)
             assert got, self.calls
@@ -157,3 +158,26 @@ def test_the_tailer_hands_on_a_nan_at_once_with_what_it_held(tmp_path: Path, mod
     finally:
         tailer.stop()  # hands on what it holds
     assert hand_ons.calls == [["first"], ["held", "step 9 loss nan"], ["after"]]
+
+
+def test_the_end_of_a_line_that_went_early_goes_at_once() -> None:
+    # An unbuffered print writes a line's text and its newline apart.
+    read_fd, write_fd = os.pipe()
+    hand_ons = HandOns()
+    reader = threading.Thread(target=pump, args=(read_fd, HOUR_S, hand_ons, 1 << 20))
+    reader.start()
+    try:
+        os.write(write_fd, b"first")
+        assert hand_ons.wait(1) == [b"first"]
+        os.write(write_fd, b"\n")
+        assert hand_ons.wait(2) == [b"first", b"\n"]
+        os.write(write_fd, b"held\n")
+        os.write(write_fd, b'{"loss": NaN}')
+        assert hand_ons.wait(3)[-1].endswith(b"NaN}")
+        os.write(write_fd, b"\n")
+        # The window is an hour: the NaN line's end can only come now because it ends it.
+        assert hand_ons.wait(4)[-1] == b"\n"
+    finally:
+        os.close(write_fd)
+        reader.join(DEADLINE_S)
+        os.close(read_fd)
