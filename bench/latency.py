@@ -46,6 +46,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 
@@ -160,7 +161,7 @@ class Trial:
                 self._spawn(["sh", "-c", pipeline], stderr, notify=False)
         stderr.close()
 
-    def _spawn(self, argv: list[str], stderr: object, *, notify: bool) -> None:
+    def _spawn(self, argv: list[str], stderr: BinaryIO, *, notify: bool) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
         if notify:
             self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -174,7 +175,7 @@ class Trial:
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=stderr,  # type: ignore[arg-type]
+                stderr=stderr,
                 start_new_session=True,
             )
         )
