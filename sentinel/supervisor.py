@@ -152,7 +152,8 @@ class Supervisor:
         name = job_name(settings, self.holder)
         self.watch = Watch(
             settings, store=store, notifier=workers.notifier, job_name=name,
-            on_incident=metrics.incident_opened, remember=not self.holder.relaunches,
+            on_incident=metrics.incident_opened, remember=True,
+            run_wide=not self.holder.relaunches,
         )  # fmt: skip
         self._after = Aftermath(
             self, self._restarts,

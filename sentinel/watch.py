@@ -66,14 +66,17 @@ class Watch:
         job_name: str,
         on_incident: Callable[[str, str], None] | None = None,
         remember: bool = False,
+        run_wide: bool = True,
     ) -> None:
         """``on_incident(rule, severity)``: an incident opened or escalated (for metrics).
 
-        With ``remember`` (``watch``: the job outlives sentinel), what the last sentinel
-        knew of the run is taken back when the first attempt starts: the spend, the
-        flapping clocks and, when it is the same job still, its open incidents, who was
-        told of them and when they were last announced.
+        With ``remember``, what the last sentinel knew of the run is taken back when the
+        first attempt starts: when it is the same job still (``watch`` beside it, or ``run``
+        adopting the job a killed sentinel left), its open incidents, who was told of them
+        and when they were last announced; with ``run_wide`` (``watch``: the state dir is
+        the run's), also the spend and the flapping clocks when the job is a new attempt.
         """
+        self._run_wide = run_wide
         self.settings = settings
         self._store = store
         self._remembered = self._load_memory(store) if remember else None
@@ -219,6 +222,8 @@ class Watch:
 
     def _remember(self, memory: dict[str, Any]) -> None:
         same_job = self._job_identity is not None and memory.get("job") == self._job_identity
+        if not same_job and not self._run_wide:
+            return  # `run` with a job of its own: a new run, nothing of the last one carries
         try:
             self.engine.remember(memory["rules"], same_job=same_job)
             self.dispatcher.remember(memory["dispatch"], same_job=same_job)

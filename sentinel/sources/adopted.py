@@ -50,9 +50,9 @@ class AdoptedJob:
         batch_s: float = BATCH_S,
     ) -> None:
         self.record = record
-        self.identity: ProcessIdentity | None = (
-            record.job if record.job.liveness() == "same" else None
-        )
+        # The job it was, alive or not: signalling checks the identity first (a gone or
+        # reused pid is never hit), and a restarted sentinel's memory is matched by it.
+        self.identity: ProcessIdentity | None = record.job
         self.started_at = record.started_at
         self._on_lines = on_lines
         self._on_exit = on_exit
