@@ -312,8 +312,10 @@ class Watch:
         )
         self.save_memory(time.time())
         self.safely("the alert journal", self.journal.close)
-        if not self.charts.flush(CHART_FLUSH_S):
-            log.warning("an incident chart was not drawn within %g s", CHART_FLUSH_S)
+        # Bounded like the rest of the shutdown: by --drain-timeout when it is shorter.
+        wait_s = min(CHART_FLUSH_S, self.settings.drain_timeout_s)
+        if not self.charts.flush(wait_s):
+            log.warning("an incident chart was not drawn within %g s", wait_s)
 
     def _report(self, incident: Incident, now: float) -> None:
         cost = incident_cost(incident, self.engine.facts, now)
