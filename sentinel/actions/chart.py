@@ -5,19 +5,25 @@ a non-finite value is a red cross at the top of its panel. Saved as ``chart.png`
 ``chart.svg`` in the incident's folder beside its report (``evidence.incident_dir``).
 
 matplotlib is an optional extra (``sentinel-watchdog[evidence]``): without it there is
-no chart and the report keeps its text sparklines. Drawing takes a few hundred
-milliseconds, so ``ChartDrawer`` draws on a thread of its own, the latest picture of
-each incident, never on the loop that decides the stop.
+no chart and the report keeps its text sparklines. Drawing takes most of a second of
+CPU, so ``ChartDrawer`` has the latest picture of each incident drawn by a child process
+(``python -m sentinel.actions.chart FOLDER``, the picture as JSON on its stdin), waited
+for on a thread of its own, never on the loop that decides the stop. matplotlib never
+loads into sentinel itself (its memory stays flat), and a chart still being drawn when
+sentinel exits is finished by its child, not torn down mid-draw.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import math
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -55,6 +61,43 @@ class Picture:
     onset_step: int | None
     #: What sentinel did: (epoch seconds, text).
     actions: Sequence[tuple[float, str]]
+
+
+def to_json(shown: Picture) -> str:
+    """The picture for the drawing child's stdin (non-finite values as JSON's NaN)."""
+    return json.dumps(
+        {
+            "title": shown.title,
+            "series": {name: [list(s) for s in samples] for name, samples in shown.series.items()},
+            "onset_step": shown.onset_step,
+            "actions": [list(action) for action in shown.actions],
+        }
+    )
+
+
+def from_json(text: str) -> Picture:
+    data = json.loads(text)
+    series = {name: [Sample(*s) for s in samples] for name, samples in data["series"].items()}
+    actions = [(float(at), str(what)) for at, what in data["actions"]]
+    return Picture(str(data["title"]), series, data["onset_step"], actions)
+
+
+def draw_in_child(shown: Picture, folder: Path) -> None:
+    """Draw ``shown`` in ``folder`` in a child process; OSError or RuntimeError if it failed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sentinel.actions.chart", str(folder)],
+        input=to_json(shown), capture_output=True, text=True, check=False,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )  # fmt: skip
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no word"])[-1]
+        if done.returncode == CHILD_DISK_ERROR:
+            raise OSError(last)
+        raise RuntimeError(f"the chart's child exited {done.returncode}: {last}")
+
+
+#: The drawing child's exit status when it could not write the files (full, read-only).
+CHILD_DISK_ERROR = 3
 
 
 def picture(
@@ -203,16 +246,30 @@ class ChartDrawer:
         while True:
             shown, folder = self._next()
             try:
-                draw(shown, folder)
+                draw_in_child(shown, folder)
             except OSError as error:  # a full or read-only state dir: one line, no traceback
                 if not self._failed:
                     log.error("the incident chart could not be written in %s: %s", folder, error)
                 self._failed = True
-            except Exception:  # a chart is a bonus: said once, never fatal
+            except Exception as error:  # a chart is a bonus: said once, never fatal
                 if not self._failed:
-                    log.exception("the incident chart could not be drawn")
+                    log.error("the incident chart could not be drawn: %s", error)
                 self._failed = True
             finally:
                 with self._lock:
                     self._busy = False
                     self._lock.notify_all()
+
+
+def main(argv: Sequence[str]) -> int:
+    """The drawing child: the picture on stdin, the folder as the one argument."""
+    try:
+        draw(from_json(sys.stdin.read()), Path(argv[0]))
+    except OSError as error:
+        print(f"cannot write the chart in {argv[0]}: {error}", file=sys.stderr)
+        return CHILD_DISK_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
