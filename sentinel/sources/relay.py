@@ -57,13 +57,17 @@ EXIT = "exit.json"
 DRAIN_S = 5.0
 #: The terminal's size when sentinel has none of its own to copy.
 DEFAULT_COLUMNS, DEFAULT_ROWS = 200, 50
-_READ_BYTES = 1 << 20
+#: What one read takes: a terminal holds 64 KiB; a larger read maps fresh memory each
+#: time (120 against 45 us a wake-up here), which a job printing a line at a time pays per line.
+_READ_BYTES = 1 << 16
 #: The job's pipes (without terminals): as large as the ones to sentinel.
 PIPE_BYTES = 1 << 20
 #: After a read smaller than ``_SMALL_READ``, the relay naps this long before it looks
 #: again: a terminal's buffer (64 KiB) takes 7 ms to fill at 200k lines a second.
 NAP_S = 0.002
 _SMALL_READ = 2048
+#: Output that came within this of the last counts as busy: worth a nap to gather.
+BUSY_S = 0.005
 _LINE_ENDS = (b"\n", b"\r")
 
 
@@ -230,6 +234,7 @@ def relay(job: subprocess.Popen[bytes], sources: dict[str, int], out: Relay) -> 
     else:
         poller.register(exited, select.POLLIN)
     ended_at: float | None = None
+    read_at = 0.0  # when output last came
     while by_fd:
         if ended_at is None and job.poll() is not None:
             ended_at = time.monotonic()
@@ -243,7 +248,9 @@ def relay(job: subprocess.Popen[bytes], sources: dict[str, int], out: Relay) -> 
         else:
             timeout_ms = 500 if exited is None else -1
         trickle = False
-        for fd, _ in poller.poll(timeout_ms):
+        events = poller.poll(timeout_ms)
+        previous, read_at = read_at, time.monotonic()
+        for fd, _ in events:
             if fd in by_fd:
                 try:
                     data = os.read(fd, _READ_BYTES)
@@ -259,9 +266,10 @@ def relay(job: subprocess.Popen[bytes], sources: dict[str, int], out: Relay) -> 
                 del by_fd[fd]
             elif fd in channels:
                 out.detach()
-        if trickle:
-            # A line or a few: let the next ones gather a moment rather than wake for each
-            # (a job printing a line at a time cost a wake-up and three calls a line).
+        if trickle and read_at - previous < BUSY_S:
+            # Lines close on each other's heels: let the next ones gather a moment rather
+            # than wake for each. A line now and then (100 a second) is not worth a nap: it
+            # would be a second wake-up for the same line.
             time.sleep(NAP_S)
         if channels and not out.channels:  # detached, here or by a failed write
             for fd in channels:
