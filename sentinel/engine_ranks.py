@@ -79,11 +79,13 @@ class _Slot:
 class _Stream:
     """The series of one kind of line (one source, one set of stepped metric names)."""
 
-    __slots__ = ("recent", "slots")
+    __slots__ = ("one_writer", "recent", "slots")
 
-    def __init__(self, step: int, values: tuple[float, ...]) -> None:
+    def __init__(self, step: int, values: tuple[float, ...], *, one_writer: bool = False) -> None:
         self.slots = [_Slot(step, values)]
         self.recent: deque[int] = deque([step], maxlen=RANK_WINDOW)
+        #: A file one logger writes (a CSV, TensorBoard events): a step again is a resume.
+        self.one_writer = one_writer
 
     def place(self, step: int, values: tuple[float, ...]) -> int | None:
         """The index of the series a line at ``step`` continues; None for a repeat of a line;
@@ -100,7 +102,7 @@ class _Stream:
                 index = min(open_slots, key=lambda at: _distance(values, slots[at].level))
             elif any(slot.step == step and _same(slot.values, values) for slot in slots):
                 return None
-            elif step in self.recent:
+            elif step in self.recent and not self.one_writer:
                 index = len(slots)
                 slots.append(_Slot(step, values))
             else:  # far behind: a restart of the job, not another rank
@@ -184,7 +186,7 @@ class RunSeries:
             if stream is None:
                 if len(self._streams) >= STREAMS_MAX:
                     self._streams.clear()  # a log of ever new schemas: start over
-                self._streams[key] = _Stream(step, values)
+                self._streams[key] = _Stream(step, values, one_writer=one_writer(source))
             else:
                 index = stream.place(step, values)
                 if index is None:
@@ -282,6 +284,14 @@ class RunSeries:
         last = self._last
         for name, value in zip(block.names, values, strict=True):
             last[(name, None)] = (step, value, block.source)
+
+
+def one_writer(source: str) -> bool:
+    """Whether ``source`` is a metrics file one logger writes (Lightning's CSV, TensorBoard
+    event files, MLflow's store), whose step logged again is a resume, never another rank;
+    a text log or the job's output may hold every rank's lines."""
+    path = PurePath(source)
+    return path.suffix in (".csv", ".tsv") or "tfevents" in path.name or "mlruns" in path.parts
 
 
 def rank_rules(detectors: Sequence[BaseDetector]) -> list[BaseDetector]:

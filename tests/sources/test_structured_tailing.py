@@ -35,8 +35,8 @@ class Recorder(BaseDetector):
 
     rule = "recorder"
 
-    def __init__(self) -> None:
-        super().__init__(RuleConfig())
+    def __init__(self, config: RuleConfig | None = None) -> None:
+        super().__init__(config or RuleConfig())
         self.samples: list[Sample] = []
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
