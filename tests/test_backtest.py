@@ -52,6 +52,7 @@ def test_healthy_runs_raise_no_warning_or_critical(artifact: str) -> None:
     assert raised(result) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("artifact", SPIKES)
 def test_spike_run_flags_each_injected_spike_and_nothing_else(artifact: str) -> None:
     truth = expected("torch/spikes")

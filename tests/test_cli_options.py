@@ -634,6 +634,7 @@ def refused() -> list[Any]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("verb", "option"), taken())
 def test_a_taken_option_is_honoured(verb: str, option: str, sentinel: Run, tmp_path: Path) -> None:
     check = HONOURED.get((verb, option))
@@ -641,6 +642,7 @@ def test_a_taken_option_is_honoured(verb: str, option: str, sentinel: Run, tmp_p
     check(sentinel, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("verb", "option"), refused())
 def test_a_refused_option_exits_2_with_a_one_line_reason(
     verb: str, option: str, sentinel: Run

@@ -96,6 +96,7 @@ def feed(eng: Engine, texts: list[str], source: str = "stdout") -> list[Alert]:
     return alerts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", [True, False], ids=["labelled", "unlabelled"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_two_ranks_an_order_of_magnitude_apart_raise_nothing(label: bool, seed: int) -> None:
@@ -129,6 +130,7 @@ def test_a_nan_on_rank_1_alone_is_raised_naming_rank_1_at_its_step() -> None:
     assert incident.to_json()["rank"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_an_unlabelled_nan_keeps_both_series_apart(seed: int) -> None:
     """A NaN could be either rank's: raised at its step, and the series stay whole after it."""

@@ -51,6 +51,7 @@ def test_one_file_alone_reports_the_runs_failures() -> None:
         pytest.param([RUN], id="the-run-folder"),
     ],
 )
+@pytest.mark.slow
 def test_a_runs_events_and_csv_together_report_each_failure_once(paths: list[Path]) -> None:
     result = replay(paths, Settings())
     assert openers(result) == run_files_expected()
@@ -66,6 +67,7 @@ def test_a_runs_events_and_csv_together_report_each_failure_once(paths: list[Pat
         pytest.param([SPIKES_JSONL, SPIKES_EVENTS], id="jsonl-then-events"),
     ],
 )
+@pytest.mark.slow
 def test_no_state_bleeds_from_one_file_into_the_other(paths: list[Path]) -> None:
     """Read one after the other, the second file's step 1 came after the first's step 300:
     a false critical loss_spike at the start. Now only the three real spikes, as warnings."""

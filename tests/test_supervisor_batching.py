@@ -91,6 +91,7 @@ def test_a_nan_inside_a_burst_stops_the_job_at_its_step(tmp_path: Path) -> None:
     assert metric_line(250, "NaN") in out
 
 
+@pytest.mark.slow
 def test_without_logs_to_tail_no_tailer_thread_runs(tmp_path: Path) -> None:
     fifo = tmp_path / "go"
     os.mkfifo(fifo)

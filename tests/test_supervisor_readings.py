@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from sentinel.config import load_settings
 from sentinel.sources import PROC_COUNT, PROC_RSS
 from sentinel.supervisor import Supervisor
@@ -20,6 +22,7 @@ from sentinel.supervisor import Supervisor
 DEADLINE_S = 20.0
 
 
+@pytest.mark.slow
 def test_process_readings_reach_the_engine_of_a_silent_job(tmp_path: Path) -> None:
     fifo = tmp_path / "go"
     os.mkfifo(fifo)

@@ -68,6 +68,7 @@ def test_without_wait_no_final_record_is_the_job_status_else_1(tmp_path: Path) -
     assert await_verdict(tmp_path / "none", wait=False).code == 1
 
 
+@pytest.mark.slow
 def test_wait_returns_the_code_written_while_it_waits(tmp_path: Path) -> None:
     with acquire(tmp_path):
         mark_deciding(tmp_path, rule="nan_inf", step=40, attempt=1, time=NOW)
@@ -88,6 +89,7 @@ def test_wait_returns_the_code_written_while_it_waits(tmp_path: Path) -> None:
     assert returned_at - written_at[0] < HOLDER_CHECK_S * 0.6
 
 
+@pytest.mark.slow
 def test_wait_ends_at_the_timeout_with_the_job_status(tmp_path: Path) -> None:
     with acquire(tmp_path):
         mark_deciding(tmp_path, rule="nan_inf", step=40, attempt=1, time=NOW)
@@ -114,6 +116,7 @@ def test_wait_ends_when_no_sentinel_holds_the_state_dir(tmp_path: Path) -> None:
     assert "no sentinel holds" in outcome.reason and "no job status given" in outcome.reason
 
 
+@pytest.mark.slow
 def test_a_record_written_just_before_sentinel_exits_is_still_the_answer(tmp_path: Path) -> None:
     lock = acquire(tmp_path)
     mark_deciding(tmp_path, rule="gpu_health", step=None, attempt=1, time=NOW)
@@ -205,6 +208,7 @@ def test_the_two_line_wrapper_without_sentinel_exits_with_the_job_status(tmp_pat
     assert result.returncode == 3, result.stderr
 
 
+@pytest.mark.slow
 def test_timeout_without_wait_is_a_usage_error(tmp_path: Path) -> None:
     from sentinel import cli
 

@@ -111,6 +111,7 @@ def test_no_resolve_message_when_send_resolved_is_off(store: StateStore) -> None
     assert d.dispatch(notice(NoticeKind.RESOLVED), ["nan_inf"], T0 + 1) == []
 
 
+@pytest.mark.slow
 def test_routes_from_config_name_each_target() -> None:
     secret = "json://user:s3cr3t-T0KEN@127.0.0.1:1/all"
     config = NotifyConfig.model_validate(
@@ -267,6 +268,7 @@ def test_watch_repeats_an_open_critical_incident_on_tick(
     ]
 
 
+@pytest.mark.slow
 def test_watch_groups_what_sentinel_did_with_the_opening(
     tmp_path: Path, watches: list[Watch]
 ) -> None:

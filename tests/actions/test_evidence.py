@@ -205,6 +205,7 @@ def test_a_parent_that_works_is_named_beside_its_worker(start: Start, tmp_path: 
     assert f"Process {worker}:" in evidence.sections["Python stacks (py-spy dump)"]
 
 
+@pytest.mark.slow
 def test_the_budget_bounds_the_wait_and_says_what_ran_out(start: Start, tmp_path: Path) -> None:
     """A py-spy that never answers costs the stop the budget, no more, and is named."""
     stuck_tool = tmp_path / "py-spy-that-hangs"

@@ -116,6 +116,7 @@ def test_first_ping_goes_out_right_after_start(
     assert ping.path == PING_PATH
 
 
+@pytest.mark.slow
 def test_pings_repeat_at_the_interval_while_healthy(
     hook: WebhookReceiver, beats: list[Heartbeat]
 ) -> None:
@@ -150,6 +151,7 @@ def test_unhealthy_sentinel_stays_silent_then_resumes(
     assert "resume" in log.getvalue()
 
 
+@pytest.mark.slow
 def test_failing_health_check_counts_as_unhealthy(
     hook: WebhookReceiver, beats: list[Heartbeat], log: io.StringIO
 ) -> None:
@@ -165,6 +167,7 @@ def test_failing_health_check_counts_as_unhealthy(
     assert "engine gone" in log.getvalue()
 
 
+@pytest.mark.slow
 def test_endpoint_down_is_recorded_masked_then_recovers(
     hook: WebhookReceiver, beats: list[Heartbeat], store: StateStore, log: io.StringIO
 ) -> None:
@@ -187,6 +190,7 @@ def test_endpoint_down_is_recorded_masked_then_recovers(
     assert CHECK_UUID not in text
 
 
+@pytest.mark.slow
 def test_http_error_answer_is_a_failure(
     hook: WebhookReceiver, beats: list[Heartbeat], store: StateStore
 ) -> None:

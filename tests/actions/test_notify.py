@@ -117,6 +117,7 @@ def test_delivers_the_message_with_its_key(store: StateStore, hook: WebhookRecei
     assert notifier.results()[hook.url].last_success_at is not None
 
 
+@pytest.mark.slow
 def test_endpoint_down_then_up_delivers_once(store: StateStore) -> None:
     with WebhookReceiver(listening=False) as hook:
         outbox = Outbox(store, [hook.url])
@@ -137,6 +138,7 @@ def test_endpoint_down_then_up_delivers_once(store: StateStore) -> None:
     assert "Connection error" in (result.last_error or "")
 
 
+@pytest.mark.slow
 def test_503_then_200_delivers_once(store: StateStore, hook: WebhookReceiver) -> None:
     hook.respond(503, times=3)
     outbox = Outbox(store, [hook.url])
@@ -149,6 +151,7 @@ def test_503_then_200_delivers_once(store: StateStore, hook: WebhookReceiver) ->
     assert outbox.pending_count() == 0
 
 
+@pytest.mark.slow
 def test_dead_target_does_not_duplicate_live_one(store: StateStore, hook: WebhookReceiver) -> None:
     dead = dead_url()
     outbox = Outbox(store, [dead, hook.url])
@@ -408,6 +411,7 @@ def test_retry_after_http_date_delays_the_next_attempt(
 @pytest.mark.parametrize(
     "headers", [{}, {"Retry-After": "soon"}], ids=["no-header", "unparsable-header"]
 )
+@pytest.mark.slow
 def test_503_without_usable_retry_after_retries_with_normal_backoff(
     store: StateStore, hook: WebhookReceiver, headers: dict[str, str]
 ) -> None:
@@ -429,6 +433,7 @@ def test_huge_retry_after_is_capped_at_retry_max(store: StateStore, hook: Webhoo
     assert attempts_made(store) == [2]
 
 
+@pytest.mark.slow
 def test_retry_after_blocks_neither_other_messages_nor_other_targets(store: StateStore) -> None:
     with WebhookReceiver() as limited, WebhookReceiver() as other:
         limited.respond(429, headers={"Retry-After": "60"})

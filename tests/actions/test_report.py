@@ -70,6 +70,7 @@ def test_json_carries_the_cost_object(tmp_path: Path) -> None:
     [RunFacts(gpus=4), None],
     ids=["no-price", "caller-passes-no-cost"],
 )
+@pytest.mark.slow
 def test_unknown_cost_says_what_to_set(tmp_path: Path, facts: RunFacts | None) -> None:
     markdown, data = written(tmp_path, facts)
     assert "- money lost: unknown: set [cost] price_per_gpu_hour" in markdown

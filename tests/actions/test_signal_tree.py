@@ -131,6 +131,7 @@ def test_sigkill_as_the_stop_signal_kills_at_once(folder: Path) -> None:
     assert not running(sleeper)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_pidfd", MODES)
 def test_a_live_process_with_another_create_time_is_refused(folder: Path, use_pidfd: bool) -> None:
     launch_detached(role_argv(folder, "sleeper"))
@@ -174,6 +175,7 @@ def killed_on_exit(process: subprocess.Popen[bytes]) -> Iterator[subprocess.Pope
 @pytest.mark.skipif(
     not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK), reason="needs root to reuse a pid"
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("use_pidfd", MODES)
 def test_a_reused_pid_is_never_signalled(folder: Path, use_pidfd: bool) -> None:
     first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -198,6 +200,7 @@ def test_a_reused_pid_is_never_signalled(folder: Path, use_pidfd: bool) -> None:
         assert second.poll() is None
 
 
+@pytest.mark.slow
 def test_dry_run_names_the_tree_and_signals_nothing(folder: Path) -> None:
     tree = start_tree(folder)
 
@@ -222,6 +225,7 @@ def test_sentinel_is_left_out_when_it_runs_below_the_root() -> None:
     assert result.sent == ()
 
 
+@pytest.mark.slow
 def test_members_known_beforehand_are_stopped_even_when_the_root_is_gone(folder: Path) -> None:
     tree = start_tree(folder)
     os.kill(tree["job"].pid, signal.SIGKILL)
@@ -347,6 +351,7 @@ def as_nobody(identity: ProcessIdentity) -> dict[str, object]:
     return said
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 def test_another_users_process_is_refused_and_said_so_up_front(folder: Path) -> None:
     launch_detached(role_argv(folder, "sleeper"))
@@ -359,6 +364,7 @@ def test_another_users_process_is_refused_and_said_so_up_front(folder: Path) -> 
     assert running(sleeper)
 
 
+@pytest.mark.slow
 def test_the_tree_has_the_signal_before_the_other_members_are_looked_for() -> None:
     # The job blocks SIGTERM, so a SIGTERM sent stays pending where /proc shows it.
     code = (

@@ -105,6 +105,7 @@ def test_section_says(section: str, expected: str) -> None:
     ],
     ids=["critical-red", "warning-yellow", "resolved-green"],
 )
+@pytest.mark.slow
 def test_colour_follows_severity(message: Envelope, notify_type: apprise.NotifyType) -> None:
     (attachment,) = post_to_slack(message)["attachments"]
     assert attachment["color"] == apprise.AppriseAsset().color(notify_type)

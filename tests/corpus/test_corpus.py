@@ -78,6 +78,7 @@ def test_the_corpus_holds_at_least_thirty_healthy_runs_and_some_failed_ones() ->
     [("healthy", n) for n in HEALTHY] + [("failed", n) for n in FAILED],
     ids=lambda kind_name: "/".join(kind_name),
 )
+@pytest.mark.slow
 def test_every_file_yields_metrics_with_no_configuration(kind_name: tuple[str, str]) -> None:
     kind, name = kind_name
     for path in files(kind, name):
@@ -85,6 +86,7 @@ def test_every_file_yields_metrics_with_no_configuration(kind_name: tuple[str, s
         assert result.samples > 0, f"{path.relative_to(CORPUS)}: no metric read"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_run_raises_no_critical(name: str) -> None:
     criticals = [a for a in opened(replayed("healthy", name)) if a.severity >= Severity.CRITICAL]
@@ -103,6 +105,7 @@ def unexpected_warnings(name: str) -> list[Alert]:
     return found
 
 
+@pytest.mark.slow
 def test_healthy_runs_stay_within_one_unexpected_warning_per_ten_runs() -> None:
     found = {name: unexpected_warnings(name) for name in HEALTHY}
     total = sum(len(alerts) for alerts in found.values())

@@ -156,6 +156,7 @@ def _run_as(pod: dict[str, Any], container: dict[str, Any]) -> int | None:
 # -- rendering and schemas ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_kustomize_renders_every_overlay(overlay: str) -> None:
     kinds = sorted(doc["kind"] for doc in _render(overlay))
@@ -169,6 +170,7 @@ def test_kustomize_renders_every_overlay(overlay: str) -> None:
     assert kinds == expected[overlay]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_core_manifests_validate_against_the_pinned_kubernetes_schema(overlay: str) -> None:
     checked = 0
@@ -241,6 +243,7 @@ def test_an_unknown_field_fails_crd_validation() -> None:
     assert any("expression" in e.message for e in validator.iter_errors(rule))
 
 
+@pytest.mark.slow
 def test_yamllint_is_clean() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "yamllint", "-s", "-c", str(K8S / ".yamllint.yaml"), str(K8S)],

@@ -199,6 +199,7 @@ def test_the_script_asks_slurm_for_what_the_recipe_needs() -> None:
     assert "--ntasks-per-node=1" in directives
 
 
+@pytest.mark.slow
 def test_the_script_is_shellcheck_clean() -> None:
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:

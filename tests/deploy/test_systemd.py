@@ -129,6 +129,7 @@ def _verify(root: Path, unit: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @needs_analyze
 @pytest.mark.parametrize("template", UNITS)
 def test_systemd_analyze_verify_has_nothing_to_say(tmp_path: Path, template: str) -> None:

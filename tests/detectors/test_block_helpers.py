@@ -37,6 +37,7 @@ def _shaped(shape: str, rng: random.Random, count: int) -> list[float]:
     return [rng.choice([rng.gauss(1.0, 0.5), 2.0, 3.0, NAN, INF]) for _ in range(count)]  # noisy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["rising", "falling", "bursts", "noisy"], ids=str)
 @pytest.mark.parametrize("size", [1, 2, 5, 20], ids=lambda size: f"size-{size}")
 @pytest.mark.parametrize("before", ["empty", "partial", "full"], ids=str)

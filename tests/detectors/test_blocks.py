@@ -50,6 +50,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("rule", "seed", "timestamps"), CASES)
 def test_a_rule_alone_says_the_same_with_blocks(rule: str, seed: int, timestamps: bool) -> None:
     texts = troubled_jsonl(seed, timestamps=timestamps)
@@ -75,6 +76,7 @@ def test_the_troubled_log_makes_nan_inf_raise_and_resolve() -> None:
         pytest.param(3, id="seed3", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow
 def test_every_rule_together_says_the_same_with_blocks(seed: int) -> None:
     texts = troubled_jsonl(seed)
     line_by_line = run(_every_rule, texts, blocks=False)
@@ -84,6 +86,7 @@ def test_every_rule_together_says_the_same_with_blocks(seed: int) -> None:
     assert {alert[0] for alert in line_by_line.alerts} >= {"nan_inf", "loss_spike"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", BLOCK_RULES)
 def test_live_batches_say_the_same_with_blocks(rule: str) -> None:
     """Live, a batch is read at one ``now`` and the clock does not come from the data."""

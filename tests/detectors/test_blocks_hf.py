@@ -91,6 +91,7 @@ FAST_CASES = {"seed1-every5-ls5-4.x"}
         for case in [f"seed{seed}-every{every}-ls{steps}-{kind}"]
     ],
 )
+@pytest.mark.slow
 def test_every_rule_together_says_the_same_with_blocks(
     seed: int, every: int, logging_steps: int | None, strings: bool
 ) -> None:
@@ -113,6 +114,7 @@ def test_the_troubled_log_raises_what_it_holds() -> None:
     assert {alert[0] for alert in alerts} >= {"nan_inf", "loss_spike", "grad_norm_run"}
 
 
+@pytest.mark.slow
 def test_bars_alone_move_the_step_and_stall_with_blocks() -> None:
     """Logging every 50 steps, most lines are bars: pieces of bars with few dicts, and
     bars after the last dict, are absorbed too (by stall, the rule that sees progress)."""
@@ -120,6 +122,7 @@ def test_bars_alone_move_the_step_and_stall_with_blocks() -> None:
     assert _compare(_only("stall"), texts, None) > len(texts) * 2 // 3
 
 
+@pytest.mark.slow
 def test_after_a_timestamp_hf_output_goes_line_by_line() -> None:
     """Once the data's clock runs (a timestamped line), rules see output and ticks: the
     HF block path, which has neither, steps aside."""
@@ -128,6 +131,7 @@ def test_after_a_timestamp_hf_output_goes_line_by_line() -> None:
     assert _compare(_every_rule, texts, 1) == 0
 
 
+@pytest.mark.slow
 def test_live_hf_output_goes_line_by_line() -> None:
     """Live, each batch is read at its own ``now`` and rules watch output: line by line."""
     texts = troubled_hf(6, steps=600)

@@ -84,6 +84,7 @@ def raised(result: Run) -> list[tuple[int, str]]:
 # --- loss_spike ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feed", FEEDS)
 def test_loss_spike_raises_the_same_through_blocks(feed: dict[str, bool]) -> None:
     config = LossSpikeConfig(window=20, factor=1.8, sustain=2, resolve_after=5)
@@ -173,6 +174,7 @@ def test_loss_spike_metrics_share_one_episode_through_blocks() -> None:
 # --- grad_norm_run ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feed", FEEDS)
 def test_grad_norm_run_raises_the_same_through_blocks(feed: dict[str, bool]) -> None:
     config = GradNormRunConfig(
@@ -276,6 +278,7 @@ def test_grad_norm_run_edges(
 # --- loss_plateau -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feed", FEEDS)
 def test_loss_plateau_raises_the_same_through_blocks(feed: dict[str, bool]) -> None:
     config = LossPlateauConfig(window=40, edge_values=5, min_improvement=0.02, high_fraction=0.8)

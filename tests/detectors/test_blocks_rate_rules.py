@@ -168,6 +168,7 @@ def test_a_run_of_lows_continued_across_two_blocks_counts_as_one() -> None:
     assert result.lines_absorbed > len(texts) * 3 // 4
 
 
+@pytest.mark.slow
 def test_short_dips_below_the_bar_inside_blocks_raise_nothing() -> None:
     """Dips of sustain - 1 values (an evaluation, a checkpoint save) every 300 steps."""
     config = {"sustain": 4}
@@ -195,6 +196,7 @@ def test_a_drop_right_after_the_lr_warmup_ends_inside_a_block_is_caught() -> Non
     assert result.lines_absorbed > len(texts) // 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sustain_s", [0.0, 20.0], ids=["by-values", "by-seconds"])
 def test_derived_steps_per_sec_dropping_inside_a_block_warns(sustain_s: float) -> None:
     """No throughput logged: steps/sec from the timestamps, 2 steps/s falling to 0.4."""
@@ -396,6 +398,7 @@ def test_memory_at_exactly_the_capacity_bar_warns_and_a_hair_under_does_not(
     assert result.lines_absorbed > len(texts) * 3 // 4
 
 
+@pytest.mark.slow
 def test_memory_near_a_logged_capacity_that_shrinks_inside_a_block_warns() -> None:
     """The job logs its device's total: 16000, then 12000 (95%: 11400) under 11500 used."""
     texts = log(
@@ -428,6 +431,7 @@ def test_memory_creeping_right_after_the_lr_warmup_ends_inside_a_block_warns() -
     [1, 2, 499, 500, 501, 1200],
     ids=["constant", "second-line", "batch-end-1", "batch-end", "batch-start", "mid-block"],
 )
+@pytest.mark.slow
 def test_a_learning_rate_warmup_without_memory_metrics_is_taken_in_blocks(peak_step: int) -> None:
     """The common case, a log without memory metrics: its warmup state is exactly the
     line by line one wherever the rising learning rate peaks (batches of 500 lines)."""

@@ -101,6 +101,7 @@ def stall(**config: Any) -> Make:
         pytest.param({"min_timeout_s": 5.0, "learn_steps": 3}, 10.0, id="exactly-learned-10s"),
     ],
 )
+@pytest.mark.slow
 def test_a_silence_inside_a_block_warns_then_resolves(config: dict[str, Any], gap_s: float) -> None:
     texts = metrics_log(3000, gaps_s={1700: gap_s})
     line_by_line, blocks = both(stall(**config), texts)
@@ -117,6 +118,7 @@ def test_a_silence_inside_a_block_warns_then_resolves(config: dict[str, Any], ga
         pytest.param(700.0, ["warning", "info"], id="past-uncapped"),
     ],
 )
+@pytest.mark.slow
 def test_a_checkpoint_gap_as_long_as_one_learned(second_gap_s: float, expected: list[str]) -> None:
     """A first save of 250 s teaches a soft timeout of 1.5 x 250 = 375 s: a second one up
     to that is silent, though past the least soft timeout (300 s) the rule works its
@@ -135,6 +137,7 @@ def test_a_resume_replaying_old_steps_is_no_progress() -> None:
     assert_same(line_by_line, blocks, len(texts))
 
 
+@pytest.mark.slow
 def test_a_hang_goes_critical_with_no_evidence_to_hold_it() -> None:
     """Past the learned hard timeout (max(3 x 300, 300 + 300) = 900 s) with no GPU or
     process source, replay's only verdict is critical."""
@@ -190,6 +193,7 @@ def cost(**config: Any) -> Make:
         ),
     ],
 )
+@pytest.mark.slow
 def test_spend_crossing_a_level_inside_a_block(config: dict[str, Any], expected: list[str]) -> None:
     texts = metrics_log(3000)
     line_by_line, blocks = both(cost(**config), texts, facts=FACTS)
@@ -197,6 +201,7 @@ def test_spend_crossing_a_level_inside_a_block(config: dict[str, Any], expected:
     assert_same(line_by_line, blocks, len(texts))
 
 
+@pytest.mark.slow
 def test_spend_reaching_a_level_exactly_at_a_line() -> None:
     """A 1.00 budget warns at 0.80: 360 s after the first line (the job's start), exactly
     the clock of line 720."""
@@ -214,6 +219,7 @@ def test_spend_reaching_a_level_exactly_at_a_line() -> None:
         pytest.param(0.6, [], id="slight-slowdown-within-margin"),
     ],
 )
+@pytest.mark.slow
 def test_a_projected_overrun_opens_and_resolves_inside_blocks(
     slow_s: float, expected: list[str]
 ) -> None:
@@ -373,6 +379,7 @@ def test_live_a_batch_read_before_the_last_tick_charges_nothing() -> None:
     assert_same(line_by_line, blocks, len(texts))
 
 
+@pytest.mark.slow
 def test_live_batches_read_back_in_time_leave_the_rate_window_out_of_order() -> None:
     """Steps seen at 1000 s, then at 900 s: the window's points are out of time order, and
     only observe's own pop says which of them a step at 1100 s drops (none). Such blocks
@@ -445,6 +452,7 @@ def traceback(error: str) -> list[str]:
         pytest.param(200, OOM, False, "other", id="unstamped-log"),
     ],
 )
+@pytest.mark.slow
 def test_a_traceback_right_after_a_block_of_metrics(
     tail_lines: int, error: str, stamped: bool, crash_class: str
 ) -> None:
@@ -462,6 +470,7 @@ def test_a_traceback_right_after_a_block_of_metrics(
         pytest.param(499, "other", id="error-pushed-out-by-the-block"),
     ],
 )
+@pytest.mark.slow
 def test_an_error_line_before_a_block_of_metrics(tail_lines: int, crash_class: str) -> None:
     """An OOM printed, then 499 more metric lines, then the job exits with no message."""
     texts = metrics_log(3500)
@@ -482,6 +491,7 @@ def gpu_health(**config: Any) -> Make:
         pytest.param({"xid_quiet_s": 60.0}, 60.0, id="quiet-60s"),
     ],
 )
+@pytest.mark.slow
 def test_an_xid_episode_ends_at_a_tick_inside_a_block(
     config: dict[str, Any], quiet_s: float
 ) -> None:

@@ -112,6 +112,7 @@ def test_a_new_plateau_needs_a_whole_new_window() -> None:
     ],
     ids=["uniform-4pct", "gaussian-10pct", "two-levels"],
 )
+@pytest.mark.slow
 def test_a_flat_noisy_loss_is_one_episode_that_stays_open(values: list[float]) -> None:
     # Its medians of ten cross a 1% bar by chance: that must not resolve the plateau
     # (it opened and resolved once a window, 118 times in 10 s of a log flood).

@@ -149,6 +149,7 @@ IDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("make", "timestamps"), CASES, ids=IDS)
 def test_fast_hooks_raise_what_the_plain_hooks_raise(
     make: Callable[[], BaseDetector], timestamps: bool

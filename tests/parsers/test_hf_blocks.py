@@ -412,6 +412,7 @@ def _random_lines(rng: random.Random) -> list[tuple[str, bool]]:
         for seed in range(6)
     ],
 )
+@pytest.mark.slow
 def test_random_batches_read_as_line_by_line(seed: int) -> None:
     rng = random.Random(seed)
     batches, accepted, rows, odd_batches = 30, 0, 0, 0

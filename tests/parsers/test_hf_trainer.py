@@ -109,6 +109,7 @@ def test_parse_hf_dict(line: str, expected: list[Sample] | None) -> None:
         pytest.param("{'loss': 2.3}}", id="extra-brace"),
     ],
 )
+@pytest.mark.slow
 def test_broken_hf_dict_is_garbled(line: str) -> None:
     with pytest.raises(Garbled):
         parse_hf_dict(line)

@@ -120,6 +120,7 @@ FRAGMENTS = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_random_lines_never_raise() -> None:
     rng = random.Random(20240501)
     parser = LineParser()
@@ -143,6 +144,7 @@ VALID_LINES = [
 ]
 
 
+@pytest.mark.slow
 def test_cut_and_spliced_lines_never_raise() -> None:
     rng = random.Random(7)
     parser = LineParser()

@@ -51,6 +51,7 @@ class Exits:
         self.called.set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_pidfd", MODES)
 def test_the_end_of_a_reparented_job_is_seen_once_with_no_status(
     folder: Path, use_pidfd: bool
@@ -124,6 +125,7 @@ def test_a_pid_held_by_another_process_is_not_the_job(folder: Path) -> None:
     assert signals_got(folder, "sleeper") == []
 
 
+@pytest.mark.slow
 def test_stop_leaves_the_job_running_and_calls_nothing(folder: Path) -> None:
     launch_detached(role_argv(folder, "job"))
     job = wait_for_pid(folder, "job")
@@ -143,6 +145,7 @@ def test_stop_leaves_the_job_running_and_calls_nothing(folder: Path) -> None:
     attached.stop()
 
 
+@pytest.mark.slow
 def test_the_tree_is_the_root_and_all_its_descendants(folder: Path) -> None:
     launch_detached(role_argv(folder, "job", "tree"))
     roles = {role: wait_for_pid(folder, role) for role in ("job", "child", "grandchild")}

@@ -540,6 +540,7 @@ def test_gpu_without_xid_events_is_skipped_and_others_registered() -> None:
     assert fake.calls["nvmlEventSetFree"] == 1
 
 
+@pytest.mark.slow
 def test_a_hanging_nvml_call_stalls_neither_xids_nor_stop() -> None:
     fake = FakeNvml(gpus=2)
     fake.block("nvmlDeviceGetUtilizationRates", seconds=60.0)

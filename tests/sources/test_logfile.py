@@ -289,6 +289,7 @@ CHECKLIST: list[Callable[[Tail], list[str]]] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CHECKLIST, ids=[case.__name__ for case in CHECKLIST])
 def test_follower_checklist(tail: Tail, case: Callable[[Tail], list[str]]) -> None:
     expected = case(tail)

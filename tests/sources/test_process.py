@@ -201,6 +201,7 @@ def test_without_gathering_each_read_is_handed_on(tmp_path: Path) -> None:
     assert running.batches() == [["line 0"], ["line 1"], ["line 2"]]
 
 
+@pytest.mark.slow
 def test_the_exit_comes_after_the_last_lines_of_a_burst(tmp_path: Path) -> None:
     # Far more than a pipe holds, then a crash: every byte, then the exit code.
     code = """

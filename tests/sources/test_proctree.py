@@ -120,6 +120,7 @@ SLEEPING = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
     [(BUSY, lambda cpu: cpu >= 40.0), (SLEEPING, lambda cpu: cpu <= 5.0)],
     ids=["busy-child-high", "sleeping-child-near-zero"],
 )
+@pytest.mark.slow
 def test_cpu_percent_of_the_tree(code: str, in_range: Callable[[float], bool]) -> None:
     with child(code) as job:
         job.expect("ready")
@@ -221,6 +222,7 @@ def test_tree_counts_children_started_from_threads() -> None:
     assert reading[PROC_ZOMBIES] == 0
 
 
+@pytest.mark.slow
 def test_rss_grows_when_the_child_allocates() -> None:
     code = """
         import sys

@@ -93,6 +93,7 @@ def test_a_job_killed_by_a_signal_says_so(tmp_path: Path) -> None:
     assert done.returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_files_that_cannot_be_written_cost_the_job_nothing(tmp_path: Path) -> None:
     """A full state dir (writes fail) or a broken one (the file cannot be made): the job
     runs on and sentinel still gets every line."""

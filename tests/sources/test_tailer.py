@@ -67,6 +67,7 @@ def test_tailer_reads_existing_lines_before_start_returns(tmp_path: Path, mode: 
         tailer.stop()
 
 
+@pytest.mark.slow
 def test_tailer_delivers_appended_lines(tmp_path: Path, mode: str) -> None:
     log = tmp_path / "app.log"
     collector = Collector()
@@ -122,6 +123,7 @@ def test_tailer_follows_rename_rotation(tmp_path: Path, mode: str) -> None:
     assert collector.lines == expected
 
 
+@pytest.mark.slow
 def test_tailer_follows_a_file_in_a_directory_created_later(tmp_path: Path, mode: str) -> None:
     log = tmp_path / "later" / "deeper" / "app.log"
     collector = Collector()
@@ -184,6 +186,7 @@ def test_tailer_commits_offsets_so_a_restart_reads_only_new_lines(tmp_path: Path
     assert second.lines == [(str(log), "b")]
 
 
+@pytest.mark.slow
 def test_tailer_survives_a_failing_on_lines(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

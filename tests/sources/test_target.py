@@ -83,6 +83,7 @@ def test_no_target_resolves_to_sentinel_itself(tmp_path: Path) -> None:
     assert PidfileTarget(pidfile).find() is None
 
 
+@pytest.mark.slow
 def test_a_pid_not_there_at_the_first_look_is_never_found(folder: Path) -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
@@ -120,6 +121,7 @@ def test_pid_does_not_follow_its_number_to_another_process(folder: Path) -> None
 # --- --pidfile ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pidfile_is_read_again_after_the_target_dies_and_is_replaced(folder: Path) -> None:
     pidfile = folder / "job.pidfile"
     target = PidfileTarget(pidfile)
@@ -168,6 +170,7 @@ def test_a_stale_pidfile_naming_a_newer_process_finds_nothing(
 # --- --match --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_match_resolves_to_the_root_not_its_children(folder: Path) -> None:
     launch_detached(role_argv(folder, "job", "tree"))
     roles = {role: wait_for_pid(folder, role) for role in ("job", "child", "grandchild")}
@@ -201,6 +204,7 @@ sys.exit(subprocess.call([sys.executable, "-c", *sys.argv[1:]]))
 """
 
 
+@pytest.mark.slow
 def test_match_never_resolves_to_an_ancestor_of_sentinel(folder: Path) -> None:
     token = str(folder)
     # A wrapper and the sentinel it runs both match, and both are older than the job.
@@ -225,6 +229,7 @@ def test_match_never_resolves_to_an_ancestor_of_sentinel(folder: Path) -> None:
     assert found == str(job.pid)
 
 
+@pytest.mark.slow
 def test_match_with_user(folder: Path) -> None:
     launch_detached(role_argv(folder, "job"))
     job = wait_for_pid(folder, "job")
@@ -235,6 +240,7 @@ def test_match_with_user(folder: Path) -> None:
     assert MatchTarget(re.escape(str(folder)), user=other).find() is None
 
 
+@pytest.mark.slow
 def test_match_finds_the_next_attempt_after_the_job_ends(folder: Path) -> None:
     target = MatchTarget(re.escape(str(folder)))
     assert target.find() is None
@@ -488,6 +494,7 @@ def test_systemctl_that_fails_is_reported_not_raised_by_find(
         target.show()
 
 
+@pytest.mark.slow
 def test_a_users_unit_is_asked_with_systemctl_user(folder: Path, systemd: StandInSystemd) -> None:
     launch_detached(role_argv(folder, "job"))
     job = wait_for_pid(folder, "job")
@@ -499,6 +506,7 @@ def test_a_users_unit_is_asked_with_systemctl_user(folder: Path, systemd: StandI
     assert all(argv[0] == "--user" for argv in systemd.asked())
 
 
+@pytest.mark.slow
 def test_members_are_the_processes_in_the_units_cgroup(folder: Path, tmp_path: Path) -> None:
     launch_detached(role_argv(folder, "job", "tree"))
     roles = {role: wait_for_pid(folder, role) for role in ("job", "child", "grandchild")}
@@ -517,6 +525,7 @@ def test_members_are_the_processes_in_the_units_cgroup(folder: Path, tmp_path: P
 # --- waiting --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_wait_for_returns_once_the_target_appears_and_says_once_that_it_waits(
     folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -534,6 +543,7 @@ def test_wait_for_returns_once_the_target_appears_and_says_once_that_it_waits(
     assert caplog.text.count("waiting for pidfile") == 1
 
 
+@pytest.mark.slow
 def test_wait_for_gives_up_on_stop_or_timeout(tmp_path: Path) -> None:
     target = PidfileTarget(tmp_path / "never.pid")
     stop = threading.Event()
