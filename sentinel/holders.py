@@ -151,6 +151,7 @@ class Child:
             stderr=self._stderr,
             max_line_bytes=self.settings.tail.max_line_bytes,
             batch_s=self.settings.tail.batch_s,
+            look_s=self.settings.tail.look_s,
             relay=relay,
         )
         job.start()

@@ -106,6 +106,7 @@ class Workers:
             poll_interval_s=settings.tail.poll_interval_s,
             max_line_bytes=settings.tail.max_line_bytes,
             batch_s=settings.tail.batch_s,
+            look_s=settings.tail.look_s,
         )
 
     def pending(self) -> int | None:

@@ -21,6 +21,7 @@ from sentinel.actions.notify_settings import NotifyConfig
 from sentinel.detectors import DETECTORS, RuleConfig
 from sentinel.facts import RunFacts
 from sentinel.lines import BATCH_S, MAX_BATCH_S
+from sentinel.sources.gathering import LOOK_S
 from sentinel.sources.settings import GpuConfig, ProcessConfig
 
 ENV_PREFIX = "SENTINEL_"
@@ -174,6 +175,10 @@ class TailConfig(_Model):
     #: line inside a busy stream (a NaN among a hundred lines a second) waits up to this
     #: long. 0: read at every write.
     batch_s: float = Field(default=BATCH_S, ge=0, le=MAX_BATCH_S)
+    #: While output flows, how often the new bytes are looked at for a NaN or an error,
+    #: which is handed on at once, not at the window's end: the latency of a NaN inside a
+    #: busy stream, for a wake-up each look (longer: less CPU, a later stop).
+    look_s: float = Field(default=LOOK_S, gt=0, le=1.0)
     #: Find and follow the metric files a framework writes (Lightning's ``metrics.csv``,
     #: TensorBoard event files, MLflow's ``mlruns``, JSON-lines metrics) as they appear
     #: under ``discover_dir``, without a ``--log`` for them.
