@@ -49,7 +49,9 @@ _NAME_JUNK = re.compile(r"[^a-z0-9/._]+")
 
 _MMENGINE = re.compile(
     r"\b(?:Epoch\((?P<emode>train|val|test)\)\s*\[(?P<epoch>\d+)\]\s*\[\s*(?P<ebatch>\d+)\s*/\s*(?P<eper>\d+)\]"
-    r"|Iter\((?P<imode>train|val|test)\)\s*\[\s*(?P<iter>\d+)\s*/\s*\d+\])"
+    r"|Iter\((?P<imode>train|val|test)\)\s*\[\s*(?P<iter>\d+)\s*/\s*\d+\]"
+    # MMCV / mmdet 2.x's training lines: ``Epoch [1][150/5808]\tlr: ..., loss: ...``.
+    r"|Epoch\s+\[(?P<epoch2>\d+)\]\s*\[\s*(?P<ebatch2>\d+)\s*/\s*(?P<eper2>\d+)\])"
 )
 _DEEPSPEED_STEP = re.compile(
     r"(?:\[Rank \d+\] )?step=(\d+), skipped=(\d+), lr=\[([-+0-9.e]+)", re.IGNORECASE
@@ -94,14 +96,23 @@ def parse_megatron(text: str) -> list[Sample] | None:
 
 def parse_mmengine(text: str) -> list[Sample] | None:
     """Samples of an mmengine ``Epoch(train) [E][N/M]`` or ``Iter(train) [N/M]`` line."""
-    if "(train)" not in text and "(val)" not in text and "(test)" not in text:
+    if (
+        "(train)" not in text
+        and "(val)" not in text
+        and "(test)" not in text
+        and "Epoch [" not in text
+    ):
         return None
     found = _MMENGINE.search(text)
     if found is None:
         return None
     mode = found.group("emode") or found.group("imode")
     step: int | None = None
-    if mode == "train":
+    if found.group("epoch2") is not None:  # mmcv 2.x: a training line
+        mode = "train"
+        epoch, batch, per_epoch = (int(found.group(g)) for g in ("epoch2", "ebatch2", "eper2"))
+        step = max(epoch - 1, 0) * per_epoch + batch
+    elif mode == "train":
         if found.group("iter") is not None:
             step = int(found.group("iter"))
         else:

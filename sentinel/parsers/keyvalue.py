@@ -64,6 +64,10 @@ _STEP_NAMES = frozenset(RECORD_STEP_KEYS)
 _WORD_AFTER = re.compile(r"[ \t]+[a-z][a-z_]*\b(?![ \t]*[:=]|[ \t]+[-+]?[\d.])", re.IGNORECASE)
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches", re.IGNORECASE)
+#: ``Train epoch: 0, batch: 790/34799, loss: ...`` (a hand-written loop, epochs from 0).
+_EPOCH_BATCH = re.compile(
+    r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
+)
 
 
 def reads_as_metric_name(key: str) -> bool:
@@ -101,6 +105,11 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if batches is not None:
             epoch, batch, per_epoch = map(int, batches.groups())
             step = max(epoch - 1, 0) * per_epoch + batch
+    if step is None and "batch" in text:
+        counted = _EPOCH_BATCH.search(text)
+        if counted is not None:
+            epoch, batch, per_epoch = map(int, counted.groups())
+            step = epoch * per_epoch + batch
     return pairs, step
 
 
