@@ -28,6 +28,9 @@ from sentinel.detectors.base import BaseDetector, MetricNames, RuleConfig
 from sentinel.records import PROGRESS, Alert, Block, Sample, Severity
 
 #: Lines of the frameworks' fatal errors: the scale is at its minimum and the run ends.
+#: The sample a parser makes of a framework's "loss scale already at minimum" (DeepSpeed):
+#: read where output lines are not shown to the rules (replay before any timestamp).
+AT_MINIMUM = "loss_scale_at_minimum"
 FATAL = re.compile(r"Minimum loss scale reached|loss scale already at minimum", re.IGNORECASE)
 #: An overflow that lowered the scale, and the new scale where the line gives it.
 OVERFLOW = re.compile(
@@ -144,6 +147,15 @@ class LossScaleDetector(BaseDetector):
                 found += [(index, alert) for alert in self._level(value, source, now)]
             elif name in self._skipped_names and not self._skips_in_text:
                 found += [(index, alert) for alert in self._skipped(value, source, now)]
+            elif name == AT_MINIMUM and value > 0:
+                alerts = self._collapse(
+                    "the fp16 loss scale is at its minimum and the job says so",
+                    self._scale,
+                    source,
+                    now,
+                    onset=self._last_overflow,
+                )
+                found += [(index, alert) for alert in alerts]
         return found
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
@@ -275,6 +287,8 @@ class LossScaleDetector(BaseDetector):
         moves (and, past the last overflow, calibration ends), as ``absorb`` does."""
         names = block.names
         if not self._scale_names.isdisjoint(names) or not self._skipped_names.isdisjoint(names):
+            return False
+        if AT_MINIMUM in names:
             return False
         # One search in C over the joined block, not a Python test per line (replay's speed).
         return not (block.output and _MARK in "\n".join(block.texts))
