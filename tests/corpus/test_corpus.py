@@ -86,8 +86,24 @@ def test_every_file_yields_metrics_with_no_configuration(kind_name: tuple[str, s
         assert result.samples > 0, f"{path.relative_to(CORPUS)}: no metric read"
 
 
+#: Healthy runs sentinel still misjudges, each with why: a strict xfail fails the day the
+#: gap is closed, so that it is taken off this list.
+KNOWN_CRITICALS = {
+    "vgg16-skin-lesion-resumed": "stall across the 10-hour gap between two attempts in one log:"
+    " replay cannot yet tell a job that was stopped and resumed from one that hung (issue 22)",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_CRITICALS[name]))
+        if name in KNOWN_CRITICALS
+        else name
+        for name in HEALTHY
+    ],
+)
 @pytest.mark.slow
-@pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_run_raises_no_critical(name: str) -> None:
     criticals = [a for a in opened(replayed("healthy", name)) if a.severity >= Severity.CRITICAL]
     assert criticals == [], shown(criticals)
