@@ -120,7 +120,7 @@ def _end_leftover_job(state: Path) -> None:
         os.killpg(int((state / "job" / "job.pid").read_text()), signal.SIGKILL)
 
 
-def _stops_and_tells(tmp_path: Path, state: Path, fault: str) -> None:
+def _check_stops_and_tells(tmp_path: Path, state: Path, fault: str) -> None:
     """Run the filling job under sentinel with ``state`` as the state dir; check that the
     NaN still stopped it, that nothing ended in a traceback, and who was told what."""
     job, record = tmp_path / "job.py", tmp_path / "record"
@@ -168,7 +168,7 @@ def _stops_and_tells(tmp_path: Path, state: Path, fault: str) -> None:
 def test_a_state_dir_whose_disk_fills_mid_run_still_stops_the_job_and_tells(
     tmp_path: Path, small_disk: Path
 ) -> None:
-    _stops_and_tells(tmp_path, small_disk, "full")
+    _check_stops_and_tells(tmp_path, small_disk, "full")
 
 
 def test_a_state_dir_turned_read_only_mid_run_still_stops_the_job_and_tells(
@@ -181,7 +181,7 @@ def test_a_state_dir_turned_read_only_mid_run_still_stops_the_job_and_tells(
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     try:
-        _stops_and_tells(tmp_path, state, "read-only")
+        _check_stops_and_tells(tmp_path, state, "read-only")
     finally:
         os.chown(state, 0, 0)
         state.chmod(0o700)
