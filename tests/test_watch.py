@@ -178,5 +178,5 @@ def test_sigterm_stops_sentinel_and_never_the_job(tmp_path: Path) -> None:
     assert watch.returncode == 0, err
     pid = json.loads((run / "attempt-1").read_text())["pid"]
     os.kill(pid, 0)  # still running: a watchdog being stopped leaves its job alone
-    os.kill(pid, signal.SIGKILL)
+    os.killpg(os.getpgid(pid), signal.SIGKILL)  # the job and its stand-in orchestrator
     assert "leaving the job alone" in err
