@@ -2,11 +2,9 @@
 
 A :class:`LogTailer` finds the files its patterns match (files may not exist
 yet), reads each to its end and hands the lines on. Events only wake its
-thread; the truth is always re-read with ``stat`` and ``pread``, because
-events can be dropped (queue overflow) or never come (NFS, some overlays).
-watchdog watches the directories (files that appear, move, go); on Linux the
-writes to the followed files wake the thread through their own inotify watches
-(``sentinel.sources.inotify``), so no thread of watchdog's wakes for each line.
+thread (``sentinel.sources.tail_wakeups``); the truth is always re-read with
+``stat`` and ``pread``, because events can be dropped (queue overflow) or never
+come (NFS, some overlays).
 
 Lines are gathered like the job's own output (``sentinel.sources.gathering``):
 the first after a quiet spell is read and handed on at once; while the log keeps
@@ -20,7 +18,6 @@ split), and a NaN waits at most a look, not a window.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import logging
 import os
@@ -29,12 +26,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-from watchdog import events
-from watchdog.events import FileSystemEvent
-from watchdog.observers import Observer
-from watchdog.observers.polling import PollingObserver
 
 from sentinel.lines import BATCH_S
 from sentinel.sources.gathering import (
@@ -44,8 +35,8 @@ from sentinel.sources.gathering import (
     ends_a_line,
     may_be_urgent,
 )
-from sentinel.sources.inotify import FileWatches
 from sentinel.sources.logfile import FileFollower, OffsetStore
+from sentinel.sources.tail_wakeups import TailWakeups
 
 logger = logging.getLogger(__name__)
 
@@ -55,26 +46,6 @@ VANISHED_GRACE_S = 10.0
 #: reads at most this much of the logs again, where saving every batch was a SQLite
 #: transaction twenty times a second.
 COMMIT_INTERVAL_S = 1.0
-
-
-def _watch_dir(pattern: str) -> tuple[str, bool]:
-    """The directory to watch for ``pattern`` and whether to watch it recursively."""
-    parts = Path(pattern).parts
-    fixed: list[str] = []
-    for part in parts[:-1]:
-        if glob.has_magic(part):
-            break
-        fixed.append(part)
-    directory = os.path.join(*fixed) if fixed else "."
-    return directory, "**" in pattern or len(fixed) < len(parts) - 1
-
-
-def _existing_ancestor(directory: str) -> str:
-    """``directory`` or its nearest existing parent: where its creation will show."""
-    current = os.path.abspath(directory)
-    while not os.path.isdir(current) and os.path.dirname(current) != current:
-        current = os.path.dirname(current)
-    return current
 
 
 class LogTailer:
@@ -119,15 +90,11 @@ class LogTailer:
         # Directories are looked at again only after a directory event (or a quiet
         # poll interval), not after every write to a followed file.
         self._dirs_changed = True
-        self._mode = "polling" if poll else "inotify"
         self._followers: dict[str, FileFollower] = {}
         self._files: tuple[str, ...] = ()
-        self._wake = _Wake()
-        self._file_watches: FileWatches | None = None
+        self._wakeups = TailWakeups(poll=poll, poll_interval_s=poll_interval_s)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._observer: Any = None
-        self._watched: set[tuple[str, bool]] = set()
         self._globbed: set[str] = set()
         #: Paths given to ``add``: dropped like globbed ones once gone.
         self._added: set[str] = set()
@@ -138,7 +105,7 @@ class LogTailer:
     @property
     def mode(self) -> str:
         """``"inotify"`` (woken by file events) or ``"polling"``."""
-        return self._mode
+        return self._wakeups.mode
 
     @property
     def files(self) -> list[str]:
@@ -152,8 +119,7 @@ class LogTailer:
 
     def start(self) -> None:
         """Read every matching file once, then follow them on a thread."""
-        if self._mode == "inotify":
-            self._start_observer()
+        self._wakeups.start(self._patterns)
         # Watches first, then the first read: nothing written in between is missed.
         self._cycle()
         self._flush()
@@ -174,29 +140,29 @@ class LogTailer:
         self._added.add(path)
         # A new list, not an append: the tailer's thread may be iterating the old one.
         self._patterns = [*self._patterns, pattern]
-        self._wake.set()
+        self._wakeups.wake.set()
 
     def stop(self) -> None:
         """Stop the thread and the observer, then read what was appended before stop."""
         self._stopping.set()
-        self._wake.set()
+        self._wakeups.wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._stop_observer()
+        self._wakeups.stop()
         self._cycle()
         self._flush()
         for follower in self._followers.values():
             follower.close()
         self._followers.clear()
         self._files = ()
-        self._wake.close()
+        self._wakeups.close()
 
     def _run(self) -> None:
         gathering = Gathering(self._batch_s, self._look_s)
         while not self._stopping.is_set():
-            watches = self._file_watches
-            waited = [self._wake.fileno()]
+            watches = self._wakeups.file_watches
+            waited = [self._wakeups.wake.fileno()]
             if watches is not None:
                 waited.append(watches.fileno())
             timeout_s = self._poll_interval_s
@@ -207,7 +173,7 @@ class LogTailer:
             self._dirs_changed = quiet or waited[0] in readable
             # Cleared before reading, so a write during the read wakes us again.
             if self._dirs_changed:
-                self._wake.clear()
+                self._wakeups.wake.clear()
             if watches is not None and watches.fileno() in readable:
                 watches.drain()
             if self._stopping.is_set():
@@ -264,8 +230,7 @@ class LogTailer:
                     follower.commit()
                     follower.close()
                     del self._followers[path]
-                    if self._file_watches is not None:
-                        self._file_watches.unwatch(path)
+                    self._wakeups.unwatch(path)
                     self._globbed.discard(path)
                     self._missing_since.pop(path, None)
             except Exception:
@@ -331,129 +296,4 @@ class LogTailer:
         # A path names another file only after a directory event: look only then.
         if not self._dirs_changed and self._files == followed:
             return
-        if self._file_watches is not None:
-            for path in self._files:
-                self._file_watches.watch(path)
-        if self._observer is not None:
-            self._update_watches()
-
-    # -- wake-ups -----------------------------------------------------------
-
-    def _start_observer(self) -> None:
-        observer = Observer()
-        if isinstance(observer, PollingObserver):
-            # watchdog's own polling would only duplicate ours.
-            self._fall_back("no native file events on this platform")
-            return
-        self._observer = observer
-        try:
-            self._file_watches = FileWatches()
-        except OSError as exc:
-            logger.debug("no inotify watches on the files (%s): watchdog reports writes", exc)
-        try:
-            self._update_watches()
-            if self._observer is not None:
-                observer.start()
-        except OSError as exc:
-            self._fall_back(str(exc))
-
-    def _update_watches(self) -> None:
-        """Watch the directory of every pattern and of every symlink's target."""
-        wanted = {_watch_dir(pattern) for pattern in self._patterns}
-        for path in self._files:
-            real = os.path.realpath(path)
-            if real != os.path.abspath(path):
-                wanted.add((os.path.dirname(real), False))
-        for directory, recursive in wanted:
-            watch = (_existing_ancestor(directory), recursive)
-            if watch in self._watched:
-                continue
-            try:
-                self._observer.schedule(
-                    _WakeHandler(self._wake),
-                    watch[0],
-                    recursive=watch[1],
-                    # Writes come through the files' own watches where there are.
-                    event_filter=_WAKE_EVENTS if self._file_watches is None else _DIR_EVENTS,
-                )
-            except OSError as exc:
-                self._fall_back(str(exc))
-                return
-            self._watched.add(watch)
-            # Something may have appeared before the watch was in place: look again.
-            self._wake.set()
-
-    def _fall_back(self, reason: str) -> None:
-        logger.warning(
-            "file events unavailable (%s); polling the logs every %g s",
-            reason,
-            self._poll_interval_s,
-        )
-        self._mode = "polling"
-        self._stop_observer()
-
-    def _stop_observer(self) -> None:
-        watches, self._file_watches = self._file_watches, None
-        if watches is not None:
-            watches.close()
-        observer, self._observer = self._observer, None
-        if observer is None:
-            return
-        with contextlib.suppress(Exception):
-            observer.stop()
-            if observer.is_alive():
-                observer.join()
-
-
-#: Events that can mean new bytes or a new file; opens and closes by readers are noise.
-_WAKE_EVENTS: list[type[FileSystemEvent]] = [
-    events.FileModifiedEvent,
-    events.FileCreatedEvent,
-    events.FileMovedEvent,
-    events.FileDeletedEvent,
-    events.DirCreatedEvent,
-    events.DirMovedEvent,
-    events.DirDeletedEvent,
-]
-
-
-#: The same, but writes to a file (``FileModifiedEvent``): those come through ``FileWatches``.
-_DIR_EVENTS = [event for event in _WAKE_EVENTS if event is not events.FileModifiedEvent]
-
-
-class _Wake:
-    """A wake-up any thread can give and the tailer's thread waits for with ``select``."""
-
-    def __init__(self) -> None:
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._read_fd, False)
-        os.set_blocking(self._write_fd, False)
-
-    def fileno(self) -> int:
-        return self._read_fd
-
-    def set(self) -> None:
-        # A full pipe holds wake-ups enough; a closed one means the tailer has stopped.
-        with contextlib.suppress(OSError):
-            os.write(self._write_fd, b"\0")
-
-    def clear(self) -> None:
-        with contextlib.suppress(OSError):
-            while os.read(self._read_fd, 4096):
-                pass
-
-    def close(self) -> None:
-        fds, self._read_fd, self._write_fd = (self._read_fd, self._write_fd), -1, -1
-        for fd in fds:
-            if fd >= 0:
-                os.close(fd)
-
-
-class _WakeHandler:
-    """A watchdog handler that only wakes the tailer; the tailer reads for itself."""
-
-    def __init__(self, wake: _Wake) -> None:
-        self._wake = wake
-
-    def dispatch(self, event: object) -> None:
-        self._wake.set()
+        self._wakeups.follow(self._patterns, self._files)

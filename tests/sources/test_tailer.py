@@ -231,7 +231,7 @@ class _BrokenObserver:
 def test_tailer_falls_back_to_polling_when_events_are_unavailable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("sentinel.sources.tailer.Observer", _BrokenObserver)
+    monkeypatch.setattr("sentinel.sources.tail_wakeups.Observer", _BrokenObserver)
     log = tmp_path / "app.log"
     collector = Collector()
     tailer = LogTailer([str(log)], collector, poll_interval_s=0.02)
