@@ -35,35 +35,32 @@ and ``values``/``steps``: the last ``window`` finite values before the current r
 of spikes and the run itself, in order; plus ``ratio`` (value / baseline) when the
 episode opens and ``new_baseline`` on a level shift.
 
-The decision is ``is_spike``, once: ``observe`` judges each value with it, and
-replay's blocks (``can_absorb``) are taken whole when every line is in warmup, or none
-is and no value of a calm metric can be a spike: at most ``spike_bar`` of the least
-value its baseline could hold by then, which bounds the median from below (the bar
-only rises with the baseline).
+The decision is written once, in ``loss_spike_config``: ``observe`` judges each value
+with ``spikes`` (or ``grows`` in warmup), and replay's blocks (``can_absorb``) are taken
+whole when every line is in warmup, or none is and no value of a calm metric can be a
+spike (``never_spikes``: at most ``spike_bar`` of the least value its baseline could hold
+by then, which bounds the median from below; the bar only rises with the baseline).
+What the episode says is ``loss_spike_episode``'s.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
-from typing import Any
 
 from sentinel.detectors.base import BaseDetector
 from sentinel.detectors.loss_spike_config import (
     LossSpikeConfig,
     SpikeSeries,
-    growth_bar,
-    is_spike,
-    spike_bar,
+    grows,
+    never_grows,
+    never_spikes,
+    spikes,
 )
-from sentinel.detectors.noise import above_noise, beyond_seen
-from sentinel.detectors.series import (
-    Warmup,
-    finite_values,
-    finite_with_steps,
-    never_above,
-)
-from sentinel.records import Alert, Block, Sample, Severity
+from sentinel.detectors.loss_spike_episode import SpikeEpisode
+from sentinel.detectors.series import Warmup, finite_values, finite_with_steps
+from sentinel.records import Alert, Block, Sample
+
+__all__ = ["LossSpikeConfig", "LossSpikeDetector"]
 
 
 class LossSpikeDetector(BaseDetector):
@@ -79,12 +76,9 @@ class LossSpikeDetector(BaseDetector):
         self.watches = frozenset({*config.metrics, *config.corroborate, "lr"})
         self._warmup = Warmup(config.warmup_steps)
         self._series: dict[str, SpikeSeries] = {}
-        self._onset_step: int | None = None
-        #: Judged values seen in this attempt, and their count when the episode opened.
+        self._episode = SpikeEpisode(config, self.sample_alert)
+        #: Judged values seen in this attempt.
         self._count = 0
-        self._onset_count = 0
-        self._open = False
-        self._escalated = False
         self._warmup_warned = False
         self.job_started(0.0)
 
@@ -93,10 +87,8 @@ class LossSpikeDetector(BaseDetector):
         self._warmup.reset()
         names = dict.fromkeys([*settings.metrics, *settings.corroborate])
         self._series = {name: SpikeSeries(settings.window, settings.noise_window) for name in names}
-        self._onset_step = None
-        self._count = self._onset_count = 0
-        self._open = False
-        self._escalated = False
+        self._episode.reset(self._series)
+        self._count = 0
         self._warmup_warned = False
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
@@ -126,8 +118,8 @@ class LossSpikeDetector(BaseDetector):
 
     def _judge(self, series: SpikeSeries, sample: Sample, source: str, now: float) -> list[Alert]:
         """One value of a watched metric: learned in warmup or while the window fills (a
-        judged one checked for growth then), else judged against the baseline (``is_spike``
-        and ``above_noise``) and learned unless it is a spike."""
+        judged one checked for growth then), else judged against the baseline (``spikes``)
+        and learned unless it is a spike."""
         name, value, step, stamp = sample[:4]
         if not math.isfinite(value):
             return []
@@ -143,27 +135,23 @@ class LossSpikeDetector(BaseDetector):
             series.learn(value)
             return alerts
         baseline = rolling.median()
-        if is_spike(value, baseline, settings.factor) and above_noise(
-            value, baseline, series.noise.values, settings.noise_sigmas, settings.noise_floor
-        ):
+        if spikes(value, baseline, series.noise.values, settings):
             series.spiked_at = self._count
             series.least = min(series.least, value)
-            return self._spike(series, baseline, sample, source, time) if judged else []
+            if not judged:
+                return []
+            return self._episode.spike(series, baseline, sample, self._count, source, time)
         series.learn(value)
         if not judged or not series.offending:
             return []
-        return self._under(series, baseline, sample, source, time)
+        return self._episode.under(series, baseline, sample, source, time)
 
     def _growth(self, series: SpikeSeries, sample: Sample, source: str, time: float) -> list[Alert]:
         """Once an attempt: a value in warmup (or before the window is full) far above the
         least the metric has been, and above its noise."""
         least, value = series.least, sample.value
         settings = self.settings
-        if self._warmup_warned or not least > 0 or value <= growth_bar(least, settings):
-            return []
-        if not above_noise(
-            value, least, series.noise.values, settings.noise_sigmas, settings.noise_floor
-        ):
+        if self._warmup_warned or not grows(value, least, series.noise.values, settings):
             return []
         self._warmup_warned = True
         message = (
@@ -205,8 +193,7 @@ class LossSpikeDetector(BaseDetector):
         phase = self._warmup.block_phase(block.step_range(), columns.get("lr"))
         if phase is None:
             return False
-        bar = partial(spike_bar, factor=self.settings.factor)
-        growth = partial(growth_bar, settings=self.settings)
+        settings = self.settings
         for name in present:
             series = self._series[name]
             if series.offending:
@@ -216,9 +203,9 @@ class LossSpikeDetector(BaseDetector):
             # The first values fill the window: not judged, only checked for growth.
             filling = len(values) if phase else baseline.size - len(baseline)
             checks_growth = name in self._judged and not self._warmup_warned
-            if checks_growth and filling and not never_above(values, growth, series.least, 0):
+            if checks_growth and filling and not never_grows(values, series.least, settings):
                 return False
-            if not phase and not never_above(values, bar, baseline.least(), filling):
+            if not phase and not never_spikes(values, baseline.least(), filling, settings):
                 return False
         return True
 
@@ -240,168 +227,3 @@ class LossSpikeDetector(BaseDetector):
             series.baseline.extend(values)
             series.noise.extend(values)
             series.least = min(series.least, *values)
-
-    def _spike(
-        self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
-    ) -> list[Alert]:
-        settings = self.settings
-        name = sample.name
-        series.calm = 0
-        series.run.append((sample.step, sample.value))
-        series.episode.append(sample.value)
-        alerts: list[Alert] = []
-        if not series.offending:
-            series.offending = True
-            if not self._open:
-                self._open = True
-                self._onset_step = sample.step
-                self._onset_count = self._count
-                ratio = sample.value / baseline
-                message = (
-                    f"{name} {sample.value:.4g} at step {sample.step}"
-                    f" is {ratio:.1f}x its recent median {baseline:.4g}"
-                )
-                details = self._details("spike", series, baseline, sample)
-                details["ratio"] = round(ratio, 3)
-                alerts.append(
-                    self.sample_alert(
-                        sample,
-                        severity=settings.severity,
-                        message=message,
-                        time=time,
-                        source=source,
-                        onset_step=self._onset_step,
-                        details=details,
-                    )
-                )
-        run_length = len(series.run)
-        evidence = None
-        if (
-            run_length >= settings.sustain
-            and not self._escalated
-            and settings.sustain_severity > settings.severity
-        ):
-            evidence = self._second_signal(series)
-        if evidence is not None:
-            self._escalated = True
-            bar = spike_bar(baseline, settings.factor)
-            message = (
-                f"{name} above {bar:.4g} ({settings.factor:g}x its recent"
-                f" median {baseline:.4g}) for {run_length} consecutive values since step"
-                f" {series.run[0][0]} (now {sample.value:.4g} at step {sample.step}), {evidence}"
-            )
-            details = self._details("persistent", series, baseline, sample)
-            details["evidence"] = evidence
-            alerts.append(
-                self.sample_alert(
-                    sample,
-                    severity=settings.sustain_severity,
-                    message=message,
-                    time=time,
-                    source=source,
-                    onset_step=self._onset_step,
-                    details=details,
-                )
-            )
-        if run_length >= settings.window:
-            alerts += self._level_shift(series, baseline, sample, source, time)
-        return alerts
-
-    def _second_signal(self, series: SpikeSeries) -> str | None:
-        """What makes a persistent run more than one noisy signal, or None: a value far
-        beyond anything the run has shown, or a spike of another watched metric since
-        ``sustain`` judged values before the onset."""
-        settings = self.settings
-        highest = max(value for _, value in series.run)
-        if beyond_seen(highest, series.noise.values, settings.extreme_factor):
-            return f"far beyond anything the run has shown ({max(series.noise.values):.4g})"
-        since = self._onset_count - settings.sustain
-        for name, other in self._series.items():
-            if other is not series and other.spiked_at is not None and other.spiked_at >= since:
-                return f"and {name} spiked with it"
-        return None
-
-    def _level_shift(
-        self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
-    ) -> list[Alert]:
-        """A whole window above the bar is a new level: learn it; this metric's part is over."""
-        details = self._details("level_shift", series, baseline, sample)
-        run_start = series.run[0][0]
-        series.baseline.clear()
-        for _, value in series.run:
-            series.baseline.add(value)
-        series.noise.extend(series.episode)
-        series.episode.clear()
-        series.run.clear()
-        series.offending = False
-        if self._still_offending():
-            return []
-        new_level = series.baseline.median()
-        details["new_baseline"] = new_level
-        message = (
-            f"{sample.name} above {spike_bar(baseline, self.settings.factor):.4g} for"
-            f" {self.settings.window} values since step {run_start}: a level shift, not a"
-            f" spike; baseline re-learned at {new_level:.4g}"
-        )
-        return [self._resolve(message, sample, source, time, details)]
-
-    def _under(
-        self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
-    ) -> list[Alert]:
-        """A value under the bar of a metric that keeps the episode open."""
-        series.run.clear()
-        series.calm += 1
-        if series.calm < self.settings.resolve_after:
-            return []
-        series.offending = False
-        series.calm = 0
-        # Spikes the run came back from are part of its wobble (a rhythm's peaks).
-        series.noise.extend(series.episode)
-        series.episode.clear()
-        if self._still_offending():
-            return []
-        details = self._details("recovered", series, baseline, sample)
-        message = (
-            f"{sample.name} back under {spike_bar(baseline, self.settings.factor):.4g} for"
-            f" {self.settings.resolve_after} values (last {sample.value:.4g} at step"
-            f" {sample.step})"
-        )
-        return [self._resolve(message, sample, source, time, details)]
-
-    def _still_offending(self) -> bool:
-        return any(series.offending for series in self._series.values())
-
-    def _details(
-        self, kind: str, series: SpikeSeries, baseline: float, sample: Sample
-    ) -> dict[str, Any]:
-        window = self.settings.window
-        recent = list(series.recent)[-(window + len(series.run)) :]
-        return {
-            "kind": kind,
-            "metric": sample.name,
-            "baseline": baseline,
-            "threshold": spike_bar(baseline, self.settings.factor),
-            "factor": self.settings.factor,
-            "onset_step": self._onset_step,
-            "run_length": len(series.run),
-            "values": [value for _, value in recent],
-            "steps": [step for step, _ in recent],
-        }
-
-    def _resolve(
-        self, message: str, sample: Sample, source: str, time: float, details: dict[str, Any]
-    ) -> Alert:
-        alert = self.sample_alert(
-            sample,
-            severity=Severity.INFO,
-            message=message,
-            time=time,
-            source=source,
-            onset_step=self._onset_step,
-            resolves=True,
-            details=details,
-        )
-        self._open = False
-        self._escalated = False
-        self._onset_step = None
-        return alert

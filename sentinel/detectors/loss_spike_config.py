@@ -1,5 +1,8 @@
 """loss_spike's settings and decisions: what a spike is, against what, and one metric's state.
 
+The decision is written here once: ``spikes`` (past warmup) and ``grows`` (in warmup)
+judge one value, and the block path's proofs (``never_spikes``, ``never_grows``) bound a
+column with the same bar functions, so no value they pass could be judged otherwise.
 Apart from the rule so that each reads in one sitting; ``loss_spike`` re-exports the config.
 """
 
@@ -8,12 +11,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from functools import partial
 from typing import ClassVar
 
 from pydantic import Field, model_validator
 
 from sentinel.detectors.base import MetricNames, MetricRuleConfig
-from sentinel.detectors.series import LazyRolling, Rolling
+from sentinel.detectors.noise import above_noise
+from sentinel.detectors.series import LazyRolling, Rolling, never_above
 from sentinel.records import Severity
 
 
@@ -83,6 +88,35 @@ def is_spike(value: float, baseline: float, factor: float) -> bool:
 def growth_bar(least: float, settings: LossSpikeConfig) -> float:
     """In warmup, a value above this is growth far past the ``least`` seen (rising with it)."""
     return settings.warmup_factor * least
+
+
+def spikes(value: float, baseline: float, noise: deque[float], settings: LossSpikeConfig) -> bool:
+    """The rule's decision on a value past warmup: a spike against the median ``baseline``
+    (``is_spike``) and above the run's own ``noise`` (``above_noise``)."""
+    return is_spike(value, baseline, settings.factor) and above_noise(
+        value, baseline, noise, settings.noise_sigmas, settings.noise_floor
+    )
+
+
+def grows(value: float, least: float, noise: deque[float], settings: LossSpikeConfig) -> bool:
+    """The rule's decision on a value in warmup: past the growth bar of the ``least`` seen
+    (above 0: a ratio to a level <= 0 means nothing) and above the run's own ``noise``."""
+    return (
+        least > 0
+        and value > growth_bar(least, settings)
+        and above_noise(value, least, noise, settings.noise_sigmas, settings.noise_floor)
+    )
+
+
+def never_spikes(values: list[float], least: float, start: int, settings: LossSpikeConfig) -> bool:
+    """Block path: no value from ``start`` on can be judged a spike, ``least`` the least of
+    the baseline before them (``never_above`` with ``spikes``' own bar)."""
+    return never_above(values, partial(spike_bar, factor=settings.factor), least, start)
+
+
+def never_grows(values: list[float], least: float, settings: LossSpikeConfig) -> bool:
+    """Block path: no value can be judged growth, ``least`` the least seen before them."""
+    return never_above(values, partial(growth_bar, settings=settings), least, 0)
 
 
 class SpikeSeries:
