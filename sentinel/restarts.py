@@ -22,7 +22,8 @@ from pathlib import Path
 
 from sentinel import resume, verdict
 from sentinel.actions.keep import Keeper
-from sentinel.actions.rollback import apply_rollback, fresh_label, plan_rollback, pointer_note
+from sentinel.actions.quarantine import fresh_label
+from sentinel.actions.rollback import apply_rollback, plan_rollback, pointer_note
 from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings
 from sentinel.health import parse_http_address
 from sentinel.incidents import Incident

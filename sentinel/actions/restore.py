@@ -23,7 +23,7 @@ from typing import Any
 from sentinel.actions import atomic
 from sentinel.actions.pointer_find import Form, read_pointer
 from sentinel.actions.pointers import PointerChange
-from sentinel.actions.rollback import MANIFEST, read_manifest
+from sentinel.actions.quarantine import MANIFEST, read_manifest
 from sentinel.sources.checkpoints import QUARANTINE_DIR
 
 log = logging.getLogger(__name__)

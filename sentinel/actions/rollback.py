@@ -3,7 +3,8 @@
 Nothing is ever deleted: a quarantined checkpoint is moved aside, within the same
 filesystem, so a framework's "resume from latest" finds the clean one and a human
 can still inspect (or restore, ``sentinel checkpoints --restore``) what was set aside.
-Each quarantine folder holds a manifest of where every item came from.
+Each quarantine folder holds a manifest of where every item came from (the folder's
+labels, moves and manifest: actions/quarantine.py).
 
 A file the job overwrites at every save (``ckpt.pt``) has its clean versions kept
 by the keeper (actions/keep.py); when the newest clean version before the onset is
@@ -22,8 +23,6 @@ import errno
 import json
 import logging
 import os
-import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,13 @@ from sentinel.actions.clone import clone
 from sentinel.actions.keep import KeptVersion, kept_versions, weights_problem
 from sentinel.actions.pointer_find import Form, find_pointers, hpc_above_clean
 from sentinel.actions.pointers import PointerChange, Rewrite, apply_rewrite, plan_rewrites
+from sentinel.actions.quarantine import (
+    MANIFEST,
+    free_destination,
+    move_to_free,
+    read_manifest,
+    sanitize_label,
+)
 from sentinel.sources.checkpoints import (
     QUARANTINE_DIR,
     Checkpoint,
@@ -43,11 +49,6 @@ from sentinel.sources.checkpoints import (
 )
 
 log = logging.getLogger(__name__)
-
-MAX_LABEL_CHARS = 120
-#: In each quarantine folder: where every item came from (``sentinel checkpoints --restore``).
-MANIFEST = ".sentinel-manifest.json"
-_UNSAFE_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -156,27 +157,6 @@ def _unscanned(path: Path, version: KeptVersion) -> list[Checkpoint]:
     return [Checkpoint(path, None, CheckpointStatus.AFTER_ONSET, reason, mtime)]
 
 
-def sanitize_label(label: str) -> str:
-    """Return ``label`` as one safe path component (no separators, no leading dots)."""
-    safe = _UNSAFE_LABEL_CHARS.sub("_", label).lstrip(".")[:MAX_LABEL_CHARS]
-    return safe or "unlabelled"
-
-
-def fresh_label(directory: Path, label: str) -> str:
-    """``label``, or ``label-2``, ``label-3``... : one no quarantine folder in ``directory`` has.
-
-    Two rollbacks within the same second (a job that fails again at once) each get a folder
-    of their own, so that each folder's manifest records one onset.
-    """
-    base = sanitize_label(label)
-    parent = Path(directory) / QUARANTINE_DIR
-    candidate, n = base, 1
-    while os.path.lexists(parent / candidate):
-        n += 1
-        candidate = f"{base}-{n}"
-    return candidate
-
-
 def apply_rollback(
     plan: RollbackPlan, directory: Path, *, label: str, dry_run: bool = False
 ) -> list[Path]:
@@ -254,7 +234,7 @@ def _quarantine_one(
 ) -> Path | None:
     """Move one checkpoint aside; its destination (None if it vanished)."""
     if dry_run:
-        destination = _free_destination(target_dir, checkpoint.path.name, taken)
+        destination = free_destination(target_dir, checkpoint.path.name, taken)
         log.warning(
             "dry run: would quarantine %s (step %s, %s) to %s",
             checkpoint.path,
@@ -264,7 +244,7 @@ def _quarantine_one(
         )
         return destination
     try:
-        destination = _move_to_free(checkpoint.path, target_dir, taken)
+        destination = move_to_free(checkpoint.path, target_dir, taken)
     except FileNotFoundError:
         log.warning("checkpoint %s vanished before it could be quarantined", checkpoint.path)
         return None
@@ -351,54 +331,3 @@ def _record(
     temp = path.with_name(f"{MANIFEST}.tmp")
     temp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(temp, path)
-
-
-def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """A quarantine folder's manifest; None when it has none (or it does not parse)."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        log.warning("quarantine manifest %s unreadable: %s", folder / MANIFEST, error)
-        return None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("items"), list):
-        return None
-    manifest.setdefault("put_back", [])
-    manifest.setdefault("pointers", [])
-    return manifest
-
-
-def _free_destination(target_dir: Path, name: str, taken: set[Path]) -> Path:
-    candidate = target_dir / name
-    suffix = 0
-    while candidate in taken or os.path.lexists(candidate):
-        suffix += 1
-        candidate = target_dir / f"{name}.{suffix}"
-    return candidate
-
-
-def _move_to_free(source: Path, target_dir: Path, taken: set[Path]) -> Path:
-    """Move ``source`` into ``target_dir`` under a name nothing holds yet; return it."""
-    while True:
-        destination = _free_destination(target_dir, source.name, taken)
-        try:
-            _move(source, destination)
-        except FileExistsError:
-            taken.add(destination)  # appeared since the check: take the next suffix
-            continue
-        return destination
-
-
-def _move(source: Path, destination: Path) -> None:
-    # The destination was checked free just before; re-check to narrow the window,
-    # since os.rename silently replaces an existing file.
-    if os.path.lexists(destination):
-        raise FileExistsError(errno.EEXIST, "quarantine destination exists", str(destination))
-    try:
-        os.rename(source, destination)
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-        # The checkpoint is a mount of its own: fall back to copy-then-remove.
-        shutil.move(source, destination)

@@ -24,8 +24,9 @@ import pytest
 from sentinel.actions import atomic
 from sentinel.actions.pointer_find import Form, PointerKind, find_pointers
 from sentinel.actions.pointers import apply_rewrite, plan_rewrites, rewrite
+from sentinel.actions.quarantine import MANIFEST
 from sentinel.actions.restore import RestoreRefused, restore_quarantine
-from sentinel.actions.rollback import MANIFEST, apply_rollback, plan_rollback, pointer_note
+from sentinel.actions.rollback import apply_rollback, plan_rollback, pointer_note
 from sentinel.cli import main
 from sentinel.sources.checkpoint_files import read_content
 from sentinel.sources.checkpoints import QUARANTINE_DIR, CheckpointStatus, scan

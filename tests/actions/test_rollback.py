@@ -14,14 +14,9 @@ from pathlib import Path
 import pytest
 
 from sentinel.actions.keep import Keeper, kept_versions
+from sentinel.actions.quarantine import MANIFEST, fresh_label, sanitize_label
 from sentinel.actions.restore import RestoreRefused, restore_quarantine
-from sentinel.actions.rollback import (
-    MANIFEST,
-    apply_rollback,
-    fresh_label,
-    plan_rollback,
-    sanitize_label,
-)
+from sentinel.actions.rollback import apply_rollback, plan_rollback
 from sentinel.sources.checkpoints import QUARANTINE_DIR, CheckpointStatus, Onset
 from tests.helpers.kept import (
     digest,
