@@ -30,148 +30,36 @@ shift resolves (info) when the metric comes back under the recovery bar.
 ``details``: ``kind`` (``"unrecovered"`` or ``"recovered"``), ``metric``, ``level``,
 ``noise``, ``threshold`` (the bar), ``recover_threshold``, ``onset_step``, ``ratio``
 (median since onset / level), ``values``/``steps`` (the last ``level_window`` values
-before the onset and those since).
+before the onset and those since), ``lr_jump`` (``[step, before, after]`` of a jump of
+the logged learning rate within that evidence, else None).
+
+The settings and the decision (``opens_shift``, and ``rise_bar`` that bounds it for
+replay's blocks) are in ``divergence_shift``; the learning rate's jumps in ``lr_jumps``.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from pydantic import Field, model_validator
-
-from sentinel.detectors.base import BaseDetector, MetricNames, MetricRuleConfig
-from sentinel.detectors.noise import robust_sigma
+from sentinel.detectors.base import BaseDetector
+from sentinel.detectors.divergence_shift import (
+    DivergenceConfig,
+    Shift,
+    ShiftSeries,
+    opens_shift,
+    rise_bar,
+)
+from sentinel.detectors.lr_jumps import LrJumps
 from sentinel.detectors.series import (
-    Rolling,
     Warmup,
     finite_values,
     finite_with_steps,
     never_above,
     sorted_median,
 )
-from sentinel.diagnosis_nan import LR_JUMP
 from sentinel.records import Alert, Block, Sample, Severity
-
-
-class DivergenceConfig(MetricRuleConfig):
-    """``[rules.divergence]``: a shift of the loss up that does not recover."""
-
-    #: Metrics judged, each on its own (the first that confirms raises the incident).
-    metrics: MetricNames = Field(default_factory=lambda: ["loss"], min_length=1)
-    severity: Severity = Severity.CRITICAL
-    #: Values (not part of a shift) the noise and envelope are taken over.
-    window: int = Field(default=50, ge=10, le=10_000)
-    #: The latest of those whose median is the level before a shift.
-    level_window: int = Field(default=10, ge=3)
-    #: Values the history needs before anything is judged.
-    min_history: int = Field(default=20, ge=3)
-    #: A shift is above this multiple of the level...
-    rise: float = Field(default=1.3, gt=1.0)
-    #: ...and above the level plus this many robust standard deviations of the history...
-    noise_sigmas: float = Field(default=4.0, gt=0)
-    #: ...and above this quantile of the history (the top of the run's normal wobble).
-    envelope: float = Field(default=0.9, ge=0.5, le=1.0)
-    #: The noise is at least this fraction of the level (a flat loss has a MAD of 0).
-    noise_floor: float = Field(default=0.01, ge=0)
-    #: A value at most this multiple of the level (or the level plus one noise) is back.
-    recover: float = Field(default=1.1, gt=1.0)
-    #: Values since the onset, still above the bar at their median, that confirm a shift.
-    patience: int = Field(default=10, ge=2)
-
-    @model_validator(mode="after")
-    def _coherent(self) -> DivergenceConfig:
-        if not self.level_window <= self.min_history <= self.window:
-            raise ValueError("need level_window <= min_history <= window")
-        if self.patience >= self.window:
-            raise ValueError("patience must be less than window")
-        if self.recover >= self.rise:
-            raise ValueError("recover must be less than rise")
-        return self
-
-
-@dataclass(frozen=True, slots=True)
-class Bars:
-    """Where a metric stands before a shift: its level, noise and the two bars."""
-
-    level: float
-    noise: float
-    shift: float
-    back: float
-
-
-def quantile(ordered: list[float], fraction: float) -> float:
-    """The ``fraction`` quantile of sorted values (nearest rank below)."""
-    return ordered[int(fraction * (len(ordered) - 1))]
-
-
-def rise_bar(level: float, rise: float) -> float:
-    """The least a shift bar can be over ``level``: ``rise`` x it (rising with the level)."""
-    return rise * level
-
-
-def bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> Bars:
-    """The level (median of ``recent``), the noise of ``history``, the shift and recovery bars."""
-    level = sorted_median(sorted(recent))
-    ordered = history.ordered()
-    noise = robust_sigma(ordered, level, settings.noise_floor)
-    shift = max(
-        settings.rise * level,
-        level + settings.noise_sigmas * noise,
-        quantile(ordered, settings.envelope),
-    )
-    back = max(settings.recover * level, level + noise)
-    return Bars(level, noise, shift, back)
-
-
-@dataclass(slots=True)
-class _Shift:
-    """A candidate shift: where it started and what came since."""
-
-    bars: Bars
-    onset_step: int | None
-    before: list[tuple[int | None, float]]
-    since: list[tuple[int | None, float]] = field(default_factory=list)
-    confirmed: bool = False
-
-
-class _Series:
-    """One metric: its history and its candidate shift."""
-
-    __slots__ = ("history", "recent", "resumed", "shift", "steps")
-
-    def __init__(self, settings: DivergenceConfig) -> None:
-        self.history = Rolling(settings.window)
-        #: The step of each value in ``history``, in the same order.
-        self.steps: deque[int | None] = deque(maxlen=settings.window)
-        #: The latest values not part of a shift, with their steps.
-        self.recent: deque[tuple[int | None, float]] = deque(maxlen=settings.level_window)
-        self.shift: _Shift | None = None
-        #: A new attempt began: its first step says how much of the history still holds.
-        self.resumed = False
-
-    def learn(self, step: int | None, value: float) -> None:
-        self.history.add(value)
-        self.steps.append(step)
-        self.recent.append((step, value))
-
-    def resume_at(self, step: int | None) -> None:
-        """Keep the history from before ``step``, where the new attempt resumed (a rollback
-        to a clean checkpoint: the level it had then); a restart from scratch keeps none."""
-        kept = [
-            (before, value)
-            for before, value in zip(self.steps, self.history.values, strict=True)
-            if step is not None and before is not None and before < step
-        ]
-        self.history.clear()
-        self.steps.clear()
-        self.recent.clear()
-        for before, value in kept:
-            self.learn(before, value)
-        self.resumed = False
 
 
 class DivergenceDetector(BaseDetector):
@@ -185,12 +73,9 @@ class DivergenceDetector(BaseDetector):
         self.settings = config
         self.watches = frozenset({*config.metrics, "lr"})
         self._warmup = Warmup(config.warmup_steps)
-        self._series: dict[str, _Series] = {}
-        #: The logged learning rate: its last (step, value), the ratio it last moved by,
-        #: and its last jump (step, before, after), which the diagnosis names.
-        self._lr: tuple[int | None, float] | None = None
-        self._lr_ratio = 1.0
-        self._lr_jump: tuple[int | None, float, float] | None = None
+        self._series: dict[str, ShiftSeries] = {}
+        #: The logged learning rate's last jump, which the diagnosis names.
+        self._lr = LrJumps()
         self.job_started(0.0)
 
     def job_started(self, now: float) -> None:
@@ -198,55 +83,23 @@ class DivergenceDetector(BaseDetector):
         step it resumes at (its first value's), so a run rolled back and diverging again at
         the same step is caught again, at once."""
         self._warmup.reset()
-        self._lr, self._lr_ratio, self._lr_jump = None, 1.0, None
+        self._lr.reset()
         for name in self.settings.metrics:
-            series = self._series.setdefault(name, _Series(self.settings))
+            series = self._series.setdefault(name, ShiftSeries(self.settings))
             series.shift = None
             series.resumed = len(series.history) > 0
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         if sample.name == "lr":
             self._warmup.observe(sample)
-            self._note_lr(sample.step, sample.value)
+            self._lr.note(sample.step, sample.value)
             return []
         series = self._series.get(sample.name)
         if series is None or not math.isfinite(sample.value):
             return []
         return self._judge(series, sample, source, now)
 
-    def _note_lr(self, step: int | None, value: float) -> None:
-        """A jump is a move far above the one before (a warmup climbs by a steady factor)."""
-        if not math.isfinite(value) or value <= 0:
-            return
-        last = self._lr
-        if last is not None:
-            ratio = value / last[1]
-            if ratio >= LR_JUMP and ratio > 2 * self._lr_ratio:
-                self._lr_jump = (step, last[1], value)
-            self._lr_ratio = ratio
-        self._lr = (step, value)
-
-    def _absorb_lr(self, column: list[float] | None, steps: list[int]) -> None:
-        """``_note_lr`` for a block's learning rates: the same state, and where no two
-        values are ``LR_JUMP`` apart (the usual block), without a Python step per value."""
-        if column is None:
-            return
-        values, at = finite_with_steps(column, steps)
-        pairs = [(step, value) for step, value in zip(at, values, strict=True) if value > 0]
-        if not pairs:
-            return
-        known = [value for _, value in pairs] + ([self._lr[1]] if self._lr else [])
-        if max(known) < LR_JUMP * min(known):
-            if len(pairs) >= 2:
-                self._lr_ratio = pairs[-1][1] / pairs[-2][1]
-            elif self._lr is not None:
-                self._lr_ratio = pairs[-1][1] / self._lr[1]
-            self._lr = pairs[-1]
-            return
-        for step, value in pairs:
-            self._note_lr(step, value)
-
-    def _judge(self, series: _Series, sample: Sample, source: str, now: float) -> list[Alert]:
+    def _judge(self, series: ShiftSeries, sample: Sample, source: str, now: float) -> list[Alert]:
         _, value, step, stamp = sample[:4]
         if series.resumed:
             series.resume_at(step)
@@ -257,15 +110,11 @@ class DivergenceDetector(BaseDetector):
                 series.learn(step, value)
                 return []
             recent = [value for _, value in series.recent]
-            level = sorted_median(sorted(recent))
-            if level <= 0 or value <= rise_bar(level, settings.rise):
-                series.learn(step, value)  # the cheap test: under every bar
-                return []
-            current = bars(series.history, recent, settings)
-            if value <= current.shift:
+            current = opens_shift(value, series.history, recent, settings)
+            if current is None:
                 series.learn(step, value)
                 return []
-            series.shift = _Shift(current, step, list(series.recent), [(step, value)])
+            series.shift = Shift(current, step, list(series.recent), [(step, value)])
             return []
         time = stamp if stamp is not None else now
         if value <= shift.bars.back:
@@ -281,18 +130,13 @@ class DivergenceDetector(BaseDetector):
             shift.confirmed = True
             return [self._alert(shift, latest, sample, source, time)]
         if len(shift.since) >= self.settings.window:
-            self._forget(series, shift)  # neither back nor up: the run's new normal
+            series.forget_shift()  # neither back nor up: the run's new normal
         return []
 
-    def _forget(self, series: _Series, shift: _Shift) -> None:
-        series.shift = None
-        for step, value in shift.since:
-            series.learn(step, value)
-
     def _recovered(
-        self, series: _Series, shift: _Shift, sample: Sample, source: str, time: float
+        self, series: ShiftSeries, shift: Shift, sample: Sample, source: str, time: float
     ) -> list[Alert]:
-        self._forget(series, shift)
+        series.forget_shift()
         series.learn(sample.step, sample.value)
         if not shift.confirmed:
             return []
@@ -314,7 +158,7 @@ class DivergenceDetector(BaseDetector):
         ]
 
     def _alert(
-        self, shift: _Shift, latest: float, sample: Sample, source: str, time: float
+        self, shift: Shift, latest: float, sample: Sample, source: str, time: float
     ) -> Alert:
         level = shift.bars.level
         count = len(shift.since)
@@ -336,23 +180,14 @@ class DivergenceDetector(BaseDetector):
         )
 
     def _details(
-        self, kind: str, shift: _Shift, sample: Sample, latest: float | None = None
+        self, kind: str, shift: Shift, sample: Sample, latest: float | None = None
     ) -> dict[str, Any]:
         latest = sample.value if latest is None else latest
         evidence = [*shift.before, *shift.since]
         bars_ = shift.bars
-        jump = self._lr_jump
         first = evidence[0][0] if evidence else None
-        lr_jump = (
-            list(jump)
-            if jump is not None
-            and jump[0] is not None
-            and (first is None or jump[0] >= first)
-            and (shift.onset_step is None or jump[0] <= shift.onset_step)
-            else None
-        )
         return {
-            "lr_jump": lr_jump,
+            "lr_jump": self._lr.within(first, shift.onset_step),
             "kind": kind,
             "metric": sample.name,
             "level": bars_.level,
@@ -390,13 +225,8 @@ class DivergenceDetector(BaseDetector):
         """What ``observe`` does with values under every bar: learn them."""
         columns = block.columns
         self._warmup.extend(columns.get("lr"))
-        self._absorb_lr(columns.get("lr"), block.steps)
+        self._lr.note_all(columns.get("lr"), block.steps)
         for name, series in self._series.items():
             column = columns.get(name)
-            if column is None:
-                continue
-            values, steps = finite_with_steps(column, block.steps)
-            series.history.extend(values)
-            series.steps.extend(steps)
-            kept = series.recent.maxlen or len(values)
-            series.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
+            if column is not None:
+                series.learn_all(*finite_with_steps(column, block.steps))
