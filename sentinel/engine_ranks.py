@@ -10,8 +10,11 @@ into several files (TensorBoard events and a CSV, stdout and ``trainer_state.jso
   several series: each line goes to the series that has not had its step yet and whose
   last value is nearest its own (ranks an order of magnitude apart stay apart); such
   series are numbered in order of appearance (``rank`` 0, 1...); a NaN that could be
-  either's names no rank and goes to the first series. A step far behind the
-  stream's newest is a restart, not a rank: the stream starts again as one series;
+  either's names no rank and goes to the first series. What tells another rank from a
+  resume is that ranks interleave: a stream that goes back once and then rises alone has
+  resumed (from a checkpoint one or two logged steps back, or far behind): it starts
+  again as one series. Only a stream that goes back again within ``INTERLEAVE_LINES``
+  lines of going back holds another rank (a one-writer file never does);
 - which samples are new observations: a metric at a step it was already seen at, or
   behind, from another source of the run is the same observation (or a late copy of it)
   and is dropped; a non-finite value only when that metric was non-finite at that very
@@ -41,6 +44,10 @@ from sentinel.records import PROGRESS, Alert, Block, Sample
 #: another rank's (ranks in lockstep print the same step one after another); further back it
 #: is a restart.
 RANK_WINDOW = 2
+#: A stream that goes back again within this many of its lines after going back holds
+#: another rank: ranks interleave (in lockstep every other line; a rank ``RANK_WINDOW``
+#: steps behind, every ``2 * RANK_WINDOW`` lines). Once back, a resumed job rises alone.
+INTERLEAVE_LINES = 4 * RANK_WINDOW
 #: ``_Stream.place``: a line no series can be told to own.
 UNPLACED = -1
 #: Hooks of a rule that watches the job, not a metric series: such a rule is not made per rank.
@@ -79,19 +86,24 @@ class _Slot:
 class _Stream:
     """The series of one kind of line (one source, one set of stepped metric names)."""
 
-    __slots__ = ("one_writer", "recent", "slots")
+    __slots__ = ("back_at", "lines", "one_writer", "recent", "slots")
 
     def __init__(self, step: int, values: tuple[float, ...], *, one_writer: bool = False) -> None:
         self.slots = [_Slot(step, values)]
         self.recent: deque[int] = deque([step], maxlen=RANK_WINDOW)
         #: A file one logger writes (a CSV, TensorBoard events): a step again is a resume.
         self.one_writer = one_writer
+        #: Lines placed, and how many had been when the stream last went back (no series
+        #: open for its step): a resume, or one more rank if it goes back again soon.
+        self.lines = 0
+        self.back_at = -INTERLEAVE_LINES - 1
 
     def place(self, step: int, values: tuple[float, ...]) -> int | None:
         """The index of the series a line at ``step`` continues; None for a repeat of a line;
         ``UNPLACED`` for a value that cannot be matched (NaN) while several series wait for
         this step: it goes to no series, which stays open for the line that is its own."""
         slots = self.slots
+        self.lines += 1
         if len(slots) == 1 and step > slots[0].step:
             index = 0
         else:
@@ -102,17 +114,25 @@ class _Stream:
                 index = min(open_slots, key=lambda at: _distance(values, slots[at].level))
             elif any(slot.step == step and _same(slot.values, values) for slot in slots):
                 return None
-            elif step in self.recent and not self.one_writer:
+            elif step in self.recent and self._interleaves():
                 index = len(slots)
                 slots.append(_Slot(step, values))
-            else:  # far behind: a restart of the job, not another rank
+                self.back_at = self.lines
+            else:  # a resume (near or far behind), not another rank, until it interleaves
                 slots[:] = [_Slot(step, values)]
                 self.recent.clear()
                 index = 0
+                self.back_at = self.lines
         slots[index].move(step, values)
         if step not in self.recent:
             self.recent.append(step)
         return index
+
+
+    def _interleaves(self) -> bool:
+        """Whether the stream went back, with no series open for its step, a few lines ago
+        (another rank's lines, interleaved): once is a resume."""
+        return not self.one_writer and self.lines - self.back_at <= INTERLEAVE_LINES
 
 
 def _distance(values: tuple[float, ...], level: float) -> float:
@@ -317,4 +337,4 @@ def with_rank(alerts: Sequence[Alert], rank: int) -> list[Alert]:
     ]
 
 
-__all__ = ["RANK_WINDOW", "RunSeries", "rank_rules", "with_rank"]
+__all__ = ["INTERLEAVE_LINES", "RANK_WINDOW", "RunSeries", "rank_rules", "with_rank"]

@@ -7,7 +7,9 @@ Launchers label the lines of each rank when they share one stream:
   ``[trainer1]:``, ``[1]:``: a role name, then the rank, then ``]:``;
 - ``srun --label``'s ``1: ``: a number, a colon and a space. A number at the start of a
   line is as often a step (``100: loss=2.3``), so this one is read as a rank only when the
-  rest of the line names its own step (``1: step 5 | loss 2.3``).
+  rest of the line names its own step (``1: step 5 | loss 2.3``);
+- a script's own ``rank 1: `` or ``Rank 1 | ``; a bare ``rank 1 `` only when the rest names
+  its own step.
 
 ``LineParser.parse`` hands a line that may carry one (``may_carry``) to ``parse_ranked``,
 which strips it, parses the rest once and sets each sample's ``rank``.
@@ -21,9 +23,11 @@ from collections.abc import Callable
 from sentinel.records import PROGRESS, Sample
 
 #: What a line with a rank prefix starts with: cheap gate before the regex.
-_FIRST = frozenset("[0123456789 ")
+_FIRST = frozenset("[0123456789 rR")
 #: ``[rank1]:``, ``[Rank 1]``, ``[default1]:``, ``[1]:``.
 _BRACKETED = re.compile(r"\[(?:(rank) ?|[A-Za-z_][\w-]*?)?(\d{1,6})\](:?) ?", re.IGNORECASE)
+#: ``rank 1:``, ``Rank1 |``, ``RANK 1 `` (the last one not sure).
+_NAMED = re.compile(r"rank ?(\d{1,6})(?: ?([:|]) ?| )", re.IGNORECASE)
 #: srun --label: ``1: `` (right-aligned to the widest task id).
 _LABEL = re.compile(r" *(\d{1,5}): ")
 
@@ -38,14 +42,17 @@ def may_carry(text: str) -> bool:
 def split_rank(text: str) -> tuple[int, str, bool] | None:
     """``(rank, rest of the line, sure)`` for a line with a rank prefix, else None.
 
-    ``sure`` is False for srun's bare ``N: `` label, which is a rank only when the rest
-    names a step."""
+    ``sure`` is False for srun's bare ``N: `` label and a bare ``rank N ``, which are a
+    rank only when the rest names a step."""
     bracketed = _BRACKETED.match(text)
     if bracketed is not None:
         named_rank, rank, colon = bracketed.groups()
         if named_rank or colon:  # a bare ``[1]`` is too common to be a rank
             return int(rank), text[bracketed.end() :], True
         return None
+    named = _NAMED.match(text)
+    if named is not None:
+        return int(named.group(1)), text[named.end() :], named.group(2) is not None
     label = _LABEL.match(text)
     if label is not None:
         return int(label.group(1)), text[label.end() :], False
