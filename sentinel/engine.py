@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sentinel.detectors import DETECTORS, BaseDetector
 from sentinel.engine_blocks import BLOCK_MIN_LINES, BlockFeeder
 from sentinel.engine_history import HISTORY_LEN, History
+from sentinel.engine_hooks import RuleHooks
 from sentinel.engine_position import UNCLOCKED, RunPosition
 from sentinel.engine_ranks import RunSeries, rank_rules, with_rank
 from sentinel.engine_routes import Routes
+from sentinel.engine_samples import SampleFeeder
 from sentinel.facts import RunFacts
 from sentinel.parsers import LineParser
 from sentinel.parsers.files import FileReader, reader_for
-from sentinel.records import PROGRESS, Alert, Line, Sample, Severity
+from sentinel.records import Alert, Line, Sample
 from sentinel.sources import GPU_JOB
 
 if TYPE_CHECKING:
@@ -33,11 +35,6 @@ log = logging.getLogger(__name__)
 __all__ = ["HISTORY_LEN", "Engine", "build_detectors"]
 
 _UNSEEN = object()
-_new_sample = tuple.__new__
-
-
-def _position(found: tuple[int, Alert]) -> int:
-    return found[0]
 
 
 def build_detectors(settings: Settings) -> list[BaseDetector]:
@@ -55,7 +52,8 @@ class Engine:
 
     Its parts: ``routes`` (which rule sees what, and the rules still enabled),
     ``position`` (the run's step and the data's clock), ``history`` (the last samples
-    for reports) and the block path (``BlockFeeder``), which moves the same parts.
+    for reports), the hooks every rule has, guarded (``RuleHooks``), and the sample
+    and block paths (``SampleFeeder``, ``BlockFeeder``), which move the same parts.
     """
 
     def __init__(
@@ -72,6 +70,7 @@ class Engine:
             detector.facts = RunFacts()
         self.parser = parser
         self.position = RunPosition(data_clock=data_clock, logging_steps=logging_steps)
+        self._hooks = RuleHooks(self.routes, self.position)
         self._history = History()
         #: Each rank its own series, each observation once (``engine_ranks``); None in the
         #: engine of one rank's series (``_ranked``), whose lines were sorted already.
@@ -88,7 +87,14 @@ class Engine:
             routes=self.routes,
             series=self.series,
             feed_text=self.feed_text,
-            disable=self._disable,
+            disable=self._hooks.disable,
+        )
+        self._samples = SampleFeeder(
+            position=self.position,
+            history=self._history,
+            routes=self.routes,
+            feed_rank=self._feed_rank,
+            disable=self._hooks.disable,
         )
         self._facts = RunFacts()
         # Per source: the reader of a structured file (CSV, MLflow...), or None for a log.
@@ -208,7 +214,7 @@ class Engine:
                 # Before the data's first timestamp there is no clock: only the crash
                 # classifier's tail of output and the metrics themselves matter.
                 if samples:
-                    return alerts + self.feed_samples(samples, source, UNCLOCKED, rank=rank)
+                    return alerts + self._samples.feed(samples, source, UNCLOCKED, rank)
                 return alerts
             now = position.data_time
         routes = self.routes
@@ -219,12 +225,12 @@ class Engine:
             try:
                 found = detector.output_text(text, source, now)
             except Exception as error:
-                alerts.append(self._disable(detector, error, now))
+                alerts.append(self._hooks.disable(detector, error, now))
                 continue
             if found:
                 alerts += found
         if samples:
-            found = self.feed_samples(samples, source, now, rank=rank)
+            found = self._samples.feed(samples, source, now, rank)
             if found:
                 alerts += found
         return alerts
@@ -234,7 +240,7 @@ class Engine:
         position = self.position
         if position.data_time is None:
             position.data_time = new_time
-            self._each(lambda detector: detector.job_started(new_time), new_time)
+            self._hooks.each(lambda detector: detector.job_started(new_time), new_time)
             return []
         if new_time <= position.data_time:
             return []
@@ -265,68 +271,7 @@ class Engine:
         ``rank``: the line's (``RunSeries.admit``); above 0 the samples go to that rank's
         own rules. Alerts of a ranked line name the rank.
         """
-        if rank:
-            return self._feed_rank(rank, list(samples), source, now)
-        shown: list[Sample] = []
-        metrics = 0
-        position = self.position
-        current = position.current_step
-        history = self._history.by_metric
-        data_clock = position.data_clock
-        for sample in samples:
-            name, value, step, stamp = sample[:4]
-            if stamp is not None and not data_clock:
-                position.data_time = stamp
-            if name == PROGRESS:
-                # Forward only: an evaluation's own progress bar counts batches from 0 again.
-                if step is not None and (current is None or step > current):
-                    current = step
-                    # A progress bar's new step is progress for the rules that measure it
-                    # (stall): a job logging metrics every 500 steps still moves every step.
-                    shown.append(sample)
-                continue
-            if step is None:
-                sample = _new_sample(Sample, (name, value, current, stamp, None))
-            elif current is None or step > current:
-                current = step
-            metrics += 1
-            kept = history.get(name)
-            if kept is None:
-                kept = self._history.series(name)
-            kept.append(sample)
-            shown.append(sample)
-        position.current_step = current
-        if not shown:
-            return []
-        self._history.samples_seen += metrics
-        names = tuple([sample.name for sample in shown])
-        routes = self.routes
-        route = routes.lines.get(names)
-        if route is None:
-            route = routes.line(names)
-        found: list[tuple[int, Alert]] | None = None
-        merged = False
-        for detector, sample_by_sample in route:
-            if sample_by_sample:
-                raised = self._observe_each(detector, shown, source, now)
-            else:
-                try:
-                    raised = detector.observe_samples(shown, source, now)
-                except Exception as error:
-                    raised = [(len(shown), self._disable(detector, error, now))]
-            if raised:
-                if found is None:
-                    found = raised
-                else:
-                    found = found + raised
-                    merged = True
-        if found is None:
-            return []
-        if merged:
-            # Sample order first; for one sample, the rules' order (a stable sort).
-            found.sort(key=_position)
-        alerts = [alert for _, alert in found]
-        return alerts if rank is None else with_rank(alerts, rank)
+        return self._samples.feed(samples, source, now, rank)
 
     def _feed_rank(self, rank: int, samples: list[Sample], source: str, now: float) -> list[Alert]:
         """A line of rank ``rank`` (above 0), to that rank's own rules (``rank_rules``),
@@ -345,46 +290,8 @@ class Engine:
             ranked.position.current_step = run_step
         return with_rank(ranked.feed_samples(samples, source, now), rank)
 
-    def _observe_each(
-        self, detector: BaseDetector, samples: list[Sample], source: str, now: float
-    ) -> list[tuple[int, Alert]]:
-        """A rule without its own ``observe_samples``: ``observe`` per sample it watches.
-
-        A rule that raises is disabled at that sample, its earlier alerts kept.
-        """
-        found: list[tuple[int, Alert]] = []
-        watches = detector.watches
-        for index, sample in enumerate(samples):
-            name = sample.name
-            if name == PROGRESS:
-                if not detector.sees_progress:
-                    continue
-            elif watches is not None and name not in watches:
-                continue
-            try:
-                raised = detector.observe(sample, source, now)
-            except Exception as error:
-                found.append((index, self._disable(detector, error, now)))
-                break
-            if raised:
-                found += [(index, alert) for alert in raised]
-        return found
-
     def tick(self, now: float) -> list[Alert]:
-        routes = self.routes
-        detectors = routes.hooks.get("tick")
-        if detectors is None:
-            detectors = routes.hooked("tick")
-        alerts: list[Alert] = []
-        for detector in detectors:
-            try:
-                found = detector.tick(now)
-            except Exception as error:
-                alerts.append(self._disable(detector, error, now))
-                continue
-            if found:
-                alerts += found
-        return alerts
+        return self._hooks.tick(now)
 
     def job_started(self, now: float, start_step: int = 0) -> None:
         """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
@@ -393,60 +300,21 @@ class Engine:
         if self.series is not None:
             self.series.restart()
         self._ranked.clear()
-        self._each(lambda detector: detector.job_started(now), now)
+        self._hooks.each(lambda detector: detector.job_started(now), now)
 
     def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
-        return self._each(
+        return self._hooks.each(
             lambda detector: detector.job_exited(exit_code, now, expected=expected), now
         )
 
     def memory(self, now: float) -> dict[str, Any]:
         """Per rule, what it keeps across restarts of sentinel (``BaseDetector.memory``)."""
-        kept: dict[str, Any] = {}
-        for detector in self.detectors:
-            memory = detector.memory(now)
-            if memory is not None:
-                kept[detector.rule] = memory
-        return kept
+        return self._hooks.memory(now)
 
     def remember(self, memory: dict[str, Any], *, same_job: bool) -> None:
         """Give each rule back its memory; one that cannot take it starts afresh (logged)."""
-        for detector in self.detectors:
-            if detector.rule in memory:
-                try:
-                    detector.remember(memory[detector.rule], same_job=same_job)
-                except (KeyError, TypeError, ValueError) as error:
-                    log.warning(
-                        "rule %s starts afresh: its memory is unusable (%r)", detector.rule, error
-                    )
+        self._hooks.remember(memory, same_job=same_job)
 
     def recent(self, before_step: int | None, per_metric: int = 8) -> dict[str, list[Sample]]:
         """The last samples of each metric up to ``before_step`` (inclusive), for reports."""
         return self._history.recent(before_step, per_metric)
-
-    def _each(
-        self,
-        hook: Callable[[BaseDetector], list[Alert] | None],
-        now: float,
-    ) -> list[Alert]:
-        """Run one hook on every detector; a detector that raises is disabled, not fatal."""
-        alerts: list[Alert] = []
-        for detector in list(self.detectors):
-            try:
-                alerts += hook(detector) or []
-            except Exception as error:
-                alerts.append(self._disable(detector, error, now))
-        return alerts
-
-    def _disable(self, detector: BaseDetector, error: Exception, now: float) -> Alert:
-        """Take a rule that raised out of the engine; the alert that says so."""
-        log.exception("rule %s failed and is disabled", detector.rule)
-        self.routes.remove(detector)
-        return Alert(
-            rule="sentinel_internal",
-            severity=Severity.WARNING,
-            message=f"rule {detector.rule} failed and was disabled: {error!r}",
-            time=now,
-            source="sentinel",
-            step=self.position.current_step,
-        )
