@@ -102,7 +102,7 @@ class Watch:
                 )
         self.journal = Journal(settings.state_dir)
         #: Each incident's chart, drawn off the loop.
-        self.charts = ChartDrawer()
+        self.charts = ChartDrawer(enabled=settings.evidence.chart)
         #: What could not be written to the state dir lately, and why (for STATUS, metrics).
         self.state_problems: dict[str, str] = {}
         self.state_dir: Path = settings.state_dir
@@ -326,6 +326,7 @@ class Watch:
             self._recent(incident),
             self.state_dir,
             cost=cost,
+            charted=self.charts.enabled,
         )
         shown = picture(
             f"{incident.rule} · incident {incident.id} · {self.job_name}",
@@ -397,7 +398,7 @@ class Watch:
             cost=incident_cost(incident, self.engine.facts, now),
             # A repeat is news of now; any other notice is as of its alert.
             now=now if kind is NoticeKind.REPEAT else None,
-            attachments=incident_files(self.state_dir, incident.id),
+            attachments=incident_files(self.state_dir, incident.id, charted=self.charts.enabled),
         )
         self.safely(
             "the outbox", self.dispatcher.dispatch, notice, incident.rules, now, force=force

@@ -198,8 +198,10 @@ class ChartDrawer:
     """Draws each incident's latest picture on a thread of its own, once its requests
     settle (``settle_s``): a stop rewrites a report several times within a second."""
 
-    def __init__(self, settle_s: float = SETTLE_S) -> None:
+    def __init__(self, settle_s: float = SETTLE_S, *, enabled: bool = True) -> None:
         self.settle_s = settle_s
+        #: Off (``[evidence] chart = false``) or without matplotlib: nothing is drawn.
+        self.enabled = enabled and AVAILABLE
         #: Per incident: the latest picture, its folder, and when it may be drawn.
         self._pending: dict[str, tuple[Picture, Path, float]] = {}
         self._lock = threading.Condition()
@@ -210,7 +212,7 @@ class ChartDrawer:
 
     def request(self, key: str, shown: Picture, folder: Path) -> None:
         """Draw ``shown`` in ``folder`` soon; a newer request for ``key`` replaces it."""
-        if not AVAILABLE:
+        if not self.enabled:
             return
         with self._lock:
             self._pending[key] = (shown, folder, time.monotonic() + self.settle_s)

@@ -65,11 +65,12 @@ def write_report(
     state_dir: Path,
     *,
     cost: IncidentCost | None = None,
+    charted: bool = chart.AVAILABLE,
 ) -> Path:
     """Write (or rewrite) the incident's markdown and JSON reports; returns the markdown path.
 
     ``cost`` is the money lost to the incident; None when it is unknown (no price
-    or no GPU count), which the reports say.
+    or no GPU count), which the reports say. ``charted``: a chart is being drawn.
     """
     reports = private_dir(state_dir / "reports")
     data = incident.to_json()
@@ -80,7 +81,7 @@ def write_report(
     data["cost"] = None if cost is None else cost.to_json()
     data = secrets.mask_data(data)
     markdown = secrets.mask(render_markdown(incident, recent, cost=cost))
-    markdown += files_section(state_dir, incident.id)
+    markdown += files_section(state_dir, incident.id, charted=charted)
     json_path = reports / f"{incident.id}.json"
     md_path = reports / f"{incident.id}.md"
     _atomic_write(json_path, json.dumps(data, indent=2, allow_nan=False) + "\n")
@@ -88,12 +89,12 @@ def write_report(
     return md_path
 
 
-def files_section(state_dir: Path, incident_id: str) -> str:
+def files_section(state_dir: Path, incident_id: str, *, charted: bool = chart.AVAILABLE) -> str:
     """Links to what the incident's folder holds: the evidence taken before the stop, the
-    chart (named while it is being drawn, when it can be); "" when there is neither."""
+    chart (named while it is being drawn, when ``charted``); "" when there is neither."""
     folder = incident_dir(state_dir, incident_id)
     names = [name for name in (EVIDENCE_FILE, CHART_PNG, CHART_SVG) if (folder / name).exists()]
-    if chart.AVAILABLE and CHART_PNG not in names:
+    if charted and CHART_PNG not in names:
         names += [CHART_PNG, CHART_SVG]
     if not names:
         return ""
@@ -104,12 +105,14 @@ def files_section(state_dir: Path, incident_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def incident_files(state_dir: Path, incident_id: str) -> list[str]:
+def incident_files(
+    state_dir: Path, incident_id: str, *, charted: bool = chart.AVAILABLE
+) -> list[str]:
     """What a message about the incident carries: its evidence, if taken, and its chart
-    (drawn by the time the message is sent) when it can be drawn."""
+    (drawn by the time the message is sent) when ``charted``."""
     folder = incident_dir(state_dir, incident_id).absolute()
     found = [str(folder / EVIDENCE_FILE)] if (folder / EVIDENCE_FILE).exists() else []
-    if chart.AVAILABLE or (folder / CHART_PNG).exists():
+    if charted or (folder / CHART_PNG).exists():
         found.append(str(folder / CHART_PNG))
     return found
 

@@ -211,6 +211,9 @@ class EvidenceConfig(_Model):
     enabled: bool = True
     #: At most this long before the first signal; what is not taken by then is said so.
     budget_s: float = Field(default=3.0, ge=0, le=60)
+    #: Draw each incident's chart (PNG and SVG, in a child process; needs matplotlib, the
+    #: ``evidence`` extra); off: the report keeps its text sparklines and no child is started.
+    chart: bool = True
 
 
 class ParserConfig(_Model):

@@ -14,7 +14,7 @@ from sentinel.actions.apprise_message import apprise_call
 from sentinel.actions.messages import render
 from sentinel.actions.notices import NoticeKind
 from sentinel.actions.notify import send_envelope
-from sentinel.actions.report import files_section
+from sentinel.actions.report import files_section, incident_files
 from sentinel.records import Sample
 from tests.helpers.notices import envelope, notice
 from tests.helpers.smtp import SmtpServer
@@ -63,6 +63,21 @@ def test_the_chart_is_drawn_as_png_and_svg(tmp_path: Path) -> None:
     assert len([e for e in root.iter() if e.get("id", "").startswith("axes_")]) == 4
     section = files_section(tmp_path, "x")
     assert "- [chart.png](x/chart.png)" in section and "![" in section
+
+
+def test_chart_off_draws_nothing_and_links_nothing(tmp_path: Path) -> None:
+    """``[evidence] chart = false``: no child is started, the report and the messages name
+    no chart (a chart drawn earlier, by a sentinel with it on, is still named)."""
+    drawer = chart.ChartDrawer(settle_s=0, enabled=False)
+    drawer.request("z", chart.picture("x", _history(), 29, ACTIONS), tmp_path / "reports" / "z")
+    assert drawer.flush(1)
+    assert not (tmp_path / "reports" / "z").exists()
+    assert files_section(tmp_path, "z", charted=False) == ""
+    assert incident_files(tmp_path, "z", charted=False) == []
+    (tmp_path / "reports" / "z").mkdir(parents=True)
+    (tmp_path / "reports" / "z" / chart.CHART_PNG).write_bytes(b"png")
+    assert "- [chart.png](z/chart.png)" in files_section(tmp_path, "z", charted=False)
+    assert incident_files(tmp_path, "z", charted=False)[0].endswith("z/chart.png")
 
 
 def test_the_report_links_only_what_there_is(tmp_path: Path) -> None:

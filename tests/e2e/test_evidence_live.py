@@ -30,6 +30,7 @@ STALL = {
     "SENTINEL_RULES__STALL__ADAPTIVE": "false",  # else steps every 0.2 s learn longer ones
     "SENTINEL_PROCESS__INTERVAL_S": "0.2",
     "SENTINEL_EVIDENCE__BUDGET_S": "20",  # a loaded CI machine; a stop takes 3 s by default
+    "SENTINEL_EVIDENCE__CHART": "true",  # the suite's default is off (tests/conftest.py)
     "OMP_NUM_THREADS": "1",
 }
 
