@@ -4,9 +4,13 @@ incidents, and a jump or a warmup in the logged learning rate (``sentinel.diagno
 - a jump in the logged learning rate, or a warmup still rising, before a blow-up: the
   schedule, named with the step where the LR changed, next to the grad-norm evidence;
 - a grad-norm run or spike just before a NaN: an optimisation blow-up;
-- a NaN in the first steps with no divergence before it: the data;
+- a NaN in the first steps with no divergence before it: the data. "First" is judged by
+  where the log says the run is (its step, its epoch), not by how many values the excerpt
+  sentinel holds shows before the NaN: a log that begins late is no start;
 - a NaN out of the blue after a healthy stretch: a bad batch at that step, an fp16
-  overflow or a numerics edge case (the step and its samples to inspect).
+  overflow or a numerics edge case (the step or epoch, and its samples, to inspect); a
+  run whose loss scale is 1.0 throughout has no dynamic loss scaling (bf16 or fp32), so
+  no fp16 overflow is suspected.
 """
 
 from __future__ import annotations
@@ -61,9 +65,10 @@ def nan_reading(
             " use bf16 rather than fp16",
             drawn,
         )
-    where = f" at step {step}" if step is not None else ""
+    where = _position(step, recent.get(metric or "", ()), recent)
     evidence = nan_alert.details.get("evidence") or []
-    if any("loss scale" in str(item) for item in evidence):
+    unscaled = _no_loss_scaling(recent, step)
+    if not unscaled and any("loss scale" in str(item) for item in evidence):
         return (
             "fp16 overflow: the loss scale is at its minimum and the gradients still overflow",
             "train in bf16, or lower the learning rate and clip gradients; roll back to the"
@@ -77,15 +82,74 @@ def nan_reading(
             " inputs, a bad tokenizer pad id",
             metric,
         )
+    flat = (
+        "NaN with a flat grad-norm before it"
+        if _finite_before(recent.get("grad_norm", ()), step)
+        else "NaN"
+    )
+    epoch = _last_epoch(recent)
+    placed = step is not None or (epoch is not None and epoch > EARLY_EPOCH)
+    seen = (
+        f"long past the start, though the log shows only {before} finite values before it"
+        if before <= FIRST_STEPS and placed
+        else f"{before} finite values seen"
+    )
+    if unscaled:
+        return (
+            f"{flat}, out of the blue{where} after a healthy stretch ({seen}): a bad batch or"
+            " a numerics edge case; the loss scale is 1.0 throughout, so the run has no"
+            " dynamic loss scaling (bf16 or fp32): not an fp16 overflow",
+            f"inspect the batch{where} (the samples below); rerun that step under"
+            " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, look"
+            " for a log(0), a division by zero or an overflow in a custom kernel",
+            metric,
+        )
     return (
-        f"NaN with a flat grad-norm before it, out of the blue{where} after a healthy"
-        f" stretch ({before} finite values seen): a bad batch, an fp16 overflow or a numerics"
-        " edge case",
+        f"{flat}, out of the blue{where} after a healthy stretch ({seen}): a bad batch, an"
+        " fp16 overflow or a numerics edge case",
         f"inspect the batch{where} (the samples below); rerun that step under"
         " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, suspect an"
         " fp16 overflow (bf16, or a lower initial loss scale) or a log(0) or division by zero",
         metric,
     )
+
+
+def _position(
+    step: int | None, samples: Sequence[Sample], recent: Mapping[str, Sequence[Sample]]
+) -> str:
+    """Where the log says the NaN came: " at step N", else " at epoch E", else nothing.
+
+    With no step, the epoch is the one logged beside the first non-finite value of
+    ``samples`` where the two series line up from their ends (one line logs both: HF's
+    dicts, ``epoch: 3451 loss: nan``), else the last logged epoch."""
+    if step is not None:
+        return f" at step {step}"
+    epochs = [sample.value for sample in recent.get("epoch", ()) if math.isfinite(sample.value)]
+    if not epochs:
+        return ""
+    first_bad = next(
+        (index for index, sample in enumerate(samples) if not math.isfinite(sample.value)), None
+    )
+    at = None if first_bad is None else len(epochs) - len(samples) + first_bad
+    epoch = epochs[at] if at is not None and 0 <= at < len(epochs) else epochs[-1]
+    return f" at epoch {epoch:g}"
+
+
+def _last_epoch(recent: Mapping[str, Sequence[Sample]]) -> float | None:
+    epochs = [sample.value for sample in recent.get("epoch", ()) if math.isfinite(sample.value)]
+    return epochs[-1] if epochs else None
+
+
+def _no_loss_scaling(recent: Mapping[str, Sequence[Sample]], step: int | None) -> bool:
+    """Whether the logged loss scale says the run has no dynamic loss scaling: 1.0 on every
+    value up to ``step`` (Megatron logs 1.0 under bf16 and fp32; a dynamic fp16 scaler
+    starts at 2**16 and moves)."""
+    scales = [
+        sample.value
+        for sample in recent.get("loss_scale", ())
+        if step is None or sample.step is None or sample.step <= step
+    ]
+    return bool(scales) and all(scale == 1.0 for scale in scales)
 
 
 def lr_evidence(
@@ -155,13 +219,17 @@ def _early(
     step: int | None, samples: Sequence[Sample], recent: Mapping[str, Sequence[Sample]]
 ) -> bool:
     """Whether ``step`` is among the run's first logged steps: at most ``FIRST_STEPS`` + 1
-    logging intervals from the start. A log that begins late (an excerpt, a resumed run)
-    shows few values before a NaN at step 1655, which is no first step. With no step, the
-    logged epoch tells (its first 5%); with neither, nothing says it came first."""
+    logging intervals from the start, and no logged epoch past the start. A log that begins
+    late (an excerpt, a resumed run) shows few values before a NaN at step 1655, which is
+    no first step. With no step, the logged epoch tells (its first 5%); with neither,
+    nothing says it came first."""
+    epoch = _last_epoch(recent)
+    # A fraction (HF's 0.02); a whole number counts epochs (0 is all of the first one, and
+    # 1 may be too: a count from 1), so only one past that is surely no start.
     if step is None:
-        epochs = [sample.value for sample in recent.get("epoch", ()) if math.isfinite(sample.value)]
-        # A fraction (HF's 0.02); a whole number counts epochs (0 is all of the first one).
-        return bool(epochs) and epochs[-1] <= EARLY_EPOCH and not epochs[-1].is_integer()
+        return epoch is not None and epoch <= EARLY_EPOCH and not epoch.is_integer()
+    if epoch is not None and (epoch >= 2 or (epoch > EARLY_EPOCH and not epoch.is_integer())):
+        return False
     steps = sorted({sample.step for sample in samples if sample.step is not None})
     gaps = [later - earlier for earlier, later in pairwise(steps)]
     interval = statistics.median(gaps) if gaps else 1

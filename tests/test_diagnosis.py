@@ -249,3 +249,75 @@ def test_loss_scale_readings(severity: Severity, cause_has: str) -> None:
     reading = diagnose(incident_of(alert("loss_scale", severity, 700, "loss_scale")), {})
     assert cause_has in reading.cause
     assert reading.inspect_step == 700
+
+
+def test_a_constant_loss_scale_of_one_is_no_fp16_overflow() -> None:
+    """Megatron under bf16 logs ``loss scale: 1.0`` on every line: no dynamic scaling."""
+    nan = alert(
+        "nan_inf",
+        Severity.CRITICAL,
+        5426,
+        "grad_norm",
+        finite_before=0,
+        evidence=["the loss scale is at its minimum (1)"],
+    )
+    recent = {
+        "loss_scale": series("loss_scale", [1.0] * 3, first_step=5424),
+        "grad_norm": series("grad_norm", [NAN] * 3, first_step=5424),
+    }
+    diagnosis = diagnose(incident_of(nan), recent)
+    assert not diagnosis.cause.startswith("fp16 overflow")
+    assert "first steps" not in diagnosis.cause
+    assert "out of the blue at step 5426" in diagnosis.cause
+    assert "no dynamic loss scaling (bf16 or fp32): not an fp16 overflow" in diagnosis.cause
+    assert "fp16" not in diagnosis.advice
+
+
+def test_a_falling_loss_scale_at_its_minimum_is_still_an_fp16_overflow() -> None:
+    nan = alert(
+        "nan_inf",
+        Severity.CRITICAL,
+        900,
+        "grad_norm",
+        evidence=["the loss scale is at its minimum (0.0001)"],
+    )
+    recent = {"loss_scale": series("loss_scale", [0.5, 0.01, 1e-4], first_step=898)}
+    assert diagnose(incident_of(nan), recent).cause.startswith("fp16 overflow")
+
+
+def test_a_stepless_nan_at_epoch_053_names_the_epoch_not_the_first_steps() -> None:
+    """HF's dicts without a bar: ``{'loss': 0.0, 'grad_norm': nan, 'epoch': 0.53}``."""
+    nan = Alert(
+        rule="nan_inf",
+        severity=Severity.CRITICAL,
+        message="m",
+        time=T0,
+        step=None,
+        metric="grad_norm",
+        details={"finite_before": 2},
+    )
+    recent = {
+        "epoch": [Sample("epoch", 0.52, None), Sample("epoch", 0.53, None)],
+        "grad_norm": [Sample("grad_norm", 0.4, None), Sample("grad_norm", NAN, None)],
+    }
+    cause = diagnose(incident_of(nan), recent).cause
+    assert "first steps" not in cause
+    assert "out of the blue at epoch 0.53" in cause
+    assert "long past the start, though the log shows only 2 finite values" in cause
+
+
+def test_an_early_batch_of_a_late_epoch_is_not_the_first_steps() -> None:
+    """A loop that counts batches within an epoch: batch 3 of epoch 3 is no start."""
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 3, "loss"))
+    loss = series("loss", [1.2, 1.1, NAN])
+    assert "first steps" in diagnose(incident, {"loss": loss}).cause
+    recent = {"epoch": series("epoch", [3.0] * 3), "loss": loss}
+    assert "first steps" not in diagnose(incident, recent).cause
+
+
+def test_a_nan_with_no_grad_norm_logged_claims_no_flat_grad_norm() -> None:
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 1655, "loss", finite_before=0))
+    recent = {"loss": series("loss", [NAN] * 3, first_step=1655)}
+    cause = diagnose(incident, recent).cause
+    assert cause.startswith("NaN, out of the blue at step 1655")
+    assert "grad-norm" not in cause
