@@ -78,6 +78,8 @@ fast_loads: Callable[[str], Any] | None = (
 _STEP_PRIORITY = {key: rank for rank, key in enumerate(RECORD_STEP_KEYS)}
 _new_tuple = tuple.__new__
 _TIME_PRIORITY = {key: rank for rank, key in enumerate(TIME_KEYS)}
+#: Fields that say how far a run is, not how it does (LLaMA-Factory's ``trainer_log.jsonl``).
+_NOT_METRICS = frozenset({"total_steps", "percentage"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,8 @@ def _schema(keys: tuple[str, ...]) -> _Schema:
             names.append(None)
         elif lowered in _TIME_PRIORITY:
             time_keys.append(key)
+            names.append(None)
+        elif lowered in _NOT_METRICS:
             names.append(None)
         else:
             names.append(normalise_name(key))

@@ -13,7 +13,11 @@ lines of ``frameworks``:
 - a metrics CSV with a header row, whatever the file is called and however its
   cells are padded (Keras ``CSVLogger``'s ``training.log``, Ultralytics' ``results.csv``):
   a header names at least two columns, one a known metric or step; the rows under
-  it that hold as many numbers are read, at the step (else the epoch) column's value;
+  it that hold as many numbers are read, at the step (else the epoch) column's value.
+  A loss logged only in parts (Ultralytics' ``train/box_loss``, ``train/cls_loss``...,
+  and ``val/box_loss``...) is also read whole, as the trainer sums it: ``loss`` and
+  ``eval_loss``, beside each part; ``metrics/mAP50(B)`` and the like stay metrics of
+  their own, ``lr/pg0`` is the learning rate;
 - a line with terminal colours (torchtitan's ``step:  1  loss:  8.1940 ...``) is read
   without its escape sequences.
 """
@@ -41,13 +45,15 @@ _STEP_COLUMNS = frozenset(RECORD_STEP_KEYS)
 class Formats:
     """Reads the lines of the formats in this module's docstring, keeping what they need."""
 
-    __slots__ = ("_columns", "_composer_step", "_epoch", "_step_column")
+    __slots__ = ("_columns", "_composer_step", "_epoch", "_step_column", "_totals")
 
     def __init__(self) -> None:
         self._epoch: int | None = None  # Keras: the epoch being trained (1-based)
         self._composer_step: int | None = None  # Composer: the step its last head named
         self._columns: tuple[str, ...] | None = None  # CSV: the metric name of each column
         self._step_column: int | None = None  # CSV: the step (or epoch) column
+        # CSV: a loss logged only in parts: its name and the columns it is the sum of.
+        self._totals: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line in one of these formats; None for another line."""
@@ -123,11 +129,16 @@ class Formats:
             stamp = values[self._step_column]
             if stamp is not None and stamp.is_integer():
                 step = int(stamp)
-        return [
+        samples = [
             Sample(name, value, step)
             for index, (name, value) in enumerate(zip(columns, values, strict=True))
             if value is not None and index != self._step_column
         ]
+        for name, parts in self._totals:
+            total = [values[index] for index in parts]
+            if None not in total:
+                samples.append(Sample(name, sum(total), step))  # type: ignore[arg-type]
+        return samples
 
     def _csv_header(self, cells: list[str]) -> list[Sample] | None:
         if len(cells) < 2 or not all(_HEADER_CELL.fullmatch(cell) for cell in cells):
@@ -140,4 +151,20 @@ class Formats:
         epochs = [index for index, cell in enumerate(lowered) if cell == "epoch"]
         found = steps or epochs
         self._step_column = found[0] if found else None
+        self._totals = tuple(
+            (total, parts)
+            for total, prefix in (("loss", "train/"), ("eval_loss", "val/"))
+            if total not in self._columns
+            for parts in [_loss_parts(lowered, prefix)]
+            if len(parts) > 1
+        )
         return []
+
+
+def _loss_parts(lowered: list[str], prefix: str) -> tuple[int, ...]:
+    """The columns of a loss logged in parts under ``prefix``: ``train/box_loss``..."""
+    return tuple(
+        index
+        for index, cell in enumerate(lowered)
+        if cell.startswith(prefix) and cell.endswith("_loss")
+    )

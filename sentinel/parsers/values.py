@@ -35,6 +35,7 @@ ALIASES: dict[str, str] = {
     "learning_rate": "lr",
     "train/learning_rate": "lr",
     "train/lr": "lr",
+    "lr/pg0": "lr",  # Ultralytics: the first parameter group's
     "tokens_per_sec": "tokens_per_sec",
     "tok/s": "tokens_per_sec",
     "tokens/s": "tokens_per_sec",

@@ -93,3 +93,68 @@ def test_fairseq_overflow_sets_the_loss_scale() -> None:
 def test_lines(lines: list[str], expected: list[list[Sample]]) -> None:
     parser = LineParser()
     assert repr([parser.parse(line) for line in lines]) == repr(expected)
+
+
+CORPUS = Path(__file__).parent.parent / "corpus" / "healthy"
+#: An Ultralytics 8.0 ``results.csv``: every cell padded to a width.
+_PADDED = [
+    "                  epoch,      train/box_loss,      train/cls_loss,      train/dfl_loss,"
+    "   metrics/precision(B),      metrics/recall(B),       metrics/mAP50(B),"
+    "    metrics/mAP50-95(B),        val/box_loss,        val/cls_loss,        val/dfl_loss,"
+    "                 lr/pg0,                 lr/pg1,                 lr/pg2",
+    "                      0,              1.25,              nan,              1.0,"
+    "                0.5,                0.4,                0.3,                0.2,"
+    "               1.5,               2.5,               1.0,              0.07,"
+    "             0.003,             0.003",
+]
+
+
+def test_ultralytics_results_csv_reads_its_loss_whole_and_in_parts() -> None:
+    """The corpus's real YOLO11-seg ``results.csv``: at each epoch, the train loss as the
+    sum of its parts (``loss``), each part, the val loss likewise (``eval_loss``), the
+    first group's learning rate (``lr``) and the mAPs as metrics of their own."""
+    parser = LineParser()
+    lines = (CORPUS / "yolo11-seg-gallstone" / "results.csv").read_text().splitlines()
+    rows = [{sample.name: sample for sample in parser.parse(line)} for line in lines]
+    assert rows[0] == {}
+    first = rows[1]
+    assert {sample.step for sample in first.values()} == {1}
+    assert first["loss"].value == pytest.approx(1.49295 + 2.32854 + 2.62821 + 1.20624)
+    assert first["box_loss"].value == 1.49295
+    assert first["eval_loss"].value == pytest.approx(1.2426 + 1.63945 + 3.58494 + 1.13346)
+    assert first["lr"].value == 0.000546249
+    assert first["metrics/map50-95(b)"].value == 0.13895
+    assert not {name for name in first if name.startswith("metrics/") and "loss" in name}
+    assert [row["loss"].step for row in rows[1:]] == list(range(1, len(lines)))
+
+
+def test_a_nan_in_one_part_of_a_padded_results_csv_is_a_nan_loss() -> None:
+    parser = LineParser()
+    assert parser.parse(_PADDED[0]) == []
+    row = {sample.name: sample for sample in parser.parse(_PADDED[1])}
+    assert math.isnan(row["loss"].value) and math.isnan(row["cls_loss"].value)
+    assert (row["loss"].step, row["eval_loss"].value, row["lr"].value) == (0, 5.0, 0.07)
+
+
+def test_a_csv_with_its_own_loss_column_is_not_summed() -> None:
+    parser = LineParser()
+    parser.parse("epoch,train/loss,train/box_loss,train/cls_loss")
+    assert [sample.name for sample in parser.parse("1,3.0,1.0,2.0")] == [
+        "loss",
+        "box_loss",
+        "cls_loss",
+    ]
+
+
+@pytest.mark.parametrize("run", ["llamafactory-mistral-translator", "llamafactory-rm-pairwise"])
+def test_llamafactory_trainer_log_lines_are_at_their_current_steps(run: str) -> None:
+    """Each line of a real ``trainer_log.jsonl`` at its ``current_steps``; its bookkeeping
+    (``total_steps``, ``percentage``, the times as text) is no metric."""
+    parser = LineParser()
+    lines = (CORPUS / run / "trainer_log.jsonl").read_text().splitlines()
+    for line in lines:
+        record = json.loads(line)
+        samples = parser.parse(line)
+        assert {sample.step for sample in samples} == {record["current_steps"]}
+        assert {sample.name: sample.value for sample in samples}["loss"] == record["loss"]
+        assert not {"total_steps", "percentage", "elapsed_time"} & {s.name for s in samples}
