@@ -8,7 +8,6 @@ when, is the dispatcher's (``sentinel.actions.dispatch``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -36,13 +35,10 @@ from sentinel.parsers import LineParser
 from sentinel.records import Alert, Sample, Severity
 from sentinel.run_verdict import resolve_run_id
 from sentinel.state import StateStore
+from sentinel.watch_memory import RunMemory
 
 log = logging.getLogger(__name__)
 
-#: The state dir's key for what sentinel knows of the run (``Watch.save_memory``).
-MEMORY_KEY = "memory"
-#: Its layout; a memory of another layout is not taken back (said once).
-MEMORY_VERSION = 1
 #: How long sentinel waits, when it ends, for the incident charts still being drawn.
 CHART_FLUSH_S = 20.0
 #: The incident of a state dir that refuses writes (sentinel's own; it only notifies).
@@ -76,12 +72,8 @@ class Watch:
         and when they were last announced; with ``run_wide`` (``watch``: the state dir is
         the run's), also the spend and the flapping clocks when the job is a new attempt.
         """
-        self._run_wide = run_wide
         self.settings = settings
-        self._store = store
-        self._remembered = self._load_memory(store) if remember else None
-        self._memory_saved = ""
-        self._job_identity: list[float] | None = None
+        self._memory = RunMemory(store, remember=remember, run_wide=run_wide)
         self._on_incident = on_incident
         self.notifier = notifier
         self.job_name = job_name
@@ -191,53 +183,7 @@ class Watch:
 
     def save_memory(self, now: float) -> None:
         """Write what must outlive sentinel to the state dir, if it changed since last time."""
-        memory = {
-            "version": MEMORY_VERSION,
-            "job": self._job_identity,
-            "rules": self.engine.memory(now),
-            "incidents": self.tracker.memory(),
-            "dispatch": self.dispatcher.memory(),
-        }
-        text = json.dumps(memory, default=str, sort_keys=True)
-        if text != self._memory_saved:
-            self.safely("what sentinel knows of the run", self._store.put, MEMORY_KEY, text)
-            self._memory_saved = text
-
-    @staticmethod
-    def _load_memory(store: StateStore) -> dict[str, Any] | None:
-        try:
-            text = store.get(MEMORY_KEY)
-            memory = json.loads(text) if text else None
-        except (OSError, sqlite3.Error, ValueError) as error:
-            log.warning("what sentinel knew of the run cannot be read (%s): starting afresh", error)
-            return None
-        if memory is not None and memory.get("version") != MEMORY_VERSION:
-            log.warning(
-                "what sentinel knew of the run has layout %r, this one reads %d: starting afresh",
-                memory.get("version"),
-                MEMORY_VERSION,
-            )
-            return None
-        return memory if isinstance(memory, dict) else None
-
-    def _remember(self, memory: dict[str, Any]) -> None:
-        same_job = self._job_identity is not None and memory.get("job") == self._job_identity
-        if not same_job and not self._run_wide:
-            return  # `run` with a job of its own: a new run, nothing of the last one carries
-        try:
-            self.engine.remember(memory["rules"], same_job=same_job)
-            self.dispatcher.remember(memory["dispatch"], same_job=same_job)
-            restored = self.tracker.remember(memory["incidents"]) if same_job else []
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            log.warning("what sentinel knew of the run is unusable (%r): starting afresh", error)
-            return
-        log.info(
-            "took back what sentinel knew before it restarted (%s)%s",
-            "the same job" if same_job else "a new attempt",
-            f": {len(restored)} open incident(s): {', '.join(i.id for i in restored)}"
-            if restored
-            else "",
-        )
+        self._memory.save(now, self.engine, self.tracker, self.dispatcher, self.safely)
 
     def job_started(
         self, now: float, start_step: int = 0, identity: tuple[int, float] | None = None
@@ -256,10 +202,7 @@ class Watch:
             self.engine = self._engine(self.settings)
             log.info("the reloaded rules are in force from this attempt on")
         self.engine.job_started(now, start_step)
-        self._job_identity = None if identity is None else [identity[0], identity[1]]
-        remembered, self._remembered = self._remembered, None
-        if remembered is not None:
-            self._remember(remembered)
+        self._memory.job_started(identity, self.engine, self.tracker, self.dispatcher)
 
     def policy(self, incident: Incident) -> str:
         """What a critical ``incident`` calls for: "notify", "stop" or "restart".
