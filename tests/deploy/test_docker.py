@@ -8,13 +8,17 @@ wheel needs; the image itself is built and run only where ``docker info`` answer
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import tomllib
 import uuid
 import zipfile
 from pathlib import Path
@@ -85,8 +89,42 @@ def test_image_is_small_non_root_and_runs_sentinel() -> None:
     assert users == ["1000:1000"], "the final stage runs as uid 1000, not root"
     assert ("ENTRYPOINT", '["sentinel"]') in final
     installs = [args for word, args in final if word == "RUN" and "pip install" in args]
-    assert installs and "/dist/*.whl" in installs[0], "the final stage installs the built wheel"
+    assert installs and "for wheel in /dist/sentinel_watchdog-*.whl" in installs[0]
+    assert "@ file://${wheel}" in installs[0], "the final stage installs the built wheel"
     assert not any(word in ("COPY", "ADD") for word, _ in final), "no source in the image"
+
+
+def _final_install() -> str:
+    """The final stage's RUN that installs the wheel."""
+    steps = _instructions(DOCKERFILE.read_text())
+    final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM") :]
+    [install] = [args for word, args in final if word == "RUN" and "pip install" in args]
+    return install
+
+
+def _requirement() -> str:
+    """What the final stage asks pip for, ``${wheel}`` being each built wheel."""
+    [requirement] = re.findall(r'pip install --no-cache-dir "([^"]+)"', _final_install())
+    return requirement
+
+
+def _file_caps_program() -> str:
+    """The Python program the final stage runs to write the file capabilities."""
+    argv = shlex.split(_final_install())
+    [at] = [i for i, word in enumerate(argv) if word == "python" and argv[i + 1] == "-c"]
+    return argv[at + 2]
+
+
+def test_image_carries_the_evidence_extra_and_py_spy_is_in_it() -> None:
+    """The image installs sentinel with its `evidence` extra, which carries py-spy (the
+    stacks before a stop) and matplotlib (the incident's chart)."""
+    assert _requirement() == "sentinel-watchdog[evidence] @ file://${wheel}"
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    names = {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0] for spec in extras["evidence"]}
+    assert {"py-spy", "matplotlib"} <= names
+    assert "cap_sys_ptrace" in _file_caps_program()
 
 
 def test_no_secrets_are_baked_in() -> None:
@@ -148,8 +186,21 @@ def test_build_stage_makes_the_wheel_from_the_context_dockerignore_sends(tmp_pat
         names = archive.namelist()
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         assert "sentinel = sentinel.cli:main" in archive.read(entry_points).decode()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
     assert "sentinel/cli.py" in names and "sentinel/demo/toy_job.py" in names
     assert not any(name.startswith("tests/") for name in names)
+    assert re.search(rb"Requires-Dist: py-spy\S*; extra == .evidence.", metadata)
+
+    # The final stage's requirement names this wheel with the extra: what pip would install.
+    report = tmp_path / "report.json"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-deps",
+         "--quiet", "--report", str(report), _requirement().replace("${wheel}", str(wheel))],
+        check=True, timeout=120, capture_output=True,
+    )  # fmt: skip
+    [install] = json.loads(report.read_text())["install"]
+    assert install["metadata"]["name"] == "sentinel-watchdog"
+    assert install["requested_extras"] == ["evidence"]
 
 
 def _docker_answers() -> bool:
@@ -181,3 +232,114 @@ def test_image_builds_and_runs_as_uid_1000() -> None:
         assert json.loads(config)["notify"]["urls"] == [], "no notification URL in the image"
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120, check=False)
+
+
+# -- py-spy's capability in a non-root container --------------------------------------------
+
+#: What sentinel does before a stop, reduced: run py-spy on the job, say what came back.
+_STAND_IN = """\
+import json, subprocess, sys
+try:
+    done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=20)
+    print(json.dumps({"rc": done.returncode, "out": done.stdout, "err": done.stderr}))
+except OSError as error:
+    print(json.dumps({"oserror": error.errno}))
+"""
+#: The job: a Python process of another user, stuck in a function with a telling name.
+_JOB = """\
+import sys, time
+def stuck_in_a_telling_name():
+    print("ready", flush=True)
+    time.sleep(120)
+stuck_in_a_telling_name()
+"""
+
+
+def _as_user(uid: int, bounding: str, *argv: str) -> list[str]:
+    """``argv`` as a non-root container runs its processes: ``uid``, no supplementary groups,
+    no inheritable or ambient capabilities, the bounding set ``bounding`` (drop ALL, add ...),
+    no_new_privs (allowPrivilegeEscalation: false)."""
+    return [
+        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+        "--ambient-caps=-all", f"--bounding-set={bounding}", "--no-new-privs", *argv,
+    ]  # fmt: skip
+
+
+def _system_python() -> str | None:
+    """A Python that another user can run (the venv's may live under a private home)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if not Path(candidate).exists():
+            continue
+        done = subprocess.run(
+            _as_user(1000, "-all", candidate, "-c", "pass"), capture_output=True, timeout=30
+        )
+        if done.returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.mark.slow
+def test_file_caps_let_a_non_root_sidecar_run_py_spy_on_another_users_job() -> None:
+    """The image's file capabilities, written by its own program onto copies of a Python and
+    py-spy, hand CAP_SYS_PTRACE to py-spy under uid 1000 with no_new_privs: it reads the
+    stack of another user's job. Without SYS_PTRACE in the bounding set py-spy cannot start;
+    a py-spy without the file capability is refused by the kernel."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not py_spy.exists():
+        pytest.skip("needs root (to write file capabilities and switch users), setpriv, py-spy")
+    system_python = _system_python()
+    if system_python is None:
+        pytest.skip("no Python here that uid 1000 may run")
+    image = Path(tempfile.mkdtemp(prefix="sentinel-image-"))
+    job = None
+    try:
+        image.chmod(0o755)
+        python = image / "python3.11"
+        shutil.copy2(os.path.realpath(system_python), python)
+        (image / "python").symlink_to("python3.11")
+        shutil.copy2(py_spy, image / "py-spy")
+        shutil.copy2(py_spy, image / "py-spy-plain")
+        stand_in = image / "sentinel"
+        stand_in.write_text(f"#!{image / 'python'}\n{_STAND_IN}")  # a console script
+        stand_in.chmod(0o755)
+        try:
+            subprocess.run(
+                [str(image / "python"), "-c", _file_caps_program()],
+                check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+        except subprocess.CalledProcessError as error:
+            pytest.skip(f"file capabilities cannot be written here: {error.stderr.decode()}")
+        if shutil.which("getcap"):
+            said = subprocess.run(
+                ["getcap", str(python), str(image / "py-spy")],
+                capture_output=True, text=True, check=True, timeout=30,
+            ).stdout  # fmt: skip
+            assert f"{python} cap_sys_ptrace=p" in said
+            assert f"{image / 'py-spy'} cap_sys_ptrace=ep" in said
+
+        job = subprocess.Popen(
+            _as_user(1001, "-all", system_python, "-c", _JOB), stdout=subprocess.PIPE, text=True
+        )
+        assert job.stdout is not None and job.stdout.readline() == "ready\n"
+
+        def dump(binary: str, bounding: str) -> dict[str, object]:
+            argv = [str(image / binary), "dump", "--pid", str(job.pid)]
+            done = subprocess.run(
+                _as_user(1000, bounding, str(stand_in), *argv),
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            said: dict[str, object] = json.loads(done.stdout)
+            return said
+
+        taken = dump("py-spy", "-all,+sys_ptrace")
+        assert taken["rc"] == 0, taken
+        assert "stuck_in_a_telling_name" in str(taken["out"])
+        assert dump("py-spy", "-all") == {"oserror": errno.EPERM}, "no SYS_PTRACE: no start"
+        refused = dump("py-spy-plain", "-all,+sys_ptrace")
+        assert refused["rc"] != 0 and "permission denied" in str(refused["err"]).lower()
+    finally:
+        if job is not None:
+            job.kill()
+            job.communicate(timeout=30)
+        shutil.rmtree(image)
