@@ -303,7 +303,8 @@ def test_probes_and_ports_are_the_http_address(where: str) -> None:
     assert sidecar["envFrom"] == [{"secretRef": {"name": "sentinel-notify", "optional": True}}]
 
 
-@pytest.mark.parametrize("where", ["overlays/sidecar", "examples/jobset", "examples/pytorchjob"])
+@pytest.mark.parametrize("where", ["overlays/sidecar", "overlays/in-place-restart",
+                                   "examples/jobset", "examples/pytorchjob"])  # fmt: skip
 def test_sidecar_runs_as_the_trainer_with_only_sys_ptrace(where: str) -> None:
     pod, _job = _pod_specs()[where]
     sidecar, trainer = _sidecar(pod), _trainer(pod)
@@ -312,6 +313,62 @@ def test_sidecar_runs_as_the_trainer_with_only_sys_ptrace(where: str) -> None:
     assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert context["allowPrivilegeEscalation"] is False
     assert trainer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def _watching_sentinels(doc: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, container) for every ``sentinel watch`` container anywhere in ``doc``."""
+    found: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    if isinstance(doc, list):
+        for item in doc:
+            found += _watching_sentinels(item)
+    elif isinstance(doc, dict):
+        if isinstance(doc.get("containers"), list):
+            for container in doc.get("initContainers", []) + doc["containers"]:
+                if container.get("args", [None])[0] == "watch":
+                    found.append((doc, container))
+        for value in doc.values():
+            found += _watching_sentinels(value)
+    return found
+
+
+def _ptrace_gaps(docs: tuple[dict[str, Any], ...]) -> list[str]:
+    """Watching sentinels that could not take the job's stacks: py-spy attaches with ptrace,
+    which needs the job's processes in sight (a shared process namespace) and, past Yama's
+    ptrace_scope 1 (the sidecar is not the job's ancestor), CAP_SYS_PTRACE, which a
+    securityContext that drops ALL must add back."""
+    gaps = []
+    for pod, container in _watching_sentinels(list(docs)):
+        capabilities = container.get("securityContext", {}).get("capabilities", {})
+        if pod.get("shareProcessNamespace") is not True:
+            gaps.append(f"{container['name']}: the pod does not share its process namespace")
+        if "ALL" in capabilities.get("drop", []) and "SYS_PTRACE" not in capabilities.get(
+            "add", []
+        ):
+            gaps.append(f"{container['name']}: drops ALL and does not add SYS_PTRACE back")
+    return gaps
+
+
+@pytest.mark.parametrize("overlay", ["overlays/sidecar", "overlays/in-place-restart", "examples"])
+def test_every_watching_sentinel_may_ptrace_the_job_for_its_stacks(overlay: str) -> None:
+    docs = _render(overlay)
+    sentinels = _watching_sentinels(list(docs))
+    assert len(sentinels) == (2 if overlay == "examples" else 1)
+    for _pod, container in sentinels:
+        assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert _ptrace_gaps(docs) == []
+
+
+def test_the_ptrace_check_can_fail() -> None:
+    """A sidecar whose restrictive securityContext forgets SYS_PTRACE is reported."""
+    job = copy.deepcopy(_one(_render("overlays/sidecar"), "Job"))
+    pod = job["spec"]["template"]["spec"]
+    [sidecar] = [c for c in pod["initContainers"] if c["name"] == "sentinel"]
+    del sidecar["securityContext"]["capabilities"]["add"]
+    pod["shareProcessNamespace"] = False
+    assert _ptrace_gaps((job,)) == [
+        "sentinel: the pod does not share its process namespace",
+        "sentinel: drops ALL and does not add SYS_PTRACE back",
+    ]
 
 
 @pytest.mark.parametrize(
