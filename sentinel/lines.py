@@ -8,6 +8,8 @@ splitter sits on the job's output path and must not cost a Python loop per byte.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 _NUL = b"\x00"
 
 #: How long a reader of a line stream (the job's pipes, a tailed log) lets output gather
@@ -24,6 +26,20 @@ GATHER_SLICES = 2
 #: (a NaN's SIGTERM with it), and a job writing more than its pipe holds (1 MiB) within
 #: one would block on the pipe meanwhile.
 MAX_BATCH_S = 1.0
+
+
+class Splitter(Protocol):
+    """Turns a file's bytes into text lines (``LineSplitter`` is one; a structured format
+    has its own, ``sentinel.parsers.files.MetricsFile.new_splitter``)."""
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes taken but not yet ended as a line: a reader must not count them as done."""
+        ...
+
+    def feed(self, data: bytes) -> list[str]: ...
+
+    def flush(self) -> list[str]: ...
 
 
 class LineSplitter:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sentinel.actions.heartbeat import Heartbeat
 from sentinel.actions.notify import Notifier, Outbox
 from sentinel.config import Settings
+from sentinel.metric_files import is_metric_file, splitting, unreadable
 from sentinel.sources.discover import WHOLE_FILES, MetricFileFinder
 from sentinel.state import StateStore
 
@@ -66,6 +67,8 @@ class Workers:
                 root,
                 self._found,
                 since=since,
+                is_metric_file=is_metric_file,
+                unreadable=unreadable,
                 skip=[settings.state_dir],
                 poll=settings.tail.poll,
                 poll_interval_s=settings.tail.poll_interval_s,
@@ -107,6 +110,7 @@ class Workers:
             max_line_bytes=settings.tail.max_line_bytes,
             batch_s=settings.tail.batch_s,
             look_s=settings.tail.look_s,
+            splitting=splitting,
         )
 
     def pending(self) -> int | None:

@@ -4,8 +4,9 @@ Some frameworks write metrics in files whose lines cannot be read alone: a
 Lightning ``metrics.csv`` needs its header, an MLflow metric file is named
 after its metric, a TensorBoard event file is binary records. Each format is
 a module in this package; this one decides the format of a path, once
-(``classify``), and the ``MetricsFile`` it returns gives the tailer and
-``replay`` what they need to read it:
+(``classify``), and the ``MetricsFile`` it returns gives the followers of
+files (through ``sentinel.metric_files``, which knows both them and this
+package; neither knows the other) and ``replay`` what they need to read it:
 
 - ``MetricsFile.new_reader()``: a stateful ``FileReader`` fed that file's lines
   in order (None for plain logs, which ``LineParser`` reads line by line);
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Literal, Protocol
 
-from sentinel.lines import LineSplitter
+from sentinel.lines import LineSplitter, Splitter
 from sentinel.parsers import lightning_csv, mlflow, tensorboard
 from sentinel.parsers.tensorboard import INSTALL_HINT, MissingExtra
 from sentinel.records import Sample
@@ -60,19 +61,6 @@ class FileReader(Protocol):
     """
 
     def parse(self, text: str) -> list[Sample] | None: ...
-
-
-class Splitter(Protocol):
-    """Turns a file's bytes into text lines (``LineSplitter`` is one)."""
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes taken but not yet ended as a line: a reader must not count them as done."""
-        ...
-
-    def feed(self, data: bytes) -> list[str]: ...
-
-    def flush(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ files reported; hidden folders (``.git``, sentinel's ``.sentinel`` state),
 rollback's ``quarantine`` folders, virtual environments and caches are never
 entered. Only files written since ``since`` count: a ``version_0`` left by
 yesterday's run is not today's.
+
+The finder knows nothing of formats: which names are metric files, and which of
+those cannot be read here, it asks the functions it is given (``sentinel.metric_files``,
+above both the sources and the parsers, decides).
 """
 
 from __future__ import annotations
@@ -32,8 +36,6 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from sentinel.parsers import tensorboard
-from sentinel.parsers.files import classify
 from sentinel.sources.checkpoints import QUARANTINE_DIR
 from sentinel.sources.inotify import IN_CREATE, IN_MOVED_TO, FileWatches
 
@@ -72,16 +74,7 @@ IN_CLOSE_WRITE = 0x00000008
 _DIR_MASK = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE
 
 
-def is_metric_file(path: str | Path) -> bool:
-    """Whether a framework's metric file is named so (``classify`` knows its format, or a
-    JSON-lines name); not whether it holds metrics yet."""
-    name = os.path.basename(path)
-    if name in WHOLE_FILES or _json_lines(name):
-        return True
-    return classify(path).format is not None
-
-
-def _json_lines(name: str) -> bool:
+def json_lines(name: str) -> bool:
     """Whether a file so named is a JSON-lines metrics file (one record a line)."""
     if name in JSON_LINES_NAMES:
         return True
@@ -96,8 +89,10 @@ class MetricFileFinder:
     again (a job that appends to yesterday's ``metrics.jsonl``); its first ``size`` bytes
     are not this run's.
 
-    ``skip``: folders never entered (the state dir). ``poll``: no inotify, look every
-    ``poll_interval_s`` (network file systems).
+    ``is_metric_file(path)``: whether a file so named is a metric file; ``unreadable(path)``:
+    why a metric file cannot be read here (a missing extra), None when it can: such a file
+    is not reported. ``skip``: folders never entered (the state dir). ``poll``: no inotify,
+    look every ``poll_interval_s`` (network file systems).
     """
 
     def __init__(
@@ -106,6 +101,8 @@ class MetricFileFinder:
         on_found: Callable[[str, tuple[int, int, int] | None], None],
         *,
         since: float,
+        is_metric_file: Callable[[str], bool],
+        unreadable: Callable[[str], str | None] = lambda path: None,
         skip: Collection[str | Path] = (),
         poll: bool = False,
         poll_interval_s: float = RESCAN_INTERVAL_S,
@@ -116,6 +113,8 @@ class MetricFileFinder:
         self.root = os.path.abspath(root)
         self._on_found = on_found
         self._since = since - MTIME_SLACK_S
+        self._is_metric_file = is_metric_file
+        self._unreadable = unreadable
         self._skip = frozenset(os.path.abspath(path) for path in skip)
         self._poll = poll
         self._interval_s = poll_interval_s if poll else RESCAN_INTERVAL_S
@@ -260,16 +259,16 @@ class MetricFileFinder:
         return os.path.exists(os.path.join(entry.path, "pyvenv.cfg"))
 
     def _wanted(self, entry: os.DirEntry[str]) -> bool:
-        if entry.path in self._reported or not is_metric_file(entry.path):
+        if entry.path in self._reported or not self._is_metric_file(entry.path):
             return False
         status = entry.stat()
         if status.st_mtime < self._since:
-            if _json_lines(entry.name):
+            if json_lines(entry.name):
                 self._older.setdefault((status.st_dev, status.st_ino), status.st_size)
             return False
-        if tensorboard.NAME_MARK in entry.name and not tensorboard.available():
-            self._tell_once("tensorboard", "%s is not followed: %s", entry.path,
-                            tensorboard.INSTALL_HINT)  # fmt: skip
+        reason = self._unreadable(entry.path)
+        if reason is not None:
+            self._tell_once("unreadable", "%s is not followed: %s", entry.path, reason)
             return False
         return True
 

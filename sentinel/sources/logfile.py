@@ -4,6 +4,10 @@ A :class:`FileFollower` follows one path, not one inode: it finishes a file
 that was renamed away, reads its replacement from the start, and notices
 truncation (copytruncate, ``>``) and symlink retargeting. Running followers for
 paths and globs on a thread is :class:`sentinel.sources.tailer.LogTailer`'s job.
+
+A follower knows nothing of formats: it splits a plain log into text lines, and a
+structured metrics file with the splitter it is given (``new_splitter``), chosen once
+for its path by whoever builds it (``sentinel.metric_files.splitting``).
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from sentinel.parsers.files import Splitter, splitter_for
+from sentinel.lines import LineSplitter, Splitter
 from sentinel.state import FileOffset
 
 logger = logging.getLogger(__name__)
@@ -24,6 +29,15 @@ CHUNK_BYTES = 64 * 1024
 FINGERPRINT_BYTES = 4096
 #: A read stops after about this much text, so a huge backlog is handed on in batches.
 BATCH_TEXT_BYTES = 4 * 1024 * 1024
+
+#: Makes a new splitter for a file's bytes from its start, given the longest line kept:
+#: ``LineSplitter`` for a plain log, a structured format's own for a metrics file.
+NewSplitter = Callable[[int], Splitter]
+
+
+def plain_lines(path: Path) -> NewSplitter:
+    """How a plain log at ``path`` is split: into text lines (``LineSplitter``)."""
+    return LineSplitter
 
 
 class OffsetStore(Protocol):
@@ -66,15 +80,19 @@ class FileFollower:
         offsets: OffsetStore | None = None,
         max_line_bytes: int = 1 << 20,
         skip: tuple[int, int, int] | None = None,
+        new_splitter: NewSplitter = LineSplitter,
     ) -> None:
         """``skip``: ``(device, inode, offset)``: that file's bytes before ``offset`` were
         written before the run began; unless a saved offset says more, reading starts there
-        (at a line's start), and any other file at ``path`` is read from 0."""
+        (at a line's start), and any other file at ``path`` is read from 0.
+        ``new_splitter``: what splits each file at ``path`` from its start (a plain log's
+        ``LineSplitter`` unless the path's format has its own)."""
         self.path = path
         self._offsets = offsets
         self._skip = skip
         self._max_line_bytes = max_line_bytes
-        self._splitter: Splitter = splitter_for(path, max_line_bytes)
+        self._new_splitter = new_splitter
+        self._splitter: Splitter = new_splitter(max_line_bytes)
         self._fd: int | None = None
         self._dev = 0
         self._inode = 0
@@ -197,7 +215,7 @@ class FileFollower:
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         opened = os.fstat(fd)
         self._fd, self._dev, self._inode = fd, opened.st_dev, opened.st_ino
-        self._splitter = splitter_for(self.path, self._max_line_bytes)
+        self._splitter = self._new_splitter(self._max_line_bytes)
         self._position, self._tail, self._head_hash = 0, b"", ""
         self._peeked = 0
         # Only the first file of this follower may be the one an earlier run was
@@ -253,7 +271,7 @@ class FileFollower:
         else:
             return
         logger.info("%s %s (truncated); reading from the start", self.path, reason)
-        self._splitter = splitter_for(self.path, self._max_line_bytes)
+        self._splitter = self._new_splitter(self._max_line_bytes)
         self._position, self._tail, self._head_hash = 0, b"", ""
         self._peeked = 0
 

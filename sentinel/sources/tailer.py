@@ -35,7 +35,7 @@ from sentinel.sources.gathering import (
     ends_a_line,
     may_be_urgent,
 )
-from sentinel.sources.logfile import FileFollower, OffsetStore
+from sentinel.sources.logfile import FileFollower, NewSplitter, OffsetStore, plain_lines
 from sentinel.sources.tail_wakeups import TailWakeups
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ class LogTailer:
     ``poll_interval_s`` because events can be missed. After a read that found
     lines it gathers for ``batch_s`` windows while lines keep coming (0: never),
     looking at the new bytes every ``look_s`` for a NaN that cannot wait.
+    ``splitting(path)``: what splits the files at a path (``FileFollower``'s
+    ``new_splitter``; by default each is a plain log).
     """
 
     def __init__(
@@ -70,7 +72,9 @@ class LogTailer:
         max_line_bytes: int = 1 << 20,
         batch_s: float = BATCH_S,
         look_s: float = LOOK_S,
+        splitting: Callable[[Path], NewSplitter] = plain_lines,
     ) -> None:
+        self._splitting = splitting
         self._patterns = [os.path.expanduser(pattern) for pattern in patterns]
         self._on_lines = on_lines
         self._offsets = offsets
@@ -291,6 +295,7 @@ class LogTailer:
                         offsets=self._offsets,
                         max_line_bytes=self._max_line_bytes,
                         skip=self._skips.get(path),
+                        new_splitter=self._splitting(Path(path)),
                     )
         self._files = tuple(self._followers)
         # A path names another file only after a directory event: look only then.

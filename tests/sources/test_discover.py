@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -11,8 +12,9 @@ from typing import Any
 import pytest
 
 from sentinel.config import Settings
+from sentinel.metric_files import is_metric_file, unreadable
 from sentinel.sources import discover
-from sentinel.sources.discover import MetricFileFinder, is_metric_file
+from sentinel.sources.discover import MetricFileFinder
 from sentinel.sources.tailer import LogTailer
 from sentinel.state import StateStore
 from sentinel.workers import Workers, discovery
@@ -39,6 +41,13 @@ class Found:
             self._event.wait(0.05)
             self._event.clear()
         return self.paths
+
+
+def _finder(root: Path, found: Found, **options: Any) -> MetricFileFinder:
+    """A finder that knows metric files as sentinel's own does (``sentinel.metric_files``)."""
+    return MetricFileFinder(
+        root, found, is_metric_file=is_metric_file, unreadable=unreadable, **options
+    )
 
 
 def _write(path: Path, text: str = "step,loss\n1,2.0\n", *, age_s: float = 0.0) -> Path:
@@ -73,7 +82,7 @@ def test_metric_files_are_known_by_name(name: str, wanted: bool) -> None:
 @pytest.mark.slow
 def test_a_file_the_job_writes_is_found_as_it_appears_and_only_once(tmp_path: Path) -> None:
     found = Found()
-    finder = MetricFileFinder(tmp_path, found, since=time.time())
+    finder = _finder(tmp_path, found, since=time.time())
     finder.start()
     try:
         # Lightning makes the folder, then the file in it: both must be seen.
@@ -95,7 +104,7 @@ def test_a_root_made_after_the_start_is_searched_as_soon_as_it_is_made(
     # No safety look within the test: only the folder's making can wake the finder.
     monkeypatch.setattr(discover, "RESCAN_INTERVAL_S", 3600.0)
     found = Found()
-    finder = MetricFileFinder(tmp_path / "runs", found, since=time.time())
+    finder = _finder(tmp_path / "runs", found, since=time.time())
     finder.start()
     try:
         time.sleep(0.2)  # the first look, at nothing
@@ -110,7 +119,7 @@ def test_old_files_hidden_folders_quarantine_and_weights_are_not_followed(
 ) -> None:
     old = _write(tmp_path / "lightning_logs" / "version_0" / "metrics.csv", age_s=3600)
     found = Found()
-    finder = MetricFileFinder(tmp_path, found, since=time.time(), max_depth=4)
+    finder = _finder(tmp_path, found, since=time.time(), max_depth=4)
     assert finder.look() == []
     _write(tmp_path / ".git" / "metrics.csv")
     _write(tmp_path / "checkpoints" / "quarantine" / "20261125" / "metrics.csv")
@@ -132,7 +141,7 @@ def test_a_jsonl_file_from_before_the_run_is_followed_past_its_old_lines(
     old = '{"step": 5, "loss": NaN}\n'
     path = _write(tmp_path / "metrics.jsonl", old, age_s=3600)
     found = Found()
-    finder = MetricFileFinder(tmp_path, found, since=time.time())
+    finder = _finder(tmp_path, found, since=time.time())
     assert finder.look() == []
     with path.open("a") as stream:
         stream.write('{"step": 0, "loss": 2.5}\n')
@@ -159,17 +168,37 @@ def test_a_jsonl_file_from_before_the_run_is_followed_past_its_old_lines(
 def test_bounds_on_files_and_folders(tmp_path: Path) -> None:
     for index in range(5):
         _write(tmp_path / f"version_{index}" / "metrics.csv")
-    finder = MetricFileFinder(tmp_path, Found(), since=time.time(), max_files=3)
+    finder = _finder(tmp_path, Found(), since=time.time(), max_files=3)
     assert len(finder.look()) == 3
     assert finder.look() == []
-    narrow = MetricFileFinder(tmp_path, Found(), since=time.time(), max_dirs=3)
+    narrow = _finder(tmp_path, Found(), since=time.time(), max_dirs=3)
     assert len(narrow.look()) == 2  # the root and two of its folders
+
+
+def test_a_metric_file_that_cannot_be_read_here_is_not_reported_and_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def needs_an_extra(path: str) -> str | None:
+        return "needs an extra" if "tfevents" in path else None
+
+    finder = MetricFileFinder(
+        tmp_path, Found(), since=time.time(), is_metric_file=is_metric_file,
+        unreadable=needs_an_extra,
+    )  # fmt: skip
+    for run in ("a", "b"):
+        _write(tmp_path / "runs" / run / "events.out.tfevents.1.host", "")
+    csv = _write(tmp_path / "lightning_logs" / "version_0" / "metrics.csv")
+    with caplog.at_level(logging.WARNING, logger="sentinel.sources.discover"):
+        assert finder.look() == [str(csv)]
+        assert finder.look() == []
+    said = [r.getMessage() for r in caplog.records if "needs an extra" in r.getMessage()]
+    assert len(said) == 1 and "is not followed" in said[0]
 
 
 def test_a_trainer_state_is_reported_once_complete_and_not_counted_as_followed(
     tmp_path: Path,
 ) -> None:
-    finder = MetricFileFinder(tmp_path, Found(), since=time.time(), max_files=1)
+    finder = _finder(tmp_path, Found(), since=time.time(), max_files=1)
     state = _write(tmp_path / "out" / "checkpoint-10" / "trainer_state.json", '{"log_history": [')
     csv = _write(tmp_path / "lightning_logs" / "version_0" / "metrics.csv")
     assert finder.look() == [str(csv)]  # HF is still writing it

@@ -1,6 +1,7 @@
 """Structured metric files followed live: real files written the way their frameworks write them.
 
-A ``FileFollower`` reads them (through the splitter its path's format gets)
+A ``FileFollower`` reads them (through the splitter its path's format gets,
+``sentinel.metric_files.splitting``)
 and an ``Engine`` turns the lines into samples; every case asserts each
 logged value arrives exactly once, whatever the writer did to the file.
 """
@@ -21,6 +22,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from sentinel.detectors import BaseDetector, RuleConfig
 from sentinel.engine import Engine
+from sentinel.metric_files import splitting
 from sentinel.parsers import LineParser
 from sentinel.records import Alert, Line, Sample
 from sentinel.sources.logfile import FileFollower
@@ -53,7 +55,7 @@ class Watch:
         self.recorder = Recorder()
         self.parser = LineParser()
         self.engine = Engine([self.recorder], self.parser)
-        self.follower = FileFollower(path, offsets=store)
+        self.follower = FileFollower(path, offsets=store, new_splitter=splitting(path))
 
     def restart(self) -> None:
         """sentinel restarted: a new follower and a new engine, the same offsets."""
@@ -61,7 +63,9 @@ class Watch:
         self.recorder = Recorder()
         self.parser = LineParser()
         self.engine = Engine([self.recorder], self.parser)
-        self.follower = FileFollower(self.path, offsets=self.store)
+        self.follower = FileFollower(
+            self.path, offsets=self.store, new_splitter=splitting(self.path)
+        )
 
     def read(self) -> list[str]:
         lines: list[str] = []
@@ -293,7 +297,11 @@ def test_tensorboard_files_found_by_a_glob_are_tailed_as_records(tmp_path: Path)
             arrived.notify_all()
 
     tailer = LogTailer(
-        [str(tmp_path / "runs" / "**" / "*tfevents*")], on_lines, poll=True, poll_interval_s=0.02
+        [str(tmp_path / "runs" / "**" / "*tfevents*")],
+        on_lines,
+        poll=True,
+        poll_interval_s=0.02,
+        splitting=splitting,
     )
     tailer.start()
     try:
