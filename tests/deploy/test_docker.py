@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy import ptrace_probe
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -236,71 +238,29 @@ def test_image_builds_and_runs_as_uid_1000() -> None:
 
 # -- py-spy's capability in a non-root container --------------------------------------------
 
-#: What sentinel does before a stop, reduced: run py-spy on the job, say what came back.
-_STAND_IN = """\
-import json, subprocess, sys
-try:
-    done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=20)
-    print(json.dumps({"rc": done.returncode, "out": done.stdout, "err": done.stderr}))
-except OSError as error:
-    print(json.dumps({"oserror": error.errno}))
-"""
-#: The job: a Python process of another user, stuck in a function with a telling name.
-_JOB = """\
-import sys, time
-def stuck_in_a_telling_name():
-    print("ready", flush=True)
-    time.sleep(120)
-stuck_in_a_telling_name()
-"""
-
-
-def _as_user(uid: int, bounding: str, *argv: str) -> list[str]:
-    """``argv`` as a non-root container runs its processes: ``uid``, no supplementary groups,
-    no inheritable or ambient capabilities, the bounding set ``bounding`` (drop ALL, add ...),
-    no_new_privs (allowPrivilegeEscalation: false)."""
-    return [
-        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-        "--ambient-caps=-all", f"--bounding-set={bounding}", "--no-new-privs", *argv,
-    ]  # fmt: skip
-
-
-def _system_python() -> str | None:
-    """A Python that another user can run (the venv's may live under a private home)."""
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        if not Path(candidate).exists():
-            continue
-        done = subprocess.run(
-            _as_user(1000, "-all", candidate, "-c", "pass"), capture_output=True, timeout=30
-        )
-        if done.returncode == 0:
-            return candidate
-    return None
-
 
 @pytest.mark.slow
 def test_file_caps_let_a_non_root_sidecar_run_py_spy_on_another_users_job() -> None:
     """The image's file capabilities, written by its own program onto copies of a Python and
-    py-spy, hand CAP_SYS_PTRACE to py-spy under uid 1000 with no_new_privs: it reads the
-    stack of another user's job. Without SYS_PTRACE in the bounding set py-spy cannot start;
-    a py-spy without the file capability is refused by the kernel."""
-    py_spy = Path(sys.executable).with_name("py-spy")
-    if os.geteuid() != 0 or shutil.which("setpriv") is None or not py_spy.exists():
-        pytest.skip("needs root (to write file capabilities and switch users), setpriv, py-spy")
-    system_python = _system_python()
-    if system_python is None:
-        pytest.skip("no Python here that uid 1000 may run")
+    py-spy, hand CAP_SYS_PTRACE to py-spy in a container's setting (uid 1000, drop ALL, add
+    SYS_PTRACE, allowPrivilegeEscalation false): it reads the stack of another user's job.
+    Without SYS_PTRACE in the bounding set py-spy cannot start; a py-spy without the file
+    capability is refused by the kernel."""
+    reason = ptrace_probe.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    system_python = ptrace_probe.system_python()
+    assert system_python is not None
     image = Path(tempfile.mkdtemp(prefix="sentinel-image-"))
-    job = None
     try:
         image.chmod(0o755)
         python = image / "python3.11"
         shutil.copy2(os.path.realpath(system_python), python)
         (image / "python").symlink_to("python3.11")
-        shutil.copy2(py_spy, image / "py-spy")
-        shutil.copy2(py_spy, image / "py-spy-plain")
-        stand_in = image / "sentinel"
-        stand_in.write_text(f"#!{image / 'python'}\n{_STAND_IN}")  # a console script
+        shutil.copy2(ptrace_probe.py_spy(), image / "py-spy")
+        shutil.copy2(ptrace_probe.py_spy(), image / "py-spy-plain")
+        stand_in = image / "sentinel"  # a console script, as pip writes it
+        stand_in.write_text(f"#!{image / 'python'}\n{ptrace_probe.STAND_IN}")
         stand_in.chmod(0o755)
         try:
             subprocess.run(
@@ -317,29 +277,15 @@ def test_file_caps_let_a_non_root_sidecar_run_py_spy_on_another_users_job() -> N
             assert f"{python} cap_sys_ptrace=p" in said
             assert f"{image / 'py-spy'} cap_sys_ptrace=ep" in said
 
-        job = subprocess.Popen(
-            _as_user(1001, "-all", system_python, "-c", _JOB), stdout=subprocess.PIPE, text=True
-        )
-        assert job.stdout is not None and job.stdout.readline() == "ready\n"
-
-        def dump(binary: str, bounding: str) -> dict[str, object]:
-            argv = [str(image / binary), "dump", "--pid", str(job.pid)]
-            done = subprocess.run(
-                _as_user(1000, bounding, str(stand_in), *argv),
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            assert done.returncode == 0, done.stderr
-            said: dict[str, object] = json.loads(done.stdout)
-            return said
-
-        taken = dump("py-spy", "-all,+sys_ptrace")
-        assert taken["rc"] == 0, taken
-        assert "stuck_in_a_telling_name" in str(taken["out"])
-        assert dump("py-spy", "-all") == {"oserror": errno.EPERM}, "no SYS_PTRACE: no start"
-        refused = dump("py-spy-plain", "-all,+sys_ptrace")
-        assert refused["rc"] != 0 and "permission denied" in str(refused["err"]).lower()
+        sidecar = ptrace_probe.as_user(1000, [str(stand_in)], bounding="-all,+sys_ptrace")
+        no_ptrace = ptrace_probe.as_user(1000, [str(stand_in)], bounding="-all")
+        with ptrace_probe.stuck_job() as pid:
+            taken = ptrace_probe.dump(sidecar, image / "py-spy", pid)
+            assert taken["rc"] == 0, taken
+            assert ptrace_probe.STUCK_IN in str(taken["out"])
+            cannot_start = ptrace_probe.dump(no_ptrace, image / "py-spy", pid)
+            assert cannot_start == {"oserror": errno.EPERM}
+            refused = ptrace_probe.dump(sidecar, image / "py-spy-plain", pid)
+            assert refused["rc"] != 0 and "permission denied" in str(refused["err"]).lower()
     finally:
-        if job is not None:
-            job.kill()
-            job.communicate(timeout=30)
         shutil.rmtree(image)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy import ptrace_probe
 from tests.deploy.standin import TRAIN_PY
 from tests.helpers.webhook import WebhookReceiver
 
@@ -198,8 +199,83 @@ def test_sentinel_unit_hardening_leaves_it_able_to_watch(units: dict[str, Unit])
         assert settings.get(key, "no") == "no", key
     assert "char-nvidia* rw" in values(sentinel, "DeviceAllow")
     assert "/dev/kmsg r" in values(sentinel, "DeviceAllow")
-    assert set(value(sentinel, "AmbientCapabilities").split()) == {"CAP_SYS_PTRACE", "CAP_SYSLOG"}
-    assert "ptrace" in " ".join(values(sentinel, "SystemCallFilter"))
+    ambient = set(value(sentinel, "AmbientCapabilities").split())
+    assert ambient == {"CAP_SYS_PTRACE", "CAP_SYSLOG"}
+    assert ambient <= set(value(sentinel, "CapabilityBoundingSet").split()), "else dropped"
+    allowed = values(sentinel, "SystemCallFilter")[0].split()
+    assert {"ptrace", "process_vm_readv"} <= set(allowed), "what py-spy attaches with"
+
+
+@pytest.mark.slow
+@needs_analyze
+def test_sentinel_unit_syscall_filter_denies_nothing_py_spy_needs(units: dict[str, Unit]) -> None:
+    """The deny list (~@privileged ...) does not take back ptrace or process_vm_readv."""
+    assert ANALYZE is not None
+    denied: set[str] = set()
+    for setting in values(units["sentinel@.service"], "SystemCallFilter"):
+        if setting.startswith("~"):
+            for name in setting[1:].split():
+                denied |= _syscalls(name) if name.startswith("@") else {name}
+    assert "setuid" in denied, "the deny list was read"
+    assert not {"ptrace", "process_vm_readv"} & denied
+
+
+def _syscalls(group: str) -> set[str]:
+    """The system calls of a systemd group, nested groups expanded."""
+    assert ANALYZE is not None
+    listed = subprocess.run(
+        [ANALYZE, "syscall-filter", group], capture_output=True, text=True, timeout=30, check=True
+    ).stdout.splitlines()[1:]
+    names = {line.strip() for line in listed if line.strip() and not line.strip().startswith("#")}
+    found = {name for name in names if not name.startswith("@")}
+    for nested in names - found:
+        found |= _syscalls(nested)
+    return found
+
+
+@pytest.mark.slow
+def test_sentinel_units_capabilities_reach_the_py_spy_it_runs(
+    units: dict[str, Unit], tmp_path: Path
+) -> None:
+    """sentinel@'s CapabilityBoundingSet=, AmbientCapabilities= and NoNewPrivileges=, applied
+    as systemd applies them to a non-root User=, let the py-spy sentinel starts read a job
+    that is not its descendant (another user's: CAP_SYS_PTRACE is what allows both that and
+    Yama's scope 1). Without the ambient capabilities the kernel refuses it."""
+    reason = ptrace_probe.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    sentinel = units["sentinel@.service"]
+    assert value(sentinel, "User") != "root"
+
+    def caps(key: str) -> str:
+        return ",".join(["-all", *(f"+{c.lower().removeprefix('cap_')}"
+                                   for c in value(sentinel, key).split())])  # fmt: skip
+
+    python = ptrace_probe.system_python()
+    assert python is not None
+    where = Path(tempfile.mkdtemp(prefix="sentinel-unit-"))
+    try:
+        where.chmod(0o755)
+        py_spy = where / "py-spy"
+        shutil.copy2(ptrace_probe.py_spy(), py_spy)
+        no_new_privs = value(sentinel, "NoNewPrivileges") == "yes"
+        unit_caps = ptrace_probe.as_user(
+            ptrace_probe.SENTINEL_UID, [python, "-c", ptrace_probe.STAND_IN],
+            bounding=caps("CapabilityBoundingSet"), ambient=caps("AmbientCapabilities"),
+            no_new_privs=no_new_privs,
+        )  # fmt: skip
+        no_caps = ptrace_probe.as_user(
+            ptrace_probe.SENTINEL_UID, [python, "-c", ptrace_probe.STAND_IN],
+            bounding=caps("CapabilityBoundingSet"), no_new_privs=no_new_privs,
+        )  # fmt: skip
+        with ptrace_probe.stuck_job() as pid:
+            taken = ptrace_probe.dump(unit_caps, py_spy, pid)
+            assert taken["rc"] == 0, taken
+            assert ptrace_probe.STUCK_IN in str(taken["out"])
+            refused = ptrace_probe.dump(no_caps, py_spy, pid)
+            assert refused["rc"] != 0 and "permission denied" in str(refused["err"]).lower()
+    finally:
+        shutil.rmtree(where)
 
 
 def test_secrets_come_from_the_environment_file_never_the_units() -> None:
@@ -235,6 +311,10 @@ def test_run_variant_states_its_trade_off(units: dict[str, Unit]) -> None:
     assert argv[1] == "run" and "--" in argv
     assert "90" in value(run, "RestartPreventExitStatus").split()
     assert "kills the job" in (UNITS_DIR / "sentinel-run@.service").read_text()
+    # The job inherits whatever ambient capability sentinel holds: none is given, and the
+    # unit says where its stacks can be taken instead.
+    assert values(run, "AmbientCapabilities") == []
+    assert "ptrace_scope is 0" in (UNITS_DIR / "sentinel-run@.service").read_text()
 
 
 def read_env_file(path: Path) -> dict[str, str]:
