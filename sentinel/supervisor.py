@@ -25,7 +25,6 @@ import os
 import signal
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -33,13 +32,12 @@ from sentinel import run_verdict, stopping, verdict
 from sentinel.actions.signal_tree import TreeStop
 from sentinel.aftermath import Aftermath
 from sentinel.config import Settings
-from sentinel.cost import gpu_hours, money
 from sentinel.detectors.job_crash import describe_exit
-from sentinel.detectors.skipped import skipped_steps
 from sentinel.event_loop import EventLoop
 from sentinel.holders import Child, Handle, Holder, job_name
 from sentinel.incidents import Incident
 from sentinel.job_state import JobState
+from sentinel.job_status import JobStatus
 from sentinel.parsers import Garbled
 from sentinel.parsers.hf_trainer import trainer_state_info
 from sentinel.records import Alert, Sample
@@ -105,12 +103,6 @@ class Supervisor:
             verdict_file=settings.verdict_file,
         )
         self._waiting_since: float | None = None
-        #: When the first attempt started (time.time()), from which spend is counted.
-        self._first_started_at: float | None = None
-        #: Lines skipped as counted in the metrics, and in the state store, so far.
-        self._skipped_told = 0
-        self._skipped_stored = 0
-        self._fp16_stored = 0
         #: ``watch``: the last attempt ended and the rules were started afresh for the next.
         self._waiting_for_next = False
         self._shutdown_signals = 0
@@ -161,6 +153,7 @@ class Supervisor:
             watch=self.watch, service=self.service, relaunches=self.holder.relaunches,
         )  # fmt: skip
         self._after.store = store
+        self._status = JobStatus(self.service, self.watch, store, self._shedder)
         self._system.start()
         self._signals.install()
         workers.start()
@@ -198,9 +191,7 @@ class Supervisor:
             lines = shedder.skim(lines)  # the stop is decided; its signals come first
         else:
             lines = shedder.keep(lines, time.time() - read_at)
-        if shedder.skipped != self._skipped_told:
-            self.service.metrics.lines_skipped(shedder.skipped - self._skipped_told)
-            self._skipped_told = shedder.skipped
+        self._status.lines_shed()
         parse_started = time.perf_counter()
         alerts = self.watch.engine.feed_texts(source, lines, read_at)
         shedder.parsed(len(lines), time.perf_counter() - parse_started)
@@ -252,29 +243,11 @@ class Supervisor:
         self._join_run()
         if self.state is JobState.WAITING:
             self._start_attempt()
-        if self._store is not None and self._skipped_stored != self._skipped_told:
-            self._skipped_stored = self._skipped_told  # for `sentinel status`
-            self.watch.safely(
-                "the job's state", self._store.put, "job.lines_skipped", str(self._skipped_told)
-            )
-        fp16_skipped = skipped_steps(self.watch.engine.detectors)
-        if self._store is not None and self._fp16_stored != fp16_skipped:
-            self._fp16_stored = fp16_skipped  # for `sentinel status`
-            self.watch.safely(
-                "the job's state", self._store.put, "job.fp16_skipped_steps", str(fp16_skipped)
-            )
-        open_incidents = Counter(self.watch.tracker.open.keys())
-        problems = self.watch.state_problems
-        self.service.problem = "; ".join(f"cannot write {what}" for what in problems) or None
-        self.service.tick(
+        workers = self._workers
+        self._status.tick(
             now,
-            latest=self.watch.engine.recent(None, per_metric=1),
             attempt=self._attempt,
-            open_incidents=open_incidents,
-            outbox_depth=self._workers.pending() if self._workers is not None else None,
-            garbled_total=self.watch.engine.parser.stats.garbled,
-            spend=self._spend(now),
-            fp16_skipped_steps=fp16_skipped,
+            outbox_depth=workers.pending() if workers is not None else None,
         )
         job = self._job
         uptime_s = now - job.started_at if job is not None else 0.0
@@ -282,14 +255,6 @@ class Supervisor:
             self._set_state(JobState.RUNNING)
         if self.state in (JobState.STARTING, JobState.RUNNING):
             self._handle(self.watch.engine.tick(now))
-
-    def _spend(self, now: float) -> float | None:
-        """What the job's GPUs have cost since the first attempt started; None when unknown."""
-        facts = self.watch.engine.facts
-        gpus, price = facts.gpu_count, facts.price_per_gpu_hour
-        if gpus is None or price is None or self._first_started_at is None:
-            return None
-        return money(gpu_hours(gpus, now - self._first_started_at), price)
 
     def _handle(self, alerts: list[Alert]) -> None:
         decided_at = time.time()
@@ -496,8 +461,7 @@ class Supervisor:
             return
         self._attempt = attempt
         self._waiting_since = None
-        if self._first_started_at is None:
-            self._first_started_at = job.started_at
+        self._status.attempt_started(job.started_at)
         self._job = job
         if not self.holder.relaunches and self._store is not None:
             self.watch.safely("the attempt", self._store.put, "watch.attempt", str(attempt))
@@ -537,15 +501,4 @@ class Supervisor:
         if state is not self.state:
             log.info("job state %s -> %s", self.state, state)
             self.state = state
-        store, job = self._store, self._job
-        if store is not None:  # for `sentinel status`
-            self.watch.safely(
-                "the job's state",
-                store.put_many,
-                {
-                    "job.state": str(self.state),
-                    "job.pid": str(job.pid) if job is not None else "",
-                    "job.restarts": str(self.restarts),
-                    "job.updated_at": repr(time.time()),
-                },
-            )
+        self._status.state(self.state, self._job, self.restarts)
