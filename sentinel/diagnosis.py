@@ -164,6 +164,14 @@ def _reading(
             " roll back to the last checkpoint before the run if it does not settle",
             "grad_norm",
         )
+    if rule == "loss_spike" and "eval_loss rose" in str(details.get("evidence", "")):
+        return (
+            "a persistent loss spike that hurt the model: the eval loss rose with it",
+            "roll back to the checkpoint before the onset; inspect the batches from the onset"
+            " step (a bad shard, a data-order change); if it comes back, lower the learning"
+            " rate or Adam's beta2 (0.95)",
+            worst.metric,
+        )
     if rule == "loss_spike":
         return (
             "loss spike: a bad batch or an optimiser instability",

@@ -20,8 +20,9 @@ One episode of the rule, shared by every watched metric:
 - escalates once to ``sustain_severity`` when ``sustain`` consecutive logged
   values are spikes (``"persistent"``) and the evidence is more than one noisy
   signal: a value of the run beyond ``extreme_factor`` times the highest non-spike
-  value in the noise window, or a spike of another metric (``corroborate``, the
-  grad-norm by default) from ``sustain`` values before the onset on. Then the job is
+  value in the noise window, a spike of another metric (``corroborate``, the
+  grad-norm by default) from ``sustain`` values before the onset on, or the eval loss
+  risen at an evaluation since the onset (``eval_signal``). Then the job is
   stopped and rolled back to before the episode's onset; else it stays a warning;
 - resolves after ``resolve_after`` consecutive values under the bar (``"recovered"``),
   so two spikes further apart than that are two episodes;
@@ -48,6 +49,7 @@ from __future__ import annotations
 import math
 
 from sentinel.detectors.base import BaseDetector
+from sentinel.detectors.eval_signal import EVAL_METRIC
 from sentinel.detectors.loss_spike_config import (
     LossSpikeConfig,
     SpikeSeries,
@@ -73,7 +75,7 @@ class LossSpikeDetector(BaseDetector):
         super().__init__(config)
         self.settings = config
         self._judged = frozenset(config.metrics)
-        self.watches = frozenset({*config.metrics, *config.corroborate, "lr"})
+        self.watches = frozenset({*config.metrics, *config.corroborate, EVAL_METRIC, "lr"})
         self._warmup = Warmup(config.warmup_steps)
         self._series: dict[str, SpikeSeries] = {}
         self._episode = SpikeEpisode(config, self.sample_alert)
@@ -94,6 +96,8 @@ class LossSpikeDetector(BaseDetector):
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         if sample.name == "lr":
             self._warmup.observe(sample)
+        elif sample.name == EVAL_METRIC:
+            self._episode.evals.observe(sample.step, sample.value)
         series = self._series.get(sample.name)
         if series is None:
             return []
@@ -110,6 +114,8 @@ class LossSpikeDetector(BaseDetector):
             name = sample.name
             if name == "lr":
                 warmup.observe(sample)
+            elif name == EVAL_METRIC:
+                self._episode.evals.observe(sample.step, sample.value)
             series = by_name.get(name)
             if series is not None:
                 for alert in self._judge(series, sample, source, now):
@@ -213,6 +219,7 @@ class LossSpikeDetector(BaseDetector):
         """What ``observe`` does with values that are no spike: keep them, learn them."""
         columns = block.columns
         self._warmup.extend(columns.get("lr"))
+        self._episode.evals.extend(columns.get(EVAL_METRIC), block.steps)
         for name, series in self._series.items():
             column = columns.get(name)
             if column is None:

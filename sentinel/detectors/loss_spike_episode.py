@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sentinel.detectors.eval_signal import EvalSignal
 from sentinel.detectors.loss_spike_config import LossSpikeConfig, SpikeSeries, spike_bar
 from sentinel.detectors.noise import beyond_seen
 from sentinel.records import Alert, Sample, Severity
@@ -32,10 +33,13 @@ class SpikeEpisode:
         self.onset_step: int | None = None
         #: The rule's count of judged values when the episode opened.
         self.onset_count = 0
+        #: The evaluations: the eval loss rising since the onset is a second signal.
+        self.evals = EvalSignal()
 
     def reset(self, series: dict[str, SpikeSeries]) -> None:
         """A new attempt: no episode, and these are the metrics' series."""
         self.series = series
+        self.evals.reset()
         self.open = False
         self.escalated = False
         self.onset_step = None
@@ -122,8 +126,9 @@ class SpikeEpisode:
 
     def _second_signal(self, series: SpikeSeries) -> str | None:
         """What makes a persistent run more than one noisy signal, or None: a value far
-        beyond anything the run has shown, or a spike of another watched metric since
-        ``sustain`` judged values before the onset."""
+        beyond anything the run has shown, a spike of another watched metric since
+        ``sustain`` judged values before the onset, or the eval loss risen at an evaluation
+        since the onset (``eval_signal``)."""
         settings = self.settings
         highest = max(value for _, value in series.run)
         if beyond_seen(highest, series.noise.values, settings.extreme_factor):
@@ -132,7 +137,7 @@ class SpikeEpisode:
         for name, other in self.series.items():
             if other is not series and other.spiked_at is not None and other.spiked_at >= since:
                 return f"and {name} spiked with it"
-        return None
+        return self.evals.rose_since(self.onset_step)
 
     def _level_shift(
         self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
