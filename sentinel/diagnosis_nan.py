@@ -8,7 +8,8 @@ incidents, and a jump or a warmup in the logged learning rate (``sentinel.diagno
   where the log says the run is (its step, its epoch), not by how many values the excerpt
   sentinel holds shows before the NaN: a log that begins late is no start;
 - a NaN out of the blue after a healthy stretch: a bad batch at that step, an fp16
-  overflow or a numerics edge case (the step or epoch, and its samples, to inspect); a
+  overflow or a numerics edge case (the step or epoch, and its samples, to inspect: the
+  consumed samples of that step where the job logs them, as Megatron does); a
   run whose loss scale is 1.0 throughout has no dynamic loss scaling (bf16 or fp32), so
   no fp16 overflow is suspected.
 """
@@ -87,6 +88,7 @@ def nan_reading(
         if _finite_before(recent.get("grad_norm", ()), step)
         else "NaN"
     )
+    data = _consumed(step, recent)
     epoch = _last_epoch(recent)
     placed = step is not None or (epoch is not None and epoch > EARLY_EPOCH)
     seen = (
@@ -99,7 +101,7 @@ def nan_reading(
             f"{flat}, out of the blue{where} after a healthy stretch ({seen}): a bad batch or"
             " a numerics edge case; the loss scale is 1.0 throughout, so the run has no"
             " dynamic loss scaling (bf16 or fp32): not an fp16 overflow",
-            f"inspect the batch{where} (the samples below); rerun that step under"
+            f"inspect the batch{where}{data} (the samples below); rerun that step under"
             " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, look"
             " for a log(0), a division by zero or an overflow in a custom kernel",
             metric,
@@ -107,7 +109,7 @@ def nan_reading(
     return (
         f"{flat}, out of the blue{where} after a healthy stretch ({seen}): a bad batch, an"
         " fp16 overflow or a numerics edge case",
-        f"inspect the batch{where} (the samples below); rerun that step under"
+        f"inspect the batch{where}{data} (the samples below); rerun that step under"
         " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, suspect an"
         " fp16 overflow (bf16, or a lower initial loss scale) or a log(0) or division by zero",
         metric,
@@ -133,6 +135,23 @@ def _position(
     at = None if first_bad is None else len(epochs) - len(samples) + first_bad
     epoch = epochs[at] if at is not None and 0 <= at < len(epochs) else epochs[-1]
     return f" at epoch {epoch:g}"
+
+
+def _consumed(step: int | None, recent: Mapping[str, Sequence[Sample]]) -> str:
+    """The data position the job logged for ``step``: Megatron's consumed samples after it
+    (with its global batch size, the batch's own samples), else nothing."""
+    if step is None:
+        return ""
+    consumed = [
+        sample.value for sample in recent.get("consumed_samples", ()) if sample.step == step
+    ]
+    batch = [sample.value for sample in recent.get("global_batch_size", ()) if sample.step == step]
+    if not consumed or not math.isfinite(consumed[0]):
+        return ""
+    after = int(consumed[0])
+    if batch and math.isfinite(batch[0]) and 0 < batch[0] <= after:
+        return f", consumed samples {after - int(batch[0])}-{after - 1}"
+    return f", the batch before consumed sample {after}"
 
 
 def _last_epoch(recent: Mapping[str, Sequence[Sample]]) -> float | None:

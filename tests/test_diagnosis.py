@@ -264,8 +264,11 @@ def test_a_constant_loss_scale_of_one_is_no_fp16_overflow() -> None:
     recent = {
         "loss_scale": series("loss_scale", [1.0] * 3, first_step=5424),
         "grad_norm": series("grad_norm", [NAN] * 3, first_step=5424),
+        "consumed_samples": series("consumed_samples", [43392, 43400, 43408], first_step=5424),
+        "global_batch_size": series("global_batch_size", [8.0] * 3, first_step=5424),
     }
     diagnosis = diagnose(incident_of(nan), recent)
+    assert "inspect the batch at step 5426, consumed samples 43400-43407 (" in diagnosis.advice
     assert not diagnosis.cause.startswith("fp16 overflow")
     assert "first steps" not in diagnosis.cause
     assert "out of the blue at step 5426" in diagnosis.cause
