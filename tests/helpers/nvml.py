@@ -25,7 +25,11 @@ What it mimics, and how:
   ``gpuInstanceId``, ``computeInstanceId``; power in milliwatts, clocks in MHz, names and
   UUIDs as ``str`` (pynvml decodes them).
 - ``nvmlEventSetWait_v2`` really waits, on a condition variable, for up to its timeout, and
-  raises ``pynvml.NVMLError_Timeout`` when no event came: a thread in it blocks as on a GPU.
+  raises ``pynvml.NVMLError_Timeout`` when no event came (a timeout of 0 too): a thread in it
+  blocks as on a GPU. Event sets are real ``pynvml.c_nvmlEventSet_t`` pointers too.
+- Every clock type answers (graphics, SM, memory, video), and a GPU supports every event
+  type ``pynvml.nvmlEventTypeAll`` names, as a real H200 did (bench/RESULTS.md, "On a real
+  GPU"; ``bench/gpu_probe.py`` prints where the fake and the real library part).
 
 Scripting: change a ``FakeGpu``'s fields at any time (each call reads them afresh);
 ``fail`` makes a function raise an error class (on one GPU or all, a number of times or
@@ -50,12 +54,9 @@ from typing import TYPE_CHECKING, Any, overload
 
 import pynvml
 
-#: The event types a fake GPU supports unless told otherwise.
-DEFAULT_EVENT_TYPES = (
-    pynvml.nvmlEventTypeXidCriticalError
-    | pynvml.nvmlEventTypeSingleBitEccError
-    | pynvml.nvmlEventTypeDoubleBitEccError
-)
+#: The event types a fake GPU supports unless told otherwise: all of them (0xff9f), what
+#: ``nvmlDeviceGetSupportedEventTypes`` answered on an H200 (driver 580.159.04).
+DEFAULT_EVENT_TYPES = pynvml.nvmlEventTypeAll
 
 #: Functions ``fail`` and ``block`` accept: every NVML call this fake answers.
 FUNCTIONS = frozenset(
@@ -126,8 +127,13 @@ class FakeGpu:
     temp_c: int = 35
     power_mw: int = 70_000
     power_limit_mw: int = 700_000
+    #: The SM clock; the graphics and video clocks read the same, as an H200's did.
     sm_clock_mhz: int = 1980
-    #: ``nvmlClocksEventReason*`` bits: why the clocks are held down now.
+    #: The memory clock (an H100's HBM3 runs at 2619 MHz; an H200's read 3201).
+    mem_clock_mhz: int = 2619
+    #: ``nvmlClocksEventReason*`` bits: why the clocks are held down now. A real GPU with no
+    #: CUDA context on it reads 0x1 (GpuIdle) and drops its clocks (345-780 MHz on an H200);
+    #: with a context, busy or not, 0 at full clocks.
     clock_event_reasons: int = 0
     #: Volatile ECC counts (since the driver loaded); aggregate counts read the same.
     ecc_uncorrected: int = 0
@@ -138,12 +144,15 @@ class FakeGpu:
 
 
 class FakeEventSet:
-    """What ``nvmlEventSetCreate`` returns: pass it back, do not look inside."""
+    """An event set's state; ``nvmlEventSetCreate`` returns a ``c_nvmlEventSet_t`` to it."""
 
     def __init__(self) -> None:
         self.registered: dict[int, int] = {}  # GPU index -> event types
         self.pending: deque[tuple[int, int, int]] = deque()  # (index, event type, data)
         self.freed = False
+        # One byte: what the pointer handed out points at (its address names the set).
+        self.memory = ctypes.create_string_buffer(1)
+        self.pointer = ctypes.cast(self.memory, pynvml.c_nvmlEventSet_t)
 
 
 @dataclass
@@ -358,9 +367,15 @@ class FakeNvml:
 
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
         gpu = self._gpu("nvmlDeviceGetClockInfo", handle)
-        if type != pynvml.NVML_CLOCK_SM:
-            raise pynvml.NVMLError_NotSupported()
-        return gpu.sm_clock_mhz
+        clocks = {
+            pynvml.NVML_CLOCK_GRAPHICS: gpu.sm_clock_mhz,
+            pynvml.NVML_CLOCK_SM: gpu.sm_clock_mhz,
+            pynvml.NVML_CLOCK_MEM: gpu.mem_clock_mhz,
+            pynvml.NVML_CLOCK_VIDEO: gpu.sm_clock_mhz,
+        }
+        if type not in clocks:
+            raise pynvml.NVMLError_InvalidArgument()
+        return clocks[type]
 
     @_Versioned
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
@@ -395,39 +410,37 @@ class FakeNvml:
             for pid, used in list(gpu.processes.items())
         ]
 
-    def nvmlEventSetCreate(self) -> FakeEventSet:
+    def nvmlEventSetCreate(self) -> Any:
         self._enter("nvmlEventSetCreate")
         event_set = FakeEventSet()
         with self._lock:
             self._event_sets.append(event_set)
-        return event_set
+        return event_set.pointer
 
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
         gpu = self._gpu("nvmlDeviceRegisterEvents", handle)
-        if not isinstance(eventSet, FakeEventSet) or eventSet.freed:
-            raise pynvml.NVMLError_InvalidArgument()
+        event_set = self._event_set(eventSet)
         if eventTypes & ~gpu.supported_event_types:
             raise pynvml.NVMLError_NotSupported()
         index = self.gpus.index(gpu)
         with self._lock:
-            eventSet.registered[index] = eventSet.registered.get(index, 0) | eventTypes
+            event_set.registered[index] = event_set.registered.get(index, 0) | eventTypes
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetSupportedEventTypes", handle).supported_event_types
 
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
         self._enter("nvmlEventSetWait_v2")
-        if not isinstance(eventSet, FakeEventSet):
-            raise pynvml.NVMLError_InvalidArgument()
+        event_set = self._event_set(eventSet)
         with self._events:
             self._events.wait_for(
-                lambda: bool(eventSet.pending) or eventSet.freed, timeout=timeoutms / 1000
+                lambda: bool(event_set.pending) or event_set.freed, timeout=timeoutms / 1000
             )
-            if eventSet.freed:
+            if event_set.freed:
                 raise pynvml.NVMLError_InvalidArgument()
-            if not eventSet.pending:
+            if not event_set.pending:
                 raise pynvml.NVMLError_Timeout()
-            index, event_type, data = eventSet.pending.popleft()
+            index, event_type, data = event_set.pending.popleft()
         event = pynvml.c_nvmlEventData_t()
         event.device = ctypes.cast(self._handle_memory[index], pynvml.c_nvmlDevice_t)
         event.eventType = event_type
@@ -438,11 +451,10 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, eventSet: Any) -> None:
         self._enter("nvmlEventSetFree")
-        if not isinstance(eventSet, FakeEventSet) or eventSet.freed:
-            raise pynvml.NVMLError_InvalidArgument()
+        event_set = self._event_set(eventSet)
         with self._events:
-            eventSet.freed = True
-            self._event_sets.remove(eventSet)
+            event_set.freed = True
+            self._event_sets.remove(event_set)
             self._events.notify_all()
 
     # --- plumbing --------------------------------------------------------------------------
@@ -485,6 +497,19 @@ class FakeNvml:
                         if failure.remaining <= 0:
                             self._failures.remove(failure)
                     raise failure.error()
+
+    def _event_set(self, pointer: Any) -> FakeEventSet:
+        """The live set a ``c_nvmlEventSet_t`` points at; a freed or foreign one is invalid.
+
+        (Real NVML's answer to a freed set is undefined; it is never asked.)
+        """
+        if isinstance(pointer, pynvml.c_nvmlEventSet_t):
+            address = ctypes.cast(pointer, ctypes.c_void_p).value
+            with self._lock:
+                for event_set in self._event_sets:
+                    if ctypes.addressof(event_set.memory) == address:
+                        return event_set
+        raise pynvml.NVMLError_InvalidArgument()
 
     def _index_of(self, handle: Any) -> int:
         if not isinstance(handle, pynvml.c_nvmlDevice_t):
