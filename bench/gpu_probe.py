@@ -188,6 +188,26 @@ def through_sentinel(with_work: Callable[[], Any]) -> dict[str, Any]:
             monitor.stop()
             out[f"attribution={attribution}, no work"] = {"opened": opened, "readings": readings}
         keep = with_work()
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            out["raw, this process on the GPU"] = {"raised": f"{type(exc).__name__}: {exc}"}
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            out["raw, this process on the GPU"] = {
+                "nvmlDeviceGetComputeRunningProcesses": attempt(
+                    lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                ),
+                "nvmlDeviceGetMemoryInfo": attempt(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle)),
+                "nvmlDeviceGetMemoryInfo(v2)": attempt(
+                    lambda: pynvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
+                ),
+                "nvmlDeviceGetCurrentClocksEventReasons": attempt(
+                    lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+                ),
+                "pid": os.getpid(),
+            }
+            pynvml.nvmlShutdown()
         monitor = GpuMonitor(
             None,
             interval_s=0.2,
