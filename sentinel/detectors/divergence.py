@@ -33,14 +33,14 @@ shift resolves (info) when the metric comes back under the recovery bar.
 before the onset and those since), ``lr_jump`` (``[step, before, after]`` of a jump of
 the logged learning rate within that evidence, else None).
 
-The settings and the decision (``opens_shift``, and ``rise_bar`` that bounds it for
-replay's blocks) are in ``divergence_shift``; the learning rate's jumps in ``lr_jumps``.
+The settings and the decision (``opens_shift``, and ``never_opens``, replay's proof that a
+block holds no value it would open a shift on) are in ``divergence_shift``; the learning
+rate's jumps in ``lr_jumps``.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any
 
 from sentinel.detectors.base import BaseDetector
@@ -48,15 +48,14 @@ from sentinel.detectors.divergence_shift import (
     DivergenceConfig,
     Shift,
     ShiftSeries,
+    never_opens,
     opens_shift,
-    rise_bar,
 )
 from sentinel.detectors.lr_jumps import LrJumps
 from sentinel.detectors.series import (
     Warmup,
     finite_values,
     finite_with_steps,
-    never_above,
     sorted_median,
 )
 from sentinel.records import Alert, Block, Sample, Severity
@@ -201,8 +200,8 @@ class DivergenceDetector(BaseDetector):
         }
 
     def can_absorb(self, block: Block) -> bool:
-        """Uneventful: no candidate shift, and every line in warmup or no value above
-        ``rise`` x the least value the level could be taken over (the bar is at least that)."""
+        """Uneventful: no candidate shift, and every line in warmup or no value that could
+        open one (``never_opens``)."""
         columns = block.columns
         judged = [name for name in self._series if name in columns]
         if not judged:
@@ -211,13 +210,13 @@ class DivergenceDetector(BaseDetector):
             return False
         if self._warmup.block_phase(block.step_range(), columns.get("lr")):
             return True
-        bar = partial(rise_bar, rise=self.settings.rise)
+        settings = self.settings
         for name in judged:
             series = self._series[name]
             values = finite_values(columns[name])
             least = min((value for _, value in series.recent), default=math.inf)
-            filling = max(0, self.settings.min_history - len(series.history))
-            if least <= 0 or not never_above(values, bar, least, filling):
+            filling = max(0, settings.min_history - len(series.history))
+            if not never_opens(values, least, filling, settings):
                 return False
         return True
 

@@ -2,8 +2,8 @@
 history and candidate shift.
 
 Apart from the rule so that each reads in one sitting. The decision is written once:
-``opens_shift`` is what ``observe`` asks of each value, and ``can_absorb``'s proof that a
-block holds no such value (``never_above``) bounds it with ``rise_bar``, the least bar
+``opens_shift`` is what ``observe`` asks of each value, and ``never_opens``, replay's proof
+that a block holds no such value, bounds it with ``rise_bar``, the least bar
 ``opens_shift`` can use.
 """
 
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 
 from pydantic import Field, model_validator
 
 from sentinel.detectors.base import MetricNames, MetricRuleConfig
 from sentinel.detectors.noise import robust_sigma
-from sentinel.detectors.series import Rolling, sorted_median
+from sentinel.detectors.series import Rolling, never_above, sorted_median
 from sentinel.records import Severity
 
 
@@ -101,6 +102,14 @@ def opens_shift(
         return None
     current = bars(history, recent, settings)
     return current if value > current.shift else None
+
+
+def never_opens(values: list[float], least: float, start: int, settings: DivergenceConfig) -> bool:
+    """Block path: no value from ``start`` on can open a shift, ``least`` the least of the
+    values the level is taken over before them (``never_above`` with ``opens_shift``'s
+    least bar, ``rise_bar``: a level is never under the least of its values); False for a
+    ``least`` <= 0, where ``opens_shift`` judges nothing by a ratio."""
+    return least > 0 and never_above(values, partial(rise_bar, rise=settings.rise), least, start)
 
 
 @dataclass(slots=True)
