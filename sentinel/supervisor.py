@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from sentinel import run_verdict, stopping, verdict
+from sentinel import run_verdict, verdict
 from sentinel.actions.signal_tree import TreeStop
 from sentinel.aftermath import Aftermath
 from sentinel.config import Settings
@@ -38,6 +38,7 @@ from sentinel.holders import Child, Handle, Holder, job_name
 from sentinel.incidents import Incident
 from sentinel.job_state import JobState
 from sentinel.job_status import JobStatus
+from sentinel.job_stops import JobStops
 from sentinel.parsers import Garbled
 from sentinel.parsers.hf_trainer import trainer_state_info
 from sentinel.records import Alert, Sample
@@ -92,7 +93,6 @@ class Supervisor:
         self._loop = EventLoop(self._events, self, settings.tick_interval_s)
         self._job: Handle | None = None
         self._attempt = 0
-        self._stop: Stop | None = None
         self.restart_at: float | None = None
         self._restarts = Restarts(
             settings.job,
@@ -105,7 +105,6 @@ class Supervisor:
         self._waiting_since: float | None = None
         #: ``watch``: the last attempt ended and the rules were started afresh for the next.
         self._waiting_for_next = False
-        self._shutdown_signals = 0
         self.finished = False
         self._store: StateStore | None = None
         self._workers: Workers | None = None
@@ -154,6 +153,10 @@ class Supervisor:
         )  # fmt: skip
         self._after.store = store
         self._status = JobStatus(self.service, self.watch, store, self._shedder)
+        self._stops = JobStops(
+            self, self.holder, watch=self.watch, service=self.service, after=self._after,
+            put=self._events.put,
+        )  # fmt: skip
         self._system.start()
         self._signals.install()
         workers.start()
@@ -240,7 +243,7 @@ class Supervisor:
         now = time.time()
         self.watch.tick(now)  # repeats of open critical incidents
         self._restarts.look(now)
-        self._join_run()
+        self._stops.join_run()
         if self.state is JobState.WAITING:
             self._start_attempt()
         workers = self._workers
@@ -252,7 +255,7 @@ class Supervisor:
         job = self._job
         uptime_s = now - job.started_at if job is not None else 0.0
         if self.state is JobState.STARTING and uptime_s >= self.settings.job.min_uptime_s:
-            self._set_state(JobState.RUNNING)
+            self.set_state(JobState.RUNNING)
         if self.state in (JobState.STARTING, JobState.RUNNING):
             self._handle(self.watch.engine.tick(now))
 
@@ -262,70 +265,27 @@ class Supervisor:
             alert.details.setdefault("decided_at", decided_at)
         self.service.alerted(alerts)
         for incident in self.watch.handle(alerts):
-            self._act(incident)  # first: the report and messages can wait a millisecond
+            self._stops.act(incident)  # first: the report and messages can wait a millisecond
             self.watch.update(incident)
-
-    def _act(self, incident: Incident) -> None:
-        """A critical incident opened or escalated: stop the job if its rule says so."""
-        policy = self.watch.policy(incident)
-        if policy == "notify" or self._stop is not None:
-            return
-        job = self._job
-        if job is None or self.state not in (JobState.STARTING, JobState.RUNNING):
-            return
-        settings = self.settings
-        if settings.dry_run:
-            text = stopping.dry_run_note(settings.job, job.pid, policy)
-            log.warning("%s", text)
-            incident.record(time.time(), text)
-            self.watch.update(incident)
-            return
-        self._stop = Stop(incident, restart=policy == "restart")
-        # Before the first signal, so that whatever waits on the job knows the exit is ours.
-        stopping.mark_deciding(settings, incident.rule, incident.first.step, self._attempt)
-        incident.record(time.time(), stopping.stop_words(settings.job, job.pid))
-        self.service.metrics.action("stop")
-        self._terminate(job)
-
-    def _terminate(self, job: Handle) -> None:
-        """The stop signal to the job's whole tree, on a thread of its own (``stopping``)."""
-        identity = job.identity
-        if identity is None:
-            return  # it already exited; the waiter reports the exit
-        self._set_state(JobState.STOPPING)
-        first = stopping.evidence_first(
-            self.settings, self._stop, identity, members=self.holder.members, put=self._events.put
-        )
-        stopping.stop_in_background(
-            identity, self._stop, self.settings.job,
-            members=self.holder.members, put=self._events.put, first=first,
-        )  # fmt: skip
 
     def on_terminated(self, stop: Stop | None, result: TreeStop) -> None:
-        if not result.signalled:
-            self.service.metrics.action("stop", ok=False)
-        note = stopping.outcome_note(stop, result)
-        if note is not None and stop is not None and stop.incident is not None:
-            stop.incident.record(time.time(), note)
-            self.watch.update(stop.incident)
+        self._stops.terminated(stop, result)
 
     def on_evidence(self, stop: Stop | None, taken: Any) -> None:
-        """What the job was doing, taken before the first signal (``stopping``)."""
-        incident = stopping.record_evidence(stop, taken)
-        if incident is not None:
-            self.watch.update(incident)
+        self._stops.evidence(stop, taken)
 
     def on_exit(self, attempt: int, returncode: int | None) -> None:
         """An attempt ended; ``returncode`` None when not knowable (a job started elsewhere)."""
         if attempt != self._attempt:
             return
         now = time.time()
-        stop = self._stop
+        stops = self._stops
+        stop = stops.current
         said = "ended (exit status unknown)" if returncode is None else describe_exit(returncode)
         log.info("job (attempt %d) %s", attempt, said)
         if returncode is not None:
             self._handle(self.watch.engine.job_exited(returncode, now, expected=stop is not None))
-        stop = self._stop  # a job_crash incident may have decided on a restart just now
+        stop = stops.current  # a job_crash incident may have decided on a restart just now
         self._job = None
         self._system.set_job(None)
         self.service.metrics.target_up(False)
@@ -333,14 +293,14 @@ class Supervisor:
         if stop is None:
             self._attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL)
             return
-        self._stop = None
+        stops.current = None
         if stop.joined is not None:
             self._after.joined(stop.joined)
             return
         incident = stop.incident
         if incident is not None:
             incident.record(now, f"job stopped: {said} after {now - stop.started_at:.1f} s")
-        if not stop.restart or self._shutdown_signals:
+        if not stop.restart or stops.shutdown_signals:
             self._attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL, incident)
             return
         assert incident is not None
@@ -349,7 +309,7 @@ class Supervisor:
     def _attempt_over(self, status: int, state: JobState, incident: Incident | None = None) -> None:
         """``run`` ends with its job; ``watch`` waits for the next attempt."""
         if self.holder.relaunches:
-            self._finish(status, state, incident)
+            self.finish(status, state, incident)
             return
         if incident is not None:
             self.watch.update(incident, final=True)
@@ -364,34 +324,22 @@ class Supervisor:
         """Restarts made so far."""
         return self._restarts.count
 
-    def _join_run(self) -> None:
-        """Another node decided the run: stop this node's job with its verdict, quietly."""
-        record = self._after.decided_elsewhere() if self._stop is None else None
-        if record is None:
-            return
-        job = self._job
-        if job is None or job.identity is None or self.settings.dry_run:
-            self._after.joined(record)  # nothing here to stop: its verdict is this node's too
-            return
-        log.warning(
-            "node %s decided the run (verdict %d: %s at step %s): stopping this node's job",
-            record.node, record.code, record.rule, record.step,
-        )  # fmt: skip
-        self._stop = Stop(None, restart=False, joined=record)
-        stopping.mark_deciding(self.settings, record.rule, record.step, self._attempt)
-        self._terminate(job)
-
     # -- what the aftermath asks (``aftermath.Attempts``) --------------------------
 
     @property
     def attempt(self) -> int:
         return self._attempt
 
+    @property
+    def job(self) -> Handle | None:
+        """The current attempt's job; None between attempts."""
+        return self._job
+
     def attempt_over(self, status: int, state: JobState, incident: Incident | None) -> None:
         self._attempt_over(status, state, incident)
 
     def back_off(self, delay_s: float) -> None:
-        self._set_state(JobState.BACKOFF)
+        self.set_state(JobState.BACKOFF)
         self.restart_at = time.monotonic() + delay_s
 
     def wait_for_next(self) -> None:
@@ -403,35 +351,18 @@ class Supervisor:
     def handle(self, alerts: list[Alert]) -> None:
         self._handle(alerts)
 
-    def _finish(self, status: int, state: JobState, incident: Incident | None = None) -> None:
+    def finish(self, status: int, state: JobState, incident: Incident | None = None) -> None:
         if incident is not None:
             self.watch.update(incident, final=True)
         self.exit_code = status
-        self._set_state(state)
+        self.set_state(state)
         self.finished = True
 
     def on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:
             self._reload_config()
             return
-        self._shutdown_signals += 1
-        name = signal.Signals(signum).name
-        job = self._job
-        if not self.holder.relaunches:
-            # A watchdog being stopped never stops the job it watches.
-            log.warning("%s received: stopping sentinel, leaving the job alone", name)
-            self._finish(0, self.state)
-            return
-        if self._shutdown_signals >= 2 or job is None or job.identity is None:
-            log.warning("%s again: stopping now", name)
-            if job is not None and job.identity is not None and job.identity.matches():
-                os.killpg(job.identity.pid, signal.SIGKILL)
-            self._finish(exit_status(-signum), JobState.EXITED)
-            return
-        log.warning("%s received: stopping the job (again to force)", name)
-        if self._stop is None:
-            self._stop = Stop(None, restart=False)
-            self._terminate(job)
+        self._stops.shutdown(signum)
 
     def _reload_config(self) -> None:
         """SIGHUP: the new config's rules, notification routes and restart policy take over
@@ -454,7 +385,7 @@ class Supervisor:
             job = self.holder.begin(attempt, self._restarts, self._events.put)
         except OSError as error:
             log.error("cannot start the job %s: %s", self.holder.describe(), error)
-            self._finish(127, JobState.FATAL)
+            self.finish(127, JobState.FATAL)
             return
         if job is None:
             self._wait_for_next()
@@ -475,7 +406,7 @@ class Supervisor:
             identity = None if who is None else (who.pid, who.create_time)
             self.watch.job_started(job.started_at, resumed_at or 0, identity)
         self._waiting_for_next = False
-        self._set_state(JobState.STARTING)
+        self.set_state(JobState.STARTING)
         log.info(
             "job %s (attempt %d, pid %d): %s",
             "started" if self.holder.relaunches else "found",
@@ -490,14 +421,14 @@ class Supervisor:
         if self._waiting_since is None:
             self._waiting_since = now
             log.info("waiting for %s", self.holder.describe())
-            self._set_state(JobState.WAITING)
+            self.set_state(JobState.WAITING)
             return
         wait_s = self.settings.watch.wait_s
         if wait_s is not None and now - self._waiting_since > wait_s:
             log.error("%s did not appear within %g s", self.holder.describe(), wait_s)
-            self._finish(1, JobState.FATAL)
+            self.finish(1, JobState.FATAL)
 
-    def _set_state(self, state: JobState) -> None:
+    def set_state(self, state: JobState) -> None:
         if state is not self.state:
             log.info("job state %s -> %s", self.state, state)
             self.state = state
