@@ -123,7 +123,11 @@ class FakeGpu:
     util_percent: int = 0
     mem_util_percent: int = 0
     mem_total_bytes: int = 80 * 2**30
+    #: Memory in use as ``nvmlDeviceGetMemoryInfo`` (v1) counts it: the driver's reserve
+    #: included, so a real GPU never reads 0 (an idle H200 read 615 MiB with no process).
     mem_used_bytes: int = 0
+    #: The driver's share of ``mem_used_bytes``, which the v2 call reports apart.
+    mem_reserved_bytes: int = 0
     temp_c: int = 35
     power_mw: int = 70_000
     power_limit_mw: int = 700_000
@@ -347,10 +351,19 @@ class FakeNvml:
         return pynvml.c_nvmlUtilization_t(gpu=gpu.util_percent, memory=gpu.mem_util_percent)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        """v1 (no ``version``): ``used`` counts the driver's reserve; v2 reports it apart."""
         gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
         used = gpu.mem_used_bytes
-        return pynvml.c_nvmlMemory_t(
-            total=gpu.mem_total_bytes, free=max(gpu.mem_total_bytes - used, 0), used=used
+        free = max(gpu.mem_total_bytes - used, 0)
+        if not version:
+            return pynvml.c_nvmlMemory_t(total=gpu.mem_total_bytes, free=free, used=used)
+        reserved = min(gpu.mem_reserved_bytes, used)
+        return pynvml.c_nvmlMemory_v2_t(
+            version=version,
+            total=gpu.mem_total_bytes,
+            reserved=reserved,
+            free=free,
+            used=used - reserved,
         )
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:

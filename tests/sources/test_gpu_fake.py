@@ -38,6 +38,22 @@ def test_every_clock_type_answers_and_an_unknown_one_is_an_invalid_argument() ->
         fake.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_COUNT)
 
 
+def test_memory_v1_counts_the_drivers_reserve_as_used_and_v2_reports_it_apart() -> None:
+    # What an H200 read with one process holding 900 MiB (bench/results/gpu-2026-11-26).
+    fake = FakeNvml()
+    fake.gpus[0].mem_used_bytes, fake.gpus[0].mem_reserved_bytes = 1_597_898_752, 644_939_776
+    fake.nvmlInit()
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+
+    v1 = fake.nvmlDeviceGetMemoryInfo(handle)
+    v2 = fake.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
+
+    assert isinstance(v1, pynvml.c_nvmlMemory_t)
+    assert isinstance(v2, pynvml.c_nvmlMemory_v2_t)
+    assert (v1.used, v2.used, v2.reserved) == (1_597_898_752, 952_958_976, 644_939_776)
+    assert v1.free == v2.free == v1.total - v1.used
+
+
 def test_an_event_set_is_a_pointer_that_waits_registers_and_frees_by_address() -> None:
     fake = FakeNvml()
     fake.nvmlInit()
@@ -84,6 +100,7 @@ def _answers(nv: Any) -> dict[str, str]:
             "uuid": lambda: nv.nvmlDeviceGetUUID(h),
             "util": lambda: nv.nvmlDeviceGetUtilizationRates(h),
             "memory": lambda: nv.nvmlDeviceGetMemoryInfo(h),
+            "memory v2": lambda: nv.nvmlDeviceGetMemoryInfo(h, pynvml.nvmlMemory_v2),
             "temperature": lambda: nv.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
             "power": lambda: nv.nvmlDeviceGetPowerUsage(h),
             "power limit": lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h),
