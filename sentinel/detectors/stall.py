@@ -13,12 +13,23 @@ evidence (the job's GPUs at low power, its CPU idle, a process in D state) or
 when there is no evidence at all (replay, no GPU or process source). A job that
 is visibly busy is held at a warning until ``busy_factor`` times the hard timeout.
 GPU utilisation is never evidence: a hung NCCL collective shows 100% at idle power.
+Before the rhythm is learned the fixed timeouts apply, raised to ``gap_factor`` times
+the longest gap already seen. A run that logs no step learns its rhythm from its
+timestamped metric lines instead.
+
+A silence nobody watched (replay's clock jumps from line to line; no tick and no reading
+came during it) is judged when the next line says how it ended (``stall_ends``): the run
+starting again (a banner, a step going back) is a new attempt, not a stall; new steps
+done at under the soft timeout each are the run's cadence; otherwise it is judged as a
+watched one would have been, but only warns in a run that logs no step (its lines
+coming back cannot tell a restart from a hang).
 """
 
 from __future__ import annotations
 
 from sentinel.detectors.base import BaseDetector
 from sentinel.detectors.series import LazyRolling
+from sentinel.detectors.stall_ends import starts_a_run, steps_kept_pace
 from sentinel.detectors.stall_evidence import (
     EVIDENCE_METRICS,
     BlockProgress,
@@ -30,6 +41,7 @@ from sentinel.detectors.stall_evidence import (
     moment_progress,
     uncapped,
 )
+from sentinel.detectors.stall_message import Silence, silence_alert
 from sentinel.records import Alert, Block, Line, Sample, Severity
 from sentinel.sources import SYSTEM_METRICS
 
@@ -75,6 +87,12 @@ class StallDetector(BaseDetector):
         self._last_step_time: float | None = None
         self._last_activity: float | None = None
         self._level: Severity | None = None
+        #: The last tick or machine reading: the rule was watching then.
+        self._watched_at: float | None = None
+        #: The tick whose silence nobody watched, judged when the next line says how it ended,
+        #: and what the machine showed then (the line that ends it is no evidence of a hang).
+        self._held: float | None = None
+        self._held_evidence: Evidence | None = None
         #: Per source, per metric: the latest (value, read at).
         self._readings: dict[str, dict[str, tuple[float, float]]] = {}
 
@@ -85,6 +103,8 @@ class StallDetector(BaseDetector):
         self._last_step_time = None
         self._last_activity = None
         self._level = None
+        self._watched_at = now
+        self._held = self._held_evidence = None
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         # Progress bars count too (sees_progress): their step is the job's progress.
@@ -92,24 +112,67 @@ class StallDetector(BaseDetector):
         if name in SYSTEM_METRICS:
             if name in EVIDENCE_METRICS:
                 self._readings.setdefault(source, {})[name] = (value, now)
+            self._watch(now)
             return []  # the machine's state, never the job's progress
         at = stamp if stamp is not None else now
+        held = self._held_step(step, stamp, at) if self._held is not None else []
         if step is not None and (self._last_step is None or step > self._last_step):
-            return self._new_step(step, at, source)
+            return held + self._new_step(step, at, source)
         if stamp is not None and not self._steps_seen:
-            # A timestamped sample is new output even without a step (replay's only evidence).
-            return self._progress(at, source)
+            # A timestamped sample is new output even without a step (replay's only evidence),
+            # and, in a run that logs no step, its rhythm.
+            self._mark(at)
+            return held + self._progress(at, source)
         self._active(at)
-        return []
+        return held
 
     def output(self, line: Line) -> list[Alert]:
         return self.output_text(line.text, line.source, line.time)
 
     def output_text(self, text: str, source: str, now: float) -> list[Alert]:
+        held = self._held_output(text, now) if self._held is not None else []
         if self._steps_seen:
             self._active(now)
+            return held
+        return held + self._progress(now, source)
+
+    def _held_step(self, step: int | None, stamp: float | None, at: float) -> list[Alert]:
+        """A sample after a silence nobody watched: how that silence ended, if it tells."""
+        held, last_step = self._held, self._last_step
+        assert held is not None and self._last_progress is not None
+        if step is None:
+            if stamp is None or self._steps_seen:
+                return []  # activity: still untold
+            return self._release(held, Severity.WARNING)  # lines back in a run of no steps
+        if last_step is None:
+            return self._release(held, None)  # the attempt's first step
+        if step < last_step:
+            self.job_started(at)  # the run started again: a new attempt, not a stall
             return []
-        return self._progress(now, source)
+        if step == last_step:
+            return []
+        silent_s = held - self._last_progress
+        if steps_kept_pace(silent_s, step - last_step, self.timeouts().soft_s):
+            self._held = self._held_evidence = None
+            return []
+        return self._release(held, None)
+
+    def _held_output(self, text: str, now: float) -> list[Alert]:
+        """An output line after a silence nobody watched: how that silence ended, if it tells."""
+        if starts_a_run(text):
+            self.job_started(now)
+            return []
+        if self._steps_seen:
+            return []  # a step will tell
+        assert self._held is not None
+        return self._release(self._held, Severity.WARNING)
+
+    def _release(self, held: float, most: Severity | None) -> list[Alert]:
+        """Judge the held silence as a watched one at ``held``, at most ``most``."""
+        evidence = self._held_evidence
+        assert evidence is not None
+        self._held = self._held_evidence = None
+        return self._judge(held, evidence, most)
 
     def can_absorb(self, block: Block) -> bool:
         """Steady steps: no tick in the block reaches the least soft timeout in force (so
@@ -131,6 +194,8 @@ class StallDetector(BaseDetector):
                 self._longest_gap_s = longest_s
         if progress.new_steps:
             self._steps_seen = True
+        if block.ticks and block.clock[-1] > (block.start_clock or 0.0):
+            self._watch(block.clock[-1])
         self._last_step = progress.last_step
         self._last_step_time = progress.last_step_time
         self._last_progress = progress.last_progress
@@ -138,8 +203,8 @@ class StallDetector(BaseDetector):
 
     def _block_progress(self, block: Block) -> BlockProgress | None:
         """What ``block`` does to the progress state, or None unless it is steady."""
-        if self._level is not None:
-            return None  # the first new step would resolve the episode
+        if self._level is not None or self._held is not None:
+            return None  # the first new step would resolve the episode, or tell the silence
         if block.progress is not None:
             return moment_progress(
                 block,
@@ -167,6 +232,16 @@ class StallDetector(BaseDetector):
         self._last_step_time = at
         self._steps_seen = True
         return self._progress(at, source)
+
+    def _mark(self, at: float) -> None:
+        """A timestamped line of a run that logs no step: its gaps are the run's rhythm."""
+        if self._last_step_time is None or at > self._last_step_time:
+            self._learn(at)
+            self._last_step_time = at
+
+    def _watch(self, now: float) -> None:
+        if self._watched_at is None or now > self._watched_at:
+            self._watched_at = now
 
     def _active(self, at: float) -> None:
         if self._last_activity is None or at > self._last_activity:
@@ -227,6 +302,10 @@ class StallDetector(BaseDetector):
                 settings.gap_factor * self._longest_gap_s,
             )
             hard_s = self._hard_after(soft_s)
+        elif settings.adaptive and settings.gap_factor * self._longest_gap_s > soft_s:
+            # Not learned yet: still, a run that has gone this long between steps is not hung.
+            soft_s = settings.gap_factor * self._longest_gap_s
+            hard_s = max(hard_s, self._hard_after(soft_s))
         if settings.adaptive and self._last_step is None and self._longest_startup_s > 0:
             # Before this attempt's first step: it may take as long as an earlier start did.
             startup_soft_s = settings.gap_factor * self._longest_startup_s
@@ -250,85 +329,48 @@ class StallDetector(BaseDetector):
         return evidence
 
     def tick(self, now: float) -> list[Alert]:
+        watched_at = self._watched_at
+        self._watch(now)
         if self._last_progress is None:
             # Nothing seen yet (replay before its first timestamp): no baseline to measure from.
             return []
-        silent_s = now - self._last_progress
-        if silent_s < self._least_soft_s:
+        if now - self._last_progress < self._least_soft_s:
             return []
+        if watched_at is not None and now - watched_at >= self._least_soft_s:
+            # The clock jumped over this silence (replay; sentinel asleep): judged by how it
+            # ends (``_held_step``, ``_held_output``), or at the next tick if it goes on.
+            self._held, self._held_evidence = now, self.evidence(now)
+            return []
+        self._held = self._held_evidence = None
+        return self._judge(now, None, None)
+
+    def _judge(self, now: float, evidence: Evidence | None, most: Severity | None) -> list[Alert]:
+        """The warning or critical a silence up to ``now`` is worth (at most ``most``), once,
+        on ``evidence`` taken at ``now`` (None: take it now)."""
+        assert self._last_progress is not None
+        silent_s = now - self._last_progress
         timeouts = self.timeouts()
         if silent_s < timeouts.soft_s:
             return []
-        evidence = self.evidence(now)
+        if evidence is None:
+            evidence = self.evidence(now)
         verdict = evidence.verdict
         level = Severity.WARNING
         if (silent_s >= timeouts.hard_s and verdict != "busy") or silent_s >= timeouts.busy_s:
             level = Severity.CRITICAL
+        if most is not None and level > most:
+            level = most
         if self._level is not None and level <= self._level:
             return []
         self._level = level
-        return [
-            self._silence_alert(
-                now, silent_s=silent_s, level=level, timeouts=timeouts, evidence=evidence
+        rhythm = None
+        if timeouts.learned:
+            rhythm = (
+                f"learned from {len(self._intervals)} step gaps: median"
+                f" {self._intervals.median():.3g} s, longest {self._longest_gap_s:.3g} s"
             )
-        ]
-
-    def _silence_alert(
-        self,
-        now: float,
-        *,
-        silent_s: float,
-        level: Severity,
-        timeouts: Timeouts,
-        evidence: Evidence,
-    ) -> Alert:
-        """The warning or critical about ``silent_s`` without progress, at ``now``."""
-        verdict = evidence.verdict
-        seen = evidence.describe()
-        if self._last_step is None:
-            head = f"no step and no output for {silent_s:.0f} s"
-        else:
-            head = f"no step after {self._last_step} for {silent_s:.0f} s"
-        if level is Severity.CRITICAL and verdict == "busy":
-            message = (
-                f"no step for {silent_s:.0f} s although the job is busy ({seen}): an endless"
-                " loop or an evaluation far longer than any before"
-            )
-        else:
-            if level is Severity.CRITICAL:
-                basis = f"hard timeout {timeouts.hard_s:.0f} s"
-            else:
-                basis = f"soft timeout {timeouts.soft_s:.0f} s"
-            if timeouts.learned:
-                basis += (
-                    f", learned from {len(self._intervals)} step gaps: median"
-                    f" {self._intervals.median():.3g} s, longest {self._longest_gap_s:.3g} s"
-                )
-            meaning = {
-                "hang": "it looks hung",
-                "busy": "the job is busy (a long save or evaluation?)",
-                "none": "nothing tells a hang from a long save",
-            }[verdict]
-            message = f"{head} ({basis}); {seen}: {meaning}"
-        next_step = None if self._last_step is None else self._last_step + 1
-        return Alert(
-            rule=self.rule,
-            severity=level,
-            message=message,
-            time=now,
-            step=self._last_step,
-            metric="silence_s",
-            value=round(silent_s, 3),
-            onset_step=next_step,
-            details={
-                "evidence": evidence.to_json(),
-                "onset_time": self._last_progress,
-                "soft_timeout_s": timeouts.soft_s,
-                "hard_timeout_s": timeouts.hard_s,
-                "busy_timeout_s": timeouts.busy_s,
-                "learned": timeouts.learned,
-            },
-        )
+        silence = Silence(silent_s, self._last_step, self._last_progress, rhythm)
+        return [silence_alert(self.rule, now, silence, level, timeouts, evidence)]
 
 
 __all__ = ["INTERVAL_WINDOW", "StallConfig", "StallDetector"]

@@ -88,10 +88,8 @@ def test_every_file_yields_metrics_with_no_configuration(kind_name: tuple[str, s
 
 #: Healthy runs sentinel still misjudges, each with why: a strict xfail fails the day the
 #: gap is closed, so that it is taken off this list.
-KNOWN_CRITICALS = {
-    "vgg16-skin-lesion-resumed": "stall across the 10-hour gap between two attempts in one log:"
-    " replay cannot yet tell a job that was stopped and resumed from one that hung (issue 22)",
-}
+#: Empty today: keep it so.
+KNOWN_CRITICALS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

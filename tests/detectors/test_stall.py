@@ -52,8 +52,11 @@ def learned(gaps: int = 10, **config: Any) -> StallDetector:
 
 
 def ticks(detector: StallDetector, offsets: list[float]) -> list[Alert]:
+    """The clock ticks at each offset, as live: a second before it as well, so the rule
+    watched the silence (one the clock jumps over is replay's: see ``replayed``)."""
     alerts: list[Alert] = []
     for offset in offsets:
+        alerts += detector.tick(T0 + offset - 1)
         alerts += detector.tick(T0 + offset)
     return alerts
 
@@ -131,9 +134,9 @@ def test_alert_names_last_step_onset_step_and_onset_time() -> None:
 def test_new_step_resets_the_silence() -> None:
     detector = started()
     step(detector, 10, 0)
-    step(detector, 11, 500)
-    assert ticks(detector, [SOFT + 100]) == []  # 600 s after T0, only 100 s after progress
-    assert severities(ticks(detector, [500 + SOFT])) == [Severity.WARNING]
+    step(detector, 11, 100)
+    assert ticks(detector, [SOFT + 50]) == []  # 650 s after T0, only 550 s after progress
+    assert severities(ticks(detector, [100 + SOFT])) == [Severity.WARNING]
 
 
 def test_output_is_progress_while_the_job_has_logged_no_step() -> None:
@@ -457,3 +460,126 @@ def test_config_defaults_are_ten_and_thirty_minutes_until_learned() -> None:
     config = StallConfig()
     assert (config.soft_timeout_s, config.hard_timeout_s) == (600.0, 1800.0)
     assert config.adaptive
+
+
+# --- a silence nobody watched: judged by how it ended -------------------------------------
+
+
+#: A line as replay feeds it: (offset from T0, output text or None, step or None). A line
+#: with neither is a timestamped metric line that names no step.
+Logged = tuple[float, str | None, int | None]
+
+
+def replayed(lines: list[Logged], **config: Any) -> list[Alert]:
+    """Replay's way in: the data's own clock starts the attempt at the first line and ticks
+    before each line that moves it on; then the line's output, then its sample."""
+    detector = StallDetector(StallConfig(**config))
+    alerts: list[Alert] = []
+    clock: float | None = None
+    for offset, text, number in lines:
+        now = T0 + offset
+        if clock is None:
+            detector.job_started(now)
+        elif now > clock:
+            alerts += detector.tick(now)
+        clock = now if clock is None else max(clock, now)
+        if text is not None:
+            alerts += detector.output(Line("train.log", text, now))
+        if number is not None or text is None:
+            alerts += detector.observe(Sample("loss", 2.0, number, now), "train.log", now)
+    return alerts
+
+
+def steps_every(first: int, count: int, start_s: float, gap_s: float) -> list[Logged]:
+    return [(start_s + gap_s * i, None, first + i) for i in range(count)]
+
+
+TEN_HOURS = 36_000.0
+
+
+@pytest.mark.parametrize(
+    "second_attempt",
+    [
+        steps_every(11, 10, TEN_HOURS, 30.0),
+        [
+            (TEN_HOURS, "Resuming training from checkpoint-20", None),
+            *steps_every(21, 10, TEN_HOURS + 30, 30.0),
+        ],
+        [
+            (TEN_HOURS, "2026-05-09 11:39:17 | INFO | [Checkpoint] Loaded <- best.pth", None),
+            *steps_every(15, 10, TEN_HOURS + 30, 30.0),
+        ],
+    ],
+    ids=["step-goes-back", "resume-banner", "checkpoint-loaded-then-steps-go-back"],
+)
+def test_replay_a_run_started_again_after_a_long_gap_is_no_stall(
+    second_attempt: list[Logged],
+) -> None:
+    """An appended log: the job was stopped after step 20 and re-run ten hours later."""
+    assert replayed(steps_every(1, 20, 0.0, 30.0) + second_attempt) == []
+
+
+def test_replay_a_banner_ends_the_silence_of_a_run_that_logs_no_step() -> None:
+    first = [(480.0 * i, None, None) for i in range(12)]
+    second = [(TEN_HOURS, "[Training] Starting - 30 epochs max", None)]
+    second += [(TEN_HOURS + 480.0 * i, None, None) for i in range(1, 4)]
+    assert replayed(first + second) == []
+
+
+def test_replay_a_run_that_logs_no_step_coming_back_without_a_banner_only_warns() -> None:
+    """Its lines coming back cannot tell a hang from a restart: never critical."""
+    lines = [(30.0 * i, None, None) for i in range(12)] + [(TEN_HOURS, None, None)]
+    assert summary(replayed(lines)) == [(Severity.WARNING, False), (Severity.INFO, True)]
+
+
+def test_replay_a_hang_inside_one_attempt_is_still_critical() -> None:
+    """The next step after two hours, where steps came every 30 s: the job was alive and
+    made no step; judged as the watched silence would have been."""
+    lines = steps_every(1, 20, 0.0, 30.0) + steps_every(21, 5, 7200.0, 30.0)
+    assert summary(replayed(lines)) == [(Severity.CRITICAL, False), (Severity.INFO, True)]
+
+
+@pytest.mark.parametrize(
+    ("next_step", "expected"),
+    [
+        (3009, []),  # 99 updates in 1522 s: 15 s each, the run's own pace
+        (2911, [(Severity.WARNING, False), (Severity.INFO, True)]),
+    ],
+    ids=["a-hundred-steps-done", "one-step-done"],
+)
+def test_replay_steps_done_through_a_silence_are_the_runs_cadence(
+    next_step: int, expected: list[tuple[Severity, bool]]
+) -> None:
+    """fairseq logs every 100 updates, ~25 minutes apart: the steps say it was working."""
+    lines: list[Logged] = [(0.0, None, 2910), (21.0, "valid | epoch 008", None)]
+    lines += [(27.0, "saved checkpoint checkpoint8.pt", None), (1522.0, None, next_step)]
+    assert summary(replayed(lines)) == expected
+
+
+@pytest.mark.parametrize(
+    ("silent_s", "expected"),
+    [(740.0, []), (760.0, [(Severity.WARNING, False), (Severity.INFO, True)])],
+    ids=["under-1.5x-the-longest-gap", "past-it"],
+)
+def test_before_its_rhythm_is_learned_a_run_is_judged_against_its_longest_gap(
+    silent_s: float, expected: list[tuple[Severity, bool]]
+) -> None:
+    """Epoch lines that name no step, ~8 minutes apart (up to 500 s): four gaps, not yet
+    learned, already raise the 600 s soft timeout to 1.5 x 500 s."""
+    offsets = [0.0, 480.0, 960.0, 1460.0, 1900.0]
+    lines: list[Logged] = [(offset, None, None) for offset in offsets]
+    lines.append((1900.0 + silent_s, None, None))
+    assert summary(replayed(lines)) == expected
+
+
+def test_live_a_silence_the_clock_jumped_over_is_judged_at_the_next_tick() -> None:
+    """Sentinel asleep past the hard timeout: nothing at the tick that wakes it, which
+    has not watched the silence; the next tick, a second later, judges it."""
+    detector = started()
+    step(detector, 7, 0)
+    assert detector.tick(T0 + HARD + 5) == []
+    assert severities(detector.tick(T0 + HARD + 6)) == [Severity.CRITICAL]
+
+
+def summary(alerts: list[Alert]) -> list[tuple[Severity, bool]]:
+    return [(alert.severity, alert.resolves) for alert in alerts]
