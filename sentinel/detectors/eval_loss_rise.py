@@ -99,7 +99,9 @@ class EvalLossRiseDetector(BaseDetector):
     The train level is the median of the last ``train_window`` train values, taken at
     each evaluation; it is falling when its level now is below its level at the best
     evaluation. The episode ends when an evaluation beats the best. Evaluations
-    and train values logged in warmup are ignored: the best is a post-warmup one.
+    and train values logged in warmup are ignored: the best is a post-warmup one. An
+    evaluation at an earlier step than the last one starts the rule again: a new run in
+    the same log, whose evaluations are not compared with the previous run's best.
     """
 
     rule = "eval_loss_rise"
@@ -264,7 +266,12 @@ class EvalLossRiseDetector(BaseDetector):
         step, value = sample.step, sample.value
         last = self._last_eval
         if last is not None and step is not None and last[0] is not None and step <= last[0]:
-            return []  # the same evaluation again (a log line and trainer_state.json)
+            if step == last[0]:
+                return []  # the same evaluation again (a log line and trainer_state.json)
+            # An earlier step: the run started again in the same log (Keras' CSVLogger
+            # appending each run, a job re-run from its start), judged from its own best.
+            self._reset()
+            last = None
         self._rise_run = self._rise_run + 1 if last is not None and is_rise(value, last[1]) else 0
         self._last_eval = (step, value)
         self._evals.append(value)

@@ -92,9 +92,17 @@ def growth_bar(least: float, settings: LossSpikeConfig) -> float:
 
 def spikes(value: float, baseline: float, noise: deque[float], settings: LossSpikeConfig) -> bool:
     """The rule's decision on a value past warmup: a spike against the median ``baseline``
-    (``is_spike``) and above the run's own ``noise`` (``above_noise``)."""
+    (``is_spike``) and above the run's own ``noise`` (``above_noise``).
+
+    Until the noise window is full the run has not shown its whole rhythm (the first
+    epoch has no earlier one to compare with): a spike must then be far beyond its noise,
+    ``extreme_factor`` times as many robust standard deviations.
+    """
+    sigmas = settings.noise_sigmas
+    if len(noise) < settings.noise_window:
+        sigmas *= settings.extreme_factor
     return is_spike(value, baseline, settings.factor) and above_noise(
-        value, baseline, noise, settings.noise_sigmas, settings.noise_floor
+        value, baseline, noise, sigmas, settings.noise_floor
     )
 
 

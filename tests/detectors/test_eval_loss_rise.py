@@ -193,6 +193,17 @@ def test_job_started_forgets_the_best() -> None:
     assert alert.details["best_step"] == 100
 
 
+def test_an_earlier_step_starts_a_new_run_judged_from_its_own_best() -> None:
+    """Keras' CSVLogger appending runs to one file: the second run starts again at the
+    first step, far above the first run's best, and falls; it is not overfitting."""
+    first = run(falling(5, start=2.0), falling(5, start=2.5))  # best 1.6 at step 500
+    second = run(falling(9, start=3.0), falling(9, start=3.5))  # down to 2.2 at step 900
+    assert feed(detector(), first + second) == []
+    # Overfitting inside the second run is still caught, against the second run's best.
+    (alert,) = feed(detector(), first + run(OVERFIT, falling(10, start=3.5)))
+    assert alert.details["best_step"] == 400
+
+
 @pytest.mark.parametrize(
     "bad",
     [

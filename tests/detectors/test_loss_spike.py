@@ -263,6 +263,19 @@ def test_a_rhythm_the_noise_window_holds_is_the_runs_normal() -> None:
     assert (caught[-1].severity, caught[-1].step) == (WARN, 123)
 
 
+#: The first epoch of a run with a per-epoch rhythm (tests/fixtures/divergence/rhythm): the
+#: loss climbs to its epoch's peak at the eleventh value, 2.2x the median before it.
+FIRST_EPOCH = [0.518, 0.547, 0.505, 0.811, 0.666, 0.831, 0.854, 0.821, 1.635, 1.585, 1.8205]
+
+
+def test_before_the_noise_window_is_full_a_spike_must_be_far_beyond_the_noise() -> None:
+    """The first epoch has no earlier one to compare with: its peak is no spike until the
+    noise window has seen the rhythm, unless it is far beyond the noise seen so far."""
+    assert run(FIRST_EPOCH) == []
+    assert summary(run(FIRST_EPOCH, noise_window=10)) == [(WARN, 11, False)]
+    assert summary(run([*FIRST_EPOCH[:-1], 6.0])) == [(WARN, 11, False)]
+
+
 def test_one_noisy_signal_persisting_warns_and_a_second_signal_makes_it_critical() -> None:
     detector = LossSpikeDetector(LossSpikeConfig())
     alone = feed(detector, losses([*BASE, 5.0, 5.0, 5.0, 5.0, 5.0]))
