@@ -31,8 +31,8 @@ stamp "2. NVML probe (real vs FakeNvml, and GpuMonitor)"
 timeout 120 "$PY" bench/gpu_probe.py "$OUT/probe.json"; echo "probe rc=$?"
 
 stamp "3. pytest -m gpu"
-files=$(grep -rl "mark.gpu" tests --include='*.py')
-timeout 120 "$PY" -m pytest -p no:cacheprovider -m gpu -q -rA $files > "$OUT/pytest.txt" 2>&1
+mapfile -t files < <(grep -rl "mark.gpu" tests --include='*.py')
+timeout 120 "$PY" -m pytest -p no:cacheprovider -m gpu -q -rA "${files[@]}" > "$OUT/pytest.txt" 2>&1
 echo "pytest rc=$?"; tail -5 "$OUT/pytest.txt"
 
 run_job() {  # name, config text, job args...
@@ -88,6 +88,6 @@ stamp "5. overhead, real GPU then fake GPUs"
 echo "overhead rc=$?"; grep -iE "sentinel|cpu" "$OUT/overhead.txt" | head -12
 
 stamp "6. NaN -> SIGTERM latency on a quiet machine (bench/latency.py, short)"
-timeout 100 "$PY" bench/latency.py --trials 4 --rates 100,1000 --overhead-s 10 >> "$OUT/overhead.txt" 2>&1
+timeout 200 "$PY" bench/latency.py --trials 4 --rates 100,1000 --overhead-s 10 >> "$OUT/overhead.txt" 2>&1
 echo "latency rc=$?"; tail -8 "$OUT/overhead.txt"
 stamp "done"
