@@ -4,8 +4,9 @@ Usage::
 
     JOB_PYTHON=VENV/bin/python python bench/frameworks/measure.py NAME JOB.py [VAR=VALUE ...]
 
-Runs ``JOB.py`` (a job of this folder, with ``common.py``) in a fresh folder as
-``sentinel run --dry-run -- $JOB_PYTHON JOB.py``, no ``--log``, no other option, and the
+Runs ``JOB.py`` (a job of this folder, with the modules the jobs share, ``HELPERS``) in a
+fresh folder as ``sentinel run --dry-run -- $JOB_PYTHON JOB.py``, no ``--log``, no other
+option, and the
 ``VAR=VALUE`` pairs in the environment of both. The job writes ``step time`` at the start
 of every step (``steps.log``); its loss turns NaN from step 60. ``--dry-run`` lets the job
 run on after the alert. Prints one JSON line: the step the first ``nan_inf`` alert named,
@@ -25,6 +26,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: What the jobs import beside them; the Lightning job also imports the end-to-end test's
+#: job (``tests/e2e/lightning_job.py``) through ``PYTHONPATH``.
+HELPERS = ("common.py", "torch_loop.py")
 
 
 def main() -> None:
@@ -35,7 +39,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        for file in ("common.py", script):
+        for file in (*HELPERS, script):
             shutil.copy(HERE / file, folder)
         command = [sys.executable, "-m", "sentinel", "run", "--dry-run", "--state-dir", "st"]
         job = [os.environ.get("JOB_PYTHON", sys.executable), script]

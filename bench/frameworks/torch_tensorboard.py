@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
-from common import NAN_FROM, at_step
 from torch.utils.tensorboard import SummaryWriter
+from torch_loop import train
 
 writer = SummaryWriter("runs/exp")
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(int(os.environ.get("STEPS", "150"))):
-    at_step(step)
-    x, y = torch.randn(8, 4), torch.randn(8, 1)
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    if step >= NAN_FROM:
-        loss = loss * float("nan")
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+
+
+def report(step: int, loss: torch.Tensor) -> None:
     writer.add_scalar("train/loss", loss.item(), step)
+
+
+train(report)
 writer.close()
