@@ -6,7 +6,9 @@ one spike neither raises the bar for the next nor hides it; and more than
 ``noise_sigmas`` robust standard deviations above it, taken over the last
 ``noise_window`` non-spike values (``sentinel.detectors.noise``): a change smaller
 than the run's own wobble, or than the swing of a rhythm that window holds, is no
-spike whatever its ratio. Nothing is judged until the window is full, nor while
+spike whatever its ratio; until that noise window is full (a first epoch has no
+earlier one to compare with) a spike must be ``extreme_factor`` times as many
+deviations above it. Nothing is judged until the baseline's window is full, nor while
 the baseline is <= 0 (a ratio to it means nothing). Non-finite values are
 ``nan_inf``'s business and are skipped.
 

@@ -49,7 +49,8 @@ class LossSpikeConfig(MetricRuleConfig):
     resolve_after: int = Field(default=3, ge=1)
     #: A spike is also more than this many robust standard deviations above the baseline.
     noise_sigmas: float = Field(default=3.0, ge=0)
-    #: Non-spike values the noise is taken over (long enough to hold a per-epoch rhythm).
+    #: Non-spike values the noise is taken over (long enough to hold a per-epoch rhythm);
+    #: until it is full a spike must be ``extreme_factor`` x ``noise_sigmas`` above it.
     noise_window: int = Field(default=50, ge=3, le=10_000)
     #: The noise is at least this fraction of the baseline (a flat series has a MAD of 0).
     noise_floor: float = Field(default=0.01, ge=0)
