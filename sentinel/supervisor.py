@@ -10,12 +10,10 @@ The loop wakes for nothing else it can put off: the GPU and process readings
 (once a second or less often) wait for its next turn, and a clock tick due
 soon rides on a turn it takes anyway.
 
-The job's life follows Supervisor's states: WAITING (``watch``: for the job to
-appear), STARTING (launched or found, younger than ``min_uptime_s``), RUNNING,
-STOPPING (sentinel asked it to stop), BACKOFF (waiting to restart), and the
-final EXITED or FATAL. ``run`` holds a child it launches and relaunches;
-``watch`` a process started elsewhere, whose next attempt it waits for
-(sentinel.holders). Both take the same decisions and write the same verdicts.
+The job's life follows Supervisor's states (``sentinel.attempts``). ``run`` holds a
+child it launches and relaunches; ``watch`` a process started elsewhere, whose next
+attempt it waits for (sentinel.holders). Both take the same decisions and write the
+same verdicts.
 """
 
 from __future__ import annotations
@@ -28,14 +26,14 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from sentinel import run_verdict, verdict
+from sentinel import run_verdict
 from sentinel.actions.signal_tree import TreeStop
 from sentinel.aftermath import Aftermath
+from sentinel.attempts import JobAttempts
 from sentinel.config import Settings
 from sentinel.detectors.job_crash import describe_exit
 from sentinel.event_loop import EventLoop
-from sentinel.holders import Child, Handle, Holder, job_name
-from sentinel.incidents import Incident
+from sentinel.holders import Child, Holder, job_name
 from sentinel.job_state import JobState
 from sentinel.job_status import JobStatus
 from sentinel.job_stops import JobStops
@@ -85,15 +83,10 @@ class Supervisor:
             )
         self.holder = holder
         self._reload = reload
-        self.state = JobState.STARTING
-        self.exit_code = 0
         #: Sheds output the loop cannot keep up with; bounds the inbox's output too.
         self._shedder = Shedder()
         self._events: Inbox[tuple[str, Any]] = Inbox(self._shedder)
         self._loop = EventLoop(self._events, self, settings.tick_interval_s)
-        self._job: Handle | None = None
-        self._attempt = 0
-        self.restart_at: float | None = None
         self._restarts = Restarts(
             settings.job,
             settings.checkpoints,
@@ -102,11 +95,6 @@ class Supervisor:
             state_dir=settings.state_dir,
             verdict_file=settings.verdict_file,
         )
-        self._waiting_since: float | None = None
-        #: ``watch``: the last attempt ended and the rules were started afresh for the next.
-        self._waiting_for_next = False
-        self.finished = False
-        self._store: StateStore | None = None
         self._workers: Workers | None = None
         self._signals = SignalForwarder(lambda signum: self._events.put(("signal", signum)))
         self.service = Service(
@@ -126,14 +114,13 @@ class Supervisor:
     def run(self) -> int:
         """Run to the end; the exit status of the job's last attempt (0 if it finished)."""
         settings = self.settings
-        store = self._store = StateStore(settings.state_dir)
+        store = StateStore(settings.state_dir)
         if settings.checkpoints is not None:  # for `sentinel status`: the disk it takes
             store.put(CHECKPOINTS_DIR_KEY, os.path.abspath(settings.checkpoints))
         if not self.holder.relaunches:
             # The restart budget and the same-failure memory outlive sentinel (and its pod).
             keys = self._restarts.to_state()
             self._restarts.from_state({key: store.get(key) for key in keys})
-            self._attempt = int(store.get("watch.attempt") or 0)
         self.service.start()
         metrics = self.service.metrics
         workers = self._workers = Workers(
@@ -146,15 +133,20 @@ class Supervisor:
             on_incident=metrics.incident_opened, remember=True,
             run_wide=not self.holder.relaunches,
         )  # fmt: skip
+        self._status = JobStatus(self.service, self.watch, store, self._shedder)
+        attempts = self._attempts = JobAttempts(
+            settings, self.holder, self._restarts, watch=self.watch, status=self._status,
+            system=self._system, service=self.service, store=store, put=self._events.put,
+            handle=self._handle,
+        )  # fmt: skip
         self._after = Aftermath(
-            self, self._restarts,
+            attempts, self._restarts,
             run_verdict.for_run(settings.checkpoints, settings.run_id, os.environ),
             watch=self.watch, service=self.service, relaunches=self.holder.relaunches,
         )  # fmt: skip
         self._after.store = store
-        self._status = JobStatus(self.service, self.watch, store, self._shedder)
         self._stops = JobStops(
-            self, self.holder, watch=self.watch, service=self.service, after=self._after,
+            attempts, self.holder, watch=self.watch, service=self.service, after=self._after,
             put=self._events.put,
         )  # fmt: skip
         self._system.start()
@@ -162,7 +154,7 @@ class Supervisor:
         workers.start()
         self.service.ready()
         try:
-            self._start_attempt()
+            attempts.start()
             self._loop.run()
         finally:
             self.service.stopping(settings.drain_timeout_s)
@@ -175,7 +167,30 @@ class Supervisor:
             store.close()
             self.service.close()
             self._signals.restore()
-        return self.exit_code
+        return attempts.exit_code
+
+    @property
+    def finished(self) -> bool:
+        """The run is over: the loop ends after its current turn."""
+        return self._attempts.finished
+
+    @finished.setter
+    def finished(self, finished: bool) -> None:
+        self._attempts.finished = finished
+
+    @property
+    def restart_at(self) -> float | None:
+        """When the next attempt is due (monotonic), or None."""
+        return self._attempts.restart_at
+
+    @restart_at.setter
+    def restart_at(self, restart_at: float | None) -> None:
+        self._attempts.restart_at = restart_at
+
+    @property
+    def restarts(self) -> int:
+        """Restarts made so far."""
+        return self._restarts.count
 
     def turned(self) -> None:
         self._loop_turned_at = time.monotonic()
@@ -187,10 +202,11 @@ class Supervisor:
         # The batch at once, then its alerts: a batch is at most a gathering window of
         # output, and the engine reads a batch of one schema far faster than line by line.
         self.service.lines(len(lines))
-        if self.state is JobState.WAITING:
-            self._start_attempt()  # output again: the job is likely back; judge it as its own
+        attempts = self._attempts
+        if attempts.state is JobState.WAITING:
+            attempts.start()  # output again: the job is likely back; judge it as its own
         shedder = self._shedder
-        if self.state is JobState.STOPPING:
+        if attempts.state is JobState.STOPPING:
             lines = shedder.skim(lines)  # the stop is decided; its signals come first
         else:
             lines = shedder.keep(lines, time.time() - read_at)
@@ -244,19 +260,17 @@ class Supervisor:
         self.watch.tick(now)  # repeats of open critical incidents
         self._restarts.look(now)
         self._stops.join_run()
-        if self.state is JobState.WAITING:
-            self._start_attempt()
+        attempts = self._attempts
+        if attempts.state is JobState.WAITING:
+            attempts.start()
         workers = self._workers
         self._status.tick(
             now,
-            attempt=self._attempt,
+            attempt=attempts.attempt,
             outbox_depth=workers.pending() if workers is not None else None,
         )
-        job = self._job
-        uptime_s = now - job.started_at if job is not None else 0.0
-        if self.state is JobState.STARTING and uptime_s >= self.settings.job.min_uptime_s:
-            self.set_state(JobState.RUNNING)
-        if self.state in (JobState.STARTING, JobState.RUNNING):
+        attempts.tick(now)
+        if attempts.state in (JobState.STARTING, JobState.RUNNING):
             self._handle(self.watch.engine.tick(now))
 
     def _handle(self, alerts: list[Alert]) -> None:
@@ -276,7 +290,8 @@ class Supervisor:
 
     def on_exit(self, attempt: int, returncode: int | None) -> None:
         """An attempt ended; ``returncode`` None when not knowable (a job started elsewhere)."""
-        if attempt != self._attempt:
+        attempts = self._attempts
+        if attempt != attempts.attempt:
             return
         now = time.time()
         stops = self._stops
@@ -286,12 +301,10 @@ class Supervisor:
         if returncode is not None:
             self._handle(self.watch.engine.job_exited(returncode, now, expected=stop is not None))
         stop = stops.current  # a job_crash incident may have decided on a restart just now
-        self._job = None
-        self._system.set_job(None)
-        self.service.metrics.target_up(False)
+        attempts.ended()
         status = 0 if returncode is None else exit_status(returncode)
         if stop is None:
-            self._attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL)
+            attempts.attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL)
             return
         stops.current = None
         if stop.joined is not None:
@@ -301,62 +314,12 @@ class Supervisor:
         if incident is not None:
             incident.record(now, f"job stopped: {said} after {now - stop.started_at:.1f} s")
         if not stop.restart or stops.shutdown_signals:
-            self._attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL, incident)
+            attempts.attempt_over(
+                status, JobState.EXITED if status == 0 else JobState.FATAL, incident
+            )
             return
         assert incident is not None
         self._after.plan_restart(incident, status)
-
-    def _attempt_over(self, status: int, state: JobState, incident: Incident | None = None) -> None:
-        """``run`` ends with its job; ``watch`` waits for the next attempt."""
-        if self.holder.relaunches:
-            self.finish(status, state, incident)
-            return
-        if incident is not None:
-            self.watch.update(incident, final=True)
-        # What the job writes from now on is the next attempt's, even if it is read before
-        # the process is found: the rules start fresh now, not when it is found.
-        self.watch.job_started(time.time(), self._restarts.resume.step or 0)
-        self._waiting_for_next = True
-        self._wait_for_next()
-
-    @property
-    def restarts(self) -> int:
-        """Restarts made so far."""
-        return self._restarts.count
-
-    # -- what the aftermath asks (``aftermath.Attempts``) --------------------------
-
-    @property
-    def attempt(self) -> int:
-        return self._attempt
-
-    @property
-    def job(self) -> Handle | None:
-        """The current attempt's job; None between attempts."""
-        return self._job
-
-    def attempt_over(self, status: int, state: JobState, incident: Incident | None) -> None:
-        self._attempt_over(status, state, incident)
-
-    def back_off(self, delay_s: float) -> None:
-        self.set_state(JobState.BACKOFF)
-        self.restart_at = time.monotonic() + delay_s
-
-    def wait_for_next(self) -> None:
-        self._wait_for_next()
-
-    def gave_up(self) -> None:
-        self.exit_code = verdict.EXIT_GIVE_UP
-
-    def handle(self, alerts: list[Alert]) -> None:
-        self._handle(alerts)
-
-    def finish(self, status: int, state: JobState, incident: Incident | None = None) -> None:
-        if incident is not None:
-            self.watch.update(incident, final=True)
-        self.exit_code = status
-        self.set_state(state)
-        self.finished = True
 
     def on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:
@@ -369,67 +332,11 @@ class Supervisor:
         for what comes next; a bad one is refused and the old one kept."""
         settings = reloaded(self.settings, self._reload)
         if settings is not None:
-            self.settings = settings
+            self.settings = self._attempts.settings = settings
             self._restarts.job = settings.job
             self.watch.reload(settings)
 
     # -- attempts ---------------------------------------------------------------
 
     def restart_due(self) -> None:
-        self._start_attempt()
-
-    def _start_attempt(self) -> None:
-        """Launch the next attempt (``run``), or look for it (``watch``)."""
-        attempt = self._attempt + 1
-        try:
-            job = self.holder.begin(attempt, self._restarts, self._events.put)
-        except OSError as error:
-            log.error("cannot start the job %s: %s", self.holder.describe(), error)
-            self.finish(127, JobState.FATAL)
-            return
-        if job is None:
-            self._wait_for_next()
-            return
-        self._attempt = attempt
-        self._waiting_since = None
-        self._status.attempt_started(job.started_at)
-        self._job = job
-        if not self.holder.relaunches and self._store is not None:
-            self.watch.safely("the attempt", self._store.put, "watch.attempt", str(attempt))
-            verdict.clear(self.settings.state_dir)  # the next attempt is under way
-        self._system.set_job(job.identity)
-        self.service.metrics.attempt_started(attempt)
-        self.service.metrics.target_up(True)
-        if not self._waiting_for_next:  # else the rules were started fresh at the last end
-            resumed_at = self._restarts.resume.step if self.restarts else None
-            who = job.identity
-            identity = None if who is None else (who.pid, who.create_time)
-            self.watch.job_started(job.started_at, resumed_at or 0, identity)
-        self._waiting_for_next = False
-        self.set_state(JobState.STARTING)
-        log.info(
-            "job %s (attempt %d, pid %d): %s",
-            "started" if self.holder.relaunches else "found",
-            attempt,
-            job.pid,
-            self.holder.describe(),
-        )
-
-    def _wait_for_next(self) -> None:
-        """``watch``: look for the job on every tick until it appears, or ``wait_s`` runs out."""
-        now = time.monotonic()
-        if self._waiting_since is None:
-            self._waiting_since = now
-            log.info("waiting for %s", self.holder.describe())
-            self.set_state(JobState.WAITING)
-            return
-        wait_s = self.settings.watch.wait_s
-        if wait_s is not None and now - self._waiting_since > wait_s:
-            log.error("%s did not appear within %g s", self.holder.describe(), wait_s)
-            self.finish(1, JobState.FATAL)
-
-    def set_state(self, state: JobState) -> None:
-        if state is not self.state:
-            log.info("job state %s -> %s", self.state, state)
-            self.state = state
-        self._status.state(self.state, self._job, self.restarts)
+        self._attempts.start()
