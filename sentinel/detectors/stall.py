@@ -336,13 +336,23 @@ class StallDetector(BaseDetector):
             return []
         if now - self._last_progress < self._least_soft_s:
             return []
-        if watched_at is not None and now - watched_at >= self._least_soft_s:
+        held = self._held
+        if held is not None and self._printed_since(held):
+            if now - held < self.timeouts().soft_s:
+                return []  # lines came back after it: a step or a banner will tell, soon
+        elif watched_at is not None and now - watched_at >= self._least_soft_s:
             # The clock jumped over this silence (replay; sentinel asleep): judged by how it
             # ends (``_held_step``, ``_held_output``), or at the next tick if it goes on.
             self._held, self._held_evidence = now, self.evidence(now)
             return []
         self._held = self._held_evidence = None
         return self._judge(now, None, None)
+
+    def _printed_since(self, held: float) -> bool:
+        """Whether the job printed since the silence held at ``held`` (a restart loading
+        its model before its first step, or a hang that prints)."""
+        activity = self._last_activity
+        return activity is not None and activity >= held
 
     def _judge(self, now: float, evidence: Evidence | None, most: Severity | None) -> list[Alert]:
         """The warning or critical a silence up to ``now`` is worth (at most ``most``), once,

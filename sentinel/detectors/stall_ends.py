@@ -17,8 +17,8 @@ import re
 #: loaded, the training loop's banner (HF Trainer's ``***** Running training *****``).
 _STARTS = re.compile(
     r"\bresum(?:e|es|ed|ing)\b"
-    r"|\b(?:load(?:ed|ing)?|restor(?:ed|ing)?)\s+(?:from\s+)?(?:the\s+)?checkpoint"
-    r"|\bcheckpoint\]?\s*[:-]?\s*(?:loaded|restored)"
+    r"|\b(?:load|restor)\w*\b[^\n]{0,40}?\bcheckpoint"
+    r"|\bcheckpoint\b[^\n]{0,40}?\b(?:loaded|restored)\b"
     r"|\btraining\]?\s*[:-]?\s*start"
     r"|\bstart(?:ing)?\s+(?:the\s+)?training\b"
     r"|\*\s*running training\s*\*",

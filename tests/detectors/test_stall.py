@@ -9,6 +9,7 @@ import pydantic
 import pytest
 
 from sentinel.detectors.stall import StallConfig, StallDetector
+from sentinel.detectors.stall_ends import starts_a_run
 from sentinel.records import Alert, Line, Sample, Severity
 from sentinel.sources import (
     GPU_JOB,
@@ -517,6 +518,40 @@ def test_replay_a_run_started_again_after_a_long_gap_is_no_stall(
 ) -> None:
     """An appended log: the job was stopped after step 20 and re-run ten hours later."""
     assert replayed(steps_every(1, 20, 0.0, 30.0) + second_attempt) == []
+
+
+def test_replay_lines_back_before_the_first_step_of_a_restart_are_no_stall() -> None:
+    """The re-run job prints while it loads, then logs from an earlier step: no banner
+    sentinel knows, but the step going back tells, within a soft timeout of the gap."""
+    loading = [(TEN_HOURS + offset, "Building the model...", None) for offset in (0, 5, 10)]
+    lines = [*steps_every(1, 20, 0.0, 30.0), *loading, *steps_every(11, 5, TEN_HOURS + 60, 30.0)]
+    assert replayed(lines) == []
+
+
+def test_replay_lines_back_without_a_step_for_a_soft_timeout_are_judged() -> None:
+    """Past a soft timeout of output after the gap, still no step: a hang that prints."""
+    printing = [(TEN_HOURS + offset, "NCCL watchdog: still waiting", None) for offset in (0, 60)]
+    printing.append((TEN_HOURS + 700, "NCCL watchdog: still waiting", None))
+    alerts = replayed([*steps_every(1, 20, 0.0, 30.0), *printing])
+    assert [alert.severity for alert in alerts] == [Severity.CRITICAL]
+
+
+@pytest.mark.parametrize(
+    ("text", "starts"),
+    [
+        ("2026-05-09 11:39:17 | INFO | [Checkpoint] Loaded <- vgg16_best_model.pth", True),
+        ("2026-05-09 11:39:17 | INFO | [Training] Starting - 30 epochs max", True),
+        ("Restoring states from the checkpoint path at ckpt/last.ckpt", True),
+        ("fairseq.checkpoint_utils | loaded checkpoint ckpt/checkpoint_last.pt", True),
+        ("Resuming training from checkpoint-500", True),
+        ("***** Running training *****", True),
+        ("fairseq.checkpoint_utils | saved checkpoint ckpt/checkpoint8.pt (epoch 8)", False),
+        ("Saving model checkpoint to out/checkpoint-500", False),
+        ("NCCL watchdog: still waiting", False),
+    ],
+)
+def test_a_line_that_starts_a_run(text: str, starts: bool) -> None:
+    assert starts_a_run(text) is starts
 
 
 def test_replay_a_banner_ends_the_silence_of_a_run_that_logs_no_step() -> None:
