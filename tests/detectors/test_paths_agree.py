@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -41,6 +42,14 @@ AGREE = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def agreement_test(test: Callable[[st.DataObject], None]) -> Callable[..., None]:
+    """A rule's property test: slow, ``AGREE``'s settings, drawing from ``data``. Hypothesis
+    seeds a derandomized test from its body, name and signature, not its decorators, so
+    each test draws the same examples as with the three decorators written out."""
+    wrapped: Callable[..., None] = pytest.mark.slow(AGREE(given(data=st.data())(test)))
+    return wrapped
 
 
 @st.composite
@@ -169,27 +178,21 @@ def grad_norm_run_configs(draw: st.DrawFn) -> GradNormRunConfig:
     )
 
 
-@pytest.mark.slow
-@AGREE
-@given(data=st.data())
+@agreement_test
 def test_loss_spike_paths_agree(data: st.DataObject) -> None:
     config = data.draw(loss_spike_configs())
     texts, replay = data.draw(logs(config.factor))
     assert_paths_agree(LossSpikeDetector, config, texts, replay)
 
 
-@pytest.mark.slow
-@AGREE
-@given(data=st.data())
+@agreement_test
 def test_grad_norm_run_paths_agree(data: st.DataObject) -> None:
     config = data.draw(grad_norm_run_configs())
     texts, replay = data.draw(logs(config.factor))
     assert_paths_agree(GradNormRunDetector, config, texts, replay)
 
 
-@pytest.mark.slow
-@AGREE
-@given(data=st.data())
+@agreement_test
 def test_divergence_paths_agree(data: st.DataObject) -> None:
     config = DivergenceConfig(
         window=data.draw(st.sampled_from([10, 20, 50])),
@@ -214,9 +217,7 @@ def loss_plateau_configs(draw: st.DrawFn) -> LossPlateauConfig:
     )
 
 
-@pytest.mark.slow
-@AGREE
-@given(data=st.data())
+@agreement_test
 def test_loss_plateau_paths_agree(data: st.DataObject) -> None:
     config = data.draw(loss_plateau_configs())
     texts, replay = data.draw(logs(1 / config.high_fraction))
@@ -235,9 +236,7 @@ def throughput_drop_configs(draw: st.DrawFn) -> ThroughputDropConfig:
     )
 
 
-@pytest.mark.slow
-@AGREE
-@given(data=st.data())
+@agreement_test
 def test_throughput_drop_paths_agree(data: st.DataObject) -> None:
     config = data.draw(throughput_drop_configs())
     texts, replay = data.draw(logs(1 / config.fraction))
@@ -259,9 +258,7 @@ def stall_configs(draw: st.DrawFn) -> StallConfig:
     )
 
 
-@pytest.mark.slow
-@AGREE
-@given(data=st.data())
+@agreement_test
 def test_stall_paths_agree(data: st.DataObject) -> None:
     config = data.draw(stall_configs())
     # Slow steps of about the soft timeout (a step is 0.5 s), just under and just over it.
@@ -280,9 +277,7 @@ def eval_loss_rise_configs(draw: st.DrawFn) -> EvalLossRiseConfig:
     )
 
 
-@pytest.mark.slow
-@AGREE
-@given(data=st.data())
+@agreement_test
 def test_eval_loss_rise_paths_agree(data: st.DataObject) -> None:
     config = data.draw(eval_loss_rise_configs())
     texts, replay = data.draw(logs(1 + config.margin, evals=True))
@@ -303,9 +298,7 @@ def gpu_memory_creep_configs(draw: st.DrawFn) -> GpuMemoryCreepConfig:
     )
 
 
-@pytest.mark.slow
-@AGREE
-@given(data=st.data())
+@agreement_test
 def test_gpu_memory_creep_paths_agree(data: st.DataObject) -> None:
     config = data.draw(gpu_memory_creep_configs())
     texts, replay = data.draw(logs(1 + config.min_growth))
@@ -324,9 +317,7 @@ def cost_overrun_configs(draw: st.DrawFn) -> CostOverrunConfig:
     )
 
 
-@pytest.mark.slow
-@AGREE
-@given(data=st.data())
+@agreement_test
 def test_cost_overrun_paths_agree(data: st.DataObject) -> None:
     config = data.draw(cost_overrun_configs())
     # 4 GPUs at 2.0 an hour: a log of a few hundred seconds spends about 0.2 to 2.
