@@ -2,12 +2,14 @@
 
 ``py-spy`` reads another process's memory (ptrace): it needs to be installed (the
 ``evidence`` extra ships its binary) and allowed (root, ``CAP_SYS_PTRACE``, or
-``kernel.yama.ptrace_scope`` 0 or 1 with sentinel as the job's ancestor). When it
-cannot, ``Dump.missing`` says which, in words a person can act on.
+``kernel.yama.ptrace_scope`` 0: at 1 only an ancestor may attach, and py-spy, started by
+sentinel, is the job's sibling, not its ancestor). When it cannot, ``Dump.missing`` says
+which, in words a person can act on.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -128,6 +130,10 @@ def dump(binary: str, pid: int, timeout_s: float) -> Dump:
     except subprocess.TimeoutExpired:
         return Dump(pid, "", missing="py-spy did not finish within the budget")
     except OSError as error:
+        if error.errno == errno.EPERM:
+            # A binary with a file capability (the image's py-spy, cap_sys_ptrace) that the
+            # container's bounding set lacks is refused by exec itself.
+            return Dump(pid, "", missing=f"py-spy could not start: {not_permitted(str(error))}")
         return Dump(pid, "", missing=f"py-spy could not run: {error}")
     if done.returncode == 0 and done.stdout.strip():
         return Dump(pid, done.stdout, main_frames=main_frames(done.stdout, pid))

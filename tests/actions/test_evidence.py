@@ -179,6 +179,27 @@ def test_ptrace_refused_is_said_as_such(start: Start, tmp_path: Path) -> None:
     assert "ptrace not permitted" in line and "CAP_SYS_PTRACE" in line, line
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to write a file capability")
+def test_a_py_spy_the_bounding_set_refuses_is_said_as_such(tmp_path: Path) -> None:
+    """The image's py-spy carries cap_sys_ptrace as a file capability; in a container not
+    given SYS_PTRACE, exec itself refuses it (EPERM), which the report says in words."""
+    setpriv, setcap, py_spy = shutil.which("setpriv"), shutil.which("setcap"), py_spy_path()
+    if setpriv is None or setcap is None or py_spy is None:
+        pytest.skip("needs setpriv (util-linux), setcap (libcap) and py-spy")
+    capable = tmp_path / "py-spy"
+    shutil.copy(py_spy, capable)
+    if subprocess.run([setcap, "cap_sys_ptrace=ep", str(capable)], check=False).returncode:
+        pytest.skip("this filesystem holds no file capabilities")
+    said = subprocess.run(
+        [setpriv, "--bounding-set=-sys_ptrace", sys.executable, "-c",
+         "import os, sys; from sentinel.actions.evidence_stacks import dump;"
+         " print(dump(sys.argv[1], os.getpid(), 5).missing)", str(capable)],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout  # fmt: skip
+    assert said.startswith("py-spy could not start: ptrace not permitted"), said
+    assert "SYS_PTRACE" in said, said
+
+
 def test_only_hangs_crashes_and_gpu_faults_wait_for_evidence() -> None:
     assert [wanted(rule) for rule in ("stall", "job_crash", "gpu_health")] == [True] * 3
     assert [wanted(rule) for rule in ("nan_inf", "loss_spike", None)] == [False] * 3
