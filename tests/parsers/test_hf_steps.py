@@ -56,8 +56,85 @@ def test_unbuffered_bar_teaches_steps_per_epoch(prefix: str) -> None:
 
 @pytest.mark.parametrize("prefix", VERSIONS, ids=["v5", "v4"])
 def test_buffered_output_teaches_nothing_wrong(prefix: str) -> None:
-    """With stdout buffered the bar after a dict is another step's: no step is made up."""
-    assert set(_dict_steps(LineParser(), FIXTURES / f"{prefix}tqdm.log")) == {None}
+    """With stdout buffered the bar after a dict is mostly another step's: no step is
+    made up (no two pairs in a row agree)."""
+    steps = _dict_steps(LineParser(), FIXTURES / f"{prefix}tqdm.log")
+    truth = _truth(prefix)
+    assert all(step is None or step == true for step, true in zip(steps, truth, strict=True))
+
+
+def _live(capture: Path) -> list[str]:
+    """The lines of a capture as ``run`` reads a job's terminal: ``\r`` ends a line, and
+    blank lines (a bar tqdm cleared to print a dict) are dropped."""
+    text = capture.read_bytes().decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    return [line for line in text.split("\n") if line.strip()]
+
+
+@pytest.mark.parametrize("prefix", VERSIONS, ids=["v5", "v4"])
+def test_live_output_gives_every_dict_but_the_first_its_exact_step(prefix: str) -> None:
+    """Read live, a dict is its own line and the bar redrawn after it the next (5.x: the
+    first two pairs, whose bounds hold the bar's total (48) over two epochs, teach 24
+    steps per epoch exactly). Before, no pair was taken live and the bar alone put 5.x's
+    dicts up to a logging interval early."""
+    parser = LineParser()
+    steps: list[int | None] = []
+    for line in _live(FIXTURES / f"{prefix}tqdm.unbuffered.log"):
+        steps += [s.step for s in parser.parse(line) if s.name in ("loss", "eval_loss")]
+    truth = _truth(prefix)
+    assert all(step is None or step == true for step, true in zip(steps, truth, strict=True))
+    assert steps[:2] == [None, None]  # before two pairs agree: the engine's to place
+    if prefix == "":
+        assert steps[2:] == truth[2:]
+        assert parser._hf.steps_per_epoch == 24.0
+    else:  # two decimals: the epochs past 0.5 bound it within 2%, pairs that agree teach it
+        assert steps[-12:] == truth[-12:]
+
+
+def _feed(steps: HfSteps, line: str) -> list[int | None]:
+    """``line`` read as ``LineParser`` reads it: the steps of its samples."""
+    return [s.step for s in steps.process(line, LineParser().parse(line)) if s.name == "loss"]
+
+
+def _bar(count: int, total: int) -> str:
+    return f" 10%|#         | {count}/{total} [00:01<00:09, 9.81it/s]"
+
+
+def test_pairs_on_a_whole_number_of_epochs_are_exact() -> None:
+    """3 epochs of 1362 steps (a 4086-step bar): the bars redrawn after the first two
+    dicts (steps 50 and 100) teach 1362, not 100 / 0.07342 = 1362.03; one pair alone
+    teaches nothing (it may be another step's bar)."""
+    steps = HfSteps()
+    for step, epoch in ((50, "0.03671"), (100, "0.07342")):
+        assert steps.steps_per_epoch is None
+        _feed(steps, _bar(step - 1, 4086))
+        _feed(steps, f"{{'loss': '2.5', 'epoch': '{epoch}'}}")
+        _feed(steps, _bar(step, 4086))
+    assert steps.steps_per_epoch == 1362.0
+
+
+def test_max_steps_off_a_whole_epoch_needs_two_pairs_that_agree() -> None:
+    """A 40-step bar over 64-step epochs (``max_steps``): no whole number of epochs, so
+    one pair teaches nothing; two that agree do."""
+    steps = HfSteps()
+    for step in (10, 20):
+        _feed(steps, _bar(step - 1, 40))
+        _feed(steps, f"{{'loss': '2.5', 'epoch': '{format(step / 64, '.4g')}'}}")
+        _feed(steps, _bar(step, 40))
+        if step == 10:
+            assert steps.steps_per_epoch is None
+    assert steps.steps_per_epoch == pytest.approx(64, rel=1e-3)
+
+
+def test_two_decimal_epochs_take_the_step_on_the_logging_interval_nearest_the_bar() -> None:
+    """Older 4.x prints ``'epoch': 0.18``: at 1362 steps per epoch that is any step from
+    239 to 251. Training dicts 10 steps apart teach the interval; the dict at 250 is read
+    at 250 though the bar still shows 247."""
+    steps = HfSteps(steps_per_epoch=1362)
+    found: list[int | None] = []
+    for step, bar in ((10, 10), (20, 20), (30, 30), (250, 247)):
+        _feed(steps, _bar(bar, 4086))
+        found += _feed(steps, f"{{'loss': 1.89, 'epoch': {round(step / 1362, 2)}}}")
+    assert found == [10, 20, 30, 250]
 
 
 def test_eval_dict_between_logging_steps_gets_its_own_step() -> None:
@@ -107,3 +184,21 @@ def test_no_notice_once_a_step_was_seen(caplog: pytest.LogCaptureFixture) -> Non
         parser.parse("step 3 loss 1.5")
         parser.parse("loss=1.5")
     assert not [r for r in caplog.records if "names no step" in r.getMessage()]
+
+
+def test_what_the_bars_taught_is_forgotten_when_they_stop_showing_the_dicts_steps() -> None:
+    """Bars and dicts from two pipes reach sentinel in no sure order: once two dicts in a
+    row are not at the bar read after them, the steps per epoch they taught are dropped
+    (the engine gives the dicts the bar's step again), and learned afresh."""
+    steps = HfSteps()
+    for step in (4, 8):  # one stream, in order: 16 steps per epoch
+        _feed(steps, _bar(step - 1, 32))
+        _feed(steps, f"{{'loss': '2.5', 'epoch': '{step / 16:.4g}'}}")
+        _feed(steps, _bar(step, 32))
+    assert steps.steps_per_epoch == 16.0
+    assert _feed(steps, "{'loss': '2.5', 'epoch': '0.75'}") == [12]
+    _feed(steps, _bar(9, 32))  # a bar read late
+    assert _feed(steps, "{'loss': '2.5', 'epoch': '1'}") == [16]
+    _feed(steps, _bar(10, 32))
+    assert steps.steps_per_epoch is None
+    assert _feed(steps, "{'loss': '2.5', 'epoch': '1.25'}") == [None]
