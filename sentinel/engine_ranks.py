@@ -128,7 +128,6 @@ class _Stream:
             self.recent.append(step)
         return index
 
-
     def _interleaves(self) -> bool:
         """Whether the stream went back, with no series open for its step, a few lines ago
         (another rank's lines, interleaved): once is a resume."""
