@@ -78,8 +78,8 @@ def test_wait_returns_the_code_written_while_it_waits(tmp_path: Path) -> None:
             write_final(tmp_path, 90, None, "nan_inf", 40, None, 2, NOW)
             written_at.append(time.monotonic())
 
+        start = time.monotonic()  # before the timer's 0.3 s begin, so they bound the wait
         timer = later(0.3, write)
-        start = time.monotonic()
         outcome = await_verdict(tmp_path, wait=True, timeout_s=30, job_status=143)
         returned_at = time.monotonic()
         timer.join()

@@ -198,7 +198,9 @@ def test_sentinel_run_pages_the_working_target_and_exits_on_time(
     state, job, nan_at = tmp_path / "state", tmp_path / "job.py", tmp_path / "nan_at"
     job.write_text(JOB_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    # No chart: the exit's bound is the drain's alone here (a chart would add its own).
     env.update(SENTINEL_NOTIFY__TIMEOUT_S="10", SENTINEL_NOTIFY__GROUP_WAIT_S="0")
+    env.update(SENTINEL_EVIDENCE__CHART="false")
     with HungListener(hung_port.port), WebhookReceiver() as working:
         began = time.monotonic()
         result = subprocess.run(
