@@ -91,6 +91,12 @@ class HfSteps:
         self._gap: int | None = None
         self._interval: int | None = None
 
+    @property
+    def taught(self) -> bool:
+        """Whether steps per epoch came from the output's own bars (not given, nor read
+        from ``trainer_state.json``)."""
+        return self._taught
+
     def learn_trainer_state(self, text: str) -> bool:
         """Steps per epoch from a ``trainer_state.json``'s log history; whether it held them."""
         try:
@@ -105,6 +111,7 @@ class HfSteps:
             step, epoch = entry.get("step"), entry.get("epoch")
             if type(step) is int and step > 0 and type(epoch) is float and 0 < epoch < math.inf:
                 self.steps_per_epoch = step / epoch
+                self._taught = False
                 return True
         return False
 

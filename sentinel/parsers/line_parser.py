@@ -74,9 +74,10 @@ class LineParser:
     def reads_hf_blocks(self) -> bool:
         """Whether HF Trainer output may be read many lines at once (``parsers.hf_blocks``):
         its dicts by the brace parser and its bars by tqdm's, with no user regex in front,
-        and while no steps per epoch are known (the block path takes a dict's step from
-        the bars or the logging cadence, not from its epoch)."""
-        return self._hf_blocks and self._hf.steps_per_epoch is None
+        and while no steps per epoch are known from ``trainer_state.json`` (the block path
+        takes a dict's step from the bars or the logging cadence, not from its epoch; what
+        the bars taught gives exact steps to the lines read one by one, live above all)."""
+        return self._hf_blocks and (self._hf.steps_per_epoch is None or self._hf.taught)
 
     def learn_trainer_state(self, text: str) -> bool:
         """Read steps per epoch from a ``trainer_state.json`` found beside the checkpoints,
