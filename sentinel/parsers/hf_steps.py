@@ -59,6 +59,7 @@ class HfSteps:
 
     __slots__ = (
         "_bar",
+        "_bars_teach",
         "_bounds",
         "_gap",
         "_interval",
@@ -70,10 +71,13 @@ class HfSteps:
         "steps_per_epoch",
     )
 
-    def __init__(self, steps_per_epoch: float | None = None) -> None:
+    def __init__(self, steps_per_epoch: float | None = None, *, bars_teach: bool = True) -> None:
         #: Optimizer steps per epoch (a float: HF's epoch counts batches, so with gradient
         #: accumulation it need not be whole); None until known.
         self.steps_per_epoch = steps_per_epoch
+        #: Whether the bars may teach it (not where the run's logging cadence is set:
+        #: the engine counts the dicts' steps then, and a dict's own step would stop it).
+        self._bars_teach = bars_teach
         self._total: int | None = None  # the training bar's total: its first plain bar's
         self._bar: int | None = None  # the training bar's last count
         # A dict's epoch, how far it was rounded, and the step it was given (None: none
@@ -149,7 +153,7 @@ class HfSteps:
             return samples
         half = _half_unit(epoch, quoted="'epoch': '" in text)
         step = self._step(epoch, half, training)
-        if self.steps_per_epoch is None or self._taught:
+        if self._bars_teach and (self.steps_per_epoch is None or self._taught):
             self._pending = (epoch, half, step)  # the next training bar shows its step
         if step is None:
             return samples

@@ -38,8 +38,14 @@ class LineParser:
     """Auto-detects each line's format and turns it into samples; counts what it could not read."""
 
     def __init__(
-        self, *, regexes: Sequence[str] = (), enabled: Sequence[str] | None = None
+        self,
+        *,
+        regexes: Sequence[str] = (),
+        enabled: Sequence[str] | None = None,
+        logging_steps: int | None = None,
     ) -> None:
+        """``logging_steps``: the run's ``[parsers] logging_steps``; where it is set, the
+        engine counts the steps of HF dicts and the bars teach none (``hf_steps``)."""
         names = list(PARSERS) if enabled is None else list(enabled)
         unknown = [name for name in names if name not in PARSERS]
         if unknown:
@@ -66,7 +72,7 @@ class LineParser:
         self._hf_blocks = (
             self._brace is not None and not self._regexes and tqdm.parse_tqdm in self._human
         )
-        self._hf = hf_steps.HfSteps()
+        self._hf = hf_steps.HfSteps(bars_teach=logging_steps is None)
         self._formats = formats.Formats() if "keyvalue" in names else None
         self._no_step_yet = True
 

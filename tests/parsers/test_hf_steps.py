@@ -202,3 +202,13 @@ def test_what_the_bars_taught_is_forgotten_when_they_stop_showing_the_dicts_step
     _feed(steps, _bar(10, 32))
     assert steps.steps_per_epoch is None
     assert _feed(steps, "{'loss': '2.5', 'epoch': '1.25'}") == [None]
+
+
+def test_a_set_logging_cadence_leaves_the_steps_to_the_engine() -> None:
+    """With ``[parsers] logging_steps`` set the engine counts the dicts' steps; the bars
+    teach nothing (a dict's own step would keep it from counting that dict)."""
+    parser = LineParser(logging_steps=4)
+    steps: list[int | None] = []
+    for line in _live(FIXTURES / "tqdm.unbuffered.log"):
+        steps += [s.step for s in parser.parse(line) if s.name in ("loss", "eval_loss")]
+    assert set(steps) == {None}
