@@ -158,7 +158,9 @@ def logged_steps(paths: Sequence[Path], settings: Settings) -> list[int]:
     """The distinct steps the run logged a value at, read as replay reads them (the
     steps a line names; a line without one adds none)."""
     steps: set[int] = set()
-    parser = LineParser(regexes=settings.parsers.regexes)
+    parser = LineParser(
+        regexes=settings.parsers.regexes, logging_steps=settings.parsers.logging_steps
+    )
     states = [p for p in paths if p.name == "trainer_state.json"]
     for state in states:
         steps.update(s.step for s in read_trainer_state(state.read_text("utf-8")) if s.step)

@@ -104,7 +104,9 @@ class ReplayResult:
 
 def replay(paths: list[Path], settings: Settings) -> ReplayResult:
     """Run every enabled rule over the files, in order, as if they were being written."""
-    parser = LineParser(regexes=settings.parsers.regexes)
+    parser = LineParser(
+        regexes=settings.parsers.regexes, logging_steps=settings.parsers.logging_steps
+    )
     engine = Engine(
         build_detectors(settings),
         parser,

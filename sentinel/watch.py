@@ -222,7 +222,9 @@ class Watch:
     def _engine(settings: Settings) -> Engine:
         engine = Engine(
             build_detectors(settings),
-            LineParser(regexes=settings.parsers.regexes),
+            LineParser(
+                regexes=settings.parsers.regexes, logging_steps=settings.parsers.logging_steps
+            ),
             logging_steps=settings.parsers.logging_steps,
         )
         engine.facts = settings.run_facts()
