@@ -91,14 +91,18 @@ def nan_reading(
     data = _consumed(step, recent)
     epoch = _last_epoch(recent)
     placed = step is not None or (epoch is not None and epoch > EARLY_EPOCH)
-    seen = (
-        f"long past the start, though the log shows only {before} finite values before it"
-        if before <= FIRST_STEPS and placed
-        else f"{before} finite values seen"
-    )
+    if before > FIRST_STEPS:
+        seen = f"after a healthy stretch ({before} finite values seen)"
+    elif placed:
+        seen = (
+            "after a healthy stretch (long past the start, though the log shows only"
+            f" {before} finite values before it)"
+        )
+    else:  # an excerpt that names no step and no epoch past the start: nothing says healthy
+        seen = f"with only {before} finite values before it in the log (too few to judge the run)"
     if unscaled:
         return (
-            f"{flat}, out of the blue{where} after a healthy stretch ({seen}): a bad batch or"
+            f"{flat}, out of the blue{where} {seen}: a bad batch or"
             " a numerics edge case; the loss scale is 1.0 throughout, so the run has no"
             " dynamic loss scaling (bf16 or fp32): not an fp16 overflow",
             f"inspect the batch{where}{data} (the samples below); rerun that step under"
@@ -107,7 +111,7 @@ def nan_reading(
             metric,
         )
     return (
-        f"{flat}, out of the blue{where} after a healthy stretch ({seen}): a bad batch, an"
+        f"{flat}, out of the blue{where} {seen}: a bad batch, an"
         " fp16 overflow or a numerics edge case",
         f"inspect the batch{where}{data} (the samples below); rerun that step under"
         " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, suspect an"

@@ -324,3 +324,19 @@ def test_a_nan_with_no_grad_norm_logged_claims_no_flat_grad_norm() -> None:
     cause = diagnose(incident, recent).cause
     assert cause.startswith("NaN, out of the blue at step 1655")
     assert "grad-norm" not in cause
+
+
+def test_a_nan_with_too_little_before_it_to_place_claims_no_healthy_stretch() -> None:
+    """An excerpt whose first dict is already NaN, at HF's epoch 0.0: nothing says the run
+    was healthy before it, or that it is the first steps."""
+    incident = incident_of(
+        Alert(rule="nan_inf", severity=Severity.CRITICAL, message="m", time=T0, step=None,
+              metric="grad_norm", details={"finite_before": 0})
+    )  # fmt: skip
+    recent = {
+        "epoch": [Sample("epoch", 0.0, None)] * 2,
+        "grad_norm": [Sample("grad_norm", NAN, None)] * 2,
+    }
+    cause = diagnose(incident, recent).cause
+    assert "healthy stretch" not in cause and "first steps" not in cause
+    assert "with only 0 finite values before it in the log (too few to judge the run)" in cause
