@@ -140,6 +140,8 @@ class BlockFeeder:
             or self.position.data_time is not None  # a line fed one by one started the clock
         ):
             return self.feed_each(source, texts, now)
+        parser = self.parser
+        known = parser.hf_state()
         made = self._hf_block(source, piece)
         if made is not None:
             block, current, logged = made
@@ -156,6 +158,7 @@ class BlockFeeder:
                 self.position.current_step = current
                 self.position.logged = logged
                 return alerts
+        parser.restore_hf(known)  # the lines are read again, one by one or in halves
         if len(texts) < 2 * BLOCK_MIN_LINES:
             return self.feed_each(source, texts, now)
         middle = len(texts) // 2
@@ -168,16 +171,21 @@ class BlockFeeder:
         lines after it; None where a dict would have no step.
 
         What ``feed_text`` does line by line: a bar's step is progress when it passes
-        every step before it; a dict gets ``start_step + n x logging_steps`` (n counting
-        training dicts) or, without ``logging_steps``, the step the bars reached.
+        every step before it; a dict gets the step its epoch gives it (``hf_steps``, the
+        parser's own logic run over the piece), else ``start_step + n x logging_steps``
+        (n counting training dicts) or, without ``logging_steps``, the step the bars
+        reached.
         """
-        assert piece.names is not None
+        names = piece.names
+        assert names is not None
+        epochs = piece.columns.get("epoch")
+        hf_steps = iter(self.parser.read_hf_block(piece, epochs, "loss" in names))
         position = self.position
         current = position.current_step
         logged = position.logged
         every = position.logging_steps
         start_step = position.start_step
-        training = not TRAINING_LOG_METRICS.isdisjoint(piece.names)
+        training = not TRAINING_LOG_METRICS.isdisjoint(names)
         bar_steps = iter(piece.bar_steps)
         seen: list[int] = []
         steps: list[int] = []
@@ -188,7 +196,12 @@ class BlockFeeder:
                     current = step
                     seen.append(step)
             elif kind == DICT:
-                if every is None:
+                own = next(hf_steps)
+                if own is not None:
+                    step = own  # line by line too, no cadence counts it (count_step)
+                    if current is None or step > current:
+                        current = step
+                elif every is None:
                     if current is None:
                         return None  # line by line: a step-less sample
                     step = current
@@ -203,7 +216,7 @@ class BlockFeeder:
         block = Block(
             source=source,
             texts=piece.dict_texts,
-            names=piece.names,
+            names=names,
             columns=piece.columns,
             steps=steps,
             times=None,

@@ -35,9 +35,10 @@ BLANK, BAR, DICT = 0, 1, 2
 # "count/total", "elapsed<remaining" and a rate with no "key=value" postfix. Each such
 # line is one that ``parse_tqdm`` reads as a progress sample at ``count`` and nothing
 # else (its own pattern accepts all this; spaces and tabs are the only whitespace here).
-# At most 18 digits: the count stays an exact float.
+# At most 18 digits: the count stays an exact float. "count/total [" as tqdm draws it (one
+# space) is also what ``hf_steps`` reads as the training bar where it follows one.
 _TRAINING_BAR = re.compile(
-    r"^[ \t]*\d{1,3}%\|[^|\n]*\|[ \t]*(\d{1,18})/(?:\d+|\?)[ \t]+"
+    r"^[ \t]*\d{1,3}%\|[^|\n]*\|[ \t]*(\d{1,18})/(\d+) "
     rf"\[{CLOCK}<(?:{CLOCK}|\?)(?:,[ \t]*[^\]=\n]*)?\][ \t]*$",
     re.MULTILINE,
 )
@@ -55,10 +56,12 @@ class HfPiece:
     stop: int
     #: Per line: ``BLANK``, ``BAR`` or ``DICT``.
     kinds: list[int]
-    #: Each bar's count, in order.
+    #: Each bar's count and total, in order.
     bar_steps: list[int]
-    #: The dict lines, in order.
+    bar_totals: list[int]
+    #: The dict lines, in order, and how many of the piece's bars come before each.
     dict_texts: list[str]
+    dict_bars: list[int]
     #: The dicts' metric names, in field order (empty when there is no dict), and their
     #: values as columns of floats; None when they are not all plain records of one
     #: schema that ``parse_hf_dict`` reads the same way (then: line by line).
@@ -78,20 +81,23 @@ def read_hf(texts: list[str]) -> list[HfPiece] | None:
     bars: list[str] = []
     dicts: list[str] = []
     dict_lines: list[int] = []
+    dict_bars: list[int] = []
     for index, text in enumerate(texts):
         if text[:2] == "{'":
             kinds.append(DICT)
             dicts.append(text)
             dict_lines.append(index)
+            dict_bars.append(len(bars))
         elif not text or text.isspace():
             kinds.append(BLANK)  # what LineParser strips to nothing
         else:
             kinds.append(BAR)
             bars.append(text)
-    bar_steps = _bar_steps(bars)
+    read = _bar_steps(bars)
     records = _records(dicts)
-    if bar_steps is None or records is None:
+    if read is None or records is None:
         return None
+    bar_steps, bar_totals = read
     pieces: list[HfPiece] = []
     start = first_bar = first_dict = 0
     for keys, group in groupby(map(tuple, records)):
@@ -107,28 +113,42 @@ def read_hf(texts: list[str]) -> list[HfPiece] | None:
                 stop,
                 kinds_here,
                 bar_steps[first_bar:stop_bar],
+                bar_totals[first_bar:stop_bar],
                 dicts[first_dict:stop_dict],
+                [bars - first_bar for bars in dict_bars[first_dict:stop_dict]],
                 None if named is None else named[0],
                 {} if named is None else named[1],
             )
         )
         start, first_bar, first_dict = stop, stop_bar, stop_dict
     if start < len(texts):
-        pieces.append(HfPiece(start, len(texts), kinds[start:], bar_steps[first_bar:], [], (), {}))
+        pieces.append(
+            HfPiece(
+                start,
+                len(texts),
+                kinds[start:],
+                bar_steps[first_bar:],
+                bar_totals[first_bar:],
+                [],
+                [],
+                (),
+                {},
+            )
+        )
     return pieces
 
 
-def _bar_steps(bars: list[str]) -> list[int] | None:
-    """Each bar's count; None unless every one is a training bar as tqdm draws it."""
+def _bar_steps(bars: list[str]) -> tuple[list[int], list[int]] | None:
+    """Each bar's count and total; None unless every one is a training bar as tqdm draws it."""
     if not bars:
-        return []
+        return [], []
     joined = "\n".join(bars)
     if "\r" in joined or joined.count("\n") != len(bars) - 1:
         return None  # a line that the line-by-line parser would split first
-    counts = _TRAINING_BAR.findall(joined)
-    if len(counts) != len(bars):
+    found = _TRAINING_BAR.findall(joined)
+    if len(found) != len(bars):
         return None  # each line matches at most once (the pattern is anchored to it)
-    return list(map(int, counts))
+    return [int(count) for count, _ in found], [int(total) for _, total in found]
 
 
 def _records(dicts: list[str]) -> list[dict[str, Any]] | None:

@@ -35,11 +35,14 @@ import logging
 import math
 import re
 
+from sentinel.parsers.hf_blocks import HfPiece
 from sentinel.records import PROGRESS, Sample
 
 logger = logging.getLogger(__name__)
 
 _new_sample = tuple.__new__
+#: In a dict whose values are strings (5.x), its epoch printed to four significant digits.
+_QUOTED = "'epoch': '"
 #: A bar tqdm drew with no description, right after a ``\\r`` or at the line's start.
 _PLAIN_BAR = re.compile(r"(?:^|\r)[ \t]*\d{1,3}%\|[^|\r]*\|[ \t]*(\d+)/(\d+) \[")
 #: Two (epoch, step) pairs agree on steps per epoch within this relative error.
@@ -151,10 +154,7 @@ class HfSteps:
                 return samples  # a step of its own: the best evidence
         if epoch is None or not 0 < epoch < math.inf:
             return samples
-        half = _half_unit(epoch, quoted="'epoch': '" in text)
-        step = self._step(epoch, half, training)
-        if self._bars_teach and (self.steps_per_epoch is None or self._taught):
-            self._pending = (epoch, half, step)  # the next training bar shows its step
+        step = self._dict(epoch, _half_unit(epoch, quoted=_QUOTED in text), training)
         if step is None:
             return samples
         return [
@@ -164,24 +164,80 @@ class HfSteps:
             for sample in samples
         ]
 
+    def read_block(
+        self, piece: HfPiece, epochs: list[float] | None, training: bool
+    ) -> list[int | None]:
+        """``process`` over a piece of HF output read as a block (``hf_blocks``: each bar
+        plain and alone on its line, each dict with no step of its own): the step each
+        dict's epoch gives it (None: none), the state moved as line by line. ``epochs``:
+        the dicts' epochs (None: they print none); ``training``: they print a loss."""
+        counts, totals = piece.bar_steps, piece.bar_totals
+        if epochs is None or (self.steps_per_epoch is None and not self._bars_teach):
+            # No dict takes a step or pairs with a bar: the bars alone, as one run.
+            self._bar_run(counts, totals, 0, len(counts))
+            return [None] * len(piece.dict_texts)
+        steps: list[int | None] = []
+        start = 0
+        for text, stop, epoch in zip(piece.dict_texts, piece.dict_bars, epochs, strict=True):
+            self._bar_run(counts, totals, start, stop)
+            start = stop
+            if 0 < epoch < math.inf:
+                steps.append(self._dict(epoch, _half_unit(epoch, quoted=_QUOTED in text), training))
+            else:
+                steps.append(None)
+        self._bar_run(counts, totals, start, len(counts))
+        return steps
+
+    def _bar_run(self, counts: list[int], totals: list[int], start: int, stop: int) -> None:
+        """Bars ``start`` to ``stop``, each alone on its line, as ``process`` reads them: one
+        by one while a dict waits for its bar (or before the training bar's total is
+        known), then only forward, the most of them at once."""
+        while start < stop and (self._pending is not None or self._total is None):
+            self._plain_bar(counts[start], totals[start])
+            start += 1
+        if start < stop:
+            top = max(counts[start:stop])
+            if self._bar is None or top >= self._bar:
+                self._bar = top
+
+    def state(self) -> tuple[object, ...]:
+        """All it knows, to ``restore`` after a block the rules refused."""
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def restore(self, state: tuple[object, ...]) -> None:
+        for name, value in zip(self.__slots__, state, strict=True):
+            setattr(self, name, value)
+
     def _bars(self, text: str) -> None:
         """Follow the training bar through the plain bars of one line."""
         for count_text, total_text in _PLAIN_BAR.findall(text):
-            total = int(total_text)
-            if self._total is None:
-                self._total = total
-            if total != self._total:
-                continue  # an evaluation's bar
-            count = int(count_text)
-            self._bar = count
-            pending = self._pending
-            if pending is not None:
-                self._pending = None
-                epoch, half, step = pending
-                if step is None:
-                    self._learn(epoch, half, count)
-                else:
-                    self._check(step, count)
+            self._plain_bar(int(count_text), int(total_text))
+
+    def _plain_bar(self, count: int, total: int) -> None:
+        """One plain bar: the training bar's (its first total) moves it and shows the step
+        of the dict before it."""
+        if self._total is None:
+            self._total = total
+        if total != self._total:
+            return  # an evaluation's bar
+        self._bar = count
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            epoch, half, step = pending
+            if step is None:
+                self._learn(epoch, half, count)
+            else:
+                self._check(step, count)
+
+    def _dict(self, epoch: float, half: float, training: bool) -> int | None:
+        """A step-less dict at ``epoch`` (printed to within ``half``): its step, None while
+        steps per epoch are unknown; while the bars may teach, the next training bar is
+        paired with it."""
+        step = self._step(epoch, half, training)
+        if self._bars_teach and (self.steps_per_epoch is None or self._taught):
+            self._pending = (epoch, half, step)  # the next training bar shows its step
+        return step
 
     def _learn(self, epoch: float, half: float, count: int) -> None:
         """The first training bar after a dict shows its step (one stream, unbuffered):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from sentinel.parsers import fields, formats, hf_steps, hf_trainer, jsonl, ranks, tqdm
 from sentinel.parsers.files import FileReader
+from sentinel.parsers.hf_blocks import HfPiece
 from sentinel.parsers.regex import UserRegex, compile_regexes, parse_with_regexes
 from sentinel.parsers.registry import PARSERS
 from sentinel.parsers.values import Garbled, ParseFn
@@ -84,6 +85,21 @@ class LineParser:
         takes a dict's step from the bars or the logging cadence, not from its epoch; what
         the bars taught gives exact steps to the lines read one by one, live above all)."""
         return self._hf_blocks and (self._hf.steps_per_epoch is None or self._hf.taught)
+
+    def read_hf_block(
+        self, piece: HfPiece, epochs: list[float] | None, training: bool
+    ) -> list[int | None]:
+        """The steps ``parse`` would give a piece's dicts (None: none of its own), what it
+        learns from them and from the bars learned (``HfSteps.read_block``); the block
+        path ``restore_hf``s what it knew before where the rules refuse the block."""
+        return self._hf.read_block(piece, epochs, training)
+
+    def hf_state(self) -> tuple[object, ...]:
+        """What the HF steps know, for ``restore_hf``."""
+        return self._hf.state()
+
+    def restore_hf(self, state: tuple[object, ...]) -> None:
+        self._hf.restore(state)
 
     def learn_trainer_state(self, text: str) -> bool:
         """Read steps per epoch from a ``trainer_state.json`` found beside the checkpoints,

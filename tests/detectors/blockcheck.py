@@ -145,7 +145,7 @@ def run(
     each batch is read at its own ``now``, with a tick every other batch. ``facts``: what
     the run is known to be (GPUs, price, steps), for the rules that need it; ``states``:
     keep the state after every batch, not only at the end."""
-    parser = LineParser()
+    parser = LineParser(logging_steps=logging_steps)  # as replay and watch build it
     engine = Engine(
         make_detectors(),
         parser,
