@@ -183,6 +183,8 @@ def _state(engine: Engine) -> dict[str, Any]:
                 "samples_seen": engine.samples_seen,
                 "history": engine.history,
                 "stats": engine.parser.stats,
+                # What the HF steps learned from the bars and dicts (hf_steps).
+                "hf_steps": engine.parser.hf_state(),
             }
         ),
         "rules": {detector.rule: snapshot(detector) for detector in engine.detectors},
