@@ -94,7 +94,9 @@ class JobProcess:
     def start(self) -> None:
         """Launch the job in a new session (its own process group) and start the readers."""
         if self._relay is not None:
-            self._popen = self._relay.start(self.argv, self._env)
+            self._popen = self._relay.start(
+                self.argv, self._env, batch_s=self._batch_s, look_s=self._look_s
+            )
         else:
             self._popen = subprocess.Popen(
                 self.argv,
@@ -134,10 +136,12 @@ class JobProcess:
 
     def _read(self, name: str, pipe: BinaryIO) -> None:
         splitter = LineSplitter(self._max_line_bytes)
+        # A relay gathers as a pump would (``sentinel.sources.relay``): what it sends goes on.
+        batch_s = 0.0 if self._relay is not None else self._batch_s
         try:
             pump(
                 pipe.fileno(),
-                self._batch_s,
+                batch_s,
                 lambda data: self._hand_on(name, splitter, data),
                 _READ_BYTES,
                 look_s=self._look_s,

@@ -21,6 +21,13 @@ Protocol with sentinel: fd 3 (``--control``) gets ``pid N`` once the job runs (o
 returncode: negative for a signal). ``exit.json`` holds the same status for a
 sentinel that was not there to read it. The relay exits after the job has exited
 and its output is drained (or ``DRAIN_S`` after, if a grandchild keeps a terminal open).
+
+The relay gathers for sentinel (``sentinel.sources.gathering``, loaded from beside
+this file): it reads what the job wrote at most every ``--look-s`` while output flows,
+copies it to the files at once, and sends it to sentinel once per ``--batch-s`` window,
+or at once when a read may hold a non-finite value or a traceback. A job printing
+100 lines a second then wakes the relay 50 times a second, not 100, and sentinel's
+reader 4 times, not 50: on a shared VM a wake-up costs 50-140 µs (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ import argparse
 import collections
 import contextlib
 import fcntl
+import importlib.util
 import json
+import math
 import os
 import pty
 import select
@@ -39,6 +48,25 @@ import subprocess
 import sys
 import termios
 import time
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+
+def _beside(name: str) -> ModuleType:
+    """The module ``name`` from this file's folder, loaded by its path: the relay runs as a
+    script (``python -I``), and imports nothing of sentinel's package."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"sentinel_relay_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING or __package__:
+    from sentinel.sources import gathering
+else:  # a script: the standard library only
+    gathering = _beside("gathering")
 
 #: What each stream's file is called in the attempt's directory.
 STREAM_FILES = {"stdout": "stdout.log", "stderr": "stderr.log"}
@@ -62,12 +90,10 @@ DEFAULT_COLUMNS, DEFAULT_ROWS = 200, 50
 _READ_BYTES = 1 << 16
 #: The job's pipes (without terminals): as large as the ones to sentinel.
 PIPE_BYTES = 1 << 20
-#: After a read smaller than ``_SMALL_READ``, the relay naps this long before it looks
-#: again: a terminal's buffer (64 KiB) takes 7 ms to fill at 200k lines a second.
+#: How long a read that ended inside a line waits for the line's end.
 NAP_S = 0.002
-_SMALL_READ = 2048
-#: Output that came within this of the last counts as busy: worth a nap to gather.
-BUSY_S = 0.005
+#: Sentinel's gathering, when ``--batch-s`` and ``--look-s`` are not given (``sentinel.lines``).
+BATCH_S = 0.25
 _LINE_ENDS = (b"\n", b"\r")
 
 
@@ -142,6 +168,12 @@ class Relay:
                 )
 
     def copy(self, name: str, data: bytes) -> None:
+        """To the stream's file and to sentinel."""
+        self.keep(name, data)
+        self.send(name, data)
+
+    def keep(self, name: str, data: bytes) -> None:
+        """To the stream's file."""
         file = self.files.get(name)
         if file is not None:
             try:
@@ -150,6 +182,9 @@ class Relay:
                 del self.files[name]
                 with contextlib.suppress(OSError):
                     os.close(file)
+
+    def send(self, name: str, data: bytes) -> None:
+        """To sentinel, while it is there."""
         channel = self.channels.get(name)
         if channel is None:
             return
@@ -217,8 +252,56 @@ def _rest_of_line(fd: int) -> bytes:
     return more
 
 
-def relay(job: subprocess.Popen[bytes], sources: dict[str, int], out: Relay) -> int:
-    """Copy until the job has exited and its streams are drained; the job's returncode."""
+class _Held:
+    """What the relay read of one stream and has not sent to sentinel yet."""
+
+    def __init__(self, batch_s: float, look_s: float) -> None:
+        self.gathering = gathering.Gathering(batch_s, look_s)
+        self.parts: list[bytes] = []
+        #: What was sent last ended inside a line: the line's end goes at once too.
+        self.partial = False
+
+    def take(self, data: bytes, now: float) -> bool:
+        """Hold ``data``; whether what is held is to be sent now."""
+        self.parts.append(data)
+        if len(data) >= _READ_BYTES or (self.partial and gathering.ends_a_line(data)):
+            return True  # a flood is never held; nor the end of a line that went early
+        if now >= self.gathering.due():
+            return True
+        small = len(data) <= gathering.LOOK_BYTES
+        return small and gathering.may_be_urgent(data) and self.gathering.hand_on_now(True, now)
+
+    def _joined(self) -> bytes:
+        data = b"".join(self.parts) if len(self.parts) > 1 else self.parts[0]
+        self.parts = []
+        return data
+
+    def send(self, name: str, out: Relay, now: float) -> None:
+        """What is held, to the file and to sentinel."""
+        data = self._joined()
+        out.copy(name, data)
+        self.gathering.handed_on(now)
+        self.partial = data[-1:] not in _LINE_ENDS
+
+    def keep(self, name: str, out: Relay) -> None:
+        """What is held, to the file alone (sentinel is gone)."""
+        if self.parts:
+            out.keep(name, self._joined())
+
+
+def relay(
+    job: subprocess.Popen[bytes],
+    sources: dict[str, int],
+    out: Relay,
+    *,
+    batch_s: float = BATCH_S,
+    look_s: float = gathering.LOOK_S,
+) -> int:
+    """Copy until the job has exited and its streams are drained; the job's returncode.
+
+    What is read goes to the file and to sentinel together, as gathering says (once
+    sentinel is gone, to the file at once); after a read the relay waits ``look_s``
+    before it looks again, so that the lines of a busy job come a few to a wake-up."""
     poller = select.poll()
     by_fd = {fd: name for name, fd in sources.items()}
     for fd in by_fd:
@@ -233,25 +316,30 @@ def relay(job: subprocess.Popen[bytes], sources: dict[str, int], out: Relay) -> 
         pass  # no pidfds: look every half second
     else:
         poller.register(exited, select.POLLIN)
+    held = {name: _Held(batch_s, look_s) for name in sources}
     ended_at: float | None = None
-    read_at = 0.0  # when output last came
+    look_for_exit = True
     while by_fd:
-        if ended_at is None and job.poll() is not None:
+        if ended_at is None and look_for_exit and job.poll() is not None:
             ended_at = time.monotonic()
             if exited is not None:
                 poller.unregister(exited)
+        look_for_exit = exited is None
+        timeout_s = -1.0 if exited is not None else 0.5
         if ended_at is not None:
-            left_s = DRAIN_S - (time.monotonic() - ended_at)
-            if left_s <= 0:
+            timeout_s = DRAIN_S - (time.monotonic() - ended_at)
+            if timeout_s <= 0:
                 break
-            timeout_ms = int(left_s * 1000) + 1
-        else:
-            timeout_ms = 500 if exited is None else -1
-        trickle = False
-        events = poller.poll(timeout_ms)
-        previous, read_at = read_at, time.monotonic()
+        due = [stream.gathering.due() for stream in held.values() if stream.parts]
+        if due:
+            wait_s = max(0.0, min(due) - time.monotonic())
+            timeout_s = wait_s if timeout_s < 0 else min(timeout_s, wait_s)
+        events = poller.poll(-1 if timeout_s < 0 else math.ceil(timeout_s * 1000))
+        now = time.monotonic()
+        read_any = flood = False
         for fd, _ in events:
-            if fd in by_fd:
+            name = by_fd.get(fd)
+            if name is not None:
                 try:
                     data = os.read(fd, _READ_BYTES)
                 except OSError:  # EIO: a terminal whose every slave end is closed
@@ -259,22 +347,38 @@ def relay(job: subprocess.Popen[bytes], sources: dict[str, int], out: Relay) -> 
                 if data and data[-1:] not in _LINE_ENDS:
                     data += _rest_of_line(fd)
                 if data:
-                    out.copy(by_fd[fd], data)
-                    trickle = trickle or len(data) < _SMALL_READ
+                    stream = held[name]
+                    if not out.channels:
+                        stream.parts.append(data)
+                        stream.keep(name, out)
+                    elif stream.take(data, now):
+                        stream.send(name, out, now)
+                    read_any = True
+                    flood = flood or len(data) >= _READ_BYTES
                     continue
+                if held[name].parts:
+                    held[name].send(name, out, now)
                 poller.unregister(fd)
                 del by_fd[fd]
+            elif fd == exited:
+                look_for_exit = True
             elif fd in channels:
                 out.detach()
-        if trickle and read_at - previous < BUSY_S:
-            # Lines close on each other's heels: let the next ones gather a moment rather
-            # than wake for each. A line now and then (100 a second) is not worth a nap: it
-            # would be a second wake-up for the same line.
-            time.sleep(NAP_S)
+        for name, stream in held.items():
+            if stream.parts and now >= stream.gathering.due():
+                stream.send(name, out, now)
         if channels and not out.channels:  # detached, here or by a failed write
             for fd in channels:
                 poller.unregister(fd)
             channels = []
+            for name, stream in held.items():
+                stream.keep(name, out)
+        if read_any and not flood and look_s > 0:
+            # Let the next lines gather: a busy job's lines come a few to a wake-up.
+            time.sleep(look_s)
+    for name, stream in held.items():
+        if stream.parts:
+            stream.send(name, out, time.monotonic())
     return job.wait()
 
 
@@ -285,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pty", action="store_true", help="give the job terminals")
     parser.add_argument("--columns", type=int, default=DEFAULT_COLUMNS)
     parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
+    parser.add_argument("--batch-s", type=float, default=BATCH_S, help="sentinel's window")
+    parser.add_argument(
+        "--look-s", type=float, default=gathering.LOOK_S, help="how often busy output is read"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -310,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     for _, slave in ends.values():
         os.close(slave)
     out.say(f"pid {job.pid}")
-    returncode = relay(job, {name: master for name, (master, _) in ends.items()}, out)
+    masters = {name: master for name, (master, _) in ends.items()}
+    returncode = relay(job, masters, out, batch_s=args.batch_s, look_s=args.look_s)
     with contextlib.suppress(OSError):
         write_json(os.path.join(args.dir, EXIT), {"returncode": returncode, "at": time.time()})
     out.say(f"exit {returncode}")

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from sentinel.lines import BATCH_S
+from sentinel.sources.gathering import LOOK_S
 from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.relay import (
     DEFAULT_COLUMNS,
@@ -66,9 +68,19 @@ class RelayedStart:
         self.relay_pid = 0
         self._control: IO[bytes] | None = None
 
-    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        batch_s: float = BATCH_S,
+        look_s: float = LOOK_S,
+    ) -> subprocess.Popen[bytes]:
         """The relay's process (its stdout and stderr carry the job's); OSError when the job
-        could not be started (the relay's ``error`` line says why)."""
+        could not be started (the relay's ``error`` line says why).
+
+        The relay gathers the job's output for sentinel (``batch_s``, ``look_s``: as
+        ``sentinel.sources.gathering``'s): what it sends is to be handed on as it comes."""
         # Private, as the state dir is: the job's output may hold anything.
         self.directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.directory.mkdir(exist_ok=True, mode=0o700)
@@ -79,7 +91,8 @@ class RelayedStart:
                 [
                     *(sys.executable, "-I", RELAY_SCRIPT, "--dir", str(self.directory)),
                     *("--control", str(control_w), *(["--pty"] if self.pty else [])),
-                    *("--columns", str(columns), "--rows", str(rows), "--", *argv),
+                    *("--columns", str(columns), "--rows", str(rows)),
+                    *("--batch-s", str(batch_s), "--look-s", str(look_s), "--", *argv),
                 ],
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -231,3 +231,31 @@ def test_the_job_outlives_its_reader_and_is_adopted_from_the_files(
     assert ended == [0]
     steps = [int(line.split()[1]) for line in lines]
     assert steps == list(range(first, first + len(steps)))
+
+
+@pytest.mark.slow
+def test_the_relay_sends_a_busy_job_a_window_at_a_time_and_a_nan_at_once(tmp_path: Path) -> None:
+    """At 200 lines a second and one-second windows, sentinel gets a few reads, not a read
+    a line; the read that holds the NaN ends a look after it, not at its window's end."""
+    code = textwrap.dedent(
+        """
+        import time
+        for step in range(1, 301):
+            print(f"step {step} loss {'nan' if step == 150 else 1.0}", flush=True)
+            time.sleep(0.005)
+        """
+    )
+    relay = RelayedStart(tmp_path / "attempt", pty=True)
+    process = relay.start([sys.executable, "-c", code], ENV, batch_s=1.0, look_s=0.02)
+    reads: list[bytes] = []
+    while chunk := os.read(process.stdout.fileno(), 1 << 16):  # type: ignore[union-attr]
+        reads.append(chunk)
+    assert relay.returncode(process.wait(10)) == 0
+    process.stdout.close()  # type: ignore[union-attr]
+    process.stderr.close()  # type: ignore[union-attr]
+    assert b"".join(reads) == (tmp_path / "attempt" / "stdout.log").read_bytes()
+    assert b"".join(reads).count(b"\n") == 300
+    assert len(reads) < 30  # about 300 lines at 200 a second: 3 windows, the NaN, the end
+    with_nan = next(read for read in reads if b"loss nan" in read)
+    after = with_nan.split(b"loss nan\n", 1)[1]
+    assert after.count(b"\n") < 100  # a window holds about 200
