@@ -198,7 +198,9 @@ class BlockFeeder:
             elif kind == DICT:
                 own = next(hf_steps)
                 if own is not None:
-                    step = own  # line by line too, no cadence counts it (count_step)
+                    step = own
+                    if every is not None and training:
+                        logged = position.logged_at(step, logged)  # count_step's count
                     if current is None or step > current:
                         current = step
                 elif every is None:
@@ -275,6 +277,14 @@ class BlockFeeder:
             alerts += self._absorb(block, concerned)
             if series is not None:
                 series.took_block(block)
+            if position.logging_steps is not None and not TRAINING_LOG_METRICS.isdisjoint(
+                block.names
+            ):
+                # Training lines at their own steps: the cadence's count, as count_step.
+                logged = position.logged
+                for step in block.steps:
+                    logged = position.logged_at(step, logged)
+                position.logged = logged
             return alerts
         if len(texts) < 2 * BLOCK_MIN_LINES:
             return alerts + self.feed_each(source, texts, now)

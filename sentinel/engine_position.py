@@ -45,15 +45,24 @@ class RunPosition:
         self.current_step = None
 
     def count_step(self, samples: list[Sample]) -> list[Sample]:
-        """Give a step-less line the step its position implies: start + n x logging_steps."""
+        """Give a step-less line the step its position implies: start + n x logging_steps.
+
+        A training line with a step of its own (an HF dict whose epoch gave it one) is the
+        cadence's count too: the next step-less one is a logging interval past it."""
         assert self.logging_steps is not None
         has_metric = training = False
+        own: int | None = None
         for sample in samples:
-            if sample.name != PROGRESS:
-                if sample.step is not None:
-                    return samples
+            name = sample.name
+            if name != PROGRESS:
+                if own is None:
+                    own = sample.step
                 has_metric = True
-                training = training or sample.name in TRAINING_LOG_METRICS
+                training = training or name in TRAINING_LOG_METRICS
+        if own is not None:
+            if training:
+                self.logged = self.logged_at(own, self.logged)
+            return samples
         if not has_metric:
             return samples
         if training:
@@ -65,3 +74,12 @@ class RunPosition:
             else _new_sample(Sample, (sample.name, sample.value, step, sample.time, None))
             for sample in samples
         ]
+
+    def logged_at(self, step: int, logged: int) -> int:
+        """The count of logged lines after a training line at its own ``step`` (``logged``
+        before it): the logging intervals from the attempt's start to that step; before
+        the start (a line from an earlier attempt), the count is left as it was."""
+        assert self.logging_steps is not None
+        if step < self.start_step:
+            return logged
+        return (step - self.start_step) // self.logging_steps
