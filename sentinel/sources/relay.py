@@ -90,6 +90,10 @@ DEFAULT_COLUMNS, DEFAULT_ROWS = 200, 50
 _READ_BYTES = 1 << 16
 #: The job's pipes (without terminals): as large as the ones to sentinel.
 PIPE_BYTES = 1 << 20
+#: While output flows, the relay reads after each look without asking ``poll`` first (a
+#: system call less a look); it polls at least this often still, for the job's exit and
+#: sentinel's.
+POLL_EVERY_S = 0.25
 #: How long a read that ended inside a line waits for the line's end.
 NAP_S = 0.002
 #: Sentinel's gathering, when ``--batch-s`` and ``--look-s`` are not given (``sentinel.lines``).
@@ -306,6 +310,7 @@ def relay(
     by_fd = {fd: name for name, fd in sources.items()}
     for fd in by_fd:
         poller.register(fd, select.POLLIN)
+        os.set_blocking(fd, False)  # read after a look without a poll: empty is EAGAIN
     channels = list(out.channels.values())
     for fd in channels:
         poller.register(fd, 0)  # POLLERR: sentinel closed its end
@@ -319,6 +324,8 @@ def relay(
     held = {name: _Held(batch_s, look_s) for name in sources}
     ended_at: float | None = None
     look_for_exit = True
+    looked: list[int] = []  # what the last round read, then waited a look: read, no poll
+    polled_at = 0.0
     while by_fd:
         if ended_at is None and look_for_exit and job.poll() is not None:
             ended_at = time.monotonic()
@@ -334,14 +341,21 @@ def relay(
         if due:
             wait_s = max(0.0, min(due) - time.monotonic())
             timeout_s = wait_s if timeout_s < 0 else min(timeout_s, wait_s)
-        events = poller.poll(-1 if timeout_s < 0 else math.ceil(timeout_s * 1000))
         now = time.monotonic()
-        read_any = flood = False
+        if looked and now - polled_at < POLL_EVERY_S:
+            events = [(fd, select.POLLIN) for fd in looked if fd in by_fd]
+        else:
+            events = poller.poll(-1 if timeout_s < 0 else math.ceil(timeout_s * 1000))
+            polled_at = now = time.monotonic()
+        read: list[int] = []
+        flood = False
         for fd, _ in events:
             name = by_fd.get(fd)
             if name is not None:
                 try:
                     data = os.read(fd, _READ_BYTES)
+                except BlockingIOError:
+                    continue  # nothing since the last read
                 except OSError:  # EIO: a terminal whose every slave end is closed
                     data = b""
                 if data and data[-1:] not in _LINE_ENDS:
@@ -353,7 +367,7 @@ def relay(
                         stream.keep(name, out)
                     elif stream.take(data, now):
                         stream.send(name, out, now)
-                    read_any = True
+                    read.append(fd)
                     flood = flood or len(data) >= _READ_BYTES
                     continue
                 if held[name].parts:
@@ -373,7 +387,8 @@ def relay(
             channels = []
             for name, stream in held.items():
                 stream.keep(name, out)
-        if read_any and not flood and look_s > 0:
+        looked = read if not flood and look_s > 0 else []
+        if looked:
             # Let the next lines gather: a busy job's lines come a few to a wake-up.
             time.sleep(look_s)
     for name, stream in held.items():
