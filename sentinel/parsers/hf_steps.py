@@ -303,9 +303,7 @@ class HfSteps:
             step = min(max(near, low), high)
             interval = self._interval if training else None
             if interval is not None:
-                on = [k * interval for k in range(-(-low // interval), high // interval + 1)]
-                if on:
-                    step = min(on, key=lambda candidate: abs(candidate - near))
+                step = _on_interval(near, low, high, interval, step)
         if training:
             self._note_training(step)
         return step
@@ -321,6 +319,18 @@ class HfSteps:
         if gap == self._gap:
             self._interval = gap
         self._gap = gap
+
+
+def _on_interval(near: int, low: int, high: int, interval: int, otherwise: int) -> int:
+    """The multiple of ``interval`` from ``low`` to ``high`` nearest ``near`` (the lower of
+    two as near); ``otherwise`` where there is none."""
+    first, last = -(-low // interval), high // interval
+    if first > last:
+        return otherwise
+    k = near // interval  # k x interval <= near < (k + 1) x interval
+    if (k + 1) * interval - near < near - k * interval:
+        k += 1
+    return min(max(k, first), last) * interval
 
 
 def _half_unit(epoch: float, *, quoted: bool) -> float:
