@@ -13,11 +13,15 @@ import pytest
 from tests.helpers.webhook import WebhookReceiver
 
 
-def sentinel(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def sentinel(
+    *args: str, timeout: float = 60, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    if cwd is not None:  # sentinel run from elsewhere must still import this checkout's package
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "sentinel", *args],
-        capture_output=True, text=True, env=env, timeout=timeout,
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd,
     )  # fmt: skip
 
 
@@ -85,8 +89,15 @@ def test_checkpoints_lists_statuses_and_the_last_clean_one(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_demo_diverges_rolls_back_restarts_and_finishes(tmp_path: Path) -> None:
-    result = sentinel("demo", "--keep", str(tmp_path), timeout=60)
+    # Started from a folder with more subfolders than discovery searches (a home directory):
+    # the demo looks for metric files only where its toy job writes.
+    busy = tmp_path / "home"
+    for index in range(600):
+        (busy / f"d{index}").mkdir(parents=True)
+    result = sentinel("demo", "--keep", str(tmp_path / "demo"), timeout=60, cwd=busy)
     assert result.returncode == 0, result.stderr
+    assert "not searched" not in result.stderr
+    tmp_path = tmp_path / "demo"
     assert "after 1 restart(s)" in result.stdout
     assert "diagnosis:" in result.stdout
     journal = (tmp_path / "state" / "alerts.jsonl").read_text().splitlines()

@@ -41,6 +41,9 @@ def _run(work: Path, out: TextIO) -> int:
     settings.job.name = "toy-job"
     settings.job.restart_backoff_s = 0.5
     settings.job.grace_period_s = 5.0
+    # Metric files are looked for where the toy job writes, not in whatever folder the demo
+    # was started from (a home directory holds more folders than are searched).
+    settings.tail.discover_dir = job_out
     out.write(
         "sentinel demo: a toy job trains with a learning-rate schedule that jumps too high at\n"
         "step 30, so it will diverge. sentinel watches its output and checkpoints.\n"
