@@ -163,6 +163,9 @@ class Trial:
 
     def _spawn(self, argv: list[str], stderr: BinaryIO, *, notify: bool) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+        # Run from the trial's folder, as from a job's own (sentinel looks there for metric
+        # files; this project's tree is not the job's), with this tree's sentinel.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         if notify:
             self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             path = str(self.work / "notify")
@@ -171,7 +174,7 @@ class Trial:
         self.procs.append(
             subprocess.Popen(
                 argv,
-                cwd=REPO,
+                cwd=self.work,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -19,6 +19,9 @@ Urgent hand-ons draw on a small budget (``URGENT_BURST``, refilled at
 ``URGENT_PER_S``): a job that logs some metric as NaN on every line must not turn
 every read into a turn of the engine. With the budget spent, such a read waits for
 its window like any other.
+
+``run``'s relay (``sentinel.sources.relay``) gathers with this module too, loading it
+by its path: it must import nothing but the standard library.
 """
 
 from __future__ import annotations

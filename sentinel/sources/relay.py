@@ -327,24 +327,24 @@ def relay(
     looked: list[int] = []  # what the last round read, then waited a look: read, no poll
     polled_at = 0.0
     while by_fd:
+        now = time.monotonic()
         if ended_at is None and look_for_exit and job.poll() is not None:
-            ended_at = time.monotonic()
+            ended_at = now
             if exited is not None:
                 poller.unregister(exited)
         look_for_exit = exited is None
-        timeout_s = -1.0 if exited is not None else 0.5
-        if ended_at is not None:
-            timeout_s = DRAIN_S - (time.monotonic() - ended_at)
-            if timeout_s <= 0:
-                break
-        due = [stream.gathering.due() for stream in held.values() if stream.parts]
-        if due:
-            wait_s = max(0.0, min(due) - time.monotonic())
-            timeout_s = wait_s if timeout_s < 0 else min(timeout_s, wait_s)
-        now = time.monotonic()
+        if ended_at is not None and now - ended_at >= DRAIN_S:
+            break
         if looked and now - polled_at < POLL_EVERY_S:
             events = [(fd, select.POLLIN) for fd in looked if fd in by_fd]
         else:
+            timeout_s = -1.0 if exited is not None else 0.5
+            if ended_at is not None:
+                timeout_s = DRAIN_S - (now - ended_at)
+            due = [stream.gathering.due() for stream in held.values() if stream.parts]
+            if due:
+                wait_s = max(0.0, min(due) - now)
+                timeout_s = wait_s if timeout_s < 0 else min(timeout_s, wait_s)
             events = poller.poll(-1 if timeout_s < 0 else math.ceil(timeout_s * 1000))
             polled_at = now = time.monotonic()
         read: list[int] = []
