@@ -68,8 +68,13 @@ import json, os, random, signal, sys, time
 out, log, go = sys.argv[1], sys.argv[2], sys.argv[5]
 rate, healthy_s = float(sys.argv[3]), float(sys.argv[4])
 
+written = None
+
 def on_term(signum, frame):
     now = time.clock_gettime(time.CLOCK_MONOTONIC)
+    if written is not None:  # the signal may come before the job noted the write: note it here
+        with open(out + ".nan", "w") as f:
+            f.write(repr(written))
     with open(out + ".term", "w") as f:
         f.write(repr(now))
     os._exit(143)
