@@ -25,7 +25,7 @@ from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.inotify import FileWatches
 from sentinel.sources.pidfd import PinnedProcess, pin
 from sentinel.sources.process import OnLines
-from sentinel.sources.relay import STREAM_FILES
+from sentinel.sources.relay_copies import STREAM_FILES
 from sentinel.sources.relayed import JobRecord
 
 log = logging.getLogger(__name__)

@@ -24,14 +24,8 @@ from typing import IO, Any
 from sentinel.lines import BATCH_S
 from sentinel.sources.gathering import LOOK_S
 from sentinel.sources.identity import ProcessIdentity
-from sentinel.sources.relay import (
-    DEFAULT_COLUMNS,
-    DEFAULT_ROWS,
-    DETACHED,
-    EXIT,
-    STREAM_FILES,
-    write_json,
-)
+from sentinel.sources.relay import DEFAULT_COLUMNS, DEFAULT_ROWS
+from sentinel.sources.relay_copies import DETACHED, EXIT, STREAM_FILES, write_json
 
 log = logging.getLogger(__name__)
 

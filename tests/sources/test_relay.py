@@ -22,7 +22,7 @@ import pytest
 from sentinel.sources.adopted import AdoptedJob
 from sentinel.sources.identity import ProcessIdentity
 from sentinel.sources.process import JobProcess
-from sentinel.sources.relay import DETACHED, EXIT
+from sentinel.sources.relay_copies import DETACHED, EXIT
 from sentinel.sources.relayed import JobRecord, RelayedStart
 
 #: The job's environment: no PYTHONUNBUFFERED, so Python buffers as a terminal makes it.
