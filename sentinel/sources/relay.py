@@ -72,7 +72,10 @@ else:  # a script: the standard library only
     gathering = _beside("gathering")
     _copies = _beside("relay_copies")
     EXIT, STREAM_FILES, Relay, write_json = (
-        _copies.EXIT, _copies.STREAM_FILES, _copies.Relay, _copies.write_json
+        _copies.EXIT,
+        _copies.STREAM_FILES,
+        _copies.Relay,
+        _copies.write_json,
     )
 
 #: After the job has exited, how long output still held open by a grandchild is read.

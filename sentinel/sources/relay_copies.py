@@ -31,6 +31,7 @@ _MARK_S = 0.1
 #: Written at the end: the job's status (Popen's returncode).
 EXIT = "exit.json"
 
+
 def write_json(path: str, record: dict[str, object]) -> None:
     """Write ``record`` to ``path`` atomically (temp file and rename), private to the user."""
     temporary = f"{path}.tmp"
