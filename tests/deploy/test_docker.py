@@ -193,11 +193,14 @@ def test_build_stage_makes_the_wheel_from_the_context_dockerignore_sends(tmp_pat
     assert not any(name.startswith("tests/") for name in names)
     assert re.search(rb"Requires-Dist: py-spy\S*; extra == .evidence.", metadata)
 
-    # The final stage's requirement names this wheel with the extra: what pip would install.
+    # The final stage's requirement names this wheel with the extra: what pip would install
+    # into the image (--ignore-installed: this venv may hold the same version already, from a
+    # plain `pip install .`, which pip would otherwise leave as it is and report nothing).
     report = tmp_path / "report.json"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-deps",
-         "--quiet", "--report", str(report), _requirement().replace("${wheel}", str(wheel))],
+         "--ignore-installed", "--quiet", "--report", str(report),
+         _requirement().replace("${wheel}", str(wheel))],
         check=True, timeout=120, capture_output=True,
     )  # fmt: skip
     [install] = json.loads(report.read_text())["install"]
