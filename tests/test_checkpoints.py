@@ -23,6 +23,7 @@ from sentinel.sources.checkpoints import (
     scan,
     step_of,
 )
+from tests.helpers.env import clean_env
 
 CLEAN = CheckpointStatus.CLEAN
 CORRUPT = CheckpointStatus.CORRUPT
@@ -563,7 +564,7 @@ def test_onset_step_keyword_still_works(tmp_path: Path) -> None:
 
 
 def sentinel(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env = clean_env()
     return subprocess.run(
         [sys.executable, "-m", "sentinel", *args], capture_output=True, text=True, env=env,
         timeout=60, check=True,

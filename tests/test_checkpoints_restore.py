@@ -11,13 +11,14 @@ import pytest
 
 from sentinel.actions.keep import Keeper
 from sentinel.actions.rollback import apply_rollback, plan_rollback
+from tests.helpers.env import clean_env
 from tests.helpers.kept import digest, rewrite_in_place, settle, version_bytes
 
 LABEL = "20261121T140600-loss_spike"
 
 
 def sentinel(*args: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    clean = clean_env()
     return subprocess.run(
         [sys.executable, "-m", "sentinel", *args],
         capture_output=True, text=True, env=clean, timeout=60,

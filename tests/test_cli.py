@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 
 
 def sentinel(
     *args: str, timeout: float = 60, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env = clean_env()
     if cwd is not None:  # sentinel run from elsewhere must still import this checkout's package
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     return subprocess.run(

@@ -35,6 +35,7 @@ from sentinel.sources.target import SystemdUnitTarget
 from sentinel.state import StateStore
 from sentinel.state_lock import acquire
 from sentinel.verdict import mark_deciding, write_final
+from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 
 TOKEN = "tok3nZq81xWvPk22"
@@ -62,6 +63,7 @@ def sentinel(
     """
     for name in [name for name in os.environ if name.startswith("SENTINEL_")]:
         monkeypatch.delenv(name)
+    monkeypatch.setenv("SENTINEL_EVIDENCE__CHART", "false")  # as clean_env() has it
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     loggers = [logging.getLogger(), logging.getLogger("sentinel"), logging.getLogger("apprise")]
@@ -316,7 +318,7 @@ def status_checkpoints(run: Run, tmp_path: Path) -> None:
 
 
 def demo_keep(run: Run, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env = clean_env()
     result = subprocess.run(
         [sys.executable, "-m", "sentinel", "demo", "--keep", str(tmp_path / "kept")],
         capture_output=True, text=True, env=env, timeout=120, check=False,
@@ -528,7 +530,7 @@ def watch_wait(run: Run, tmp_path: Path) -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()  # its pid names no process now
     (tmp_path / "fast.toml").write_text(FAST)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env = clean_env()
     with subprocess.Popen(
         [sys.executable, "-m", "sentinel", "watch", "--config", "fast.toml", "--state-dir", "st",
          "--wait", "0.5", "--pid", str(gone.pid)],
@@ -719,7 +721,7 @@ def test_options_after_the_dashes_go_to_the_job() -> None:
 def test_run_with_dashes_runs_the_job_with_its_own_options(tmp_path: Path) -> None:
     out = tmp_path / "argv.json"
     job = f"import json, sys; json.dump(sys.argv[1:], open({str(out)!r}, 'w'))"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env = clean_env()
     result = subprocess.run(
         [sys.executable, "-m", "sentinel", "run", "--state-dir", str(tmp_path / "st"),
          "--max-restarts", "0", "--", sys.executable, "-c", job, "--config", "x.toml", "-v"],

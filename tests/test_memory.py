@@ -5,7 +5,6 @@ counts on in the next."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from sentinel.detectors.cost_blocks import CostOverrunConfig
 from sentinel.detectors.cost_overrun import CostOverrunDetector
 from sentinel.facts import RunFacts
+from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 
 # A job that keeps training with a NaN loss from step 5 on (sentinel only notifies).
@@ -53,7 +53,7 @@ def test_a_restarted_watch_takes_back_the_open_incident_and_pages_nobody_twice(
     (tmp_path / "job.py").write_text(JOB)
     job = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(log), str(pidfile)])
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+        **clean_env(),
         "SENTINEL_RULES__NAN_INF__ON_CRITICAL": "notify",
         "SENTINEL_NOTIFY__GROUP_WAIT_S": "0",
         "SENTINEL_TICK_INTERVAL_S": "0.1",

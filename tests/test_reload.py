@@ -5,7 +5,6 @@ A real ``sentinel run`` with a real job, and real SIGHUPs.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.env import clean_env
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def test_sighup_keeps_the_running_config_when_the_new_one_is_bad_and_takes_a_goo
         [sys.executable, "-m", "sentinel", "run", "--config", str(config),
          "--state-dir", str(tmp_path / "state"), "--", sys.executable, str(job)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+        env=clean_env(),
     )  # fmt: skip
     said: list[str] = []
     assert sentinel.stderr is not None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from sentinel.config import Settings, load_settings
 from sentinel.replay import replay
+from tests.helpers.env import clean_env
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"
 ARTIFACTS = ["train.log", "train.unbuffered.log", "trainer_state.json"]
@@ -47,7 +47,7 @@ def test_every_printed_dict_is_read_even_when_glued_to_the_progress_bar() -> Non
 
 @pytest.mark.slow
 def test_replay_cli_json_on_hf_log() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env = clean_env()
     env["SENTINEL_PARSERS__LOGGING_STEPS"] = "1"
     result = subprocess.run(
         [sys.executable, "-m", "sentinel", "replay", "--json", "--fail-on", "critical",

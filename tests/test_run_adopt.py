@@ -24,6 +24,7 @@ from sentinel.config import Settings
 from sentinel.holders import Child
 from sentinel.restarts import Restarts
 from sentinel.sources.adopted import AdoptedJob
+from tests.helpers.env import clean_env
 
 JOB = textwrap.dedent(
     """
@@ -65,7 +66,7 @@ def work(tmp_path: Path) -> Iterator[Path]:
 
 
 def sentinel_run(work: Path, name: str) -> subprocess.Popen[bytes]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SENTINEL_")}
+    env = clean_env()
     with open(work / f"{name}.out", "wb") as out, open(work / f"{name}.err", "wb") as err:
         return subprocess.Popen(
             [

@@ -20,6 +20,7 @@ import pytest
 
 from sentinel.state import StateStore, open_private, private_dir
 from sentinel.state_lock import holder
+from tests.helpers.env import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 30.0
@@ -47,7 +48,7 @@ def modes(root: Path) -> dict[str, int]:
 
 
 def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    return clean_env()
 
 
 def test_private_dir_and_files_whatever_the_umask(tmp_path: Path) -> None:

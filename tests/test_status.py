@@ -18,13 +18,14 @@ from sentinel.actions.outbox import Batching, Outbox, Target
 from sentinel.records import Severity
 from sentinel.state import StateStore
 from sentinel.status import NoState, gather
+from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 
 T0 = 1_700_000_000.0
 
 
 def sentinel(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    clean = clean_env()
     return subprocess.run(
         [sys.executable, "-m", "sentinel", *args],
         capture_output=True, text=True, env={**clean, **(env or {})}, timeout=60,
@@ -162,7 +163,7 @@ def test_heartbeat_pings_while_a_run_is_healthy_and_status_shows_it(tmp_path: Pa
         "    assert time.monotonic() < deadline, 'the test never said go'\n"
         "    time.sleep(0.02)\n"
     )
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    clean = clean_env()
     env = {
         **clean,
         "SENTINEL_NOTIFY__HEARTBEAT_INTERVAL_S": "0.2",

@@ -21,6 +21,7 @@ import pytest
 from sentinel.state_lock import acquire
 from sentinel.verdict import mark_deciding, write_final
 from sentinel.verdict_wait import HOLDER_CHECK_S, await_verdict
+from tests.helpers.env import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1_764_100_000.0
@@ -134,7 +135,7 @@ def test_a_record_written_just_before_sentinel_exits_is_still_the_answer(tmp_pat
 def sentinel_verdict(
     state: Path, *args: str, timeout_s: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env = clean_env()
     return subprocess.run(
         [sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(state), *args],
         capture_output=True, text=True, env=env, timeout=timeout_s, cwd=ROOT, check=False,

@@ -53,6 +53,7 @@ from sentinel.config import load_settings
 from sentinel.health import HealthServer, Metrics
 from sentinel.health.metrics import GRAD_NORM, LOSS, TOKENS_PER_SEC
 from tests.deploy.standin import TRAIN_PY
+from tests.helpers.env import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -580,7 +581,7 @@ class _Pod:
         return self.host_path(container, text)
 
     def env(self, container: dict[str, Any]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+        env = clean_env()
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         for item in container.get("env", []):
             if "value" in item:

@@ -3,7 +3,6 @@ non-finite values, the outbox, garbled lines and spend, read back from its textf
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def test_a_run_exports_incidents_notifications_garbled_lines_and_spend(
 ) -> None:
     job, textfile = tmp_path / "job.py", tmp_path / "sentinel.prom"
     job.write_text(JOB)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env = clean_env()
     env.update(
         SENTINEL_RULES__NAN_INF__ON_CRITICAL="notify",
         SENTINEL_NOTIFY__GROUP_WAIT_S="0",

@@ -8,7 +8,6 @@ sampled all along. bench/flood.py measures the same at 200k lines/s, against the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.helpers.env import clean_env
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +70,7 @@ def test_a_nan_in_a_flood_stops_the_job_within_a_second_and_memory_stays_bounded
              "--max-restarts", "0", "--", sys.executable, str(job), str(record), str(RATE),
              str(FLOOD_S)],
             stdout=subprocess.DEVNULL, stderr=stderr,
-            env={k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+            env=clean_env(),
         )  # fmt: skip
         process = psutil.Process(sentinel.pid)
         peak_rss = 0

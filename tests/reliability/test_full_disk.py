@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 
 pytestmark = pytest.mark.slow
@@ -57,7 +58,7 @@ def test_a_nan_still_stops_the_job_when_no_state_write_succeeds(tmp_path: Path) 
         [sys.executable, "-m", "sentinel", "run", "--state-dir", str(state),
          "--max-restarts", "0", "--", sys.executable, str(job), str(record)],
         preexec_fn=_limit_file_size, capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+        env=clean_env(),
     )  # fmt: skip
     assert record.read_text() == "sigterm", result.stderr
     assert result.returncode == 143, result.stderr
@@ -135,7 +136,7 @@ def _check_stops_and_tells(tmp_path: Path, state: Path, fault: str) -> None:
              "--notify", hook.url, "--max-restarts", "0", "--",
              sys.executable, str(job), str(state), str(record), fault],
             stderr=subprocess.PIPE, text=True,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+            env={**clean_env(),
                  "SENTINEL_NOTIFY__GROUP_WAIT_S": "0"},
         )  # fmt: skip
         try:

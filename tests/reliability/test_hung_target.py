@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import sqlite3
 import subprocess
@@ -28,6 +27,7 @@ from sentinel.actions.notify import Notifier, Outbox
 from sentinel.actions.outbox import Batching
 from sentinel.records import Severity
 from sentinel.state import StateStore
+from tests.helpers.env import clean_env
 from tests.helpers.webhook import ReceivedRequest, WebhookReceiver
 
 JOB = JobInfo("llama-ft", "gpu-node-7", "run-1")
@@ -197,10 +197,8 @@ def test_sentinel_run_pages_the_working_target_and_exits_on_time(
 ) -> None:
     state, job, nan_at = tmp_path / "state", tmp_path / "job.py", tmp_path / "nan_at"
     job.write_text(JOB_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
-    # No chart: the exit's bound is the drain's alone here (a chart would add its own).
-    env.update(SENTINEL_NOTIFY__TIMEOUT_S="10", SENTINEL_NOTIFY__GROUP_WAIT_S="0")
-    env.update(SENTINEL_EVIDENCE__CHART="false")
+    # No chart (clean_env): the exit's bound is the drain's alone here.
+    env = clean_env(SENTINEL_NOTIFY__TIMEOUT_S="10", SENTINEL_NOTIFY__GROUP_WAIT_S="0")
     with HungListener(hung_port.port), WebhookReceiver() as working:
         began = time.monotonic()
         result = subprocess.run(

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.env import clean_env
+
 pytestmark = pytest.mark.slow
 
 # step_<N> every 5 steps; step_10's weights are written unreadable (mode 000) on the first
@@ -53,7 +55,7 @@ def test_an_unreadable_checkpoint_is_passed_over_for_the_newest_readable_one(
     record.mkdir()
     (tmp_path / "job.py").write_text(JOB)
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+        **clean_env(),
         "SENTINEL_JOB__RESTART_BACKOFF_S": "0.1",
     }
     result = subprocess.run(
