@@ -16,8 +16,8 @@ package; neither knows the other) and ``replay`` what they need to read it:
   given files or run folders, in the order a live run would have produced
   them, with its source path.
 
-``file_format``, ``reader_for`` and ``splitter_for`` are ``classify`` and one
-of those, for a caller that needs just one thing of a path.
+``file_format`` and ``reader_for`` are ``classify`` and one of those, for a caller
+that needs just one thing of a path.
 
 A path's format comes from the path alone, first match:
 
@@ -136,11 +136,6 @@ def reader_for(path: str) -> FileReader | None:
     return classify(path).new_reader()
 
 
-def splitter_for(path: str | PurePath, max_line_bytes: int = 1 << 20) -> Splitter:
-    """What turns the bytes of ``path`` into lines for its reader (``MetricsFile.new_splitter``)."""
-    return classify(path).new_splitter(max_line_bytes)
-
-
 @functools.cache
 def _report_unreadable(path: str, reason: str) -> None:
     logger.error("%s is not read: %s", path, reason)
@@ -151,7 +146,7 @@ def require_extras(paths: Iterable[str | PurePath]) -> None:
 
     For the start of ``watch``/``replay``: a glob that does not say ``tfevents``
     cannot be checked until its files appear; those are then held unread, with
-    an error logged (see ``splitter_for``).
+    an error logged (see ``MetricsFile.new_splitter``).
     """
     if any(tensorboard.NAME_MARK in PurePath(path).name for path in paths):
         tensorboard.codec()
@@ -303,5 +298,4 @@ __all__ = [
     "reader_for",
     "replay_plan",
     "require_extras",
-    "splitter_for",
 ]

@@ -22,6 +22,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from sentinel.detectors import BaseDetector, RuleConfig
 from sentinel.engine import Engine
+from sentinel.metric_files import splitting
 from sentinel.parsers import Garbled, LineParser
 from sentinel.parsers import tensorboard as tb
 from sentinel.parsers.files import (
@@ -30,7 +31,6 @@ from sentinel.parsers.files import (
     iter_replay,
     reader_for,
     require_extras,
-    splitter_for,
 )
 from sentinel.records import Alert, Line, Sample
 
@@ -344,8 +344,9 @@ def test_without_tensorboard_a_followed_event_file_is_held_unread(
 ) -> None:
     path = str(tmp_path / "events.out.tfevents.9.host")
     with caplog.at_level(logging.ERROR, logger="sentinel.parsers.files"):
-        splitter = splitter_for(path)
-        splitter_for(path)  # the follower makes a new one after a truncation: no new error
+        # What a follower of the path does (sentinel.metric_files.splitting, at 1 MiB lines).
+        splitter = splitting(path)(1 << 20)
+        splitting(path)(1 << 20)  # the follower makes a new one after a truncation: no new error
     assert [record.getMessage() for record in caplog.records] == [
         f"{path} is not read: {INSTALL_HINT}"
     ]
