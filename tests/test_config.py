@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 
 from sentinel.config import CLI_FIELDS, ConfigError, effective_config, load_settings
+from tests.helpers.env import without_settings
 
 # apprise (which validates and masks notify URLs) imports the stdlib ``imghdr`` on 3.11.
 pytestmark = pytest.mark.filterwarnings(
@@ -434,7 +434,7 @@ def test_effective_config_is_plain_json_with_every_section() -> None:
 
 def sentinel(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``python -m sentinel ARGS`` in ``cwd``, with no ``SENTINEL_*`` leaking in from outside."""
-    environ = {key: value for key, value in os.environ.items() if not key.startswith("SENTINEL_")}
+    environ = without_settings()
     return subprocess.run(
         [sys.executable, "-m", "sentinel", *args],
         cwd=cwd,

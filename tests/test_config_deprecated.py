@@ -4,7 +4,6 @@ from, and is an error beside its new key; check-config shows the new names only.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from sentinel.config import ConfigError, Settings, effective_config, load_settin
 from sentinel.config.renames import RENAMED
 from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig
 from sentinel.detectors.loss_spike import LossSpikeConfig
+from tests.helpers.env import without_settings
 
 # apprise (which validates and masks notify URLs) imports the stdlib ``imghdr`` on 3.11.
 pytestmark = pytest.mark.filterwarnings(
@@ -235,7 +235,7 @@ def test_the_effective_config_holds_only_the_new_names(tmp_path: Path) -> None:
 def test_check_config_prints_new_names_and_warns_on_stderr(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text("[rules.loss_spike]\npersist_steps = 3\n", encoding="utf-8")
-    environ = {key: value for key, value in os.environ.items() if not key.startswith("SENTINEL_")}
+    environ = without_settings()
     result = subprocess.run(
         [sys.executable, "-m", "sentinel", "check-config", "--config", str(config)],
         cwd=tmp_path,
@@ -256,7 +256,7 @@ def test_check_config_prints_new_names_and_warns_on_stderr(tmp_path: Path) -> No
 def test_check_config_with_old_and_new_exits_2_naming_both(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text("[rules.loss_spike]\npersist_steps = 3\nsustain = 2\n", encoding="utf-8")
-    environ = {key: value for key, value in os.environ.items() if not key.startswith("SENTINEL_")}
+    environ = without_settings()
     result = subprocess.run(
         [sys.executable, "-m", "sentinel", "check-config", "--config", str(config)],
         cwd=tmp_path,

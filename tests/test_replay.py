@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.env import without_settings
 
 # Each case starts a real ``python -m sentinel`` (about a second of imports).
 pytestmark = pytest.mark.slow
@@ -22,7 +23,7 @@ def sentinel(
     *args: str | Path, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``python -m sentinel ARGS``, with only the ``SENTINEL_*`` variables given here."""
-    environ = {key: value for key, value in os.environ.items() if not key.startswith("SENTINEL_")}
+    environ = without_settings()
     return subprocess.run(
         [sys.executable, "-m", "sentinel", *map(str, args)],
         cwd=cwd,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.env import without_settings
+
 pytestmark = pytest.mark.slow
 
 # Forks a grandchild that ignores SIGTERM and leaves the tree (its parent exits, so it is
@@ -44,7 +46,7 @@ ESCAPING_JOB = textwrap.dedent(
 
 
 def _sentinel(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    clean = without_settings()
     return subprocess.run(
         [sys.executable, "-m", "sentinel", "run", *args],
         env={**clean, **(env or {})},

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import subprocess
 import sys
 import uuid
@@ -21,6 +20,7 @@ from sentinel.actions.report import Journal, write_report
 from sentinel.config import ConfigError, Settings, effective_config, load_settings
 from sentinel.incidents import Incident
 from sentinel.records import Alert, Severity
+from tests.helpers.env import without_settings
 from tests.helpers.webhook import WebhookReceiver
 
 # apprise (which validates and masks notify URLs) imports the stdlib ``imghdr`` on 3.11.
@@ -328,7 +328,7 @@ def test_uncaught_exception_is_printed_masked(raising: str) -> None:
             raising,
         ]
     )
-    environ = {key: value for key, value in os.environ.items() if not key.startswith("SENTINEL_")}
+    environ = without_settings()
     result = subprocess.run(
         [sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
         capture_output=True,
@@ -355,7 +355,7 @@ def test_apprise_is_loaded_only_when_a_target_is_configured(urls: str, loaded: b
             "print('apprise' in sys.modules)",
         ]
     )
-    environ = {key: value for key, value in os.environ.items() if not key.startswith("SENTINEL_")}
+    environ = without_settings()
     result = subprocess.run(
         [sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
         capture_output=True,
