@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
 import pynvml
+import pytest
 
 #: The event types a fake GPU supports unless told otherwise: all of them (0xff9f), what
 #: ``nvmlDeviceGetSupportedEventTypes`` answered on an H200 (driver 580.159.04).
@@ -543,3 +544,12 @@ if TYPE_CHECKING:
     from sentinel.sources.nvml import GpuProbe
 
     _satisfies_probe: GpuProbe = FakeNvml()
+
+
+def real_nvml_or_skip() -> None:
+    """Skip the calling test, naming why, unless the real NVML answers (a GPU and its driver)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        pytest.skip(f"needs an NVIDIA GPU with NVML (none found: {exc})")
+    pynvml.nvmlShutdown()

@@ -33,7 +33,7 @@ from sentinel.sources import (
 )
 from sentinel.sources.gpu import GpuMonitor
 from sentinel.sources.gpu.reading import REPEAT_LOG_S, Attribution
-from tests.helpers.nvml import FakeNvml
+from tests.helpers.nvml import FakeNvml, real_nvml_or_skip
 
 NOW = 1_700_000_000.0
 LOGGER = "sentinel.sources.gpu"
@@ -572,11 +572,7 @@ def test_a_hanging_nvml_call_stalls_neither_xids_nor_stop() -> None:
 
 @pytest.mark.gpu
 def test_real_gpu() -> None:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        pytest.skip(f"needs an NVIDIA GPU with NVML (none found: {exc})")
-    pynvml.nvmlShutdown()
+    real_nvml_or_skip()
     received = Received()
     gpus = monitor(None, received, interval_s=0.05, job_pids=frozenset({os.getpid()}))
     assert gpus.start()

@@ -15,7 +15,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from tests.helpers.nvml import FakeNvml
+from tests.helpers.nvml import FakeNvml, real_nvml_or_skip
 
 CLOCKS = (
     pynvml.NVML_CLOCK_GRAPHICS,
@@ -128,11 +128,7 @@ def _answers(nv: Any) -> dict[str, str]:
 
 @pytest.mark.gpu
 def test_the_fake_answers_each_call_as_the_real_library_does() -> None:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        pytest.skip(f"needs an NVIDIA GPU with NVML (none found: {exc})")
-    pynvml.nvmlShutdown()
+    real_nvml_or_skip()
 
     real, fake = _answers(pynvml), _answers(FakeNvml())
 
