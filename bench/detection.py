@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.config import Settings, load_settings
-from sentinel.parsers import LineParser
-from sentinel.parsers.files import iter_replay_batches, replay_plan
-from sentinel.parsers.hf_trainer import read_trainer_state
-from sentinel.records import Alert, Severity
-from sentinel.replay import replay
+from sentinel.engine.replay import replay
+from sentinel.model.records import Alert, Severity
+from sentinel.parsing import LineParser
+from sentinel.parsing.files import iter_replay_batches, replay_plan
+from sentinel.parsing.hf_trainer import read_trainer_state
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

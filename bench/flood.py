@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from sentinel.status import gather
+from sentinel.service.status import gather
 
 JOB = textwrap.dedent(
     """

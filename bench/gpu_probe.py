@@ -35,8 +35,8 @@ import pynvml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sentinel.records import Sample
-from sentinel.sources.gpu import GpuMonitor
+from sentinel.gpu.monitor import GpuMonitor
+from sentinel.model.records import Sample
 from tests.helpers.nvml import FakeNvml
 
 
@@ -166,7 +166,7 @@ class Records(logging.Handler):
 def through_sentinel(with_work: Callable[[], Any]) -> dict[str, Any]:
     """``GpuMonitor`` over the real pynvml: three readings, then three with work on the GPU."""
     records = Records()
-    source_log = logging.getLogger("sentinel.sources")
+    source_log = logging.getLogger("sentinel.model.machine")
     source_log.addHandler(records)
     source_log.setLevel(logging.DEBUG)
     out: dict[str, Any] = {}

@@ -73,11 +73,11 @@ while True:
 #: The child that runs ``sentinel`` with a fake pynvml in place of the real one.
 SENTINEL_WITH_FAKE_NVML = r"""
 import sys
-from sentinel.sources import gpu
+from sentinel.model.machine import gpu
 from tests.helpers.nvml import FakeNvml
 
 gpu.NVML_FACTORY = lambda: FakeNvml(gpus=int(sys.argv[1]))
-from sentinel.cli import main
+from sentinel.cli.main import main
 
 sys.exit(main(sys.argv[2:]))
 """
@@ -164,7 +164,7 @@ def config_text(
     state_dir: Path, *, gpu: bool, process: bool, rules: bool, output_batch_s: float | None = None
 ) -> str:
     """sentinel's config: the bench's, with the sources or rules turned off as asked."""
-    from sentinel.detectors import DETECTORS
+    from sentinel.rules import DETECTORS
 
     text = CONFIG.format(state_dir=state_dir)
     if output_batch_s is not None:

@@ -12,7 +12,7 @@ Two generated logs of ``--lines`` lines (1,000,000 by default) each:
   on a terminal), so 250,000 steps make 1,000,000 lines. Replayed with
   ``parsers.logging_steps = 1``.
 
-Replay is ``sentinel.replay.replay([path], settings)``, what ``sentinel replay
+Replay is ``sentinel.engine.replay.replay([path], settings)``, what ``sentinel replay
 FILE`` runs: with every default rule, and once more with every rule disabled
 (``[rules.*] enabled = false``), which leaves the reading, parsing and engine
 alone. With orjson installed, the every-rule replay runs with it and again
@@ -157,10 +157,10 @@ def replay_child(fmt: str, path: Path, lines: int, json_lib: str, rules: str) ->
     """Replay ``path``; CPU time and peak RSS after a quarter, half and all of its lines."""
     if json_lib == "json":
         sys.modules["orjson"] = None  # type: ignore[assignment]  # "import orjson" now fails
-    import sentinel.replay
+    import sentinel.engine.replay
     from sentinel.config import load_settings
-    from sentinel.detectors import DETECTORS
-    from sentinel.parsers import fields
+    from sentinel.parsing import fields
+    from sentinel.rules import DETECTORS
 
     used = "json" if fields.loads is json.loads else "orjson"
     if used != json_lib:
@@ -171,7 +171,7 @@ def replay_child(fmt: str, path: Path, lines: int, json_lib: str, rules: str) ->
     settings = load_settings(None, environ=environ)
     marks = [max(1, int(lines * fraction)) for fraction in CHECKPOINTS]
     checkpoints: list[dict[str, float]] = []
-    iter_replay_batches = sentinel.replay.iter_replay_batches
+    iter_replay_batches = sentinel.engine.replay.iter_replay_batches
     counted_lines = 0
 
     def counted(paths: list[Path]) -> Iterator[tuple[str, list[str]]]:
@@ -188,10 +188,10 @@ def replay_child(fmt: str, path: Path, lines: int, json_lib: str, rules: str) ->
                         {"lines": mark, "seconds": seconds, "rss_mib": peak_rss_mib()}
                     )
 
-    sentinel.replay.iter_replay_batches = counted  # type: ignore[assignment]
+    sentinel.engine.replay.iter_replay_batches = counted  # type: ignore[assignment]
     rss_start = peak_rss_mib()
     started = time.process_time()
-    result = sentinel.replay.replay([path], settings)
+    result = sentinel.engine.replay.replay([path], settings)
     seconds = time.process_time() - started
     if result.lines != lines:
         raise RuntimeError(f"replay read {result.lines} lines of {path}, not {lines}")

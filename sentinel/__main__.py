@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from sentinel.cli import main
+from sentinel.cli.main import main
 
 raise SystemExit(main())

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from sentinel.config import Settings, load_settings
-from sentinel.records import Severity
-from sentinel.replay import ReplayResult, replay
+from sentinel.engine.replay import ReplayResult, replay
+from sentinel.model.records import Severity
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HEALTHY = [

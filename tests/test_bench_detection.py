@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from bench import detection
 from sentinel.config import load_settings
-from sentinel.records import Severity
-from sentinel.replay import replay
+from sentinel.engine.replay import replay
+from sentinel.model.records import Severity
 
 FAILED = "hf/nan/trainer_state.json"
 HEALTHY = "corpus/healthy/dnabert2-finetune"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.sources.checkpoints import (
+from sentinel.checkpoints.scan import (
     QUARANTINE_DIR,
     Checkpoint,
     CheckpointStatus,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.actions.keep import Keeper
-from sentinel.actions.rollback import apply_rollback, plan_rollback
+from sentinel.checkpoints.keep import Keeper
+from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
 from tests.helpers.env import clean_env
 from tests.helpers.kept import digest, rewrite_in_place, settle, version_bytes
 

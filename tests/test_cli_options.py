@@ -28,13 +28,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sentinel import cli, cli_options
+from sentinel.cli import main as cli
+from sentinel.cli import options as cli_options
 from sentinel.config import effective_config
-from sentinel.holders import target_of
-from sentinel.sources.target import SystemdUnitTarget
-from sentinel.state import StateStore
-from sentinel.state_lock import acquire
-from sentinel.verdict import mark_deciding, write_final
+from sentinel.process.target import SystemdUnitTarget
+from sentinel.store.lock import acquire
+from sentinel.store.state import StateStore
+from sentinel.store.verdict import mark_deciding, write_final
+from sentinel.supervisor.holders import target_of
 from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import ConfigError, Settings, load_settings
-from sentinel.lines import BATCH_S, MAX_BATCH_S
+from sentinel.parsing.lines import BATCH_S, MAX_BATCH_S
 
 # apprise (which validates and masks notify URLs) imports the stdlib ``imghdr`` on 3.11.
 pytestmark = pytest.mark.filterwarnings(

@@ -14,8 +14,8 @@ import pytest
 
 from sentinel.config import ConfigError, Settings, effective_config, load_settings
 from sentinel.config.renames import RENAMED
-from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig
-from sentinel.detectors.loss_spike import LossSpikeConfig
+from sentinel.rules.eval_loss_rise import EvalLossRiseConfig
+from sentinel.rules.loss_spike import LossSpikeConfig
 from tests.helpers.env import without_settings
 
 # apprise (which validates and masks notify URLs) imports the stdlib ``imghdr`` on 3.11.

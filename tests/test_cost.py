@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.cost import IncidentCost, format_money, gpu_hours, incident_cost, money
-from sentinel.facts import RunFacts
-from sentinel.incidents import Incident
-from sentinel.records import Alert, Severity
+from sentinel.model.cost import IncidentCost, format_money, gpu_hours, incident_cost, money
+from sentinel.model.facts import RunFacts
+from sentinel.model.incidents import Incident
+from sentinel.model.records import Alert, Severity
 
 T0 = 1_700_000_000.0
 FACTS = RunFacts(gpus=4, price_per_gpu_hour=2.0)

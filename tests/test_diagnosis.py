@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from sentinel.diagnosis import Diagnosis, diagnose, sparkline
-from sentinel.incidents import Incident, IncidentTracker
-from sentinel.records import Alert, Sample, Severity
+from sentinel.evidence.diagnosis import Diagnosis, diagnose, sparkline
+from sentinel.model.incidents import Incident, IncidentTracker
+from sentinel.model.records import Alert, Sample, Severity
 
 NAN = math.nan
 T0 = 1_700_000_000.0

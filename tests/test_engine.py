@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.detectors.job_crash import JobCrashConfig, JobCrashDetector
-from sentinel.detectors.nan_inf import NanInfConfig, NanInfDetector
-from sentinel.detectors.stall import StallConfig, StallDetector
-from sentinel.engine import HISTORY_LEN, Engine
-from sentinel.parsers import LineParser
-from sentinel.records import Alert, Line, Sample, Severity
+from sentinel.engine.core import HISTORY_LEN, Engine
+from sentinel.model.records import Alert, Line, Sample, Severity
+from sentinel.parsing import LineParser
+from sentinel.rules import BaseDetector, RuleConfig
+from sentinel.rules.job_crash import JobCrashConfig, JobCrashDetector
+from sentinel.rules.nan_inf import NanInfConfig, NanInfDetector
+from sentinel.rules.stall import StallConfig, StallDetector
 
 T0 = 1_700_000_000.0
 TQDM_10 = "  5%|▌   | 10/200 [00:01<00:19,  9.81it/s]"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from sentinel.event_loop import SWITCH_INTERVAL_S, EventLoop
-from sentinel.sources.inbox import Inbox
+from sentinel.supervisor.event_loop import SWITCH_INTERVAL_S, EventLoop
+from sentinel.supervisor.inbox import Inbox
 
 
 class OneTurn:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import Settings, load_settings
-from sentinel.records import Severity
+from sentinel.model.records import Severity
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
 

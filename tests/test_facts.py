@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sentinel.config import Settings, TrainingConfig
-from sentinel.facts import RunFacts
-from sentinel.parsers.hf_trainer import trainer_state_info
+from sentinel.model.facts import RunFacts
+from sentinel.parsing.hf_trainer import trainer_state_info
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"
 

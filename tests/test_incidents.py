@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sentinel.incidents import IncidentEvent, IncidentTracker
-from sentinel.records import Alert, Severity
+from sentinel.model.incidents import IncidentEvent, IncidentTracker
+from sentinel.model.records import Alert, Severity
 
 T0 = 1_700_000_000.0
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.detectors.cost_blocks import CostOverrunConfig
-from sentinel.detectors.cost_overrun import CostOverrunDetector
-from sentinel.facts import RunFacts
+from sentinel.model.facts import RunFacts
+from sentinel.rules.cost_blocks import CostOverrunConfig
+from sentinel.rules.cost_overrun import CostOverrunDetector
 from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sentinel.lines import LineSplitter
-from sentinel.metric_files import splitting
-from sentinel.parsers.lightning_csv import CsvHeaderSplitter
-from sentinel.sources.logfile import FileFollower
+from sentinel.follow.logfile import FileFollower
+from sentinel.parsing.lightning_csv import CsvHeaderSplitter
+from sentinel.parsing.lines import LineSplitter
+from sentinel.supervisor.metric_files import splitting
 
 
 def test_a_format_gets_its_own_splitter_and_a_plain_log_text_lines() -> None:

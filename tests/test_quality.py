@@ -61,12 +61,12 @@ def test_an_import_up_the_layers_breaks_the_contracts(tmp_path: Path) -> None:
     """The contracts see a real upward import: records (the bottom layer) importing the CLI."""
     shutil.copytree(ROOT / "sentinel", tmp_path / "sentinel")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    records = tmp_path / "sentinel" / "records.py"
-    records.write_text(records.read_text() + "\nimport sentinel.cli  # noqa: E402, F401\n")
+    records = tmp_path / "sentinel" / "model" / "records.py"
+    records.write_text(records.read_text() + "\nimport sentinel.cli.main  # noqa: E402, F401\n")
     result = subprocess.run(
         [_tool("lint-imports"), "--no-cache"],
         cwd=tmp_path, capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
     assert result.returncode != 0, result.stdout
-    assert "sentinel.records -> sentinel.cli" in result.stdout
+    assert "sentinel.model.records -> sentinel.cli.main" in result.stdout

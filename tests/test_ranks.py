@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import Settings
-from sentinel.engine import Engine, build_detectors
-from sentinel.incidents import IncidentTracker
-from sentinel.parsers import LineParser
-from sentinel.parsers.ranks import split_rank
-from sentinel.records import Alert, Line
-from sentinel.replay import replay
+from sentinel.engine.core import Engine, build_detectors
+from sentinel.engine.replay import replay
+from sentinel.model.incidents import IncidentTracker
+from sentinel.model.records import Alert, Line
+from sentinel.parsing import LineParser
+from sentinel.parsing.ranks import split_rank
 
 T0 = 1_700_000_000.0
 RANKS = Path(__file__).parent / "fixtures" / "ranks"

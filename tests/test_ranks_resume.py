@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import Settings
-from sentinel.engine_ranks import RANK_WINDOW, RunSeries
-from sentinel.parsers import LineParser
-from sentinel.records import Sample
-from sentinel.replay import replay
+from sentinel.engine.ranks import RANK_WINDOW, RunSeries
+from sentinel.engine.replay import replay
+from sentinel.model.records import Sample
+from sentinel.parsing import LineParser
 
 JOB = Path(__file__).parent / "e2e" / "resume_job.py"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import Settings, load_settings
-from sentinel.replay import replay
+from sentinel.engine.replay import replay
 from tests.helpers.env import clean_env
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel import resume
-from sentinel.config import ConfigError, load_settings
-from sentinel.restarts import EXIT_GIVE_UP, preflight
+from sentinel.config import ConfigError, load_settings, resume
+from sentinel.supervisor.restarts import EXIT_GIVE_UP, preflight
 from tests.test_run import _alerts, _records, sentinel
 
 # --- the template, at load -------------------------------------------------------------

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import Settings
-from sentinel.holders import Child
-from sentinel.restarts import Restarts
-from sentinel.sources.adopted import AdoptedJob
+from sentinel.process.adopted import AdoptedJob
+from sentinel.supervisor.holders import Child
+from sentinel.supervisor.restarts import Restarts
 from tests.helpers.env import clean_env
 
 JOB = textwrap.dedent(

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import Settings
-from sentinel.parsers.files import replay_plan
-from sentinel.replay import ReplayResult, replay, run_batches
+from sentinel.engine.replay import ReplayResult, replay, run_batches
+from sentinel.parsing.files import replay_plan
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUN = FIXTURES / "run_files"

@@ -1,6 +1,6 @@
 """Many nodes, one run: the first sentinel to decide writes the run's verdict, the rest adopt it.
 
-Unit checks of ``sentinel.run_verdict`` (the run id, the first-writer-wins record,
+Unit checks of ``sentinel.store.run_verdict`` (the run id, the first-writer-wins record,
 writers racing in real processes), then two real ``sentinel watch --pid`` processes,
 one per "node", each watching its own job process, on one shared checkpoint dir
 (the shared filesystem), paging one real webhook receiver.
@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from sentinel import run_verdict, verdict
-from sentinel.run_verdict import RunVerdict, resolve_run_id
+from sentinel.store import run_verdict, verdict
+from sentinel.store.run_verdict import RunVerdict, resolve_run_id
 from tests.helpers.webhook import WebhookReceiver
 
 
@@ -84,7 +84,7 @@ CLAIMER = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from sentinel.run_verdict import RunVerdict
+    from sentinel.store.run_verdict import RunVerdict
     root, name, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     node = RunVerdict(root, "race", node=name)
     (root / f"ready-{name}").touch()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.sdnotify import SystemdNotifier, format_status, strip_notify_env
+from sentinel.service.sdnotify import SystemdNotifier, format_status, strip_notify_env
 
 
 class Clock:
@@ -204,7 +204,7 @@ def test_no_notify_socket_is_a_no_op(notifier: Notifier) -> None:
 def test_unsupported_socket_kind_is_a_no_op(
     caplog: pytest.LogCaptureFixture, notifier: Notifier
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="sentinel.sdnotify"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.service.sdnotify"):
         sd = notifier({"NOTIFY_SOCKET": "vsock:2:1234"})
     assert not sd.enabled
     assert not sd.ready()
@@ -216,7 +216,7 @@ def test_a_missing_systemd_is_logged_once_and_never_raised(
 ) -> None:
     path = str(tmp_path / "gone")
     sd = notifier({"NOTIFY_SOCKET": path})
-    with caplog.at_level(logging.INFO, logger="sentinel.sdnotify"):
+    with caplog.at_level(logging.INFO, logger="sentinel.service.sdnotify"):
         assert not sd.status("step 1")
         assert not sd.status("step 1")
         fake = FakeSystemd(path)  # systemd is back

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import requests
 
-from sentinel import secrets
-from sentinel.actions.report import Journal, write_report
 from sentinel.config import ConfigError, Settings, effective_config, load_settings
-from sentinel.incidents import Incident
-from sentinel.records import Alert, Severity
+from sentinel.evidence.report import Journal, write_report
+from sentinel.model import secrets
+from sentinel.model.incidents import Incident
+from sentinel.model.records import Alert, Severity
 from tests.helpers.env import without_settings
 from tests.helpers.webhook import WebhookReceiver
 
@@ -208,7 +208,7 @@ def cli_log() -> Iterator[io.StringIO]:
 
 @pytest.mark.parametrize(
     "logger_name",
-    ["sentinel.actions.notify", "apprise", "urllib3.connectionpool"],
+    ["sentinel.notify.notifier", "apprise", "urllib3.connectionpool"],
     ids=["sentinel", "apprise", "urllib3"],
 )
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.health import Metrics
-from sentinel.shedding import (
+from sentinel.service.metrics import Metrics
+from sentinel.supervisor.shedding import (
     KEEP_NEWEST,
     LAG_S,
     LINE_OVERHEAD,

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sentinel.state_lock import LOCK_NAME, StateDirLocked, acquire, holder
+from sentinel.store.lock import LOCK_NAME, StateDirLocked, acquire, holder
 
 DEADLINE_S = 10.0
 
@@ -22,7 +22,7 @@ DEADLINE_S = 10.0
 HOLDER = """
 import subprocess, sys, time
 from pathlib import Path
-from sentinel.state_lock import acquire
+from sentinel.store.lock import acquire
 lock = acquire(Path(sys.argv[1]))
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 print(child.pid, flush=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.state import StateStore, open_private, private_dir
-from sentinel.state_lock import holder
+from sentinel.store.lock import holder
+from sentinel.store.state import StateStore, open_private, private_dir
 from tests.helpers.env import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.state import SCHEMA_VERSION, StateStore
+from sentinel.store.state import SCHEMA_VERSION, StateStore
 
 
 def _unversioned(state: Path) -> None:
@@ -37,7 +37,7 @@ def test_an_older_state_dir_is_migrated_and_keeps_what_it_knew(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     _unversioned(tmp_path / "state")
-    with caplog.at_level(logging.INFO, logger="sentinel.state"):
+    with caplog.at_level(logging.INFO, logger="sentinel.store.state"):
         store = StateStore(tmp_path / "state")
     assert store.schema_version == SCHEMA_VERSION
     assert store.get("restarts.count") == "2"
@@ -61,7 +61,7 @@ def test_a_state_db_it_cannot_read_is_moved_aside_and_sentinel_starts_afresh(
         (state / "state.db").write_bytes(b"not a database, " * 512)
         why = "is not a sentinel state database"
     before = (state / "state.db").read_bytes()
-    with caplog.at_level(logging.WARNING, logger="sentinel.state"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.store.state"):
         store = StateStore(state)
     assert store.get("restarts.count") is None, "started afresh"
     store.put("restarts.count", "1")

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from sentinel.actions.notices import JobInfo, Notice, NoticeKind
-from sentinel.actions.notify import Notifier
-from sentinel.actions.outbox import Batching, Outbox, Target
-from sentinel.records import Severity
-from sentinel.state import StateStore
-from sentinel.status import NoState, gather
+from sentinel.model.records import Severity
+from sentinel.notify.notices import JobInfo, Notice, NoticeKind
+from sentinel.notify.notifier import Notifier
+from sentinel.notify.outbox import Batching, Outbox, Target
+from sentinel.service.status import NoState, gather
+from sentinel.store.state import StateStore
 from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import Settings
-from sentinel.replay import replay
+from sentinel.engine.replay import replay
 
 STEPS = 60
 #: A run whose loss fell far: the summary's mean is ~50x its last values.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import Settings, load_settings
-from sentinel.supervisor import Supervisor
+from sentinel.supervisor.core import Supervisor
 
 DEADLINE_S = 20.0
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import load_settings
-from sentinel.sources import PROC_COUNT, PROC_RSS
-from sentinel.supervisor import Supervisor
+from sentinel.model.machine import PROC_COUNT, PROC_RSS
+from sentinel.supervisor.core import Supervisor
 
 DEADLINE_S = 20.0
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel import verdict
-from sentinel.verdict import (
+from sentinel.store import verdict
+from sentinel.store.verdict import (
     EXIT_GIVE_UP,
     EXIT_NODE_FAULT,
     EXIT_ROLLED_BACK,

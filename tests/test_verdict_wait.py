@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.state_lock import acquire
-from sentinel.verdict import mark_deciding, write_final
-from sentinel.verdict_wait import HOLDER_CHECK_S, await_verdict
+from sentinel.service.verdict_wait import HOLDER_CHECK_S, await_verdict
+from sentinel.store.lock import acquire
+from sentinel.store.verdict import mark_deciding, write_final
 from tests.helpers.env import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +32,8 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from sentinel.state_lock import acquire
-    from sentinel.verdict import mark_deciding, write_final
+    from sentinel.store.lock import acquire
+    from sentinel.store.verdict import mark_deciding, write_final
     state, code = Path(sys.argv[1]), sys.argv[2]
     delay, linger = float(sys.argv[3]), float(sys.argv[4])
     lock = acquire(state)
@@ -211,7 +211,7 @@ def test_the_two_line_wrapper_without_sentinel_exits_with_the_job_status(tmp_pat
 
 @pytest.mark.slow
 def test_timeout_without_wait_is_a_usage_error(tmp_path: Path) -> None:
-    from sentinel import cli
+    from sentinel.cli import main as cli
 
     assert cli.main(["verdict", "--state-dir", str(tmp_path), "--timeout", "5"]) == 2
 

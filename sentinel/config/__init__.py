@@ -8,7 +8,6 @@ from, ``masked`` registers and masks the secrets the settings hold, and
 
 from __future__ import annotations
 
-from sentinel.actions.notify_settings import NotifyConfig, NotifyTarget
 from sentinel.config.errors import ConfigError
 from sentinel.config.load import load_settings
 from sentinel.config.masked import effective_config, register_secrets
@@ -26,7 +25,9 @@ from sentinel.config.models import (
     TrainingConfig,
     WatchConfig,
 )
-from sentinel.sources.settings import GpuConfig, ProcessConfig
+from sentinel.gpu.settings import GpuConfig
+from sentinel.notify.settings import NotifyConfig, NotifyTarget
+from sentinel.process.settings import ProcessConfig
 
 __all__ = [
     "CLI_FIELDS",

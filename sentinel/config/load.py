@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 from pydantic_settings import EnvSettingsSource, SettingsError
 
-from sentinel import resume
+from sentinel.config import resume
 from sentinel.config.errors import (
     ConfigError,
     Layer,
@@ -81,7 +81,7 @@ def load_settings(
     """Validate file, secrets dir, environment and CLI values into one ``Settings``.
 
     Raises ``ConfigError``. Every URL the settings hold is registered with
-    ``sentinel.secrets``, so its tokens are masked wherever sentinel writes.
+    ``sentinel.model.secrets``, so its tokens are masked wherever sentinel writes.
     """
     environ = os.environ if environ is None else environ
     if config_file is None and environ.get("SENTINEL_CONFIG"):

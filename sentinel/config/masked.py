@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sentinel import secrets
 from sentinel.config.models import Settings
+from sentinel.model import secrets
 
 
 def register_secrets(settings: Settings) -> None:
-    """Register the secret fragments of every URL in ``settings`` with ``sentinel.secrets``."""
+    """Register the secret fragments of every URL in ``settings`` for masking
+    (``sentinel.model.secrets``)."""
     notify = settings.notify
     urls = [url.get_secret_value() for url in notify.urls]
     urls += [target.url.get_secret_value() for target in notify.targets]

@@ -16,13 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic import create_model as _create_model
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from sentinel import resume
-from sentinel.actions.notify_settings import NotifyConfig
-from sentinel.detectors import DETECTORS, RuleConfig
-from sentinel.facts import RunFacts
-from sentinel.lines import BATCH_S, MAX_BATCH_S
-from sentinel.sources.gathering import LOOK_S
-from sentinel.sources.settings import GpuConfig, ProcessConfig
+from sentinel.config import resume
+from sentinel.follow.gathering import LOOK_S
+from sentinel.gpu.settings import GpuConfig
+from sentinel.model.facts import RunFacts
+from sentinel.notify.settings import NotifyConfig
+from sentinel.parsing.lines import BATCH_S, MAX_BATCH_S
+from sentinel.process.settings import ProcessConfig
+from sentinel.rules import DETECTORS, RuleConfig
 
 ENV_PREFIX = "SENTINEL_"
 #: Variables sentinel sets for the job it restarts; never config.
@@ -45,7 +46,7 @@ class JobConfig(_Model):
 
     name: str = ""
     #: Run instead of the original command after a rollback; ``{checkpoint}``
-    #: and ``{step}`` are filled in, each inside its own argument (sentinel.resume).
+    #: and ``{step}`` are filled in, each inside its own argument (sentinel.config.resume).
     resume_command: str | None = None
     max_restarts: int = Field(default=3, ge=0)
     #: When no clean checkpoint is left to resume from: "give_up" (exit 90, say why) or

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sentinel.detectors import DETECTORS, REMOVED_IN
+from sentinel.rules import DETECTORS, REMOVED_IN
 
 __all__ = ["MOVED", "REMOVED_IN", "RENAMED", "Rename", "move_old_keys"]
 

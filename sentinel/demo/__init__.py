@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from sentinel.actions.report import clock
+from sentinel.checkpoints.scan import scan
 from sentinel.config import load_settings
-from sentinel.sources.checkpoints import scan
+from sentinel.evidence.report import clock
 
 
 def run_demo(keep: Path | None, *, out: TextIO) -> int:
@@ -24,7 +24,7 @@ def run_demo(keep: Path | None, *, out: TextIO) -> int:
 
 
 def _run(work: Path, out: TextIO) -> int:
-    from sentinel.supervisor import Supervisor
+    from sentinel.supervisor.core import Supervisor
 
     job_out = work / "run"
     checkpoints = job_out / "checkpoints"

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from sentinel.actions.dispatch import Dispatcher, Policy, Route, routes
-from sentinel.actions.notices import JobInfo, Notice, NoticeKind
-from sentinel.actions.notify import Notifier
-from sentinel.actions.outbox import Outbox
 from sentinel.config import NotifyConfig, load_settings
-from sentinel.records import Alert, Severity
-from sentinel.state import StateStore
-from sentinel.watch import Watch
+from sentinel.model.records import Alert, Severity
+from sentinel.notify.dispatch import Dispatcher, Policy, Route, routes
+from sentinel.notify.notices import JobInfo, Notice, NoticeKind
+from sentinel.notify.notifier import Notifier
+from sentinel.notify.outbox import Outbox
+from sentinel.service.watch import Watch
+from sentinel.store.state import StateStore
 from tests.helpers.webhook import WebhookReceiver
 
 T0 = 1_700_000_000.0

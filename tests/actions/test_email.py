@@ -11,8 +11,8 @@ from email.message import EmailMessage
 
 import pytest
 
-from sentinel.actions.notices import NoticeKind
-from sentinel.actions.notify import send_envelope
+from sentinel.notify.notices import NoticeKind
+from sentinel.notify.notifier import send_envelope
 from tests.helpers.notices import ACTIONS, JOB, KEY, T0, divergence, envelope, notice
 from tests.helpers.smtp import SmtpServer
 

@@ -19,14 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.actions.evidence import (
-    EVIDENCE_FILE,
-    Evidence,
-    job_processes,
-    take,
-    wanted,
-)
-from sentinel.actions.evidence_stacks import py_spy_path
+from sentinel.evidence.capture import EVIDENCE_FILE, Evidence, job_processes, take, wanted
+from sentinel.evidence.stacks import py_spy_path
 
 Start = Callable[[str], "subprocess.Popen[bytes]"]
 
@@ -192,7 +186,7 @@ def test_a_py_spy_the_bounding_set_refuses_is_said_as_such(tmp_path: Path) -> No
         pytest.skip("this filesystem holds no file capabilities")
     said = subprocess.run(
         [setpriv, "--bounding-set=-sys_ptrace", sys.executable, "-c",
-         "import os, sys; from sentinel.actions.evidence_stacks import dump;"
+         "import os, sys; from sentinel.evidence.stacks import dump;"
          " print(dump(sys.argv[1], os.getpid(), 5).missing)", str(capable)],
         capture_output=True, text=True, check=True, timeout=30,
     ).stdout  # fmt: skip

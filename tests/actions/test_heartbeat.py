@@ -11,14 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sentinel import secrets
-from sentinel.actions.heartbeat import (
-    LAST_ERROR_AT_KEY,
-    LAST_ERROR_KEY,
-    LAST_OK_KEY,
-    Heartbeat,
-)
-from sentinel.state import StateStore
+from sentinel.model import secrets
+from sentinel.notify.heartbeat import LAST_ERROR_AT_KEY, LAST_ERROR_KEY, LAST_OK_KEY, Heartbeat
+from sentinel.store.state import StateStore
 from tests.helpers.webhook import WebhookReceiver
 
 # A healthchecks.io-style check UUID: the secret part of a ping URL.
@@ -76,7 +71,7 @@ def log() -> Iterator[io.StringIO]:
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     secrets.install(handler)
-    logger = logging.getLogger("sentinel.actions.heartbeat")
+    logger = logging.getLogger("sentinel.notify.heartbeat")
     previous = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.actions import chart
-from sentinel.actions.apprise_message import apprise_call
-from sentinel.actions.messages import render
-from sentinel.actions.notices import NoticeKind
-from sentinel.actions.notify import send_envelope
-from sentinel.actions.report import files_section, incident_files
-from sentinel.records import Sample
+from sentinel.evidence import chart
+from sentinel.evidence.report import files_section, incident_files
+from sentinel.model.records import Sample
+from sentinel.notify.apprise_message import apprise_call
+from sentinel.notify.messages import render
+from sentinel.notify.notices import NoticeKind
+from sentinel.notify.notifier import send_envelope
 from tests.helpers.notices import envelope, notice
 from tests.helpers.smtp import SmtpServer
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.actions.clone import Method, clone, reflink
-from sentinel.actions.keep import KEPT_DIR, SIDECAR, Keeper, is_overwritten_file, kept_versions
+from sentinel.checkpoints.clone import Method, clone, reflink
+from sentinel.checkpoints.keep import KEPT_DIR, SIDECAR, Keeper, is_overwritten_file, kept_versions
 from tests.helpers.kept import (
     digest,
     mtime_ns,
@@ -123,7 +123,7 @@ def test_over_the_cap_is_not_kept_and_says_so(
     keeper = Keeper(tmp_path, max_bytes=1000)
     ckpt = tmp_path / "ckpt.pt"
     rewrite_in_place(ckpt, 20)
-    with caplog.at_level(logging.WARNING, logger="sentinel.actions.keep"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.checkpoints.keep"):
         settle(keeper, 0.0)
     assert keeper.versions(ckpt) == []
     assert not (tmp_path / KEPT_DIR).exists()
@@ -200,7 +200,7 @@ def test_a_sidecar_that_does_not_parse_is_skipped(
     rewrite_in_place(ckpt, 20)
     settle(keeper, 0.0)
     (keeper.versions(ckpt)[0].path.parent / SIDECAR).write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="sentinel.actions.keep"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.checkpoints.keep"):
         assert kept_versions(tmp_path) == []
     assert "unreadable sidecar" in caplog.text
 

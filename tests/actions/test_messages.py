@@ -17,11 +17,11 @@ from urllib.parse import quote, unquote, urlsplit
 import apprise
 import pytest
 
-from sentinel.actions.apprise_message import apprise_call, style_for
-from sentinel.actions.messages import Style, folded_line, render
-from sentinel.actions.notices import Envelope, NoticeKind, format_dashboard_url
-from sentinel.actions.notify import send_envelope
-from sentinel.records import Severity
+from sentinel.model.records import Severity
+from sentinel.notify.apprise_message import apprise_call, style_for
+from sentinel.notify.messages import Style, folded_line, render
+from sentinel.notify.notices import Envelope, NoticeKind, format_dashboard_url
+from sentinel.notify.notifier import send_envelope
 from tests.helpers.notices import ACTIONS, JOB, KEY, T0, divergence, envelope, notice
 from tests.helpers.webhook import WebhookReceiver
 
@@ -509,7 +509,7 @@ def test_dashboard_url_encodes_what_it_fills_in(value: str) -> None:
 def test_dashboard_url_that_cannot_be_filled_is_dropped_with_a_warning(
     template: str, reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="sentinel.actions.messages"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.notify.messages"):
         filled = format_dashboard_url(template, job="j", host="h", run_id="r", environ=ENVIRON)
     assert filled == ""
     assert reason in caplog.text

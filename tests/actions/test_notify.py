@@ -17,19 +17,13 @@ from typing import Any
 
 import pytest
 
-from sentinel.actions import retry_after
-from sentinel.actions.notices import JobInfo, Notice, NoticeKind
-from sentinel.actions.notify import (
-    DeliveryError,
-    Notifier,
-    Outbox,
-    backoff_s,
-    send_envelope,
-)
-from sentinel.actions.outbox import Batching, Target
-from sentinel.records import Severity
-from sentinel.secrets import mask_url, validate_url
-from sentinel.state import StateStore
+from sentinel.model.records import Severity
+from sentinel.model.secrets import mask_url, validate_url
+from sentinel.notify import retry_after
+from sentinel.notify.notices import JobInfo, Notice, NoticeKind
+from sentinel.notify.notifier import DeliveryError, Notifier, Outbox, backoff_s, send_envelope
+from sentinel.notify.outbox import Batching, Target
+from sentinel.store.state import StateStore
 from tests.helpers.webhook import ReceivedRequest, WebhookReceiver
 
 # Backoffs small enough that a retry round takes tens of milliseconds.
@@ -308,7 +302,7 @@ def test_apprise_debug_logs_are_masked(store: StateStore, caplog: pytest.LogCapt
 
 
 def test_send_error_is_masked() -> None:
-    from sentinel.actions.notices import Envelope
+    from sentinel.notify.notices import Envelope
 
     dead = dead_url().replace("json://", f"json://user:{SECRET}@")
     with pytest.raises(DeliveryError) as raised:
@@ -505,7 +499,7 @@ def test_a_notice_the_full_state_db_refuses_is_delivered_from_memory(
     outbox = Outbox(store, [hook.url])
     notifier = Notifier(outbox, **FAST)
     notifier.start()
-    with caplog.at_level(logging.ERROR, logger="sentinel.actions.outbox"):
+    with caplog.at_level(logging.ERROR, logger="sentinel.notify.outbox"):
         _read_only(store)
         for n in range(3):
             outbox.add(make_notice(f"run-1-{n}"), JOB, [hook.url], time.time(), EACH_ALONE)

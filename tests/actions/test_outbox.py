@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sentinel import secrets
-from sentinel.actions.notices import JobInfo, Notice, NoticeKind
-from sentinel.actions.outbox import Added, Batching, Outbox, Target
-from sentinel.records import Severity
-from sentinel.state import StateStore
+from sentinel.model import secrets
+from sentinel.model.records import Severity
+from sentinel.notify.notices import JobInfo, Notice, NoticeKind
+from sentinel.notify.outbox import Added, Batching, Outbox, Target
+from sentinel.store.state import StateStore
 
 T0 = 1_700_000_000.0
 JOB = JobInfo("llama-ft", "gpu-node-7", "run-1")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.actions.notices import NoticeKind
-from sentinel.actions.outbox import Added, Batching, fold, limited_until, place
-from sentinel.actions.outbox_store import OpenMessage
-from sentinel.records import Severity
+from sentinel.model.records import Severity
+from sentinel.notify.notices import NoticeKind
+from sentinel.notify.outbox import Added, Batching, fold, limited_until, place
+from sentinel.notify.outbox_store import OpenMessage
 from tests.helpers.notices import T0, notice
 
 BATCHING = Batching(group_wait_s=30.0, rate_limit=2, rate_window_s=60.0, max_notices=2)

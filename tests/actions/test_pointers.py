@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from sentinel.actions import atomic
-from sentinel.actions.pointer_find import Form, PointerKind, find_pointers
-from sentinel.actions.pointers import apply_rewrite, plan_rewrites, rewrite
-from sentinel.actions.quarantine import MANIFEST
-from sentinel.actions.restore import RestoreRefused, restore_quarantine
-from sentinel.actions.rollback import apply_rollback, plan_rollback, pointer_note
-from sentinel.cli import main
-from sentinel.sources.checkpoint_files import read_content
-from sentinel.sources.checkpoints import QUARANTINE_DIR, CheckpointStatus, scan
+from sentinel.checkpoints import atomic
+from sentinel.checkpoints.files import read_content
+from sentinel.checkpoints.pointer_find import Form, PointerKind, find_pointers
+from sentinel.checkpoints.pointers import apply_rewrite, plan_rewrites, rewrite
+from sentinel.checkpoints.quarantine import MANIFEST
+from sentinel.checkpoints.restore import RestoreRefused, restore_quarantine
+from sentinel.checkpoints.rollback import apply_rollback, plan_rollback, pointer_note
+from sentinel.checkpoints.scan import QUARANTINE_DIR, CheckpointStatus, scan
+from sentinel.cli.main import main
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "checkpoints"
 LABEL = "20261125T210000-nan_inf"

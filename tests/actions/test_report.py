@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.actions.report import write_report
-from sentinel.cost import incident_cost
-from sentinel.facts import RunFacts
-from sentinel.incidents import Incident
-from sentinel.records import Alert, Sample, Severity
+from sentinel.evidence.report import write_report
+from sentinel.model.cost import incident_cost
+from sentinel.model.facts import RunFacts
+from sentinel.model.incidents import Incident
+from sentinel.model.records import Alert, Sample, Severity
 
 T0 = 1_700_000_000.0
 RECENT = {"loss": [Sample("loss", 2.1, 14), Sample("loss", float("nan"), 15)]}

@@ -18,7 +18,7 @@ import apprise.plugins.custom_json
 import pytest
 import requests
 
-from sentinel.actions.retry_after import Observer, observe_responses
+from sentinel.notify.retry_after import Observer, observe_responses
 from tests.helpers.webhook import WebhookReceiver
 
 ASKS_AN_HOUR = {"Retry-After": "3600"}
@@ -62,7 +62,7 @@ def test_importing_sentinel_changes_nothing_in_requests_or_apprise() -> None:
         ]
         for name in names:
             importlib.import_module(name)
-        assert "sentinel.actions.notify" in sys.modules, names
+        assert "sentinel.notify.notifier" in sys.modules, names
         after = snapshot()
         changed = [k for k in before if before[k] != after[k]]
         assert not changed, changed

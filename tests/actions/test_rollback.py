@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.actions.keep import Keeper, kept_versions
-from sentinel.actions.quarantine import MANIFEST, fresh_label, sanitize_label
-from sentinel.actions.restore import RestoreRefused, restore_quarantine
-from sentinel.actions.rollback import apply_rollback, plan_rollback
-from sentinel.sources.checkpoints import QUARANTINE_DIR, CheckpointStatus, Onset
+from sentinel.checkpoints.keep import Keeper, kept_versions
+from sentinel.checkpoints.quarantine import MANIFEST, fresh_label, sanitize_label
+from sentinel.checkpoints.restore import RestoreRefused, restore_quarantine
+from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
+from sentinel.checkpoints.scan import QUARANTINE_DIR, CheckpointStatus, Onset
 from tests.helpers.kept import (
     digest,
     fixture_position,
@@ -116,7 +116,7 @@ def test_dry_run_moves_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture)
     build_run(tmp_path)
     listing = sorted(str(p) for p in tmp_path.rglob("*"))
     plan = plan_rollback(tmp_path, onset=500)
-    with caplog.at_level(logging.WARNING, logger="sentinel.actions.rollback"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.checkpoints.rollback"):
         would = apply_rollback(plan, tmp_path, label=LABEL, dry_run=True)
     target = tmp_path / QUARANTINE_DIR / LABEL
     assert would == [target / f"checkpoint-{s}" for s in (300, 400, 500, 600)]
@@ -174,7 +174,7 @@ def test_vanished_checkpoint_is_skipped(tmp_path: Path, caplog: pytest.LogCaptur
     build_run(tmp_path)
     plan = plan_rollback(tmp_path, onset=500)
     shutil.rmtree(tmp_path / "checkpoint-400")
-    with caplog.at_level(logging.WARNING, logger="sentinel.actions.rollback"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.checkpoints.rollback"):
         moved = apply_rollback(plan, tmp_path, label=LABEL)
     assert [p.name for p in moved] == ["checkpoint-300", "checkpoint-500", "checkpoint-600"]
     assert any("vanished" in r.getMessage() for r in caplog.records)

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sentinel.actions.signal_tree import stop_tree
-from sentinel.sources.identity import ProcessIdentity
-from sentinel.sources.pidfd import pidfds_work, pin
+from sentinel.process.identity import ProcessIdentity
+from sentinel.process.pidfd import pidfds_work, pin
+from sentinel.process.signal_tree import stop_tree
 from tests.helpers.detached import (
     launch_detached,
     reaped,
@@ -263,8 +263,8 @@ def test_a_job_that_is_sentinels_own_child_is_stopped_and_reaped_by_it(folder: P
 SENTINEL_BELOW_THE_ROOT = """
 import json, os, subprocess, sys, threading, time
 from pathlib import Path
-from sentinel.actions.signal_tree import stop_tree
-from sentinel.sources.identity import ProcessIdentity
+from sentinel.process.signal_tree import stop_tree
+from sentinel.process.identity import ProcessIdentity
 folder = Path(sys.argv[1])
 saver_argv = json.loads(sys.argv[2])
 while not (folder / "sleeper.pid").exists():

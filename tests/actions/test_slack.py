@@ -17,9 +17,9 @@ from typing import Any
 import apprise
 import pytest
 
-from sentinel.actions.notices import Envelope, NoticeKind
-from sentinel.actions.notify import send_envelope
-from sentinel.records import Severity
+from sentinel.model.records import Severity
+from sentinel.notify.notices import Envelope, NoticeKind
+from sentinel.notify.notifier import send_envelope
 from tests.helpers.notices import ACTIONS, JOB, KEY, divergence, envelope, notice
 from tests.helpers.slack import SlackReceiver, slack_routed_to
 from tests.helpers.webhook import WebhookReceiver

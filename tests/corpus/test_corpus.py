@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from sentinel.config import Settings, load_settings
-from sentinel.records import Alert, Severity
-from sentinel.replay import ReplayResult, replay
+from sentinel.engine.replay import ReplayResult, replay
+from sentinel.model.records import Alert, Severity
 
 CORPUS = Path(__file__).resolve().parent
 

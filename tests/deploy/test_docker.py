@@ -165,7 +165,7 @@ def _context_files() -> list[str]:
 @pytest.mark.slow
 def test_build_stage_makes_the_wheel_from_the_context_dockerignore_sends(tmp_path: Path) -> None:
     files = _context_files()
-    assert "pyproject.toml" in files and "sentinel/cli.py" in files
+    assert "pyproject.toml" in files and "sentinel/cli/main.py" in files
     assert not any(path.startswith(("tests/", ".git/", "bench/")) for path in files)
     context = tmp_path / "context"
     for path in files:
@@ -187,9 +187,9 @@ def test_build_stage_makes_the_wheel_from_the_context_dockerignore_sends(tmp_pat
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-        assert "sentinel = sentinel.cli:main" in archive.read(entry_points).decode()
+        assert "sentinel = sentinel.cli.main:main" in archive.read(entry_points).decode()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
-    assert "sentinel/cli.py" in names and "sentinel/demo/toy_job.py" in names
+    assert "sentinel/cli/main.py" in names and "sentinel/demo/toy_job.py" in names
     assert not any(name.startswith("tests/") for name in names)
     assert re.search(rb"Requires-Dist: py-spy\S*; extra == .evidence.", metadata)
 

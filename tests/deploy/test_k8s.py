@@ -50,8 +50,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel.config import load_settings
-from sentinel.health import HealthServer, Metrics
-from sentinel.health.metrics import GRAD_NORM, LOSS, TOKENS_PER_SEC
+from sentinel.service.http import HealthServer
+from sentinel.service.metrics import GRAD_NORM, LOSS, TOKENS_PER_SEC, Metrics
 from tests.deploy.standin import TRAIN_PY
 from tests.helpers.env import clean_env
 

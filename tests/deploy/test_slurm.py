@@ -93,13 +93,13 @@ SBATCH = textwrap.dedent(
 # stdout (the step sends it to its node's log). It starts once its node's sentinel has
 # its state dir, and resumes after the newest step_<N> it finds. Modes: nan (node 0
 # goes NaN at step 25, then hangs in a collective), xid (node 0's GPU fails at step 15:
-# it publishes the gpu_health verdict a sentinel would, through sentinel.run_verdict),
+# it publishes the gpu_health verdict a sentinel would, through sentinel.store.run_verdict),
 # healthy (runs until the time-limit warning, SIGUSR1, and saves).
 RANK = textwrap.dedent(
     """
     import json, os, signal, sys, time
     from pathlib import Path
-    from sentinel.run_verdict import RunVerdict
+    from sentinel.store.run_verdict import RunVerdict
     mode, node = sys.argv[1], int(os.environ["SLURM_NODEID"])
     run, ckpt = Path(os.environ["RUN_DIR"]), Path(os.environ["CKPT"])
     def saved(signum, frame):

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from sentinel.detectors import BaseDetector
-from sentinel.engine import Engine
-from sentinel.facts import RunFacts
-from sentinel.parsers import LineParser
-from sentinel.records import Alert
+from sentinel.engine.core import Engine
+from sentinel.model.facts import RunFacts
+from sentinel.model.records import Alert
+from sentinel.parsing import LineParser
+from sentinel.rules import BaseDetector
 
 T0 = 1_700_000_000.0
 SOURCE = "train.jsonl"

@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from sentinel.lines import LineSplitter
+from sentinel.parsing.lines import LineSplitter
 
 #: Lines a block must refuse, or read exactly as line by line does.
 ODD_LINES = (

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sentinel.detectors.series import Rolling, judged_mask, longest_run_at_least, rising_steps
+from sentinel.rules.series import Rolling, judged_mask, longest_run_at_least, rising_steps
 from tests.detectors.blockcheck import snapshot
 
 NAN, INF = math.nan, math.inf

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from sentinel.config import Settings
-from sentinel.detectors import DETECTORS, BaseDetector
-from sentinel.engine import build_detectors
+from sentinel.engine.core import build_detectors
+from sentinel.rules import DETECTORS, BaseDetector
 from tests.detectors.blockcheck import run, troubled_jsonl
 
 #: Rules with a block path: each must take most of a troubled log's lines as blocks alone.

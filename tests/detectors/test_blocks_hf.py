@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from sentinel.config import Settings
-from sentinel.detectors import BaseDetector
-from sentinel.detectors.stall import StallConfig, StallDetector
-from sentinel.engine import build_detectors
-from sentinel.records import PROGRESS, Block, Sample
+from sentinel.engine.core import build_detectors
+from sentinel.model.records import PROGRESS, Block, Sample
+from sentinel.rules import BaseDetector
+from sentinel.rules.stall import StallConfig, StallDetector
 from tests.detectors.blockcheck import SOURCE, run, snapshot
 from tests.detectors.hfcheck import troubled_hf
 from tests.detectors.test_blocks import BLOCK_RULES, _only

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from sentinel.detectors import BaseDetector
-from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
-from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
-from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
+from sentinel.rules import BaseDetector
+from sentinel.rules.grad_norm_run import GradNormRunConfig, GradNormRunDetector
+from sentinel.rules.loss_plateau import LossPlateauConfig, LossPlateauDetector
+from sentinel.rules.loss_spike import LossSpikeConfig, LossSpikeDetector
 from tests.detectors.blockcheck import T0, Run, run, troubled_jsonl
 
 NAN = math.nan

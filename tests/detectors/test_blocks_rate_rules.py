@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.detectors.eval_loss_rise import EvalLossRiseDetector
-from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepDetector
-from sentinel.detectors.throughput_drop import ThroughputDropDetector
+from sentinel.rules import BaseDetector, RuleConfig
+from sentinel.rules.eval_loss_rise import EvalLossRiseDetector
+from sentinel.rules.gpu_memory_creep import GpuMemoryCreepDetector
+from sentinel.rules.throughput_drop import ThroughputDropDetector
 from tests.detectors.blockcheck import T0, Run, run
 
 Metric = Callable[[int], float]

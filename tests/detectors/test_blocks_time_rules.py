@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from sentinel.detectors import BaseDetector
-from sentinel.detectors.cost_overrun import CostOverrunConfig, CostOverrunDetector
-from sentinel.detectors.gpu_health import GpuHealthConfig, GpuHealthDetector
-from sentinel.detectors.job_crash import JobCrashConfig, JobCrashDetector
-from sentinel.detectors.stall import StallConfig, StallDetector
-from sentinel.engine import Engine
-from sentinel.facts import RunFacts
-from sentinel.parsers import LineParser
-from sentinel.records import Alert, Sample
-from sentinel.sources import GPU_XID
+from sentinel.engine.core import Engine
+from sentinel.model.facts import RunFacts
+from sentinel.model.machine import GPU_XID
+from sentinel.model.records import Alert, Sample
+from sentinel.parsing import LineParser
+from sentinel.rules import BaseDetector
+from sentinel.rules.cost_overrun import CostOverrunConfig, CostOverrunDetector
+from sentinel.rules.gpu_health import GpuHealthConfig, GpuHealthDetector
+from sentinel.rules.job_crash import JobCrashConfig, JobCrashDetector
+from sentinel.rules.stall import StallConfig, StallDetector
 from tests.detectors.blockcheck import SOURCE, T0, Run, alert_key, run, snapshot
 
 STEP_S = 0.5

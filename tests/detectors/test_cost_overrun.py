@@ -11,12 +11,12 @@ from collections.abc import Callable
 import pydantic
 import pytest
 
-from sentinel.detectors.cost_overrun import CostOverrunConfig, CostOverrunDetector
-from sentinel.engine import Engine
-from sentinel.facts import RunFacts
-from sentinel.parsers import LineParser
-from sentinel.records import Alert, Sample, Severity
-from sentinel.sources import GPU_JOB
+from sentinel.engine.core import Engine
+from sentinel.model.facts import RunFacts
+from sentinel.model.machine import GPU_JOB
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.parsing import LineParser
+from sentinel.rules.cost_overrun import CostOverrunConfig, CostOverrunDetector
 
 T0 = 1_700_000_000.0
 GPUS = 4

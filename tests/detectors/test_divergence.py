@@ -10,8 +10,8 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.divergence import DivergenceConfig, DivergenceDetector
-from sentinel.records import Alert, Sample, Severity
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.divergence import DivergenceConfig, DivergenceDetector
 
 NOW = 1_700_000_000.0
 CRIT, INFO = Severity.CRITICAL, Severity.INFO

@@ -9,8 +9,8 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
-from sentinel.records import Alert, Sample, Severity
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
 
 NOW = 1_700_000_000.0
 EVAL_EVERY = 100

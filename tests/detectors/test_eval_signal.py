@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from sentinel.config import load_settings
-from sentinel.detectors.eval_signal import EvalSignal
-from sentinel.records import Severity
-from sentinel.replay import replay
+from sentinel.engine.replay import replay
+from sentinel.model.records import Severity
+from sentinel.rules.eval_signal import EvalSignal
 
 
 def trainer_log(path: Path, eval_at_550: float) -> Path:

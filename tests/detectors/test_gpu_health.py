@@ -8,11 +8,8 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.gpu_health import GpuHealthConfig, GpuHealthDetector
-from sentinel.engine import Engine
-from sentinel.parsers import LineParser
-from sentinel.records import Alert, Sample, Severity
-from sentinel.sources import (
+from sentinel.engine.core import Engine
+from sentinel.model.machine import (
     GPU_CLOCK_EVENTS,
     GPU_ECC_UNCORRECTED,
     GPU_JOB,
@@ -21,6 +18,9 @@ from sentinel.sources import (
     GPU_UTIL,
     GPU_XID,
 )
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.parsing import LineParser
+from sentinel.rules.gpu_health import GpuHealthConfig, GpuHealthDetector
 
 T0 = 1_700_000_000.0
 GPU0, GPU1 = "gpu:0", "gpu:1"

@@ -8,12 +8,12 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.gpu_idle import GpuIdleConfig, GpuIdleDetector
-from sentinel.engine import Engine
-from sentinel.facts import RunFacts
-from sentinel.parsers import LineParser
-from sentinel.records import Alert, Sample, Severity
-from sentinel.sources import GPU_JOB, GPU_MEM_USED, GPU_UTIL
+from sentinel.engine.core import Engine
+from sentinel.model.facts import RunFacts
+from sentinel.model.machine import GPU_JOB, GPU_MEM_USED, GPU_UTIL
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.parsing import LineParser
+from sentinel.rules.gpu_idle import GpuIdleConfig, GpuIdleDetector
 
 T0 = 1_700_000_000.0
 GPU0, GPU1, GPU2 = "gpu:0", "gpu:1", "gpu:2"

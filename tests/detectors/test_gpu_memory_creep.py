@@ -9,9 +9,9 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
-from sentinel.records import Alert, Sample, Severity
-from sentinel.sources import GPU_JOB, GPU_MEM_TOTAL, GPU_MEM_USED
+from sentinel.model.machine import GPU_JOB, GPU_MEM_TOTAL, GPU_MEM_USED
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
 
 NOW = 1_700_000_000.0
 WARMUP = 10

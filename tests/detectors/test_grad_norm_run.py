@@ -10,8 +10,8 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
-from sentinel.records import Alert, Sample, Severity
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.grad_norm_run import GradNormRunConfig, GradNormRunDetector
 
 NAN = math.nan
 INF = math.inf

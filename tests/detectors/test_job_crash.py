@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from sentinel.detectors.job_crash import JobCrashConfig, JobCrashDetector, classify
-from sentinel.records import Alert, Line, Sample, Severity
+from sentinel.model.records import Alert, Line, Sample, Severity
+from sentinel.rules.job_crash import JobCrashConfig, JobCrashDetector, classify
 
 NOW = 1_700_000_000.0
 

@@ -10,8 +10,8 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector, window_level
-from sentinel.records import Alert, Sample, Severity
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.loss_plateau import LossPlateauConfig, LossPlateauDetector, window_level
 
 NAN = math.nan
 NOW = 1_700_000_000.0

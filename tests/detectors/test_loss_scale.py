@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.detectors.loss_scale import LossScaleConfig, LossScaleDetector
-from sentinel.records import Alert, Sample, Severity
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.loss_scale import LossScaleConfig, LossScaleDetector
 
 NOW = 1_700_000_000.0
 #: As DeepSpeed (stage_1_and_2.py), fairseq (trainer.py) and apex print them.

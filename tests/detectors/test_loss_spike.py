@@ -9,8 +9,8 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
-from sentinel.records import Alert, Sample, Severity
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.loss_spike import LossSpikeConfig, LossSpikeDetector
 
 NAN = math.nan
 NOW = 1_700_000_000.0

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from sentinel.detectors.nan_inf import NanInfConfig, NanInfDetector
-from sentinel.records import Alert, Sample, Severity
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.nan_inf import NanInfConfig, NanInfDetector
 
 NAN = math.nan
 INF = math.inf

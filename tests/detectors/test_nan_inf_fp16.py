@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 from sentinel.config import Settings
-from sentinel.records import Severity
-from sentinel.replay import replay
+from sentinel.engine.replay import replay
+from sentinel.model.records import Severity
 
 FP16 = Path(__file__).resolve().parent.parent / "fixtures" / "fp16"
 

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
-from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
-from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
-from sentinel.detectors.job_crash import JobCrashConfig, JobCrashDetector
-from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
-from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
-from sentinel.detectors.stall import StallConfig, StallDetector
-from sentinel.detectors.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
-from sentinel.records import PROGRESS, Alert, Line, Sample
+from sentinel.model.records import PROGRESS, Alert, Line, Sample
+from sentinel.rules import BaseDetector, RuleConfig
+from sentinel.rules.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
+from sentinel.rules.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
+from sentinel.rules.grad_norm_run import GradNormRunConfig, GradNormRunDetector
+from sentinel.rules.job_crash import JobCrashConfig, JobCrashDetector
+from sentinel.rules.loss_plateau import LossPlateauConfig, LossPlateauDetector
+from sentinel.rules.loss_spike import LossSpikeConfig, LossSpikeDetector
+from sentinel.rules.stall import StallConfig, StallDetector
+from sentinel.rules.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
 
 T0 = 1_700_000_000.0
 SOURCE = "train.log"

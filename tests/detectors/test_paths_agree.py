@@ -21,17 +21,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sentinel.detectors.base import BaseDetector, RuleConfig
-from sentinel.detectors.cost_overrun import CostOverrunConfig, CostOverrunDetector
-from sentinel.detectors.divergence import DivergenceConfig, DivergenceDetector
-from sentinel.detectors.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
-from sentinel.detectors.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
-from sentinel.detectors.grad_norm_run import GradNormRunConfig, GradNormRunDetector
-from sentinel.detectors.loss_plateau import LossPlateauConfig, LossPlateauDetector
-from sentinel.detectors.loss_spike import LossSpikeConfig, LossSpikeDetector
-from sentinel.detectors.stall import StallConfig, StallDetector
-from sentinel.detectors.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
-from sentinel.facts import RunFacts
+from sentinel.model.facts import RunFacts
+from sentinel.rules.base import BaseDetector, RuleConfig
+from sentinel.rules.cost_overrun import CostOverrunConfig, CostOverrunDetector
+from sentinel.rules.divergence import DivergenceConfig, DivergenceDetector
+from sentinel.rules.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
+from sentinel.rules.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreepDetector
+from sentinel.rules.grad_norm_run import GradNormRunConfig, GradNormRunDetector
+from sentinel.rules.loss_plateau import LossPlateauConfig, LossPlateauDetector
+from sentinel.rules.loss_spike import LossSpikeConfig, LossSpikeDetector
+from sentinel.rules.stall import StallConfig, StallDetector
+from sentinel.rules.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
 from tests.detectors.blockcheck import T0, run
 
 #: Deterministic in CI: the same examples every run, none saved between runs.

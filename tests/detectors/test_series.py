@@ -9,7 +9,8 @@ import statistics
 
 import pytest
 
-from sentinel.detectors.series import (
+from sentinel.model.records import Sample
+from sentinel.rules.series import (
     LazyRolling,
     Rolling,
     Warmup,
@@ -18,7 +19,6 @@ from sentinel.detectors.series import (
     majority_in_every_window,
     never_above,
 )
-from sentinel.records import Sample
 from tests.detectors.blockcheck import snapshot
 
 NAN, INF = math.nan, math.inf

@@ -8,10 +8,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.stall import StallConfig, StallDetector
-from sentinel.detectors.stall_ends import starts_a_run
-from sentinel.records import Alert, Line, Sample, Severity
-from sentinel.sources import (
+from sentinel.model.machine import (
     GPU_JOB,
     GPU_POWER,
     GPU_POWER_LIMIT,
@@ -22,6 +19,9 @@ from sentinel.sources import (
     SYSTEM_METRICS,
     gpu_source,
 )
+from sentinel.model.records import Alert, Line, Sample, Severity
+from sentinel.rules.stall import StallConfig, StallDetector
+from sentinel.rules.stall_ends import starts_a_run
 
 T0 = 1_700_000_000.0
 SOFT = 600.0

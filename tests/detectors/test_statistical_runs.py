@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from sentinel.config import load_settings
-from sentinel.records import Alert, Severity
-from sentinel.replay import replay
+from sentinel.engine.replay import replay
+from sentinel.model.records import Alert, Severity
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "divergence"
 

@@ -10,8 +10,8 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.detectors.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
-from sentinel.records import Alert, Sample, Severity
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
 
 NOW = 1_700_000_000.0
 T0 = 1_700_000_000.0

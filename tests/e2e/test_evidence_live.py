@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.actions import chart
+from sentinel.evidence import chart
 
 pytestmark = pytest.mark.slow
 

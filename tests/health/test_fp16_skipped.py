@@ -7,11 +7,11 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from sentinel.detectors.loss_scale import LossScaleConfig, LossScaleDetector
-from sentinel.detectors.nan_inf import NanInfConfig, NanInfDetector
-from sentinel.detectors.skipped import skipped_steps
-from sentinel.health import Metrics
-from sentinel.records import Sample
+from sentinel.model.records import Sample
+from sentinel.rules.loss_scale import LossScaleConfig, LossScaleDetector
+from sentinel.rules.nan_inf import NanInfConfig, NanInfDetector
+from sentinel.rules.skipped import skipped_steps
+from sentinel.service.metrics import Metrics
 
 NOW = 1_700_000_000.0
 

@@ -16,7 +16,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel import __version__
-from sentinel.health import HealthServer, Metrics, parse_http_address, state_dir_usable
+from sentinel.service.http import HealthServer, parse_http_address, state_dir_usable
+from sentinel.service.metrics import Metrics
 
 TICK_S = 1.0
 LIVE_WITHIN_S = 3 * TICK_S + 5.0
@@ -187,7 +188,7 @@ def test_a_new_attempt_counts_its_steps_from_the_start(metrics: Metrics) -> None
 
 
 def test_nonfinite_metric_names_are_capped(metrics: Metrics) -> None:
-    from sentinel.health.metrics import MAX_METRIC_LABELS
+    from sentinel.service.metrics import MAX_METRIC_LABELS
 
     for index in range(MAX_METRIC_LABELS + 5):
         metrics.sample(f"m{index}", math.nan)

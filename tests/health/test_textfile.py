@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sentinel.health import Metrics
+from sentinel.service.metrics import Metrics
 
 
 def test_write_textfile_is_whole_and_parses(tmp_path: Path) -> None:
@@ -31,7 +31,7 @@ def test_write_textfile_failure_is_logged_once(
 ) -> None:
     metrics = Metrics()
     path = tmp_path / "missing" / "sentinel.prom"
-    with caplog.at_level(logging.INFO, logger="sentinel.health.metrics"):
+    with caplog.at_level(logging.INFO, logger="sentinel.service.metrics"):
         assert not metrics.write_textfile(str(path))
         assert not metrics.write_textfile(str(path))
         path.parent.mkdir()

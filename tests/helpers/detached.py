@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from sentinel.sources.identity import ProcessIdentity
+from sentinel.process.identity import ProcessIdentity
 
 DEADLINE_S = 10.0
 

@@ -6,7 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from sentinel.actions.keep import Keeper
+from sentinel.checkpoints.keep import Keeper
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "keep"
 STEPS = (20, 40, 60)

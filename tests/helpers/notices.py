@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sentinel.actions.notices import Envelope, JobInfo, Notice, NoticeKind, incident_notice
-from sentinel.diagnosis import diagnose
-from sentinel.incidents import IncidentEvent, IncidentTracker
-from sentinel.records import Alert, Sample, Severity
+from sentinel.evidence.diagnosis import diagnose
+from sentinel.model.incidents import IncidentEvent, IncidentTracker
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.notify.notices import Envelope, JobInfo, Notice, NoticeKind, incident_notice
 
 #: 2023-11-14 22:13:20 UTC.
 T0 = 1_700_000_000.0

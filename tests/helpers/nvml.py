@@ -1,6 +1,6 @@
 """A fake ``pynvml`` module: scriptable GPUs for tests and benchmarks on machines without one.
 
-An instance of ``FakeNvml`` answers every call the GPU source makes (``sentinel.sources.gpu``)
+An instance of ``FakeNvml`` answers every call the GPU source makes (``sentinel.gpu.monitor``)
 with pynvml's own names, signatures, return types and units, and raises pynvml's REAL error
 classes where the real library raises them, so the code under test takes its real paths::
 
@@ -541,7 +541,7 @@ def _check_function(function_name: str) -> None:
 
 
 if TYPE_CHECKING:
-    from sentinel.sources.nvml import GpuProbe
+    from sentinel.gpu.nvml import GpuProbe
 
     _satisfies_probe: GpuProbe = FakeNvml()
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sentinel.parsers import fields
+from sentinel.parsing import fields
 
 # Without orjson (the optional ``fast`` extra) the tests run with the stdlib alone;
 # test_json_libraries.py then says, once, that orjson was skipped.

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from sentinel.parsers import LineParser
-from sentinel.parsers.columns import Columns, parse_block, parse_runs
-from sentinel.records import Sample
+from sentinel.model.records import Sample
+from sentinel.parsing import LineParser
+from sentinel.parsing.columns import Columns, parse_block, parse_runs
 
 T0 = 1_700_000_000.0
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sentinel.engine import Engine
-from sentinel.parsers import LineParser
-from sentinel.parsers.files import MetricsFile, classify, replay_plan
-from sentinel.parsers.lightning_csv import LightningCsvReader
-from sentinel.parsers.mlflow import MlflowMetricReader
+from sentinel.engine.core import Engine
+from sentinel.parsing import LineParser
+from sentinel.parsing.files import MetricsFile, classify, replay_plan
+from sentinel.parsing.lightning_csv import LightningCsvReader
+from sentinel.parsing.mlflow import MlflowMetricReader
 
 MS0 = 1_700_000_000_000
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.parsers import LineParser
-from sentinel.records import Sample
+from sentinel.model.records import Sample
+from sentinel.parsing import LineParser
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from tqdm import tqdm
 
-from sentinel.lines import LineSplitter
-from sentinel.parsers import LineParser
-from sentinel.parsers.hf_blocks import BAR, BLANK, DICT, HfPiece, read_hf
-from sentinel.records import PROGRESS, Sample
+from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing import LineParser
+from sentinel.parsing.hf_blocks import BAR, BLANK, DICT, HfPiece, read_hf
+from sentinel.parsing.lines import LineSplitter
 
 Printed = tuple[str, tuple[str, ...]]  # a printed dict line and its keys
 Reading = Callable[[list[Sample], bool], bool]  # line by line's samples, and garbled or not

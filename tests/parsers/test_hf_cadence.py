@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from sentinel.engine import Engine
-from sentinel.parsers import LineParser
+from sentinel.engine.core import Engine
+from sentinel.parsing import LineParser
 
 STATE = json.dumps({"log_history": [{"step": 100, "epoch": 1.0, "loss": 2.0}]})
 

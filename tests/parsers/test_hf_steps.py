@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.parsers import LineParser
-from sentinel.parsers.hf_steps import HfSteps
+from sentinel.parsing import LineParser
+from sentinel.parsing.hf_steps import HfSteps
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "hf_steps"
 CAPTURES = ["tqdm.log", "tqdm.unbuffered.log", "notqdm.log", "notqdm.unbuffered.log"]
@@ -172,7 +172,7 @@ def test_rounded_epoch_picks_the_step_nearest_the_bar(
 
 def test_no_step_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
     parser = LineParser()
-    with caplog.at_level(logging.WARNING, logger="sentinel.parsers.line_parser"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.parsing.line_parser"):
         for _ in range(3):
             assert [s.step for s in parser.parse("loss=1.5 acc=0.5")] == [None, None]
     assert len([r for r in caplog.records if "names no step" in r.getMessage()]) == 1
@@ -180,7 +180,7 @@ def test_no_step_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_no_notice_once_a_step_was_seen(caplog: pytest.LogCaptureFixture) -> None:
     parser = LineParser()
-    with caplog.at_level(logging.WARNING, logger="sentinel.parsers.line_parser"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.parsing.line_parser"):
         parser.parse("step 3 loss 1.5")
         parser.parse("loss=1.5")
     assert not [r for r in caplog.records if "names no step" in r.getMessage()]

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from sentinel.parsers import Garbled, hf_trainer
-from sentinel.parsers.hf_trainer import parse_hf_dict, read_trainer_state, trainer_state_info
-from sentinel.records import PROGRESS, Sample
+from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing import Garbled, hf_trainer
+from sentinel.parsing.hf_trainer import parse_hf_dict, read_trainer_state, trainer_state_info
 
 # Each test runs with the stdlib and with orjson (tests/parsers/conftest.py).
 pytestmark = pytest.mark.usefixtures("json_library")

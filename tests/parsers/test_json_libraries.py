@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from sentinel.parsers import Garbled, LineParser, as_step, fields, jsonl
-from sentinel.parsers.hf_trainer import parse_hf_dict
-from sentinel.records import Sample
+from sentinel.model.records import Sample
+from sentinel.parsing import Garbled, LineParser, as_step, fields, jsonl
+from sentinel.parsing.hf_trainer import parse_hf_dict
 
 LINES = [
     '{"step": 1, "loss": 2.5, "grad_norm": 0.9, "lr": 3e-4, "time": 1714564801.5}',

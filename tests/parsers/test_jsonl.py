@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from sentinel.parsers import Garbled
-from sentinel.parsers.jsonl import parse_jsonl, samples_from_mapping
-from sentinel.records import PROGRESS, Sample
+from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing import Garbled
+from sentinel.parsing.jsonl import parse_jsonl, samples_from_mapping
 
 # Each test runs with the stdlib and with orjson (tests/parsers/conftest.py).
 pytestmark = pytest.mark.usefixtures("json_library")

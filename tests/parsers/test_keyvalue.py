@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from sentinel.parsers.keyvalue import parse_keyvalue
-from sentinel.records import Sample
+from sentinel.model.records import Sample
+from sentinel.parsing.keyvalue import parse_keyvalue
 
 NAN = math.nan
 INF = math.inf

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.engine import Engine
-from sentinel.parsers import Garbled, LineParser
-from sentinel.parsers.files import file_format, iter_replay, reader_for
-from sentinel.parsers.lightning_csv import LightningCsvReader, column_metric, is_header, split_row
-from sentinel.records import PROGRESS, Alert, Line, Sample
+from sentinel.engine.core import Engine
+from sentinel.model.records import PROGRESS, Alert, Line, Sample
+from sentinel.parsing import Garbled, LineParser
+from sentinel.parsing.files import file_format, iter_replay, reader_for
+from sentinel.parsing.lightning_csv import LightningCsvReader, column_metric, is_header, split_row
+from sentinel.rules import BaseDetector, RuleConfig
 
 Row = tuple[str, object, int | None, float | None]
 

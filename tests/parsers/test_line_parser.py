@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from sentinel.parsers import PARSERS, LineParser, ParseStats
-from sentinel.records import PROGRESS, Sample
+from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing import PARSERS, LineParser, ParseStats
 
 # Each test runs with the stdlib and with orjson (tests/parsers/conftest.py).
 pytestmark = pytest.mark.usefixtures("json_library")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.engine import Engine
-from sentinel.parsers import Garbled, LineParser
-from sentinel.parsers.files import file_format, iter_replay, reader_for
-from sentinel.parsers.mlflow import MlflowMetricReader, metric_key, parse_metric_line
-from sentinel.records import Alert, Line, Sample
+from sentinel.engine.core import Engine
+from sentinel.model.records import Alert, Line, Sample
+from sentinel.parsing import Garbled, LineParser
+from sentinel.parsing.files import file_format, iter_replay, reader_for
+from sentinel.parsing.mlflow import MlflowMetricReader, metric_key, parse_metric_line
+from sentinel.rules import BaseDetector, RuleConfig
 
 MS0 = 1_700_000_000_000
 

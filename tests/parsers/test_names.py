@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.parsers import ALIASES, normalise_name
+from sentinel.parsing import ALIASES, normalise_name
 
 CASES = {
     "loss": ["loss", "Loss", "train_loss", "train/loss", "training_loss", "loss/train"],

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.parsers.regex import compile_regexes, make_regex_parser
-from sentinel.records import PROGRESS, Sample
+from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing.regex import compile_regexes, make_regex_parser
 
 
 @pytest.mark.parametrize(

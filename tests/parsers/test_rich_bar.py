@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.lines import LineSplitter
-from sentinel.parsers.keyvalue import parse_keyvalue
-from sentinel.parsers.rich_bar import parse_rich_bar, strip_escapes
-from sentinel.records import PROGRESS, Sample
+from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing.keyvalue import parse_keyvalue
+from sentinel.parsing.lines import LineSplitter
+from sentinel.parsing.rich_bar import parse_rich_bar, strip_escapes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lightning_bars"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())

@@ -20,19 +20,19 @@ import pytest
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.engine import Engine
-from sentinel.metric_files import splitting
-from sentinel.parsers import Garbled, LineParser
-from sentinel.parsers import tensorboard as tb
-from sentinel.parsers.files import (
+from sentinel.engine.core import Engine
+from sentinel.model.records import Alert, Line, Sample
+from sentinel.parsing import Garbled, LineParser
+from sentinel.parsing import tensorboard as tb
+from sentinel.parsing.files import (
     INSTALL_HINT,
     MissingExtra,
     iter_replay,
     reader_for,
     require_extras,
 )
-from sentinel.records import Alert, Line, Sample
+from sentinel.rules import BaseDetector, RuleConfig
+from sentinel.supervisor.metric_files import splitting
 
 T0 = 1_700_000_000.5
 Span = tuple[int, int]
@@ -343,8 +343,8 @@ def test_without_tensorboard_a_followed_event_file_is_held_unread(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = str(tmp_path / "events.out.tfevents.9.host")
-    with caplog.at_level(logging.ERROR, logger="sentinel.parsers.files"):
-        # What a follower of the path does (sentinel.metric_files.splitting, at 1 MiB lines).
+    with caplog.at_level(logging.ERROR, logger="sentinel.parsing.files"):
+        # What a follower of the path does (metric_files.splitting, at 1 MiB lines).
         splitter = splitting(path)(1 << 20)
         splitting(path)(1 << 20)  # the follower makes a new one after a truncation: no new error
     assert [record.getMessage() for record in caplog.records] == [

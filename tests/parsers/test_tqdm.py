@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.parsers.tqdm import parse_tqdm
-from sentinel.records import PROGRESS, Sample
+from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing.tqdm import parse_tqdm
 
 
 @pytest.mark.parametrize(

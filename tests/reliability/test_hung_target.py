@@ -22,11 +22,11 @@ from types import TracebackType
 
 import pytest
 
-from sentinel.actions.notices import JobInfo, Notice, NoticeKind
-from sentinel.actions.notify import Notifier, Outbox
-from sentinel.actions.outbox import Batching
-from sentinel.records import Severity
-from sentinel.state import StateStore
+from sentinel.model.records import Severity
+from sentinel.notify.notices import JobInfo, Notice, NoticeKind
+from sentinel.notify.notifier import Notifier, Outbox
+from sentinel.notify.outbox import Batching
+from sentinel.store.state import StateStore
 from tests.helpers.env import clean_env
 from tests.helpers.webhook import ReceivedRequest, WebhookReceiver
 

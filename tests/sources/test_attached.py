@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sentinel.sources.attached import AttachedJob
-from sentinel.sources.identity import ProcessIdentity
-from sentinel.sources.pidfd import pidfds_work
+from sentinel.process.attached import AttachedJob
+from sentinel.process.identity import ProcessIdentity
+from sentinel.process.pidfd import pidfds_work
 from tests.helpers.detached import (
     launch_detached,
     reaped,

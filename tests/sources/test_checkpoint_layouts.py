@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.sources.checkpoints import CheckpointStatus, scan
+from sentinel.checkpoints.scan import CheckpointStatus, scan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints"
 TORCH_FILE = FIXTURES / "plain" / "model_step40.pt"  # any small file torch.save wrote

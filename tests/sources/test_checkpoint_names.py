@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.sources.checkpoint_names import NamePosition, is_in_progress, position_of
+from sentinel.checkpoints.names import NamePosition, is_in_progress, position_of
 
 STEP = {
     "hf": ("checkpoint-500", 500),

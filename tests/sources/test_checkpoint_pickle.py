@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.sources.checkpoint_files import read_content
-from sentinel.sources.checkpoints import CheckpointStatus, scan
-from sentinel.sources.torch_pickle import (
+from sentinel.checkpoints.files import read_content
+from sentinel.checkpoints.scan import CheckpointStatus, scan
+from sentinel.checkpoints.torch_pickle import (
     Global,
     Instance,
     PickleWalkError,

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from sentinel.config import Settings
-from sentinel.metric_files import is_metric_file, unreadable
-from sentinel.sources import discover
-from sentinel.sources.discover import MetricFileFinder
-from sentinel.sources.tailer import LogTailer
-from sentinel.state import StateStore
-from sentinel.workers import Workers, discovery
+from sentinel.follow import discover
+from sentinel.follow.discover import MetricFileFinder
+from sentinel.follow.tailer import LogTailer
+from sentinel.store.state import StateStore
+from sentinel.supervisor.metric_files import is_metric_file, unreadable
+from sentinel.supervisor.workers import Workers, discovery
 
 WAIT_S = 10.0
 
@@ -44,7 +44,8 @@ class Found:
 
 
 def _finder(root: Path, found: Found, **options: Any) -> MetricFileFinder:
-    """A finder that knows metric files as sentinel's own does (``sentinel.metric_files``)."""
+    """A finder that knows metric files as sentinel's own does
+    (``sentinel.supervisor.metric_files``)."""
     return MetricFileFinder(
         root, found, is_metric_file=is_metric_file, unreadable=unreadable, **options
     )
@@ -188,7 +189,7 @@ def test_a_metric_file_that_cannot_be_read_here_is_not_reported_and_said_once(
     for run in ("a", "b"):
         _write(tmp_path / "runs" / run / "events.out.tfevents.1.host", "")
     csv = _write(tmp_path / "lightning_logs" / "version_0" / "metrics.csv")
-    with caplog.at_level(logging.WARNING, logger="sentinel.sources.discover"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.follow.discover"):
         assert finder.look() == [str(csv)]
         assert finder.look() == []
     said = [r.getMessage() for r in caplog.records if "needs an extra" in r.getMessage()]

@@ -13,14 +13,8 @@ from typing import Any
 
 import pytest
 
-from sentinel.sources.gathering import (
-    URGENT_BURST,
-    URGENT_PER_S,
-    Gathering,
-    may_be_urgent,
-    pump,
-)
-from sentinel.sources.tailer import LogTailer
+from sentinel.follow.gathering import URGENT_BURST, URGENT_PER_S, Gathering, may_be_urgent, pump
+from sentinel.follow.tailer import LogTailer
 
 HOUR_S = 3600.0
 DEADLINE_S = 10.0

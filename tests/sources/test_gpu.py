@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 import pynvml
 import pytest
 
-from sentinel.records import Sample
-from sentinel.sources import (
+from sentinel.gpu.monitor import GpuMonitor
+from sentinel.gpu.reading import REPEAT_LOG_S, Attribution
+from sentinel.model.machine import (
     CLOCK_EVENTS_THERMAL,
     GPU_CLOCK_EVENTS,
     GPU_ECC_CORRECTED,
@@ -31,12 +32,11 @@ from sentinel.sources import (
     GPU_XID,
     gpu_source,
 )
-from sentinel.sources.gpu import GpuMonitor
-from sentinel.sources.gpu.reading import REPEAT_LOG_S, Attribution
+from sentinel.model.records import Sample
 from tests.helpers.nvml import FakeNvml, real_nvml_or_skip
 
 NOW = 1_700_000_000.0
-LOGGER = "sentinel.sources.gpu"
+LOGGER = "sentinel.gpu.monitor"
 
 DEADLINE_S = 10.0
 

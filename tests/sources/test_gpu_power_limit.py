@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
-from sentinel.sources import GPU_POWER_LIMIT
-from sentinel.sources.gpu import GpuMonitor
-from sentinel.sources.gpu.reading import POWER_LIMIT_REREAD_S
+from sentinel.gpu.monitor import GpuMonitor
+from sentinel.gpu.reading import POWER_LIMIT_REREAD_S
+from sentinel.model.machine import GPU_POWER_LIMIT
 from tests.helpers.nvml import FakeNvml
 
 NOW = 1_700_000_000.0

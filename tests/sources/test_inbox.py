@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from sentinel.sources.inbox import Inbox
+from sentinel.supervisor.inbox import Inbox
 
 DEADLINE_S = 10.0
 #: How long a take waits in the cases where it must wait the time out.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.sources.inotify import FileWatches
+from sentinel.follow.inotify import FileWatches
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linux's")
 

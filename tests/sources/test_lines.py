@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.lines import LineSplitter
+from sentinel.parsing.lines import LineSplitter
 
 
 def split_all(chunks: list[bytes], max_line_bytes: int = 1 << 20) -> tuple[list[str], int]:

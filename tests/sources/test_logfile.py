@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.sources.logfile import FileFollower
-from sentinel.state import FileOffset, StateStore
+from sentinel.follow.logfile import FileFollower
+from sentinel.store.state import FileOffset, StateStore
 
 MAX_LINE = 1 << 20
 

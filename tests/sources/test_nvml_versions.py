@@ -14,9 +14,9 @@ from collections.abc import Callable
 import pynvml
 import pytest
 
-from sentinel.records import Sample
-from sentinel.sources import GPU_CLOCK_EVENTS, GPU_TEMP
-from sentinel.sources.gpu import GpuMonitor
+from sentinel.gpu.monitor import GpuMonitor
+from sentinel.model.machine import GPU_CLOCK_EVENTS, GPU_TEMP
+from sentinel.model.records import Sample
 from tests.helpers.nvml import FakeNvml
 
 NOW = 1_700_000_000.0
@@ -81,7 +81,7 @@ def test_a_driver_without_the_new_call_is_asked_for_it_once() -> None:
 def test_without_either_call_clock_events_are_dropped_and_the_rest_read(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="sentinel.sources")
+    caplog.set_level(logging.INFO, logger="sentinel.model.machine")
     fake = FakeNvml(lacks=[NEW, OLD])
     gpus = opened(fake)
     try:

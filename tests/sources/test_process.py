@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from sentinel.lines import MAX_BATCH_S
-from sentinel.sources.process import PIPE_BYTES, JobProcess
+from sentinel.parsing.lines import MAX_BATCH_S
+from sentinel.process.launched import PIPE_BYTES, JobProcess
 
 DEADLINE_S = 10.0
 

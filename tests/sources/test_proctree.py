@@ -17,11 +17,8 @@ from contextlib import contextmanager
 import psutil
 import pytest
 
-from sentinel.detectors.stall import StallConfig, StallDetector
-from sentinel.engine import Engine
-from sentinel.parsers import LineParser
-from sentinel.records import Alert, Line, Sample, Severity
-from sentinel.sources import (
+from sentinel.engine.core import Engine
+from sentinel.model.machine import (
     PROC_COUNT,
     PROC_CPU,
     PROC_D_STATE,
@@ -29,8 +26,11 @@ from sentinel.sources import (
     PROC_ZOMBIES,
     PROCESS_SOURCE,
 )
-from sentinel.sources.identity import ProcessIdentity
-from sentinel.sources.proctree import PROC_CHILDREN, ProcessMonitor, descendant_pids
+from sentinel.model.records import Alert, Line, Sample, Severity
+from sentinel.parsing import LineParser
+from sentinel.process.identity import ProcessIdentity
+from sentinel.process.proctree import PROC_CHILDREN, ProcessMonitor, descendant_pids
+from sentinel.rules.stall import StallConfig, StallDetector
 
 DEADLINE_S = 10.0
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.sources.adopted import AdoptedJob
-from sentinel.sources.identity import ProcessIdentity
-from sentinel.sources.process import JobProcess
-from sentinel.sources.relay_copies import DETACHED, EXIT
-from sentinel.sources.relayed import JobRecord, RelayedStart
+from sentinel.process.adopted import AdoptedJob
+from sentinel.process.identity import ProcessIdentity
+from sentinel.process.launched import JobProcess
+from sentinel.process.relay_copies import DETACHED, EXIT
+from sentinel.process.relayed import JobRecord, RelayedStart
 
 #: The job's environment: no PYTHONUNBUFFERED, so Python buffers as a terminal makes it.
 ENV = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}

@@ -1,7 +1,7 @@
 """Structured metric files followed live: real files written the way their frameworks write them.
 
 A ``FileFollower`` reads them (through the splitter its path's format gets,
-``sentinel.metric_files.splitting``)
+``sentinel.supervisor.metric_files.splitting``)
 and an ``Engine`` turns the lines into samples; every case asserts each
 logged value arrives exactly once, whatever the writer did to the file.
 """
@@ -20,14 +20,14 @@ import pytest
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from sentinel.detectors import BaseDetector, RuleConfig
-from sentinel.engine import Engine
-from sentinel.metric_files import splitting
-from sentinel.parsers import LineParser
-from sentinel.records import Alert, Line, Sample
-from sentinel.sources.logfile import FileFollower
-from sentinel.sources.tailer import LogTailer
-from sentinel.state import StateStore
+from sentinel.engine.core import Engine
+from sentinel.follow.logfile import FileFollower
+from sentinel.follow.tailer import LogTailer
+from sentinel.model.records import Alert, Line, Sample
+from sentinel.parsing import LineParser
+from sentinel.rules import BaseDetector, RuleConfig
+from sentinel.store.state import StateStore
+from sentinel.supervisor.metric_files import splitting
 
 T0 = 1_700_000_000.0
 

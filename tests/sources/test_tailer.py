@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.lines import MAX_BATCH_S
-from sentinel.sources.tailer import LogTailer
-from sentinel.state import StateStore
+from sentinel.follow.tailer import LogTailer
+from sentinel.parsing.lines import MAX_BATCH_S
+from sentinel.store.state import StateStore
 
 
 class Collector:
@@ -231,7 +231,7 @@ class _BrokenObserver:
 def test_tailer_falls_back_to_polling_when_events_are_unavailable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("sentinel.sources.tail_wakeups.Observer", _BrokenObserver)
+    monkeypatch.setattr("sentinel.follow.tail_wakeups.Observer", _BrokenObserver)
     log = tmp_path / "app.log"
     collector = Collector()
     tailer = LogTailer([str(log)], collector, poll_interval_s=0.02)
@@ -249,7 +249,7 @@ def test_tailer_falls_back_to_polling_when_events_are_unavailable(
 def test_tailer_drops_a_globbed_file_that_is_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("sentinel.sources.tailer.VANISHED_GRACE_S", 0.0)
+    monkeypatch.setattr("sentinel.follow.tailer.VANISHED_GRACE_S", 0.0)
     logs = tmp_path / "logs"
     logs.mkdir()
     a_log, b_log = logs / "a.log", logs / "b.log"

@@ -20,10 +20,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sentinel.sources.attached import AttachedJob
-from sentinel.sources.identity import ProcessIdentity
-from sentinel.sources.systemd_unit import SystemctlError, UnitState, cgroup_pids, parse_show
-from sentinel.sources.target import (
+from sentinel.process.attached import AttachedJob
+from sentinel.process.identity import ProcessIdentity
+from sentinel.process.systemd_unit import SystemctlError, UnitState, cgroup_pids, parse_show
+from sentinel.process.target import (
     MatchTarget,
     PidfileTarget,
     PidTarget,
@@ -192,7 +192,7 @@ def test_match_never_resolves_to_sentinel_itself(folder: Path) -> None:
 
 SENTINEL_STAND_IN = """
 import sys
-from sentinel.sources.target import MatchTarget
+from sentinel.process.target import MatchTarget
 print("ready", flush=True)
 sys.stdin.readline()
 found = MatchTarget(sys.argv[1]).find()
@@ -535,7 +535,7 @@ def test_wait_for_returns_once_the_target_appears_and_says_once_that_it_waits(
     writer = threading.Timer(0.3, write_pidfile, (pidfile, sleeper.pid))
     writer.start()
 
-    with caplog.at_level(logging.INFO, logger="sentinel.sources.target"):
+    with caplog.at_level(logging.INFO, logger="sentinel.process.target"):
         found = wait_for(PidfileTarget(pidfile), stop=threading.Event(), interval_s=0.05)
 
     writer.join()

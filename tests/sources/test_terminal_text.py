@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.sources.terminal_text import TerminalLines, strip_escapes
+from sentinel.follow.terminal_text import TerminalLines, strip_escapes
 
 
 @pytest.mark.parametrize(

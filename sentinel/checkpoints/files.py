@@ -1,0 +1,187 @@
+"""One weights file: does it parse, has its write finished, and what step does it hold.
+
+Only headers, zip central directories and the small ``data.pkl`` inside a torch
+archive are read, never a whole weights file: checkpoints are gigabytes and the
+scan runs while the job writes.
+
+A write has finished when the format's own end is in place, so one look is
+enough and no timing is involved. ``torch.save`` writes a zip whose
+end-of-central-directory record comes last, after every member: an archive that
+opens, with every member inside the file, was written to the end. A safetensors
+file is complete when it is exactly as long as its header says. A legacy
+(pre-1.6) pickle stream has no such end and is taken as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sentinel.checkpoints.names import SAFETENSORS_SUFFIX, checkpoint_suffix
+from sentinel.checkpoints.torch_pickle import (
+    EPOCH_KEYS,
+    STEP_KEYS,
+    PickleWalkError,
+    int_under,
+    top_level,
+    torch_object,
+)
+
+# safetensors itself refuses headers above 100 MB; anything larger is garbage.
+MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
+LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
+
+_PICKLE_PROTOCOL_PREFIXES = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+
+@dataclass(frozen=True)
+class Content:
+    """What a weights file says about itself, read without executing it."""
+
+    step: int | None = None
+    epoch: int | None = None
+    where: str = ""  # e.g. "global_step in data.pkl"
+    keys: frozenset[str] = frozenset()  # the top-level keys of a torch file's object
+
+
+def check_weights(path: Path) -> str:
+    """Return what is wrong with one weights file, or "" when it parses.
+
+    ``OSError`` (permission, I/O) propagates: the caller cannot tell, which is not corrupt.
+    """
+    size = path.stat().st_size
+    if size == 0:
+        return "empty file"
+    suffix = checkpoint_suffix(path.name)
+    if suffix == SAFETENSORS_SUFFIX:
+        return _check_safetensors(path, size)
+    if suffix:
+        return _check_torch(path, size)
+    return ""
+
+
+def read_content(path: Path) -> Content:
+    """Return the step, epoch and top-level keys a weights file holds, as far as readable."""
+    if checkpoint_suffix(path.name) == SAFETENSORS_SUFFIX:
+        return _safetensors_content(path)
+    try:
+        mapping = top_level(torch_object(path))
+    except PickleWalkError:
+        return Content()
+    step = int_under(mapping, STEP_KEYS)
+    epoch = int_under(mapping, EPOCH_KEYS)
+    found = step or epoch
+    return Content(
+        step=step[1] if step else None,
+        epoch=epoch[1] if epoch else None,
+        where=f"{found[0]} in its pickle" if found else "",
+        keys=frozenset(mapping),
+    )
+
+
+def lightning_problem(content: Content) -> str:
+    """Return what a Lightning checkpoint lacks, or "" (also for any other file)."""
+    if LIGHTNING_VERSION_KEY not in content.keys:
+        return ""
+    missing = [key for key in ("state_dict", "global_step", "epoch") if key not in content.keys]
+    return f"Lightning checkpoint without {', '.join(missing)}" if missing else ""
+
+
+def _safetensors_content(path: Path) -> Content:
+    metadata = _safetensors_header(path).get("__metadata__")
+    if not isinstance(metadata, dict):
+        return Content()
+    step = _int_text(metadata, STEP_KEYS)
+    epoch = _int_text(metadata, EPOCH_KEYS)
+    found = step or epoch
+    return Content(
+        step=step[1] if step else None,
+        epoch=epoch[1] if epoch else None,
+        where=f"{found[0]} in its __metadata__" if found else "",
+    )
+
+
+def _int_text(metadata: dict[str, object], keys: tuple[str, ...]) -> tuple[str, int] | None:
+    for key in keys:
+        value = metadata.get(key)
+        if isinstance(value, str) and value.strip().isdigit():
+            return key, int(value)
+    return None
+
+
+def _safetensors_header(path: Path) -> dict[str, object]:
+    with path.open("rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            return {}
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > MAX_SAFETENSORS_HEADER_BYTES:
+            return {}
+        raw = handle.read(header_len)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
+def _check_safetensors(path: Path, size: int) -> str:
+    with path.open("rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            return f"file of {size} bytes is shorter than the 8-byte header length"
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len == 0 or header_len > MAX_SAFETENSORS_HEADER_BYTES:
+            return f"header length {header_len} is not sane"
+        if 8 + header_len > size:
+            return f"header length {header_len} exceeds file size {size}"
+        raw = handle.read(header_len)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        return "header is not JSON"
+    if not isinstance(header, dict):
+        return "header is not a JSON object"
+    data_size = size - 8 - header_len
+    max_end = 0
+    for tensor_name, info in header.items():
+        if tensor_name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            return f"tensor {tensor_name!r} has invalid data_offsets {offsets!r}"
+        if offsets[1] > data_size:
+            return (
+                f"tensor {tensor_name!r} ends at {offsets[1]} beyond the "
+                f"{data_size} data bytes (truncated)"
+            )
+        max_end = max(max_end, offsets[1])
+    if max_end != data_size:
+        return f"tensors end at {max_end} but the file holds {data_size} data bytes"
+    return ""
+
+
+def _check_torch(path: Path, size: int) -> str:
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic[:2] in _PICKLE_PROTOCOL_PREFIXES:
+        return ""  # legacy (pre-1.6) torch.save: a bare pickle stream, no index to verify
+    if not magic.startswith(b"PK"):
+        return "neither a torch zip archive nor a legacy pickle"
+    try:
+        # ZipFile reads the end record and the central directory only.
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.header_offset + info.compress_size > size:
+                    return f"zip member {info.filename!r} extends past the end of the file"
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError) as exc:
+        return f"torch zip archive unreadable: {exc}"
+    return ""

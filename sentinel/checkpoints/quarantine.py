@@ -1,0 +1,98 @@
+"""The quarantine folder: labels for its subfolders, moves into them, their manifests.
+
+Each rollback sets checkpoints aside in ``<dir>/quarantine/<label>/`` (actions/rollback.py),
+under names nothing holds yet, and records there where each came from (``MANIFEST``,
+read back by ``sentinel checkpoints --restore``, actions/restore.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sentinel.checkpoints.scan import QUARANTINE_DIR
+
+log = logging.getLogger(__name__)
+
+MAX_LABEL_CHARS = 120
+#: In each quarantine folder: where every item came from (``sentinel checkpoints --restore``).
+MANIFEST = ".sentinel-manifest.json"
+_UNSAFE_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def sanitize_label(label: str) -> str:
+    """Return ``label`` as one safe path component (no separators, no leading dots)."""
+    safe = _UNSAFE_LABEL_CHARS.sub("_", label).lstrip(".")[:MAX_LABEL_CHARS]
+    return safe or "unlabelled"
+
+
+def fresh_label(directory: Path, label: str) -> str:
+    """``label``, or ``label-2``, ``label-3``... : one no quarantine folder in ``directory`` has.
+
+    Two rollbacks within the same second (a job that fails again at once) each get a folder
+    of their own, so that each folder's manifest records one onset.
+    """
+    base = sanitize_label(label)
+    parent = Path(directory) / QUARANTINE_DIR
+    candidate, n = base, 1
+    while os.path.lexists(parent / candidate):
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """A quarantine folder's manifest; None when it has none (or it does not parse)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        log.warning("quarantine manifest %s unreadable: %s", folder / MANIFEST, error)
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("items"), list):
+        return None
+    manifest.setdefault("put_back", [])
+    manifest.setdefault("pointers", [])
+    return manifest
+
+
+def free_destination(target_dir: Path, name: str, taken: set[Path]) -> Path:
+    candidate = target_dir / name
+    suffix = 0
+    while candidate in taken or os.path.lexists(candidate):
+        suffix += 1
+        candidate = target_dir / f"{name}.{suffix}"
+    return candidate
+
+
+def move_to_free(source: Path, target_dir: Path, taken: set[Path]) -> Path:
+    """Move ``source`` into ``target_dir`` under a name nothing holds yet; return it."""
+    while True:
+        destination = free_destination(target_dir, source.name, taken)
+        try:
+            _move(source, destination)
+        except FileExistsError:
+            taken.add(destination)  # appeared since the check: take the next suffix
+            continue
+        return destination
+
+
+def _move(source: Path, destination: Path) -> None:
+    # The destination was checked free just before; re-check to narrow the window,
+    # since os.rename silently replaces an existing file.
+    if os.path.lexists(destination):
+        raise FileExistsError(errno.EEXIST, "quarantine destination exists", str(destination))
+    try:
+        os.rename(source, destination)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        # The checkpoint is a mount of its own: fall back to copy-then-remove.
+        shutil.move(source, destination)

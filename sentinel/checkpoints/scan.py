@@ -1,0 +1,238 @@
+"""Checkpoint directory scanning: find checkpoints, place them in training, judge them.
+
+A checkpoint is an entry of the checkpoint directory: a weights file
+(``model_step40.pt``, ``ckpt.pt``, ``last.ckpt``, ``model.safetensors``) or a folder
+whose name carries a step or epoch (``checkpoint-40``, ``global_step40``,
+``iter_0000040``) or that directly holds weights or DCP metadata. Hidden entries,
+``quarantine`` and temporary names (``tmp-checkpoint-40``) never are.
+
+Its place in training comes from its name (:mod:`checkpoint_names`), else from its
+content read without executing it (:mod:`checkpoint_files`), else from its
+modification time. Its status comes from what it holds (:mod:`checkpoint_layouts`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sentinel.checkpoints.files import Content, check_weights, read_content
+from sentinel.checkpoints.layouts import (
+    CheckpointStatus,
+    dir_content,
+    holds_checkpoint,
+    judge_dir,
+    judge_file,
+    layout_of,
+    walk_files,
+)
+from sentinel.checkpoints.names import (
+    CHECKPOINT_SUFFIXES,
+    NamePosition,
+    checkpoint_suffix,
+    is_in_progress,
+    is_shard,
+    position_of,
+    step_of,
+)
+
+__all__ = [
+    "QUARANTINE_DIR",
+    "WEIGHT_SUFFIXES",
+    "Checkpoint",
+    "CheckpointStatus",
+    "Onset",
+    "check_weights",
+    "last_clean",
+    "scan",
+    "step_of",
+]
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_DIR = "quarantine"
+# The last suffix of a weights file's name (a ".pth.tar" file's Path.suffix is ".tar").
+WEIGHT_SUFFIXES = frozenset({"." + s.rsplit(".", 1)[-1] for s in CHECKPOINT_SUFFIXES})
+# Files a framework writes beside its checkpoints that hold no training state.
+_NOT_CHECKPOINTS = frozenset({"training_args.bin"})
+
+
+@dataclass(frozen=True)
+class Onset:
+    """Where an incident's evidence begins: its first step, epoch and time, as far as known.
+
+    ``epoch`` is the log's own (HF's fractional 2.97, or a loop's 0-based index).
+    """
+
+    step: int | None = None
+    epoch: float | None = None
+    time: float | None = None
+
+    def reaches(self, step: int | None, epoch: int | None, mtime: float) -> str:
+        """Why a checkpoint at this step, epoch and mtime is at or after the onset, else ""."""
+        if step is not None and self.step is not None:
+            return f"step {step} >= onset step {self.step}" if step >= self.step else ""
+        if epoch is not None and self.epoch is not None:
+            # epoch_3.pt may be the end of loop index 3 or of the third epoch: only an
+            # epoch before the onset's own is surely before it; its own is told by time.
+            onset_epoch = math.floor(self.epoch)
+            if epoch != onset_epoch:
+                return f"epoch {epoch} > onset epoch {self.epoch:g}" if epoch > onset_epoch else ""
+            if self.time is None:
+                return f"epoch {epoch} is the onset's epoch ({self.epoch:g})"
+        if self.time is not None:
+            return "written at or after the onset's time" if mtime >= self.time else ""
+        if self.step is None and self.epoch is None:
+            return ""
+        return "nothing places it before the onset (no step or epoch, no onset time)"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint (a file or a directory) found in the checkpoint directory.
+
+    ``step`` and ``epoch`` are None where neither its name nor its content says;
+    ``placed_by`` says where they came from ("name", "content: ...", or "time").
+    ``mtime`` is the newest modification time of anything in it.
+    """
+
+    path: Path
+    step: int | None
+    status: CheckpointStatus
+    reason: str
+    mtime: float
+    epoch: int | None = None
+    layout: str = ""
+    placed_by: str = "name"
+
+    def is_newer_than(self, other: Checkpoint) -> bool:
+        """Whether this checkpoint was written later in training than ``other``."""
+        return _compare(self, other, strict_step=True) > 0
+
+
+def scan(
+    directory: Path, *, onset: Onset | None = None, onset_step: int | None = None
+) -> list[Checkpoint]:
+    """List the checkpoints directly inside ``directory`` with a status each.
+
+    Sorted by step, then (those without) by epoch, then (those without either) by time.
+
+    ``onset_step`` is the older spelling of ``onset=Onset(step=...)``. A missing or
+    unreadable directory gives an empty list.
+    """
+    if onset is None and onset_step is not None:
+        onset = Onset(step=onset_step)
+    root = Path(os.path.abspath(directory))
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        log.warning("cannot list checkpoint dir %s: %s", root, exc)
+        return []
+    found: list[Checkpoint] = []
+    for entry in entries:
+        name = entry.name
+        if name.startswith(".") or name == QUARANTINE_DIR or is_in_progress(name):
+            continue
+        path = root / name
+        try:
+            if entry.is_symlink() and _points_to_sibling(path, root):
+                continue  # a pointer to another entry (Lightning's last.ckpt link)
+            checkpoint = _examine(path, entry.is_dir(), position_of(name), onset or Onset())
+        except FileNotFoundError:
+            continue  # removed between listing and reading (the job's own rotation)
+        except OSError as exc:
+            checkpoint = _unreadable(path, exc)
+        if checkpoint is not None:
+            found.append(checkpoint)
+    found.sort(key=_listing_order)
+    return found
+
+
+def last_clean(
+    checkpoints: Sequence[Checkpoint],
+    onset: Onset | int | None = None,
+    *,
+    onset_step: int | None = None,
+) -> Checkpoint | None:
+    """Return the newest clean checkpoint from before ``onset`` (any if None).
+
+    An int ``onset`` (or ``onset_step``) is an onset step.
+    """
+    if isinstance(onset, int):
+        onset = Onset(step=onset)
+    if onset is None:
+        onset = Onset(step=onset_step)
+    candidates = [
+        c
+        for c in checkpoints
+        if c.status is CheckpointStatus.CLEAN and not onset.reaches(c.step, c.epoch, c.mtime)
+    ]
+    return max(candidates, key=functools.cmp_to_key(_compare), default=None)
+
+
+def _examine(path: Path, is_dir: bool, position: NamePosition, onset: Onset) -> Checkpoint | None:
+    if is_dir:
+        if not position.keyed and not holds_checkpoint(path):
+            return None  # "runs", "version_0": no step keyword and nothing a checkpoint holds
+        mtime = max([path.stat().st_mtime, *(f.stat().st_mtime for f in walk_files(path))])
+    else:
+        if path.name in _NOT_CHECKPOINTS or is_shard(path.name):
+            return None
+        if not checkpoint_suffix(path.name) and not position.keyed:
+            return None  # "latest", "notes.txt"
+        mtime = path.stat().st_mtime
+    step, epoch, placed_by = position.step, position.epoch, "name"
+    content: Content | None = None
+    if step is None and epoch is None:
+        content = dir_content(path) if is_dir else read_content(path)
+        step, epoch = content.step, content.epoch
+        placed_by = f"content: {content.where}" if content.where else "time"
+    after = onset.reaches(step, epoch, mtime)
+    if after:
+        status, reason, layout = CheckpointStatus.AFTER_ONSET, after, layout_of(path)
+    else:
+        verdict = judge_dir(path) if is_dir else judge_file(path, content)
+        status, reason, layout = verdict.status, verdict.reason, verdict.layout
+    return Checkpoint(path, step, status, reason, mtime, epoch, layout, placed_by)
+
+
+def _points_to_sibling(link: Path, root: Path) -> bool:
+    target = Path(os.path.realpath(link))
+    return target != link and target.parent == root and target.exists()
+
+
+def _unreadable(path: Path, exc: OSError) -> Checkpoint | None:
+    try:
+        mtime = path.lstat().st_mtime
+    except FileNotFoundError:
+        return None
+    except OSError:
+        mtime = 0.0
+    position = position_of(path.name)
+    reason = f"cannot read {exc.filename or path}: {exc.strerror or exc}"
+    return Checkpoint(
+        path, position.step, CheckpointStatus.UNREADABLE, reason, mtime, position.epoch, ""
+    )
+
+
+def _listing_order(c: Checkpoint) -> tuple[bool, int, bool, int, float, str]:
+    """Stepped checkpoints by step, then epoch-only ones by epoch, then the rest by time."""
+    return (c.step is None, c.step or 0, c.epoch is None, c.epoch or 0, c.mtime, c.path.name)
+
+
+def _compare(a: Checkpoint, b: Checkpoint, *, strict_step: bool = False) -> int:
+    """Order two checkpoints by step where both have one, else epoch, else time."""
+    if a.step is not None and b.step is not None and (a.step != b.step or strict_step):
+        return (a.step > b.step) - (a.step < b.step)
+    if a.epoch is not None and b.epoch is not None and a.epoch != b.epoch:
+        return (a.epoch > b.epoch) - (a.epoch < b.epoch)
+    if a.mtime != b.mtime:
+        return (a.mtime > b.mtime) - (a.mtime < b.mtime)
+    return (a.path.name > b.path.name) - (a.path.name < b.path.name)

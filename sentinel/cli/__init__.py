@@ -1,0 +1,6 @@
+"""The ``sentinel`` command: its parser (``main``), the options the verbs share
+(``options``) and one module a verb (``verbs/``).
+
+The top of the house: only this package prints to the terminal or exits. It may import
+everything below it; nothing imports it.
+"""

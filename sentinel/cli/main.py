@@ -1,0 +1,126 @@
+"""The ``sentinel`` command: its parser, its logging, and the dispatch to each verb.
+
+Each verb's options and handler are in its module of ``sentinel/cli/verbs/``. Only
+``sentinel/cli/main.py`` and ``sentinel/cli/verbs/`` print to the terminal or exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from sentinel import __version__
+from sentinel.cli.options import EXIT_USAGE
+from sentinel.cli.verbs import (
+    Command,
+    check_config,
+    checkpoints,
+    demo,
+    notify_test,
+    replay,
+    run,
+    status,
+    verdict,
+    watch,
+)
+from sentinel.cli.verbs.common import settings_of
+from sentinel.config import ConfigError
+from sentinel.model import secrets
+from sentinel.store import verdict as verdict_codes
+from sentinel.store.lock import StateDirLocked
+
+__all__ = ["EXIT_USAGE", "build_parser", "main"]
+
+log = logging.getLogger("sentinel")
+
+# The verbs, in the order ``sentinel --help`` lists them.
+COMMANDS: dict[str, Command] = {
+    command.VERB: command
+    for command in (
+        run,
+        watch,
+        replay,
+        checkpoints,
+        notify_test,
+        status,
+        check_config,
+        demo,
+        verdict,
+    )
+}
+
+_settings = settings_of  # the settings a verb's options give (the tests' name for it)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The verbs; each takes the shared options it honours and refuses the rest (cli_options)."""
+    parser = argparse.ArgumentParser(
+        prog="sentinel",
+        description="A watchdog for ML training jobs: catches NaN, stalls and crashes,\n"
+        "notifies, rolls back to the last clean checkpoint and restarts.",
+        epilog=_exit_codes(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"sentinel {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for command in COMMANDS.values():
+        command.add_parser(verbs)
+    return parser
+
+
+def _exit_codes() -> str:
+    """The exit-code table of ``sentinel --help`` (a contract: DESIGN.md, README)."""
+    rows = [
+        ("0", "run: the job finished (after restarts, if any); watch: stopped"),
+        ("1", "replay --fail-on: an alert that severe; verdict: no verdict and no --job-status"),
+        ("2", "a usage or config error, or another sentinel holds the state dir"),
+        *((str(code), meaning) for code, (_, meaning) in sorted(verdict_codes.CODES.items())),
+        ("other", "run: the job's own last status; verdict: --job-status when no verdict came"),
+    ]
+    return "exit codes:\n" + "\n".join(f"  {code:<6} {meaning}" for code, meaning in rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    secrets.install_excepthooks()
+    _setup_logging(getattr(args, "verbose", False))
+    try:
+        return COMMANDS[args.verb].handle(args)
+    except ConfigError as error:
+        for problem in error.problems:
+            print(f"sentinel: config error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except StateDirLocked as error:
+        print(f"sentinel: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # the last word: its traceback may quote a URL's token
+        secrets.print_exception(error)
+        return 1
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("[sentinel %(asctime)s] %(levelname)s %(message)s", "%H:%M:%S")
+    )
+    secrets.install(handler)  # on the handler: masks the records of every logger reaching it
+    root = logging.getLogger("sentinel")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+    # requests, urllib3 and apprise log through the root logger; without a handler there
+    # their warnings would reach stderr unmasked through logging's last resort.
+    top = logging.getLogger()
+    if not top.handlers:
+        top.addHandler(handler)
+        top.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    logging.getLogger("apprise").propagate = verbose  # its failures are in our own warnings
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

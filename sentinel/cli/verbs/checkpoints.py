@@ -1,0 +1,121 @@
+"""``sentinel checkpoints DIR``: the checkpoints, their status and the resume pointers.
+
+With ``--restore INCIDENT``, it undoes a rollback: the quarantine goes back where it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sentinel.cli.options import add_shared
+from sentinel.cli.verbs.common import usage_error
+
+if TYPE_CHECKING:
+    from sentinel.checkpoints.pointer_find import Pointer
+
+VERB = "checkpoints"
+
+
+def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    checkpoints = verbs.add_parser(
+        VERB, help="list checkpoints and their status, and the resume pointers"
+    )
+    add_shared(
+        checkpoints,
+        takes=["--json"],
+        why="checkpoints only reads DIR: it uses no settings and moves nothing",
+        because={"--verbose": "checkpoints logs nothing: it prints what it finds"},
+    )
+    checkpoints.add_argument("directory", type=Path, metavar="DIR", help="the directory to list")
+    checkpoints.add_argument(
+        "--restore",
+        metavar="INCIDENT",
+        help="undo a rollback: move the quarantine INCIDENT (its folder's name, or a unique"
+        " prefix) back where each item came from, and the resume pointers it rewrote as they"
+        " were; refuses if any of those places is taken",
+    )
+
+
+def handle(args: argparse.Namespace) -> int:
+    from sentinel.checkpoints.pointer_find import find_pointers
+    from sentinel.checkpoints.scan import last_clean, scan
+
+    if args.restore is not None:
+        return _restore(args)
+    if not args.directory.is_dir():
+        return usage_error("sentinel checkpoints", f"not a directory: {args.directory}")
+    found = scan(args.directory)
+    clean = last_clean(found)
+    pointers = find_pointers(args.directory)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "directory": str(args.directory.resolve()),
+                    "last_clean": str(clean.path) if clean else None,
+                    "checkpoints": [
+                        {
+                            "path": str(c.path),
+                            "step": c.step,
+                            "epoch": c.epoch,
+                            "status": str(c.status),
+                            "reason": c.reason,
+                            "layout": c.layout,
+                            "placed_by": c.placed_by,
+                        }
+                        for c in found
+                    ],
+                    "pointers": [p.to_json() for p in pointers],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    if not found:
+        print(f"no checkpoints in {args.directory}")
+        _print_pointers(pointers)
+        return 0
+    print(f"{'step':>8}  {'status':<11} {'checkpoint':<32} {'layout':<11} reason")
+    for c in found:
+        place = "-" if c.epoch is None else f"epoch={c.epoch}"
+        place = place if c.step is None else str(c.step)
+        notes = [c.reason] if c.reason else []
+        if c.placed_by != "name":
+            notes.append(f"placed by {c.placed_by}")
+        if clean is not None and c.path == clean.path:
+            notes.append("<- last clean: a rollback resumes here")
+        print(f"{place:>8}  {c.status!s:<11} {c.path.name:<32} {c.layout:<11} {'; '.join(notes)}")
+    if clean is None:
+        print("no clean checkpoint: a rollback would have nothing to resume from")
+    _print_pointers(pointers)
+    return 0
+
+
+def _print_pointers(pointers: Sequence[Pointer]) -> None:
+    """Each framework's resume pointer and what it names (a job restarted by others reads it)."""
+    for pointer in pointers:
+        print(f"{'pointer':>8}  {pointer.describe()}")
+
+
+def _restore(args: argparse.Namespace) -> int:
+    """``sentinel checkpoints --restore INCIDENT DIR``: put a rollback's quarantine back."""
+    from sentinel.checkpoints.restore import RestoreRefused, restore_quarantine
+
+    if not args.directory.is_dir():
+        return usage_error("sentinel checkpoints", f"not a directory: {args.directory}")
+    try:
+        moves = restore_quarantine(args.directory, args.restore)
+    except RestoreRefused as error:
+        return usage_error("sentinel checkpoints --restore", error)
+    if args.json:
+        restored = [{"from": str(m.source), "to": str(m.destination)} for m in moves]
+        print(json.dumps({"restored": restored}, indent=2))
+        return 0
+    for move in moves:
+        print(f"restored {move.destination} (from {move.source.parent})")
+    print(f"{len(moves)} item(s) back from the quarantine")
+    return 0

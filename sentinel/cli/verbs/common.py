@@ -1,0 +1,22 @@
+"""What the verbs share: their settings, and the one-line refusal of a usage error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from sentinel.cli.options import EXIT_USAGE
+from sentinel.config import CLI_FIELDS, Settings, load_settings
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The settings: the config file, then the environment, then the verb's options."""
+    cli: dict[str, Any] = {dest: getattr(args, dest, None) for dest in CLI_FIELDS}
+    return load_settings(args.config, cli=cli)
+
+
+def usage_error(where: str, problem: object) -> int:
+    """Say ``where: problem`` on stderr; the usage exit status."""
+    print(f"{where}: {problem}", file=sys.stderr)
+    return EXIT_USAGE

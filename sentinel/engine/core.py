@@ -1,0 +1,320 @@
+"""The engine: the one owner of detector state, the same live and in replay.
+
+It turns lines into samples (filling in the step of step-less lines from the
+last progress it saw), hands every event to every enabled detector, and
+returns the alerts. It does no I/O and reads no clock: the caller passes
+``now``, from the wall clock when live, from the data when replaying.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sentinel.engine.blocks import BLOCK_MIN_LINES, BlockFeeder
+from sentinel.engine.history import HISTORY_LEN, History
+from sentinel.engine.hooks import RuleHooks
+from sentinel.engine.position import UNCLOCKED, RunPosition
+from sentinel.engine.ranks import RunSeries, rank_rules, with_rank
+from sentinel.engine.routes import Routes
+from sentinel.engine.samples import SampleFeeder
+from sentinel.model.facts import RunFacts
+from sentinel.model.machine import GPU_JOB
+from sentinel.model.records import Alert, Line, Sample
+from sentinel.parsing import LineParser
+from sentinel.parsing.files import FileReader, reader_for
+from sentinel.rules import DETECTORS, BaseDetector
+
+if TYPE_CHECKING:
+    from sentinel.config import Settings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HISTORY_LEN", "Engine", "build_detectors"]
+
+_UNSEEN = object()
+
+
+def build_detectors(settings: Settings) -> list[BaseDetector]:
+    """One detector per enabled rule, in registry order."""
+    detectors = []
+    for rule, detector_class in DETECTORS.items():
+        config = settings.rule(rule)
+        if config.enabled:
+            detectors.append(detector_class(config))
+    return detectors
+
+
+class Engine:
+    """Feeds lines, samples, ticks and job events to the detectors; returns alerts.
+
+    Its parts: ``routes`` (which rule sees what, and the rules still enabled),
+    ``position`` (the run's step and the data's clock), ``history`` (the last samples
+    for reports), the hooks every rule has, guarded (``RuleHooks``), and the sample
+    and block paths (``SampleFeeder``, ``BlockFeeder``), which move the same parts.
+    """
+
+    def __init__(
+        self,
+        detectors: Sequence[BaseDetector],
+        parser: LineParser,
+        *,
+        data_clock: bool = False,
+        logging_steps: int | None = None,
+        blocks: bool = True,
+    ) -> None:
+        self.routes = Routes(detectors)
+        for detector in self.routes.detectors:
+            detector.facts = RunFacts()
+        self.parser = parser
+        self.position = RunPosition(data_clock=data_clock, logging_steps=logging_steps)
+        self._hooks = RuleHooks(self.routes, self.position)
+        self._history = History()
+        #: Each rank its own series, each observation once (``engine_ranks``); None in the
+        #: engine of one rank's series (``_ranked``), whose lines were sorted already.
+        self.series: RunSeries | None = RunSeries()
+        # Per rank above 0: an engine of its own with the rules that judge a metric series.
+        self._ranked: dict[int, Engine] = {}
+        #: Whether ``feed_texts`` may hand rules whole blocks (False: line by line, the
+        #: reference the block path is tested against).
+        self.blocks = blocks
+        self._blocks = BlockFeeder(
+            parser=parser,
+            position=self.position,
+            history=self._history,
+            routes=self.routes,
+            series=self.series,
+            feed_text=self.feed_text,
+            disable=self._hooks.disable,
+        )
+        self._samples = SampleFeeder(
+            position=self.position,
+            history=self._history,
+            routes=self.routes,
+            feed_rank=self._feed_rank,
+            disable=self._hooks.disable,
+        )
+        self._facts = RunFacts()
+        # Per source: the reader of a structured file (CSV, MLflow...), or None for a log.
+        self._readers: dict[str, FileReader | None] = {}
+
+    @property
+    def detectors(self) -> list[BaseDetector]:
+        """The enabled rules, in registry order (a rule that raised is taken out)."""
+        return self.routes.detectors
+
+    @property
+    def current_step(self) -> int | None:
+        """The newest step seen from any source: progress bars and stepped metrics."""
+        return self.position.current_step
+
+    @property
+    def data_time(self) -> float | None:
+        """The data's own newest timestamp (replay's clock)."""
+        return self.position.data_time
+
+    @property
+    def history(self) -> dict[str, deque[Sample]]:
+        """The last samples of each metric (``HISTORY_LEN``)."""
+        return self._history.by_metric
+
+    @property
+    def samples_seen(self) -> int:
+        return self._history.samples_seen
+
+    @property
+    def lines_absorbed(self) -> int:
+        """Lines the rules took as blocks rather than one by one."""
+        return self._blocks.lines_absorbed
+
+    @property
+    def facts(self) -> RunFacts:
+        """Batch size, total steps, GPUs and price, as the log states them (the owner seeds
+        it from config). The detectors read the same object."""
+        return self._facts
+
+    @facts.setter
+    def facts(self, facts: RunFacts) -> None:
+        self._facts = facts
+        for detector in self.detectors:
+            detector.facts = facts
+
+    def feed_line(self, line: Line) -> list[Alert]:
+        """One line of output: parsed into samples, and shown to rules that watch output."""
+        return self.feed_text(line.source, line.text, line.time)
+
+    def feed_texts(self, source: str, texts: list[str], now: float) -> list[Alert]:
+        """Lines of one source read together at ``now``: what ``feed_text`` on each, in
+        order, gives, and the alerts in that order.
+
+        A run of JSON lines of one schema goes to the rules as columns (``Block``):
+        each rule it concerns says whether it is uneventful for it, and if all say so
+        each takes it in one call. Otherwise the block is halved, down to a few lines
+        fed one by one, so the lines around an alert cost what they always did. HF
+        Trainer output replayed before any timestamp goes the same way, its dicts as
+        the block's lines and its progress bars beside them (``Block.progress``).
+        """
+        parser = self.parser
+        if (
+            self.blocks
+            and len(texts) >= BLOCK_MIN_LINES
+            and (parser.reads_json_blocks or parser.reads_hf_blocks)
+            and self._reader(source) is None
+        ):
+            return self._blocks.feed(source, texts, now)
+        return self._blocks.feed_each(source, texts, now)
+
+    def open_source(self, source: str, reader: FileReader | None) -> None:
+        """Read the lines of ``source`` with ``reader`` (None: a plain log, line by line):
+        the reader of the format its opener decided (replay's plan). A source not opened
+        gets the reader its path implies (``reader_for``) on its first line."""
+        self._readers[source] = reader
+
+    def _reader(self, source: str) -> FileReader | None:
+        readers = self._readers
+        reader = readers.get(source, _UNSEEN)
+        if reader is _UNSEEN:
+            reader = readers[source] = reader_for(source)
+        return reader  # type: ignore[return-value]
+
+    def feed_text(self, source: str, text: str, now: float) -> list[Alert]:
+        """``feed_line`` for a line read at ``now`` (ignored with the data's clock).
+
+        The ``Line`` the rules see is made only when a rule watches output with
+        ``output`` rather than ``output_text``: replay feeds every line of a log here.
+        """
+        reader = self._reader(source)
+        if reader is None:
+            samples = self.parser.parse(text)
+            if not samples:
+                self._facts.observe_line(text)
+        else:
+            samples = self.parser.parse_with(reader, text)
+        rank = None
+        if samples and self.series is not None:
+            # Before steps are counted: only a line's own step tells ranks and copies apart.
+            samples, rank = self.series.admit(samples, source)
+        position = self.position
+        if position.logging_steps is not None and samples:
+            samples = position.count_step(samples)
+        alerts: list[Alert] = []
+        if position.data_clock:
+            if samples:
+                # The line's own time: the latest timestamp among its samples.
+                new_time: float | None = None
+                for sample in samples:
+                    stamp = sample.time
+                    if stamp is not None and (new_time is None or stamp > new_time):
+                        new_time = stamp
+                if new_time is not None:
+                    alerts = self._advance_clock(new_time)
+            if position.data_time is None:
+                # Before the data's first timestamp there is no clock: only the crash
+                # classifier's tail of output and the metrics themselves matter.
+                if samples:
+                    return alerts + self._samples.feed(samples, source, UNCLOCKED, rank)
+                return alerts
+            now = position.data_time
+        routes = self.routes
+        watching = routes.hooks.get("output")
+        if watching is None:
+            watching = routes.hooked("output")
+        for detector in watching:
+            try:
+                found = detector.output_text(text, source, now)
+            except Exception as error:
+                alerts.append(self._hooks.disable(detector, error, now))
+                continue
+            if found:
+                alerts += found
+        if samples:
+            found = self._samples.feed(samples, source, now, rank)
+            if found:
+                alerts += found
+        return alerts
+
+    def _advance_clock(self, new_time: float) -> list[Alert]:
+        """Replay: move the clock to the line's own time before its samples are seen."""
+        position = self.position
+        if position.data_time is None:
+            position.data_time = new_time
+            self._hooks.each(lambda detector: detector.job_started(new_time), new_time)
+            return []
+        if new_time <= position.data_time:
+            return []
+        position.data_time = new_time
+        return self.tick(new_time)
+
+    def feed_system(self, source: str, samples: list[Sample], now: float) -> list[Alert]:
+        """Samples of the GPU or process source (``sentinel.model.machine``), read at ``now``.
+
+        A GPU's ``gpu_job`` sample updates the facts (which GPUs are the job's) before
+        any rule sees the reading.
+        """
+        for sample in samples:
+            if sample.name == GPU_JOB:
+                self._facts.observe_gpu(source, sample.value >= 0.5)
+        return self.feed_samples(samples, source, now)
+
+    def feed_samples(
+        self, samples: Iterable[Sample], source: str, now: float, *, rank: int | None = None
+    ) -> list[Alert]:
+        """Samples from a parser or a structured reader (e.g. ``trainer_state.json``).
+
+        The samples of one call are one line's: each rule is shown them all at once
+        (``BaseDetector.observe_samples``), and the alerts come back in the order of
+        the samples that raised them, rules in registry order for the same sample:
+        what calling ``observe`` sample by sample, rule by rule, would give.
+
+        ``rank``: the line's (``RunSeries.admit``); above 0 the samples go to that rank's
+        own rules. Alerts of a ranked line name the rank.
+        """
+        return self._samples.feed(samples, source, now, rank)
+
+    def _feed_rank(self, rank: int, samples: list[Sample], source: str, now: float) -> list[Alert]:
+        """A line of rank ``rank`` (above 0), to that rank's own rules (``rank_rules``),
+        made when the rank first logs."""
+        ranked = self._ranked.get(rank)
+        if ranked is None:
+            ranked = self._ranked[rank] = Engine(
+                rank_rules(self.detectors), self.parser, blocks=False
+            )
+            ranked.series = None
+            ranked.facts = self._facts
+            ranked.job_started(now, self.position.start_step)
+        # A step-less line of the rank (an HF dict) is at the run's step, as on rank 0.
+        run_step, own_step = self.position.current_step, ranked.position.current_step
+        if run_step is not None and (own_step is None or own_step < run_step):
+            ranked.position.current_step = run_step
+        return with_rank(ranked.feed_samples(samples, source, now), rank)
+
+    def tick(self, now: float) -> list[Alert]:
+        return self._hooks.tick(now)
+
+    def job_started(self, now: float, start_step: int = 0) -> None:
+        """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
+        self.position.restart(start_step)
+        self._history.clear()
+        if self.series is not None:
+            self.series.restart()
+        self._ranked.clear()
+        self._hooks.each(lambda detector: detector.job_started(now), now)
+
+    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+        return self._hooks.each(
+            lambda detector: detector.job_exited(exit_code, now, expected=expected), now
+        )
+
+    def memory(self, now: float) -> dict[str, Any]:
+        """Per rule, what it keeps across restarts of sentinel (``BaseDetector.memory``)."""
+        return self._hooks.memory(now)
+
+    def remember(self, memory: dict[str, Any], *, same_job: bool) -> None:
+        """Give each rule back its memory; one that cannot take it starts afresh (logged)."""
+        self._hooks.remember(memory, same_job=same_job)
+
+    def recent(self, before_step: int | None, per_metric: int = 8) -> dict[str, list[Sample]]:
+        """The last samples of each metric up to ``before_step`` (inclusive), for reports."""
+        return self._history.recent(before_step, per_metric)

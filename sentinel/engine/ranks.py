@@ -1,0 +1,339 @@
+"""One view of the run: each rank its own series, each observation once.
+
+A job of many ranks often prints into one stream; a run often writes the same metrics
+into several files (TensorBoard events and a CSV, stdout and ``trainer_state.json``).
+``RunSeries`` decides, line by line, before the rules see the samples:
+
+- the line's rank: the one its prefix names (``Sample.rank``, ``parsers.ranks``), or, for
+  unlabelled lines, the series it continues. A stream that logs a step it already logged,
+  with other values, right after logging it (two ranks printing the same format) holds
+  several series: each line goes to the series that has not had its step yet and whose
+  last value is nearest its own (ranks an order of magnitude apart stay apart); such
+  series are numbered in order of appearance (``rank`` 0, 1...); a NaN that could be
+  either's names no rank and goes to the first series. What tells another rank from a
+  resume is that ranks interleave: a stream that goes back once and then rises alone has
+  resumed (from a checkpoint one or two logged steps back, or far behind): it starts
+  again as one series. Only a stream that goes back again within ``INTERLEAVE_LINES``
+  lines of going back holds another rank (a one-writer file never does);
+- which samples are new observations: a metric at a step it was already seen at, or
+  behind, from another source of the run is the same observation (or a late copy of it)
+  and is dropped; a non-finite value only when that metric was non-finite at that very
+  step in another source (a NaN is never lost). Lines that repeat themselves exactly in
+  one stream are dropped too.
+
+Only samples that carry their own step take part: a step the engine filled in (from a
+progress bar) says nothing about ranks or copies. ``restart`` (a new attempt) forgets it all.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from itertools import islice
+from operator import lt
+from pathlib import PurePath
+
+from sentinel.engine.routes import overrides
+from sentinel.model.records import PROGRESS, Alert, Block, Sample
+from sentinel.rules import BaseDetector
+
+#: How many of a stream's newest distinct steps a repeated step may be one of and still be
+#: another rank's (ranks in lockstep print the same step one after another); further back it
+#: is a restart.
+RANK_WINDOW = 2
+#: A stream that goes back again within this many of its lines after going back holds
+#: another rank: ranks interleave (in lockstep every other line; a rank ``RANK_WINDOW``
+#: steps behind, every ``2 * RANK_WINDOW`` lines). Once back, a resumed job rises alone.
+INTERLEAVE_LINES = 4 * RANK_WINDOW
+#: ``_Stream.place``: a line no series can be told to own.
+UNPLACED = -1
+#: Hooks of a rule that watches the job, not a metric series: such a rule is not made per rank.
+_JOB_HOOKS = ("tick", "output", "output_text", "job_exited")
+#: Steps of each metric whose values are kept, to tell a late copy from another rank's value.
+RECENT_KEPT = 1024
+#: Values of two sources at one step this close (relative) are one observation printed twice.
+COPY_TOLERANCE = 1e-3
+#: A rank in a file's name: ``metrics_rank1.jsonl``, ``rank-1.log``.
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+#: Kinds of line (source, metric names) whose series are kept.
+STREAMS_MAX = 4096
+#: Non-finite steps remembered per metric (past that many, they are forgotten at once).
+NONFINITE_KEPT = 4096
+
+
+class _Slot:
+    """One series of an unlabelled stream: its last step, the values of that line, and
+    the last finite first value (what a line is matched by)."""
+
+    __slots__ = ("level", "step", "values")
+
+    def __init__(self, step: int, values: tuple[float, ...]) -> None:
+        self.step = step
+        self.values = values
+        self.level = math.nan
+        self.move(step, values)
+
+    def move(self, step: int, values: tuple[float, ...]) -> None:
+        self.step = step
+        self.values = values
+        if values and math.isfinite(values[0]):
+            self.level = values[0]
+
+
+class _Stream:
+    """The series of one kind of line (one source, one set of stepped metric names)."""
+
+    __slots__ = ("back_at", "lines", "one_writer", "recent", "slots")
+
+    def __init__(self, step: int, values: tuple[float, ...], *, one_writer: bool = False) -> None:
+        self.slots = [_Slot(step, values)]
+        self.recent: deque[int] = deque([step], maxlen=RANK_WINDOW)
+        #: A file one logger writes (a CSV, TensorBoard events): a step again is a resume.
+        self.one_writer = one_writer
+        #: Lines placed, and how many had been when the stream last went back (no series
+        #: open for its step): a resume, or one more rank if it goes back again soon.
+        self.lines = 0
+        self.back_at = -INTERLEAVE_LINES - 1
+
+    def place(self, step: int, values: tuple[float, ...]) -> int | None:
+        """The index of the series a line at ``step`` continues; None for a repeat of a line;
+        ``UNPLACED`` for a value that cannot be matched (NaN) while several series wait for
+        this step: it goes to no series, which stays open for the line that is its own."""
+        slots = self.slots
+        self.lines += 1
+        if len(slots) == 1 and step > slots[0].step:
+            index = 0
+        else:
+            open_slots = [index for index, slot in enumerate(slots) if slot.step < step]
+            if len(open_slots) > 1 and not math.isfinite(values[0]):
+                return UNPLACED
+            if open_slots:
+                index = min(open_slots, key=lambda at: _distance(values, slots[at].level))
+            elif any(slot.step == step and _same(slot.values, values) for slot in slots):
+                return None
+            elif step in self.recent and self._interleaves():
+                index = len(slots)
+                slots.append(_Slot(step, values))
+                self.back_at = self.lines
+            else:  # a resume (near or far behind), not another rank, until it interleaves
+                slots[:] = [_Slot(step, values)]
+                self.recent.clear()
+                index = 0
+                self.back_at = self.lines
+        slots[index].move(step, values)
+        if step not in self.recent:
+            self.recent.append(step)
+        return index
+
+    def _interleaves(self) -> bool:
+        """Whether the stream went back, with no series open for its step, a few lines ago
+        (another rank's lines, interleaved): once is a resume."""
+        return not self.one_writer and self.lines - self.back_at <= INTERLEAVE_LINES
+
+
+def _distance(values: tuple[float, ...], level: float) -> float:
+    """How far a line's first value is from a series' level, in orders of magnitude; a
+    value that cannot be compared (non-finite, zero) is as near to every series."""
+    a, b = abs(values[0]), abs(level)
+    if not (math.isfinite(a) and math.isfinite(b)) or a == 0.0 or b == 0.0:
+        return 0.0 if not math.isfinite(a) or a == 0.0 else math.inf
+    return abs(math.log(a / b))
+
+
+def _same(values: tuple[float, ...], other: tuple[float, ...], *, close: bool = False) -> bool:
+    """Whether two lines hold the same values: equal, or with ``close`` equal as far as
+    a printed value is (``COPY_TOLERANCE``: a CSV's float64 and TensorBoard's float32, or a
+    ``%.4g`` print); NaN is NaN."""
+    same = _close_value if close else _same_value
+    return len(values) == len(other) and all(map(same, values, other))
+
+
+def _same_value(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _close_value(a: float, b: float) -> bool:
+    return _same_value(a, b) or math.isclose(a, b, rel_tol=COPY_TOLERANCE)
+
+
+class RunSeries:
+    """Per line: its rank, and its samples that are new observations (see module doc)."""
+
+    __slots__ = ("_last", "_nonfinite", "_recent", "_source_rank", "_streams")
+
+    def __init__(self) -> None:
+        # Per (source, stepped metric names): the series of unlabelled lines.
+        self._streams: dict[tuple[str, tuple[str, ...]], _Stream] = {}
+        # Per (metric, rank): the newest step it was seen at, its value and its source.
+        self._last: dict[tuple[str, int | None], tuple[int, float, str]] = {}
+        # Per (metric, rank): its last ``RECENT_KEPT`` steps, each with its value and source.
+        self._recent: dict[tuple[str, int | None], dict[int, tuple[float, str]]] = {}
+        # Per (metric, rank): the steps it was non-finite at, each with its source.
+        self._nonfinite: dict[tuple[str, int | None], dict[int, str]] = {}
+        # Sources whose values differ from another source's at the same steps: a rank's own
+        # file (``metrics_rank1.jsonl``), with the rank its lines are.
+        self._source_rank: dict[str, int] = {}
+
+    def restart(self) -> None:
+        """A new attempt: its steps start again."""
+        self._streams.clear()
+        self._last.clear()
+        self._recent.clear()
+        self._nonfinite.clear()
+
+    def admit(self, samples: Iterable[Sample], source: str) -> tuple[list[Sample], int | None]:
+        """The samples of one line that are new observations, and the line's rank (None:
+        unlabelled, in a stream of one series)."""
+        samples = list(samples)
+        if not samples:
+            return samples, None
+        first = samples[0]
+        labelled: int | None = first[4] if len(first) > 4 else None
+        stepped = [sample for sample in samples if sample[2] is not None and sample[0] != PROGRESS]
+        if not stepped:
+            return samples, labelled
+        rank = labelled if labelled is not None else self._source_rank.get(source)
+        if rank is None:
+            names = tuple([sample[0] for sample in stepped])
+            values = tuple([sample[1] for sample in stepped])
+            step: int = stepped[0][2]  # type: ignore[assignment]
+            key = (source, names)
+            stream = self._streams.get(key)
+            if stream is None:
+                if len(self._streams) >= STREAMS_MAX:
+                    self._streams.clear()  # a log of ever new schemas: start over
+                self._streams[key] = _Stream(step, values, one_writer=one_writer(source))
+            else:
+                index = stream.place(step, values)
+                if index is None:
+                    return [sample for sample in samples if sample not in stepped], None
+                if index != UNPLACED and len(stream.slots) > 1:
+                    rank = index
+        last, recent = self._last, self._recent
+        series_rank = rank or None  # rank 0 and unlabelled lines are one series (rank 0's rules)
+        kept: list[Sample] = []
+        for sample in samples:
+            name, value, step_of = sample[0], sample[1], sample[2]
+            if step_of is None or name == PROGRESS:
+                kept.append(sample)
+                continue
+            key_of = (name, series_rank)
+            seen = last.get(key_of)
+            kept_steps = recent.get(key_of)
+            if seen is not None and seen[2] != source and step_of <= seen[0]:
+                earlier = kept_steps.get(step_of) if kept_steps is not None else None
+                if (
+                    earlier is not None
+                    and earlier[1] != source
+                    and not _same(values=(value,), other=(earlier[0],), close=True)
+                    and series_rank is None
+                    and labelled is None
+                ):
+                    # Another series at the same steps, not a copy: a rank's own file.
+                    self._source_rank[source] = self._rank_of(source)
+                    return self.admit(samples, source)
+                if math.isfinite(value) or self._seen_nonfinite(key_of, step_of, source):
+                    continue  # the same observation, or a late copy of one
+            elif not math.isfinite(value) and self._seen_nonfinite(key_of, step_of, source):
+                continue  # the same NaN, read in another file of the run
+            if seen is None or step_of >= seen[0] or seen[2] == source:
+                last[key_of] = (step_of, value, source)
+            if kept_steps is None:
+                kept_steps = recent[key_of] = {}
+            elif len(kept_steps) >= RECENT_KEPT:
+                del kept_steps[next(iter(kept_steps))]
+            kept_steps.setdefault(step_of, (value, source))
+            kept.append(sample)
+        return kept, rank
+
+    def _rank_of(self, source: str) -> int:
+        """The rank of a file whose series is its own: the one its name says (``rank1``),
+        else the next after those known. Never 0: rank 0's rules have the first series."""
+        taken = self._source_rank.values()
+        named = _RANK_IN_NAME.search(PurePath(source).name)
+        if named is not None and int(named.group(1)) > 0 and int(named.group(1)) not in taken:
+            return int(named.group(1))
+        return 1 + max(taken, default=0)
+
+    def _seen_nonfinite(self, key: tuple[str, int | None], step: int, source: str) -> bool:
+        """Whether another source had this metric non-finite at ``step``; notes this one."""
+        steps = self._nonfinite.get(key)
+        if steps is None:
+            steps = self._nonfinite[key] = {}
+        elif len(steps) >= NONFINITE_KEPT:
+            steps.clear()
+        first = steps.setdefault(step, source)
+        return first != source
+
+    def takes_block(self, block: Block) -> bool:
+        """Whether a block of one source's lines (unlabelled, each with its own step) may
+        go to the rules whole: its steps rise, past every step its metrics were seen at."""
+        if block.source in self._source_rank:
+            return False  # a rank's own file: its lines go to that rank's rules
+        steps = block.steps
+        if not all(map(lt, steps, islice(steps, 1, None))):
+            return False
+        first = steps[0]
+        stream = self._streams.get((block.source, block.names))
+        if stream is not None and (len(stream.slots) > 1 or stream.slots[0].step >= first):
+            return False
+        last = self._last
+        for name in block.names:
+            seen = last.get((name, None))
+            if seen is not None and seen[0] >= first:
+                return False
+        return True
+
+    def took_block(self, block: Block) -> None:
+        """Move past a block the rules took whole (``takes_block``)."""
+        steps = block.steps
+        if not steps:
+            return
+        step = steps[-1]
+        values = tuple([block.columns[name][-1] for name in block.names])
+        key = (block.source, block.names)
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = _Stream(step, values)
+        else:
+            stream.place(step, values)
+        last = self._last
+        for name, value in zip(block.names, values, strict=True):
+            last[(name, None)] = (step, value, block.source)
+
+
+def one_writer(source: str) -> bool:
+    """Whether ``source`` is a metrics file one logger writes (Lightning's CSV, TensorBoard
+    event files, MLflow's store), whose step logged again is a resume, never another rank;
+    a text log or the job's output may hold every rank's lines."""
+    path = PurePath(source)
+    return path.suffix in (".csv", ".tsv") or "tfevents" in path.name or "mlruns" in path.parts
+
+
+def rank_rules(detectors: Sequence[BaseDetector]) -> list[BaseDetector]:
+    """New rules for one more rank: those of ``detectors`` that judge a metric series (no
+    tick, output or exit hook, no progress), each with the same settings. The time- and
+    process-based rules (stall, job_crash, gpu_*, cost) stay one per job."""
+    return [
+        type(detector)(detector.config)
+        for detector in detectors
+        if not detector.sees_progress and not any(overrides(detector, hook) for hook in _JOB_HOOKS)
+    ]
+
+
+def with_rank(alerts: Sequence[Alert], rank: int) -> list[Alert]:
+    """Alerts raised on one rank's series, naming the rank (in the text and ``details``)."""
+    return [
+        replace(
+            alert,
+            message=f"rank {rank}: {alert.message}",
+            details={**alert.details, "rank": rank},
+        )
+        for alert in alerts
+    ]
+
+
+__all__ = ["INTERLEAVE_LINES", "RANK_WINDOW", "RunSeries", "rank_rules", "with_rank"]

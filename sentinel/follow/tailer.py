@@ -1,0 +1,298 @@
+"""Run :class:`FileFollower` instances for paths and globs on one thread, like ``tail -F``.
+
+A :class:`LogTailer` finds the files its patterns match (files may not exist
+yet), reads each to its end and hands the lines on. Events only wake its
+thread (``sentinel.follow.tail_wakeups``); the truth is always re-read with
+``stat`` and ``pread``, because events can be dropped (queue overflow) or never
+come (NFS, some overlays).
+
+Lines are gathered like the job's own output (``sentinel.follow.gathering``):
+the first after a quiet spell is read and handed on at once; while the log keeps
+growing the thread reads the files once per ``batch_s`` window and hands their lines
+on, and in between only looks at the new bytes, at most every ``LOOK_S``: a look
+that may hold a non-finite value or a traceback reads and hands on at once. A log
+written a line at a time then costs a hand-over per window, not per line, a look
+costs a ``pread`` (not a ``stat``, the checks for rotation and truncation, the
+split), and a NaN waits at most a look, not a window.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sentinel.follow.gathering import LOOK_BYTES, LOOK_S, Gathering, ends_a_line, may_be_urgent
+from sentinel.follow.logfile import FileFollower, NewSplitter, OffsetStore, plain_lines
+from sentinel.follow.tail_wakeups import TailWakeups
+from sentinel.parsing.lines import BATCH_S
+
+logger = logging.getLogger(__name__)
+
+#: A globbed file gone this long is dropped (a rotated-away one may still be written first).
+VANISHED_GRACE_S = 10.0
+#: How often read offsets are saved (and at stop): a restart of sentinel after a crash
+#: reads at most this much of the logs again, where saving every batch was a SQLite
+#: transaction twenty times a second.
+COMMIT_INTERVAL_S = 1.0
+
+
+class LogTailer:
+    """Follows paths and globs (files may not exist yet); delivers lines from its own thread.
+
+    ``on_lines(path, lines)`` gets each batch in file order; offsets are
+    committed only after it returns, at most every ``COMMIT_INTERVAL_S`` and at
+    ``stop``. Events only wake the thread, which also re-checks every
+    ``poll_interval_s`` because events can be missed. After a read that found
+    lines it gathers for ``batch_s`` windows while lines keep coming (0: never),
+    looking at the new bytes every ``look_s`` for a NaN that cannot wait.
+    ``splitting(path)``: what splits the files at a path (``FileFollower``'s
+    ``new_splitter``; by default each is a plain log).
+    """
+
+    def __init__(
+        self,
+        patterns: Sequence[str],
+        on_lines: Callable[[str, list[str]], None],
+        *,
+        offsets: OffsetStore | None = None,
+        poll: bool = False,
+        poll_interval_s: float = 1.0,
+        max_line_bytes: int = 1 << 20,
+        batch_s: float = BATCH_S,
+        look_s: float = LOOK_S,
+        splitting: Callable[[Path], NewSplitter] = plain_lines,
+    ) -> None:
+        self._splitting = splitting
+        self._patterns = [os.path.expanduser(pattern) for pattern in patterns]
+        self._on_lines = on_lines
+        self._offsets = offsets
+        self._poll_interval_s = poll_interval_s
+        self._max_line_bytes = max_line_bytes
+        self._batch_s = batch_s
+        self._look_s = look_s
+        #: Lines read and not yet handed on, by path in the order first read.
+        self._held: dict[str, list[str]] = {}
+        #: Whether the last ``_cycle`` read any line.
+        self._read_any = False
+        #: Whether a look found bytes not read yet: they are read at the window's end.
+        self._unread = False
+        #: A look found something urgent in a line not ended yet: its end is read at once.
+        self._urgent_line = False
+        self._commit_due_s = 0.0
+        # Directories are looked at again only after a directory event (or a quiet
+        # poll interval), not after every write to a followed file.
+        self._dirs_changed = True
+        self._followers: dict[str, FileFollower] = {}
+        self._files: tuple[str, ...] = ()
+        self._wakeups = TailWakeups(poll=poll, poll_interval_s=poll_interval_s)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._globbed: set[str] = set()
+        #: Paths given to ``add``: dropped like globbed ones once gone.
+        self._added: set[str] = set()
+        #: Bytes of an added file written before the run, by path (``add``).
+        self._skips: dict[str, tuple[int, int, int]] = {}
+        self._missing_since: dict[str, float] = {}
+
+    @property
+    def mode(self) -> str:
+        """``"inotify"`` (woken by file events) or ``"polling"``."""
+        return self._wakeups.mode
+
+    @property
+    def files(self) -> list[str]:
+        """Paths currently followed."""
+        return list(self._files)
+
+    @property
+    def running(self) -> bool:
+        """Whether the following thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Read every matching file once, then follow them on a thread."""
+        self._wakeups.start(self._patterns)
+        # Watches first, then the first read: nothing written in between is missed.
+        self._cycle()
+        self._flush()
+        self._thread = threading.Thread(target=self._run, name="sentinel-log-tailer", daemon=True)
+        self._thread.start()
+
+    def add(self, path: str, skip: tuple[int, int, int] | None = None) -> None:
+        """Follow ``path`` too, from its start (any thread; a path followed already: nothing).
+
+        ``skip``: ``(device, inode, offset)``, bytes of that file written before the run
+        (``FileFollower``). Like a globbed file, it is dropped once gone ``VANISHED_GRACE_S``.
+        """
+        pattern = glob.escape(path) if glob.has_magic(path) else path
+        if pattern in self._patterns:
+            return
+        if skip is not None:
+            self._skips[path] = skip
+        self._added.add(path)
+        # A new list, not an append: the tailer's thread may be iterating the old one.
+        self._patterns = [*self._patterns, pattern]
+        self._wakeups.wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread and the observer, then read what was appended before stop."""
+        self._stopping.set()
+        self._wakeups.wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._wakeups.stop()
+        self._cycle()
+        self._flush()
+        for follower in self._followers.values():
+            follower.close()
+        self._followers.clear()
+        self._files = ()
+        self._wakeups.close()
+
+    def _run(self) -> None:
+        gathering = Gathering(self._batch_s, self._look_s)
+        while not self._stopping.is_set():
+            watches = self._wakeups.file_watches
+            waited = [self._wakeups.wake.fileno()]
+            if watches is not None:
+                waited.append(watches.fileno())
+            timeout_s = self._poll_interval_s
+            if self._unread:  # until they are due
+                timeout_s = max(0.0, min(timeout_s, gathering.due() - time.monotonic()))
+            readable, _, _ = select.select(waited, [], [], timeout_s)
+            quiet = not readable and timeout_s == self._poll_interval_s
+            self._dirs_changed = quiet or waited[0] in readable
+            # Cleared before reading, so a write during the read wakes us again.
+            if self._dirs_changed:
+                self._wakeups.wake.clear()
+            if watches is not None and watches.fileno() in readable:
+                watches.drain()
+            if self._stopping.is_set():
+                return
+            if not self._look(gathering):
+                continue  # nothing new inside the window: wait for a write or its end
+            self._cycle()
+            if self._held:
+                self._flush()
+                gathering.handed_on(time.monotonic())
+                self._urgent_line = False
+            self._unread = False
+            if self._read_any and gathering.look_s:
+                # Let the next lines gather; a stop meanwhile wakes the select above.
+                time.sleep(gathering.look_s)
+
+    def _look(self, gathering: Gathering) -> bool:
+        """Inside the window, look at the new bytes every ``LOOK_S``; True once the lines are
+        to be read and handed on (the window ended, or a look found something urgent),
+        False when a look found nothing new."""
+        while not self._stopping.is_set():
+            now_s = time.monotonic()
+            if gathering.hand_on_now(False, now_s):
+                return True
+            new = self._peek()
+            if not new:
+                return False
+            self._unread = True
+            if self._urgent_line and ends_a_line(new):
+                return True  # the end of the urgent line a look found before it was written
+            if may_be_urgent(new) and gathering.hand_on_now(True, now_s):
+                self._urgent_line = True
+                return True
+            time.sleep(min(gathering.look_s, max(0.0, gathering.due() - now_s)))
+        return True
+
+    def _peek(self) -> bytes:
+        """The bytes appended to the followed files since the last read or look."""
+        return b"".join(follower.peek(LOOK_BYTES) for follower in self._followers.values())
+
+    def _cycle(self) -> None:
+        """Find files and read each to its end; the lines are held for ``_flush``."""
+        self._read_any = False
+        try:
+            self._rescan()
+        except Exception:
+            logger.exception("cannot scan the log patterns %s", self._patterns)
+        for path, follower in list(self._followers.items()):
+            try:
+                self._pump(path, follower)
+                if self._vanished(path):
+                    self._hold(path, follower.finish())
+                    self._flush()  # before its offset is saved for the last time
+                    follower.commit()
+                    follower.close()
+                    del self._followers[path]
+                    self._wakeups.unwatch(path)
+                    self._globbed.discard(path)
+                    self._missing_since.pop(path, None)
+            except Exception:
+                logger.exception("cannot follow %s", path)
+        self._files = tuple(self._followers)
+
+    def _flush(self) -> None:
+        """Hand on the held lines, then save the offsets if that is due (or stopping)."""
+        held, self._held = self._held, {}
+        for path, lines in held.items():
+            try:
+                self._on_lines(path, lines)
+            except Exception:
+                logger.exception("on_lines failed for %d lines of %s", len(lines), path)
+        now_s = time.monotonic()
+        if now_s >= self._commit_due_s or self._stopping.is_set():
+            self._commit_due_s = now_s + COMMIT_INTERVAL_S
+            for follower in self._followers.values():
+                follower.commit()
+
+    def _vanished(self, path: str) -> bool:
+        """Whether a globbed file has been gone long enough to stop following it.
+
+        The grace keeps the old file open through a rename rotation, when its
+        writer may still append to it until the new file appears.
+        """
+        if path not in self._globbed or os.path.lexists(path):
+            self._missing_since.pop(path, None)
+            return False
+        since = self._missing_since.setdefault(path, time.monotonic())
+        return time.monotonic() - since >= VANISHED_GRACE_S
+
+    def _pump(self, path: str, follower: FileFollower) -> None:
+        while True:
+            self._hold(path, follower.read())
+            if not follower.has_backlog:
+                return
+            # A long backlog: hand on each batch of it, and keep what was handed on.
+            self._flush()
+            follower.commit()
+
+    def _hold(self, path: str, lines: list[str]) -> None:
+        if lines:
+            self._read_any = True
+            self._held.setdefault(path, []).extend(lines)
+
+    def _rescan(self) -> None:
+        followed = self._files
+        for pattern in self._patterns:
+            globbed = glob.has_magic(pattern)
+            paths = sorted(glob.glob(pattern, recursive=True)) if globbed else [pattern]
+            for path in paths:
+                if path not in self._followers and not os.path.isdir(path):
+                    if globbed or path in self._added:
+                        self._globbed.add(path)
+                    self._followers[path] = FileFollower(
+                        Path(path),
+                        offsets=self._offsets,
+                        max_line_bytes=self._max_line_bytes,
+                        skip=self._skips.get(path),
+                        new_splitter=self._splitting(Path(path)),
+                    )
+        self._files = tuple(self._followers)
+        # A path names another file only after a directory event: look only then.
+        if not self._dirs_changed and self._files == followed:
+            return
+        self._wakeups.follow(self._patterns, self._files)

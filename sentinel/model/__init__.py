@@ -1,0 +1,8 @@
+"""What flows through the pipeline and what sentinel knows of the run, as plain data.
+
+``records`` (lines, samples, alerts, blocks), ``incidents`` (alerts grouped into episodes),
+``facts`` (what the log states in passing), ``cost`` (money), ``machine`` (the names of the
+GPU and process-tree samples), ``secrets`` (what must be masked in every line written).
+
+The bottom of the house: it imports nothing of sentinel's.
+"""

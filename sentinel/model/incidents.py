@@ -1,0 +1,252 @@
+"""Incidents: alerts grouped into episodes that open once, escalate, and resolve.
+
+A detector may repeat itself; people must not be woken twice for one
+episode. The tracker turns the alert stream into a few events: an incident
+opened, escalated to a worse severity, or resolved.
+
+Rules that tell one story share an incident: a grad-norm run, then a loss
+spike, then a NaN are one divergence with one timeline, not three pages. An
+alert of a rule in ``EPISODE_GROUPS`` joins the open incident of another rule
+of its group; the incident's onset is the earliest evidence of any of them
+(where a rollback must go back before), and it resolves when every rule in
+it has resolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from sentinel.model.records import Alert, Severity
+
+#: Rules whose episodes join one incident while both are open.
+EPISODE_GROUPS: tuple[frozenset[str], ...] = (
+    frozenset({"grad_norm_run", "loss_spike", "loss_scale", "nan_inf"}),
+)
+
+
+class IncidentEvent(StrEnum):
+    OPENED = "opened"
+    ESCALATED = "escalated"
+    RESOLVED = "resolved"
+
+
+@dataclass
+class Incident:
+    """One episode (of one rule, or of rules of one group), with everything that happened in it.
+
+    ``rule`` is the rule of its worst alert: the one whose ``on_critical`` decides
+    what sentinel does.
+    """
+
+    id: str
+    rule: str
+    severity: Severity
+    opened_at: float
+    onset_step: int | None
+    onset_time: float
+    alerts: list[Alert] = field(default_factory=list)
+    #: What sentinel did, in order: (time, text).
+    actions: list[tuple[float, str]] = field(default_factory=list)
+    resolved_at: float | None = None
+    #: Rules with an open episode in this incident.
+    open_rules: set[str] = field(default_factory=set)
+    #: What the evidence suggests (``sentinel.evidence.diagnosis.Diagnosis``), set by the owner.
+    diagnosis: Any = None
+    #: Taken back from a sentinel that restarted, and not raised again since: its rule's
+    #: state did not survive, so it is not announced again until its rule speaks.
+    restored: bool = False
+
+    @property
+    def first(self) -> Alert:
+        return self.alerts[0]
+
+    @property
+    def rules(self) -> list[str]:
+        """Every rule that raised an alert in this incident, in order of first alert."""
+        return list(dict.fromkeys(alert.rule for alert in self.alerts))
+
+    @property
+    def worst(self) -> Alert:
+        return max(self.alerts, key=lambda alert: alert.severity.rank)
+
+    @property
+    def rank(self) -> int | None:
+        """The distributed rank whose series raised it (its first alert that names one);
+        None when no alert does (a single-rank job, a job-wide rule)."""
+        for alert in self.alerts:
+            rank = alert.details.get("rank")
+            if rank is not None:
+                return int(rank)
+        return None
+
+    def record(self, time: float, text: str) -> None:
+        self.actions.append((time, text))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "rule": self.rule,
+            "rules": self.rules,
+            "severity": str(self.severity),
+            "opened_at": self.opened_at,
+            "resolved_at": self.resolved_at,
+            "onset_step": self.onset_step,
+            "onset_time": self.onset_time,
+            "rank": self.rank,
+            "alerts": [alert.to_json() for alert in self.alerts],
+            "actions": [{"time": time, "text": text} for time, text in self.actions],
+            "diagnosis": None if self.diagnosis is None else self.diagnosis.to_json(),
+        }
+
+
+#: Alerts an incident keeps in the state dir's memory: the first, then the newest.
+MEMORY_ALERTS = 20
+
+
+def alert_memory(alert: Alert) -> dict[str, Any]:
+    """Every field of ``alert``, as JSON (the public schema leaves some out)."""
+    return {
+        "rule": alert.rule,
+        "severity": str(alert.severity),
+        "message": alert.message,
+        "time": alert.time,
+        "source": alert.source,
+        "step": alert.step,
+        "metric": alert.metric,
+        "value": alert.value,
+        "onset_step": alert.onset_step,
+        "resolves": alert.resolves,
+        "details": alert.details,
+    }
+
+
+def alert_from_memory(data: dict[str, Any]) -> Alert:
+    return Alert(**{**data, "severity": Severity(data["severity"])})
+
+
+def incident_memory(incident: Incident) -> dict[str, Any]:
+    alerts = incident.alerts
+    kept = alerts if len(alerts) <= MEMORY_ALERTS else alerts[:1] + alerts[1 - MEMORY_ALERTS :]
+    return {
+        "id": incident.id,
+        "rule": incident.rule,
+        "severity": str(incident.severity),
+        "opened_at": incident.opened_at,
+        "onset_step": incident.onset_step,
+        "onset_time": incident.onset_time,
+        "alerts": [alert_memory(alert) for alert in kept],
+        "actions": incident.actions,
+        "open_rules": sorted(incident.open_rules),
+    }
+
+
+def incident_from_memory(data: dict[str, Any]) -> Incident:
+    return Incident(
+        id=str(data["id"]),
+        rule=str(data["rule"]),
+        severity=Severity(data["severity"]),
+        opened_at=float(data["opened_at"]),
+        onset_step=data["onset_step"],
+        onset_time=float(data["onset_time"]),
+        alerts=[alert_from_memory(alert) for alert in data["alerts"]],
+        actions=[(float(time), str(text)) for time, text in data["actions"]],
+        open_rules=set(data["open_rules"]),
+        restored=True,
+    )
+
+
+class IncidentTracker:
+    """Groups alerts by rule into open incidents."""
+
+    def __init__(self, id_prefix: str) -> None:
+        self.id_prefix = id_prefix
+        self.open: dict[str, Incident] = {}
+        self.closed: list[Incident] = []
+        self._count = 0
+
+    def observe(self, alert: Alert) -> tuple[IncidentEvent, Incident] | None:
+        """Fold one alert in; the event it causes, or None when it changes nothing."""
+        incident = self.open.get(alert.rule)
+        if alert.resolves:
+            if incident is None:
+                return None
+            incident.alerts.append(alert)
+            incident.open_rules.discard(alert.rule)
+            del self.open[alert.rule]
+            if incident.open_rules:
+                return None  # another rule of the story is still going
+            return IncidentEvent.RESOLVED, self._close(incident, alert.time)
+        onset = alert.onset_step if alert.onset_step is not None else alert.step
+        if incident is None:
+            incident = self._peer(alert.rule)
+            if incident is not None:
+                self.open[alert.rule] = incident
+                incident.open_rules.add(alert.rule)
+                earlier = incident.onset_step is None or (onset or 0) < incident.onset_step
+                if onset is not None and earlier:
+                    incident.onset_step = onset
+                incident.onset_time = min(
+                    incident.onset_time, alert.details.get("onset_time", alert.time)
+                )
+        if incident is None:
+            self._count += 1
+            incident = Incident(
+                id=f"{self.id_prefix}-{self._count}",
+                rule=alert.rule,
+                severity=alert.severity,
+                opened_at=alert.time,
+                onset_step=onset,
+                # A rule that knows when its evidence began says so (stall: the last progress).
+                onset_time=alert.details.get("onset_time", alert.time),
+                alerts=[alert],
+                open_rules={alert.rule},
+            )
+            self.open[alert.rule] = incident
+            return IncidentEvent.OPENED, incident
+        incident.alerts.append(alert)
+        incident.restored = False
+        if alert.severity > incident.severity:
+            incident.severity = alert.severity
+            incident.rule = alert.rule
+            return IncidentEvent.ESCALATED, incident
+        return None
+
+    def memory(self) -> list[dict[str, Any]]:
+        """The open incidents, as JSON, for the state dir (``remember`` takes them back)."""
+        unique = {id(incident): incident for incident in self.open.values()}
+        return [incident_memory(incident) for incident in unique.values()]
+
+    def remember(self, memory: list[dict[str, Any]]) -> list[Incident]:
+        """Reopen the incidents ``memory`` holds (the same job, under a restarted sentinel)."""
+        restored = []
+        for data in memory:
+            incident = incident_from_memory(data)
+            for rule in incident.open_rules:
+                self.open[rule] = incident
+            restored.append(incident)
+        return restored
+
+    def close_all(self, now: float) -> list[Incident]:
+        """End every open episode (the job attempt they belong to is over)."""
+        incidents = list({id(incident): incident for incident in self.open.values()}.values())
+        return [self._close(incident, now) for incident in incidents]
+
+    def _peer(self, rule: str) -> Incident | None:
+        """The open incident of another rule of ``rule``'s group, if any."""
+        for group in EPISODE_GROUPS:
+            if rule in group:
+                for other in group:
+                    incident = self.open.get(other)
+                    if incident is not None:
+                        return incident
+        return None
+
+    def _close(self, incident: Incident, now: float) -> Incident:
+        incident.resolved_at = now
+        incident.open_rules.clear()
+        for rule in [rule for rule, other in self.open.items() if other is incident]:
+            del self.open[rule]
+        self.closed.append(incident)
+        return incident

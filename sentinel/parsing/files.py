@@ -1,0 +1,301 @@
+"""Structured metric files: formats read as a whole file, not line by line.
+
+Some frameworks write metrics in files whose lines cannot be read alone: a
+Lightning ``metrics.csv`` needs its header, an MLflow metric file is named
+after its metric, a TensorBoard event file is binary records. Each format is
+a module in this package; this one decides the format of a path, once
+(``classify``), and the ``MetricsFile`` it returns gives the followers of
+files (through ``sentinel.supervisor.metric_files``, which knows both them and this
+package; neither knows the other) and ``replay`` what they need to read it:
+
+- ``MetricsFile.new_reader()``: a stateful ``FileReader`` fed that file's lines
+  in order (None for plain logs, which ``LineParser`` reads line by line);
+- ``MetricsFile.new_splitter(max_line_bytes)``: what turns the file's bytes
+  into lines (text lines, or for binary records one JSON line per record);
+- ``replay_plan(paths)`` then ``iter_replay_batches(plan)``: every line of the
+  given files or run folders, in the order a live run would have produced
+  them, with its source path.
+
+``file_format`` and ``reader_for`` are ``classify`` and one of those, for a caller
+that needs just one thing of a path.
+
+A path's format comes from the path alone, first match:
+
+- ``mlflow``: ``.../mlruns/<experiment_id>/<run_id>/metrics/<key...>``, the
+  ``metrics`` folder exactly three below a folder named ``mlruns`` (MLflow's
+  default ``./mlruns``; a file store under another name is not recognised);
+- ``tensorboard``: the file name contains ``tfevents``;
+- ``lightning_csv``: the file name is ``metrics.csv`` (Lightning's CSVLogger);
+- anything else is a plain log (None).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Literal, Protocol
+
+from sentinel.model.records import Sample
+from sentinel.parsing import lightning_csv, mlflow, tensorboard
+from sentinel.parsing.lines import LineSplitter, Splitter
+from sentinel.parsing.tensorboard import INSTALL_HINT, MissingExtra
+
+logger = logging.getLogger(__name__)
+
+Format = Literal["lightning_csv", "mlflow", "tensorboard"]
+
+_CHUNK_BYTES = 1 << 20
+_DIGITS = re.compile(r"(\d+)")
+
+
+class FileReader(Protocol):
+    """Reads one structured metrics file, fed its lines in order.
+
+    Like a ``ParseFn``: returns the line's samples (maybe none), None when the
+    line is not understood, raises ``Garbled`` for a broken line.
+    """
+
+    def parse(self, text: str) -> list[Sample] | None: ...
+
+
+@dataclass(frozen=True)
+class MetricsFile:
+    """A path and its format, decided once (``classify``): its reader and splitter follow."""
+
+    path: Path
+    #: None for a plain log.
+    format: Format | None
+    #: An MLflow metric file's key, the metric's name as logged (``train/loss``).
+    mlflow_key: str | None = None
+
+    @property
+    def source(self) -> str:
+        """The name its lines carry (alerts, offsets): the path as given."""
+        return str(self.path)
+
+    @property
+    def mlflow_run(self) -> PurePath | None:
+        """An MLflow metric file's run folder, whose metric files are read together."""
+        if self.mlflow_key is None:
+            return None
+        return mlflow.run_folder(self.path, self.mlflow_key)
+
+    def new_reader(self) -> FileReader | None:
+        """A reader for this file's lines, from the first; None for a plain log."""
+        if self.format == "lightning_csv":
+            return lightning_csv.LightningCsvReader()
+        if self.mlflow_key is not None:
+            return mlflow.MlflowMetricReader(self.mlflow_key)
+        if self.format == "tensorboard":
+            return tensorboard.TensorBoardReader()
+        return None
+
+    def new_splitter(self, max_line_bytes: int = 1 << 20) -> Splitter:
+        """What turns this file's bytes into lines for its reader, from its start.
+
+        Never raises: an event file while tensorboard is missing gets a splitter
+        that holds its bytes unread, and the missing extra is logged once per path
+        (``require_extras`` is the check that fails at start).
+        """
+        if self.format == "tensorboard":
+            try:
+                return tensorboard.RecordSplitter(max_line_bytes)
+            except MissingExtra as error:
+                _report_unreadable(self.source, str(error))
+                return tensorboard.HeldSplitter()
+        if self.format == "lightning_csv":
+            return lightning_csv.CsvHeaderSplitter(self.path, max_line_bytes)
+        return LineSplitter(max_line_bytes)
+
+
+def classify(path: str | PurePath) -> MetricsFile:
+    """``path`` with its structured format, by the rules in this module's docstring."""
+    key = mlflow.metric_key(path)
+    if key is not None:
+        return MetricsFile(Path(path), "mlflow", key)
+    name = PurePath(path).name
+    if tensorboard.NAME_MARK in name:
+        return MetricsFile(Path(path), "tensorboard")
+    if name == lightning_csv.FILE_NAME:
+        return MetricsFile(Path(path), "lightning_csv")
+    return MetricsFile(Path(path), None)
+
+
+def file_format(path: str | PurePath) -> Format | None:
+    """The structured format of ``path`` (``classify``); None for a plain log."""
+    return classify(path).format
+
+
+def reader_for(path: str) -> FileReader | None:
+    """A new reader for ``path`` when it is a structured format; None for a plain log."""
+    return classify(path).new_reader()
+
+
+@functools.cache
+def _report_unreadable(path: str, reason: str) -> None:
+    logger.error("%s is not read: %s", path, reason)
+
+
+def require_extras(paths: Iterable[str | PurePath]) -> None:
+    """Raise ``MissingExtra`` when a path (or glob) names a format whose extra is missing.
+
+    For the start of ``watch``/``replay``: a glob that does not say ``tfevents``
+    cannot be checked until its files appear; those are then held unread, with
+    an error logged (see ``MetricsFile.new_splitter``).
+    """
+    if any(tensorboard.NAME_MARK in PurePath(path).name for path in paths):
+        tensorboard.codec()
+
+
+#: What replay reads, in order: each group one file, or the metric files of one MLflow run.
+ReplayPlan = list[list[MetricsFile]]
+
+
+def iter_replay(paths: Sequence[Path]) -> Iterator[tuple[str, str]]:
+    """``(source, line)`` for every line of the files, in order.
+
+    Files are read in the order given; a folder stands for the metric files
+    in it (see ``replay_plan``). An MLflow run's metric files are merged in
+    (step, timestamp) order, each line with its own file as source; a
+    TensorBoard file gives one JSON line per scalar record. Plain logs and
+    event files are streamed; an MLflow run is read whole. Raises, before
+    the first line, ``FileNotFoundError`` for a folder without metric files
+    and ``MissingExtra`` for event files without tensorboard.
+    """
+    for source, lines in iter_replay_batches(replay_plan(paths)):
+        for line in lines:
+            yield source, line
+
+
+def iter_replay_batches(plan: ReplayPlan) -> Iterator[tuple[str, list[str]]]:
+    """The lines of a ``replay_plan`` a batch at a time: ``(source, lines)``, the lines
+    of one read of a file (about a megabyte), or one line of an MLflow run."""
+    for group in plan:
+        if group[0].format == "mlflow":
+            for source, line in mlflow.merged_lines([file.path for file in group]):
+                yield source, [line]
+        else:
+            yield from _file_batches(group[0])
+
+
+def replay_plan(paths: Sequence[Path]) -> ReplayPlan:
+    """What ``iter_replay`` reads: files one by one, an MLflow run's files together, each
+    file's format decided here once.
+
+    A file is read as given, whatever its format. A folder is searched
+    recursively (names in natural order, so ``version_10`` comes after
+    ``version_9``; hidden names like ``.trash`` and an MLflow run's
+    ``artifacts`` skipped) for the files a format recognises: an MLflow run
+    folder or ``mlruns`` root gives its metric files, a Lightning log folder
+    its ``metrics.csv``, a TensorBoard log folder its event files; plain logs
+    in a folder are not read. The metric files of one MLflow run form one
+    group, in the place of the first of them. A file named twice is read once.
+
+    Raises ``FileNotFoundError`` for a folder without metric files and
+    ``MissingExtra`` for event files without tensorboard.
+    """
+    files: list[MetricsFile] = []
+    for path in paths:
+        if path.is_dir():
+            found = _walk(path)
+            if not found:
+                raise FileNotFoundError(
+                    f"{path}: no metrics.csv, MLflow metric or TensorBoard event file in it"
+                )
+            files += found
+        else:
+            files.append(_classify_in_place(path))
+    plan: ReplayPlan = []
+    runs: dict[PurePath, list[MetricsFile]] = {}
+    seen: set[str] = set()
+    for file in files:
+        absolute = os.path.abspath(file.path)
+        if absolute in seen:
+            continue
+        seen.add(absolute)
+        run = file.mlflow_run
+        if run is None:
+            plan.append([file])
+        elif run in runs:
+            runs[run].append(file)
+        else:
+            runs[run] = [file]
+            plan.append(runs[run])
+    if any(file.format == "tensorboard" for file in files):
+        tensorboard.codec()
+    return plan
+
+
+def _walk(folder: Path) -> list[MetricsFile]:
+    """The files under ``folder`` that a format recognises, in natural name order."""
+    found: list[MetricsFile] = []
+    for root, folders, names in os.walk(folder):
+        folders[:] = sorted(
+            (name for name in folders if not _skipped_folder(root, name)), key=_natural
+        )
+        for name in sorted(names, key=_natural):
+            if name.startswith("."):
+                continue
+            file = _classify_in_place(Path(root, name))
+            if file.format is not None:
+                found.append(file)
+    return found
+
+
+def _skipped_folder(root: str, name: str) -> bool:
+    if name.startswith("."):
+        return True
+    # An MLflow run's artifacts may hold copies of metric files (a logged metrics.csv).
+    return name == "artifacts" and mlflow.is_run_folder(Path(root))
+
+
+def _classify_in_place(path: Path) -> MetricsFile:
+    """``classify``, of the absolute path when only that shows a format (``.`` in a run)."""
+    file = classify(path)
+    if file.format is not None:
+        return file
+    absolute = classify(os.path.abspath(path))
+    return absolute if absolute.format is not None else file
+
+
+def _natural(name: str) -> tuple[str | int, ...]:
+    """Sort key that orders the numbers in names by value: ``v2`` before ``v10``."""
+    # split() with a group alternates text and digits, so equal positions hold equal types.
+    return tuple(int(part) if index % 2 else part for index, part in enumerate(_DIGITS.split(name)))
+
+
+def _file_batches(file: MetricsFile) -> Iterator[tuple[str, list[str]]]:
+    """The lines of one file through its format's splitter, a read at a time, streamed."""
+    source = file.source
+    splitter = file.new_splitter()
+    with file.path.open("rb") as stream:
+        while chunk := stream.read(_CHUNK_BYTES):
+            lines = splitter.feed(chunk)
+            if lines:
+                yield source, lines
+    lines = splitter.flush()
+    if lines:
+        yield source, lines
+
+
+__all__ = [
+    "INSTALL_HINT",
+    "FileReader",
+    "Format",
+    "MetricsFile",
+    "MissingExtra",
+    "ReplayPlan",
+    "Splitter",
+    "classify",
+    "file_format",
+    "iter_replay",
+    "iter_replay_batches",
+    "reader_for",
+    "replay_plan",
+    "require_extras",
+]

@@ -1,0 +1,125 @@
+"""Human-written metric lines: ``step 120 | loss 2.31 | tok/s 15321``, ``loss=2.3, lr=3e-4``.
+
+Three pair forms are read: ``key=value`` and ``key: value`` accept a key that
+reads as a metric name (letters, digits, ``_``, ``/``, ``-``, ``.``; not a
+CamelCase word such as ``UserWarning``, nor a log level); ``key value`` (space
+only) accepts only a known metric name or alias, so prose does not become
+metrics, and neither does ``key: value`` followed by a word (``workers: 4
+workers``). Values are numbers or nan/inf, signed, any case. A leading
+``2024-05-01 12:00:01`` timestamp becomes the samples' time.
+
+The step comes from any name a log gives it: ``step 120``, ``steps 8400``,
+``iter 50``, ``iteration 100/ 500``, ``Global Step: 20``, ``num_updates 5000``,
+``updates 10``; and ``| epoch 2 | 200/ 2983 batches`` (PyTorch's
+word_language_model) is step ``2983 + 200``, counting the batches of the epochs
+before.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sentinel.model.records import Sample
+from sentinel.parsing.values import (
+    ALIASES,
+    RECORD_STEP_KEYS,
+    as_step,
+    iso_to_epoch_seconds,
+    normalise_name,
+)
+
+#: Names accepted in the space-separated ``key value`` form (lower-case).
+KNOWN_KEYS: frozenset[str] = (
+    frozenset(ALIASES) | frozenset(ALIASES.values()) | frozenset(RECORD_STEP_KEYS)
+)
+KNOWN_KEYS |= {"loss", "test_loss", "epoch", "ppl", "perplexity", "mfu", "accuracy", "acc"}
+#: Keys of ``key: value`` that are words of a message, not metric names (lower-case).
+NOT_METRIC_KEYS: frozenset[str] = frozenset(
+    {
+        "warning", "warn", "error", "info", "debug", "note", "critical", "fatal", "notice",
+        "hint", "tip", "todo", "exception", "traceback", "line", "pid", "port", "errno",
+        "code", "exit", "signal", "attempt", "retry", "retries", "version", "worker",
+        "workers", "rank", "node", "host", "cuda", "device", "gpu", "file", "id", "to", "from",
+        "at", "of", "in", "is", "by", "for", "with", "was", "be",
+    }
+)  # fmt: skip
+
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?|nan|inf(?:inity)?)"
+_PAIR = re.compile(
+    r"(?<![\w/.\-])"
+    r"(?P<key>(?:eval|val|valid|validation|test|train|training)\s+loss|global\s+step"
+    r"|[a-z_][\w/.\-]*)"
+    r"(?P<sep>\s*=\s*|\s*:\s*|\s+)"
+    rf"(?P<value>{_NUMBER})(?:\s*/\s*\d+(?!\.\d))?"
+    # Not part of something longer: 12:00:01, 10.0.0.1, 100%, 1.5s/it, 1,000.
+    r"(?![\w%]|[.:]\w|,\d{3})",
+    re.IGNORECASE,
+)
+_LEADING_TIMESTAMP = re.compile(
+    r"\[?(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)"
+)
+_SPACES = re.compile(r"\s+")
+_STEP_NAMES = frozenset(RECORD_STEP_KEYS)
+#: A word after a value: prose (``UserWarning: 4 workers``) unless it starts another pair.
+_WORD_AFTER = re.compile(r"[ \t]+[a-z][a-z_]*\b(?![ \t]*[:=]|[ \t]+[-+]?[\d.])", re.IGNORECASE)
+_CAMEL = re.compile(r"[a-z][A-Z]")
+_EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches", re.IGNORECASE)
+#: ``Train epoch: 0, batch: 790/34799, loss: ...`` (a hand-written loop, epochs from 0).
+_EPOCH_BATCH = re.compile(
+    r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
+)
+
+
+def reads_as_metric_name(key: str) -> bool:
+    """Whether a ``key: value`` key names a metric, not a word of a message
+    (``UserWarning``, ``RuntimeError``, ``Note``, ``workers``)."""
+    if _CAMEL.search(key) is not None:
+        return False
+    lowered = key.lower()
+    return lowered not in NOT_METRIC_KEYS and not lowered.endswith(("warning", "error"))
+
+
+def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
+    """The metric (name, value) pairs in a line, names normalised, and its step if any."""
+    pairs: list[tuple[str, float]] = []
+    step: int | None = None
+    for match in _PAIR.finditer(text):
+        key, separator, value = match.group("key", "sep", "value")
+        if " " in key or "\t" in key:
+            key = _SPACES.sub("_", key)
+        lowered = key.lower()
+        # Prose guard: an unknown key needs "=" or ": " (so not "cuda:0", "batch 8"), and
+        # after ": " a name that reads as a metric's and no word after its value.
+        if lowered not in KNOWN_KEYS and "=" not in separator:
+            if ":" not in separator or separator[-1] == ":" or not reads_as_metric_name(key):
+                continue
+            if _WORD_AFTER.match(text, match.end()) is not None:
+                continue
+        if lowered in _STEP_NAMES:
+            if step is None:
+                step = as_step(value)
+            continue
+        pairs.append((normalise_name(key), float(value)))
+    if step is None and "batches" in text:
+        batches = _EPOCH_BATCHES.search(text)
+        if batches is not None:
+            epoch, batch, per_epoch = map(int, batches.groups())
+            step = max(epoch - 1, 0) * per_epoch + batch
+    if step is None and "batch" in text:
+        counted = _EPOCH_BATCH.search(text)
+        if counted is not None:
+            epoch, batch, per_epoch = map(int, counted.groups())
+            step = epoch * per_epoch + batch
+    return pairs, step
+
+
+def parse_keyvalue(text: str) -> list[Sample] | None:
+    """Samples of one human-written metric line; None when it has no metric (plain text)."""
+    pairs, step = find_pairs(text)
+    if not pairs:
+        return None
+    time = None
+    stamp = _LEADING_TIMESTAMP.match(text.lstrip())
+    if stamp is not None:
+        time = iso_to_epoch_seconds(stamp.group(1))
+    return [Sample(name, value, step, time) for name, value in pairs]

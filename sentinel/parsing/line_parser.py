@@ -1,0 +1,282 @@
+"""``LineParser``: finds each line's format (user regexes first), counts what it cannot read."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sentinel.model.records import Sample
+from sentinel.parsing import fields, formats, hf_steps, hf_trainer, jsonl, ranks, tqdm
+from sentinel.parsing.files import FileReader
+from sentinel.parsing.hf_blocks import HfPiece
+from sentinel.parsing.regex import UserRegex, compile_regexes, parse_with_regexes
+from sentinel.parsing.registry import PARSERS
+from sentinel.parsing.values import Garbled, ParseFn
+
+logger = logging.getLogger(__name__)
+
+_DIGIT = re.compile(r"\d")
+
+
+@dataclass(slots=True)
+class ParseStats:
+    """Counts of lines by outcome; ``lines == parsed + garbled + unparsed``.
+
+    ``errors`` counts lines on which a parser raised something other than
+    ``Garbled`` (a bug, logged with its traceback); they are also in ``garbled``.
+    """
+
+    lines: int = 0
+    parsed: int = 0
+    garbled: int = 0
+    unparsed: int = 0
+    errors: int = 0
+
+
+class LineParser:
+    """Auto-detects each line's format and turns it into samples; counts what it could not read."""
+
+    def __init__(
+        self,
+        *,
+        regexes: Sequence[str] = (),
+        enabled: Sequence[str] | None = None,
+        logging_steps: int | None = None,
+    ) -> None:
+        """``logging_steps``: the run's ``[parsers] logging_steps``; where it is set, the
+        engine counts the steps of HF dicts and the bars teach none (``hf_steps``)."""
+        names = list(PARSERS) if enabled is None else list(enabled)
+        unknown = [name for name in names if name not in PARSERS]
+        if unknown:
+            raise ValueError(
+                f"unknown parser(s) {', '.join(map(repr, unknown))}; known: {', '.join(PARSERS)}"
+            )
+        self.stats = ParseStats()
+        self._regexes: tuple[UserRegex, ...] = compile_regexes(regexes)
+        # "{" lines go to JSON (which falls back to the HF dict form) or to HF alone.
+        self._brace: ParseFn | None = None
+        if "jsonl" in names:
+            self._brace = jsonl.parse_jsonl
+        elif "hf_trainer" in names:
+            self._brace = hf_trainer.parse_hf_dict
+        self._human: tuple[ParseFn, ...] = tuple(
+            PARSERS[name] for name in ("rich_bar", "tqdm", "keyvalue") if name in names
+        )
+        # User regexes come first, so with any the fast path is off.
+        self._brace_fast = self._brace is not None and not self._regexes
+        self._fast_loads = fields.fast_loads if self._brace is jsonl.parse_jsonl else None
+        #: Whether JSON lines may be read many at once (``parsers.columns``): only when
+        #: they read as JSON, with no user regex in front.
+        self.reads_json_blocks = self._brace is jsonl.parse_jsonl and not self._regexes
+        self._hf_blocks = (
+            self._brace is not None and not self._regexes and tqdm.parse_tqdm in self._human
+        )
+        self._hf = hf_steps.HfSteps(bars_teach=logging_steps is None)
+        self._formats = formats.Formats() if "keyvalue" in names else None
+        self._no_step_yet = True
+
+    @property
+    def reads_hf_blocks(self) -> bool:
+        """Whether HF Trainer output may be read many lines at once (``parsers.hf_blocks``):
+        its dicts by the brace parser and its bars by tqdm's, with no user regex in front,
+        and while no steps per epoch are known from ``trainer_state.json`` (the block path
+        takes a dict's step from the bars or the logging cadence, not from its epoch; what
+        the bars taught gives exact steps to the lines read one by one, live above all)."""
+        return self._hf_blocks and (self._hf.steps_per_epoch is None or self._hf.taught)
+
+    def read_hf_block(
+        self, piece: HfPiece, epochs: list[float] | None, training: bool
+    ) -> list[int | None]:
+        """The steps ``parse`` would give a piece's dicts (None: none of its own), what it
+        learns from them and from the bars learned (``HfSteps.read_block``); the block
+        path ``restore_hf``s what it knew before where the rules refuse the block."""
+        return self._hf.read_block(piece, epochs, training)
+
+    def hf_state(self) -> tuple[object, ...]:
+        """What the HF steps know, for ``restore_hf``."""
+        return self._hf.state()
+
+    def restore_hf(self, state: tuple[object, ...]) -> None:
+        self._hf.restore(state)
+
+    def learn_trainer_state(self, text: str) -> bool:
+        """Read steps per epoch from a ``trainer_state.json`` found beside the checkpoints,
+        so that HF Trainer dicts get their exact step; whether it held them."""
+        return self._hf.learn_trainer_state(text)
+
+    def parse(self, text: str) -> list[Sample]:
+        """The samples in one line; an empty list for plain text or a garbled line.
+
+        An HF Trainer dict gets the step its epoch implies where that is known
+        (``parsers.hf_steps``); the first metrics with no step while none was seen are
+        logged once, as a notice that the log names no step.
+        """
+        samples = self._parse_line(text)
+        if "{'" in text or "%|" in text:
+            samples = self._hf.process(text, samples)
+        if self._no_step_yet and samples:
+            self._check_step(samples, text)
+        return samples
+
+    def _check_step(self, samples: list[Sample], text: str) -> None:
+        """Log, once, metrics that arrive while no line has named a step."""
+        for sample in samples:
+            if sample.step is not None:
+                self._no_step_yet = False
+                return
+        self._no_step_yet = False
+        logger.warning(
+            "metrics on a line that names no step (%r): they are read at the last step"
+            " a progress bar showed, or at no step; a --regex with a (?P<step>...) group,"
+            " or a step field in the log, gives them theirs",
+            text[:120],
+        )
+
+    def _parse_line(self, text: str) -> list[Sample]:
+        """``parse`` but for the step of HF dicts and the notice.
+
+        A line with a rank prefix (``[rank1]:``, ``[default1]:``, ``1: ``) is read without
+        it, its samples carrying the rank (``parsers.ranks``)."""
+        if ranks.may_carry(text):
+            ranked = ranks.parse_ranked(self._parse_line, text)
+            if ranked is not None:
+                return ranked
+        stats = self.stats
+        stats.lines += 1
+        if self._brace_fast and text[:1] == "{":
+            fast_loads = self._fast_loads
+            if fast_loads is not None and text[1:2] != "'":
+                # _parse_brace's orjson case inlined (a metrics file is all such lines):
+                # a whole line that orjson decodes to an object.
+                try:
+                    decoded = fast_loads(text)
+                except ValueError:
+                    decoded = None
+                if type(decoded) is dict:
+                    read = fields.samples_from_mapping(decoded)
+                    if read:
+                        stats.parsed += 1
+                    else:
+                        stats.unparsed += 1
+                    return read
+            found = self._parse_brace(text)
+            if found is not None:
+                return found
+        if "\r" not in text:
+            return self._counted(self._parse_segment, text) or []
+        samples: list[Sample] = []
+        garbled = False
+        for segment in text.split("\r"):
+            try:
+                samples.extend(self._parse_segment(segment))
+            except Garbled:
+                garbled = True
+            except Exception:
+                self._bug(segment)
+                return []
+        if garbled:
+            stats.garbled += 1
+        elif samples:
+            stats.parsed += 1
+        else:
+            stats.unparsed += 1
+        return samples
+
+    def _counted(self, parse: ParseFn, text: str) -> list[Sample] | None:
+        """``parse(text)``, counted in the stats: a garbled line or a parser's bug gives
+        an empty list; None (the parser declines the line) is passed on uncounted."""
+        stats = self.stats
+        try:
+            found = parse(text)
+        except Garbled:
+            stats.garbled += 1
+            return []
+        except Exception:
+            self._bug(text)
+            return []
+        if found:
+            stats.parsed += 1
+        elif found is not None:
+            stats.unparsed += 1
+        return found
+
+    def _parse_brace(self, text: str) -> list[Sample] | None:
+        """Fast path for a line that starts with ``{``: a JSON object or an HF dict, the
+        lines of a metrics file. Counted; None sends the line down the full path.
+
+        The full path would reach the same parser after stripping and splitting the
+        line and trying other forms; here a JSON line is decoded in place, and other
+        ``{`` lines go straight to the brace parser.
+        """
+        stats = self.stats
+        if text[1:2] != "'" and self._brace is jsonl.parse_jsonl:
+            try:
+                decoded, end = fields.decode_prefix(text)
+            except Exception:
+                decoded, end = None, 0
+            if type(decoded) is dict and (end == len(text) or text[end:].isspace()):
+                samples = fields.samples_from_mapping(decoded)
+                if samples:
+                    stats.parsed += 1
+                else:
+                    stats.unparsed += 1
+                return samples
+        if "\r" in text:
+            return None  # a progress bar's redraws may hide in it: split it first
+        # An HF dict is what parse_jsonl would hand on to parse_hf_dict anyway.
+        parse = hf_trainer.parse_hf_dict if text[1:2] == "'" else self._brace
+        assert parse is not None
+        return self._counted(parse, text)
+
+    def parse_with(self, reader: FileReader, text: str) -> list[Sample]:
+        """One line of a structured file, read by its file's own reader; counted like ``parse``."""
+        self.stats.lines += 1
+        return self._counted(reader.parse, text) or []
+
+    def _parse_segment(self, text: str) -> list[Sample]:
+        """One ``\\r``-free piece of a line; raises ``Garbled``."""
+        stripped = text.strip()
+        if not stripped:
+            return []
+        if self._regexes:
+            found = parse_with_regexes(self._regexes, stripped)
+            if found:
+                return found
+        if stripped[0] == "{" and self._brace is not None:
+            found = self._brace(stripped)
+            if found is not None:
+                return found
+        if stripped[-1] == "}" and self._brace is not None:
+            # A dict glued to the end of a progress bar: with stdout buffered, the HF
+            # Trainer's first dict after a flush lands right after tqdm's bar text.
+            brace = stripped.find("{")
+            found = self._brace(stripped[brace:]) if brace > 0 else None
+            if found is not None:
+                return self._parse_segment(stripped[:brace]) + found
+        formats = self._formats
+        if formats is not None:
+            # Frameworks' own lines, and those whose step or names an earlier line gave.
+            found = formats.parse(stripped)
+            if found is not None:
+                return found
+        if not _has_digit(stripped):
+            return []
+        for parse in self._human:
+            found = parse(stripped)
+            if found is not None:
+                return found
+        return []
+
+    def _bug(self, text: str) -> None:
+        """Count a parser's unexpected exception; log the first one's traceback."""
+        self.stats.garbled += 1
+        self.stats.errors += 1
+        if self.stats.errors == 1:
+            logger.exception("a parser failed on line %r (a bug; line skipped)", text[:200])
+
+
+def _has_digit(text: str) -> bool:
+    """Whether the text contains an ASCII digit; cheap gate before the human-line regexes."""
+    return _DIGIT.search(text) is not None

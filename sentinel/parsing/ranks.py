@@ -1,0 +1,80 @@
+"""Rank prefixes: which distributed rank printed a line, and the line without its prefix.
+
+Launchers label the lines of each rank when they share one stream:
+
+- PyTorch's own ``[rank1]:`` (and DeepSpeed's ``[Rank 1]``), colon optional;
+- torchrun's ``--log-line-prefix-template`` (and ``--tee``'s default): ``[default1]:``,
+  ``[trainer1]:``, ``[1]:``: a role name, then the rank, then ``]:``;
+- ``srun --label``'s ``1: ``: a number, a colon and a space. A number at the start of a
+  line is as often a step (``100: loss=2.3``), so this one is read as a rank only when the
+  rest of the line names its own step (``1: step 5 | loss 2.3``);
+- a script's own ``rank 1: `` or ``Rank 1 | ``; a bare ``rank 1 `` only when the rest names
+  its own step.
+
+``LineParser.parse`` hands a line that may carry one (``may_carry``) to ``parse_ranked``,
+which strips it, parses the rest once and sets each sample's ``rank``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from sentinel.model.records import PROGRESS, Sample
+
+#: What a line with a rank prefix starts with: cheap gate before the regex.
+_FIRST = frozenset("[0123456789 rR")
+#: ``[rank1]:``, ``[Rank 1]``, ``[default1]:``, ``[1]:``.
+_BRACKETED = re.compile(r"\[(?:(rank) ?|[A-Za-z_][\w-]*?)?(\d{1,6})\](:?) ?", re.IGNORECASE)
+#: ``rank 1:``, ``Rank1 |``, ``RANK 1 `` (the last one not sure).
+_NAMED = re.compile(r"rank ?(\d{1,6})(?: ?([:|]) ?| )", re.IGNORECASE)
+#: srun --label: ``1: `` (right-aligned to the widest task id).
+_LABEL = re.compile(r" *(\d{1,5}): ")
+
+_new_sample = tuple.__new__
+
+
+def may_carry(text: str) -> bool:
+    """Whether ``text`` may start with a rank prefix (one character looked at)."""
+    return text[:1] in _FIRST
+
+
+def split_rank(text: str) -> tuple[int, str, bool] | None:
+    """``(rank, rest of the line, sure)`` for a line with a rank prefix, else None.
+
+    ``sure`` is False for srun's bare ``N: `` label and a bare ``rank N ``, which are a
+    rank only when the rest names a step."""
+    bracketed = _BRACKETED.match(text)
+    if bracketed is not None:
+        named_rank, rank, colon = bracketed.groups()
+        if named_rank or colon:  # a bare ``[1]`` is too common to be a rank
+            return int(rank), text[bracketed.end() :], True
+        return None
+    named = _NAMED.match(text)
+    if named is not None:
+        return int(named.group(1)), text[named.end() :], named.group(2) is not None
+    label = _LABEL.match(text)
+    if label is not None:
+        return int(label.group(1)), text[label.end() :], False
+    return None
+
+
+def parse_ranked(parse: Callable[[str], list[Sample]], text: str) -> list[Sample] | None:
+    """The samples of a line with a rank prefix, each with its ``rank``, read by ``parse``
+    from the rest of the line; None when the line has no prefix (parse it whole).
+
+    A bare srun label whose rest names no step is no rank: the rest's samples come back
+    without one."""
+    found = split_rank(text)
+    if found is None:
+        return None
+    rank, rest, sure = found
+    samples = parse(rest)
+    if not samples:
+        return samples
+    if not sure and not any(sample[2] is not None and sample[0] != PROGRESS for sample in samples):
+        return samples
+    return [_new_sample(Sample, (*sample[:4], rank)) for sample in samples]
+
+
+__all__ = ["may_carry", "parse_ranked", "split_rank"]

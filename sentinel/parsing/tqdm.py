@@ -1,0 +1,53 @@
+"""tqdm progress bars: ``  5%|▌    | 10/200 [00:01<00:19,  9.81it/s]`` -> progress at step 10.
+
+The engine uses the bar's count as the current step for lines that carry
+none (the HF Trainer's log dicts). Only a training bar counts: one with no
+description (the HF Trainer's) or one described as training, steps or
+iterations. Other bars (``Loading checkpoint shards``, ``Map``, Lightning's
+per-epoch ``Epoch 0``, whose count restarts every epoch) are recognised and
+give no progress. ``key=value`` pairs in a bar's postfix become samples.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing.keyvalue import find_pairs
+
+_new_tuple = tuple.__new__
+#: An elapsed or remaining time as tqdm prints it: ``01:02`` or ``1:02:03``.
+CLOCK = r"(?:\d+:)?\d+:\d{2}"
+_BAR = re.compile(
+    r"(?:(?P<percent>\d{1,3})%\|[^|]*\|\s*)?"
+    r"(?P<count>\d+)(?:/(?:\d+|\?))?(?:it)?\s+"
+    rf"\[{CLOCK}(?:<(?:{CLOCK}|\?))?(?:,\s*(?P<rest>[^\]]*))?\]\s*$"
+)
+#: Postfix fields that are not metrics (Lightning's logger version number).
+_NOT_METRICS = frozenset({"v_num"})
+_TRAINING_DESCRIPTION = re.compile(
+    r"(?:train(?:ing)?|steps?|iter(?:ation)?s?|global[ _]step)\b[^:]*:?", re.IGNORECASE
+)
+
+
+def parse_tqdm(text: str) -> list[Sample] | None:
+    """A progress sample from a training bar, ``[]`` for another bar, None for no bar."""
+    # Cheap gate: a bar has "elapsed<remaining" or, with no total, "Nit [".
+    if "[" not in text or ("<" not in text and "it [" not in text):
+        return None
+    bar = _BAR.search(text)
+    if bar is None:
+        return None
+    description = text[: bar.start()].strip()
+    training = not description or _TRAINING_DESCRIPTION.fullmatch(description) is not None
+    count = int(bar.group("count"))
+    step = count if training else None
+    samples: list[Sample] = []
+    rest = bar.group("rest")
+    if rest and "=" in rest:
+        pairs, _ = find_pairs(rest)
+        samples = [Sample(name, value, step) for name, value in pairs if name not in _NOT_METRICS]
+    if training:
+        # tuple.__new__: the same Sample without a Python-level call (a bar is redrawn often).
+        samples.append(_new_tuple(Sample, (PROGRESS, float(count), count, None, None)))
+    return samples

@@ -1,0 +1,154 @@
+"""The words every parser shares: ``Garbled``, the ``ParseFn`` contract, metric names, steps, times.
+
+A format module imports this, never the package (whose ``__init__`` loads every format).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from sentinel.model.records import Sample
+
+
+class Garbled(ValueError):
+    """The line is clearly in a parser's format but broken; the caller counts and skips it."""
+
+
+ParseFn = Callable[[str], list[Sample] | None]
+
+#: Lower-cased names, as written in logs, mapped to the canonical metric name.
+ALIASES: dict[str, str] = {
+    "train_loss": "loss",
+    "train/loss": "loss",
+    "training_loss": "loss",
+    "loss/train": "loss",
+    "grad_norm": "grad_norm",
+    "grad-norm": "grad_norm",
+    "gradnorm": "grad_norm",
+    "grad_norm/total": "grad_norm",
+    "train/grad_norm": "grad_norm",
+    "gnorm": "grad_norm",
+    "lr": "lr",
+    "learning_rate": "lr",
+    "train/learning_rate": "lr",
+    "train/lr": "lr",
+    "lr/pg0": "lr",  # Ultralytics: the first parameter group's
+    "tokens_per_sec": "tokens_per_sec",
+    "tok/s": "tokens_per_sec",
+    "tokens/s": "tokens_per_sec",
+    "tokens_per_second": "tokens_per_sec",
+    "train/tokens_per_second": "tokens_per_sec",
+    "throughput": "tokens_per_sec",
+    "eval_loss": "eval_loss",
+    "val_loss": "eval_loss",
+    "eval/loss": "eval_loss",
+    "validation_loss": "eval_loss",
+    "val/loss": "eval_loss",
+    "valid_loss": "eval_loss",
+}
+
+#: Field names (lower-cased) that carry the step rather than a metric, most specific first.
+STEP_KEYS: tuple[str, ...] = ("step", "global_step", "iteration", "iter")
+#: Every name a logged record or line gives its step under (lower-cased), most specific
+#: first: ``STEP_KEYS`` and the counts of updates of fairseq and others.
+RECORD_STEP_KEYS: tuple[str, ...] = (
+    *STEP_KEYS,
+    "num_updates",
+    "updates",
+    "current_steps",  # LLaMA-Factory's trainer_log.jsonl
+    "steps",
+    "global step",
+)
+#: Field names (lower-cased) that carry the data's own timestamp.
+TIME_KEYS: tuple[str, ...] = ("time", "timestamp", "ts", "wall_time")
+
+# Above these, an epoch timestamp is in milliseconds, microseconds, nanoseconds.
+_EPOCH_MS = 1e11
+_EPOCH_US = 1e14
+_EPOCH_NS = 1e17
+
+_MAX_STEP = 1 << 63
+
+
+@functools.lru_cache(maxsize=4096)
+def normalise_name(name: str) -> str:
+    """The canonical metric name for a name as logged: ``train/loss`` -> ``loss``."""
+    lowered = name.strip().lower()
+    alias = ALIASES.get(lowered)
+    if alias is not None:
+        return alias
+    if lowered.startswith("train/") and len(lowered) > len("train/"):
+        return lowered[len("train/") :]
+    return lowered
+
+
+def as_float(value: object) -> float | None:
+    """A metric value as a float: numbers and numeric strings ("nan", "2.5"); else None."""
+    kind = type(value)
+    if kind is float:
+        return value  # type: ignore[return-value]
+    if kind is int or kind is str:
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except (ValueError, OverflowError):
+            return None
+    return None
+
+
+def as_step(value: object) -> int | None:
+    """A step as an int: ints, integral floats and their strings, below 2**63; else None.
+
+    The bound: no run counts that far, and orjson returns larger integers as
+    floats, so without it a huge step would depend on the JSON library.
+    """
+    kind = type(value)
+    if kind is int:
+        return _bounded_step(value)  # type: ignore[arg-type]
+    if kind is str:
+        try:
+            return _bounded_step(int(value))  # type: ignore[call-overload]
+        except ValueError:
+            pass
+    number = as_float(value)
+    if number is None or not math.isfinite(number) or not number.is_integer():
+        return None
+    return _bounded_step(int(number))
+
+
+def _bounded_step(step: int) -> int | None:
+    return step if -_MAX_STEP < step < _MAX_STEP else None
+
+
+def as_epoch_seconds(value: object) -> float | None:
+    """A timestamp as epoch seconds: numbers (s, ms, us, ns) or ISO-8601 strings; else None.
+
+    A naive ISO timestamp is read as UTC, so the result never depends on the
+    machine's time zone.
+    """
+    number = as_float(value)
+    if number is None and isinstance(value, str):
+        return iso_to_epoch_seconds(value)
+    if number is None or not math.isfinite(number):
+        return None
+    magnitude = abs(number)
+    if magnitude >= _EPOCH_NS:
+        return number / 1e9
+    if magnitude >= _EPOCH_US:
+        return number / 1e6
+    if magnitude >= _EPOCH_MS:
+        return number / 1e3
+    return number
+
+
+def iso_to_epoch_seconds(text: str) -> float | None:
+    """An ISO-8601 date-time (``2024-05-01 12:00:01,5Z``) as epoch seconds; None if unreadable."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace(",", "."))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()

@@ -1,0 +1,17 @@
+"""``[process]``: the settings of the job's process-tree source."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProcessConfig(_Model):
+    """``[process]``: the job's process tree (psutil)."""
+
+    enabled: bool = True
+    #: Seconds between readings of the tree: CPU, RSS, states, I/O.
+    interval_s: float = Field(default=5.0, gt=0)

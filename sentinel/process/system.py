@@ -1,0 +1,98 @@
+"""The machine's side of the job: its process tree and its GPUs, each read on its own thread.
+
+``SystemSources`` starts what the config enables and hands every reading to one
+callback (the supervisor's queue). Without NVML the GPU source is simply absent:
+``GpuMonitor.start`` has said so once in the log.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sentinel.gpu.monitor import GpuMonitor, OnReading
+from sentinel.gpu.settings import GpuConfig
+from sentinel.model.machine import OnSamples
+from sentinel.model.records import Sample
+from sentinel.process.identity import ProcessIdentity
+from sentinel.process.proctree import ProcessMonitor
+from sentinel.process.settings import ProcessConfig
+
+
+class SystemSources:
+    """The process-tree and GPU sources of one ``sentinel run``."""
+
+    def __init__(
+        self,
+        gpu: GpuConfig,
+        process: ProcessConfig,
+        on_samples: OnSamples,
+        *,
+        on_reading: OnReading | None = None,
+    ) -> None:
+        """``on_reading``: where the periodic readings go, each as one call: a GPU poll's of
+        every GPU, the process tree's (None: ``on_samples``, a call per source). XIDs, which
+        are events, always go to ``on_samples``: a receiver may let readings wait a little,
+        not those."""
+        self.gpu_settings = gpu
+        self.process_settings = process
+        self.on_samples = on_samples
+        self.on_reading = on_reading
+        self.processes: ProcessMonitor | None = None
+        self.gpus: GpuMonitor | None = None
+        self._job: ProcessIdentity | None = None
+
+    def start(self) -> None:
+        if self.process_settings.enabled:
+            self.processes = ProcessMonitor(
+                interval_s=self.process_settings.interval_s, on_samples=self._process_samples()
+            )
+            self.processes.start()
+        gpu = self.gpu_settings
+        if gpu.enabled:
+            gpus = GpuMonitor(
+                None,
+                interval_s=gpu.interval_s,
+                on_samples=self.on_samples,
+                on_reading=self.on_reading,
+                job_pids=self.job_pids,
+                attribution=gpu.attribution,
+                xid_events=gpu.xid_events,
+                # The job inherits sentinel's environment: watch the GPUs it can use.
+                visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            )
+            if gpus.start():
+                self.gpus = gpus
+
+    def _process_samples(self) -> OnSamples:
+        on_reading = self.on_reading
+        if on_reading is None:
+            return self.on_samples
+
+        def as_reading(source: str, samples: list[Sample], read_at: float) -> None:
+            on_reading({source: samples}, read_at)
+
+        return as_reading
+
+    def set_job(self, identity: ProcessIdentity | None) -> None:
+        """The job's attempt now running (None between attempts)."""
+        self._job = identity
+        if self.processes is not None:
+            self.processes.set_root(identity)
+
+    def job_pids(self) -> frozenset[int]:
+        """The job's processes, for attributing GPUs: its tree, or its own pid alone."""
+        if self.processes is not None:
+            return self.processes.pids()
+        job = self._job
+        return frozenset() if job is None else frozenset({job.pid})
+
+    def alive(self) -> bool:
+        """Whether every started source's thread still runs (a dead one watches nothing)."""
+        processes_ok = self.processes is None or self.processes.running
+        return processes_ok and (self.gpus is None or self.gpus.running)
+
+    def stop(self) -> None:
+        if self.gpus is not None:
+            self.gpus.stop()
+        if self.processes is not None:
+            self.processes.stop()

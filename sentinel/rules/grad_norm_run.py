@@ -1,0 +1,370 @@
+"""grad_norm_run: grad-norm above a bar for several logged steps in a row.
+
+The smoke before the NaN: a divergence shows in the gradient norm a few steps
+before the loss turns NaN, so this rule is what lets sentinel stop (and roll back)
+a job before its checkpoints are poisoned. Three kinds, one rule, one episode
+(``details["kind"]``):
+
+- ``"absolute"``: grad-norm above ``threshold`` on ``sustain`` consecutive
+  logged steps;
+- ``"relative"``: above ``factor`` x its own rolling median (the last
+  ``window`` values that were not in a run; judged once it holds ``min_history``)
+  and more than ``noise_sigmas`` robust standard deviations of that window above
+  it (a change inside the run's own wobble is none, whatever its ratio), on
+  ``sustain`` consecutive steps, some of them under ``threshold``;
+- ``"clipping"``: when ``max_grad_norm`` is known, at least ``clip_fraction`` of
+  the last ``clip_window`` logged grad-norms are >= it. Trainers log the norm
+  before clipping (``clip_grad_norm_`` returns it), so that is clipping engaged
+  on most steps: the learning rate is likely too high.
+
+During warmup (configured steps, or the logged LR still rising) a high grad-norm
+is normal, so the rule relaxes, it does not switch off: it learns the median, and
+warns once (``"warmup"``) when the grad-norm stays above ``warmup_factor`` x the
+least it has been in this attempt for ``sustain`` consecutive steps: far above the
+run's own early values, whatever the learning rate does. Non-finite values are
+``nan_inf``'s business and are skipped. The episode resolves after
+``resolve_after`` consecutive values under every bar (not in a run, and clipping
+under ``clip_fraction``). ``onset_step`` is the first step of the run (of the
+clipped values, for ``"clipping"``).
+
+``details``: ``kind``, ``threshold`` (the bar crossed), ``median`` (None before
+``min_history``), ``run_length``, ``onset_step``, ``max_grad_norm``, and
+``values``/``steps``: the values before the run and the run itself (the clip
+window, for ``"clipping"``), plus ``clipped`` and ``clip_window`` for clipping.
+
+The decisions are written once, ``is_high`` and ``is_clipped``: ``observe`` judges
+each value with them, and replay's blocks (``can_absorb``) are taken whole when every
+line is in warmup (and none far above the least seen, unless that warning was given),
+or none is, no episode is open, the block's largest value is not
+high against no median (the absolute bar), no value is above ``relative_bar`` of the
+least value the median could be taken over (the bar rises with the median), and no
+clip window ending in the block reaches ``clip_fraction``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from functools import partial
+from itertools import accumulate, islice, repeat
+from operator import sub
+from typing import Any
+
+from sentinel.model.records import Alert, Block, Sample, Severity
+from sentinel.rules.base import BaseDetector
+from sentinel.rules.grad_norm_run_config import (
+    GradNormRunConfig,
+    absolute_applies,
+    clips_needed,
+    is_clipped,
+    is_high,
+    relative_bar,
+    warmup_bar,
+)
+from sentinel.rules.series import (
+    Rolling,
+    Warmup,
+    finite_values,
+    never_above,
+    sorted_median,
+    warmup_and_values,
+)
+
+METRIC = "grad_norm"
+#: Values before a run's onset kept as evidence.
+CONTEXT = 10
+
+
+class GradNormRunDetector(BaseDetector):
+    """Warns when grad-norm stays high for a run of steps, or clipping is the rule."""
+
+    rule = "grad_norm_run"
+    config_model = GradNormRunConfig
+    watches = frozenset({METRIC, "lr"})
+
+    def __init__(self, config: GradNormRunConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self._warmup = Warmup(config.warmup_steps)
+        self._median = Rolling(config.window)
+        self._clips: deque[bool] = deque(maxlen=config.clip_window)
+        self._recent: deque[tuple[int | None, float]] = deque(
+            maxlen=max(config.clip_window, config.sustain + CONTEXT)
+        )
+        #: The current run of high values, as (step, value).
+        self._run: list[tuple[int | None, float]] = []
+        self._open = False
+        self._onset_step: int | None = None
+        self._calm = 0
+        #: The least grad-norm of the attempt, and the run above the warmup bar.
+        self._least = math.inf
+        self._warmup_run: list[tuple[int | None, float]] = []
+        self._warmup_warned = False
+
+    def job_started(self, now: float) -> None:
+        self._warmup.reset()
+        self._median.clear()
+        self._clips.clear()
+        self._recent.clear()
+        self._run.clear()
+        self._open = False
+        self._onset_step = None
+        self._calm = 0
+        self._least = math.inf
+        self._warmup_run.clear()
+        self._warmup_warned = False
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        name, value, step, stamp = sample[:4]
+        if name == "lr":
+            self._warmup.observe(sample)
+            return []
+        if name != METRIC or not math.isfinite(value):
+            return []
+        rolling = self._median
+        settings = self.settings
+        if self._warmup.active(step):
+            rolling.add(value)
+            alerts = [] if self._warmup_warned else self._in_warmup(sample, source, now)
+            self._least = min(self._least, value)
+            return alerts
+        self._least = min(self._least, value)
+        median = rolling.median() if len(rolling) >= settings.min_history else None
+        level = self._recent_level() if value > settings.threshold else None
+        high = is_high(value, median, settings, rolling, self._least, level)
+        if high:
+            self._run.append((step, value))
+        else:
+            self._run.clear()
+            rolling.add(value)
+        self._recent.append((step, value))
+        clipping = False
+        if settings.max_grad_norm is not None:
+            self._clips.append(is_clipped(value, settings.max_grad_norm))
+            clipping = self._clipping()
+        time = stamp if stamp is not None else now
+        if self._open:
+            return self._count_calm(high or clipping, sample, source, time)
+        if len(self._run) >= settings.sustain:
+            return [self._open_run(median, sample, source, time)]
+        if clipping:
+            return [self._open_clipping(sample, source, time)]
+        return []
+
+    def _in_warmup(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        """A grad-norm in warmup: part of a run far above the least seen, or not."""
+        name, value, step, stamp = sample[:4]
+        settings = self.settings
+        least = self._least
+        if not (least > 0 and value > warmup_bar(least, settings)):
+            self._warmup_run.clear()
+            return []
+        self._warmup_run.append((step, value))
+        if len(self._warmup_run) < settings.sustain:
+            return []
+        self._warmup_warned = True
+        onset = self._warmup_run[0][0]
+        message = (
+            f"{name} above {warmup_bar(least, settings):.4g} ({settings.warmup_factor:g}x the"
+            f" least it has been, {least:.4g}) for {len(self._warmup_run)} consecutive steps"
+            f" since step {onset} during warmup (now {value:.4g}): far above the run's own"
+            " early values"
+        )
+        evidence = [*list(self._recent)[-CONTEXT:], *self._warmup_run]
+        details = self._details("warmup", warmup_bar(least, settings), None, onset, evidence)
+        details["run_length"] = len(self._warmup_run)
+        return [
+            self.sample_alert(
+                sample,
+                severity=settings.severity,
+                message=message,
+                time=stamp if stamp is not None else now,
+                source=source,
+                onset_step=onset,
+                details=details,
+            )
+        ]
+
+    def can_absorb(self, block: Block) -> bool:
+        """Uneventful: every line in warmup, or no episode, no value high by either bar
+        (the relative one bounded by the least value its median could hold) and no full
+        clip window at the fraction."""
+        columns = block.columns
+        column = columns.get(METRIC)
+        if column is None:
+            return True  # only learning rates
+        phase = self._warmup.block_phase(block.step_range(), columns.get("lr"))
+        if phase is None:
+            return False
+        values = finite_values(column)
+        settings = self.settings
+        if phase:
+            # In warmup every value is only learned, unless it is far above the least.
+            if self._warmup_warned or not values:
+                return True
+            if self._least <= 0:
+                return not self._warmup_run  # no warning now (the least only falls)
+            bar = partial(warmup_bar, settings=settings)
+            return not self._warmup_run and never_above(values, bar, self._least, 0)
+        if self._open:
+            return False  # a calm value counts towards the resolve
+        if not values:
+            return True
+        if is_high(max(values), None, settings):
+            return False  # above the absolute bar
+        rolling = self._median
+        # The relative bar applies once the median has min_history values.
+        judged_from = max(0, settings.min_history - len(rolling))
+        bar = partial(relative_bar, factor=settings.factor)
+        if not never_above(values, bar, rolling.least(), judged_from):
+            return False
+        max_grad_norm = settings.max_grad_norm
+        return max_grad_norm is None or not self._would_clip(values, max_grad_norm)
+
+    def _would_clip(self, values: list[float], max_grad_norm: float) -> bool:
+        """Whether a full clip window ending at one of ``values`` reaches the fraction."""
+        settings = self.settings
+        needed = clips_needed(settings)
+        hits = list(map(is_clipped, values, repeat(max_grad_norm)))
+        old = list(self._clips)
+        if sum(old) + sum(hits) < needed:
+            return False
+        size = settings.clip_window
+        # totals[j]: clipped among the first j values of the old window and the block's.
+        totals = list(accumulate(old + hits, initial=0))
+        first_end = max(len(old) + 1, size)  # the first window that is full and new
+        if first_end >= len(totals):
+            return False
+        most: int = max(map(sub, totals[first_end:], totals[first_end - size :]))
+        return most >= needed
+
+    def absorb(self, block: Block) -> None:
+        """What ``observe`` does with values under every bar: learn them, keep them."""
+        taken = warmup_and_values(self._warmup, block, METRIC)
+        if taken is None:
+            return
+        in_warmup, values, steps = taken
+        if not values:
+            return
+        self._least = min(self._least, *values)
+        self._median.extend(values)
+        if in_warmup:
+            return
+        self._run.clear()
+        kept = self._recent.maxlen or len(values)
+        self._recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
+        max_grad_norm = self.settings.max_grad_norm
+        if max_grad_norm is not None:
+            last = values[-self.settings.clip_window :]
+            self._clips.extend(map(is_clipped, last, repeat(max_grad_norm)))
+
+    def _clipping(self) -> bool:
+        if self.settings.max_grad_norm is None or len(self._clips) < self.settings.clip_window:
+            return False
+        return sum(self._clips) >= clips_needed(self.settings)
+
+    def _recent_level(self) -> float | None:
+        """The median of the latest judged grad-norms before the current run (None: none)."""
+        before = len(self._recent) - len(self._run)
+        values = sorted(value for _, value in islice(self._recent, 0, max(0, before)))
+        return sorted_median(values) if values else None
+
+    def _open_run(self, median: float | None, sample: Sample, source: str, time: float) -> Alert:
+        settings = self.settings
+        onset = self._run[0][0]
+        self._open, self._onset_step, self._calm = True, onset, 0
+        steps = f"{len(self._run)} consecutive steps since step {onset}"
+        absolute = absolute_applies(self._recent_level(), self._least, settings)
+        if absolute and all(value > settings.threshold for _, value in self._run):
+            kind, bar = "absolute", settings.threshold
+            message = f"grad_norm above {bar:g} for {steps} (now {sample.value:.4g})"
+        else:
+            assert median is not None  # a run is relative only once there is a median
+            kind, bar = "relative", relative_bar(median, settings.factor) if median else math.inf
+            message = (
+                f"grad_norm {sample.value:.4g} at step {sample.step} is"
+                f" {sample.value / median:.1f}x its rolling median {median:.4g},"
+                f" above {settings.factor:g}x for {steps}"
+            )
+        evidence = list(self._recent)[-(len(self._run) + CONTEXT) :]
+        details = self._details(kind, bar, median, onset, evidence)
+        return self.sample_alert(
+            sample,
+            severity=settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=onset,
+            details=details,
+        )
+
+    def _open_clipping(self, sample: Sample, source: str, time: float) -> Alert:
+        settings = self.settings
+        window = list(self._recent)[-settings.clip_window :]
+        clipped = [step for (step, _), hit in zip(window, self._clips, strict=True) if hit]
+        onset = clipped[0]
+        self._open, self._onset_step, self._calm = True, onset, 0
+        message = (
+            f"clipping engaged on {len(clipped)} of the last {settings.clip_window} steps"
+            f" (grad_norm >= max_grad_norm {settings.max_grad_norm}):"
+            " the learning rate is likely too high"
+        )
+        median = self._median.median() if len(self._median) >= settings.min_history else None
+        assert settings.max_grad_norm is not None
+        details = self._details("clipping", settings.max_grad_norm, median, onset, window)
+        details.update(clipped=len(clipped), clip_window=settings.clip_window)
+        return self.sample_alert(
+            sample,
+            severity=settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=onset,
+            details=details,
+        )
+
+    def _count_calm(self, busy: bool, sample: Sample, source: str, time: float) -> list[Alert]:
+        if busy:
+            self._calm = 0
+            return []
+        self._calm += 1
+        if self._calm < self.settings.resolve_after:
+            return []
+        onset = self._onset_step
+        self._open, self._onset_step, self._calm = False, None, 0
+        message = (
+            f"grad_norm under every bar for {self.settings.resolve_after} steps"
+            f" (last {sample.value:.4g} at step {sample.step})"
+        )
+        details = {"kind": "recovered", "onset_step": onset}
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.INFO,
+                message=message,
+                time=time,
+                source=source,
+                onset_step=onset,
+                resolves=True,
+                details=details,
+            )
+        ]
+
+    def _details(
+        self,
+        kind: str,
+        bar: float,
+        median: float | None,
+        onset: int | None,
+        evidence: list[tuple[int | None, float]],
+    ) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "threshold": bar,
+            "median": median,
+            "run_length": len(self._run),
+            "onset_step": onset,
+            "max_grad_norm": self.settings.max_grad_norm,
+            "values": [value for _, value in evidence],
+            "steps": [step for step, _ in evidence],
+        }

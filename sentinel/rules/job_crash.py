@@ -1,0 +1,172 @@
+"""job_crash: the job exited non-zero; classified from its last output."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections import deque
+
+from pydantic import Field
+
+from sentinel.model.records import PROGRESS, Alert, Block, Line, Sample, Severity
+from sentinel.rules.base import BaseDetector, RuleConfig
+
+# Checked in order: a device-side assert often also mentions an index out of
+# bounds, and an OOM inside a NCCL call is still an OOM.
+CRASH_CLASSES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
+    (
+        "oom",
+        "out of memory: lower the batch size, enable gradient checkpointing, or shard more",
+        re.compile(
+            r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError"
+            r"|CUBLAS_STATUS_ALLOC_FAILED"
+            r"|RuntimeError: out of memory|\bMemoryError\b|Cannot allocate memory"
+            r"|HIP out of memory|XLA.*RESOURCE_EXHAUSTED",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "device_assert",
+        "device-side assert: usually a label or token id out of range; rerun with"
+        " CUDA_LAUNCH_BLOCKING=1 to find the op",
+        # Not bare "device-side assert": torch appends a TORCH_USE_CUDA_DSA hint naming
+        # device-side assertions to every CUDA error, OOM included.
+        re.compile(
+            r"device-side assert(?:ion)? triggered|CUDA error: an illegal memory access",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "loss_scale",
+        "the fp16 loss scale collapsed to its minimum (the loss or gradients overflow even"
+        " unscaled): roll back, lower the learning rate, clip gradients, or train in bf16",
+        # fairseq's FloatingPointError, DeepSpeed's exception; the cause even when a
+        # distributed launcher's traceback wraps it.
+        re.compile(r"Minimum loss scale reached|loss scale already at minimum", re.IGNORECASE),
+    ),
+    (
+        "distributed",
+        "distributed failure (NCCL/c10d): a rank died or a collective timed out; check"
+        " the other ranks' logs and the network",
+        re.compile(
+            r"NCCL|ProcessGroup|collective operation timeout|torch\.distributed"
+            r"|DistBackendError|ChildFailedError|\bc10d\b",
+        ),
+    ),
+    (
+        "bad_data",
+        "bad data: an index, key or decode error in the input pipeline; inspect the"
+        " batch at the failing step",
+        re.compile(
+            r"\bIndexError\b|index out of range|\bKeyError\b|UnicodeDecodeError"
+            r"|JSONDecodeError|stack expects each tensor to be equal size"
+            r"|Expected input batch_size",
+        ),
+    ),
+)
+
+
+class JobCrashConfig(RuleConfig):
+    """``[rules.job_crash]``."""
+
+    #: How many of the job's last output lines are kept to classify a crash.
+    tail_lines: int = Field(default=200, ge=1)
+
+
+def classify(lines: list[str], exit_code: int) -> tuple[str, str, str]:
+    """(class, advice, evidence line) for a crash, from the job's last output lines."""
+    for crash_class, advice, pattern in CRASH_CLASSES:
+        for text in reversed(lines):
+            if pattern.search(text):
+                return crash_class, advice, text.strip()
+    if exit_code == -signal.SIGKILL or exit_code == 128 + signal.SIGKILL:
+        return (
+            "oom",
+            "killed by SIGKILL with no error printed: most likely the kernel's OOM killer"
+            " (check `dmesg`); lower host memory use (dataloader workers, pinned memory)",
+            "",
+        )
+    last = next((text.strip() for text in reversed(lines) if text.strip()), "")
+    return "other", "see the job's last output", last
+
+
+def describe_exit(exit_code: int) -> str:
+    if exit_code < 0:
+        try:
+            return f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            return f"killed by signal {-exit_code}"
+    return f"exited with code {exit_code}"
+
+
+class JobCrashDetector(BaseDetector):
+    """Raises a critical alert when the job exits non-zero on its own."""
+
+    rule = "job_crash"
+    config_model = JobCrashConfig
+
+    def __init__(self, config: JobCrashConfig) -> None:
+        super().__init__(config)
+        self._tail: deque[str] = deque(maxlen=config.tail_lines)
+        self._last_step: int | None = None
+
+    def job_started(self, now: float) -> None:
+        self._tail.clear()
+        self._last_step = None
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        if sample.step is not None:
+            self._last_step = sample.step
+        return []
+
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """Only the line's last step matters: the one ``observe`` would keep last."""
+        for sample in reversed(samples):
+            step = sample[2]
+            if step is not None and sample[0] != PROGRESS:
+                self._last_step = step
+                break
+        return []
+
+    def output(self, line: Line) -> list[Alert]:
+        return self.output_text(line.text, line.source, line.time)
+
+    def output_text(self, text: str, source: str, now: float) -> list[Alert]:
+        self._tail.append(text)
+        return []
+
+    def can_absorb(self, block: Block) -> bool:
+        """Always: this rule speaks only when the job exits. Output and samples only keep
+        the tail it classifies from and the last step, which ``absorb`` keeps as well."""
+        return True
+
+    def absorb(self, block: Block) -> None:
+        tail = self._tail
+        if block.output:
+            # The deque keeps its last ``maxlen`` lines: those are all it needs to see.
+            tail.extend(block.texts[-(tail.maxlen or len(block.texts)) :])
+        if block.names:
+            self._last_step = block.steps[-1]
+
+    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+        if exit_code == 0 or expected:
+            return []
+        crash_class, advice, evidence = classify(list(self._tail), exit_code)
+        message = f"job {describe_exit(exit_code)}: {crash_class}"
+        if evidence:
+            message += f" ({evidence[:300]})"
+        return [
+            Alert(
+                rule=self.rule,
+                severity=Severity.CRITICAL,
+                message=message,
+                time=now,
+                source="job",
+                step=self._last_step,
+                metric="exit_code",
+                value=float(exit_code),
+                details={"class": crash_class, "advice": advice, "evidence": evidence},
+            )
+        ]

@@ -1,0 +1,394 @@
+"""nan_inf: a non-finite loss stops the job, a grad-norm when it is no skipped fp16 step.
+
+Which non-finite values stop the job (README, "Non-finite values"):
+
+- a loss (training or evaluation: ``loss``, ``eval_loss``, ``lm_loss``...) and any metric
+  named in ``stop_metrics``: critical at once;
+- the grad-norm: under dynamic loss scaling an overflowing step logs a non-finite grad-norm
+  with a finite loss and the scaler skips it, so alone among healthy values it is counted
+  (``skipped_steps``), and a cluster of them warns. But HF's ``logging_nan_inf_filter``
+  hides a NaN loss behind the running average, so a non-finite grad-norm is also how a real
+  NaN shows: it is critical at once when something corroborates a failure (the grad-norm or
+  the loss climbing before it, the loss scale at its minimum, a run that trains without loss
+  scaling, a loss of exactly 0.0 on consecutive values, which is what the filter leaves of an
+  interval of NaN steps), else when it persists for ``persist`` logged values. The incident
+  names the first non-finite step;
+- any other metric (BLEU, perplexity, a best-so-far tracker, a setting): a warning naming it,
+  and none for a metric that has been non-finite since its first value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from itertools import repeat
+from typing import Any
+
+from sentinel.model.records import PROGRESS, Alert, Block, Sample, Severity
+from sentinel.rules.base import BaseDetector
+from sentinel.rules.nan_inf_kinds import (
+    EARLY,
+    GRAD_CLIMB,
+    GRAD_RUNAWAY,
+    KEPT,
+    LOSS_CLIMB,
+    SKIP_COUNTERS,
+    Kind,
+    NanInfConfig,
+    climbed,
+    kind_of,
+)
+
+__all__ = ["NanInfConfig", "NanInfDetector", "kind_of"]
+
+
+class NanInfDetector(BaseDetector):
+    """Critical on a non-finite loss or a failing grad-norm; warns on other metrics."""
+
+    rule = "nan_inf"
+    config_model = NanInfConfig
+
+    def __init__(self, config: NanInfConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self._watched = frozenset(config.metrics)
+        self._ignored = frozenset(config.ignore)
+        self._stop = frozenset(config.stop_metrics)
+        self._kinds: dict[str, Kind | None] = {}  # None: not watched
+        #: Steps the loss scaler skipped (a lone non-finite grad-norm), this attempt.
+        self.skipped_steps = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        # The critical episode, and the warning one: metric -> finite values seen since.
+        self._offending: dict[str, int] = {}
+        self._warned: dict[str, int] = {}
+        self._seen_finite: set[str] = set()
+        self._losses: deque[float] = deque(maxlen=KEPT)
+        self._grads: deque[float] = deque(maxlen=KEPT)
+        self._early_grads: list[float] = []
+        self._last_loss: tuple[int | None, float] | None = None
+        # Finite values of the loss and of the grad-norm this attempt (the healthy stretch).
+        self._healthy = {"loss": 0, "grad_norm": 0}
+        self._loss_scale: float | None = None
+        # The current run of non-finite grad-norms: its first step and length.
+        self._run_start: int | None = None
+        self._run = 0
+        # After calibration (a finite grad-norm seen): whether each logged one was skipped.
+        self._calibrated = False
+        self._skips: deque[bool] = deque(maxlen=self.settings.skip_window)
+
+    def job_started(self, now: float) -> None:
+        self.skipped_steps = 0
+        self._reset()
+
+    def _kind(self, name: str) -> Kind | None:
+        kinds = self._kinds
+        if name in kinds:
+            return kinds[name]
+        kind: Kind | None = None
+        if name not in self._ignored and (not self._watched or name in self._watched):
+            kind = kind_of(name, self._stop)
+        kinds[name] = kind
+        return kind
+
+    # -- feeding -------------------------------------------------------------------
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        return [alert for _, alert in self.observe_samples([sample], source, now)]
+
+    def observe_samples(
+        self, samples: list[Sample], source: str, now: float
+    ) -> list[tuple[int, Alert]]:
+        """The line's samples, its grad-norm judged last, beside the line's own loss."""
+        found: list[tuple[int, Alert]] = []
+        grads: list[int] = []
+        line_loss: tuple[int | None, float] | None = None
+        skipped_none = False
+        kind_of_name = self._kind
+        for index, sample in enumerate(samples):
+            name, value, step = sample[0], sample[1], sample[2]
+            if name == PROGRESS:
+                continue
+            kind = kind_of_name(name)
+            if kind is None:
+                continue
+            if kind == "grad_norm":
+                grads.append(index)
+                continue
+            if name == "loss":
+                line_loss = (step, value)
+            elif name in SKIP_COUNTERS and value == 0:
+                skipped_none = True
+            if math.isfinite(value):
+                found += [(index, alert) for alert in self._finite(sample, kind, source, now)]
+            elif kind == "loss":
+                found += [(index, alert) for alert in self._critical(sample, source, now)]
+            elif kind == "other" and name in self._seen_finite:
+                found += [(index, alert) for alert in self._warn_metric(sample, source, now)]
+        for index in grads:
+            sample = samples[index]
+            loss = line_loss
+            if loss is None and self._last_loss is not None and self._last_loss[0] == sample[2]:
+                loss = self._last_loss
+            found += [
+                (index, alert)
+                for alert in self._grad_norm(sample, loss, source, now, skipped_none=skipped_none)
+            ]
+        return found
+
+    def _finite(self, sample: Sample, kind: Kind, source: str, now: float) -> list[Alert]:
+        name, value = sample[0], sample[1]
+        self._seen_finite.add(name)
+        if name == "loss":
+            self._losses.append(value)
+            self._last_loss = (sample[2], value)
+            self._healthy["loss"] += 1
+        elif kind == "loss_scale":
+            self._loss_scale = value
+        return self._count_finite(sample, source, now)
+
+    def _count_finite(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        """A finite value towards the end of the episode its metric is in, if any."""
+        name = sample[0]
+        for episode in (self._offending, self._warned):
+            if name not in episode:
+                continue
+            episode[name] += 1
+            if min(episode.values()) >= self.settings.resolve_after:
+                episode.clear()
+                return [self._resolved(sample, source, now)]
+        return []
+
+    # -- the grad-norm -----------------------------------------------------------------
+
+    def _grad_norm(
+        self,
+        sample: Sample,
+        loss: tuple[int | None, float] | None,
+        source: str,
+        now: float,
+        *,
+        skipped_none: bool = False,
+    ) -> list[Alert]:
+        value, step = sample[1], sample[2]
+        if math.isfinite(value):
+            self._seen_finite.add("grad_norm")
+            self._healthy["grad_norm"] += 1
+            self._grads.append(value)
+            if len(self._early_grads) < EARLY:
+                self._early_grads.append(value)
+            self._run = 0
+            self._calibrated = True
+            self._skips.append(False)
+            return self._count_finite(sample, source, now)
+        if self._offending:
+            self._offending["grad_norm"] = 0
+            return []
+        if self._run == 0:
+            self._run_start = step
+        self._run += 1
+        if loss is not None and not math.isfinite(loss[1]):
+            return []  # the loss itself said so
+        reasons = self._corroboration(loss)
+        if skipped_none:
+            reasons.append("the job counts no skipped iteration beside it")
+        if reasons:
+            return self._critical(sample, source, now, onset_step=self._run_start, reasons=reasons)
+        self.skipped_steps += 1
+        if not self._calibrated:
+            return []  # the scaler calibrating: counted, not alarmed
+        self._skips.append(True)
+        if "grad_norm" in self._warned:
+            self._warned["grad_norm"] = 0
+            return []
+        skipped = sum(self._skips)
+        if skipped < self.settings.skip_cluster:
+            return []
+        self._warned["grad_norm"] = 0
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.WARNING,
+                message=(
+                    f"the fp16 loss scaler skipped {skipped} of the last {len(self._skips)}"
+                    f" logged steps (grad_norm {value} with a finite loss, last at step"
+                    f" {step}); {self.skipped_steps} skipped this attempt"
+                ),
+                time=_time(sample, now),
+                source=source,
+                details=self._details("skip_cluster"),
+            )
+        ]
+
+    def _corroboration(self, loss: tuple[int | None, float] | None) -> list[str]:
+        """What says a non-finite grad-norm (with a finite loss) is a failure, not a skip."""
+        settings = self.settings
+        reasons = []
+        if settings.loss_scaling == "none":
+            reasons.append("the run trains without loss scaling")
+        scale = self._loss_scale
+        if scale is not None and scale <= settings.min_loss_scale:
+            reasons.append(f"the loss scale is at its minimum ({scale:g})")
+        if loss is not None and loss[1] == 0.0 and self._run >= 2:
+            reasons.append(
+                "the loss is exactly 0.0 with a non-finite grad-norm on consecutive values"
+                " (what HF's nan filter leaves of an interval of NaN steps)"
+            )
+        if climbed(self._grads, GRAD_CLIMB, last=2):
+            reasons.append(f"the grad-norm climbed to {self._grads[-1]:.4g} before it")
+        early = self._early_grads
+        if len(early) == EARLY and len(self._grads) > EARLY:
+            newest, first = max(list(self._grads)[-2:]), min(early)
+            if first > 0 and newest > GRAD_RUNAWAY * first:
+                reasons.append(
+                    f"the grad-norm ran away to {newest:.4g} from {first:.4g} at the start"
+                )
+        if climbed(self._losses, LOSS_CLIMB, last=2, above_all=True):
+            reasons.append(f"the loss climbed to {max(list(self._losses)[-2:]):.4g} before it")
+        limit = settings.persist if self._calibrated else settings.calibration
+        if self._run >= limit:
+            reasons.append(f"it persisted for {self._run} logged values")
+        return reasons
+
+    # -- alerts --------------------------------------------------------------------
+
+    def _critical(
+        self,
+        sample: Sample,
+        source: str,
+        now: float,
+        *,
+        onset_step: int | None = None,
+        reasons: list[str] | None = None,
+    ) -> list[Alert]:
+        """Open the critical episode (or join it); a warning open is closed first, so the
+        incident's onset is this failure's, not the warning's."""
+        name, value, step = sample[0], sample[1], sample[2]
+        first = not self._offending
+        self._offending[name] = 0
+        if not first:
+            return []
+        alerts = []
+        if self._warned:
+            self._warned.clear()
+            alerts.append(self._resolved(sample, source, now, superseded=True))
+        if onset_step is None:
+            # A loss that follows a run of non-finite grad-norms: the run is the onset.
+            onset_step = self._run_start if self._run and self._run_start is not None else step
+        onset = onset_step
+        if reasons:
+            since = f" (non-finite since step {onset})" if onset != step else ""
+            message = (
+                f"{name} is {value} at step {step}{since} with a finite loss: a failure,"
+                f" not a skipped fp16 step: {'; '.join(reasons)}"
+            )
+        else:
+            message = f"{name} is {value} at step {step}"
+        alerts.append(
+            self.sample_alert(
+                sample,
+                severity=Severity.CRITICAL,
+                message=message,
+                time=_time(sample, now),
+                source=source,
+                onset_step=onset,
+                details=self._details("grad_norm" if reasons else "loss", reasons),
+            )
+        )
+        return alerts
+
+    def _warn_metric(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        name = sample[0]
+        if name in self._warned or self._offending:
+            if name in self._warned:
+                self._warned[name] = 0
+            return []
+        self._warned[name] = 0
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.WARNING,
+                message=(
+                    f"{name} is {sample[1]} at step {sample[2]}: a warning, not a stop"
+                    " (only a loss, a failing grad-norm or [rules.nan_inf] stop_metrics"
+                    " stop the job)"
+                ),
+                time=_time(sample, now),
+                source=source,
+                details=self._details("metric"),
+            )
+        ]
+
+    def _resolved(
+        self, sample: Sample, source: str, now: float, *, superseded: bool = False
+    ) -> Alert:
+        if superseded:
+            message = f"the warning gives way to a failure: {sample[0]} is {sample[1]}"
+        else:
+            message = (
+                f"every metric finite again for {self.settings.resolve_after} values"
+                f" (last: {sample[0]}={sample[1]:g} at step {sample[2]})"
+            )
+        return self.sample_alert(
+            sample,
+            severity=Severity.INFO,
+            message=message,
+            time=_time(sample, now),
+            source=source,
+            resolves=True,
+        )
+
+    def _details(self, kind: str, reasons: list[str] | None = None) -> dict[str, Any]:
+        details: dict[str, Any] = {
+            "kind": kind,
+            "skipped_steps": self.skipped_steps,
+            "finite_before": max(self._healthy.values()),
+        }
+        if reasons:
+            details["evidence"] = reasons
+            details["first_nonfinite_step"] = self._run_start
+        return details
+
+    # -- replay blocks -------------------------------------------------------------
+
+    def can_absorb(self, block: Block) -> bool:
+        """Outside an episode, a block of finite values raises nothing."""
+        if self._offending or self._warned:
+            return False
+        kind_of_name = self._kind
+        for name in block.names:
+            if kind_of_name(name) is None:
+                continue
+            # The sum of finite values is finite unless it overflows: then line by line.
+            if not math.isfinite(sum(block.columns[name])):
+                return False
+        return True
+
+    def absorb(self, block: Block) -> None:
+        """What feeding the block's finite values line by line leaves."""
+        columns = block.columns
+        for name in block.names:
+            kind = self._kind(name)
+            if kind is None:
+                continue
+            self._seen_finite.add(name)
+            column = columns[name]
+            if name == "loss":
+                self._losses.extend(column[-KEPT:])
+                self._last_loss = (block.steps[-1], column[-1])
+                self._healthy["loss"] += len(column)
+            elif kind == "loss_scale":
+                self._loss_scale = column[-1]
+            elif kind == "grad_norm":
+                self._grads.extend(column[-KEPT:])
+                self._healthy["grad_norm"] += len(column)
+                self._early_grads.extend(column[: EARLY - len(self._early_grads)])
+                self._run = 0
+                self._calibrated = True
+                self._skips.extend(repeat(False, min(len(column), self.settings.skip_window)))
+
+
+def _time(sample: Sample, now: float) -> float:
+    stamp = sample[3]
+    return stamp if stamp is not None else now

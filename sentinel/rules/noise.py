@@ -1,0 +1,43 @@
+"""The run's own noise: robust scales the statistical rules judge a change against.
+
+A ratio says nothing near zero (0.0008 against 0.0003 is "2.7x"), and a loss with a
+rhythm (the same rise and fall every epoch) has swings that a short window takes for
+spikes. So a change is news only when it is also large against the run's own wobble:
+the median absolute deviation of a long window of its values, as a standard deviation,
+with a floor so that a flat series (MAD 0) does not make every change news.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from sentinel.rules.series import sorted_median
+
+#: 1 / Phi^-1(3/4): the median absolute deviation of a normal sample times this is its sigma.
+MAD_TO_SIGMA = 1.4826
+
+
+def robust_sigma(values: Iterable[float], level: float, floor: float) -> float:
+    """The robust standard deviation of ``values`` (1.4826 x their MAD), at least
+    ``floor`` x ``|level|``."""
+    ordered = sorted(values)
+    if not ordered:
+        return floor * abs(level)
+    middle = sorted_median(ordered)
+    deviation = sorted_median(sorted(abs(value - middle) for value in ordered))
+    return max(MAD_TO_SIGMA * deviation, floor * abs(level))
+
+
+def above_noise(
+    value: float, level: float, window: deque[float], sigmas: float, floor: float
+) -> bool:
+    """Whether ``value`` is more than ``sigmas`` robust standard deviations of ``window``
+    above ``level``."""
+    return value - level > sigmas * robust_sigma(window, level, floor)
+
+
+def beyond_seen(value: float, window: deque[float], factor: float) -> bool:
+    """Whether ``value`` is far beyond anything in ``window``: above ``factor`` x its
+    highest value (an empty window has shown nothing)."""
+    return bool(window) and max(window) > 0 and value > factor * max(window)

@@ -1,0 +1,358 @@
+"""throughput_drop: throughput below a fraction of the run's own baseline, sustained.
+
+The series is the first throughput metric the job logs (tokens/sec, samples/sec...);
+a job that logs none is judged on steps/sec derived from the time at which each
+new step first appears in its training log lines.
+
+A value is low when ``is_low`` against the ``low_bar`` of the baseline (both in
+``throughput_blocks``): ``_judge`` decides each value with them, and the block path's
+proof (``block_lows``) applies the same two to the columns.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from itertools import compress
+
+from sentinel.model.records import Alert, Block, Sample, Severity
+from sentinel.rules.base import BaseDetector
+from sentinel.rules.series import Rolling, Warmup
+from sentinel.rules.throughput_blocks import (
+    MIN_SUSTAIN,
+    THROUGHPUT_METRICS,
+    Judged,
+    ThroughputDropConfig,
+    block_lows,
+    depth_slack,
+    evidence_needed,
+    highs_among,
+    is_low,
+    judged_values,
+    low_bar,
+)
+
+#: Name of the series derived from timestamps.
+DERIVED = "steps_per_sec"
+
+
+class ThroughputDropDetector(BaseDetector):
+    """Warns once when throughput stays below ``fraction`` of its baseline; resolves on recovery.
+
+    The baseline is learned once, after warmup, as the median of the first
+    ``baseline_window`` values. Later it follows the rolling median of the values
+    above the bar, but only upwards: a slow decline never teaches it a lower level.
+    Derived steps/sec is measured between the moments the clock moved: lines read
+    in one burst (same time) are one point, so a buffered log still gives true rates;
+    without any timestamps (replay of a log without times) there is no rate at all.
+    """
+
+    rule = "throughput_drop"
+    config_model = ThroughputDropConfig
+
+    def __init__(self, config: ThroughputDropConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self._throughput = frozenset(config.metrics)
+        self._step_metrics = frozenset(config.step_metrics)
+        self.watches = self._throughput | self._step_metrics | {"lr"}
+        self._warmup = Warmup(config.warmup_steps)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._warmup.reset()
+        #: The logged throughput metric judged; None while steps/sec is derived.
+        self._series: str | None = None
+        # Derived steps/sec: (time, highest step) of the last closed and of the open time point.
+        self._data_clock = False
+        self._previous: tuple[float, int] | None = None
+        self._point: tuple[float, int] | None = None
+        self._clear_baseline()
+
+    def _clear_baseline(self) -> None:
+        size = self.settings.baseline_window
+        self._learning: list[float] = []
+        self._baseline: float | None = None
+        self._recent = Rolling(size)
+        self._values: deque[float] = deque(maxlen=self.settings.sustain + 5)
+        self._low_run = 0
+        # The run's evidence: the sum of each low value's depth less the slack (CUSUM).
+        self._evidence = 0.0
+        self._low_since: tuple[int | None, float] = (None, 0.0)
+        self._open = False
+        self._high_run = 0
+
+    def job_started(self, now: float) -> None:
+        self._reset()
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        name = sample.name
+        if name == "lr":
+            self._warmup.observe(sample)
+        if name in self._throughput:
+            time = sample.time if sample.time is not None else now
+            alerts = [] if self._series is not None else self._adopt(name, source, time)
+            if name != self._series:
+                return alerts
+            return alerts + self._judge(sample.value, sample.step, time, source, derived=False)
+        if self._series is None and name in self._step_metrics:
+            rate = self._derive(sample, now)
+            if rate is not None:
+                value, step, time = rate
+                return self._judge(value, step, time, source, derived=True)
+        return []
+
+    def can_absorb(self, block: Block) -> bool:
+        """Whether the block's judged values raise nothing, as far as a bound proves it.
+
+        Outside an episode every value must sit clearly on one side of the bar (below
+        the bar of the baseline now, or at or above the bar of the highest baseline the
+        block could raise it to) with no run of ``sustain`` lows; within one, every value
+        must stay below the bar. The learning rate must not be warming up in the block.
+        """
+        judged = self._judged(block)
+        if judged is None:
+            return False
+        values, baseline = judged.values, self._baseline
+        recent: Sequence[float] = self._recent.values
+        low_run, is_open = self._low_run, self._open
+        if baseline is None:
+            learn = self.settings.baseline_window - len(self._learning)
+            if len(values) < learn:
+                return True
+            learned = [*self._learning, *values[:learn]]
+            baseline, recent, low_run, is_open = statistics.median(learned), learned, 0, False
+            values = values[learn:]
+        return block_lows(values, baseline, recent, low_run, is_open, self.settings) is not None
+
+    def absorb(self, block: Block) -> None:
+        """The state ``_judge`` leaves after the block's values, one by one."""
+        judged = self._judged(block)
+        assert judged is not None
+        if judged.derive is not None:
+            self._data_clock, self._previous, self._point = judged.derive
+        values, steps, times = judged.values, judged.steps, judged.times
+        if self._baseline is None:
+            window = self.settings.baseline_window
+            learn = window - len(self._learning)
+            self._learning += values[:learn]
+            if len(self._learning) < window:
+                return
+            self._baseline = statistics.median(self._learning)
+            for learned in self._learning:
+                self._recent.add(learned)
+            values, steps, times = values[learn:], steps[learn:], times[learn:]
+        recent = self._recent.values
+        lows = block_lows(values, self._baseline, recent, self._low_run, self._open, self.settings)
+        assert lows is not None
+        self._take(values, steps, times, lows)
+
+    def _judged(self, block: Block) -> Judged | None:
+        """The values the block's lines hand ``_judge``; None when not told in bulk."""
+        clock = (self._data_clock, self._previous, self._point)
+        return judged_values(
+            block, self._series, self._throughput, self._step_metrics, self._warmup, clock
+        )
+
+    def _take(
+        self, values: list[float], steps: list[int], times: list[float], lows: list[int]
+    ) -> None:
+        """``_judge`` on each value, raising nothing: ``lows`` are those below the bar."""
+        if not values:
+            return
+        self._values.extend(values)
+        if self._open:
+            self._high_run = 0
+            return
+        assert self._baseline is not None
+        highs = values
+        if lows:
+            self._high_run = 0
+            # The last run of lows started where consecutive positions stop (short: < sustain).
+            first = len(lows) - 1
+            while first and lows[first - 1] == lows[first] - 1:
+                first -= 1
+            start = lows[first]
+            continued = self._low_run if start == 0 else 0
+            if not continued:
+                self._low_since = (steps[start], times[start])
+            self._low_run = continued + len(values) - start if lows[-1] == len(values) - 1 else 0
+            bar = low_bar(self._baseline, self.settings.fraction)
+            highs = list(compress(values, highs_among(values, bar)))
+        else:
+            self._low_run = 0
+        if highs:
+            self._baseline = self._recent.peak_median(highs, self._baseline)
+            self._recent.extend(highs)
+        if self._low_run:
+            # A lone low at the end (block_lows refuses longer runs): judged against the
+            # baseline after the highs before it, which is the baseline now.
+            self._evidence = self._depth(values[-1], self._baseline)
+
+    def _adopt(self, name: str, source: str, now: float) -> list[Alert]:
+        """The job logs throughput after all: judge it from now on, not derived steps/sec."""
+        self._series = name
+        was_open = self._open
+        self._clear_baseline()
+        if not was_open:
+            return []
+        return [
+            Alert(
+                rule=self.rule,
+                severity=Severity.INFO,
+                message=f"derived steps/sec no longer judged: the job logs {name}",
+                time=now,
+                source=source,
+                metric=DERIVED,
+                resolves=True,
+            )
+        ]
+
+    def _derive(self, sample: Sample, now: float) -> tuple[float, int, float] | None:
+        """Steps/sec over the last closed interval between time points, once the clock moves."""
+        step = sample.step
+        if step is None:
+            return None
+        if sample.time is not None and not self._data_clock:
+            # The data's own clock from now on; never mixed with the time lines were read.
+            self._data_clock = True
+            self._previous = self._point = None
+        elif sample.time is None and self._data_clock:
+            return None
+        time = sample.time if sample.time is not None else now
+        point = self._point
+        if point is None:
+            self._point = (time, step)
+            return None
+        point_time, point_step = point
+        if step <= point_step:
+            return None  # not a new step
+        if time <= point_time:
+            self._point = (point_time, step)  # same burst: one time point
+            return None
+        previous, self._previous, self._point = self._previous, point, (time, step)
+        if previous is None:
+            return None  # the first time point: nothing before it to measure from
+        rate = (point_step - previous[1]) / (point_time - previous[0])
+        return rate, point_step, point_time
+
+    def _judge(
+        self, value: float, step: int | None, time: float, source: str, *, derived: bool
+    ) -> list[Alert]:
+        if not math.isfinite(value) or self._warmup.active(step):
+            return []
+        baseline = self._baseline
+        if baseline is None:
+            self._learning.append(value)
+            if len(self._learning) == self.settings.baseline_window:
+                self._baseline = statistics.median(self._learning)
+                for learned in self._learning:
+                    self._recent.add(learned)
+            return []
+        self._values.append(value)
+        if not is_low(value, low_bar(baseline, self.settings.fraction)):
+            recent = self._recent
+            recent.add(value)
+            if len(recent.values) == recent.size:
+                self._baseline = max(baseline, recent.median())
+            self._low_run = 0
+            if not self._open:
+                return []
+            self._high_run += 1
+            if self._high_run < self.settings.resolve_after:
+                return []
+            self._open = False
+            return [
+                self._drop_alert(
+                    value, step=step, time=time, source=source, derived=derived, resolves=True
+                )
+            ]
+        self._high_run = 0
+        if self._open:
+            return []
+        if self._low_run == 0:
+            self._low_since = (step, time)
+            self._evidence = 0.0
+        self._low_run += 1
+        self._evidence += self._depth(value, baseline)
+        settings = self.settings
+        if (
+            self._low_run < min(MIN_SUSTAIN, settings.sustain)
+            or self._evidence < evidence_needed(settings) - 1e-9
+            or time - self._low_since[1] < settings.sustain_s
+        ):
+            return []
+        self._open = True
+        return [
+            self._drop_alert(
+                value, step=step, time=time, source=source, derived=derived, resolves=False
+            )
+        ]
+
+    def _depth(self, value: float, baseline: float) -> float:
+        """A low value's evidence: its depth below the baseline, less the slack."""
+        return 1.0 - value / baseline - depth_slack(self.settings.fraction)
+
+    def _drop_alert(
+        self,
+        value: float,
+        *,
+        step: int | None,
+        time: float,
+        source: str,
+        derived: bool,
+        resolves: bool,
+    ) -> Alert:
+        """The episode's alert about ``value`` (of the judged series, or derived steps/sec):
+        the drop, or with ``resolves`` the recovery."""
+        assert self._baseline is not None
+        baseline = self._baseline
+        metric = DERIVED if derived else (self._series or DERIVED)
+        label = f"{metric} (derived from timestamps)" if derived else metric
+        share = value / baseline if baseline else math.inf
+        if resolves:
+            return Alert(
+                rule=self.rule,
+                severity=Severity.INFO,
+                message=(
+                    f"{label} back to {value:.4g} ({share:.0%} of its baseline {baseline:.4g})"
+                    f" for {self.settings.resolve_after} values"
+                ),
+                time=time,
+                source=source,
+                step=step,
+                metric=metric,
+                value=value,
+                resolves=True,
+            )
+        onset_step = self._low_since[0]
+        since = f" since step {onset_step}" if onset_step is not None else ""
+        return Alert(
+            rule=self.rule,
+            severity=self.settings.severity,
+            message=(
+                f"{label} down to {value:.4g} for {self._low_run} values{since}:"
+                f" {share:.0%} of its baseline {baseline:.4g}"
+                f" (the bar is {self.settings.fraction:.0%})"
+            ),
+            time=time,
+            source=source,
+            step=step,
+            metric=metric,
+            value=value,
+            onset_step=onset_step,
+            details={
+                "baseline": baseline,
+                "bar": low_bar(baseline, self.settings.fraction),
+                "fraction_of_baseline": share,
+                "low_values": self._low_run,
+                "low_for_s": time - self._low_since[1],
+                "derived": derived,
+                "values": list(self._values),
+            },
+        )
+
+
+__all__ = ["DERIVED", "THROUGHPUT_METRICS", "ThroughputDropConfig", "ThroughputDropDetector"]

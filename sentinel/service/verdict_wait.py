@@ -1,0 +1,143 @@
+"""``sentinel verdict``: read the final verdict, or wait for it while a sentinel decides.
+
+A wrapper runs it after the job exits (``python train.py; status=$?; exec
+sentinel verdict --wait --timeout 120 --job-status $status``), so that the
+orchestrator never hears "restart me" before the pointers name the clean
+checkpoint. The wait ends with the final record; or when no sentinel holds the
+state dir any more (its lock is free) and none has come; or at the timeout. In
+the last two cases the answer is the job's own status when the wrapper gave
+it, else 1.
+
+The record's appearance wakes the wait through a file event (inotify, read on
+the waiting thread); where there are none, it polls. The lock has no event, so
+whether a sentinel still holds it is looked at every ``HOLDER_CHECK_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from sentinel.follow.inotify import IN_CREATE, IN_MOVED_TO, FileWatches
+from sentinel.store.lock import holder
+from sentinel.store.verdict import Verdict, read
+
+log = logging.getLogger(__name__)
+
+#: Without a verdict or the job's status, the wrapper exits 1: a failure, not a verdict.
+EXIT_NO_VERDICT = 1
+#: How often a wait looks whether a sentinel still holds the state dir.
+HOLDER_CHECK_S = 0.5
+#: How often it reads the record where there are no file events.
+POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``sentinel verdict`` exits with: the final record's code, or a fallback and why."""
+
+    code: int
+    record: Verdict | None
+    #: Why there is no final record ("" when there is one).
+    reason: str = ""
+
+
+def await_verdict(
+    state_dir: Path,
+    *,
+    wait: bool,
+    timeout_s: float | None = None,
+    job_status: int | None = None,
+) -> Outcome:
+    """The final verdict in ``state_dir``; with ``wait``, blocks for it as long as one may come.
+
+    ``timeout_s`` bounds the wait (None: as long as a sentinel holds the state dir).
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    record = read(state_dir)
+    if record is not None and record.final:
+        return _final(record)
+    if record is None:
+        # The deciding mark is written before the first signal: without one, sentinel did
+        # not stop this job, and no verdict is coming.
+        return _fallback(job_status, f"no verdict in {state_dir}: sentinel did not stop the job")
+    if not wait:
+        return _fallback(job_status, f"no final verdict in {state_dir}: sentinel is still deciding")
+    with _Changes(state_dir) as changes:
+        next_holder_check = 0.0
+        while True:
+            record = read(state_dir)
+            if record is not None and record.final:
+                return _final(record)
+            now = time.monotonic()
+            if now >= next_holder_check:
+                next_holder_check = now + HOLDER_CHECK_S
+                if holder(state_dir) is None:
+                    record = read(state_dir)  # written just before that sentinel exited
+                    if record is not None and record.final:
+                        return _final(record)
+                    return _fallback(
+                        job_status, f"no sentinel holds {state_dir} and no final verdict came"
+                    )
+            if deadline is not None and now >= deadline:
+                why = f"no final verdict in {state_dir} within {timeout_s:g} s"
+                return _fallback(job_status, why)
+            until = next_holder_check if deadline is None else min(next_holder_check, deadline)
+            changes.wait(max(0.0, until - now))
+
+
+def _final(record: Verdict) -> Outcome:
+    assert record.code is not None  # a final record has its code (verdict.read)
+    return Outcome(record.code, record)
+
+
+def _fallback(job_status: int | None, why: str) -> Outcome:
+    if job_status is None:
+        return Outcome(EXIT_NO_VERDICT, None, f"{why}; no job status given, exit {EXIT_NO_VERDICT}")
+    return Outcome(job_status, None, f"{why}; exit with the job's status {job_status}")
+
+
+class _Changes:
+    """Wakes a wait when a file appears in the state dir (inotify); a short poll without it.
+
+    The inotify descriptor is read on the waiting thread itself: no thread to start or stop.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self._watches: FileWatches | None = None
+        try:
+            watches = FileWatches()
+        except OSError as error:
+            log.debug("no inotify (%s): polling", error)
+            return
+        if not watches.watch(str(state_dir), IN_CREATE | IN_MOVED_TO):
+            watches.close()  # no such dir yet, or the watch quota spent: polling
+            return
+        self._watches = watches
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a file appears in the state dir or ``timeout_s`` passed (``POLL_S`` without)."""
+        watches = self._watches
+        if watches is None:
+            time.sleep(min(timeout_s, POLL_S))
+            return
+        readable, _, _ = select.select([watches], [], [], timeout_s)
+        if readable:
+            watches.drain()
+
+    def __enter__(self) -> _Changes:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._watches is not None:
+            self._watches.close()
+            self._watches = None

@@ -1,0 +1,362 @@
+"""What every live mode shares: engine, incidents, journal, reports, notifications.
+
+``Watch`` turns alerts into incidents and their records and notices, and
+tells its owner which incidents call for action. It decides nothing about
+the job itself: that is the supervisor's part. Who hears of a notice, and
+when, is the dispatcher's (``sentinel.notify.dispatch``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sentinel.config import Settings
+from sentinel.engine.core import Engine, build_detectors
+from sentinel.evidence.capture import incident_dir
+from sentinel.evidence.chart import ChartDrawer, picture
+from sentinel.evidence.diagnosis import explain
+from sentinel.evidence.report import Journal, incident_files, write_report
+from sentinel.model.cost import incident_cost
+from sentinel.model.incidents import Incident, IncidentEvent, IncidentTracker
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.notify.dispatch import Dispatcher, Policy, routes
+from sentinel.notify.notices import JobInfo, NoticeKind, format_dashboard_url, incident_notice
+from sentinel.notify.notifier import Notifier
+from sentinel.parsing import LineParser
+from sentinel.rules import DETECTORS
+from sentinel.service.memory import RunMemory
+from sentinel.store.run_verdict import resolve_run_id
+from sentinel.store.state import StateStore
+
+log = logging.getLogger(__name__)
+
+#: How long sentinel waits, when it ends, for the incident charts still being drawn.
+CHART_FLUSH_S = 20.0
+#: The incident of a state dir that refuses writes (sentinel's own; it only notifies).
+STATE_DIR_RULE = "state_dir"
+
+
+def new_run_id() -> str:
+    """A sortable id, unique across restarts of sentinel (idempotency keys build on it)."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class Watch:
+    """Alerts in; journal lines, reports, messages and actionable incidents out."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: StateStore,
+        notifier: Notifier,
+        job_name: str,
+        on_incident: Callable[[str, str], None] | None = None,
+        remember: bool = False,
+        run_wide: bool = True,
+    ) -> None:
+        """``on_incident(rule, severity)``: an incident opened or escalated (for metrics).
+
+        With ``remember``, what the last sentinel knew of the run is taken back when the
+        first attempt starts: when it is the same job still (``watch`` beside it, or ``run``
+        adopting the job a killed sentinel left), its open incidents, who was told of them
+        and when they were last announced; with ``run_wide`` (``watch``: the state dir is
+        the run's), also the spend and the flapping clocks when the job is a new attempt.
+        """
+        self.settings = settings
+        self._memory = RunMemory(store, remember=remember, run_wide=run_wide)
+        self._on_incident = on_incident
+        self.notifier = notifier
+        self.job_name = job_name
+        self.host = socket.gethostname()
+        self.run_id = new_run_id()
+        store.put("last_run_id", self.run_id)
+        self.engine = self._engine(settings)
+        #: A SIGHUP changed the rules: they take over at the next attempt.
+        self._rules_reloaded = False
+        self.tracker = IncidentTracker(self.run_id)
+        if settings.cost.price_per_gpu_hour is None:
+            budget = getattr(settings.rule("cost_overrun"), "budget", None)
+            if budget is not None:
+                log.warning(
+                    "[rules.cost_overrun] budget is %g but [cost] price_per_gpu_hour is unset:"
+                    " no money is counted",
+                    budget,
+                )
+        self.journal = Journal(settings.state_dir)
+        #: Each incident's chart, drawn off the loop.
+        self.charts = ChartDrawer(enabled=settings.evidence.chart)
+        #: What could not be written to the state dir lately, and why (for STATUS, metrics).
+        self.state_problems: dict[str, str] = {}
+        self.state_dir: Path = settings.state_dir
+        dashboard_url = format_dashboard_url(
+            settings.job.dashboard_url,
+            job=job_name,
+            host=self.host,
+            run_id=self.run_id,
+            environ=os.environ,
+        )
+        shared_run_id = resolve_run_id(settings.run_id, os.environ) or ""
+        self.job = JobInfo(job_name, self.host, self.run_id, dashboard_url, shared_run_id)
+        #: Incidents another node decided for the run (and paged for): not announced here.
+        self._quiet: set[str] = set()
+        self.dispatcher = Dispatcher(
+            notifier.outbox, routes(settings.notify), Policy.from_config(settings.notify), self.job
+        )
+
+    def handle(self, alerts: list[Alert]) -> list[Incident]:
+        """Record and announce alerts; the critical incidents that just opened or escalated."""
+        actionable = []
+        for alert in alerts:
+            change = self.tracker.observe(alert)
+            if not alert.resolves and alert.rule in self.tracker.open:
+                explain(
+                    self.tracker.open[alert.rule],
+                    alert,
+                    self.engine.recent(None),
+                    samples_per_step=self.engine.facts.samples_per_step,
+                )
+            self.safely("the alert journal", self.journal.append, alert)
+            log.log(
+                _LEVELS[alert.severity],
+                "%s %s step=%s: %s",
+                alert.severity.upper(),
+                alert.rule,
+                alert.step,
+                alert.message,
+            )
+            if change is None:
+                # An alert may ask for an action of its own on an incident already critical
+                # (cost_overrun's kill_fraction: stop the job).
+                if alert.details.get("on_critical") and alert.rule in self.tracker.open:
+                    actionable.append(self.tracker.open[alert.rule])
+                continue
+            event, incident = change
+            if self._on_incident is not None and event is not IncidentEvent.RESOLVED:
+                self._on_incident(incident.rule, str(incident.severity))
+            self._announce(event, incident, alert)
+            if event is not IncidentEvent.RESOLVED and incident.severity is Severity.CRITICAL:
+                actionable.append(incident)  # the caller acts, then writes the report (update)
+        return actionable
+
+    def update(
+        self, incident: Incident, *, final: bool = False, force_notify: bool = False
+    ) -> None:
+        """Rewrite the incident's report; when ``final``, tell people what sentinel did.
+
+        What was done goes to the targets told of the incident; with ``force_notify``
+        to every target its route picks (sentinel gave up: someone must hear).
+        """
+        now = time.time()
+        self._report(incident, now)
+        if final and incident.actions:
+            # The notice's alert says what was done, in the alert schema, for machines.
+            summary = replace(
+                incident.first,
+                message="; ".join(text for _, text in incident.actions),
+                time=incident.actions[-1][0],
+                source="sentinel",
+            )
+            self._notify(NoticeKind.ACTIONS, incident, summary, now, force=force_notify)
+
+    def tick(self, now: float) -> None:
+        """Announce again each open critical incident whose ``repeat_interval_s`` has passed
+        (one taken back from before a restart only once its rule raises it again); save
+        what sentinel knows of the run when it changed."""
+        for incident in {id(i): i for i in self.tracker.open.values()}.values():
+            if (
+                incident.severity is Severity.CRITICAL
+                and not incident.restored
+                and self.dispatcher.repeat_due(incident.id, now)
+            ):
+                self._notify(NoticeKind.REPEAT, incident, incident.worst, now)
+        self.save_memory(now)
+
+    def save_memory(self, now: float) -> None:
+        """Write what must outlive sentinel to the state dir, if it changed since last time."""
+        self._memory.save(now, self.engine, self.tracker, self.dispatcher, self.safely)
+
+    def job_started(
+        self, now: float, start_step: int = 0, identity: tuple[int, float] | None = None
+    ) -> None:
+        """A new attempt (resuming at ``start_step``): the previous attempt's episodes are over.
+
+        ``identity`` (pid, start time) names the attempt's process, where known: a
+        sentinel that restarts beside the same job takes back its open incidents."""
+        for incident in self.tracker.close_all(now):
+            self.dispatcher.forget(incident.id)
+            if incident.severity is Severity.CRITICAL:
+                self._report(incident, now)
+        if self._rules_reloaded:
+            # New rules start with the attempt, as every rule's state does.
+            self._rules_reloaded = False
+            self.engine = self._engine(self.settings)
+            log.info("the reloaded rules are in force from this attempt on")
+        self.engine.job_started(now, start_step)
+        self._memory.job_started(identity, self.engine, self.tracker, self.dispatcher)
+
+    def policy(self, incident: Incident) -> str:
+        """What a critical ``incident`` calls for: "notify", "stop" or "restart".
+
+        The rule's ``on_critical``, unless one of its alerts asks for more (cost_overrun's
+        ``kill_fraction``: stop); a rule sentinel does not know only notifies.
+        """
+        known = incident.rule in DETECTORS
+        policy = self.settings.rule(incident.rule).on_critical if known else "notify"
+        for alert in reversed(incident.alerts):
+            requested = alert.details.get("on_critical")
+            if requested in ("notify", "stop", "restart"):
+                return str(requested)
+        return policy
+
+    @staticmethod
+    def _engine(settings: Settings) -> Engine:
+        engine = Engine(
+            build_detectors(settings),
+            LineParser(
+                regexes=settings.parsers.regexes, logging_steps=settings.parsers.logging_steps
+            ),
+            logging_steps=settings.parsers.logging_steps,
+        )
+        engine.facts = settings.run_facts()
+        return engine
+
+    def reload(self, settings: Settings) -> None:
+        """A new config (SIGHUP): its notification routes at once, its rules from the next
+        attempt (a rule's state is the attempt's; swapping it mid-run would lose it)."""
+        rules_changed = settings.model_dump()["rules"] != self.settings.model_dump()["rules"]
+        self.settings = settings
+        self.dispatcher.set_routes(routes(settings.notify))
+        self.dispatcher.policy = Policy.from_config(settings.notify)
+        if rules_changed:
+            self._rules_reloaded = True
+            log.info("SIGHUP: rule changes take effect when the next attempt starts")
+
+    def quiet(self, incident: Incident) -> None:
+        """Another node's sentinel decided the run first and paged: no more messages about
+        ``incident`` from here (its journal lines and report are kept)."""
+        self._quiet.add(incident.id)
+
+    def close(self) -> None:
+        stats = self.engine.parser.stats
+        log.info(
+            "parsed %d lines: %d with metrics, %d garbled (skipped), %d plain text",
+            stats.lines,
+            stats.parsed,
+            stats.garbled,
+            stats.unparsed,
+        )
+        self.save_memory(time.time())
+        self.safely("the alert journal", self.journal.close)
+        # Bounded like the rest of the shutdown: by --drain-timeout when it is shorter.
+        wait_s = min(CHART_FLUSH_S, self.settings.drain_timeout_s)
+        if not self.charts.flush(wait_s):
+            log.warning("an incident chart was not drawn within %g s", wait_s)
+
+    def _report(self, incident: Incident, now: float) -> None:
+        cost = incident_cost(incident, self.engine.facts, now)
+        self.safely(
+            "the incident report",
+            write_report,
+            incident,
+            self._recent(incident),
+            self.state_dir,
+            cost=cost,
+            charted=self.charts.enabled,
+        )
+        shown = picture(
+            f"{incident.rule} · incident {incident.id} · {self.job_name}",
+            self.engine.history,
+            incident.onset_step,
+            incident.actions,
+        )
+        self.charts.request(incident.id, shown, incident_dir(self.state_dir, incident.id))
+
+    def safely(self, what: str, write: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+        """A write to the state dir that may fail (a full or read-only disk) without costing
+        detection or the stop: said once per kind at ERROR, then again when it works."""
+        try:
+            write(*args, **kwargs)
+        except (OSError, sqlite3.Error) as error:
+            first = not self.state_problems
+            if what not in self.state_problems:
+                log.error(
+                    "cannot write %s in %s: %s (detection goes on)", what, self.state_dir, error
+                )
+            self.state_problems[what] = str(error)
+            if first:  # its own incident, so that a person hears of it (from memory if need be)
+                self.handle([self._state_alert(f"cannot write {what}: {error}")])
+            return
+        if self.state_problems.pop(what, None) is not None:
+            log.info("writing %s works again", what)
+            if not self.state_problems:
+                self.handle([self._state_alert("the state dir takes writes again", resolves=True)])
+
+    def _state_alert(self, problem: str, *, resolves: bool = False) -> Alert:
+        message = (
+            problem
+            if resolves
+            else f"state dir {self.state_dir}: {problem}; detection and the stop go on,"
+            " notices are sent from memory, and what sentinel knows may not survive its restart"
+        )
+        return Alert(
+            rule=STATE_DIR_RULE,
+            severity=Severity.WARNING,
+            message=message,
+            time=time.time(),
+            source="sentinel",
+            step=self.engine.position.current_step,
+            resolves=resolves,
+        )
+
+    def _recent(self, incident: Incident) -> dict[str, list[Sample]]:
+        return dict(self.engine.recent(incident.onset_step))
+
+    def _announce(self, event: IncidentEvent, incident: Incident, alert: Alert) -> None:
+        self._notify(_KINDS[event], incident, alert, time.time())
+
+    def _notify(
+        self,
+        kind: NoticeKind,
+        incident: Incident,
+        alert: Alert,
+        now: float,
+        *,
+        force: bool = False,
+    ) -> None:
+        if not self.dispatcher.routes or incident.id in self._quiet:
+            return  # no target (spare the report each notice carries), or another node spoke
+        notice = incident_notice(
+            kind,
+            incident,
+            alert,
+            recent=self._recent(incident),
+            cost=incident_cost(incident, self.engine.facts, now),
+            # A repeat is news of now; any other notice is as of its alert.
+            now=now if kind is NoticeKind.REPEAT else None,
+            attachments=incident_files(self.state_dir, incident.id, charted=self.charts.enabled),
+        )
+        self.safely(
+            "the outbox", self.dispatcher.dispatch, notice, incident.rules, now, force=force
+        )
+
+
+_KINDS = {
+    IncidentEvent.OPENED: NoticeKind.OPENED,
+    IncidentEvent.ESCALATED: NoticeKind.ESCALATED,
+    IncidentEvent.RESOLVED: NoticeKind.RESOLVED,
+}
+_LEVELS = {
+    Severity.INFO: logging.INFO,
+    Severity.WARNING: logging.WARNING,
+    Severity.CRITICAL: logging.ERROR,
+}

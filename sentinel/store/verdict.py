@@ -1,0 +1,212 @@
+"""What sentinel decided about a job, for the orchestrator: exit codes and ``verdict.json``.
+
+Two phases (DESIGN.md, "Verdicts"). Before its first signal sentinel marks
+``<state-dir>/verdict.json`` ``"state": "deciding"`` (``mark_deciding``: best
+effort, it never raises and does not sync, so the signal is not held up);
+once the job is gone and the rollback is done, or has failed, it writes the
+final record (``write_final``) and, with ``--verdict-file``, the bare code on
+one line. ``clear`` removes the record when the next attempt starts. Every
+write is a temp file renamed over the old one, so a reader sees a whole
+record or the one before it, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sentinel.store.state import open_private, private_dir
+
+log = logging.getLogger(__name__)
+
+#: Give up: the same failure came back at the same step, or the restart budget is
+#: spent. An orchestrator should not retry.
+EXIT_GIVE_UP = 90
+#: Rolled back: the resume pointers name the last clean checkpoint. Restart the job.
+EXIT_ROLLED_BACK = 91
+#: A hardware or node fault (GPU XID, ECC): retry on another node.
+EXIT_NODE_FAULT = 92
+
+#: Each verdict code, its name in the record, and what it means.
+CODES: dict[int, tuple[str, str]] = {
+    EXIT_GIVE_UP: ("give_up", "give up, do not retry: same failure again, or restarts spent"),
+    EXIT_ROLLED_BACK: ("rolled_back", "rolled back, restart me: pointers name a clean checkpoint"),
+    EXIT_NODE_FAULT: ("node_fault", "hardware or node fault (GPU XID, ECC): retry elsewhere"),
+}
+
+VERDICT_NAME = "verdict.json"
+DECIDING = "deciding"
+FINAL = "final"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A ``verdict.json`` record; ``code`` and ``verdict`` are None while deciding."""
+
+    state: str
+    code: int | None = None
+    verdict: str | None = None
+    rule: str | None = None
+    step: int | None = None
+    resume_from: str | None = None
+    attempt: int | None = None
+    time: float | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.state == FINAL and self.code is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "verdict": self.verdict,
+            "rule": self.rule,
+            "step": self.step,
+            "resume_from": self.resume_from,
+            "attempt": self.attempt,
+            "time": self.time,
+            "state": self.state,
+        }
+
+
+def verdict_path(state_dir: Path) -> Path:
+    return state_dir / VERDICT_NAME
+
+
+def mark_deciding(
+    state_dir: Path,
+    *,
+    rule: str | None,
+    step: int | None,
+    attempt: int | None,
+    time: float,
+) -> bool:
+    """Mark that sentinel is about to stop the job; False (logged) when the write failed.
+
+    Called right before the first signal: it never raises and does not sync, so
+    a full or read-only disk costs the mark, never the signal.
+    """
+    record = Verdict(DECIDING, rule=rule, step=step, attempt=attempt, time=time)
+    try:
+        _replace(verdict_path(state_dir), _dumps(record), sync=False)
+    except (OSError, ValueError) as error:
+        log.warning("could not mark the verdict as deciding in %s: %s", state_dir, error)
+        return False
+    return True
+
+
+def write_final(
+    state_dir: Path,
+    code: int,
+    verdict: str | None,
+    rule: str | None,
+    step: int | None,
+    resume_from: str | Path | None,
+    attempt: int | None,
+    time: float,
+    verdict_file: Path | None = None,
+) -> Verdict:
+    """Write the final record (and the bare code to ``verdict_file``), each synced.
+
+    ``verdict`` defaults to the code's name (``CODES``). Raises ``OSError`` when a
+    write fails: the caller logs it and still exits with ``code``.
+    """
+    if code not in CODES:
+        raise ValueError(f"not a verdict code: {code} (one of {sorted(CODES)})")
+    record = Verdict(
+        FINAL,
+        code=code,
+        verdict=verdict or CODES[code][0],
+        rule=rule,
+        step=step,
+        resume_from=None if resume_from is None else os.path.abspath(resume_from),
+        attempt=attempt,
+        time=time,
+    )
+    _replace(verdict_path(state_dir), _dumps(record), sync=True)
+    if verdict_file is not None:
+        _replace(verdict_file, f"{code}\n", sync=True, private=False)
+    return record
+
+
+def clear(state_dir: Path) -> None:
+    """Remove the record (the next attempt has started); a failure is logged, not raised."""
+    try:
+        verdict_path(state_dir).unlink(missing_ok=True)
+    except OSError as error:
+        log.warning("could not clear the verdict in %s: %s", state_dir, error)
+
+
+def read(state_dir: Path) -> Verdict | None:
+    """The record in ``state_dir``; None when there is none or it cannot be read (logged)."""
+    path = verdict_path(state_dir)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        log.warning("could not read %s: %s", path, error)
+        return None
+    try:
+        return _parse(data)
+    except (TypeError, ValueError) as error:
+        log.warning("%s is not a verdict record: %s", path, error)
+        return None
+
+
+def _parse(data: Any) -> Verdict:
+    if not isinstance(data, dict) or data.get("state") not in (DECIDING, FINAL):
+        raise ValueError("no state of deciding or final")
+    code = data.get("code")
+    if data["state"] == FINAL and (isinstance(code, bool) or code not in CODES):
+        raise ValueError(f"a final record with code {code!r}")
+    return Verdict(
+        state=data["state"],
+        code=code,
+        verdict=data.get("verdict"),
+        rule=data.get("rule"),
+        step=data.get("step"),
+        resume_from=data.get("resume_from"),
+        attempt=data.get("attempt"),
+        time=data.get("time"),
+    )
+
+
+def _dumps(record: Verdict) -> str:
+    return json.dumps(record.to_json(), allow_nan=False) + "\n"
+
+
+def _replace(path: Path, text: str, *, sync: bool, private: bool = True) -> None:
+    """Write ``text`` to a temp file beside ``path`` and rename it over ``path``."""
+    if private:
+        private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    fd = open_private(tmp, flags) if private else os.open(tmp, flags, 0o644)
+    try:
+        try:
+            os.write(fd, text.encode())
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+    if sync:
+        _sync_dir(path.parent)
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

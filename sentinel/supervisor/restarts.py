@@ -1,0 +1,302 @@
+"""After sentinel stopped a job: restart it from a clean checkpoint, or give up and say why.
+
+The decision is made in one place, data in and a decision out, so that the loop
+only carries it out. It gives up (exit 90, DESIGN.md) on the same failure at the
+same step twice, when restarts are spent, when nothing clean is left to resume
+from (unless ``[job] restart_without_checkpoint = "scratch"``), and when the
+rollback could not set the poisoned checkpoints aside: resuming over them would
+resume the poison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sentinel.checkpoints.keep import Keeper
+from sentinel.checkpoints.quarantine import fresh_label
+from sentinel.checkpoints.rollback import apply_rollback, plan_rollback, pointer_note
+from sentinel.checkpoints.scan import Onset
+from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings, resume
+from sentinel.model.incidents import Incident
+from sentinel.service.http import parse_http_address
+from sentinel.store import verdict
+from sentinel.store.verdict import (
+    EXIT_GIVE_UP as EXIT_GIVE_UP,  # run gives up (DESIGN.md, verdicts)
+)
+
+#: Before a rollback, how long to wait for versions the keeper is still copying.
+KEEP_FLUSH_S = 30.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where the next attempt starts: a clean checkpoint, or from scratch ("" and None)."""
+
+    checkpoint: str = ""
+    step: int | None = None
+
+
+@dataclass
+class Decision:
+    """What to do with a job sentinel stopped: restart it, stop for good, or give up."""
+
+    #: Where to restart from; None: no restart.
+    resume: Resume | None = None
+    #: Why sentinel gives up (exit 90); None when it restarts or simply stops.
+    give_up: str | None = None
+    backoff_s: float = 0.0
+    #: What was done on the way, for the incident's timeline.
+    notes: list[str] = field(default_factory=list)
+
+
+class Restarts:
+    """Counts restarts and decides each one (Supervisor's BACKOFF, with a cap)."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        checkpoints: Path | None,
+        keep: KeepConfig | None = None,
+        *,
+        relaunches: bool = True,
+        state_dir: Path | None = None,
+        verdict_file: Path | None = None,
+    ) -> None:
+        self.job = job
+        #: Where the verdict goes (None: nowhere, as in tests of the decision alone).
+        self.state_dir = state_dir
+        self.verdict_file = verdict_file
+        #: Whether sentinel starts the next attempt itself (run), or someone else (watch).
+        self.relaunches = relaunches
+        self.checkpoints = checkpoints
+        keep = keep or KeepConfig()
+        #: Clean versions of the files the job rewrites in place (``ckpt.pt``).
+        self.keeper = (
+            None
+            if checkpoints is None or keep.max_bytes == 0
+            else Keeper(checkpoints, max_bytes=keep.max_bytes, versions=keep.versions)
+        )
+        self.count = 0
+        self._last_failure: tuple[str, int | None] | None = None
+        #: Where the latest restart resumes from.
+        self.resume = Resume()
+
+    def look(self, now: float) -> None:
+        """Look at the checkpoint dir for new versions worth keeping (on the clock tick)."""
+        if self.keeper is not None:
+            self.keeper.poll(now)
+
+    def close(self) -> None:
+        if self.keeper is not None:
+            self.keeper.close(KEEP_FLUSH_S)
+
+    def decide(self, incident: Incident) -> Decision:
+        """Roll back and plan the restart after ``incident`` stopped the job.
+
+        The rollback happens even when no restart follows, so that whoever resumes the
+        run later (a person, an orchestrator that ignores the verdict) resumes clean.
+        """
+        job = self.job
+        failure = (incident.rule, incident.first.step)
+        stop = ""
+        if failure == self._last_failure:
+            stop = (
+                f"{incident.rule} recurred at the same step ({incident.first.step})"
+                " after a restart: not restarting again"
+            )
+        elif self.count >= job.max_restarts and job.max_restarts > 0:
+            stop = f"gave up after {self.count} restart(s) (max_restarts)"
+        if stop or job.max_restarts == 0:
+            rolled = self._rollback(incident)
+            notes = [note for note in rolled.notes if "giving up" not in note]
+            if rolled.give_up is not None and rolled.give_up.startswith("rollback failed"):
+                notes.append(rolled.give_up)
+            if not stop:
+                return Decision(notes=[*notes, "not restarting (max_restarts is 0)"])
+            return Decision(give_up=stop, notes=notes)
+        self._last_failure = failure
+        decision = self._rollback(incident)
+        if decision.resume is None:
+            return decision
+        self.resume = decision.resume
+        decision.backoff_s = min(job.restart_backoff_s * 2**self.count, job.restart_backoff_max_s)
+        self.count += 1
+        if self.relaunches:
+            decision.notes.append(
+                f"restarting ({self.count} of {job.max_restarts}) in {decision.backoff_s:g} s"
+            )
+        else:
+            decision.notes.append(
+                f"rolled back for the next attempt ({self.count} of {job.max_restarts}):"
+                " whoever started the job restarts it"
+            )
+        return decision
+
+    def write_verdict(
+        self, code: int, incident: Incident, attempt: int, resume_from: str | None = None
+    ) -> bool:
+        """The final verdict record (and ``verdict_file``); False, logged, when it failed."""
+        if self.state_dir is None:
+            return True
+        try:
+            verdict.write_final(
+                self.state_dir,
+                code,
+                None,
+                incident.rule,
+                incident.first.step,
+                resume_from,
+                attempt,
+                time.time(),
+                verdict_file=self.verdict_file,
+            )
+        except OSError as error:
+            log.error("could not write the verdict (%d): %s", code, error)
+            return False
+        return True
+
+    def to_state(self) -> dict[str, str]:
+        """The budget and memory that outlive sentinel itself (``sentinel watch``)."""
+        return {
+            "restarts.count": str(self.count),
+            "restarts.last_failure": json.dumps(self._last_failure),
+            "restarts.resume": json.dumps([self.resume.checkpoint, self.resume.step]),
+        }
+
+    def from_state(self, values: Mapping[str, str | None]) -> None:
+        """Take back what ``to_state`` saved; a missing or unreadable value is left as is."""
+        with contextlib.suppress(TypeError, ValueError):
+            self.count = int(values.get("restarts.count") or 0)
+            failure = json.loads(values.get("restarts.last_failure") or "null")
+            if failure is not None:
+                self._last_failure = (str(failure[0]), failure[1])
+            checkpoint, step = json.loads(values.get("restarts.resume") or '["", null]')
+            self.resume = Resume(str(checkpoint), step)
+
+    def argv_and_env(self, command: list[str]) -> tuple[list[str], dict[str, str]]:
+        """The command and extra environment of the next attempt (the restart protocol).
+
+        The resume command runs only with a checkpoint to fill in; a restart from
+        scratch runs the original command: ``{checkpoint}`` is never filled with "".
+        """
+        if not self.count:
+            return command, {}
+        where = self.resume
+        env = resume.restart_env(where.checkpoint, where.step, self.count)
+        template = self.job.resume_argv
+        if template is None or not where.checkpoint:
+            return command, env
+        step = "" if where.step is None else str(where.step)
+        return resume.fill(template, {"checkpoint": where.checkpoint, "step": step}), env
+
+    def _rollback(self, incident: Incident) -> Decision:
+        """Quarantine what came after the onset; resume from the last clean checkpoint."""
+        directory = self.checkpoints
+        if directory is None:
+            return self._without_checkpoint([], "no checkpoint dir is configured")
+        if self.keeper is not None and not self.keeper.flush(KEEP_FLUSH_S):
+            return Decision(
+                give_up=f"rollback failed: still keeping a clean copy after {KEEP_FLUSH_S:g} s"
+            )
+        onset = Onset(step=incident.onset_step, time=incident.onset_time)
+        plan = plan_rollback(directory, onset)
+        label = fresh_label(directory, f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}")
+        try:
+            moved = apply_rollback(plan, directory, label=label)
+        except OSError as error:
+            return Decision(
+                give_up=f"rollback failed, not restarting: cannot quarantine in {directory}:"
+                f" {error.strerror or error}"
+            )
+        notes = []
+        text = f"rolled back to {plan.restore.path.name}" if plan.restore else ""
+        if plan.put_back is not None and plan.restore is not None:
+            at = plan.restore.step
+            text += f" (its clean version{f' of step {at}' if at is not None else ''}, kept by"
+            text += " sentinel, put back in place)"
+        if moved:
+            names = ", ".join(f"{c.path.name} ({c.status})" for c in plan.quarantine)
+            text += f"; quarantined {names} in {moved[0].parent}"
+        if pointer_note(plan):
+            text += f"; {pointer_note(plan)}"
+        if text:
+            notes.append(text.removeprefix("; "))
+        if plan.restore is None:
+            step = incident.onset_step
+            before = f" before step {step}" if step is not None else ""
+            return self._without_checkpoint(notes, f"no clean checkpoint{before} in {directory}")
+        restore = Resume(str(plan.restore.path.resolve()), plan.restore.step)
+        return Decision(resume=restore, notes=notes)
+
+    def _without_checkpoint(self, notes: list[str], why: str) -> Decision:
+        """Nothing clean to resume from: start over only where the user chose to."""
+        if self.job.restart_without_checkpoint == "scratch":
+            notes.append(f"{why}: restarting from scratch (restart_without_checkpoint)")
+            return Decision(resume=Resume(), notes=notes)
+        return Decision(
+            give_up=f"{why}: giving up rather than training again from step 0"
+            ' ([job] restart_without_checkpoint = "give_up")',
+            notes=notes,
+        )
+
+
+def preflight(settings: Settings, command: list[str]) -> None:
+    """Refuse, before anything starts, what would otherwise fail only after a kill.
+
+    Raises ``ConfigError``: a resume command whose program cannot be found would be
+    discovered at the first restart, after the job was stopped; a checkpoint dir
+    sentinel cannot write would make the rollback fail at the same moment.
+    """
+    problems = []
+    template = settings.job.resume_argv
+    for what, argv in (("the job's command", command), ("job.resume_command", template)):
+        if argv and "{" not in argv[0] and not _runnable(argv[0]):
+            problems.append(f"{what}: {argv[0]} is not an executable on PATH")
+    if settings.http is not None:
+        try:
+            parse_http_address(settings.http)
+        except ValueError as error:
+            problems.append(f"http: {error}")
+    directory = settings.checkpoints
+    if directory is not None and directory.exists() and not settings.dry_run:
+        if not directory.is_dir():
+            problems.append(f"checkpoints: {directory} is not a directory")
+        elif not os.access(directory, os.W_OK | os.X_OK):
+            problems.append(
+                f"checkpoints: {directory} is not writable, so a rollback could not set"
+                " checkpoints aside"
+            )
+    problem = _state_dir_problem(settings.state_dir)
+    if problem:
+        problems.append(f"state_dir: {settings.state_dir} {problem}")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _state_dir_problem(state_dir: Path) -> str:
+    """Why sentinel could not keep its state in ``state_dir`` ("" when it can)."""
+    if state_dir.exists() and not state_dir.is_dir():
+        return "is not a directory"
+    existing = state_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "cannot be created" if existing != state_dir else "is not writable"
+        return f"{what} (sentinel keeps its journal, outbox and verdict there)"
+    return ""
+
+
+def _runnable(program: str) -> bool:
+    if os.sep in program:
+        return os.path.isfile(program) and os.access(program, os.X_OK)
+    return shutil.which(program) is not None

@@ -1,0 +1,159 @@
+"""When output comes faster than the rules can read it: keep what matters, count the rest.
+
+Two places shed. The loop reads of each batch what it can parse before the
+batch is ``LAG_S`` old, judged by what parsing cost lately (a batch of mixed,
+long or invalid lines parses ten times slower than one of uniform JSON): the
+newest of its lines, at least ``KEEP_NEWEST``, and of the older ones those a
+cheap search finds (a non-finite value, a traceback, an error). And the inbox, when output
+waiting in it passes ``HELD_LIMIT`` bytes (the loop is stalled), cuts its oldest
+batches down to the lines that search finds. Everything else is counted as
+skipped. So a NaN inside a flood still reaches the rules within about ``LAG_S``,
+and memory does not grow with a backlog.
+
+The search is the cost of a line that is skipped, so it must be far cheaper than
+parsing it (about 2 µs a line): the batch is joined and lowered once, and each
+needle is a pattern that starts with a literal, which ``re`` finds at the speed
+of a byte search; only a hit costs Python work.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: A batch older than this when its turn comes is read in part.
+LAG_S = 0.3
+#: The newest lines of such a batch are always read.
+KEEP_NEWEST = 64
+#: At most this many of a batch's suspect lines are read (the newest): a log where every
+#: line says "error:" must not defeat the shedding.
+MAX_SUSPECTS = 256
+#: Output (bytes of text, plus ``LINE_OVERHEAD`` a line) the inbox holds before it sheds:
+#: at 200k lines a second, most of a second of it.
+HELD_LIMIT = 16 << 20
+#: Batches shorter than this say little about what a line costs to parse.
+COST_MIN_LINES = 256
+#: What a line costs in memory besides its text (a ``str`` header and the list's pointer).
+LINE_OVERHEAD = 64
+#: Falling behind and catching up are logged at most once in this long: a flood at the edge
+#: of what the loop keeps up with flips between the two many times a second.
+SAY_EVERY_S = 60.0
+#: What a skipped line may say that must still be read, searched in lowered text: a
+#: non-finite number (not "info", "inference", "financial"), a traceback, an error.
+NEEDLES = (
+    re.compile(r"nan(?<![a-z]nan)(?![a-z])"),
+    re.compile(r"inf(?<![a-z]inf)(?:inity)?(?![a-z])"),
+    re.compile(r"traceback"),
+    re.compile(r"error"),
+    re.compile(r"exception"),
+    re.compile(r"killed"),
+)
+
+
+def suspects(lines: list[str], limit: int = MAX_SUSPECTS) -> list[str]:
+    """The lines (in order, the newest ``limit``) that may hold a non-finite value or an error."""
+    text = "\n".join(lines).lower()  # lower() never adds or removes a '\n'
+    hits: set[int] = set()
+    for needle in NEEDLES:
+        line, at = 0, 0
+        for match in needle.finditer(text):
+            start = match.start()
+            line += text.count("\n", at, start)
+            at = start
+            hits.add(line)
+    return [lines[index] for index in sorted(hits)[-limit:]]
+
+
+class Shedder:
+    """Decides which lines a loop that is behind still reads; counts those it skips.
+
+    ``keep`` runs on the loop's thread; ``weight`` and ``shrink`` are the inbox's bound
+    (``sentinel.supervisor.inbox.Bound``) and run on the sources' threads, under its lock.
+    """
+
+    limit = HELD_LIMIT
+
+    def __init__(self) -> None:
+        self._skipped_late = 0
+        self._skipped_held = 0  # changed under the inbox's lock only
+        self._behind = False
+        self._said_at: float | None = None  # time.monotonic() of the last word on it
+        #: Seconds a line lately took to parse (0: not known yet).
+        self._cost_s = 0.0
+
+    @property
+    def skipped(self) -> int:
+        """Lines skipped so far (for status and metrics)."""
+        return self._skipped_late + self._skipped_held
+
+    def keep(self, lines: list[str], lag_s: float) -> list[str]:
+        """The lines to read of a batch read ``lag_s`` seconds ago (all of them when on time)."""
+        room_s = LAG_S - lag_s
+        if len(lines) <= KEEP_NEWEST or (room_s >= 0 and len(lines) * self._cost_s <= room_s):
+            if self._behind and lag_s <= LAG_S:
+                self._behind = False
+                if self._may_say():
+                    log.info("caught up with the output (%d line(s) skipped)", self.skipped)
+            return lines
+        fits = int(room_s / self._cost_s) if room_s > 0 and self._cost_s > 0 else 0
+        newest_count = max(KEEP_NEWEST, fits)
+        older, newest = lines[:-newest_count], lines[-newest_count:]
+        kept = suspects(older)
+        self._skipped_late += len(older) - len(kept)
+        if not self._behind:
+            self._behind = True
+            if self._may_say():
+                log.warning(
+                    "output comes faster than it can be read (%.1f s behind): reading only"
+                    " lines that may hold a non-finite value or an error, and the newest"
+                    " (%d line(s) skipped so far)",
+                    lag_s,
+                    self.skipped,
+                )
+        return kept + newest
+
+    def skim(self, lines: list[str]) -> list[str]:
+        """What a loop reads of a job it is stopping: the suspect lines and the newest (its
+        CPU goes to the stop, which the parsing would slow down by holding the GIL)."""
+        if len(lines) <= KEEP_NEWEST:
+            return lines
+        older, newest = lines[:-KEEP_NEWEST], lines[-KEEP_NEWEST:]
+        kept = suspects(older)
+        self._skipped_late += len(older) - len(kept)
+        return kept + newest
+
+    def parsed(self, count: int, elapsed_s: float) -> None:
+        """``count`` lines took ``elapsed_s`` to parse: what the next batch's share is
+        judged by."""
+        if count >= COST_MIN_LINES:
+            cost_s = elapsed_s / count
+            self._cost_s = cost_s if not self._cost_s else 0.7 * self._cost_s + 0.3 * cost_s
+
+    def _may_say(self) -> bool:
+        now = time.monotonic()
+        if self._said_at is not None and now - self._said_at < SAY_EVERY_S:
+            return False
+        self._said_at = now
+        return True
+
+    # -- the inbox's bound: events are ("lines", (source, lines, read_at)) ----------
+
+    @staticmethod
+    def weight(event: tuple[str, Any]) -> int:
+        """What an output event holds in memory, about (0: any other event, never shed)."""
+        kind, payload = event
+        if kind != "lines":
+            return 0
+        lines: list[str] = payload[1]
+        return sum(map(len, lines)) + LINE_OVERHEAD * len(lines)
+
+    def shrink(self, event: tuple[str, Any]) -> tuple[str, Any]:
+        """An output event cut down to its suspect lines, the rest counted as skipped."""
+        source, lines, read_at = event[1]
+        kept = suspects(lines)
+        self._skipped_held += len(lines) - len(kept)
+        return ("lines", (source, kept, read_at))

@@ -1,0 +1,129 @@
+"""The stop: the stop signal to the job's whole tree, SIGKILL to what outlives the grace.
+
+A ``Stop`` is a stop sentinel decided on: for which incident, whether a rollback and a
+restart follow, or which other node's verdict it carries out. ``stop_in_background``
+runs the sequence (``actions.signal_tree.stop_tree``) on a thread of its own, which
+collects the tree and signals it at once, and hands the outcome back to the loop as a
+``("terminated", (stop, result))`` event. Before the first signal, ``mark_deciding``
+tells whatever waits on the job that its exit is sentinel's doing.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sentinel.config import JobConfig, Settings
+from sentinel.evidence import capture as evidence
+from sentinel.model.incidents import Incident
+from sentinel.process.identity import ProcessIdentity
+from sentinel.process.signal_tree import TreeStop, stop_tree
+from sentinel.store import run_verdict, verdict
+
+
+@dataclass
+class Stop:
+    """A stop sentinel decided on: why, and whether a rollback (and restart) follows."""
+
+    incident: Incident | None
+    restart: bool
+    started_at: float = field(default_factory=time.time)
+    #: Another node's verdict for the run, which this stop carries out.
+    joined: run_verdict.RunRecord | None = None
+
+
+def dry_run_note(job: JobConfig, pid: int, policy: str) -> str:
+    """What ``--dry-run`` says instead of stopping the job."""
+    then = "roll back and restart it" if policy == "restart" else "and not restart it"
+    return f"dry run: would send {job.stop_signal} to the job's tree (pid {pid}), {then}"
+
+
+def mark_deciding(settings: Settings, rule: str | None, step: int | None, attempt: int) -> None:
+    """Before the first signal: the verdict's "deciding" mark (best effort, never delays)."""
+    verdict.mark_deciding(
+        settings.state_dir, rule=rule, step=step, attempt=attempt, time=time.time()
+    )
+
+
+def stop_words(job: JobConfig, pid: int) -> str:
+    """The incident's record of the stop, as it is sent."""
+    return (
+        f"{job.stop_signal} to the job's process tree (pid {pid}),"
+        f" SIGKILL after {job.grace_period_s:g} s to what still runs"
+    )
+
+
+def stop_in_background(
+    identity: ProcessIdentity,
+    stop: Stop | None,
+    job: JobConfig,
+    *,
+    members: Callable[[], Iterable[ProcessIdentity]],
+    put: Callable[[tuple[str, Any]], None],
+    first: Callable[[], None] | None = None,
+) -> None:
+    """Stop the tree under ``identity`` on a thread of its own; ``members`` finds the job's
+    processes outside that tree (looked for after the tree has the signal); ``first`` runs
+    on that thread before the first signal (``evidence_first``)."""
+    stop_signal = signal.Signals[job.stop_signal]
+    grace_s = job.grace_period_s
+
+    def run_stop() -> None:
+        if first is not None:
+            first()
+        result = stop_tree(identity, grace_s=grace_s, stop_signal=stop_signal, members=members)
+        put(("terminated", (stop, result)))
+
+    threading.Thread(target=run_stop, name="stop-tree", daemon=True).start()
+
+
+def evidence_first(
+    settings: Settings,
+    stop: Stop | None,
+    identity: ProcessIdentity,
+    *,
+    members: Callable[[], Iterable[ProcessIdentity]],
+    put: Callable[[tuple[str, Any]], None],
+) -> Callable[[], None] | None:
+    """What the stop's thread takes from the live job before its first signal, handing it to
+    the loop as an ``("evidence", (stop, evidence))`` event (ahead of the exit the signal
+    brings); None when the stop's rule needs none (a NaN) or ``[evidence]`` is off."""
+    incident = stop.incident if stop is not None else None
+    if incident is None or not settings.evidence.enabled or not evidence.wanted(incident.rule):
+        return None
+    folder = evidence.incident_dir(settings.state_dir, incident.id)
+
+    def take() -> None:
+        pids, leaves = evidence.job_processes(identity.pid, (m.pid for m in members()))
+        if not pids:
+            return  # the job ended by itself (a crash): nothing alive to look at
+        taken = evidence.take(
+            pids,
+            folder,
+            budget_s=settings.evidence.budget_s,
+            output_files=evidence.output_files(settings.state_dir, pids, settings.logs),
+            leaves=leaves,
+        )
+        put(("evidence", (stop, taken)))
+
+    return take
+
+
+def record_evidence(stop: Stop | None, taken: evidence.Evidence) -> Incident | None:
+    """The evidence's lines in the stop's incident; the incident, to report again."""
+    if stop is None or stop.incident is None:
+        return None
+    for note in taken.notes():
+        stop.incident.record(time.time(), note)
+    return stop.incident
+
+
+def outcome_note(stop: Stop | None, result: TreeStop) -> str | None:
+    """What the incident records of how the stop went; None when nothing is worth saying."""
+    if stop is not None and stop.incident is not None and (result.killed or result.survivors):
+        return result.detail
+    return None
