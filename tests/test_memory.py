@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.model.facts import RunFacts
-from sentinel.rules.cost_blocks import CostOverrunConfig
-from sentinel.rules.cost_overrun import CostOverrunDetector
+from sentinel.rules.cost_overrun import CostOverrunConfig, CostOverrunDetector
 from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 

@@ -49,20 +49,377 @@ What the episode says is ``loss_spike_episode``'s.
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, ClassVar
 
-from sentinel.model.records import Alert, Block, Sample
-from sentinel.rules.base import BaseDetector
-from sentinel.rules.eval_signal import EVAL_METRIC
-from sentinel.rules.loss_spike_config import (
-    LossSpikeConfig,
-    SpikeSeries,
-    grows,
-    never_grows,
-    never_spikes,
-    spikes,
+from pydantic import Field, model_validator
+
+from sentinel.model.records import Alert, Block, Sample, Severity
+from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.rules.eval_signal import EVAL_METRIC, EvalSignal
+from sentinel.rules.noise import above_noise, beyond_seen
+from sentinel.rules.series import (
+    LazyRolling,
+    Rolling,
+    Warmup,
+    finite_values,
+    finite_with_steps,
+    never_above,
 )
-from sentinel.rules.loss_spike_episode import SpikeEpisode
-from sentinel.rules.series import Warmup, finite_values, finite_with_steps
+
+
+class LossSpikeConfig(MetricRuleConfig):
+    """``[rules.loss_spike]``.
+
+    The defaults follow Lightning's ``SpikeDetection`` callback (a value over 2x the
+    mean of the last 10 is a spike; the median here, so one spike does not raise the
+    bar) and llm-foundry's ``KillLossSpike`` (act once a spike persists for 4 steps).
+    """
+
+    renamed: ClassVar[Mapping[str, str]] = {
+        "persist_steps": "sustain",
+        "persist_severity": "sustain_severity",
+    }
+
+    #: Metrics judged, each against its own baseline; they share one episode.
+    metrics: MetricNames = Field(default_factory=lambda: ["loss"], min_length=1)
+    #: Non-spike values whose median is the baseline; judging starts once it is full.
+    window: int = Field(default=10, ge=3, le=10_000)
+    #: A value above ``factor`` x the baseline is a spike.
+    factor: float = Field(default=2.0, gt=1.0)
+    #: Consecutive logged spikes that escalate the episode to ``sustain_severity``.
+    sustain: int = Field(default=4, ge=1)
+    #: Severity of that escalation (critical: stop, roll back before the onset).
+    sustain_severity: Severity = Severity.CRITICAL
+    #: Consecutive values under the bar that end the episode.
+    resolve_after: int = Field(default=3, ge=1)
+    #: A spike is also more than this many robust standard deviations above the baseline.
+    noise_sigmas: float = Field(default=3.0, ge=0)
+    #: Non-spike values the noise is taken over (long enough to hold a per-epoch rhythm);
+    #: until it is full a spike must be ``extreme_factor`` x ``noise_sigmas`` above it.
+    noise_window: int = Field(default=50, ge=3, le=10_000)
+    #: The noise is at least this fraction of the baseline (a flat series has a MAD of 0).
+    noise_floor: float = Field(default=0.01, ge=0)
+    #: Alone, a run escalates only past this multiple of the highest non-spike value seen.
+    extreme_factor: float = Field(default=3.0, gt=1.0)
+    #: Metrics whose spike (judged the same way) corroborates a run of the judged ones.
+    corroborate: MetricNames = Field(default_factory=lambda: ["grad_norm"])
+    #: In warmup, a value above this multiple of the least seen in the attempt warns.
+    warmup_factor: float = Field(default=10.0, gt=1.0)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> LossSpikeConfig:
+        if self.sustain >= self.window:
+            raise ValueError("sustain must be less than window (a longer run is a level shift)")
+        if self.sustain_severity < self.severity:
+            raise ValueError("sustain_severity must not be lower than severity")
+        return self
+
+
+def spike_bar(baseline: float, factor: float) -> float:
+    """The value above which a sample is a spike against ``baseline``: ``factor`` x it.
+
+    Rises with ``baseline`` (``factor`` > 1): a value at most the bar of the least value
+    a median can be is no spike against that median.
+    """
+    return factor * baseline
+
+
+def is_spike(value: float, baseline: float, factor: float) -> bool:
+    """Whether ``value`` passes the ratio test against the median ``baseline``: above its
+    bar, with a baseline above 0 (a ratio to a level <= 0 means nothing). The rule also
+    asks the noise test (``above_noise``) of a value that passes this one."""
+    return baseline > 0 and value > spike_bar(baseline, factor)
+
+
+def growth_bar(least: float, settings: LossSpikeConfig) -> float:
+    """In warmup, a value above this is growth far past the ``least`` seen (rising with it)."""
+    return settings.warmup_factor * least
+
+
+def spikes(value: float, baseline: float, noise: deque[float], settings: LossSpikeConfig) -> bool:
+    """The rule's decision on a value past warmup: a spike against the median ``baseline``
+    (``is_spike``) and above the run's own ``noise`` (``above_noise``).
+
+    Until the noise window is full the run has not shown its whole rhythm (the first
+    epoch has no earlier one to compare with): a spike must then be far beyond its noise,
+    ``extreme_factor`` times as many robust standard deviations.
+    """
+    sigmas = settings.noise_sigmas
+    if len(noise) < settings.noise_window:
+        sigmas *= settings.extreme_factor
+    return is_spike(value, baseline, settings.factor) and above_noise(
+        value, baseline, noise, sigmas, settings.noise_floor
+    )
+
+
+def grows(value: float, least: float, noise: deque[float], settings: LossSpikeConfig) -> bool:
+    """The rule's decision on a value in warmup: past the growth bar of the ``least`` seen
+    (above 0: a ratio to a level <= 0 means nothing) and above the run's own ``noise``."""
+    return (
+        least > 0
+        and value > growth_bar(least, settings)
+        and above_noise(value, least, noise, settings.noise_sigmas, settings.noise_floor)
+    )
+
+
+def never_spikes(values: list[float], least: float, start: int, settings: LossSpikeConfig) -> bool:
+    """Block path: no value from ``start`` on can be judged a spike, ``least`` the least of
+    the baseline before them (``never_above`` with ``spikes``' own bar)."""
+    return never_above(values, partial(spike_bar, factor=settings.factor), least, start)
+
+
+def never_grows(values: list[float], least: float, settings: LossSpikeConfig) -> bool:
+    """Block path: no value can be judged growth, ``least`` the least seen before them."""
+    return never_above(values, partial(growth_bar, settings=settings), least, 0)
+
+
+class SpikeSeries:
+    """One metric's baseline and its current run of spikes."""
+
+    __slots__ = (
+        "baseline",
+        "calm",
+        "episode",
+        "least",
+        "noise",
+        "offending",
+        "recent",
+        "run",
+        "spiked_at",
+    )
+
+    def __init__(self, window: int, noise_window: int) -> None:
+        self.baseline = Rolling(window)
+        #: The last non-spike values, whose spread is the run's own noise.
+        self.noise = LazyRolling(noise_window)
+        #: The least finite value of the attempt (the warmup's yardstick).
+        self.least = math.inf
+        #: The rule's count of judged values when this metric last spiked.
+        self.spiked_at: int | None = None
+        #: This metric's spikes in the open episode: the run's behaviour once it recovers.
+        self.episode: list[float] = []
+        #: Every finite value seen lately, spikes included: the evidence in ``details``.
+        self.recent: deque[tuple[int | None, float]] = deque(maxlen=2 * window)
+        #: The consecutive spikes up to now, as (step, value).
+        self.run: list[tuple[int | None, float]] = []
+        #: Consecutive values under the bar since this metric's last spike.
+        self.calm = 0
+        #: Whether this metric keeps the episode open.
+        self.offending = False
+
+    def learn(self, value: float) -> None:
+        """A value that is no spike: part of the baseline and the noise."""
+        self.baseline.add(value)
+        self.noise.add(value)
+        self.least = min(self.least, value)
+
+
+#: ``BaseDetector.sample_alert`` of the rule: how its alerts are built.
+AlertMaker = Callable[..., Alert]
+
+
+class SpikeEpisode:
+    """The open episode of the rule (if any): its onset, whether it escalated."""
+
+    def __init__(self, settings: LossSpikeConfig, alert: AlertMaker) -> None:
+        self.settings = settings
+        self.alert = alert
+        self.series: dict[str, SpikeSeries] = {}
+        self.open = False
+        self.escalated = False
+        self.onset_step: int | None = None
+        #: The rule's count of judged values when the episode opened.
+        self.onset_count = 0
+        #: The evaluations: the eval loss rising since the onset is a second signal.
+        self.evals = EvalSignal()
+
+    def reset(self, series: dict[str, SpikeSeries]) -> None:
+        """A new attempt: no episode, and these are the metrics' series."""
+        self.series = series
+        self.evals.reset()
+        self.open = False
+        self.escalated = False
+        self.onset_step = None
+        self.onset_count = 0
+
+    def spike(
+        self,
+        series: SpikeSeries,
+        baseline: float,
+        sample: Sample,
+        count: int,
+        source: str,
+        time: float,
+    ) -> list[Alert]:
+        """A judged value that is a spike: opens the episode, escalates it, or ends this
+        metric's part as a level shift; ``count`` is the rule's count of judged values."""
+        settings = self.settings
+        name = sample.name
+        series.calm = 0
+        series.run.append((sample.step, sample.value))
+        series.episode.append(sample.value)
+        alerts: list[Alert] = []
+        if not series.offending:
+            series.offending = True
+            if not self.open:
+                self.open = True
+                self.onset_step = sample.step
+                self.onset_count = count
+                ratio = sample.value / baseline
+                message = (
+                    f"{name} {sample.value:.4g} at step {sample.step}"
+                    f" is {ratio:.1f}x its recent median {baseline:.4g}"
+                )
+                details = self._details("spike", series, baseline, sample)
+                details["ratio"] = round(ratio, 3)
+                alerts.append(self._say(settings.severity, message, sample, source, time, details))
+        run_length = len(series.run)
+        evidence = None
+        if (
+            run_length >= settings.sustain
+            and not self.escalated
+            and settings.sustain_severity > settings.severity
+        ):
+            evidence = self._second_signal(series)
+        if evidence is not None:
+            self.escalated = True
+            bar = spike_bar(baseline, settings.factor)
+            message = (
+                f"{name} above {bar:.4g} ({settings.factor:g}x its recent"
+                f" median {baseline:.4g}) for {run_length} consecutive values since step"
+                f" {series.run[0][0]} (now {sample.value:.4g} at step {sample.step}), {evidence}"
+            )
+            details = self._details("persistent", series, baseline, sample)
+            details["evidence"] = evidence
+            alerts.append(
+                self._say(settings.sustain_severity, message, sample, source, time, details)
+            )
+        if run_length >= settings.window:
+            alerts += self._level_shift(series, baseline, sample, source, time)
+        return alerts
+
+    def under(
+        self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
+    ) -> list[Alert]:
+        """A value under the bar of a metric that keeps the episode open."""
+        series.run.clear()
+        series.calm += 1
+        if series.calm < self.settings.resolve_after:
+            return []
+        series.offending = False
+        series.calm = 0
+        # Spikes the run came back from are part of its wobble (a rhythm's peaks).
+        series.noise.extend(series.episode)
+        series.episode.clear()
+        if self._still_offending():
+            return []
+        details = self._details("recovered", series, baseline, sample)
+        message = (
+            f"{sample.name} back under {spike_bar(baseline, self.settings.factor):.4g} for"
+            f" {self.settings.resolve_after} values (last {sample.value:.4g} at step"
+            f" {sample.step})"
+        )
+        return [self._resolve(message, sample, source, time, details)]
+
+    def _second_signal(self, series: SpikeSeries) -> str | None:
+        """What makes a persistent run more than one noisy signal, or None: a value far
+        beyond anything the run has shown, a spike of another watched metric since
+        ``sustain`` judged values before the onset, or the eval loss risen at an evaluation
+        since the onset (``eval_signal``)."""
+        settings = self.settings
+        highest = max(value for _, value in series.run)
+        if beyond_seen(highest, series.noise.values, settings.extreme_factor):
+            return f"far beyond anything the run has shown ({max(series.noise.values):.4g})"
+        since = self.onset_count - settings.sustain
+        for name, other in self.series.items():
+            if other is not series and other.spiked_at is not None and other.spiked_at >= since:
+                return f"and {name} spiked with it"
+        return self.evals.rose_since(self.onset_step)
+
+    def _level_shift(
+        self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
+    ) -> list[Alert]:
+        """A whole window above the bar is a new level: learn it; this metric's part is over."""
+        details = self._details("level_shift", series, baseline, sample)
+        run_start = series.run[0][0]
+        series.baseline.clear()
+        for _, value in series.run:
+            series.baseline.add(value)
+        series.noise.extend(series.episode)
+        series.episode.clear()
+        series.run.clear()
+        series.offending = False
+        if self._still_offending():
+            return []
+        new_level = series.baseline.median()
+        details["new_baseline"] = new_level
+        message = (
+            f"{sample.name} above {spike_bar(baseline, self.settings.factor):.4g} for"
+            f" {self.settings.window} values since step {run_start}: a level shift, not a"
+            f" spike; baseline re-learned at {new_level:.4g}"
+        )
+        return [self._resolve(message, sample, source, time, details)]
+
+    def _still_offending(self) -> bool:
+        return any(series.offending for series in self.series.values())
+
+    def _details(
+        self, kind: str, series: SpikeSeries, baseline: float, sample: Sample
+    ) -> dict[str, Any]:
+        window = self.settings.window
+        recent = list(series.recent)[-(window + len(series.run)) :]
+        return {
+            "kind": kind,
+            "metric": sample.name,
+            "baseline": baseline,
+            "threshold": spike_bar(baseline, self.settings.factor),
+            "factor": self.settings.factor,
+            "onset_step": self.onset_step,
+            "run_length": len(series.run),
+            "values": [value for _, value in recent],
+            "steps": [step for step, _ in recent],
+        }
+
+    def _say(
+        self,
+        severity: Severity,
+        message: str,
+        sample: Sample,
+        source: str,
+        time: float,
+        details: dict[str, Any],
+    ) -> Alert:
+        return self.alert(
+            sample,
+            severity=severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=self.onset_step,
+            details=details,
+        )
+
+    def _resolve(
+        self, message: str, sample: Sample, source: str, time: float, details: dict[str, Any]
+    ) -> Alert:
+        alert = self.alert(
+            sample,
+            severity=Severity.INFO,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=self.onset_step,
+            resolves=True,
+            details=details,
+        )
+        self.open = False
+        self.escalated = False
+        self.onset_step = None
+        return alert
+
 
 __all__ = ["LossSpikeConfig", "LossSpikeDetector"]
 

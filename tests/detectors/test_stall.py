@@ -20,8 +20,7 @@ from sentinel.model.machine import (
     gpu_source,
 )
 from sentinel.model.records import Alert, Line, Sample, Severity
-from sentinel.rules.stall import StallConfig, StallDetector
-from sentinel.rules.stall_ends import starts_a_run
+from sentinel.rules.stall import StallConfig, StallDetector, starts_a_run
 
 T0 = 1_700_000_000.0
 SOFT = 600.0
