@@ -7,9 +7,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from sentinel.evidence.diagnosis import Diagnosis, diagnose, sparkline
+from sentinel.evidence.chart import sparkline
+from sentinel.evidence.diagnosis import Diagnosis, diagnose
 from sentinel.model.incidents import Incident, IncidentTracker
 from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules import STORIES
 
 NAN = math.nan
 T0 = 1_700_000_000.0
@@ -31,7 +33,7 @@ def alert(
 
 
 def incident_of(*alerts: Alert) -> Incident:
-    tracker = IncidentTracker("t")
+    tracker = IncidentTracker("t", STORIES)
     for each in alerts:
         tracker.observe(each)
     (incident,) = {id(i): i for i in tracker.open.values()}.values()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sentinel.model.incidents import IncidentEvent, IncidentTracker
 from sentinel.model.records import Alert, Severity
+from sentinel.rules import STORIES
 
 T0 = 1_700_000_000.0
 
@@ -29,7 +30,7 @@ def alert(
 
 
 def test_first_alert_opens_an_incident() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     result = tracker.observe(alert(step=7, onset_step=5))
     assert result is not None
     event, incident = result
@@ -43,14 +44,14 @@ def test_first_alert_opens_an_incident() -> None:
 
 
 def test_onset_falls_back_to_the_alert_step() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     result = tracker.observe(alert(step=7))
     assert result is not None
     assert result[1].onset_step == 7
 
 
 def test_repeated_alerts_fold_into_the_open_incident() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     tracker.observe(alert(time=T0))
     assert tracker.observe(alert(time=T0 + 1)) is None
     assert tracker.observe(alert(time=T0 + 2)) is None
@@ -60,14 +61,14 @@ def test_repeated_alerts_fold_into_the_open_incident() -> None:
 
 
 def test_lower_severity_folds_in_without_event() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     tracker.observe(alert(severity=Severity.CRITICAL))
     assert tracker.observe(alert(severity=Severity.WARNING)) is None
     assert tracker.open["nan_inf"].severity is Severity.CRITICAL
 
 
 def test_warning_then_critical_escalates() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     opened = tracker.observe(alert("stall", Severity.WARNING))
     escalated = tracker.observe(alert("stall", Severity.CRITICAL, time=T0 + 60))
     assert opened is not None
@@ -80,7 +81,7 @@ def test_warning_then_critical_escalates() -> None:
 
 
 def test_different_rules_open_separate_incidents() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     first = tracker.observe(alert("nan_inf"))
     second = tracker.observe(alert("stall", Severity.WARNING))
     assert first is not None
@@ -91,7 +92,7 @@ def test_different_rules_open_separate_incidents() -> None:
 
 
 def test_resolve_closes_the_incident() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     tracker.observe(alert("stall", Severity.WARNING))
     result = tracker.observe(alert("stall", Severity.INFO, time=T0 + 90, resolves=True))
     assert result is not None
@@ -104,13 +105,13 @@ def test_resolve_closes_the_incident() -> None:
 
 
 def test_resolve_without_open_incident_is_ignored() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     assert tracker.observe(alert("stall", Severity.INFO, resolves=True)) is None
     assert tracker.closed == []
 
 
 def test_new_episode_after_resolve_opens_a_new_incident() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     tracker.observe(alert())
     tracker.observe(alert(severity=Severity.INFO, resolves=True))
     result = tracker.observe(alert(time=T0 + 500, step=90))
@@ -121,7 +122,7 @@ def test_new_episode_after_resolve_opens_a_new_incident() -> None:
 
 
 def test_close_all_ends_every_open_incident() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     tracker.observe(alert("nan_inf"))
     tracker.observe(alert("stall", Severity.WARNING))
     closed = tracker.close_all(T0 + 1000)
@@ -135,7 +136,7 @@ def test_close_all_ends_every_open_incident() -> None:
 def test_incident_json_is_serialisable() -> None:
     import json
 
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     result = tracker.observe(alert(step=3))
     assert result is not None
     result[1].record(T0 + 1, "notified")
@@ -147,7 +148,7 @@ def test_incident_json_is_serialisable() -> None:
 
 
 def test_grad_norm_run_then_nan_join_one_incident_with_the_earliest_onset() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     opened = tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4, onset_step=2))
     assert opened is not None and opened[0] is IncidentEvent.OPENED
     spike = tracker.observe(alert("loss_spike", Severity.WARNING, step=5, onset_step=3))
@@ -164,7 +165,7 @@ def test_grad_norm_run_then_nan_join_one_incident_with_the_earliest_onset() -> N
 
 
 def test_joined_incident_resolves_only_when_every_rule_has() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4))
     tracker.observe(alert("loss_spike", Severity.WARNING, step=5))
     assert tracker.observe(alert("grad_norm_run", Severity.INFO, step=9, resolves=True)) is None
@@ -176,7 +177,7 @@ def test_joined_incident_resolves_only_when_every_rule_has() -> None:
 
 
 def test_rules_outside_a_group_never_join() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4))
     other = tracker.observe(alert("throughput_drop", Severity.WARNING, step=5))
     assert other is not None and other[0] is IncidentEvent.OPENED
@@ -184,7 +185,7 @@ def test_rules_outside_a_group_never_join() -> None:
 
 
 def test_a_resolved_episode_is_not_joined_later() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4))
     tracker.observe(alert("grad_norm_run", Severity.INFO, step=9, resolves=True))
     later = tracker.observe(alert("nan_inf", Severity.CRITICAL, step=50))
@@ -193,7 +194,7 @@ def test_a_resolved_episode_is_not_joined_later() -> None:
 
 
 def test_close_all_closes_a_joined_incident_once() -> None:
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     tracker.observe(alert("grad_norm_run", Severity.WARNING, step=4))
     tracker.observe(alert("nan_inf", Severity.CRITICAL, step=6))
     closed = tracker.close_all(T0 + 5)
@@ -206,7 +207,7 @@ def test_a_collapsing_loss_scale_and_the_nan_it_ends_in_are_one_page() -> None:
     """fp16 overflow after overflow (loss_scale), then the NaN: one failure, one incident,
     its onset the first evidence. A loss that shifted and never came back (divergence) is
     a decision of its own (issue 21.1): its own incident."""
-    tracker = IncidentTracker("run")
+    tracker = IncidentTracker("run", STORIES)
     opened = tracker.observe(alert("loss_scale", Severity.CRITICAL, step=700, onset_step=650))
     assert opened is not None and opened[0] is IncidentEvent.OPENED
     assert tracker.observe(alert("nan_inf", Severity.CRITICAL, step=710)) is None

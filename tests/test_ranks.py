@@ -20,6 +20,7 @@ from sentinel.model.incidents import IncidentTracker
 from sentinel.model.records import Alert, Line
 from sentinel.parsing import LineParser
 from sentinel.parsing.ranks import split_rank
+from sentinel.rules import STORIES
 
 T0 = 1_700_000_000.0
 RANKS = Path(__file__).parent / "fixtures" / "ranks"
@@ -122,7 +123,7 @@ def test_a_nan_on_rank_1_alone_is_raised_naming_rank_1_at_its_step() -> None:
         ("nan_inf", 80, 1)
     ]
     assert raised[0].message.startswith("rank 1: ")
-    tracker = IncidentTracker("t")
+    tracker = IncidentTracker("t", STORIES)
     for alert in alerts:
         tracker.observe(alert)
     (incident,) = list(tracker.open.values()) + tracker.closed

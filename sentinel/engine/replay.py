@@ -38,6 +38,7 @@ from sentinel.model.records import PROGRESS, Alert, Severity
 from sentinel.parsing import Garbled, LineParser
 from sentinel.parsing.files import MetricsFile, ReplayPlan, iter_replay_batches, replay_plan
 from sentinel.parsing.hf_trainer import read_trainer_state, trainer_state_info
+from sentinel.rules import DETECTORS, STORIES
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,15 @@ class ReplayResult:
                 row.worst = alert.severity
         for alert in self._openers:
             table.setdefault(alert.rule, RuleSummary(alert.rule)).episodes += 1
-        nan = table.get("nan_inf")
+        # the failure the other rules' warnings lead up to (a NaN): each one's lead before it
+        nan = next(
+            (
+                row
+                for rule, row in table.items()
+                if getattr(DETECTORS.get(rule), "failure_point", False)
+            ),
+            None,
+        )
         if nan is not None and nan.first_step is not None:
             for row in table.values():
                 if row is nan or row.first_step is None or row.first_step > nan.first_step:
@@ -114,7 +123,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         logging_steps=settings.parsers.logging_steps,
     )
     engine.facts = settings.run_facts()
-    tracker = IncidentTracker("replay")
+    tracker = IncidentTracker("replay", STORIES)
     result = ReplayResult()
     episodes: dict[str, bool] = {}  # rule -> in an episode
 

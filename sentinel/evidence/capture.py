@@ -41,8 +41,6 @@ from sentinel.store.state import open_private, private_dir
 
 log = logging.getLogger(__name__)
 
-#: The rules whose stop is worth a look at the live job first; a NaN's is not.
-EVIDENCE_RULES = frozenset({"stall", "job_crash", "gpu_health", "gpu_idle"})
 #: The file in the incident's folder, and its JSON twin.
 EVIDENCE_FILE = "evidence.txt"
 EVIDENCE_JSON = "evidence.json"
@@ -58,11 +56,6 @@ _PROCESSES_MAX = 64
 def incident_dir(state_dir: Path, incident_id: str) -> Path:
     """The incident's folder, beside its report: evidence, chart."""
     return state_dir / "reports" / incident_id
-
-
-def wanted(rule: str | None) -> bool:
-    """Whether a stop for ``rule`` waits (within the budget) for evidence first."""
-    return rule in EVIDENCE_RULES
 
 
 @dataclass

@@ -35,6 +35,23 @@ from sentinel.store.state import open_private, private_dir
 
 log = logging.getLogger(__name__)
 
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """``▁▂▄█ nan``: finite values scaled to bars, non-finite ones spelled out."""
+    finite = [value for value in values if math.isfinite(value)]
+    low, high = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    span = (high - low) or 1.0
+    marks = []
+    for value in values:
+        if math.isfinite(value):
+            marks.append(_BARS[min(len(_BARS) - 1, int((value - low) / span * len(_BARS)))])
+        else:
+            marks.append(f" {value} ")
+    return "".join(marks).strip()
+
+
 CHART_PNG = "chart.png"
 CHART_SVG = "chart.svg"
 #: Whether a chart can be drawn here at all.

@@ -18,33 +18,18 @@ The readings follow the field's runbooks:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sentinel.evidence.diagnosis_nan import lr_evidence, nan_reading
+from sentinel.evidence.chart import sparkline
 from sentinel.model.incidents import Incident
-from sentinel.model.records import Alert, Sample, Severity
-
-_BARS = "▁▂▃▄▅▆▇█"
+from sentinel.model.records import Alert, Sample
+from sentinel.rules import DETECTORS, Reading, Recent
+from sentinel.rules.lr_jumps import lr_evidence
 
 #: Points of the sparkline around onset.
 SPARK_POINTS = 12
-
-
-def sparkline(values: Sequence[float]) -> str:
-    """``▁▂▄█ nan``: finite values scaled to bars, non-finite ones spelled out."""
-    finite = [value for value in values if math.isfinite(value)]
-    low, high = (min(finite), max(finite)) if finite else (0.0, 0.0)
-    span = (high - low) or 1.0
-    marks = []
-    for value in values:
-        if math.isfinite(value):
-            marks.append(_BARS[min(len(_BARS) - 1, int((value - low) / span * len(_BARS)))])
-        else:
-            marks.append(f" {value} ")
-    return "".join(marks).strip()
 
 
 @dataclass(frozen=True)
@@ -98,9 +83,8 @@ def diagnose(
     step; ``samples_per_step`` (batch size x accumulation x ranks) turns the step
     to inspect into a sample range.
     """
-    rules = set(incident.rules)
     worst = incident.worst
-    cause, advice, metric = _reading(incident, rules, recent)
+    cause, advice, metric = _reading(incident, recent)
     inspect = incident.onset_step
     return Diagnosis(
         cause=cause,
@@ -123,174 +107,47 @@ def explain(
     alert.details["diagnosis"] = incident.diagnosis.to_json()
 
 
-def _reading(
-    incident: Incident, rules: set[str], recent: Mapping[str, Sequence[Sample]]
-) -> tuple[str, str, str | None]:
-    """(cause, advice, metric to draw) for the incident."""
+def _reading(incident: Incident, recent: Recent) -> Reading:
+    """(cause, advice, metric to draw) for the incident: the first reading of the whole
+    incident that a rule in it gives (in their ``incident_reading`` order, a learning-rate
+    jump's reading among them), else the reading of its worst alert by that alert's rule."""
     worst = incident.worst
     lr = lr_evidence(incident, recent)
-    if "nan_inf" in rules:
-        return nan_reading(incident, rules, recent, lr)
-    if lr is not None and rules & {"grad_norm_run", "loss_spike", "divergence"}:
-        what, advice = lr
-        when = "after" if what.startswith("the logged learning rate jumped") else "while"
-        return (f"the loss or grad-norm rose {when} {what}", advice, worst.metric)
-    if "divergence" in rules:
-        return (
-            "divergence: the loss moved up and did not come back",
-            "roll back to the checkpoint before the onset; lower the learning rate, check the"
-            " schedule and the data order around the onset step",
-            worst.metric,
-        )
-    if {"grad_norm_run", "loss_spike"} <= rules:
-        return (
-            "optimisation blow-up (grad-norm and loss rising together)",
-            "lower the learning rate, add or lengthen warmup, clip gradients at 1.0,"
-            " use bf16 rather than fp16",
-            "grad_norm",
-        )
-    rule = worst.rule
-    details = worst.details
-    if rule == "grad_norm_run":
-        if details.get("kind") == "clipping":
-            return (
-                "gradient clipping engaged on most steps",
-                "the learning rate is likely too high: lower it or add warmup",
-                "grad_norm",
-            )
-        return (
-            "grad-norm running high: the usual smoke before a NaN",
-            "lower the learning rate, clip gradients at 1.0, check fp16 loss scaling;"
-            " roll back to the last checkpoint before the run if it does not settle",
-            "grad_norm",
-        )
-    if rule == "loss_spike" and "eval_loss rose" in str(details.get("evidence", "")):
-        return (
-            "a persistent loss spike that hurt the model: the eval loss rose with it",
-            "roll back to the checkpoint before the onset; inspect the batches from the onset"
-            " step (a bad shard, a data-order change); if it comes back, lower the learning"
-            " rate or Adam's beta2 (0.95)",
-            worst.metric,
-        )
-    if rule == "loss_spike":
-        return (
-            "loss spike: a bad batch or an optimiser instability",
-            "inspect the batch at this step; if spikes repeat, lower the learning rate or"
-            " Adam's beta2 (0.95), or skip the offending batches",
-            worst.metric,
-        )
-    if rule == "loss_plateau":
-        if details.get("from_start"):
-            return (
-                "loss flat from the start",
-                "check the data and label masking (all labels -100?), frozen parameters"
-                " (requires_grad), a learning rate of 0 or a scheduler stuck at 0",
-                worst.metric,
-            )
-        return (
-            "loss plateaued high (underfitting)",
-            "raise the learning rate or the model's capacity; check the schedule has not"
-            " decayed to 0",
-            worst.metric,
-        )
-    if rule == "eval_loss_rise":
-        best = details.get("best_step")
-        keep = f"keep the checkpoint at step {best}; " if best is not None else ""
-        return (
-            "overfitting: eval loss rises while train loss falls",
-            f"{keep}stop early, add regularisation (dropout, weight decay) or more data",
-            worst.metric,
-        )
-    if rule == "loss_scale":
-        if worst.severity is Severity.CRITICAL:
-            return (
-                "the fp16 loss scale collapsed: the gradients overflow even unscaled",
-                "roll back to the checkpoint before the overflows began; train in bf16, or"
-                " lower the learning rate and clip gradients at 1.0",
-                "grad_norm" if "grad_norm" in recent else None,
-            )
-        return (
-            "fp16 overflows cluster: the loss scaler skips step after step",
-            "the smoke before a collapse: watch the grad-norm; lower the learning rate or"
-            " move to bf16 if it goes on",
-            "grad_norm" if "grad_norm" in recent else None,
-        )
-    if rule == "throughput_drop":
-        return (
-            "throughput fell and stayed down",
-            "look for data-loader starvation, GPU throttling, a straggler rank, host"
-            " memory swapping, or another job on the GPUs",
-            worst.metric,
-        )
-    if rule == "gpu_memory_creep":
-        if details.get("kind") == "capacity":
-            return (
-                "GPU memory near capacity: an OOM is ahead",
-                "lower the batch size, enable gradient checkpointing, or shard more",
-                worst.metric,
-            )
-        return (
-            "GPU memory climbs step over step: a leak",
-            "look for tensors kept across steps (a loss appended without .item(), growing"
-            " caches or lists of outputs)",
-            worst.metric,
-        )
-    if rule == "stall":
-        return _stall_reading(details.get("evidence") or {})
-    if rule == "gpu_health":
-        return (
-            "a GPU hardware fault or throttling",
-            "drain the node if it is an XID or ECC error (nvidia-smi -q shows the GPU's"
-            " state); for throttling check the cooling and the power limit",
-            worst.metric,
-        )
-    if rule == "gpu_idle":
-        return (
-            "GPUs held by the job sit idle",
-            "look for a data loader that starves the GPUs, a rank waiting on another, or a"
-            " job that finished its work but not its process",
-            worst.metric,
-        )
-    if rule == "cost_overrun":
-        return (
-            "the run costs more than its budget",
-            "check throughput (a slowdown stretches the bill), or raise the budget",
-            None,
-        )
-    advice = str(details.get("advice") or "")
-    return (rule.replace("_", " "), advice or "see the timeline", worst.metric)
+    rules = [DETECTORS[rule] for rule in incident.rules if rule in DETECTORS]
+    divergent = frozenset(rule.rule for rule in rules if rule.divergent)
+    readers = [(_LR_READING, _lr_reading)]
+    readers += [
+        (rule.incident_reading, rule.read_incident)
+        for rule in rules
+        if rule.incident_reading is not None
+    ]
+    for _, read in sorted(readers, key=lambda reader: reader[0]):
+        reading = read(incident, recent, lr, divergent)
+        if reading is not None:
+            return reading
+    own = DETECTORS.get(worst.rule)
+    reading = own.read_alert(worst, recent) if own is not None else None
+    if reading is not None:
+        return reading
+    advice = str(worst.details.get("advice") or "")
+    return (worst.rule.replace("_", " "), advice or "see the timeline", worst.metric)
 
 
-def _stall_reading(evidence: Mapping[str, object]) -> tuple[str, str, str | None]:
-    """What a stall's evidence (``StallDetector``'s ``details["evidence"]``) points at."""
-    if evidence.get("d_state"):
-        return (
-            "no progress, with processes stuck in uninterruptible sleep (D state)",
-            "storage or a driver call that does not return (NFS, a GPU fallen off the bus):"
-            " SIGTERM and SIGKILL wait for it; the node may need draining",
-            None,
-        )
-    verdict = evidence.get("verdict")
-    if verdict == "hang":
-        return (
-            "a hang: no progress and no work being done",
-            "an NCCL collective waiting on a rank that died or diverged, or a data-loader"
-            " deadlock; py-spy dump --pid shows where each process waits",
-            None,
-        )
-    if verdict == "busy":
-        return (
-            "no progress although the job is busy",
-            "an endless loop, or an evaluation or save far longer than any before;"
-            " py-spy dump --pid shows what it is doing",
-            None,
-        )
-    return (
-        "no progress",
-        "a hang (an NCCL collective, a data-loader deadlock) or a very long save;"
-        " py-spy dump --pid shows where it waits",
-        None,
-    )
+#: Where the reading of a learning-rate jump comes among the rules' readings of an incident:
+#: after a NaN's (which names the jump itself), before a divergence's.
+_LR_READING = 10
+
+
+def _lr_reading(
+    incident: Incident, recent: Recent, lr: tuple[str, str] | None, divergent: frozenset[str]
+) -> Reading | None:
+    """The loss or grad-norm rose after a jump (or during a warmup) of the logged learning
+    rate: the schedule is the likely cause."""
+    if lr is None or not divergent:
+        return None
+    what, advice = lr
+    when = "after" if what.startswith("the logged learning rate jumped") else "while"
+    return (f"the loss or grad-norm rose {when} {what}", advice, incident.worst.metric)
 
 
 def _sample_range(step: int | None, samples_per_step: int | None) -> tuple[int, int] | None:

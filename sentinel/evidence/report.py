@@ -24,8 +24,7 @@ from typing import IO
 
 from sentinel.evidence import chart
 from sentinel.evidence.capture import EVIDENCE_FILE, incident_dir
-from sentinel.evidence.chart import CHART_PNG, CHART_SVG
-from sentinel.evidence.diagnosis import sparkline
+from sentinel.evidence.chart import CHART_PNG, CHART_SVG, sparkline
 from sentinel.model import secrets
 from sentinel.model.cost import UNKNOWN_COST, IncidentCost
 from sentinel.model.incidents import Incident

@@ -5,25 +5,22 @@ episode. The tracker turns the alert stream into a few events: an incident
 opened, escalated to a worse severity, or resolved.
 
 Rules that tell one story share an incident: a grad-norm run, then a loss
-spike, then a NaN are one divergence with one timeline, not three pages. An
-alert of a rule in ``EPISODE_GROUPS`` joins the open incident of another rule
-of its group; the incident's onset is the earliest evidence of any of them
-(where a rollback must go back before), and it resolves when every rule in
-it has resolved.
+spike, then a NaN are one divergence with one timeline, not three pages. The
+tracker is told each rule's story (``stories``: the rules say theirs, in
+``sentinel.rules.STORIES``); an alert of a rule with a story joins the open
+incident of another rule of that story; the incident's onset is the earliest
+evidence of any of them (where a rollback must go back before), and it
+resolves when every rule in it has resolved.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from sentinel.model.records import Alert, Severity
-
-#: Rules whose episodes join one incident while both are open.
-EPISODE_GROUPS: tuple[frozenset[str], ...] = (
-    frozenset({"grad_norm_run", "loss_spike", "loss_scale", "nan_inf"}),
-)
 
 
 class IncidentEvent(StrEnum):
@@ -160,8 +157,10 @@ def incident_from_memory(data: dict[str, Any]) -> Incident:
 class IncidentTracker:
     """Groups alerts by rule into open incidents."""
 
-    def __init__(self, id_prefix: str) -> None:
+    def __init__(self, id_prefix: str, stories: Mapping[str, str] | None = None) -> None:
         self.id_prefix = id_prefix
+        #: Rule -> its story: the episodes of one story's rules share an incident.
+        self.stories: Mapping[str, str] = stories or {}
         self.open: dict[str, Incident] = {}
         self.closed: list[Incident] = []
         self._count = 0
@@ -234,13 +233,13 @@ class IncidentTracker:
         return [self._close(incident, now) for incident in incidents]
 
     def _peer(self, rule: str) -> Incident | None:
-        """The open incident of another rule of ``rule``'s group, if any."""
-        for group in EPISODE_GROUPS:
-            if rule in group:
-                for other in group:
-                    incident = self.open.get(other)
-                    if incident is not None:
-                        return incident
+        """The open incident of another rule of ``rule``'s story, if any."""
+        story = self.stories.get(rule)
+        if story is None:
+            return None
+        for other, incident in self.open.items():
+            if self.stories.get(other) == story:
+                return incident
         return None
 
     def _close(self, incident: Incident, now: float) -> Incident:

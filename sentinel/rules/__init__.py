@@ -20,16 +20,21 @@ from sentinel.rules.base import (
     Detector,
     MetricNames,
     MetricRuleConfig,
+    Reading,
+    Recent,
     RuleConfig,
 )
-from sentinel.rules.registry import DETECTORS
+from sentinel.rules.registry import DETECTORS, STORIES
 
 __all__ = [
     "DETECTORS",
     "REMOVED_IN",
+    "STORIES",
     "BaseDetector",
     "Detector",
     "MetricNames",
     "MetricRuleConfig",
+    "Reading",
+    "Recent",
     "RuleConfig",
 ]

@@ -7,14 +7,22 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_settings import NoDecode
 
 from sentinel.model.facts import RunFacts
 from sentinel.model.records import PROGRESS, Alert, Block, Line, Sample, Severity
+
+if TYPE_CHECKING:
+    from sentinel.model.incidents import Incident
+
+#: What an incident suggests: (cause, advice, the metric to draw around the onset).
+Reading = tuple[str, str, str | None]
+#: The last samples of each metric before an incident (``sentinel.engine.history``).
+Recent = Mapping[str, Sequence[Sample]]
 
 #: The release in which renamed config keys stop being accepted.
 REMOVED_IN = "0.3"
@@ -144,6 +152,54 @@ class BaseDetector:
     #: What is known about the run (batch size, total steps, GPUs, price), shared with
     #: the engine, which sets it; plain data, read-only to the rules.
     facts: RunFacts
+
+    # What the rest of sentinel asks a rule, instead of matching its id.
+
+    #: Whether a stop for this rule first takes the evidence of what the live job was doing
+    #: (its stacks, its threads, the GPUs: ``sentinel.evidence.capture``); a NaN's stop
+    #: waits for none of it.
+    evidence_before_stop: ClassVar[bool] = False
+    #: Whether a critical of this rule is the node's fault, not the run's: the verdict says
+    #: "retry elsewhere" (92) and the job is not restarted here.
+    node_fault: ClassVar[bool] = False
+    #: The story the rule's alerts tell with other rules' (a grad-norm run, a loss spike,
+    #: then a NaN are one blow-up): the episodes of one story share an incident. None: the
+    #: rule's episodes are incidents of their own.
+    story: ClassVar[str | None] = None
+    #: Whether an alert of this rule is the loss or grad-norm rising: a jump or a warmup of
+    #: the logged learning rate before it is then the likely cause.
+    divergent: ClassVar[bool] = False
+    #: Whether this rule's alert is the failure that the others' warnings lead up to
+    #: (``replay`` reports each rule's lead before it).
+    failure_point: ClassVar[bool] = False
+    #: Where this rule's reading of a whole incident comes among the other readings (lower
+    #: first); None: it reads only incidents whose worst alert is its own (``read_alert``).
+    incident_reading: ClassVar[int | None] = None
+
+    @classmethod
+    def read_incident(
+        cls,
+        incident: Incident,
+        recent: Recent,
+        lr: tuple[str, str] | None,
+        divergent: frozenset[str],
+    ) -> Reading | None:
+        """What an incident this rule is part of suggests, whatever its worst alert: asked
+        in ``incident_reading`` order, the first answer is the diagnosis. ``lr`` is what the
+        logged learning rate did before it (``sentinel.rules.lr_jumps.lr_evidence``),
+        ``divergent`` the incident's rules whose alerts are the loss or grad-norm rising."""
+        return None
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        """What an incident whose worst alert is ``alert`` (this rule's) suggests, when no
+        rule read the whole incident; None: the alert's own ``advice``."""
+        return None
+
+    def start_notes(self) -> list[str]:
+        """What to tell the user once, at start, about this rule's settings (a budget with
+        no price to count it in). The facts are set by then."""
+        return []
 
     def __init__(self, config: RuleConfig) -> None:
         self.config = config

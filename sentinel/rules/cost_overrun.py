@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 from sentinel.model.cost import SECONDS_PER_HOUR, format_money
 from sentinel.model.machine import GPU_JOB
 from sentinel.model.records import Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricNames, RuleConfig
+from sentinel.rules.base import BaseDetector, MetricNames, Reading, Recent, RuleConfig
 from sentinel.rules.series import rising_steps
 
 #: Relative slack when comparing spend to a level: 80.0 reached through float sums is 80%.
@@ -286,6 +286,22 @@ class CostOverrunDetector(BaseDetector):
 
     rule = "cost_overrun"
     config_model = CostOverrunConfig
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        return (
+            "the run costs more than its budget",
+            "check throughput (a slowdown stretches the bill), or raise the budget",
+            None,
+        )
+
+    def start_notes(self) -> list[str]:
+        if self.settings.budget is None or self.facts.price_per_gpu_hour is not None:
+            return []
+        return [
+            f"[rules.cost_overrun] budget is {self.settings.budget:g} but [cost]"
+            " price_per_gpu_hour is unset: no money is counted"
+        ]
 
     def __init__(self, config: CostOverrunConfig) -> None:
         super().__init__(config)

@@ -48,8 +48,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig, Reading, Recent
 from sentinel.rules.lr_jumps import LrJumps
 from sentinel.rules.noise import robust_sigma
 from sentinel.rules.series import (
@@ -219,6 +220,23 @@ class DivergenceDetector(BaseDetector):
 
     rule = "divergence"
     config_model = DivergenceConfig
+    divergent = True
+    incident_reading = 20  # after a learning-rate jump's reading, before a blow-up's
+
+    @classmethod
+    def read_incident(
+        cls,
+        incident: Incident,
+        recent: Recent,
+        lr: tuple[str, str] | None,
+        divergent: frozenset[str],
+    ) -> Reading | None:
+        return (
+            "divergence: the loss moved up and did not come back",
+            "roll back to the checkpoint before the onset; lower the learning rate, check the"
+            " schedule and the data order around the onset step",
+            incident.worst.metric,
+        )
 
     def __init__(self, config: DivergenceConfig) -> None:
         super().__init__(config)

@@ -12,7 +12,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from sentinel.model.records import Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig, Reading, Recent
 from sentinel.rules.noise import MAD_TO_SIGMA
 from sentinel.rules.series import LazyRolling, Warmup, sorted_median
 
@@ -106,6 +106,16 @@ class EvalLossRiseDetector(BaseDetector):
 
     rule = "eval_loss_rise"
     config_model = EvalLossRiseConfig
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        best = alert.details.get("best_step")
+        keep = f"keep the checkpoint at step {best}; " if best is not None else ""
+        return (
+            "overfitting: eval loss rises while train loss falls",
+            f"{keep}stop early, add regularisation (dropout, weight decay) or more data",
+            alert.metric,
+        )
 
     def __init__(self, config: EvalLossRiseConfig) -> None:
         super().__init__(config)

@@ -24,7 +24,7 @@ from sentinel.model.machine import (
     GPU_XID,
 )
 from sentinel.model.records import Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, RuleConfig
+from sentinel.rules.base import BaseDetector, Reading, Recent, RuleConfig
 
 #: What an XID means, from NVIDIA's catalogue (https://docs.nvidia.com/deploy/xid-errors/,
 #: "Analyzing Xid Errors with the Xid Catalog"), for the ones a training job meets.
@@ -134,6 +134,18 @@ class GpuHealthDetector(BaseDetector):
 
     rule = "gpu_health"
     config_model = GpuHealthConfig
+    evidence_before_stop = True
+    node_fault = True
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        return (
+            "a GPU hardware fault or throttling",
+            "drain the node if it is an XID or ECC error (nvidia-smi -q shows the GPU's"
+            " state); for throttling check the cooling and the power limit",
+            alert.metric,
+        )
+
     watches = frozenset({GPU_XID, GPU_ECC_UNCORRECTED, GPU_CLOCK_EVENTS, GPU_TEMP})
 
     def __init__(self, config: GpuHealthConfig) -> None:

@@ -11,7 +11,7 @@ from pydantic import Field
 from sentinel.model.cost import format_money
 from sentinel.model.machine import GPU_JOB, GPU_UTIL
 from sentinel.model.records import Alert, Sample, Severity
-from sentinel.rules.base import BaseDetector, RuleConfig
+from sentinel.rules.base import BaseDetector, Reading, Recent, RuleConfig
 
 
 class GpuIdleConfig(RuleConfig):
@@ -46,6 +46,17 @@ class GpuIdleDetector(BaseDetector):
 
     rule = "gpu_idle"
     config_model = GpuIdleConfig
+    evidence_before_stop = True
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        return (
+            "GPUs held by the job sit idle",
+            "look for a data loader that starves the GPUs, a rank waiting on another, or a"
+            " job that finished its work but not its process",
+            alert.metric,
+        )
+
     watches = frozenset({GPU_UTIL, GPU_JOB})
 
     def __init__(self, config: GpuIdleConfig) -> None:

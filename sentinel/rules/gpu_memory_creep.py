@@ -17,7 +17,7 @@ from pydantic import Field
 
 from sentinel.model.machine import GPU_JOB, GPU_MEM_TOTAL, GPU_MEM_USED
 from sentinel.model.records import PROGRESS, Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig, Reading, Recent
 from sentinel.rules.series import Warmup, judged_mask
 
 #: GPU memory metrics as common loggers name them (lower-cased, ``train/`` stripped):
@@ -291,6 +291,21 @@ class GpuMemoryCreepDetector(BaseDetector):
 
     rule = "gpu_memory_creep"
     config_model = GpuMemoryCreepConfig
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        if alert.details.get("kind") == "capacity":
+            return (
+                "GPU memory near capacity: an OOM is ahead",
+                "lower the batch size, enable gradient checkpointing, or shard more",
+                alert.metric,
+            )
+        return (
+            "GPU memory climbs step over step: a leak",
+            "look for tensors kept across steps (a loss appended without .item(), growing"
+            " caches or lists of outputs)",
+            alert.metric,
+        )
 
     def __init__(self, config: GpuMemoryCreepConfig) -> None:
         super().__init__(config)

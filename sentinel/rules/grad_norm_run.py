@@ -53,8 +53,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
+from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricRuleConfig
+from sentinel.rules.base import BaseDetector, MetricRuleConfig, Reading, Recent
 from sentinel.rules.noise import robust_sigma
 from sentinel.rules.series import (
     Rolling,
@@ -173,6 +174,42 @@ class GradNormRunDetector(BaseDetector):
 
     rule = "grad_norm_run"
     config_model = GradNormRunConfig
+    story = "blow_up"
+    divergent = True
+    incident_reading = 30  # with the loss rising too: a blow-up, whichever alert is worst
+
+    @classmethod
+    def read_incident(
+        cls,
+        incident: Incident,
+        recent: Recent,
+        lr: tuple[str, str] | None,
+        divergent: frozenset[str],
+    ) -> Reading | None:
+        if not divergent - {cls.rule}:
+            return None
+        return (
+            "optimisation blow-up (grad-norm and loss rising together)",
+            "lower the learning rate, add or lengthen warmup, clip gradients at 1.0,"
+            " use bf16 rather than fp16",
+            "grad_norm",
+        )
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        if alert.details.get("kind") == "clipping":
+            return (
+                "gradient clipping engaged on most steps",
+                "the learning rate is likely too high: lower it or add warmup",
+                "grad_norm",
+            )
+        return (
+            "grad-norm running high: the usual smoke before a NaN",
+            "lower the learning rate, clip gradients at 1.0, check fp16 loss scaling;"
+            " roll back to the last checkpoint before the run if it does not settle",
+            "grad_norm",
+        )
+
     watches = frozenset({METRIC, "lr"})
 
     def __init__(self, config: GradNormRunConfig) -> None:

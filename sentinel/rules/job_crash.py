@@ -104,6 +104,7 @@ class JobCrashDetector(BaseDetector):
 
     rule = "job_crash"
     config_model = JobCrashConfig
+    evidence_before_stop = True
 
     def __init__(self, config: JobCrashConfig) -> None:
         super().__init__(config)

@@ -52,7 +52,7 @@ from operator import ge, indexOf, lt, not_
 from pydantic import Field, model_validator
 
 from sentinel.model.records import Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricRuleConfig
+from sentinel.rules.base import BaseDetector, MetricRuleConfig, Reading, Recent
 from sentinel.rules.series import Warmup, finite_values, majority_in_every_window, warmup_and_values
 
 METRIC = "loss"
@@ -139,6 +139,23 @@ class LossPlateauDetector(BaseDetector):
 
     rule = "loss_plateau"
     config_model = LossPlateauConfig
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        if alert.details.get("from_start"):
+            return (
+                "loss flat from the start",
+                "check the data and label masking (all labels -100?), frozen parameters"
+                " (requires_grad), a learning rate of 0 or a scheduler stuck at 0",
+                alert.metric,
+            )
+        return (
+            "loss plateaued high (underfitting)",
+            "raise the learning rate or the model's capacity; check the schedule has not"
+            " decayed to 0",
+            alert.metric,
+        )
+
     watches = frozenset({METRIC, "lr"})
 
     def __init__(self, config: LossPlateauConfig) -> None:

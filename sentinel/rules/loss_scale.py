@@ -25,7 +25,7 @@ from collections import deque
 from pydantic import Field
 
 from sentinel.model.records import PROGRESS, Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricNames, RuleConfig
+from sentinel.rules.base import BaseDetector, MetricNames, Reading, Recent, RuleConfig
 
 #: Lines of the frameworks' fatal errors: the scale is at its minimum and the run ends.
 #: The sample a parser makes of a framework's "loss scale already at minimum" (DeepSpeed):
@@ -71,6 +71,24 @@ class LossScaleDetector(BaseDetector):
 
     rule = "loss_scale"
     config_model = LossScaleConfig
+    story = "blow_up"
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        drawn = "grad_norm" if "grad_norm" in recent else None
+        if alert.severity is Severity.CRITICAL:
+            return (
+                "the fp16 loss scale collapsed: the gradients overflow even unscaled",
+                "roll back to the checkpoint before the overflows began; train in bf16, or"
+                " lower the learning rate and clip gradients at 1.0",
+                drawn,
+            )
+        return (
+            "fp16 overflows cluster: the loss scaler skips step after step",
+            "the smoke before a collapse: watch the grad-norm; lower the learning rate or"
+            " move to bf16 if it goes on",
+            drawn,
+        )
 
     def __init__(self, config: LossScaleConfig) -> None:
         super().__init__(config)

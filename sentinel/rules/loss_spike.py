@@ -57,7 +57,7 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 
 from sentinel.model.records import Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig, Reading, Recent
 from sentinel.rules.eval_signal import EVAL_METRIC, EvalSignal
 from sentinel.rules.noise import above_noise, beyond_seen
 from sentinel.rules.series import (
@@ -429,6 +429,25 @@ class LossSpikeDetector(BaseDetector):
 
     rule = "loss_spike"
     config_model = LossSpikeConfig
+    story = "blow_up"
+    divergent = True
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        if "eval_loss rose" in str(alert.details.get("evidence", "")):
+            return (
+                "a persistent loss spike that hurt the model: the eval loss rose with it",
+                "roll back to the checkpoint before the onset; inspect the batches from the"
+                " onset step (a bad shard, a data-order change); if it comes back, lower the"
+                " learning rate or Adam's beta2 (0.95)",
+                alert.metric,
+            )
+        return (
+            "loss spike: a bad batch or an optimiser instability",
+            "inspect the batch at this step; if spikes repeat, lower the learning rate or"
+            " Adam's beta2 (0.95), or skip the offending batches",
+            alert.metric,
+        )
 
     def __init__(self, config: LossSpikeConfig) -> None:
         super().__init__(config)

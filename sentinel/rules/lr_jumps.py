@@ -1,4 +1,5 @@
-"""The logged learning rate's last jump, which a rule's alert names for the diagnosis.
+"""The logged learning rate's last jump, which a rule's alert names for the diagnosis, and
+what the learning rate before an incident says (``lr_evidence``: a jump, or a warmup).
 
 A jump is a move of ``LR_JUMP`` x or more, and more than twice the move before it: a
 warmup climbs by a steady factor, a rate raised by mistake jumps once.
@@ -8,8 +9,12 @@ from __future__ import annotations
 
 import math
 
-from sentinel.evidence.diagnosis_nan import LR_JUMP
+from sentinel.model.incidents import Incident
+from sentinel.rules.base import Recent
 from sentinel.rules.series import finite_with_steps
+
+#: A rise of the logged learning rate between two logged values that is a jump.
+LR_JUMP = 3.0
 
 
 class LrJumps:
@@ -68,3 +73,54 @@ class LrJumps:
         if (first is not None and jump[0] < first) or (onset is not None and jump[0] > onset):
             return None
         return list(jump)
+
+
+def lr_evidence(incident: Incident, recent: Recent) -> tuple[str, str] | None:
+    """(what the logged learning rate did, advice): a jump between two logged values (the
+    step where it changed), or a warmup still rising at the latest step; None when neither.
+
+    A rule that saw the jump long before may say so itself (``details["lr_jump"]``:
+    ``[step, before, after]``); else the recent ``lr`` samples tell.
+    """
+    for alert in incident.alerts:
+        told = alert.details.get("lr_jump")
+        if isinstance(told, (list, tuple)) and len(told) == 3:
+            step, before, after = told
+            return _lr_jump(step, float(before), float(after))
+    steps = [alert.step for alert in incident.alerts if alert.step is not None]
+    latest = max(steps) if steps else None
+    values = [
+        (sample.step, sample.value)
+        for sample in recent.get("lr", ())
+        if math.isfinite(sample.value)
+        and sample.value > 0
+        and (latest is None or sample.step is None or sample.step <= latest)
+    ]
+    best: tuple[int | None, float, float] | None = None
+    for index in range(1, len(values)):
+        (step, after), before = values[index], values[index - 1][1]
+        ratio = after / before
+        # Warmup climbs by a steady factor (2x, 1.5x...): a jump is far above the step before.
+        prior = before / values[index - 2][1] if index >= 2 else 1.0
+        if ratio >= LR_JUMP and ratio > 2 * prior and (best is None or ratio > best[2] / best[1]):
+            best = (step, before, after)
+    if best is not None:
+        return _lr_jump(*best)
+    if len(values) >= 2 and values[-1][1] > values[-2][1] * (1 + 1e-6):
+        return (
+            f"the learning rate was still warming up (rising, {values[-1][1]:.3g} at step"
+            f" {values[-1][0]})",
+            "lower the peak learning rate or lengthen the warmup; clip gradients at 1.0;"
+            " use bf16 rather than fp16",
+        )
+    return None
+
+
+def _lr_jump(step: int | None, before: float, after: float) -> tuple[str, str]:
+    at = f" at step {step}" if step is not None else ""
+    return (
+        f"the logged learning rate jumped {after / before:.3g}x{at} (from {before:.3g} to"
+        f" {after:.3g})",
+        f"look at the learning-rate schedule{at}: a scheduler restarted or resumed with other"
+        " settings, a wrong multiplier or unit; roll back to the checkpoint before it",
+    )

@@ -23,13 +23,15 @@ import math
 import re
 import statistics
 from collections import deque
-from itertools import repeat
+from collections.abc import Sequence
+from itertools import pairwise, repeat
 from typing import Any, Literal
 
 from pydantic import Field
 
+from sentinel.model.incidents import Incident
 from sentinel.model.records import PROGRESS, Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricNames, RuleConfig
+from sentinel.rules.base import BaseDetector, MetricNames, Reading, Recent, RuleConfig
 
 #: Words that make a name with "loss" in it a tracker or a setting, not a loss.
 _NOT_A_LOSS = frozenset({"best", "min", "max", "lowest", "highest", "scale", "scaler", "weight"})
@@ -119,6 +121,19 @@ class NanInfDetector(BaseDetector):
 
     rule = "nan_inf"
     config_model = NanInfConfig
+    story = "blow_up"
+    failure_point = True
+    incident_reading = 0  # a NaN in an incident is what its reading is about
+
+    @classmethod
+    def read_incident(
+        cls,
+        incident: Incident,
+        recent: Recent,
+        lr: tuple[str, str] | None,
+        divergent: frozenset[str],
+    ) -> Reading | None:
+        return nan_reading(incident, recent, lr, divergent)
 
     def __init__(self, config: NanInfConfig) -> None:
         super().__init__(config)
@@ -464,3 +479,201 @@ class NanInfDetector(BaseDetector):
 def _time(sample: Sample, now: float) -> float:
     stamp = sample[3]
     return stamp if stamp is not None else now
+
+
+# What a non-finite value says, by what came before it (the diagnosis's reading of an
+# incident with a NaN in it).
+
+#: A NaN with at most this many finite values of its metric before it is "in the first steps".
+FIRST_STEPS = 5
+#: A logged epoch at most this far in is the first steps (when no step is known).
+EARLY_EPOCH = 0.05
+#: A last grad-norm this many times its earlier median before a NaN is a blow-up.
+BLOW_UP_FACTOR = 5.0
+
+
+def nan_reading(
+    incident: Incident,
+    recent: Recent,
+    lr: tuple[str, str] | None,
+    divergent: frozenset[str],
+) -> Reading:
+    """What a non-finite value says, by what came before it: a learning-rate jump or a
+    warmup, a blow-up, a collapsed loss scale, the first steps (the data), or nothing (a
+    bad batch, an fp16 overflow or a numerics edge case at that step)."""
+    nan_alert = next(alert for alert in incident.alerts if alert.rule == NanInfDetector.rule)
+    metric, step = nan_alert.metric, nan_alert.step
+    told = nan_alert.details.get("finite_before")
+    before = (
+        told if isinstance(told, int) else len(_finite_before(recent.get(metric or "", ()), step))
+    )
+    grad = _grad_norm_rise(recent, step)
+    diverged = bool(divergent) or (grad is not None or _loss_climbed(recent, step))
+    drawn = "grad_norm" if "grad_norm" in recent else metric
+    beside = f"; {grad}" if grad else ""
+    if lr is not None and lr[0].startswith("the logged learning rate jumped"):
+        return (f"optimisation blow-up after {lr[0]}{beside}", lr[1], drawn)
+    if lr is not None and diverged:
+        return (f"divergence during warmup: {lr[0]}{beside}", lr[1], drawn)
+    if diverged:
+        return (
+            f"optimisation blow-up (grad-norm rose before the NaN){beside}",
+            "lower the learning rate, add or lengthen warmup, clip gradients at 1.0,"
+            " use bf16 rather than fp16",
+            drawn,
+        )
+    where = _position(step, recent.get(metric or "", ()), recent)
+    evidence = nan_alert.details.get("evidence") or []
+    unscaled = _no_loss_scaling(recent, step)
+    if not unscaled and any("loss scale" in str(item) for item in evidence):
+        return (
+            "fp16 overflow: the loss scale is at its minimum and the gradients still overflow",
+            "train in bf16, or lower the learning rate and clip gradients; roll back to the"
+            " last checkpoint before the overflows began",
+            drawn,
+        )
+    if before <= FIRST_STEPS and _early(step, recent.get(metric or "", ()), recent):
+        return (
+            f"{metric} non-finite in the first steps",
+            "look at the data: empty sequences, labels out of range, inf or NaN in the"
+            " inputs, a bad tokenizer pad id",
+            metric,
+        )
+    flat = (
+        "NaN with a flat grad-norm before it"
+        if _finite_before(recent.get("grad_norm", ()), step)
+        else "NaN"
+    )
+    data = _consumed(step, recent)
+    epoch = _last_epoch(recent)
+    placed = step is not None or (epoch is not None and epoch > EARLY_EPOCH)
+    if before > FIRST_STEPS:
+        seen = f"after a healthy stretch ({before} finite values seen)"
+    elif placed:
+        seen = (
+            "after a healthy stretch (long past the start, though the log shows only"
+            f" {before} finite values before it)"
+        )
+    else:  # an excerpt that names no step and no epoch past the start: nothing says healthy
+        seen = f"with only {before} finite values before it in the log (too few to judge the run)"
+    if unscaled:
+        return (
+            f"{flat}, out of the blue{where} {seen}: a bad batch or"
+            " a numerics edge case; the loss scale is 1.0 throughout, so the run has no"
+            " dynamic loss scaling (bf16 or fp32): not an fp16 overflow",
+            f"inspect the batch{where}{data} (the samples below); rerun that step under"
+            " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, look"
+            " for a log(0), a division by zero or an overflow in a custom kernel",
+            metric,
+        )
+    return (
+        f"{flat}, out of the blue{where} {seen}: a bad batch, an"
+        " fp16 overflow or a numerics edge case",
+        f"inspect the batch{where}{data} (the samples below); rerun that step under"
+        " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, suspect an"
+        " fp16 overflow (bf16, or a lower initial loss scale) or a log(0) or division by zero",
+        metric,
+    )
+
+
+def _position(step: int | None, samples: Sequence[Sample], recent: Recent) -> str:
+    """Where the log says the NaN came: " at step N", else " at epoch E", else nothing.
+
+    With no step, the epoch is the one logged beside the first non-finite value of
+    ``samples`` where the two series line up from their ends (one line logs both: HF's
+    dicts, ``epoch: 3451 loss: nan``), else the last logged epoch."""
+    if step is not None:
+        return f" at step {step}"
+    epochs = [sample.value for sample in recent.get("epoch", ()) if math.isfinite(sample.value)]
+    if not epochs:
+        return ""
+    first_bad = next(
+        (index for index, sample in enumerate(samples) if not math.isfinite(sample.value)), None
+    )
+    at = None if first_bad is None else len(epochs) - len(samples) + first_bad
+    epoch = epochs[at] if at is not None and 0 <= at < len(epochs) else epochs[-1]
+    return f" at epoch {epoch:g}"
+
+
+def _consumed(step: int | None, recent: Recent) -> str:
+    """The data position the job logged for ``step``: Megatron's consumed samples after it
+    (with its global batch size, the batch's own samples), else nothing."""
+    if step is None:
+        return ""
+    consumed = [
+        sample.value for sample in recent.get("consumed_samples", ()) if sample.step == step
+    ]
+    batch = [sample.value for sample in recent.get("global_batch_size", ()) if sample.step == step]
+    if not consumed or not math.isfinite(consumed[0]):
+        return ""
+    after = int(consumed[0])
+    if batch and math.isfinite(batch[0]) and 0 < batch[0] <= after:
+        return f", consumed samples {after - int(batch[0])}-{after - 1}"
+    return f", the batch before consumed sample {after}"
+
+
+def _last_epoch(recent: Recent) -> float | None:
+    epochs = [sample.value for sample in recent.get("epoch", ()) if math.isfinite(sample.value)]
+    return epochs[-1] if epochs else None
+
+
+def _no_loss_scaling(recent: Recent, step: int | None) -> bool:
+    """Whether the logged loss scale says the run has no dynamic loss scaling: 1.0 on every
+    value up to ``step`` (Megatron logs 1.0 under bf16 and fp32; a dynamic fp16 scaler
+    starts at 2**16 and moves)."""
+    scales = [
+        sample.value
+        for sample in recent.get("loss_scale", ())
+        if step is None or sample.step is None or sample.step <= step
+    ]
+    return bool(scales) and all(scale == 1.0 for scale in scales)
+
+
+def _finite_before(samples: Sequence[Sample], step: int | None) -> list[float]:
+    """The finite values logged before ``step``."""
+    return [
+        sample.value
+        for sample in samples
+        if math.isfinite(sample.value)
+        and (step is None or sample.step is None or sample.step < step)
+    ]
+
+
+def _early(step: int | None, samples: Sequence[Sample], recent: Recent) -> bool:
+    """Whether ``step`` is among the run's first logged steps: at most ``FIRST_STEPS`` + 1
+    logging intervals from the start, and no logged epoch past the start. A log that begins
+    late (an excerpt, a resumed run) shows few values before a NaN at step 1655, which is
+    no first step. With no step, the logged epoch tells (its first 5%); with neither,
+    nothing says it came first."""
+    epoch = _last_epoch(recent)
+    # A fraction (HF's 0.02); a whole number counts epochs (0 is all of the first one, and
+    # 1 may be too: a count from 1), so only one past that is surely no start.
+    if step is None:
+        return epoch is not None and epoch <= EARLY_EPOCH and not epoch.is_integer()
+    if epoch is not None and (epoch >= 2 or (epoch > EARLY_EPOCH and not epoch.is_integer())):
+        return False
+    steps = sorted({sample.step for sample in samples if sample.step is not None})
+    gaps = [later - earlier for earlier, later in pairwise(steps)]
+    interval = statistics.median(gaps) if gaps else 1
+    return step <= (FIRST_STEPS + 1) * max(interval, 1)
+
+
+def _grad_norm_rise(recent: Recent, step: int | None) -> str | None:
+    """The grad-norm evidence before ``step``: "grad-norm rose to X, N times its median"."""
+    values = _finite_before(recent.get("grad_norm", ()), step)
+    if len(values) < 3:
+        return None
+    baseline = statistics.median(values[:-2])
+    top = max(values[-2:])
+    if not (baseline > 0 and top > BLOW_UP_FACTOR * baseline):
+        return None
+    return f"the grad-norm rose to {top:.4g}, {top / baseline:.3g}x its median {baseline:.4g}"
+
+
+def _loss_climbed(recent: Recent, step: int | None) -> bool:
+    """Whether the loss climbed before ``step``: its last value ``BLOW_UP_FACTOR`` times the
+    first kept, or above every earlier one by half again."""
+    values = _finite_before(recent.get("loss", ()), step)
+    if len(values) < 3 or values[0] <= 0:
+        return False
+    return values[-1] > BLOW_UP_FACTOR * values[0] or values[-1] > 1.5 * max(values[:-1])

@@ -37,3 +37,9 @@ DETECTORS: dict[str, type[BaseDetector]] = {
     "stall": StallDetector,
     "job_crash": JobCrashDetector,
 }
+
+#: Each rule's story (``BaseDetector.story``), for the incident tracker: the episodes of
+#: the rules of one story share an incident.
+STORIES: dict[str, str] = {
+    rule: detector.story for rule, detector in DETECTORS.items() if detector.story is not None
+}

@@ -48,7 +48,7 @@ from sentinel.model.machine import (
     SYSTEM_METRICS,
 )
 from sentinel.model.records import Alert, Block, Line, Sample, Severity
-from sentinel.rules.base import BaseDetector, RuleConfig
+from sentinel.rules.base import BaseDetector, Reading, Recent, RuleConfig
 from sentinel.rules.series import LazyRolling, rising_steps
 
 #: Lines a training script prints as it starts (or starts again): a resume, a checkpoint
@@ -503,6 +503,41 @@ class StallDetector(BaseDetector):
 
     rule = "stall"
     config_model = StallConfig
+    evidence_before_stop = True
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        """What a stall's evidence (``details["evidence"]``) points at."""
+        evidence = alert.details.get("evidence") or {}
+        if evidence.get("d_state"):
+            return (
+                "no progress, with processes stuck in uninterruptible sleep (D state)",
+                "storage or a driver call that does not return (NFS, a GPU fallen off the"
+                " bus): SIGTERM and SIGKILL wait for it; the node may need draining",
+                None,
+            )
+        verdict = evidence.get("verdict")
+        if verdict == "hang":
+            return (
+                "a hang: no progress and no work being done",
+                "an NCCL collective waiting on a rank that died or diverged, or a data-loader"
+                " deadlock; py-spy dump --pid shows where each process waits",
+                None,
+            )
+        if verdict == "busy":
+            return (
+                "no progress although the job is busy",
+                "an endless loop, or an evaluation or save far longer than any before;"
+                " py-spy dump --pid shows what it is doing",
+                None,
+            )
+        return (
+            "no progress",
+            "a hang (an NCCL collective, a data-loader deadlock) or a very long save;"
+            " py-spy dump --pid shows where it waits",
+            None,
+        )
+
     sees_progress = True
     absorbs_progress = True
 

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from pydantic import Field
 
 from sentinel.model.records import Alert, Block, Sample, Severity
-from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig
+from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig, Reading, Recent
 from sentinel.rules.series import Rolling, Warmup, judged_mask, longest_run_at_least
 
 #: Throughput metrics as the common loggers name them (lower-cased, ``train/`` stripped):
@@ -296,6 +296,15 @@ class ThroughputDropDetector(BaseDetector):
 
     rule = "throughput_drop"
     config_model = ThroughputDropConfig
+
+    @classmethod
+    def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        return (
+            "throughput fell and stayed down",
+            "look for data-loader starvation, GPU throttling, a straggler rank, host"
+            " memory swapping, or another job on the GPUs",
+            alert.metric,
+        )
 
     def __init__(self, config: ThroughputDropConfig) -> None:
         super().__init__(config)

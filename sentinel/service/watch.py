@@ -32,7 +32,7 @@ from sentinel.notify.dispatch import Dispatcher, Policy, routes
 from sentinel.notify.notices import JobInfo, NoticeKind, format_dashboard_url, incident_notice
 from sentinel.notify.notifier import Notifier
 from sentinel.parsing import LineParser
-from sentinel.rules import DETECTORS
+from sentinel.rules import DETECTORS, STORIES
 from sentinel.service.memory import RunMemory
 from sentinel.store.run_verdict import resolve_run_id
 from sentinel.store.state import StateStore
@@ -83,15 +83,10 @@ class Watch:
         self.engine = self._engine(settings)
         #: A SIGHUP changed the rules: they take over at the next attempt.
         self._rules_reloaded = False
-        self.tracker = IncidentTracker(self.run_id)
-        if settings.cost.price_per_gpu_hour is None:
-            budget = getattr(settings.rule("cost_overrun"), "budget", None)
-            if budget is not None:
-                log.warning(
-                    "[rules.cost_overrun] budget is %g but [cost] price_per_gpu_hour is unset:"
-                    " no money is counted",
-                    budget,
-                )
+        self.tracker = IncidentTracker(self.run_id, STORIES)
+        for detector in self.engine.detectors:
+            for note in detector.start_notes():
+                log.warning("%s", note)
         self.journal = Journal(settings.state_dir)
         #: Each incident's chart, drawn off the loop.
         self.charts = ChartDrawer(enabled=settings.evidence.chart)

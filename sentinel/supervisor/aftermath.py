@@ -19,6 +19,7 @@ from typing import Protocol
 
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Severity
+from sentinel.rules import DETECTORS
 from sentinel.service.health import Service
 from sentinel.service.watch import Watch
 from sentinel.store import run_verdict, verdict
@@ -82,7 +83,8 @@ class Aftermath:
 
     def plan_restart(self, incident: Incident, status: int) -> None:
         """The job was stopped for ``incident`` and exited with ``status``: what now."""
-        if incident.rule == "gpu_health":  # the node, not the run: retry elsewhere
+        rule = DETECTORS.get(incident.rule)
+        if rule is not None and rule.node_fault:  # the node, not the run: retry elsewhere
             self.verdict(verdict.EXIT_NODE_FAULT, incident)
             self.escalate(incident, "hardware fault: not restarting here (verdict 92)")
             self.owner.attempt_over(verdict.EXIT_NODE_FAULT, JobState.FATAL, incident)

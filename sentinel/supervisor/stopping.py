@@ -22,6 +22,7 @@ from sentinel.evidence import capture as evidence
 from sentinel.model.incidents import Incident
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.signal_tree import TreeStop, stop_tree
+from sentinel.rules import DETECTORS
 from sentinel.store import run_verdict, verdict
 
 
@@ -93,7 +94,10 @@ def evidence_first(
     the loop as an ``("evidence", (stop, evidence))`` event (ahead of the exit the signal
     brings); None when the stop's rule needs none (a NaN) or ``[evidence]`` is off."""
     incident = stop.incident if stop is not None else None
-    if incident is None or not settings.evidence.enabled or not evidence.wanted(incident.rule):
+    if incident is None or not settings.evidence.enabled:
+        return None
+    rule = DETECTORS.get(incident.rule)
+    if rule is None or not rule.evidence_before_stop:
         return None
     folder = evidence.incident_dir(settings.state_dir, incident.id)
 

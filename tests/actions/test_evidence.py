@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.evidence.capture import EVIDENCE_FILE, Evidence, job_processes, take, wanted
+from sentinel.evidence.capture import EVIDENCE_FILE, Evidence, job_processes, take
 from sentinel.evidence.stacks import py_spy_path
+from sentinel.rules import DETECTORS
 
 Start = Callable[[str], "subprocess.Popen[bytes]"]
 
@@ -195,8 +196,11 @@ def test_a_py_spy_the_bounding_set_refuses_is_said_as_such(tmp_path: Path) -> No
 
 
 def test_only_hangs_crashes_and_gpu_faults_wait_for_evidence() -> None:
+    def wanted(rule: str) -> bool:
+        return DETECTORS[rule].evidence_before_stop
+
     assert [wanted(rule) for rule in ("stall", "job_crash", "gpu_health")] == [True] * 3
-    assert [wanted(rule) for rule in ("nan_inf", "loss_spike", None)] == [False] * 3
+    assert [wanted(rule) for rule in ("nan_inf", "loss_spike")] == [False] * 2
 
 
 def test_the_job_tree_and_its_leaves(start: Start) -> None:

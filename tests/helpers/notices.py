@@ -15,6 +15,7 @@ from sentinel.evidence.diagnosis import diagnose
 from sentinel.model.incidents import IncidentEvent, IncidentTracker
 from sentinel.model.records import Alert, Sample, Severity
 from sentinel.notify.notices import Envelope, JobInfo, Notice, NoticeKind, incident_notice
+from sentinel.rules import STORIES
 
 #: 2023-11-14 22:13:20 UTC.
 T0 = 1_700_000_000.0
@@ -46,7 +47,7 @@ def _until(step: int) -> dict[str, list[Sample]]:
 
 def divergence() -> tuple[Notice, Notice, Notice]:
     """grad_norm_run OPENED (warning), nan_inf ESCALATED (critical), then ACTIONS."""
-    tracker = IncidentTracker("llama-ft")
+    tracker = IncidentTracker("llama-ft", STORIES)
     run = Alert(
         "grad_norm_run",
         Severity.WARNING,
