@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sentinel.service.metrics import Metrics
+from sentinel.supervisor.events import JobExited, OutputLines
 from sentinel.supervisor.shedding import (
     KEEP_NEWEST,
     LAG_S,
@@ -78,10 +79,10 @@ def test_at_most_the_newest_suspects_of_a_batch_are_kept() -> None:
 def test_the_inbox_bound_shrinks_an_output_event_to_its_suspects_and_counts_the_rest() -> None:
     shedder = Shedder()
     lines = _batch(1000, suspect_at=500)
-    event = ("lines", ("stdout", lines, 12.5))
+    event = OutputLines("stdout", lines, 12.5)
     assert shedder.weight(event) == sum(map(len, lines)) + LINE_OVERHEAD * 1000
-    assert shedder.weight(("exit", (1, 0))) == 0
-    assert shedder.shrink(event) == ("lines", ("stdout", ['{"loss": NaN}'], 12.5))
+    assert shedder.weight(JobExited(1, 0)) == 0
+    assert shedder.shrink(event) == OutputLines("stdout", ['{"loss": NaN}'], 12.5)
     assert shedder.skipped == 999
 
 

@@ -19,8 +19,8 @@ from operator import itemgetter
 from typing import Any
 
 from sentinel.model.records import PROGRESS
-from sentinel.parsing.fields import _SCHEMAS, _schema, fast_loads
-from sentinel.parsing.values import _EPOCH_MS, _MAX_STEP
+from sentinel.parsing.fields import SCHEMAS, fast_loads, schema_of
+from sentinel.parsing.values import EPOCH_MS, MAX_STEP
 
 _FLOAT = frozenset({float})
 _NUMBER = frozenset({float, int})
@@ -142,7 +142,7 @@ def parse_block(texts: list[str]) -> Columns | None:
 def columns_of(records: list[dict[str, Any]], keys: tuple[str, ...]) -> Columns | None:
     """Records that all have these fields, in this order, as columns; None unless each
     has a whole-number step, one kind of timestamp and numeric metrics."""
-    schema = _SCHEMAS.get(keys) or _schema(keys)
+    schema = SCHEMAS.get(keys) or schema_of(keys)
     if not schema.step_keys:
         return None
     names = tuple(name for name in schema.names if name is not None)
@@ -189,7 +189,7 @@ def _steps(values: list[Any]) -> list[int] | None:
     """The step field of every line, when each is an int the line-by-line parser takes as is."""
     if set(map(type, values)) != _INT:
         return None
-    if min(values) <= -_MAX_STEP or max(values) >= _MAX_STEP:
+    if min(values) <= -MAX_STEP or max(values) >= MAX_STEP:
         return None
     return values
 
@@ -200,6 +200,6 @@ def _times(values: list[Any]) -> list[float] | None:
         return None
     if not isfinite(sum(values)):
         return None  # NaN or an infinity: line by line tries the next time field
-    if min(values) <= -_EPOCH_MS or max(values) >= _EPOCH_MS:
+    if min(values) <= -EPOCH_MS or max(values) >= EPOCH_MS:
         return None  # milliseconds and the like: line by line converts them
     return values

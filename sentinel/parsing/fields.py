@@ -14,8 +14,8 @@ from typing import Any
 
 from sentinel.model.records import PROGRESS, Sample
 from sentinel.parsing.values import (
-    _EPOCH_MS,
-    _MAX_STEP,
+    EPOCH_MS,
+    MAX_STEP,
     RECORD_STEP_KEYS,
     TIME_KEYS,
     as_epoch_seconds,
@@ -83,7 +83,7 @@ _NOT_METRICS = frozenset({"total_steps", "percentage"})
 
 
 @dataclass(frozen=True, slots=True)
-class _Schema:
+class Schema:
     """How to read records with one set of field names, in their order: each field's
     sample name (None for the step and time fields), and the step and time fields in
     order of preference."""
@@ -95,11 +95,11 @@ class _Schema:
 
 # Field names -> schema. A metrics file repeats one set of names on every line, so the
 # names are normalised once per file, not once per line. Bounded against unique keys.
-_SCHEMAS: dict[tuple[str, ...], _Schema] = {}
+SCHEMAS: dict[tuple[str, ...], Schema] = {}
 _SCHEMAS_MAX = 1024
 
 
-def _schema(keys: tuple[str, ...]) -> _Schema:
+def schema_of(keys: tuple[str, ...]) -> Schema:
     """The schema of a record with these field names, cached."""
     names: list[str | None] = []
     step_keys: list[str] = []
@@ -118,9 +118,9 @@ def _schema(keys: tuple[str, ...]) -> _Schema:
             names.append(normalise_name(key))
     step_keys.sort(key=lambda key: _STEP_PRIORITY[key.strip().lower()])
     time_keys.sort(key=lambda key: _TIME_PRIORITY[key.strip().lower()])
-    schema = _Schema(tuple(names), tuple(step_keys), tuple(time_keys))
-    if len(_SCHEMAS) < _SCHEMAS_MAX:
-        _SCHEMAS[keys] = schema
+    schema = Schema(tuple(names), tuple(step_keys), tuple(time_keys))
+    if len(SCHEMAS) < _SCHEMAS_MAX:
+        SCHEMAS[keys] = schema
     return schema
 
 
@@ -131,12 +131,12 @@ def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
     step-only line still counts as progress.
     """
     keys = tuple(fields)
-    schema = _SCHEMAS.get(keys) or _schema(keys)
+    schema = SCHEMAS.get(keys) or schema_of(keys)
     step: int | None = None
     for key in schema.step_keys:
         value = fields[key]
         # as_step's common case inlined: this runs for every line of a metrics file.
-        if type(value) is int and -_MAX_STEP < value < _MAX_STEP:
+        if type(value) is int and -MAX_STEP < value < MAX_STEP:
             step = value
             break
         step = as_step(value)
@@ -146,7 +146,7 @@ def samples_from_mapping(fields: Mapping[str, object]) -> list[Sample]:
     for key in schema.time_keys:
         value = fields[key]
         # as_epoch_seconds' common case inlined: a finite float in seconds (not NaN).
-        if type(value) is float and -_EPOCH_MS < value < _EPOCH_MS:
+        if type(value) is float and -EPOCH_MS < value < EPOCH_MS:
             time = value
             break
         time = as_epoch_seconds(value)

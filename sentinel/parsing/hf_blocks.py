@@ -25,7 +25,7 @@ from typing import Any
 
 from sentinel.model.records import PROGRESS
 from sentinel.parsing.columns import decode_objects, float_column
-from sentinel.parsing.fields import _SCHEMAS, _schema
+from sentinel.parsing.fields import SCHEMAS, schema_of
 from sentinel.parsing.tqdm import CLOCK
 
 #: What a line of HF output is, in ``HfPiece.kinds``.
@@ -170,7 +170,7 @@ def _columns(
     a timestamp or the end-of-training summary's."""
     if _SUMMARY_KEY in keys:
         return None  # its train_loss is renamed: line by line
-    schema = _SCHEMAS.get(keys) or _schema(keys)
+    schema = SCHEMAS.get(keys) or schema_of(keys)
     if schema.step_keys or schema.time_keys:
         return None  # a step or a clock of its own: line by line
     names = tuple(name for name in schema.names if name is not None)

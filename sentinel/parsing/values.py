@@ -66,11 +66,11 @@ RECORD_STEP_KEYS: tuple[str, ...] = (
 TIME_KEYS: tuple[str, ...] = ("time", "timestamp", "ts", "wall_time")
 
 # Above these, an epoch timestamp is in milliseconds, microseconds, nanoseconds.
-_EPOCH_MS = 1e11
+EPOCH_MS = 1e11
 _EPOCH_US = 1e14
 _EPOCH_NS = 1e17
 
-_MAX_STEP = 1 << 63
+MAX_STEP = 1 << 63
 
 
 @functools.lru_cache(maxsize=4096)
@@ -119,7 +119,7 @@ def as_step(value: object) -> int | None:
 
 
 def _bounded_step(step: int) -> int | None:
-    return step if -_MAX_STEP < step < _MAX_STEP else None
+    return step if -MAX_STEP < step < MAX_STEP else None
 
 
 def as_epoch_seconds(value: object) -> float | None:
@@ -138,7 +138,7 @@ def as_epoch_seconds(value: object) -> float | None:
         return number / 1e9
     if magnitude >= _EPOCH_US:
         return number / 1e6
-    if magnitude >= _EPOCH_MS:
+    if magnitude >= EPOCH_MS:
         return number / 1e3
     return number
 

@@ -23,7 +23,8 @@ from sentinel.service.health import Service
 from sentinel.service.watch import Watch
 from sentinel.store import verdict
 from sentinel.store.state import StateStore
-from sentinel.supervisor.holders import Handle, Holder, Put
+from sentinel.supervisor.events import Put
+from sentinel.supervisor.holders import Handle, Holder
 from sentinel.supervisor.job_state import JobState
 from sentinel.supervisor.job_status import JobStatus
 from sentinel.supervisor.restarts import Restarts

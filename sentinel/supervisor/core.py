@@ -43,6 +43,7 @@ from sentinel.store.state import StateStore
 from sentinel.supervisor.aftermath import Aftermath
 from sentinel.supervisor.attempts import JobAttempts
 from sentinel.supervisor.event_loop import EventLoop
+from sentinel.supervisor.events import Event, Readings, SignalReceived, Stop
 from sentinel.supervisor.holders import Child, Holder, job_name
 from sentinel.supervisor.inbox import Inbox
 from sentinel.supervisor.job_state import JobState
@@ -50,7 +51,6 @@ from sentinel.supervisor.job_status import JobStatus
 from sentinel.supervisor.restarts import Restarts
 from sentinel.supervisor.shedding import Shedder
 from sentinel.supervisor.signals import SignalForwarder
-from sentinel.supervisor.stopping import Stop
 from sentinel.supervisor.stops import JobStops
 from sentinel.supervisor.workers import Workers
 
@@ -85,7 +85,7 @@ class Supervisor:
         self._reload = reload
         #: Sheds output the loop cannot keep up with; bounds the inbox's output too.
         self._shedder = Shedder()
-        self._events: Inbox[tuple[str, Any]] = Inbox(self._shedder)
+        self._events: Inbox[Event] = Inbox(self._shedder)
         self._loop = EventLoop(self._events, self, settings.tick_interval_s)
         self._restarts = Restarts(
             settings.job,
@@ -96,7 +96,7 @@ class Supervisor:
             verdict_file=settings.verdict_file,
         )
         self._workers: Workers | None = None
-        self._signals = SignalForwarder(lambda signum: self._events.put(("signal", signum)))
+        self._signals = SignalForwarder(lambda signum: self._events.put(SignalReceived(signum)))
         self.service = Service(
             settings,
             job_name=job_name(settings, self.holder),
@@ -219,12 +219,12 @@ class Supervisor:
 
     def _put_system(self, source: str, samples: list[Sample], read_at: float) -> None:
         """From a GPU source's thread, an event (an XID): it joins the inbox and wakes the loop."""
-        self._events.put(("system", ({source: samples}, read_at)))
+        self._events.put(Readings({source: samples}, read_at))
 
     def _put_reading(self, readings: dict[str, list[Sample]], read_at: float) -> None:
         """From the GPU poll or process thread: a periodic reading (source -> samples), one
         event that waits for the loop's next turn (at the latest its next tick)."""
-        self._events.put(("system", (readings, read_at)), wake=False)
+        self._events.put(Readings(readings, read_at), wake=False)
 
     def on_system(self, readings: dict[str, list[Sample]], read_at: float) -> None:
         for source, samples in readings.items():

@@ -12,6 +12,16 @@ import sys
 import time
 from typing import Any, Protocol
 
+from sentinel.supervisor.events import (
+    Event,
+    EvidenceTaken,
+    JobExited,
+    OutputLines,
+    Readings,
+    SignalReceived,
+    StopDone,
+    TrainerStateRead,
+)
 from sentinel.supervisor.inbox import Inbox
 
 #: How long a thread waits for the interpreter's lock before the thread holding it must let
@@ -56,7 +66,7 @@ class Handlers(Protocol):
 class EventLoop:
     """Runs ``handlers`` off ``inbox`` until they say the run is finished."""
 
-    def __init__(self, inbox: Inbox[tuple[str, Any]], handlers: Handlers, tick_s: float) -> None:
+    def __init__(self, inbox: Inbox[Event], handlers: Handlers, tick_s: float) -> None:
         self.inbox = inbox
         self.handlers = handlers
         self.tick_s = tick_s
@@ -90,26 +100,26 @@ class EventLoop:
                 handlers.restart_at = None
                 handlers.restart_due()
 
-    def dispatch(self, events: list[tuple[str, Any]], *, late: bool = False) -> None:
+    def dispatch(self, events: list[Event], *, late: bool = False) -> None:
         """Handle events in arrival order; after the end (``late``) only output and outcomes."""
         handlers = self.handlers
-        for kind, payload in events:
-            if kind == "lines":
-                handlers.on_lines(*payload)
-            elif kind == "terminated":
-                handlers.on_terminated(*payload)
-            elif kind == "evidence":
-                handlers.on_evidence(*payload)
+        for event in events:
+            if type(event) is OutputLines:
+                handlers.on_lines(event.source, event.lines, event.read_at)
+            elif type(event) is StopDone:
+                handlers.on_terminated(event.stop, event.result)
+            elif type(event) is EvidenceTaken:
+                handlers.on_evidence(event.stop, event.evidence)
             elif late or handlers.finished:
                 continue
-            elif kind == "system":
-                handlers.on_system(*payload)
-            elif kind == "trainer_state":
-                handlers.on_trainer_state(*payload)
-            elif kind == "exit":
-                handlers.on_exit(*payload)
-            elif kind == "signal":
-                handlers.on_signal(payload)
+            elif type(event) is Readings:
+                handlers.on_system(event.readings, event.read_at)
+            elif type(event) is TrainerStateRead:
+                handlers.on_trainer_state(event.source, event.text, event.read_at)
+            elif type(event) is JobExited:
+                handlers.on_exit(event.attempt, event.status)
+            elif type(event) is SignalReceived:
+                handlers.on_signal(event.signum)
 
     def drain(self) -> None:
         """Take in what arrived after the end: late output, a SIGKILL's outcome for the report."""

@@ -1,7 +1,7 @@
 """How the supervisor holds the job: a child it launches (``run``) or one it finds (``watch``).
 
 Both give the loop the same thing for each attempt, a ``Handle``: who the job is
-(pid and create time), when it started, and an ``("exit", (attempt, status))``
+(pid and create time), when it started, and an ``JobExited``
 event once it has ended. Everything else (detection, incidents, rollback,
 verdicts, notification) is one code path for both verbs. The differences are
 said here once: a child's output is captured, an attached job's is read from the
@@ -18,7 +18,7 @@ import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 import psutil
 
@@ -31,12 +31,12 @@ from sentinel.process.launched import JobProcess
 from sentinel.process.relayed import JobRecord, RelayedStart, attempt_dir, prune
 from sentinel.process.target import MatchTarget, PidfileTarget, PidTarget, SystemdUnitTarget, Target
 from sentinel.service.sdnotify import strip_notify_env
+from sentinel.supervisor.events import JobExited, OutputLines, Put
 from sentinel.supervisor.restarts import Restarts
 
 log = logging.getLogger(__name__)
 
 #: Hands an event to the loop's inbox (thread-safe).
-Put = Callable[[tuple[str, Any]], None]
 #: The attempts' output directories kept in the state dir (the newest).
 KEEP_ATTEMPT_DIRS = 10
 
@@ -140,7 +140,7 @@ class Child:
             argv,
             env=env,
             on_lines=on_lines,
-            on_exit=lambda code: put(("exit", (attempt, code))),
+            on_exit=lambda code: put(JobExited(attempt, code)),
             stdout=self._stdout,
             stderr=self._stderr,
             max_line_bytes=self.settings.tail.max_line_bytes,
@@ -176,7 +176,7 @@ class Child:
             if cleaner is not None:
                 lines = cleaner.clean(lines)
             if lines:
-                put(("lines", (source, lines, at)))
+                put(OutputLines(source, lines, at))
 
         return on_lines
 
@@ -205,7 +205,7 @@ class Child:
         adopted = AdoptedJob(
             record,
             on_lines=self._lines_of(attempt, put, terminal=self.settings.job.pty),
-            on_exit=lambda code: put(("exit", (attempt, code))),
+            on_exit=lambda code: put(JobExited(attempt, code)),
             stdout=self._stdout,
             stderr=self._stderr,
             max_line_bytes=self.settings.tail.max_line_bytes,
@@ -251,7 +251,7 @@ class Attached:
             return None
         job = AttachedJob(
             identity,
-            on_exit=lambda status: put(("exit", (attempt, status))),
+            on_exit=lambda status: put(JobExited(attempt, status)),
             exit_status=self.target.exit_status,
         )
         job.start()

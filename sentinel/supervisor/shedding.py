@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any
+
+from sentinel.supervisor.events import Event, OutputLines
 
 log = logging.getLogger(__name__)
 
@@ -140,20 +141,20 @@ class Shedder:
         self._said_at = now
         return True
 
-    # -- the inbox's bound: events are ("lines", (source, lines, read_at)) ----------
+    # -- the inbox's bound: output events (``OutputLines``) are weighed and shrunk ------
 
     @staticmethod
-    def weight(event: tuple[str, Any]) -> int:
+    def weight(event: Event) -> int:
         """What an output event holds in memory, about (0: any other event, never shed)."""
-        kind, payload = event
-        if kind != "lines":
+        if type(event) is not OutputLines:
             return 0
-        lines: list[str] = payload[1]
+        lines = event.lines
         return sum(map(len, lines)) + LINE_OVERHEAD * len(lines)
 
-    def shrink(self, event: tuple[str, Any]) -> tuple[str, Any]:
+    def shrink(self, event: Event) -> Event:
         """An output event cut down to its suspect lines, the rest counted as skipped."""
-        source, lines, read_at = event[1]
-        kept = suspects(lines)
-        self._skipped_held += len(lines) - len(kept)
-        return ("lines", (source, kept, read_at))
+        if type(event) is not OutputLines:
+            return event
+        kept = suspects(event.lines)
+        self._skipped_held += len(event.lines) - len(kept)
+        return OutputLines(event.source, kept, event.read_at)

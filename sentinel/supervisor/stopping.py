@@ -14,8 +14,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
 
 from sentinel.config import JobConfig, Settings
 from sentinel.evidence import capture as evidence
@@ -23,18 +21,8 @@ from sentinel.model.incidents import Incident
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.signal_tree import TreeStop, stop_tree
 from sentinel.rules import DETECTORS
-from sentinel.store import run_verdict, verdict
-
-
-@dataclass
-class Stop:
-    """A stop sentinel decided on: why, and whether a rollback (and restart) follows."""
-
-    incident: Incident | None
-    restart: bool
-    started_at: float = field(default_factory=time.time)
-    #: Another node's verdict for the run, which this stop carries out.
-    joined: run_verdict.RunRecord | None = None
+from sentinel.store import verdict
+from sentinel.supervisor.events import EvidenceTaken, Put, Stop, StopDone
 
 
 def dry_run_note(job: JobConfig, pid: int, policy: str) -> str:
@@ -64,7 +52,7 @@ def stop_in_background(
     job: JobConfig,
     *,
     members: Callable[[], Iterable[ProcessIdentity]],
-    put: Callable[[tuple[str, Any]], None],
+    put: Put,
     first: Callable[[], None] | None = None,
 ) -> None:
     """Stop the tree under ``identity`` on a thread of its own; ``members`` finds the job's
@@ -77,7 +65,7 @@ def stop_in_background(
         if first is not None:
             first()
         result = stop_tree(identity, grace_s=grace_s, stop_signal=stop_signal, members=members)
-        put(("terminated", (stop, result)))
+        put(StopDone(stop, result))
 
     threading.Thread(target=run_stop, name="stop-tree", daemon=True).start()
 
@@ -88,10 +76,10 @@ def evidence_first(
     identity: ProcessIdentity,
     *,
     members: Callable[[], Iterable[ProcessIdentity]],
-    put: Callable[[tuple[str, Any]], None],
+    put: Put,
 ) -> Callable[[], None] | None:
     """What the stop's thread takes from the live job before its first signal, handing it to
-    the loop as an ``("evidence", (stop, evidence))`` event (ahead of the exit the signal
+    the loop as an ``EvidenceTaken`` event (ahead of the exit the signal
     brings); None when the stop's rule needs none (a NaN) or ``[evidence]`` is off."""
     incident = stop.incident if stop is not None else None
     if incident is None or not settings.evidence.enabled:
@@ -112,7 +100,7 @@ def evidence_first(
             output_files=evidence.output_files(settings.state_dir, pids, settings.logs),
             leaves=leaves,
         )
-        put(("evidence", (stop, taken)))
+        put(EvidenceTaken(stop, taken))
 
     return take
 

@@ -24,9 +24,9 @@ from sentinel.service.health import Service
 from sentinel.service.watch import Watch
 from sentinel.supervisor import stopping
 from sentinel.supervisor.aftermath import Aftermath
-from sentinel.supervisor.holders import Handle, Holder, Put
+from sentinel.supervisor.events import Put, Stop
+from sentinel.supervisor.holders import Handle, Holder
 from sentinel.supervisor.job_state import JobState
-from sentinel.supervisor.stopping import Stop
 
 log = logging.getLogger(__name__)
 

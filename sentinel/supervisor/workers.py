@@ -16,13 +16,14 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sentinel.config import Settings
 from sentinel.follow.discover import WHOLE_FILES, MetricFileFinder
 from sentinel.notify.heartbeat import Heartbeat
 from sentinel.notify.notifier import Notifier, Outbox
 from sentinel.store.state import StateStore
+from sentinel.supervisor.events import OutputLines, Put, TrainerStateRead
 from sentinel.supervisor.metric_files import is_metric_file, splitting, unreadable
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class Workers:
         settings: Settings,
         store: StateStore,
         *,
-        put: Callable[[tuple[str, Any]], None],
+        put: Put,
         healthy: Callable[[], bool],
         on_delivery: Callable[[str, bool], None] | None = None,
         mode: str = "run",
@@ -86,7 +87,7 @@ class Workers:
     def _tailer(
         self,
         store: StateStore,
-        put: Callable[[tuple[str, Any]], None],
+        put: Put,
         *,
         found: bool = False,
     ) -> LogTailer | None:
@@ -103,7 +104,7 @@ class Workers:
 
         return LogTailer(
             settings.logs,
-            lambda path, lines: put(("lines", (path, lines, time.time()))),
+            lambda path, lines: put(OutputLines(path, lines, time.time())),
             offsets=store,
             poll=settings.tail.poll,
             poll_interval_s=settings.tail.poll_interval_s,
@@ -126,7 +127,7 @@ class Workers:
         the loop whole (``trainer_state`` event)."""
         if os.path.basename(path) in WHOLE_FILES:
             with open(path, encoding="utf-8", errors="replace") as stream:
-                self._put(("trainer_state", (path, stream.read(), time.time())))
+                self._put(TrainerStateRead(path, stream.read(), time.time()))
             return
         if _configured(path, self.settings.logs):
             return
