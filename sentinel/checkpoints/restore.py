@@ -2,9 +2,12 @@
 
 For the false alarm that stopped a healthy run. The folder's manifest (written by
 ``apply_rollback``) names each item's origin. Nothing is overwritten: if any origin
-is taken, nothing moves. The one file that may stand in the way is sentinel's own:
-the kept version a rollback put back, which goes (the kept copy stays) when it is
-still exactly that version.
+is taken, nothing moves. Nothing leaves the checkpoint dir either: an origin is refused
+when it lies outside the dir, or when a folder on its way from the dir is a symbolic link
+(whoever can write the checkpoint dir could point one anywhere, and a restore may run as
+root); so is a quarantine folder that is itself a link. The one file that may stand in
+the way is sentinel's own: the kept version a rollback put back, which goes (the kept copy
+stays) when it is still exactly that version.
 
 The resume pointers the rollback rewrote are put back as they read before, each
 only if it still reads as the rollback left it (the resumed job may have saved since).
@@ -47,11 +50,20 @@ def find_quarantine(directory: Path, incident: str) -> Path:
     ``incident`` may also be the folder's path, as the rollback message prints it.
     """
     root = Path(os.path.abspath(directory)) / QUARANTINE_DIR
+    if os.path.islink(root):
+        raise RestoreRefused(f"{root} is a symbolic link, not sentinel's quarantine: nothing moved")
     incident = Path(incident).name if os.sep in incident else incident  # the folder, pasted
     try:
         names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     except FileNotFoundError:
         raise RestoreRefused(f"no quarantine in {directory}") from None
+    found = _named(root, incident, names)
+    if os.path.islink(found):
+        raise RestoreRefused(f"{found} is a symbolic link, not a quarantine: nothing moved")
+    return found
+
+
+def _named(root: Path, incident: str, names: list[str]) -> Path:
     if incident in names:
         return root / incident
     matches = [name for name in names if incident and name.startswith(incident)]
@@ -71,12 +83,13 @@ def plan_restore(directory: Path, incident: str) -> list[Move]:
 def restore_quarantine(directory: Path, incident: str) -> list[Move]:
     """Move every item of the quarantine ``incident`` back to its origin; the moves made."""
     folder, manifest, moves = _plan(directory, incident)
+    root = Path(os.path.abspath(directory))
     changes = _pointer_changes(folder, manifest)
     for move in moves:
         if os.path.lexists(move.destination) and _own_put_back(move.destination, manifest):
             os.unlink(move.destination)  # a copy of a kept version, which stays kept
             log.info("removed the kept version put back at %s", move.destination)
-        _move_back(move)
+        _move_back(move, root)
         log.info("restored %s to %s", move.source, move.destination)
     for change in reversed(changes):
         _undo(change, folder)
@@ -159,10 +172,27 @@ def _move_of(root: Path, folder: Path, item: Any) -> Move:
         raise RestoreRefused(f"{folder / MANIFEST}: an item without a plain name: {item!r}")
     if not origin.is_absolute() or os.path.commonpath([origin, root]) != str(root):
         raise RestoreRefused(f"{folder / MANIFEST}: {name} came from outside {root}: {origin}")
+    link = _link_on_the_way(root, origin)
+    if link is not None:
+        raise RestoreRefused(
+            f"{folder / MANIFEST}: {name} would go back through the symbolic link {link}"
+            f" (to {os.readlink(link)}), which may lead out of {root}; nothing moved"
+        )
     source = folder / name
     if not os.path.lexists(source):
         raise RestoreRefused(f"{source} is no longer in the quarantine; nothing moved")
     return Move(source, origin)
+
+
+def _link_on_the_way(root: Path, path: Path) -> Path | None:
+    """The first folder between ``root`` and ``path`` (both excluded) that is a symbolic
+    link, or None. ``path`` is under ``root`` by its name; a link on the way may lead out."""
+    here = root
+    for part in path.relative_to(root).parts[:-1]:
+        here = here / part
+        if os.path.islink(here):
+            return here
+    return None
 
 
 def _own_put_back(path: Path, manifest: dict[str, Any]) -> bool:
@@ -184,7 +214,10 @@ def _own_put_back(path: Path, manifest: dict[str, Any]) -> bool:
     return False
 
 
-def _move_back(move: Move) -> None:
+def _move_back(move: Move, root: Path) -> None:
+    link = _link_on_the_way(root, move.destination)
+    if link is not None:
+        raise RestoreRefused(f"{link} became a symbolic link during the restore; stopped")
     if os.path.lexists(move.destination):
         raise FileExistsError(errno.EEXIST, "restore destination exists", str(move.destination))
     move.destination.parent.mkdir(parents=True, exist_ok=True)
