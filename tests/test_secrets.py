@@ -320,7 +320,7 @@ def test_uncaught_exception_is_printed_masked(raising: str) -> None:
     script = "\n".join(
         [
             "import threading",
-            "from sentinel import secrets",
+            "from sentinel.model import secrets",
             "from sentinel.config import load_settings",
             f"url = {SLACK_URL!r}",
             "load_settings(None, environ={'SENTINEL_NOTIFY__URLS': url})",

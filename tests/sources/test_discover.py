@@ -16,6 +16,7 @@ from sentinel.follow import discover
 from sentinel.follow.discover import MetricFileFinder
 from sentinel.follow.tailer import LogTailer
 from sentinel.store.state import StateStore
+from sentinel.supervisor.events import Event, OutputLines, TrainerStateRead
 from sentinel.supervisor.metric_files import is_metric_file, unreadable
 from sentinel.supervisor.workers import Workers, discovery
 
@@ -230,9 +231,11 @@ def test_a_file_named_by_log_is_not_followed_twice(tmp_path: Path) -> None:
     received: list[tuple[str, list[str]]] = []
     states: list[tuple[str, str]] = []
 
-    def put(event: tuple[str, Any]) -> None:
-        kind, payload = event
-        (received if kind == "lines" else states).append(payload[:2])
+    def put(event: Event) -> None:
+        if isinstance(event, OutputLines):
+            received.append((event.source, event.lines))
+        elif isinstance(event, TrainerStateRead):
+            states.append((event.source, event.text))
 
     workers = Workers(
         settings, store,

@@ -36,14 +36,15 @@ from sentinel.model.records import Sample
 from tests.helpers.nvml import FakeNvml, real_nvml_or_skip
 
 NOW = 1_700_000_000.0
-LOGGER = "sentinel.gpu.monitor"
+#: The GPU source's loggers: the monitor, its reading and its XID thread.
+LOGGERS = frozenset({"sentinel.gpu.monitor", "sentinel.gpu.reading", "sentinel.gpu.xid"})
 
 DEADLINE_S = 10.0
 
 
 def from_gpu_source(record: logging.LogRecord) -> bool:
     """Logged by the GPU source's package (the monitor, its reading or its XID thread)."""
-    return record.name == LOGGER or record.name.startswith(LOGGER + ".")
+    return record.name in LOGGERS
 
 
 class Received:
@@ -228,7 +229,7 @@ def _failing_init(error: type[Exception]) -> Callable[[], FakeNvml]:
 def test_without_nvml_start_is_false_and_says_so_once(
     make_fake: Callable[[], FakeNvml], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger="sentinel.gpu")
     fake = make_fake()
     gpus = monitor(fake)
 
@@ -259,7 +260,7 @@ def test_real_pynvml_without_a_gpu_is_off_with_one_line(caplog: pytest.LogCaptur
     else:
         pynvml.nvmlShutdown()
         pytest.skip("this machine has NVML: test_real_gpu covers it")
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger="sentinel.gpu")
     gpus = monitor(None)
 
     assert gpus.start() is False
@@ -277,7 +278,7 @@ def test_real_pynvml_without_a_gpu_is_off_with_one_line(caplog: pytest.LogCaptur
 def test_not_supported_metric_is_dropped_for_that_gpu_only(
     opened: tuple[FakeNvml, GpuMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger="sentinel.gpu")
     fake, gpus = opened
     fake.fail("nvmlDeviceGetTotalEccErrors", pynvml.NVMLError_NotSupported, gpu=0)
 
@@ -303,7 +304,7 @@ def test_not_supported_metric_is_dropped_for_that_gpu_only(
 def test_other_nvml_error_skips_the_metric_for_one_reading(
     opened: tuple[FakeNvml, GpuMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger="sentinel.gpu")
     fake, gpus = opened
     fake.fail("nvmlDeviceGetTemperature", pynvml.NVMLError_Unknown, gpu=0, times=1)
 
@@ -319,7 +320,7 @@ def test_other_nvml_error_skips_the_metric_for_one_reading(
 def test_a_lasting_nvml_error_is_logged_once_then_again_after_the_repeat_interval(
     opened: tuple[FakeNvml, GpuMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger="sentinel.gpu")
     fake, gpus = opened
     fake.fail("nvmlDeviceGetPowerUsage", pynvml.NVMLError_Unknown, gpu=1)
 
@@ -336,7 +337,7 @@ def test_a_lasting_nvml_error_is_logged_once_then_again_after_the_repeat_interva
 def test_an_exception_not_from_nvml_is_logged_with_traceback_and_the_rest_read(
     opened: tuple[FakeNvml, GpuMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger="sentinel.gpu")
     fake, gpus = opened
     fake.fail("nvmlDeviceGetClockInfo", ZeroDivisionError, gpu=0)
 
@@ -351,7 +352,7 @@ def test_an_exception_not_from_nvml_is_logged_with_traceback_and_the_rest_read(
 def test_lost_gpu_reports_xid_79_once_and_is_no_longer_read(
     opened: tuple[FakeNvml, GpuMonitor], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger="sentinel.gpu")
     fake, gpus = opened
     fake.lose_gpu(1)
 
@@ -486,7 +487,7 @@ def test_with_on_reading_each_poll_hands_every_gpu_over_at_once() -> None:
 def test_a_raising_receiver_does_not_end_the_poll_thread(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger="sentinel.gpu")
     received = Received()
     calls: list[str] = []
 

@@ -81,7 +81,7 @@ def test_a_driver_without_the_new_call_is_asked_for_it_once() -> None:
 def test_without_either_call_clock_events_are_dropped_and_the_rest_read(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="sentinel.model.machine")
+    caplog.set_level(logging.INFO, logger="sentinel.gpu")
     fake = FakeNvml(lacks=[NEW, OLD])
     gpus = opened(fake)
     try:

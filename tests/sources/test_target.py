@@ -180,14 +180,26 @@ def test_match_resolves_to_the_root_not_its_children(folder: Path) -> None:
 
 
 def test_match_never_resolves_to_sentinel_itself(folder: Path) -> None:
-    # pytest stands in for sentinel: it matches and it is older than the job.
-    own = " ".join(psutil.Process().cmdline())
-    launch_detached(role_argv(folder, "job"))
-    job = wait_for_pid(folder, "job")
+    token = str(folder)
+    # A stand-in for sentinel whose own command line matches, and which is older than the job
+    # (not pytest itself: under xdist its sibling workers share its command line).
+    with subprocess.Popen(
+        [sys.executable, "-c", SENTINEL_STAND_IN, re.escape(token), token],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as sentinel:
+        assert sentinel.stdout is not None and sentinel.stdin is not None
+        assert sentinel.stdout.readline().strip() == "ready"
+        assert re.search(re.escape(token), " ".join(psutil.Process(sentinel.pid).cmdline()))
+        launch_detached(role_argv(folder, "job"))
+        job = wait_for_pid(folder, "job")
+        sentinel.stdin.write("look\n")
+        sentinel.stdin.flush()
+        found = sentinel.stdout.readline().strip()
+        sentinel.kill()
 
-    found = MatchTarget(f"{re.escape(own)}|{re.escape(str(folder))}").find()
-
-    assert found == job
+    assert found == str(job.pid)
 
 
 SENTINEL_STAND_IN = """
