@@ -8,6 +8,7 @@ a real writer process that a test kills with SIGKILL.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 
 from sentinel.service.verdict_wait import HOLDER_CHECK_S, await_verdict
 from sentinel.store.lock import acquire
-from sentinel.store.verdict import mark_deciding, write_final
+from sentinel.store.verdict import clear, mark_deciding, write_final
 from tests.helpers.env import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +34,7 @@ WRITER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from sentinel.store.lock import acquire
-    from sentinel.store.verdict import mark_deciding, write_final
+    from sentinel.store.verdict import clear, mark_deciding, write_final
     state, code = Path(sys.argv[1]), sys.argv[2]
     delay, linger = float(sys.argv[3]), float(sys.argv[4])
     lock = acquire(state)
@@ -228,3 +229,56 @@ def test_without_a_deciding_mark_the_jobs_own_status_comes_at_once(tmp_path: Pat
     assert (outcome.code, outcome.record) == (3, None)
     assert time.monotonic() - start < 1.0
     assert "sentinel did not stop the job" in outcome.reason
+
+
+def _unreadable(state: Path) -> list[str]:
+    """``state`` made unreadable to the verb, as another user's 0700 folder is: mode 000, and
+    when the tests run as root (whose capabilities read any folder), the verb run under
+    ``setpriv`` without any capability, so the permission bits apply to it too."""
+    state.chmod(0o000)
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv is not None, "util-linux's setpriv drops root's capabilities here"
+    return [setpriv, "--bounding-set=-all", "--inh-caps=-all"]
+
+
+@pytest.mark.slow
+def test_an_unreadable_state_dir_is_94_never_the_job_status(tmp_path: Path) -> None:
+    """A wrapper that cannot read the state dir must not turn a give-up into a restart."""
+    state = tmp_path / "st"
+    state.mkdir()
+    write_final(state, 90, None, "nan_inf", 40, None, 1, NOW)
+    prefix = _unreadable(state)
+    try:
+        result = subprocess.run(
+            [*prefix, sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(state),
+             "--wait", "--timeout", "5", "--job-status", "143"],
+            capture_output=True, text=True, env=clean_env(), cwd=ROOT, timeout=60,
+        )  # fmt: skip
+    finally:
+        state.chmod(0o700)
+    assert result.returncode == 94, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"cannot read {state / 'verdict.json'}: Permission denied" in result.stderr
+    assert "did not stop the job" not in result.stderr
+
+
+def test_a_corrupt_record_is_94_saying_what_could_not_be_read(tmp_path: Path) -> None:
+    (tmp_path / "verdict.json").write_text('{"state": "final", "code": 90')
+    outcome = await_verdict(tmp_path, wait=True, timeout_s=1, job_status=143)
+    assert outcome.code == 94
+    assert f"{tmp_path / 'verdict.json'} is not a verdict record" in outcome.reason
+
+
+@pytest.mark.slow
+def test_a_verdict_taken_by_the_next_attempt_is_reported_as_such(tmp_path: Path) -> None:
+    write_final(tmp_path, 91, None, "nan_inf", 40, None, 1, NOW)
+    clear(tmp_path)  # attempt 2 started
+    result = sentinel_verdict(tmp_path, "--job-status", "143")
+    assert result.returncode == 143
+    assert "did not stop the job" not in result.stderr
+    assert "sentinel's last one (91 rolled_back, nan_inf at step 40, attempt 1) was taken by" in (
+        result.stderr
+    )

@@ -6,7 +6,9 @@ orchestrator never hears "restart me" before the pointers name the clean
 checkpoint. The wait ends with the final record; or when no sentinel holds the
 state dir any more (its lock is free) and none has come; or at the timeout. In
 the last two cases the answer is the job's own status when the wrapper gave
-it, else 1.
+it, else 1. A record that exists but cannot be read (another user's state dir, a
+corrupt file) is never passed off as the job's status: it is 94, and one line
+says what could not be read and why.
 
 The record's appearance wakes the wait through a file event (inotify, read on
 the waiting thread); where there are none, it polls. The lock has no event, so
@@ -24,7 +26,14 @@ from types import TracebackType
 
 from sentinel.follow.inotify import IN_CREATE, IN_MOVED_TO, FileWatches
 from sentinel.store.lock import holder
-from sentinel.store.verdict import Verdict, read
+from sentinel.store.verdict import (
+    CODES,
+    EXIT_UNREADABLE,
+    Verdict,
+    VerdictUnreadable,
+    consumed,
+    read_strict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,27 +66,41 @@ def await_verdict(
 
     ``timeout_s`` bounds the wait (None: as long as a sentinel holds the state dir).
     """
+    try:
+        return _await(state_dir, wait=wait, timeout_s=timeout_s, job_status=job_status)
+    except VerdictUnreadable as error:
+        return Outcome(
+            EXIT_UNREADABLE,
+            None,
+            f"{error}; a verdict may be there (perhaps a 90), so not the job's status:"
+            f" exit {EXIT_UNREADABLE}",
+        )
+
+
+def _await(
+    state_dir: Path, *, wait: bool, timeout_s: float | None, job_status: int | None
+) -> Outcome:
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    record = read(state_dir)
+    record = read_strict(state_dir)
     if record is not None and record.final:
         return _final(record)
     if record is None:
         # The deciding mark is written before the first signal: without one, sentinel did
         # not stop this job, and no verdict is coming.
-        return _fallback(job_status, f"no verdict in {state_dir}: sentinel did not stop the job")
+        return _fallback(job_status, _no_verdict(state_dir))
     if not wait:
         return _fallback(job_status, f"no final verdict in {state_dir}: sentinel is still deciding")
     with _Changes(state_dir) as changes:
         next_holder_check = 0.0
         while True:
-            record = read(state_dir)
+            record = read_strict(state_dir)
             if record is not None and record.final:
                 return _final(record)
             now = time.monotonic()
             if now >= next_holder_check:
                 next_holder_check = now + HOLDER_CHECK_S
-                if holder(state_dir) is None:
-                    record = read(state_dir)  # written just before that sentinel exited
+                if _holder(state_dir) is None:
+                    record = read_strict(state_dir)  # written just before that sentinel exited
                     if record is not None and record.final:
                         return _final(record)
                     return _fallback(
@@ -88,6 +111,31 @@ def await_verdict(
                 return _fallback(job_status, why)
             until = next_holder_check if deadline is None else min(next_holder_check, deadline)
             changes.wait(max(0.0, until - now))
+
+
+def _holder(state_dir: Path) -> int | None:
+    """Who holds ``state_dir`` (``holder``); VerdictUnreadable when that cannot be told."""
+    try:
+        return holder(state_dir)
+    except OSError as error:
+        raise VerdictUnreadable(
+            f"cannot tell whether a sentinel holds {state_dir}: {error.strerror or error}"
+        ) from None
+
+
+def _no_verdict(state_dir: Path) -> str:
+    """Why there is no verdict: none was ever made, or the last one was taken by the
+    attempt that started after it (never "sentinel did not stop the job" about that one)."""
+    last = consumed(state_dir)
+    if last is None or not last.final:
+        return f"no verdict in {state_dir}: sentinel did not stop the job"
+    name = CODES[last.code][0] if last.code in CODES else last.verdict
+    about = f"{last.rule} at step {last.step}" if last.step is not None else f"{last.rule}"
+    return (
+        f"no verdict for this attempt in {state_dir}: sentinel's last one ({last.code} {name},"
+        f" {about}, attempt {last.attempt}) was taken by the attempt that started after it,"
+        " and sentinel did not stop this one"
+    )
 
 
 def _final(record: Verdict) -> Outcome:

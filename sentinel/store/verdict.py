@@ -5,9 +5,14 @@ Two phases (DESIGN.md, "Verdicts"). Before its first signal sentinel marks
 effort, it never raises and does not sync, so the signal is not held up);
 once the job is gone and the rollback is done, or has failed, it writes the
 final record (``write_final``) and, with ``--verdict-file``, the bare code on
-one line. ``clear`` removes the record when the next attempt starts. Every
-write is a temp file renamed over the old one, so a reader sees a whole
-record or the one before it, never half of one.
+one line. ``clear`` sets the record aside when the next attempt starts (as
+``verdict.consumed.json``: who asks later hears that the verdict was taken, not
+that there was none). Every write is a temp file renamed over the old one, so a
+reader sees a whole record or the one before it, never half of one.
+
+``read`` is the loop's own, forgiving read; ``read_strict`` is the wrapper's, for which a
+record that exists but cannot be read (permissions, a corrupt file) is an answer of its
+own (``VerdictUnreadable``, exit 94): it may be a 90, so nothing should restart on it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ EXIT_GIVE_UP = 90
 EXIT_ROLLED_BACK = 91
 #: A hardware or node fault (GPU XID, ECC): retry on another node.
 EXIT_NODE_FAULT = 92
+#: ``sentinel verdict`` only: a verdict exists or may exist but cannot be read (permissions,
+#: a corrupt record). It may be a 90: do not retry until a person looks.
+EXIT_UNREADABLE = 94
 
 #: Each verdict code, its name in the record, and what it means.
 CODES: dict[int, tuple[str, str]] = {
@@ -40,6 +48,8 @@ CODES: dict[int, tuple[str, str]] = {
 }
 
 VERDICT_NAME = "verdict.json"
+#: The last record an attempt took when it started (``clear``).
+CONSUMED_NAME = "verdict.consumed.json"
 DECIDING = "deciding"
 FINAL = "final"
 
@@ -72,6 +82,10 @@ class Verdict:
             "time": self.time,
             "state": self.state,
         }
+
+
+class VerdictUnreadable(Exception):
+    """A verdict record exists, or may exist, but cannot be read; the message says why."""
 
 
 def verdict_path(state_dir: Path) -> Path:
@@ -135,11 +149,40 @@ def write_final(
 
 
 def clear(state_dir: Path) -> None:
-    """Remove the record (the next attempt has started); a failure is logged, not raised."""
+    """Set the record aside as consumed (the next attempt has started); a failure is logged,
+    not raised."""
     try:
-        verdict_path(state_dir).unlink(missing_ok=True)
+        os.rename(verdict_path(state_dir), state_dir / CONSUMED_NAME)
+    except FileNotFoundError:
+        pass
     except OSError as error:
         log.warning("could not clear the verdict in %s: %s", state_dir, error)
+
+
+def read_strict(state_dir: Path, name: str = VERDICT_NAME) -> Verdict | None:
+    """The record ``name`` in ``state_dir``; None when there is surely none (no such file in
+    a folder that can be read); ``VerdictUnreadable`` when one may exist but cannot be read."""
+    path = state_dir / name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise VerdictUnreadable(f"cannot read {path}: {error.strerror or error}") from None
+    except ValueError as error:  # not UTF-8
+        raise VerdictUnreadable(f"{path} is not a verdict record: {error}") from None
+    try:
+        return _parse(json.loads(text))
+    except (TypeError, ValueError) as error:
+        raise VerdictUnreadable(f"{path} is not a verdict record: {error}") from None
+
+
+def consumed(state_dir: Path) -> Verdict | None:
+    """The last record an attempt took when it started, when there is one to read."""
+    try:
+        return read_strict(state_dir, CONSUMED_NAME)
+    except VerdictUnreadable:
+        return None
 
 
 def read(state_dir: Path) -> Verdict | None:

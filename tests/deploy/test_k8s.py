@@ -393,7 +393,7 @@ def test_pod_failure_policy_maps_the_verdicts_of_the_trainer(where: str) -> None
         assert codes["operator"] == "In" and codes["values"] == sorted(set(codes["values"]))
         for code in codes["values"]:
             actions.setdefault(code, rule["action"])  # the first matching rule wins
-    assert actions == {90: "FailJob", 91: "Count", 92: "Count"}
+    assert actions == {90: "FailJob", 91: "Count", 92: "Count", 94: "FailJob"}
 
 
 def test_in_place_restart_restarts_the_trainer_on_91_only() -> None:
@@ -420,7 +420,7 @@ def test_pytorchjob_maps_verdicts_to_the_exit_code_policy() -> None:
     assert master["restartPolicy"] == "ExitCode"
     script = _script(_trainer(master["template"]["spec"]))
     mapping = script[script.index("code=$?") :]
-    for verdict, exit_code in ((90, 90), (91, 138), (92, 138), (0, 0), (1, 1)):
+    for verdict, exit_code in ((90, 90), (91, 138), (92, 138), (94, 94), (0, 0), (1, 1)):
         done = subprocess.run(["bash", "-c", f"(exit {verdict}); {mapping}"], timeout=10)
         assert done.returncode == exit_code, verdict
 
