@@ -7,6 +7,7 @@ The settings the notify actions read (``dispatch``, ``notify``, ``heartbeat``);
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -17,10 +18,24 @@ from sentinel.model.records import Severity
 
 
 def _split_urls(value: object) -> object:
-    """Apprise URLs from one string are separated by whitespace (a URL may hold commas)."""
-    if isinstance(value, str):
-        return value.split()
-    return value
+    """Apprise URLs from one string are separated by whitespace (a URL may hold commas); a
+    string in brackets is a JSON list of them. One in brackets that is not JSON is what a
+    shell leaves of ``["slack://..."]`` when it strips the quotes: said so, in one line."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            urls = json.loads(text)
+        except ValueError:
+            raise ValueError(
+                "starts with '[' but is not a JSON list of URLs (did the shell remove its"
+                " quotes?): write the URLs separated by spaces, without brackets"
+            ) from None
+        if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
+            raise ValueError("a JSON list of URLs holds strings only")
+        return urls
+    return text.split()
 
 
 class _Model(BaseModel):

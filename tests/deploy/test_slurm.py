@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -208,9 +209,23 @@ def test_the_script_is_shellcheck_clean() -> None:
     assert result.returncode == 0, result.stdout
 
 
+def _readme_secrets(tmp_path: Path) -> str:
+    """The README's Slurm step 1, run as written (HOME in ``tmp_path``): the file it writes."""
+    readme = (SCRIPT.parents[2] / "README.md").read_text()
+    section = readme[readme.index("### On Slurm") :]
+    lines = re.findall(r"^   ((?:mkdir|echo) .*)$", section[: section.index("\n2. ")], re.M)
+    assert len(lines) == 2, lines
+    home = tmp_path / "home"
+    home.mkdir()
+    subprocess.run(["bash", "-c", "\n".join(lines)], check=True, env={"HOME": str(home)})
+    return (home / ".config" / "sentinel" / "env").read_text()
+
+
 @pytest.mark.slow
 def test_a_nan_on_one_node_rolls_back_and_requeues_once(tmp_path: Path) -> None:
-    code, err = _finish(_submit(tmp_path, "nan"))
+    # The README's own secrets line (a Slack URL that cannot be reached here: the alert is
+    # retried in the background, the stop is not held up by it).
+    code, err = _finish(_submit(tmp_path, "nan", env_file=_readme_secrets(tmp_path)))
     assert code == 0, err
     steps = _steps(tmp_path)
     sentinel = steps["sentinel"]["argv"]
@@ -280,3 +295,29 @@ def test_the_time_limit_warning_reaches_the_ranks_not_sentinel_and_requeues(
     assert steps["sentinel"]["exits"] == [0, 0], "sentinel's step got no SIGUSR1"
     assert [c["argv"] for c in _calls(tmp_path, "scontrol", "scancel")] == [["requeue", JOB_ID]]
     assert _shared(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_node_whose_sentinel_cannot_start_fails_the_batch_before_any_rank(
+    tmp_path: Path,
+) -> None:
+    """The shell-stripped list of the old recipe: every node's sentinel exits 2 at start."""
+    code, err = _finish(_submit(tmp_path, "nan", env_file="SENTINEL_NOTIFY__URLS=[slack://T0]\n"))
+    assert code == 1, err
+    assert re.search(r"sentinel: node \d \(\S+\): sentinel exited 2 before it was ready", err)
+    assert "the ranks were not started" in err
+    assert "did the shell remove its quotes?" in err, "sentinel's own one line is there too"
+    assert "training" not in _steps(tmp_path), "no rank started"
+    assert not list((tmp_path / "runs" / "train" / "logs").glob("rank-*.log"))
+    assert _calls(tmp_path, "scontrol", "scancel") == []
+
+
+@pytest.mark.slow
+def test_one_node_whose_sentinel_cannot_start_is_named(tmp_path: Path) -> None:
+    blocked = tmp_path / "runs" / "train" / "sentinel" / "node-1"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a folder")  # node 1's state dir cannot be made
+    code, err = _finish(_submit(tmp_path, "nan"))
+    assert code == 1, err
+    assert re.search(r"sentinel: node 1 \(\S+\): sentinel exited \d+ before it was ready", err)
+    assert "training" not in _steps(tmp_path), "no rank started"
