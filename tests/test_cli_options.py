@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel.cli import main as cli
 from sentinel.cli import options as cli_options
+from sentinel.cli.verbs.common import settings_of
 from sentinel.config import effective_config
 from sentinel.process.target import SystemdUnitTarget
 from sentinel.store.lock import acquire
@@ -174,7 +175,7 @@ def run_takes(option: str, run: Run, tmp_path: Path) -> None:
     """``run`` hands the option to the settings the supervisor runs with."""
     config_file(tmp_path)
     args, check = SETTINGS[option]
-    settings = cli._settings(parse("run", *args, *NEEDS["run"]))
+    settings = settings_of(parse("run", *args, *NEEDS["run"]))
     assert check(effective_config(settings))
 
 
@@ -194,7 +195,7 @@ def watch_takes(option: str, run: Run, tmp_path: Path) -> None:
     config_file(tmp_path)
     args, check = SETTINGS[option]
     target, says = WATCH_TARGETS.get(option, (["--pid", "1"], "pid 1"))
-    settings = cli._settings(parse("watch", *args, *target))
+    settings = settings_of(parse("watch", *args, *target))
     assert check(effective_config(settings))
     assert target_of(settings).describe() == says
 
@@ -516,7 +517,7 @@ def watch_systemd_user(run: Run, tmp_path: Path) -> None:
     """The unit is asked of the user's service manager; without a unit, a usage error."""
     unit = ("watch", "--systemd-unit", "t.service")
     for args, systemctl in (((), ("systemctl",)), (("--systemd-user",), ("systemctl", "--user"))):
-        target = target_of(cli._settings(parse(*unit, *args)))
+        target = target_of(settings_of(parse(*unit, *args)))
         assert isinstance(target, SystemdUnitTarget)
         assert target.systemctl == systemctl
     result = run("watch", "--pid", "1", "--systemd-user")

@@ -25,7 +25,6 @@ from sentinel.cli.verbs import (
     verdict,
     watch,
 )
-from sentinel.cli.verbs.common import settings_of
 from sentinel.config import ConfigError
 from sentinel.model import secrets
 from sentinel.store import verdict as verdict_codes
@@ -51,8 +50,6 @@ COMMANDS: dict[str, Command] = {
     )
 }
 
-_settings = settings_of  # the settings a verb's options give (the tests' name for it)
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The verbs; each takes the shared options it honours and refuses the rest (cli_options)."""
@@ -71,12 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _exit_codes() -> str:
-    """The exit-code table of ``sentinel --help`` (a contract: DESIGN.md, README)."""
+    """The exit-code table of ``sentinel --help`` (a contract: README, "Commands")."""
     rows = [
         ("0", "run: the job finished (after restarts, if any); watch: stopped"),
         ("1", "replay --fail-on: an alert that severe; verdict: no verdict and no --job-status"),
         ("2", "a usage or config error, or another sentinel holds the state dir"),
         *((str(code), meaning) for code, (_, meaning) in sorted(verdict_codes.CODES.items())),
+        (
+            str(verdict_codes.EXIT_UNREADABLE),
+            "verdict: a verdict may be there but cannot be read (do not retry: it may be 90)",
+        ),
         ("other", "run: the job's own last status; verdict: --job-status when no verdict came"),
     ]
     return "exit codes:\n" + "\n".join(f"  {code:<6} {meaning}" for code, meaning in rows)

@@ -32,7 +32,7 @@ _EPSILON = 1e-9
 class CostOverrunConfig(RuleConfig):
     """``[rules.cost_overrun]``.
 
-    DESIGN's table: warn at 80% of the budget spent, critical at 100%, and warn
+    The runbooks' defaults: warn at 80% of the budget spent, critical at 100%, and warn
     when the projection at completion passes 120%. The projection waits for ten
     minutes and ten steps of progress in an attempt: the first minutes of a run
     (compilation, data-loader warmup, a first evaluation) are slower than the rest,

@@ -23,7 +23,7 @@ KEPT_EVALS = 32
 class EvalLossRiseConfig(MetricRuleConfig):
     """``[rules.eval_loss_rise]``.
 
-    DESIGN's table: "rising for 3 evals, or > 5-10% above its minimum"; the margin
+    The runbooks' defaults: "rising for 3 evals, or > 5-10% above its minimum"; the margin
     takes the top of that range, since eval loss is noisy when the eval set is small.
     """
 

@@ -72,7 +72,7 @@ PERCENT_SUFFIXES: tuple[str, ...] = ("(%)", "_pct", "_percent")
 class GpuMemoryCreepConfig(MetricRuleConfig):
     """``[rules.gpu_memory_creep]``.
 
-    DESIGN gives no numbers; these follow the other windowed rules: 20 logged values
+    The runbooks give no numbers; these follow the other windowed rules: 20 logged values
     is long enough that the allocator's noise averages out, and 10% growth in that
     window is no fragmentation wobble. 95% of capacity leaves the caching allocator
     no room for the next long batch.

@@ -49,7 +49,7 @@ THROUGHPUT_METRICS: tuple[str, ...] = (
 class ThroughputDropConfig(MetricRuleConfig):
     """``[rules.throughput_drop]``.
 
-    DESIGN's table: "< 50% of the run's baseline, sustained". Five values in a row
+    The runbooks' defaults: "< 50% of the run's baseline, sustained". Five values in a row
     just under the bar outlast a checkpoint save or an evaluation, which slow one logging
     interval; a deeper drop needs fewer (``values_needed``), never under two; the
     baseline is the median of 20 values, so a slow first step (compilation, allocator
