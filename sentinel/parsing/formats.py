@@ -1,8 +1,9 @@
 """Formats whose step, or whose names, come from an earlier line: read with a little state.
 
 ``Formats.parse`` is tried on each human-written line before the generic ``keyvalue``
-reader; it returns None for a line in none of these formats. Besides the framework
-lines of ``frameworks``:
+reader; it returns None for a line in none of these formats. Besides the frameworks'
+own lines (``registry.FRAMEWORK_LINES``: a module each), it reads those that need an
+earlier line:
 
 - Keras / TF ``model.fit``: ``Epoch 3/10`` starts an epoch; its progress lines
   ``100/100 [====] - 1s 10ms/step - loss: 0.1234 - accuracy: 0.9`` (Keras 2) or
@@ -27,8 +28,9 @@ from __future__ import annotations
 import re
 
 from sentinel.model.records import Sample
-from sentinel.parsing.frameworks import FRAMEWORK_PARSERS, composer_name
+from sentinel.parsing.composer import composer_name
 from sentinel.parsing.keyvalue import KNOWN_KEYS, find_pairs, parse_keyvalue
+from sentinel.parsing.registry import FRAMEWORK_LINES
 from sentinel.parsing.values import RECORD_STEP_KEYS, as_float, normalise_name
 
 _KERAS_EPOCH = re.compile(r"Epoch (\d+)/\d+")
@@ -40,6 +42,7 @@ _COMPOSER_LINE = re.compile(r"(?:Train|Eval) (\S+?): (\S+)")
 _HEADER_CELL = re.compile(r"[A-Za-z_][\w/.()\-]*")
 _ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _STEP_COLUMNS = frozenset(RECORD_STEP_KEYS)
+_FRAMEWORK_PARSERS = tuple(FRAMEWORK_LINES.values())
 
 
 class Formats:
@@ -59,7 +62,7 @@ class Formats:
         """Samples of one stripped line in one of these formats; None for another line."""
         if "\x1b" in text:
             return parse_keyvalue(_ESCAPE.sub("", text))
-        for parse in FRAMEWORK_PARSERS:
+        for parse in _FRAMEWORK_PARSERS:
             found = parse(text)
             if found is not None:
                 return found

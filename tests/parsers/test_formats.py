@@ -15,6 +15,7 @@ import pytest
 
 from sentinel.model.records import Sample
 from sentinel.parsing import LineParser
+from sentinel.parsing.registry import FRAMEWORK_LINES
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
@@ -158,3 +159,10 @@ def test_llamafactory_trainer_log_lines_are_at_their_current_steps(run: str) -> 
         assert {sample.step for sample in samples} == {record["current_steps"]}
         assert {sample.name: sample.value for sample in samples}["loss"] == record["loss"]
         assert not {"total_steps", "percentage", "elapsed_time"} & {s.name for s in samples}
+
+
+@pytest.mark.parametrize("name", list(FRAMEWORK_LINES))
+def test_a_framework_line_format_is_one_module_and_one_registry_line(name: str) -> None:
+    parse = FRAMEWORK_LINES[name]
+    assert parse.__module__ == f"sentinel.parsing.{name}"
+    assert parse("plain words, no metric in them") is None

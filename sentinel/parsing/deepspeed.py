@@ -1,0 +1,49 @@
+"""DeepSpeed's step line and the fp16 loss-scale messages, read as samples.
+
+``[Rank 0] step=10, skipped=0, lr=[0.0001], mom=[...]`` (``lr`` and ``skipped_steps`` at
+step 10) and its fp16 loss-scale messages: ``OVERFLOW! ... Attempted loss scale: 65536,
+reducing to 32768`` is a ``loss_scale`` of 32768, ``... but hysteresis is 2`` keeps the
+attempted scale, ``Current loss scale already at minimum`` is ``loss_scale_at_minimum`` 1
+(the same words from apex and Megatron's optimizers), and fairseq's ``overflow detected,
+setting loss scale to: 0.5`` a ``loss_scale`` of 0.5. Stateless, one line each
+(``ParseFn``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from sentinel.model.records import Sample
+from sentinel.parsing.values import as_float
+
+_DEEPSPEED_STEP = re.compile(
+    r"(?:\[Rank \d+\] )?step=(\d+), skipped=(\d+), lr=\[([-+0-9.e]+)", re.IGNORECASE
+)
+_OVERFLOW = re.compile(
+    r"Attempted loss scale: ([-+0-9.e]+),? (?:reducing to ([-+0-9.e]+)|but hysteresis)"
+    r"|setting loss scale to: ()([-+0-9.e]+)",
+    re.I,
+)
+
+
+def parse_deepspeed(text: str) -> list[Sample] | None:
+    """Samples of DeepSpeed's ``[Rank 0] step=`` line and its loss-scale messages."""
+    if "loss scale" in text:
+        overflow = _OVERFLOW.search(text)
+        if overflow is not None:
+            scale = as_float(overflow.group(2) or overflow.group(1) or overflow.group(4))
+            return [] if scale is None else [Sample("loss_scale", scale)]
+        if "already at minimum" in text:
+            return [Sample("loss_scale_at_minimum", 1.0)]
+        return None
+    if "step=" not in text:
+        return None
+    found = _DEEPSPEED_STEP.search(text)
+    if found is None:
+        return None
+    step = int(found.group(1))
+    samples = [Sample("skipped_steps", float(found.group(2)), step)]
+    lr = as_float(found.group(3))
+    if lr is not None:
+        samples.append(Sample("lr", lr, step))
+    return samples

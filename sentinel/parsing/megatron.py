@@ -1,0 +1,65 @@
+"""Megatron-LM and Megatron-DeepSpeed's console line, read at the iteration it names.
+
+`` iteration  200/ 1000 | consumed samples: 800 | ... | lm loss: 7.399415E+00 | loss scale:
+16384.0 | grad norm: 2.918 | number of skipped iterations:   0 | number of nan iterations:
+0 |``; multi-word names read as ``loss``, ``lr``, ``grad_norm``, ``loss_scale``,
+``skipped_iterations``, ``nan_iterations``, the rest lower-cased with ``_``
+(``consumed_samples``). Stateless, one line each (``ParseFn``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from sentinel.model.records import Sample
+from sentinel.parsing.values import as_float, iso_to_epoch_seconds, normalise_name
+
+_MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
+_MEGATRON_FIELD = re.compile(
+    r"([A-Za-z][^|:]*?)\s*:\s*([-+]?(?:[\d.]+(?:e[-+]?\d+)?|nan|inf))\b", re.I
+)
+_STAMP = re.compile(
+    r"\[(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:[+-]\d{2}:?\d{2})?)\]"
+)
+#: Megatron's multi-word names, lower-cased, to sentinel's.
+MEGATRON_NAMES: dict[str, str] = {
+    "lm loss": "loss",
+    "learning rate": "lr",
+    "grad norm": "grad_norm",
+    "loss scale": "loss_scale",
+    "number of skipped iterations": "skipped_iterations",
+    "number of nan iterations": "nan_iterations",
+    "elapsed time per iteration (ms)": "iteration_time_ms",
+    "elapsed time per iteration (s)": "iteration_time_s",
+}
+_NAME_JUNK = re.compile(r"[^a-z0-9/._]+")
+
+
+def megatron_name(name: str) -> str:
+    """A Megatron field name as a metric name: ``lm loss`` -> ``loss``."""
+    lowered = " ".join(name.lower().split())
+    known = MEGATRON_NAMES.get(lowered)
+    if known is not None:
+        return known
+    return normalise_name(_NAME_JUNK.sub("_", lowered).strip("_"))
+
+
+def parse_megatron(text: str) -> list[Sample] | None:
+    """Samples of a Megatron ``iteration N/ M | name: value |`` line; None for another line."""
+    if "iteration" not in text or "|" not in text:
+        return None
+    found = _MEGATRON_STEP.search(text)
+    if found is None:
+        return None
+    step = int(found.group(1))
+    stamp = _STAMP.search(text, 0, found.start())
+    time = iso_to_epoch_seconds(stamp.group(1)) if stamp else None
+    samples: list[Sample] = []
+    for field in text[found.end() :].split("|"):
+        pair = _MEGATRON_FIELD.fullmatch(field.strip())
+        if pair is None:
+            continue
+        value = as_float(pair.group(2))
+        if value is not None:
+            samples.append(Sample(megatron_name(pair.group(1)), value, step, time))
+    return samples
