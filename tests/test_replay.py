@@ -143,3 +143,41 @@ def test_missing_file_exits_2(tmp_path: Path) -> None:
     result = sentinel("replay", tmp_path / "nope.jsonl", cwd=tmp_path)
     assert result.returncode == 2
     assert "nope.jsonl" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("every", [1, 100], ids=lambda n: f"every-{n}-steps")
+@pytest.mark.parametrize("before", [2, 20], ids=lambda n: f"{n}-values-before")
+@pytest.mark.parametrize(
+    ("finite", "broken"),
+    [
+        pytest.param(
+            "Epoch [1/1], Step [{step}/99999], avg_rd: {v:.4f} | cur_rd: 0.5 | avg_mse: 0.02",
+            "Epoch [1/1], Step [{step}/99999], avg_rd: nan | cur_rd: nan | avg_mse: nan",
+            id="objective-without-a-loss",
+        ),
+        pytest.param(
+            "Score at iteration {step} is {v:.4f}",
+            "Score at iteration {step} is NaN",
+            id="dl4j-score",
+        ),
+        pytest.param(
+            "| epoch 001:   {step} / 99999 loss={v:.4f}, nll_loss=1.2",
+            "| epoch 001:   {step} / 99999 loss=inf, nll_loss=inf",
+            id="fairseq-older",
+        ),
+    ],
+)
+def test_a_failure_in_these_line_forms_is_critical_at_its_step(
+    tmp_path: Path, every: int, before: int, finite: str, broken: str
+) -> None:
+    """Each line form read at its own step, at any cadence and however short the history."""
+    lines = [finite.format(step=every * i, v=2.0 - i / 1000) for i in range(1, before + 1)]
+    bad = every * (before + 1)
+    lines.append(broken.format(step=bad))
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = sentinel("replay", "--json", "--fail-on", "critical", str(log), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    criticals = [a for a in alerts_of(result.stdout) if a["severity"] == "critical"]
+    assert [(a["rule"], a["step"]) for a in criticals] == [("nan_inf", bad)]

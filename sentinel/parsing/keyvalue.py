@@ -12,7 +12,13 @@ The step comes from any name a log gives it: ``step 120``, ``steps 8400``,
 ``iter 50``, ``iteration 100/ 500``, ``Global Step: 20``, ``num_updates 5000``,
 ``updates 10``; and ``| epoch 2 | 200/ 2983 batches`` (PyTorch's
 word_language_model) is step ``2983 + 200``, counting the batches of the epochs
-before.
+before; so is ``Epoch [2/5], Step [200/2983], Loss: 1.26`` (the PyTorch tutorials'
+loop; ``Step [200/2983]`` alone is step 200) and fairseq's older ``| epoch 002:
+200 / 2983 loss=...``.
+
+A message that says what a metric is, as JVM trainers print it, is read too: ``Loss is
+1.26``, ``Loss is Infinity``, and Deeplearning4j's ``Score at iteration 1500 is 1.26``
+(the score is its loss) at step 1500; only for a known metric name, so prose stays prose.
 """
 
 from __future__ import annotations
@@ -68,6 +74,19 @@ _EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batc
 _EPOCH_BATCH = re.compile(
     r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
 )
+#: ``Epoch [2/5], Step [200/2983]`` (epochs from 1), or ``Step [200/2983]`` alone.
+_STEP_BRACKETS = re.compile(
+    r"(?:\bepoch\s*\[\s*(\d+)\s*/\s*\d+\s*\]\W{1,4})?\bstep\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]",
+    re.IGNORECASE,
+)
+#: fairseq's older progress: ``| epoch 002:   200 / 2983 loss=...`` (epochs from 1).
+_FAIRSEQ_EPOCH = re.compile(r"\|\s*epoch\s+(\d+)\s*:?\s+(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
+#: ``Loss is 1.26``; Deeplearning4j's ``Score at iteration 1500 is 1.26``.
+_IS_FORM = re.compile(
+    r"\b(?P<key>[a-z][\w]*)(?:\s+at\s+(?:iteration|step)\s+(?P<step>\d+))?\s+is\s+"
+    rf"(?P<value>{_NUMBER})(?![\w%]|[.:]\w)",
+    re.IGNORECASE,
+)
 
 
 def reads_as_metric_name(key: str) -> bool:
@@ -110,7 +129,34 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if counted is not None:
             epoch, batch, per_epoch = map(int, counted.groups())
             step = epoch * per_epoch + batch
+    if step is None and "[" in text:
+        bracketed = _STEP_BRACKETS.search(text)
+        if bracketed is not None:
+            epoch_text, batch_text, per_epoch_text = bracketed.groups()
+            epoch = int(epoch_text) if epoch_text is not None else 1
+            step = max(epoch - 1, 0) * int(per_epoch_text) + int(batch_text)
+    if step is None and "|" in text and "/" in text:
+        fairseq = _FAIRSEQ_EPOCH.search(text)
+        if fairseq is not None:
+            epoch, batch, per_epoch = map(int, fairseq.groups())
+            step = max(epoch - 1, 0) * per_epoch + batch
+    if not pairs and " is " in text:
+        return _is_form(text)
     return pairs, step
+
+
+def _is_form(text: str) -> tuple[list[tuple[str, float]], int | None]:
+    """``Loss is 1.26``, ``Score at iteration 1500 is 1.26``: a known metric only."""
+    found = _IS_FORM.search(text)
+    if found is None:
+        return [], None
+    key = found.group("key").lower()
+    if key == "score":
+        key = "loss"  # Deeplearning4j's score is the loss it minimises
+    if key not in KNOWN_KEYS or key in _STEP_NAMES:
+        return [], None
+    step = found.group("step")
+    return [(normalise_name(key), float(found.group("value")))], None if step is None else int(step)
 
 
 def parse_keyvalue(text: str) -> list[Sample] | None:

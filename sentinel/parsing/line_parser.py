@@ -17,7 +17,9 @@ from sentinel.parsing.values import Garbled, ParseFn
 
 logger = logging.getLogger(__name__)
 
-_DIGIT = re.compile(r"\d")
+#: What a human-written metric line cannot lack: a digit, or a non-finite value spelled out
+#: (``loss: nan``, ``Loss is Infinity``, ``avg_rd: nan | cur_rd: nan``).
+_NUMERIC = re.compile(r"\d|nan|inf", re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -261,7 +263,7 @@ class LineParser:
             found = formats.parse(stripped)
             if found is not None:
                 return found
-        if not _has_digit(stripped):
+        if not _has_number(stripped):
             return []
         for parse in self._human:
             found = parse(stripped)
@@ -277,6 +279,6 @@ class LineParser:
             logger.exception("a parser failed on line %r (a bug; line skipped)", text[:200])
 
 
-def _has_digit(text: str) -> bool:
-    """Whether the text contains an ASCII digit; cheap gate before the human-line regexes."""
-    return _DIGIT.search(text) is not None
+def _has_number(text: str) -> bool:
+    """Whether the text holds a digit or a nan/inf; cheap gate before the human-line regexes."""
+    return _NUMERIC.search(text) is not None

@@ -14,7 +14,10 @@ Which non-finite values stop the job (README, "Non-finite values"):
   interval of NaN steps), else when it persists for ``persist`` logged values. The incident
   names the first non-finite step;
 - any other metric (BLEU, perplexity, a best-so-far tracker, a setting): a warning naming it,
-  and none for a metric that has been non-finite since its first value.
+  and none for a metric that has been non-finite since its first value; but when
+  ``together`` or more of them that were finite before turn non-finite on the same line,
+  that is the run's objective going, whatever its names (``avg_rd: nan | cur_rd: nan |
+  avg_mse: nan``, a compression model's): critical, as a loss would be.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ EARLY = 3
 Kind = Literal["loss", "grad_norm", "loss_scale", "other"]
 
 #: A job's own count of the iterations its loss scaler skipped (Megatron's, per interval).
+#: Metrics that were finite before and turn non-finite on one line: the objective went.
+TOGETHER = 2
 SKIP_COUNTERS = frozenset({"skipped_iterations", "number_of_skipped_iterations"})
 
 
@@ -190,6 +195,7 @@ class NanInfDetector(BaseDetector):
         """The line's samples, its grad-norm judged last, beside the line's own loss."""
         found: list[tuple[int, Alert]] = []
         grads: list[int] = []
+        others: list[int] = []
         line_loss: tuple[int | None, float] | None = None
         skipped_none = False
         kind_of_name = self._kind
@@ -212,7 +218,14 @@ class NanInfDetector(BaseDetector):
             elif kind == "loss":
                 found += [(index, alert) for alert in self._critical(sample, source, now)]
             elif kind == "other" and name in self._seen_finite:
-                found += [(index, alert) for alert in self._warn_metric(sample, source, now)]
+                others.append(index)
+        if len(others) >= TOGETHER:
+            found += [(others[0], alert) for alert in self._together(samples, others, source, now)]
+        else:
+            for index in others:
+                found += [
+                    (index, alert) for alert in self._warn_metric(samples[index], source, now)
+                ]
         for index in grads:
             sample = samples[index]
             loss = line_loss
@@ -348,9 +361,11 @@ class NanInfDetector(BaseDetector):
         *,
         onset_step: int | None = None,
         reasons: list[str] | None = None,
+        together: str | None = None,
     ) -> list[Alert]:
         """Open the critical episode (or join it); a warning open is closed first, so the
-        incident's onset is this failure's, not the warning's."""
+        incident's onset is this failure's, not the warning's. ``reasons``: what makes a
+        non-finite grad-norm a failure; ``together``: the metrics that went with it."""
         name, value, step = sample[0], sample[1], sample[2]
         first = not self._offending
         self._offending[name] = 0
@@ -364,7 +379,9 @@ class NanInfDetector(BaseDetector):
             # A loss that follows a run of non-finite grad-norms: the run is the onset.
             onset_step = self._run_start if self._run and self._run_start is not None else step
         onset = onset_step
-        if reasons:
+        if together:
+            message = f"{name} is {value} at step {step}: {together}"
+        elif reasons:
             since = f" (non-finite since step {onset})" if onset != step else ""
             message = (
                 f"{name} is {value} at step {step}{since} with a finite loss: a failure,"
@@ -380,9 +397,26 @@ class NanInfDetector(BaseDetector):
                 time=_time(sample, now),
                 source=source,
                 onset_step=onset,
-                details=self._details("grad_norm" if reasons else "loss", reasons),
+                details=self._details(
+                    "together" if together else "grad_norm" if reasons else "loss",
+                    [together] if together else reasons,
+                ),
             )
         )
+        return alerts
+
+    def _together(
+        self, samples: list[Sample], others: list[int], source: str, now: float
+    ) -> list[Alert]:
+        """Metrics that were finite turned non-finite together: critical, as a loss."""
+        names = [samples[index][0] for index in others]
+        together = (
+            f"{len(names)} metrics that were finite turned non-finite together"
+            f" ({', '.join(names)}): the run's objective, whatever its name, as a loss would"
+        )
+        alerts = self._critical(samples[others[0]], source, now, together=together)
+        for name in names[1:]:
+            self._offending[name] = 0
         return alerts
 
     def _warn_metric(self, sample: Sample, source: str, now: float) -> list[Alert]:

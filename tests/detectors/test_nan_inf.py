@@ -358,3 +358,32 @@ def test_a_non_finite_grad_norm_the_job_did_not_skip_is_critical_at_once() -> No
     (alert,) = feed_lines(detector, [line])
     assert (alert.severity, alert.step) == (Severity.CRITICAL, 5426)
     assert "no skipped iteration" in alert.message
+
+
+def _line(detector: NanInfDetector, step: int, values: dict[str, float]) -> list[Alert]:
+    samples = [Sample(name, value, step) for name, value in values.items()]
+    return [alert for _, alert in detector.observe_samples(samples, "train.log", NOW)]
+
+
+@pytest.mark.parametrize("history", [1, 3, 50], ids=lambda n: f"{n}-finite-lines-before")
+def test_metrics_that_turn_non_finite_together_stop_as_a_loss_whatever_their_names(
+    history: int,
+) -> None:
+    """A compression model's objective has no metric named loss: ``avg_rd: nan | cur_rd: nan
+    | avg_mse: nan`` after finite values is the run going, at any history length."""
+    detector = NanInfDetector(NanInfConfig())
+    for step in range(1, history + 1):
+        assert _line(detector, step, {"avg_rd": 1.0 / step, "cur_rd": 2.0, "avg_mse": 0.5}) == []
+    bad = history + 1
+    (alert,) = _line(detector, bad, {"avg_rd": NAN, "cur_rd": NAN, "avg_mse": NAN})
+    assert (alert.severity, alert.step, alert.onset_step) == (Severity.CRITICAL, bad, bad)
+    assert "3 metrics that were finite turned non-finite together" in alert.message
+    assert alert.details["kind"] == "together"
+    assert _line(detector, bad + 1, {"avg_rd": NAN, "cur_rd": NAN, "avg_mse": NAN}) == []
+
+
+def test_one_metric_alone_or_trackers_that_start_at_inf_only_warn() -> None:
+    detector = NanInfDetector(NanInfConfig())
+    assert _line(detector, 1, {"best_bleu": INF, "best_ppl": INF, "bleu": 30.0}) == []
+    (alert,) = _line(detector, 2, {"best_bleu": INF, "best_ppl": INF, "bleu": NAN})
+    assert alert.severity is Severity.WARNING

@@ -18,6 +18,33 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
     ("line", "expected"),
     [
         pytest.param(
+            "Epoch [2/5], Step [100/4039], Loss: 1.2600",
+            [Sample("loss", 1.26, 4039 + 100)],
+            id="pytorch-tutorial-epoch-and-step-in-brackets",
+        ),
+        pytest.param(
+            "Step [1500/4039], Loss: 1.2600",
+            [Sample("loss", 1.26, 1500)],
+            id="step-in-brackets",
+        ),
+        pytest.param("Loss is 1.26", [Sample("loss", 1.26)], id="jvm-loss-is"),
+        pytest.param("Loss is Infinity", [Sample("loss", INF)], id="jvm-loss-is-infinity"),
+        pytest.param(
+            "o.d.o.l.ScoreIterationListener - Score at iteration 1500 is 1.26",
+            [Sample("loss", 1.26, 1500)],
+            id="dl4j-score-at-iteration",
+        ),
+        pytest.param("The mean wait is 3 s", None, id="prose-with-is-stays-prose"),
+        pytest.param(
+            "| epoch 002:   7000 / 331737 loss=3.012, nll_loss=1.2",
+            [
+                Sample("epoch", 2.0, 331737 + 7000),
+                Sample("loss", 3.012, 331737 + 7000),
+                Sample("nll_loss", 1.2, 331737 + 7000),
+            ],
+            id="fairseq-older-epoch-progress",
+        ),
+        pytest.param(
             "step 120 | loss 2.3141 | tok/s 15321",
             [Sample("loss", 2.3141, 120), Sample("tokens_per_sec", 15321.0, 120)],
             id="pipes-and-spaces",
