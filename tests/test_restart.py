@@ -171,6 +171,28 @@ def test_no_clean_checkpoint_gives_up_with_90_and_says_why(job: Path, tmp_path: 
     assert any("no clean checkpoint before step 7" in text and "giving up" in text for text in said)
     report = next((state / "reports").glob("*.md")).read_text()
     assert "no clean checkpoint before step 7" in report
+    # The job saved beside it: the give-up says where.
+    where = f"{ckpt}: that folder holds no checkpoint at all (checkpoints are in {tmp_path}/"
+    assert any(f"{where}elsewhere" in text for text in said), said
+
+
+@pytest.mark.slow
+def test_a_checkpoint_folder_that_never_existed_is_named_at_the_give_up(
+    job: Path, tmp_path: Path
+) -> None:
+    """A typo in --checkpoints is accepted at start (a Trainer makes its folder at its first
+    save); at the NaN, the give-up says the folder never existed and where the real one is."""
+    typo, real = tmp_path / "ckpts", tmp_path / "ckpt"
+    state, record = tmp_path / "state", tmp_path / "record.jsonl"
+    result = sentinel(
+        "--checkpoints", str(typo), "--state-dir", str(state), "--",
+        sys.executable, str(job), env={"CKPT": str(real), "RECORD": str(record)},
+    )  # fmt: skip
+    assert result.returncode == EXIT_GIVE_UP, result.stderr
+    assert (real / "step_5").is_dir() and not typo.exists()
+    line = next(line for line in result.stderr.splitlines() if "giving up" in line)
+    assert f"no clean checkpoint before step 7 in {typo}: that folder never existed" in line
+    assert f"(checkpoints are in {real}: --checkpoints names it?)" in line
 
 
 @pytest.mark.slow

@@ -119,6 +119,7 @@ def test_nan_grad_norm_stops_quarantines_restarts_and_finishes(job: Path, tmp_pa
     # (NVML answers) it says nothing of the kind. Either way the host decides one answer.
     expected_off_notes = 0 if _nvml_works() else 1
     assert result.stderr.count("GPU rules are off") == expected_off_notes, result.stderr
+    assert "no notification target" not in result.stderr, "a target was given"
 
     events = _records(record)
     assert [(e["event"], e["restart"]) for e in events] == [
@@ -162,6 +163,9 @@ def test_resume_command_gets_checkpoint_and_step(job: Path, tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
     restarted = _records(record)[2]
     assert restarted["argv"][-2:] == [f"--from={(ckpt / 'step_10').resolve()}", "--at=10"]
+    # No target was given: said once at start, with where the record still is.
+    assert result.stderr.count("no notification target: nobody will be told") == 1
+    assert f"the reports in {state} still record them" in result.stderr
 
 
 def test_same_failure_at_same_step_is_not_restarted_forever(job: Path, tmp_path: Path) -> None:

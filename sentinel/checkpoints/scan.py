@@ -155,6 +155,37 @@ def scan(
     return found
 
 
+#: Folders ``elsewhere`` looks into at most, so a give-up never waits on a huge tree.
+ELSEWHERE_FOLDERS = 64
+
+
+def elsewhere(directory: Path, limit: int = 3) -> list[Path]:
+    """Folders beside ``directory`` (or one level inside one of them) that hold checkpoints:
+    where they are when ``directory`` holds none (a typo in ``--checkpoints``)."""
+    root = Path(os.path.abspath(directory))
+    try:
+        siblings = sorted(p for p in root.parent.iterdir() if p.is_dir() and p != root)
+    except OSError:
+        return []
+    found: list[Path] = []
+    looked = 0
+    for folder in siblings:
+        try:
+            inner = sorted(p for p in folder.iterdir() if p.is_dir())
+        except OSError:
+            inner = []
+        for candidate in (folder, *inner):
+            if candidate.name == QUARANTINE_DIR or looked >= ELSEWHERE_FOLDERS:
+                continue
+            looked += 1
+            if scan(candidate):
+                found.append(candidate)
+                break
+        if len(found) >= limit:
+            break
+    return found
+
+
 def last_clean(
     checkpoints: Sequence[Checkpoint],
     onset: Onset | int | None = None,

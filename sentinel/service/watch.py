@@ -107,6 +107,13 @@ class Watch:
         self.dispatcher = Dispatcher(
             notifier.outbox, routes(settings.notify), Policy.from_config(settings.notify), self.job
         )
+        if not self.dispatcher.routes:
+            log.warning(
+                "no notification target: nobody will be told of an incident (give --notify URL,"
+                " [notify] urls or [[notify.targets]]); alerts.jsonl and the reports in %s"
+                " still record them",
+                settings.state_dir,
+            )
 
     def handle(self, alerts: list[Alert]) -> list[Incident]:
         """Record and announce alerts; the critical incidents that just opened or escalated."""

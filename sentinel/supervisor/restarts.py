@@ -23,7 +23,7 @@ from pathlib import Path
 from sentinel.checkpoints.keep import Keeper
 from sentinel.checkpoints.quarantine import fresh_label
 from sentinel.checkpoints.rollback import apply_rollback, plan_rollback, pointer_note
-from sentinel.checkpoints.scan import Onset
+from sentinel.checkpoints.scan import Onset, elsewhere, scan
 from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings, resume
 from sentinel.model.incidents import Incident
 from sentinel.service.http import parse_http_address
@@ -234,7 +234,9 @@ class Restarts:
         if plan.restore is None:
             step = incident.onset_step
             before = f" before step {step}" if step is not None else ""
-            return self._without_checkpoint(notes, f"no clean checkpoint{before} in {directory}")
+            where = "" if plan.quarantine else _where_they_are(directory)
+            why = f"no clean checkpoint{before} in {directory}{where}"
+            return self._without_checkpoint(notes, why)
         restore = Resume(str(plan.restore.path.resolve()), plan.restore.step)
         return Decision(resume=restore, notes=notes)
 
@@ -248,6 +250,21 @@ class Restarts:
             ' ([job] restart_without_checkpoint = "give_up")',
             notes=notes,
         )
+
+
+def _where_they_are(directory: Path) -> str:
+    """When ``directory`` never existed or holds no checkpoint at all (none was set aside
+    either): so, and where there are some (a typo in ``--checkpoints``); else nothing."""
+    if not directory.exists():
+        said = ": that folder never existed"
+    elif not scan(directory):
+        said = ": that folder holds no checkpoint at all"
+    else:
+        return ""
+    found = elsewhere(directory)
+    if found:
+        said += f" (checkpoints are in {', '.join(map(str, found))}: --checkpoints names it?)"
+    return said
 
 
 def preflight(settings: Settings, command: list[str]) -> None:
