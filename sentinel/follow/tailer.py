@@ -168,9 +168,11 @@ class LogTailer:
                 timeout_s = max(0.0, min(timeout_s, gathering.due() - time.monotonic()))
             readable, _, _ = select.select(waited, [], [], timeout_s)
             quiet = not readable and timeout_s == self._poll_interval_s
-            self._dirs_changed = quiet or waited[0] in readable
-            # Cleared before reading, so a write during the read wakes us again.
-            if self._dirs_changed:
+            # Kept until a rescan has looked: a directory event whose turn finds nothing to
+            # read yet (a log created empty) must still get the new file its watch.
+            if quiet or waited[0] in readable:
+                self._dirs_changed = True
+                # Cleared before reading, so a write during the read wakes us again.
                 self._wakeups.wake.clear()
             if watches is not None and watches.fileno() in readable:
                 watches.drain()
@@ -295,4 +297,5 @@ class LogTailer:
         # A path names another file only after a directory event: look only then.
         if not self._dirs_changed and self._files == followed:
             return
+        self._dirs_changed = False
         self._wakeups.follow(self._patterns, self._files)
