@@ -263,6 +263,8 @@ def test_the_sidecar_watches_the_trainer_it_shares_a_pod_with(where: str) -> Non
     sidecar, trainer = _sidecar(pod), _trainer(pod)
     assert pod["shareProcessNamespace"] is True
     assert sidecar["restartPolicy"] == "Always", "a native sidecar"
+    # The trainer's lines reach the log at once, not in 8 KiB blocks.
+    assert {"name": "PYTHONUNBUFFERED", "value": "1"} in trainer.get("env", [])
     assert "sentinel" not in [c["name"] for c in pod["containers"]]
     assert sidecar["args"][0] == "watch"
     options = _options(sidecar["args"])

@@ -107,6 +107,7 @@ RANK = textwrap.dedent(
         (run / f"usr1-node-{node}").touch()
         sys.exit(0)
     signal.signal(signal.SIGUSR1, saved)
+    (run / f"unbuffered-node-{node}").write_text(os.environ.get("PYTHONUNBUFFERED", ""))
     state = run / "sentinel" / f"node-{node}"
     while not state.is_dir():
         time.sleep(0.05)
@@ -239,6 +240,8 @@ def test_a_nan_on_one_node_rolls_back_and_requeues_once(tmp_path: Path) -> None:
     ckpt = tmp_path / "runs" / "train" / "ckpt"
     assert not (ckpt / "step_25").exists() and (ckpt / "step_20").exists(), "rolled back"
     assert "verdict 91 (rolled back): requeueing 4242" in err
+    for node in (0, 1):  # the ranks write their lines at once, not in 8 KiB blocks
+        assert (tmp_path / "runs" / "train" / f"unbuffered-node-{node}").read_text() == "1"
 
 
 @pytest.mark.slow

@@ -297,6 +297,7 @@ def test_train_unit_hands_sentinel_its_pid_output_and_verdict(units: dict[str, U
     assert {"90", "92", "94"} <= set(value(train, "RestartPreventExitStatus").split())
     assert "91" not in value(train, "RestartPreventExitStatus").split()
     assert value(train, "StandardOutput") == "append:" + option(watch, "--log")
+    assert "PYTHONUNBUFFERED=1" in values(train, "Environment"), "lines reach the log at once"
     shell = exec_start(train)
     assert shell[:2] == ["/bin/sh", "-c"]
     script = shell[2].replace("$$", "$")
