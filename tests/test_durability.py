@@ -170,3 +170,24 @@ def test_grad_norm_run_nan_and_rollback_go_out_as_one_message(tmp_path: Path) ->
     body = request.json["message"]
     for text in ("grad_norm_run", "nan_inf", "rolled back to step_10"):
         assert text in body
+
+
+def test_messages_still_undelivered_at_exit_are_counted_in_one_line(tmp_path: Path) -> None:
+    """A target that never answers: the run ends, and says what nobody has received yet."""
+    state, job, pidfile = tmp_path / "state", tmp_path / "job.py", tmp_path / "job.pid"
+    job.write_text(JOB)
+    hook = WebhookReceiver(listening=False)  # the port is ours, nothing answers
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "sentinel", "run", "--notify", hook.url, "--state-dir",
+             str(state), "--max-restarts", "0", "--", sys.executable, str(job), str(pidfile)],
+            env={**os.environ, "SENTINEL_DRAIN_TIMEOUT_S": "1"},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        hook.stop()
+    undelivered = pending_deliveries(state)
+    assert undelivered >= 1
+    said = [line for line in result.stderr.splitlines() if "not delivered yet" in line]
+    assert len(said) == 1, result.stderr
+    assert f"{undelivered} notification message(s) not delivered yet" in said[0]

@@ -120,6 +120,7 @@ def test_nan_grad_norm_stops_quarantines_restarts_and_finishes(job: Path, tmp_pa
     expected_off_notes = 0 if _nvml_works() else 1
     assert result.stderr.count("GPU rules are off") == expected_off_notes, result.stderr
     assert "no notification target" not in result.stderr, "a target was given"
+    assert "not delivered yet" not in result.stderr, "the target took every message"
 
     events = _records(record)
     assert [(e["event"], e["restart"]) for e in events] == [

@@ -169,6 +169,21 @@ class Notifier:
                 worker.name,
                 drain_s,
             )
+        self._say_undelivered()
+
+    def _say_undelivered(self) -> None:
+        """At the end, how many messages nobody has received yet: they are not lost."""
+        try:
+            undelivered = self.outbox.pending_count()
+        except (OSError, sqlite3.Error) as error:
+            logger.error("notifications: cannot count what is undelivered: %s", error)
+            return
+        if undelivered:
+            logger.warning(
+                "%d notification message(s) not delivered yet: they stay in the outbox and go"
+                " out when sentinel next starts on this state dir (`sentinel status` lists them)",
+                undelivered,
+            )
 
     def results(self) -> dict[str, TargetResult]:
         """Per configured target's name: how its deliveries last went (from the DB)."""
