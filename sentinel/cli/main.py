@@ -52,7 +52,7 @@ COMMANDS: dict[str, Command] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The verbs; each takes the shared options it honours and refuses the rest (cli_options)."""
+    """The verbs; each takes the shared options it honours and refuses the rest (``options``)."""
     parser = argparse.ArgumentParser(
         prog="sentinel",
         description="A watchdog for ML training jobs: catches NaN, stalls and crashes,\n"

@@ -6,7 +6,7 @@ restart), and the final EXITED or FATAL. ``run`` holds a child it launches and
 relaunches; ``watch`` a process started elsewhere, whose next attempt it waits for
 (``sentinel.supervisor.holders``). ``JobAttempts`` starts or finds each attempt, waits between
 them and ends the run; the aftermath and the stops ask it about the job
-(``aftermath.Attempts``, ``job_stops.Holding``).
+(``aftermath.Attempts``, ``stops.Holding``).
 """
 
 from __future__ import annotations
