@@ -40,6 +40,9 @@ VANISHED_GRACE_S = 10.0
 #: reads at most this much of the logs again, where saving every batch was a SQLite
 #: transaction twenty times a second.
 COMMIT_INTERVAL_S = 1.0
+#: A ``--log`` that matches no file this long after the start is named once: a typo in its
+#: path leaves the run unwatched by that file, which nothing else would say.
+MISSING_WARN_S = 60.0
 
 
 class LogTailer:
@@ -67,9 +70,18 @@ class LogTailer:
         batch_s: float = BATCH_S,
         look_s: float = LOOK_S,
         splitting: Callable[[Path], NewSplitter] = plain_lines,
+        missing_warn_s: float = MISSING_WARN_S,
     ) -> None:
         self._splitting = splitting
+        self._missing_warn_s = missing_warn_s
+        #: When the tailer started (monotonic), for ``missing_warn_s``.
+        self._started_at: float | None = None
+        #: Patterns that matched a file at some point, and those named as never matching.
+        self._ever_found: set[str] = set()
+        self._named_missing: set[str] = set()
         self._patterns = [os.path.expanduser(pattern) for pattern in patterns]
+        #: The patterns the user gave (``add`` adds found files to ``_patterns``).
+        self._given = tuple(self._patterns)
         self._on_lines = on_lines
         self._offsets = offsets
         self._poll_interval_s = poll_interval_s
@@ -118,6 +130,7 @@ class LogTailer:
     def start(self) -> None:
         """Read every matching file once, then follow them on a thread."""
         self._wakeups.start(self._patterns)
+        self._started_at = time.monotonic()
         # Watches first, then the first read: nothing written in between is missed.
         self._cycle()
         self._flush()
@@ -221,6 +234,7 @@ class LogTailer:
             self._rescan()
         except Exception:
             logger.exception("cannot scan the log patterns %s", self._patterns)
+        self._name_missing()
         for path, follower in list(self._followers.items()):
             try:
                 self._pump(path, follower)
@@ -277,11 +291,30 @@ class LogTailer:
             self._read_any = True
             self._held.setdefault(path, []).extend(lines)
 
+    def _name_missing(self) -> None:
+        """Name, once each, the patterns that matched no file ``missing_warn_s`` after the
+        start: sentinel goes on looking for them."""
+        started = self._started_at
+        if started is None or time.monotonic() - started < self._missing_warn_s:
+            return
+        for pattern in self._given:
+            if pattern in self._ever_found or pattern in self._named_missing:
+                continue
+            self._named_missing.add(pattern)
+            logger.warning(
+                "--log %s: no such file %g s after the start; is the path right? (sentinel"
+                " keeps looking for it; the job's own output is read either way under run)",
+                pattern,
+                self._missing_warn_s,
+            )
+
     def _rescan(self) -> None:
         followed = self._files
         for pattern in self._patterns:
             globbed = glob.has_magic(pattern)
             paths = sorted(glob.glob(pattern, recursive=True)) if globbed else [pattern]
+            if pattern not in self._ever_found and (paths if globbed else os.path.exists(pattern)):
+                self._ever_found.add(pattern)
             for path in paths:
                 if path not in self._followers and not os.path.isdir(path):
                     if globbed or path in self._added:

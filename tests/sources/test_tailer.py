@@ -359,3 +359,35 @@ def test_lines_held_while_gathering_are_handed_on_at_stop(tmp_path: Path, mode: 
     finally:
         tailer.stop()
     assert received.batches == [["first"], ["a"]]
+
+
+@pytest.mark.slow
+def test_a_log_that_never_appears_is_named_once(
+    tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A typo in --log: after ``missing_warn_s`` it is named once; a log that appeared in
+    time, and a glob that matched, are not."""
+    typo, real = tmp_path / "trian.log", tmp_path / "train.log"
+    real.write_text("step 1 loss 2.0\n")
+    received = Batches()
+    tailer = LogTailer(
+        [str(typo), str(real), str(tmp_path / "*.jsonl")],
+        received,
+        poll=mode == "polling",
+        poll_interval_s=0.05,
+        missing_warn_s=0.3,
+    )
+    (tmp_path / "metrics.jsonl").write_text('{"loss": 1.0}\n')
+    with caplog.at_level(logging.WARNING, logger="sentinel.follow.tailer"):
+        tailer.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not any("no such file" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "the missing log was never named"
+                time.sleep(0.05)
+            time.sleep(0.5)  # more turns: still once
+        finally:
+            tailer.stop()
+    named = [r.getMessage() for r in caplog.records if "no such file" in r.getMessage()]
+    assert len(named) == 1, named
+    assert named[0].startswith(f"--log {typo}: no such file 0.3 s after the start")
