@@ -626,7 +626,9 @@ wrapper = (f"{py} {job} {run} {shards}; status=$?; "
 codes = []
 for _ in range(3):
     codes.append(subprocess.call(["bash", "-c", wrapper]))
-    Path(run, "codes.json").write_text(json.dumps(codes))
+    # Whole or not at all: the test reads it while this runs.
+    Path(run, "codes.json.tmp").write_text(json.dumps(codes))
+    Path(run, "codes.json.tmp").replace(Path(run, "codes.json"))
     if codes[-1] in (0, 90):
         break
 """
