@@ -276,7 +276,9 @@ threading.Thread(target=start_own_child).start()
 result = stop_tree(ProcessIdentity.of(os.getppid()), grace_s=1.5)
 sent = [[who.pid, sig.name] for who, sig in result.sent]
 tree = [who.pid for who in result.tree]
-(folder / "result.json").write_text(json.dumps({"tree": tree, "sent": sent}))
+# Whole or not at all (temp file and rename): the test reads it as soon as it exists.
+(folder / "result.json.tmp").write_text(json.dumps({"tree": tree, "sent": sent}))
+(folder / "result.json.tmp").replace(folder / "result.json")
 """
 # The root outlives SIGTERM (as torchrun does while its workers stop), so that the grace's
 # looks walk the tree through it.
