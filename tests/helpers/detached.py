@@ -66,7 +66,8 @@ if role == "wrapper":
     job = start("job", *extra)
     write_pid()
     status = job.wait()
-    (folder / "wrapper.status").write_text(str(status))
+    (folder / "wrapper.status.tmp").write_text(str(status))  # whole: read once it exists
+    (folder / "wrapper.status.tmp").replace(folder / "wrapper.status")
     while True:
         time.sleep(60)
 write_pid()
