@@ -244,7 +244,7 @@ def run_batches(plan: ReplayPlan, regexes: Sequence[str] = ()) -> Iterator[tuple
     runs: list[list[FileRead] | list[MetricsFile]] = []
     reads: list[list[FileRead]] = []
     for group in plan:
-        if group[0].format == "mlflow":
+        if group[0].group is not None:
             runs.append(group)
             continue
         read = read_ahead(group[0], regexes)

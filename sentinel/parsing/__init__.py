@@ -10,11 +10,14 @@ A parser is a pure function of one line (no I/O, no clock, no state) with the
 
 ``values`` holds what every format shares (``Garbled``, ``ParseFn``, metric
 names, steps and times), each format is a module, ``registry`` names the
-built-in ones, and ``LineParser`` (``line_parser``) auto-detects the format of
-each line, tries user regexes first, and counts what it could not read. A
-format module imports ``values``, never the package. ``lines`` splits a byte
-stream into text lines (for the followers of files and the job's output);
-``files`` reads the metric files read as a whole (TensorBoard, MLflow, CSV).
+built-in ones (one line each), and ``LineParser`` (``line_parser``) auto-detects
+the format of each line, tries user regexes first, and counts what it could not
+read. A format that needs an earlier line (a header, an epoch line) is a
+``LineFormat`` class, one instance per parser (``formats`` tries them). A format
+module imports ``values`` (or ``file_format``), never the package. ``lines``
+splits a byte stream into text lines (for the followers of files and the job's
+output); ``files`` reads the metric files read as a whole (TensorBoard, MLflow,
+Lightning's CSV), each format a ``FileFormat`` (``file_format``).
 
 Pure: it imports only the model, never a library that does I/O nor the store.
 """

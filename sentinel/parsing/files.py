@@ -3,7 +3,8 @@
 Some frameworks write metrics in files whose lines cannot be read alone: a
 Lightning ``metrics.csv`` needs its header, an MLflow metric file is named
 after its metric, a TensorBoard event file is binary records. Each format is
-a module in this package; this one decides the format of a path, once
+a module in this package with a ``FileFormat`` (``file_format``), listed in
+``registry.FILE_FORMATS``; this module decides the format of a path, once
 (``classify``), and the ``MetricsFile`` it returns gives the followers of
 files (through ``sentinel.supervisor.metric_files``, which knows both them and this
 package; neither knows the other) and ``replay`` what they need to read it:
@@ -19,48 +20,26 @@ package; neither knows the other) and ``replay`` what they need to read it:
 ``file_format`` and ``reader_for`` are ``classify`` and one of those, for a caller
 that needs just one thing of a path.
 
-A path's format comes from the path alone, first match:
-
-- ``mlflow``: ``.../mlruns/<experiment_id>/<run_id>/metrics/<key...>``, the
-  ``metrics`` folder exactly three below a folder named ``mlruns`` (MLflow's
-  default ``./mlruns``; a file store under another name is not recognised);
-- ``tensorboard``: the file name contains ``tfevents``;
-- ``lightning_csv``: the file name is ``metrics.csv`` (Lightning's CSVLogger);
-- anything else is a plain log (None).
+A path's format comes from the path alone: the first of ``FILE_FORMATS`` that
+matches it (mlflow, then tensorboard, then lightning_csv; each module's docstring
+says which paths are its); a path none matches is a plain log (None).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Literal, Protocol
 
-from sentinel.model.records import Sample
-from sentinel.parsing import lightning_csv, mlflow, tensorboard
+from sentinel.parsing.file_format import FileFormat, FileReader
 from sentinel.parsing.lines import LineSplitter, Splitter
+from sentinel.parsing.registry import FILE_FORMATS
 from sentinel.parsing.tensorboard import INSTALL_HINT, MissingExtra
-
-logger = logging.getLogger(__name__)
-
-Format = Literal["lightning_csv", "mlflow", "tensorboard"]
 
 _CHUNK_BYTES = 1 << 20
 _DIGITS = re.compile(r"(\d+)")
-
-
-class FileReader(Protocol):
-    """Reads one structured metrics file, fed its lines in order.
-
-    Like a ``ParseFn``: returns the line's samples (maybe none), None when the
-    line is not understood, raises ``Garbled`` for a broken line.
-    """
-
-    def parse(self, text: str) -> list[Sample] | None: ...
 
 
 @dataclass(frozen=True)
@@ -68,10 +47,11 @@ class MetricsFile:
     """A path and its format, decided once (``classify``): its reader and splitter follow."""
 
     path: Path
-    #: None for a plain log.
-    format: Format | None
-    #: An MLflow metric file's key, the metric's name as logged (``train/loss``).
-    mlflow_key: str | None = None
+    #: The format's name in ``FILE_FORMATS``; None for a plain log.
+    format: str | None
+    #: The file's key within its format (``FileFormat.match``): an MLflow metric file's
+    #: key, the metric's name as logged (``train/loss``); "" for a format without one.
+    key: str | None = None
 
     @property
     def source(self) -> str:
@@ -79,21 +59,25 @@ class MetricsFile:
         return str(self.path)
 
     @property
-    def mlflow_run(self) -> PurePath | None:
-        """An MLflow metric file's run folder, whose metric files are read together."""
-        if self.mlflow_key is None:
+    def kind(self) -> FileFormat | None:
+        """The format itself; None for a plain log."""
+        return None if self.format is None else FILE_FORMATS[self.format]
+
+    @property
+    def group(self) -> PurePath | None:
+        """The folder whose files are read together with this one (an MLflow run's);
+        None for a file that stands alone."""
+        kind = self.kind
+        if kind is None or self.key is None:
             return None
-        return mlflow.run_folder(self.path, self.mlflow_key)
+        return kind.group(self.path, self.key)
 
     def new_reader(self) -> FileReader | None:
         """A reader for this file's lines, from the first; None for a plain log."""
-        if self.format == "lightning_csv":
-            return lightning_csv.LightningCsvReader()
-        if self.mlflow_key is not None:
-            return mlflow.MlflowMetricReader(self.mlflow_key)
-        if self.format == "tensorboard":
-            return tensorboard.TensorBoardReader()
-        return None
+        kind = self.kind
+        if kind is None or self.key is None:
+            return None
+        return kind.new_reader(self.key)
 
     def new_splitter(self, max_line_bytes: int = 1 << 20) -> Splitter:
         """What turns this file's bytes into lines for its reader, from its start.
@@ -102,31 +86,29 @@ class MetricsFile:
         that holds its bytes unread, and the missing extra is logged once per path
         (``require_extras`` is the check that fails at start).
         """
-        if self.format == "tensorboard":
-            try:
-                return tensorboard.RecordSplitter(max_line_bytes)
-            except MissingExtra as error:
-                _report_unreadable(self.source, str(error))
-                return tensorboard.HeldSplitter()
-        if self.format == "lightning_csv":
-            return lightning_csv.CsvHeaderSplitter(self.path, max_line_bytes)
-        return LineSplitter(max_line_bytes)
+        kind = self.kind
+        if kind is None:
+            return LineSplitter(max_line_bytes)
+        return kind.new_splitter(self.path, max_line_bytes)
+
+    def unreadable(self) -> str | None:
+        """Why this file cannot be read here (its format's extra is missing); None
+        when it can."""
+        kind = self.kind
+        return None if kind is None else kind.unreadable()
 
 
 def classify(path: str | PurePath) -> MetricsFile:
     """``path`` with its structured format, by the rules in this module's docstring."""
-    key = mlflow.metric_key(path)
-    if key is not None:
-        return MetricsFile(Path(path), "mlflow", key)
-    name = PurePath(path).name
-    if tensorboard.NAME_MARK in name:
-        return MetricsFile(Path(path), "tensorboard")
-    if name == lightning_csv.FILE_NAME:
-        return MetricsFile(Path(path), "lightning_csv")
+    pure = PurePath(path)
+    for name, kind in FILE_FORMATS.items():
+        key = kind.match(pure)
+        if key is not None:
+            return MetricsFile(Path(path), name, key)
     return MetricsFile(Path(path), None)
 
 
-def file_format(path: str | PurePath) -> Format | None:
+def file_format(path: str | PurePath) -> str | None:
     """The structured format of ``path`` (``classify``); None for a plain log."""
     return classify(path).format
 
@@ -136,20 +118,17 @@ def reader_for(path: str) -> FileReader | None:
     return classify(path).new_reader()
 
 
-@functools.cache
-def _report_unreadable(path: str, reason: str) -> None:
-    logger.error("%s is not read: %s", path, reason)
-
-
 def require_extras(paths: Iterable[str | PurePath]) -> None:
     """Raise ``MissingExtra`` when a path (or glob) names a format whose extra is missing.
 
-    For the start of ``watch``/``replay``: a glob that does not say ``tfevents``
-    cannot be checked until its files appear; those are then held unread, with
-    an error logged (see ``MetricsFile.new_splitter``).
+    For the start of ``watch``/``replay``: a glob that does not name its format
+    (``tfevents``) cannot be checked until its files appear; those are then held
+    unread, with an error logged (see ``MetricsFile.new_splitter``).
     """
-    if any(tensorboard.NAME_MARK in PurePath(path).name for path in paths):
-        tensorboard.codec()
+    for path in paths:
+        reason = classify(path).unreadable()
+        if reason is not None:
+            raise MissingExtra(reason)
 
 
 #: What replay reads, in order: each group one file, or the metric files of one MLflow run.
@@ -176,8 +155,9 @@ def iter_replay_batches(plan: ReplayPlan) -> Iterator[tuple[str, list[str]]]:
     """The lines of a ``replay_plan`` a batch at a time: ``(source, lines)``, the lines
     of one read of a file (about a megabyte), or one line of an MLflow run."""
     for group in plan:
-        if group[0].format == "mlflow":
-            for source, line in mlflow.merged_lines([file.path for file in group]):
+        first = group[0]
+        if first.group is not None and first.kind is not None:
+            for source, line in first.kind.merged_lines([file.path for file in group]):
                 yield source, [line]
         else:
             yield from _file_batches(group[0])
@@ -218,7 +198,7 @@ def replay_plan(paths: Sequence[Path]) -> ReplayPlan:
         if absolute in seen:
             continue
         seen.add(absolute)
-        run = file.mlflow_run
+        run = file.group
         if run is None:
             plan.append([file])
         elif run in runs:
@@ -226,8 +206,7 @@ def replay_plan(paths: Sequence[Path]) -> ReplayPlan:
         else:
             runs[run] = [file]
             plan.append(runs[run])
-    if any(file.format == "tensorboard" for file in files):
-        tensorboard.codec()
+    require_extras(file.path for file in files)
     return plan
 
 
@@ -250,8 +229,7 @@ def _walk(folder: Path) -> list[MetricsFile]:
 def _skipped_folder(root: str, name: str) -> bool:
     if name.startswith("."):
         return True
-    # An MLflow run's artifacts may hold copies of metric files (a logged metrics.csv).
-    return name == "artifacts" and mlflow.is_run_folder(Path(root))
+    return any(kind.skips_folder(Path(root), name) for kind in FILE_FORMATS.values())
 
 
 def _classify_in_place(path: Path) -> MetricsFile:
@@ -285,8 +263,8 @@ def _file_batches(file: MetricsFile) -> Iterator[tuple[str, list[str]]]:
 
 __all__ = [
     "INSTALL_HINT",
+    "FileFormat",
     "FileReader",
-    "Format",
     "MetricsFile",
     "MissingExtra",
     "ReplayPlan",

@@ -40,9 +40,10 @@ import csv
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing.file_format import FileFormat
 from sentinel.parsing.lines import LineSplitter
 from sentinel.parsing.values import (
     RECORD_STEP_KEYS,
@@ -230,3 +231,19 @@ def read_header(path: Path, max_line_bytes: int = 1 << 20) -> str | None:
         return lines[0] if is_header(split_row(lines[0])) else None
     except Garbled:
         return None
+
+
+class LightningCsvFiles(FileFormat):
+    """A file named ``metrics.csv`` (Lightning's ``CSVLogger``)."""
+
+    def match(self, path: PurePath) -> str | None:
+        return "" if path.name == FILE_NAME else None
+
+    def new_reader(self, key: str) -> LightningCsvReader:
+        return LightningCsvReader()
+
+    def new_splitter(self, path: Path, max_line_bytes: int) -> CsvHeaderSplitter:
+        return CsvHeaderSplitter(path, max_line_bytes)
+
+
+FORMAT = LightningCsvFiles()

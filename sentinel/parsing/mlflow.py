@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePath
 
 from sentinel.model.records import Sample
+from sentinel.parsing.file_format import FileFormat
 from sentinel.parsing.values import Garbled, normalise_name
 
 #: The folder MLflow's file store is named after by default (``./mlruns``).
@@ -115,3 +116,29 @@ def merged_lines(metric_files: Sequence[Path]) -> Iterator[tuple[str, str]]:
     for _, _, source, line in heapq.merge(*streams):
         if line.strip():
             yield source, line
+
+
+class MlflowFiles(FileFormat):
+    """``.../mlruns/<experiment_id>/<run_id>/metrics/<key...>`` (``metric_key``): the
+    ``metrics`` folder exactly three below a folder named ``mlruns`` (MLflow's default
+    ``./mlruns``; a file store under another name is not recognised). A run's metric
+    files are read together, in step order."""
+
+    def match(self, path: PurePath) -> str | None:
+        return metric_key(path)
+
+    def new_reader(self, key: str) -> MlflowMetricReader:
+        return MlflowMetricReader(key)
+
+    def group(self, path: PurePath, key: str) -> PurePath:
+        return run_folder(path, key)
+
+    def merged_lines(self, paths: Sequence[Path]) -> Iterator[tuple[str, str]]:
+        return merged_lines(paths)
+
+    def skips_folder(self, root: Path, name: str) -> bool:
+        # A run's artifacts may hold copies of metric files (a logged metrics.csv).
+        return name == "artifacts" and is_run_folder(root)
+
+
+FORMAT = MlflowFiles()

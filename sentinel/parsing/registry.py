@@ -1,7 +1,9 @@
-"""The built-in line formats by name: one line each, in the order they are tried.
+"""The built-in formats by name: one line each, in the order they are tried.
 
 Adding a line format is one module in this package (its ``ParseFn``: a line in, samples
-out, None for a line in another format) and one line here.
+out, None for a line in another format; or, for a format that needs an earlier line, its
+``LineFormat``) and one line here. Adding a format read as a whole file is one module
+with its ``FileFormat`` and one line in ``FILE_FORMATS``.
 """
 
 from __future__ import annotations
@@ -9,15 +11,21 @@ from __future__ import annotations
 from sentinel.parsing import (
     composer,
     deepspeed,
+    header_csv,
     hf_trainer,
     jsonl,
+    keras,
     keyvalue,
+    lightning_csv,
     megatron,
+    mlflow,
     mmengine,
     rich_bar,
+    tensorboard,
     tqdm,
 )
-from sentinel.parsing.values import ParseFn
+from sentinel.parsing.file_format import FileFormat
+from sentinel.parsing.values import LineFormat, ParseFn
 
 #: The format families, in the order auto-detection tries them (``[parsers] enabled``).
 PARSERS: dict[str, ParseFn] = {
@@ -35,4 +43,21 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "mmengine": mmengine.parse_mmengine,
     "deepspeed": deepspeed.parse_deepspeed,
     "composer": composer.parse_composer_metric,
+}
+
+#: Formats whose step or names an earlier line gave (a header, an epoch line): each a
+#: ``LineFormat`` class, one instance per parser, tried in this order after
+#: ``FRAMEWORK_LINES``.
+LINE_FORMATS: dict[str, type[LineFormat]] = {
+    "header_csv": header_csv.HeaderCsv,
+    "keras": keras.KerasProgress,
+    "composer": composer.ComposerConsole,
+}
+
+#: Metrics formats read as a whole file, by name, in the order a path is tried against
+#: them (``files.classify``); a path none of them matches is a plain log.
+FILE_FORMATS: dict[str, FileFormat] = {
+    "mlflow": mlflow.FORMAT,
+    "tensorboard": tensorboard.FORMAT,
+    "lightning_csv": lightning_csv.FORMAT,
 }

@@ -36,9 +36,11 @@ import math
 import struct
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path, PurePath
 from typing import Any
 
 from sentinel.model.records import Sample
+from sentinel.parsing.file_format import FileFormat
 from sentinel.parsing.values import Garbled, normalise_name
 
 logger = logging.getLogger(__name__)
@@ -308,3 +310,34 @@ class TensorBoardReader:
             for tag, value in scalars.items()
             if isinstance(value, int | float)
         ]
+
+
+@cache
+def _report_unreadable(path: str, reason: str) -> None:
+    logger.error("%s is not read: %s", path, reason)
+
+
+class TensorBoardFiles(FileFormat):
+    """A file whose name contains ``tfevents``; read only with the ``tensorboard`` extra."""
+
+    def match(self, path: PurePath) -> str | None:
+        return "" if NAME_MARK in path.name else None
+
+    def new_reader(self, key: str) -> TensorBoardReader:
+        return TensorBoardReader()
+
+    def new_splitter(self, path: Path, max_line_bytes: int) -> RecordSplitter | HeldSplitter:
+        """Records as JSON lines; while tensorboard is missing, a splitter that holds the
+        bytes unread, the missing extra logged once per path (``files.require_extras``
+        is the check that fails at start)."""
+        try:
+            return RecordSplitter(max_line_bytes)
+        except MissingExtra as error:
+            _report_unreadable(str(path), str(error))
+            return HeldSplitter()
+
+    def unreadable(self) -> str | None:
+        return None if available() else INSTALL_HINT
+
+
+FORMAT = TensorBoardFiles()

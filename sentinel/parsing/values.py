@@ -9,6 +9,7 @@ import functools
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Protocol
 
 from sentinel.model.records import Sample
 
@@ -18,6 +19,18 @@ class Garbled(ValueError):
 
 
 ParseFn = Callable[[str], list[Sample] | None]
+
+
+class LineFormat(Protocol):
+    """A line format that needs an earlier line (a header, an epoch line): one instance
+    per parser, fed that parser's stripped lines in order, made with no arguments.
+    ``parse`` is a ``ParseFn``: the line's samples (maybe none; a header gives none),
+    None for a line in another format."""
+
+    def __init__(self) -> None: ...
+
+    def parse(self, text: str) -> list[Sample] | None: ...
+
 
 #: Lower-cased names, as written in logs, mapped to the canonical metric name.
 ALIASES: dict[str, str] = {

@@ -21,7 +21,6 @@ from pathlib import PurePath
 
 from sentinel.follow.discover import WHOLE_FILES, json_lines
 from sentinel.follow.logfile import NewSplitter
-from sentinel.parsing import tensorboard
 from sentinel.parsing.files import classify
 
 
@@ -37,9 +36,7 @@ def is_metric_file(path: str | PurePath) -> bool:
 def unreadable(path: str | PurePath) -> str | None:
     """Why the metric file at ``path`` cannot be read here (its format's extra is missing);
     None when it can."""
-    if classify(path).format == "tensorboard" and not tensorboard.available():
-        return tensorboard.INSTALL_HINT
-    return None
+    return classify(path).unreadable()
 
 
 def splitting(path: str | PurePath) -> NewSplitter:

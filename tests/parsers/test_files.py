@@ -15,8 +15,8 @@ MS0 = 1_700_000_000_000
 
 def test_classify_gives_the_format_and_what_reads_it() -> None:
     metric = classify("mlruns/0/abc/metrics/train/loss")
-    assert (metric.format, metric.mlflow_key) == ("mlflow", "train/loss")
-    assert metric.mlflow_run == Path("mlruns/0/abc")
+    assert (metric.format, metric.key) == ("mlflow", "train/loss")
+    assert metric.group == Path("mlruns/0/abc")
     reader = metric.new_reader()
     assert isinstance(reader, MlflowMetricReader)
     assert reader.name == "loss"
@@ -24,7 +24,7 @@ def test_classify_gives_the_format_and_what_reads_it() -> None:
     assert csv.format == "lightning_csv"
     assert isinstance(csv.new_reader(), LightningCsvReader)
     plain = classify("train.log")
-    assert (plain.format, plain.new_reader(), plain.mlflow_run) == (None, None, None)
+    assert (plain.format, plain.new_reader(), plain.group) == (None, None, None)
 
 
 def test_replay_plan_decides_each_file_once_and_groups_a_run(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from sentinel.model.records import Sample
 from sentinel.parsing import LineParser
-from sentinel.parsing.registry import FRAMEWORK_LINES
+from sentinel.parsing.registry import FILE_FORMATS, FRAMEWORK_LINES, LINE_FORMATS
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
@@ -166,3 +166,19 @@ def test_a_framework_line_format_is_one_module_and_one_registry_line(name: str) 
     parse = FRAMEWORK_LINES[name]
     assert parse.__module__ == f"sentinel.parsing.{name}"
     assert parse("plain words, no metric in them") is None
+
+
+@pytest.mark.parametrize("name", list(LINE_FORMATS))
+def test_a_format_that_needs_an_earlier_line_is_one_module_and_one_registry_line(
+    name: str,
+) -> None:
+    reader = LINE_FORMATS[name]()
+    assert type(reader).__module__ == f"sentinel.parsing.{name}"
+    assert reader.parse("plain words, no metric in them") is None
+
+
+@pytest.mark.parametrize("name", list(FILE_FORMATS))
+def test_a_whole_file_format_is_one_module_and_one_registry_line(name: str) -> None:
+    kind = FILE_FORMATS[name]
+    assert type(kind).__module__ == f"sentinel.parsing.{name}"
+    assert kind.match(Path("logs/train.log")) is None

@@ -1,0 +1,94 @@
+"""A metrics CSV with a header row, whatever the file is called and however its cells
+are padded (Keras ``CSVLogger``'s ``training.log``, Ultralytics' ``results.csv``).
+
+A header names at least two columns, one a known metric or step; the rows under it that
+hold as many numbers are read, at the step (else the epoch) column's value. A loss logged
+only in parts (Ultralytics' ``train/box_loss``, ``train/cls_loss``..., and
+``val/box_loss``...) is also read whole, as the trainer sums it: ``loss`` and
+``eval_loss``, beside each part; ``metrics/mAP50(B)`` and the like stay metrics of their
+own, ``lr/pg0`` is the learning rate. A ``LineFormat``: it keeps the last header's columns.
+(Lightning's ``metrics.csv`` is read as a whole file: ``lightning_csv``.)
+"""
+
+from __future__ import annotations
+
+import re
+
+from sentinel.model.records import Sample
+from sentinel.parsing.keyvalue import KNOWN_KEYS
+from sentinel.parsing.values import RECORD_STEP_KEYS, as_float, normalise_name
+
+_HEADER_CELL = re.compile(r"[A-Za-z_][\w/.()\-]*")
+_STEP_COLUMNS = frozenset(RECORD_STEP_KEYS)
+
+
+class HeaderCsv:
+    """Reads a header row and the rows of numbers under it."""
+
+    __slots__ = ("_columns", "_step_column", "_totals")
+
+    def __init__(self) -> None:
+        self._columns: tuple[str, ...] | None = None  # the metric name of each column
+        self._step_column: int | None = None  # the step (or epoch) column
+        # A loss logged only in parts: its name and the columns it is the sum of.
+        self._totals: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def parse(self, text: str) -> list[Sample] | None:
+        """Samples of one stripped line; None for a line in another format."""
+        if "," not in text:
+            return None
+        if text[0].isalpha():
+            return self._header([cell.strip() for cell in text.split(",")])
+        columns = self._columns
+        if columns is None:
+            return None
+        cells = [cell.strip() for cell in text.split(",")]
+        if len(cells) != len(columns):
+            return None
+        values = [as_float(cell) if cell else None for cell in cells]
+        if any(value is None for value, cell in zip(values, cells, strict=True) if cell):
+            return None
+        step: int | None = None
+        if self._step_column is not None:
+            stamp = values[self._step_column]
+            if stamp is not None and stamp.is_integer():
+                step = int(stamp)
+        samples = [
+            Sample(name, value, step)
+            for index, (name, value) in enumerate(zip(columns, values, strict=True))
+            if value is not None and index != self._step_column
+        ]
+        for name, parts in self._totals:
+            total = [values[index] for index in parts]
+            if None not in total:
+                samples.append(Sample(name, sum(total), step))  # type: ignore[arg-type]
+        return samples
+
+    def _header(self, cells: list[str]) -> list[Sample] | None:
+        if len(cells) < 2 or not all(_HEADER_CELL.fullmatch(cell) for cell in cells):
+            return None
+        lowered = [cell.lower() for cell in cells]
+        if not any(cell in KNOWN_KEYS or normalise_name(cell) in KNOWN_KEYS for cell in lowered):
+            return None
+        self._columns = tuple(normalise_name(cell) for cell in cells)
+        steps = [index for index, cell in enumerate(lowered) if cell in _STEP_COLUMNS]
+        epochs = [index for index, cell in enumerate(lowered) if cell == "epoch"]
+        found = steps or epochs
+        self._step_column = found[0] if found else None
+        self._totals = tuple(
+            (total, parts)
+            for total, prefix in (("loss", "train/"), ("eval_loss", "val/"))
+            if total not in self._columns
+            for parts in [_loss_parts(lowered, prefix)]
+            if len(parts) > 1
+        )
+        return []
+
+
+def _loss_parts(lowered: list[str], prefix: str) -> tuple[int, ...]:
+    """The columns of a loss logged in parts under ``prefix``: ``train/box_loss``..."""
+    return tuple(
+        index
+        for index, cell in enumerate(lowered)
+        if cell.startswith(prefix) and cell.endswith("_loss")
+    )
