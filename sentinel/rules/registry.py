@@ -17,6 +17,7 @@ from sentinel.rules.job_crash import JobCrashDetector
 from sentinel.rules.loss_plateau import LossPlateauDetector
 from sentinel.rules.loss_scale import LossScaleDetector
 from sentinel.rules.loss_spike import LossSpikeDetector
+from sentinel.rules.lr_jump import LrJumpDetector
 from sentinel.rules.nan_inf import NanInfDetector
 from sentinel.rules.stall import StallDetector
 from sentinel.rules.throughput_drop import ThroughputDropDetector
@@ -27,6 +28,7 @@ DETECTORS: dict[str, type[BaseDetector]] = {
     "grad_norm_run": GradNormRunDetector,
     "loss_spike": LossSpikeDetector,
     "divergence": DivergenceDetector,
+    "lr_jump": LrJumpDetector,
     "throughput_drop": ThroughputDropDetector,
     "eval_loss_rise": EvalLossRiseDetector,
     "loss_plateau": LossPlateauDetector,

@@ -30,6 +30,7 @@ from sentinel.rules.gpu_memory_creep import GpuMemoryCreepConfig, GpuMemoryCreep
 from sentinel.rules.grad_norm_run import GradNormRunConfig, GradNormRunDetector
 from sentinel.rules.loss_plateau import LossPlateauConfig, LossPlateauDetector
 from sentinel.rules.loss_spike import LossSpikeConfig, LossSpikeDetector
+from sentinel.rules.lr_jump import LrJumpConfig, LrJumpDetector
 from sentinel.rules.stall import StallConfig, StallDetector
 from sentinel.rules.throughput_drop import ThroughputDropConfig, ThroughputDropDetector
 from tests.detectors.blockcheck import T0, run
@@ -53,12 +54,15 @@ def agreement_test(test: Callable[[st.DataObject], None]) -> Callable[..., None]
 
 
 @st.composite
-def logs(draw: st.DrawFn, bar: float, *, evals: bool = False) -> tuple[list[str], bool]:
+def logs(
+    draw: st.DrawFn, bar: float, *, evals: bool = False, lr_jumps: bool = False
+) -> tuple[list[str], bool]:
     """A JSON-lines log with trouble in it, and whether to feed it as replay (data clock).
 
     Its bursts multiply the values by about ``bar`` (the rule's factor: just under,
     just over) or far more. Evaluation lines (another schema) come between the training
-    lines now and then, or often with ``evals``.
+    lines now and then, or often with ``evals``. With ``lr_jumps`` the learning rate is
+    multiplied now and then, for good, by a factor under or over ``bar``.
     """
     lines = draw(st.integers(min_value=40, max_value=200))
     noise = draw(st.sampled_from([0.002, 0.02, 0.1]))
@@ -83,6 +87,8 @@ def logs(draw: st.DrawFn, bar: float, *, evals: bool = False) -> tuple[list[str]
     memory = 1000.0
     step, now, out = draw(st.integers(min_value=0, max_value=50)), T0, []
     burst, jump = 0, 1.0
+    lr_rate = draw(st.sampled_from([0.01, 0.03, 0.1])) if lr_jumps else 0.0
+    lr_scale = 1.0
     for index in range(lines):
         if not burst and rng.random() < burst_rate:
             # One multiplier through the burst, on most of its lines: a sustained episode.
@@ -105,6 +111,9 @@ def logs(draw: st.DrawFn, bar: float, *, evals: bool = False) -> tuple[list[str]
             else:
                 grad = odd
         lr = 1e-5 * (index + 1) if index < warmup_lines else 1e-3 / (1 + 0.01 * index)
+        if lr_rate and rng.random() < lr_rate:
+            lr_scale *= rng.choice([0.1, bar * 0.9, bar * 1.1, bar * 5, 300.0])
+        lr *= lr_scale
         record: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": grad, "lr": lr}
         if creep:
             memory *= creep
@@ -203,6 +212,19 @@ def test_divergence_paths_agree(data: st.DataObject) -> None:
     )
     texts, replay = data.draw(logs(config.rise))
     assert_paths_agree(DivergenceDetector, config, texts, replay)
+
+
+@agreement_test
+def test_lr_jump_paths_agree(data: st.DataObject) -> None:
+    config = LrJumpConfig(
+        factor=data.draw(st.sampled_from([3.0, 10.0])),
+        above_seen=data.draw(st.sampled_from([1.0, 2.0])),
+        min_values=data.draw(st.sampled_from([1, 2, 5])),
+        confirm=data.draw(st.sampled_from([1, 2, 3])),
+        loss_window=data.draw(st.sampled_from([3, 10])),
+    )
+    texts, replay = data.draw(logs(config.factor, lr_jumps=True))
+    assert_paths_agree(LrJumpDetector, config, texts, replay)
 
 
 @st.composite

@@ -1,0 +1,304 @@
+"""lr_jump: the learning rate jumps where no schedule explains it.
+
+A logged learning rate is a jump when it is ``factor`` (10) times or more the rate logged
+before it and more than ``above_seen`` (2) times the highest rate the attempt logged
+before, once the attempt has logged ``min_values`` rates. A warmup climbs by small
+factors once under way (its first values may be far apart, near 0: hence
+``min_values``); a decay only falls; a restart, a cycle or a one-cycle schedule goes
+back to rates it had before. A jump is a scheduler restarted or resumed with other
+settings, a wrong multiplier or unit, a rate typed in the wrong place.
+
+Alone it warns (``severity``): people change the rate on purpose. With the loss it acts
+(``act_severity``, critical: stop, roll back, restart), judged on values, not steps, so
+at any logging cadence: once ``confirm`` loss values have been logged since the jump and
+their median is ``loss_rise`` (1.3) times or more the loss's level before it (the median
+of its last ``level_values`` values) and above that level's noise (``noise_sigmas``
+robust standard deviations of the values before, once ``noise_values`` are known),
+within ``loss_window`` values of the jump. A loss at or below 0 (preference, RL
+objectives) is not judged by a ratio: the jump then stays a warning.
+
+The onset is the step after the last rate logged before the jump: the rate changed
+somewhere after it, and a checkpoint saved at the jump's own step may already hold the
+new rate in its optimizer and scheduler state (the Trainer saves after the scheduler's
+step). The rollback goes to the newest checkpoint saved before the logged rate changed.
+
+``details``: ``kind`` (``"jump"`` alone, ``"with_loss"`` when it acts), ``lr_jump``
+(``[step, before, after]``, as the diagnosis reads it from any rule), ``ratio``,
+``highest_before``, ``changed_after`` (the step of the last rate before it),
+``loss_level``, ``loss_since`` and ``loss_ratio`` once the loss is judged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from sentinel.model.incidents import Incident
+from sentinel.model.records import Alert, Block, Sample, Severity
+from sentinel.rules.base import BaseDetector, MetricRuleConfig, Reading, Recent
+from sentinel.rules.noise import robust_sigma
+from sentinel.rules.series import finite_with_steps, sorted_median
+
+
+class LrJumpConfig(MetricRuleConfig):
+    """``[rules.lr_jump]``: a jump of the logged learning rate no schedule explains."""
+
+    #: Severity of a jump alone.
+    severity: Severity = Severity.WARNING
+    #: A jump is at least this multiple of the rate logged before it...
+    factor: float = Field(default=10.0, gt=1.0)
+    #: ...and more than this multiple of the highest rate logged before it in the attempt.
+    above_seen: float = Field(default=2.0, ge=1.0)
+    #: Rates the attempt must have logged before one can be a jump.
+    min_values: int = Field(default=2, ge=1)
+    #: The loss whose rise after a jump makes it act.
+    metric: str = "loss"
+    #: The loss's values before the jump whose median is its level.
+    level_values: int = Field(default=3, ge=1)
+    #: Loss values since the jump, at their median, that must be above the bar to act.
+    confirm: int = Field(default=2, ge=1)
+    #: The bar: at least this multiple of the loss's level before the jump...
+    loss_rise: float = Field(default=1.3, gt=1.0)
+    #: ...and the level plus this many robust standard deviations of the values before...
+    noise_sigmas: float = Field(default=3.0, ge=0)
+    #: ...once at least this many values before the jump are known.
+    noise_values: int = Field(default=5, ge=3)
+    #: Loss values after the jump within which the loss must rise for the jump to act.
+    loss_window: int = Field(default=10, ge=1)
+    #: Severity of a jump with the loss risen: critical stops the job and rolls back.
+    act_severity: Severity = Severity.CRITICAL
+
+    @model_validator(mode="after")
+    def _coherent(self) -> LrJumpConfig:
+        if self.confirm > self.loss_window:
+            raise ValueError("confirm must not exceed loss_window")
+        if self.act_severity < self.severity:
+            raise ValueError("act_severity must not be lower than severity")
+        return self
+
+
+#: Loss values kept from before a jump: its level and its noise.
+_BEFORE = 50
+
+
+@dataclass(slots=True)
+class Jump:
+    """A jump the loss may still confirm: where the rate changed, and the loss since."""
+
+    step: int | None
+    before: float
+    after: float
+    highest: float
+    changed_after: int | None
+    onset_step: int | None
+    level: float | None
+    noise: float
+    since: list[float] = field(default_factory=list)
+    acted: bool = False
+
+
+class LrJumpDetector(BaseDetector):
+    """Warns on a learning-rate jump no schedule explains; critical when the loss rises
+    with it."""
+
+    rule = "lr_jump"
+    config_model = LrJumpConfig
+    divergent = True
+    incident_reading = 10  # the cause the others' readings would only guess at
+
+    @classmethod
+    def read_incident(
+        cls,
+        incident: Incident,
+        recent: Recent,
+        lr: tuple[str, str] | None,
+        divergent: frozenset[str],
+    ) -> Reading | None:
+        for alert in incident.alerts:
+            if alert.rule != cls.rule:
+                continue
+            step, before, after = alert.details["lr_jump"]
+            changed = alert.details.get("changed_after")
+            at = f" at step {step}" if step is not None else ""
+            since = f", after step {changed}" if changed is not None else ""
+            return (
+                f"the learning rate jumped {after / before:.3g}x{at} (from {before:.3g} to"
+                f" {after:.3g}) where no warmup, decay or restart of its schedule explains it",
+                "roll back to the checkpoint saved before the rate changed"
+                f"{since}; look at the scheduler: restarted or resumed with other"
+                " settings, a wrong multiplier or unit",
+                alert.details.get("loss_metric") or "lr",
+            )
+        return None
+
+    def __init__(self, config: LrJumpConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self.watches = frozenset({"lr", config.metric})
+        #: The attempt's logged rates: how many, the highest, the last (step, value).
+        self._count = 0
+        self._highest = 0.0
+        self._last: tuple[int | None, float] | None = None
+        #: The loss's last finite values before now, (step, value).
+        self._loss: deque[tuple[int | None, float]] = deque(maxlen=_BEFORE)
+        self._jump: Jump | None = None
+
+    def job_started(self, now: float) -> None:
+        """A new attempt: its rates start afresh (a resume's come from its checkpoint)."""
+        self._count = 0
+        self._highest = 0.0
+        self._last = None
+        self._loss.clear()
+        self._jump = None
+
+    def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        value = sample.value
+        if not math.isfinite(value):
+            return []
+        if sample.name == "lr":
+            return self._rate(sample, source, now)
+        jump = self._jump
+        self._loss.append((sample.step, value))
+        if jump is None or jump.acted or jump.level is None:
+            return []
+        jump.since.append(value)
+        return self._judge_loss(jump, sample, source, now)
+
+    def _rate(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        value, step = sample.value, sample.step
+        if value <= 0:
+            return []
+        settings = self.settings
+        last, highest = self._last, self._highest
+        self._count += 1
+        self._last = (step, value)
+        self._highest = max(highest, value)
+        if (
+            last is None
+            or self._count <= settings.min_values
+            or value < settings.factor * last[1]
+            or value <= settings.above_seen * highest
+        ):
+            return []
+        changed_after = last[0]
+        onset = changed_after + 1 if changed_after is not None else step
+        before = [
+            v for s, v in self._loss if changed_after is None or s is None or s <= changed_after
+        ]
+        level = None
+        noise = 0.0
+        if before and min(before) > 0:
+            level = sorted_median(sorted(before[-settings.level_values :]))
+            if len(before) >= settings.noise_values:
+                noise = robust_sigma(sorted(before), level, 0.0)
+        self._jump = Jump(step, last[1], value, highest, changed_after, onset, level, noise)
+        # The loss logged with the rate at its own step already ran on the new rate.
+        since = [
+            v
+            for s, v in self._loss
+            if s is not None and changed_after is not None and s > changed_after
+        ]
+        self._jump.since.extend(since)
+        ratio = value / last[1]
+        message = (
+            f"learning rate {value:.3g} at step {step} is {ratio:.3g}x the {last[1]:.3g}"
+            f" logged before it (step {changed_after}) and above anything this attempt"
+            f" logged ({highest:.3g}): no warmup, decay or restart explains it"
+        )
+        alert = self.sample_alert(
+            sample,
+            severity=settings.severity,
+            message=message,
+            time=sample.time if sample.time is not None else now,
+            source=source,
+            onset_step=onset,
+            details=self._details("jump", self._jump),
+        )
+        if since and level is not None:
+            return [alert, *self._judge_loss(self._jump, sample, source, now)]
+        return [alert]
+
+    def _judge_loss(self, jump: Jump, sample: Sample, source: str, now: float) -> list[Alert]:
+        settings = self.settings
+        since = jump.since[: settings.loss_window]
+        if len(since) < settings.confirm or jump.level is None:
+            return []
+        latest = sorted_median(sorted(since[-settings.confirm :]))
+        bar = max(settings.loss_rise * jump.level, jump.level + settings.noise_sigmas * jump.noise)
+        if latest <= bar:
+            if len(jump.since) >= settings.loss_window:
+                jump.level = None  # the loss did not follow: the jump stays a warning
+            return []
+        jump.acted = True
+        details = self._details("with_loss", jump)
+        details.update(
+            loss_metric=settings.metric,
+            loss_since=list(since),
+            loss_ratio=round(latest / jump.level, 3),
+            loss_threshold=bar,
+        )
+        message = (
+            f"the learning rate jumped {jump.after / jump.before:.3g}x at step {jump.step}"
+            f" and {settings.metric} rose with it: median {latest:.4g} over its last"
+            f" {settings.confirm} values, {latest / jump.level:.2f}x its level"
+            f" {jump.level:.4g} before the jump; rolling back to before the rate changed"
+            f" (after step {jump.changed_after})"
+        )
+        return [
+            self.sample_alert(
+                sample,
+                severity=settings.act_severity,
+                message=message,
+                time=sample.time if sample.time is not None else now,
+                source=source,
+                onset_step=jump.onset_step,
+                details=details,
+            )
+        ]
+
+    def _details(self, kind: str, jump: Jump) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "lr_jump": [jump.step, jump.before, jump.after],
+            "ratio": round(jump.after / jump.before, 3),
+            "highest_before": jump.highest,
+            "changed_after": jump.changed_after,
+            "onset_step": jump.onset_step,
+            "loss_level": jump.level,
+        }
+
+    def can_absorb(self, block: Block) -> bool:
+        """Uneventful: no loss for a jump it may still confirm, and no rate in the block
+        can be a jump (each is at most ``above_seen`` x the highest logged before the
+        block, and a jump must be above that)."""
+        jump = self._jump
+        pending = jump is not None and not jump.acted and jump.level is not None
+        if pending and self.settings.metric in block.columns:
+            return False
+        column = block.columns.get("lr")
+        if column is None:
+            return True
+        positive = [value for value in finite_with_steps(column, block.steps)[0] if value > 0]
+        if not positive:
+            return True
+        return self._highest > 0 and max(positive) <= self.settings.above_seen * self._highest
+
+    def absorb(self, block: Block) -> None:
+        """What ``observe`` does with rates that are no jump and losses with no jump
+        pending (``can_absorb``)."""
+        column = block.columns.get("lr")
+        if column is not None:
+            values, steps = finite_with_steps(column, block.steps)
+            rates = [(step, value) for step, value in zip(steps, values, strict=True) if value > 0]
+            if rates:
+                self._count += len(rates)
+                self._last = rates[-1]
+                self._highest = max(self._highest, max(value for _, value in rates))
+        column = block.columns.get(self.settings.metric)
+        if column is not None:
+            values, steps = finite_with_steps(column, block.steps)
+            self._loss.extend(zip(steps, values, strict=True))
