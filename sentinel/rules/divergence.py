@@ -21,13 +21,26 @@ Per watched metric (``metrics``, default the train loss):
   median of the last ``patience`` is still above the bar. A candidate that neither
   recovers nor confirms for a whole ``window`` is a new normal: learned.
 
-Nothing is judged during warmup (configured steps, or the logged LR still rising: the
-loss may wobble up as the rate climbs; ``loss_spike`` watches the warmup), before the
-history holds ``min_history`` values, or while the level is <= 0 (a ratio to it means
-nothing). Non-finite values are ``nan_inf``'s business and are skipped. A confirmed
+Judged from few values too (a run that logs six values in all, a watcher attached just
+before the failure): once the history holds ``early_history`` values and until it holds
+``min_history``, the level is the least of the last ``early_level`` values (a loss early
+in a run still falls fast: a median of them lags above it), the noise is taken from one
+value to the next (the trend left out), the envelope is not used, and a value that
+continues a climb (the last ``early_level`` values each above the one before: a
+rhythm's rising half) opens no shift: a few values show no rhythm, only steps. With so
+little known such a shift is ``early_severity`` (a warning) unless the logged learning
+rate jumped within its evidence to above anything it had been (no schedule's restart or
+cycle does), when it is ``severity``; it is confirmed by ``early_patience`` values (a run
+that logs a few values in all has few after the onset).
+
+During warmup (configured steps, or the logged LR still rising: the loss may wobble up
+as the rate climbs) a shift is judged as from few values, a warning. Nothing is judged
+before the history holds ``early_history`` values, or while the level is <= 0 (a ratio
+to it means nothing). Non-finite values are ``nan_inf``'s business and are skipped. A confirmed
 shift resolves (info) when the metric comes back under the recovery bar.
 
 ``details``: ``kind`` (``"unrecovered"`` or ``"recovered"``), ``metric``, ``level``,
+``early`` (judged from fewer than ``min_history`` values),
 ``noise``, ``threshold`` (the bar), ``recover_threshold``, ``onset_step``, ``ratio``
 (median since onset / level), ``values``/``steps`` (the last ``level_window`` values
 before the onset and those since), ``lr_jump`` (``[step, before, after]`` of a jump of
@@ -44,6 +57,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import pairwise
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -52,7 +66,7 @@ from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Block, Sample, Severity
 from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig, Reading, Recent
 from sentinel.rules.lr_jumps import LrJumps
-from sentinel.rules.noise import robust_sigma
+from sentinel.rules.noise import robust_sigma, wobble
 from sentinel.rules.series import (
     Rolling,
     Warmup,
@@ -73,8 +87,18 @@ class DivergenceConfig(MetricRuleConfig):
     window: int = Field(default=50, ge=10, le=10_000)
     #: The latest of those whose median is the level before a shift.
     level_window: int = Field(default=10, ge=3)
-    #: Values the history needs before anything is judged.
+    #: Values the history needs before it is judged with its noise and envelope...
     min_history: int = Field(default=20, ge=3)
+    #: ...and before anything is judged: from here to ``min_history`` by ``early_level``.
+    early_history: int = Field(default=3, ge=2)
+    #: With fewer than ``min_history`` values, the latest of them whose least is the level.
+    early_level: int = Field(default=3, ge=1)
+    #: Severity of a shift judged from fewer than ``min_history`` values, unless the logged
+    #: learning rate jumped within its evidence.
+    early_severity: Severity = Severity.WARNING
+    #: Values since the onset, at their median above the bar, that confirm such a shift (a
+    #: run that logs a few values in all has few after the onset).
+    early_patience: int = Field(default=3, ge=2)
     #: A shift is above this multiple of the level...
     rise: float = Field(default=1.3, gt=1.0)
     #: ...and above the level plus this many robust standard deviations of the history...
@@ -92,6 +116,12 @@ class DivergenceConfig(MetricRuleConfig):
     def _coherent(self) -> DivergenceConfig:
         if not self.level_window <= self.min_history <= self.window:
             raise ValueError("need level_window <= min_history <= window")
+        if self.early_history > self.min_history:
+            raise ValueError("early_history must not exceed min_history")
+        if self.early_level > self.level_window:
+            raise ValueError("early_level must not exceed level_window")
+        if self.early_patience > self.patience:
+            raise ValueError("early_patience must not exceed patience")
         if self.patience >= self.window:
             raise ValueError("patience must be less than window")
         if self.recover >= self.rise:
@@ -133,23 +163,44 @@ def bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> B
     return Bars(level, noise, shift, back)
 
 
+def early_bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> Bars:
+    """``bars`` from fewer than ``min_history`` values: the level is the least of the last
+    ``early_level``, the noise is taken from one value to the next, no envelope."""
+    level = min(recent[-settings.early_level :])
+    noise = max(wobble(history.values), settings.noise_floor * abs(level))
+    shift = max(settings.rise * level, level + settings.noise_sigmas * noise)
+    back = max(settings.recover * level, level + noise)
+    return Bars(level, noise, shift, back)
+
+
 def opens_shift(
-    value: float, history: Rolling, recent: list[float], settings: DivergenceConfig
+    value: float,
+    history: Rolling,
+    recent: list[float],
+    settings: DivergenceConfig,
+    *,
+    early: bool = False,
 ) -> Bars | None:
     """The bars ``value`` clears (it opens a candidate shift), or None when it is under
     them: a level <= 0 means nothing, and a value under ``rise_bar`` of the level is
-    under every bar (the cheap test, before the noise is taken)."""
-    level = sorted_median(sorted(recent))
+    under every bar (the cheap test, before the noise is taken). With fewer than
+    ``min_history`` values, or ``early`` (in warmup), ``early_bars``."""
+    early = early or len(history) < settings.min_history
+    latest = recent[-settings.early_level :] if early else recent
+    level = min(latest) if early else sorted_median(sorted(latest))
     if level <= 0 or value <= rise_bar(level, settings.rise):
         return None
-    current = bars(history, recent, settings)
+    if early and len(latest) > 1 and all(b > a for a, b in pairwise(latest)):
+        return None  # a climb under way (a rhythm's rising half), not a step up
+    current = (early_bars if early else bars)(history, recent, settings)
     return current if value > current.shift else None
 
 
 def never_opens(values: list[float], least: float, start: int, settings: DivergenceConfig) -> bool:
     """Block path: no value from ``start`` on can open a shift, ``least`` the least of the
     values the level is taken over before them (``never_above`` with ``opens_shift``'s
-    least bar, ``rise_bar``: a level is never under the least of its values); False for a
+    least bar, ``rise_bar``: a level, early or not, is never under the least of the recent
+    values it is the median of); False for a
     ``least`` <= 0, where ``opens_shift`` judges nothing by a ratio."""
     return least > 0 and never_above(values, partial(rise_bar, rise=settings.rise), least, start)
 
@@ -163,6 +214,8 @@ class Shift:
     before: list[tuple[int | None, float]]
     since: list[tuple[int | None, float]] = field(default_factory=list)
     confirmed: bool = False
+    #: Opened with fewer than ``min_history`` values known.
+    early: bool = False
 
 
 class ShiftSeries:
@@ -276,15 +329,17 @@ class DivergenceDetector(BaseDetector):
         shift = series.shift
         if shift is None:
             settings = self.settings
-            if self._warmup.active(step) or len(series.history) < settings.min_history:
+            if len(series.history) < settings.early_history:
                 series.learn(step, value)
                 return []
+            # In warmup the loss may wobble up as the rate climbs: judged as from few values.
+            early = len(series.history) < settings.min_history or self._warmup.active(step)
             recent = [value for _, value in series.recent]
-            current = opens_shift(value, series.history, recent, settings)
+            current = opens_shift(value, series.history, recent, settings, early=early)
             if current is None:
                 series.learn(step, value)
                 return []
-            series.shift = Shift(current, step, list(series.recent), [(step, value)])
+            series.shift = Shift(current, step, list(series.recent), [(step, value)], early=early)
             return []
         time = stamp if stamp is not None else now
         if value <= shift.bars.back:
@@ -292,7 +347,7 @@ class DivergenceDetector(BaseDetector):
         shift.since.append((step, value))
         if shift.confirmed:
             return []
-        patience = self.settings.patience
+        patience = self.settings.early_patience if shift.early else self.settings.patience
         if len(shift.since) < patience:
             return []
         latest = sorted_median(sorted(value for _, value in shift.since[-patience:]))
@@ -332,21 +387,34 @@ class DivergenceDetector(BaseDetector):
     ) -> Alert:
         level = shift.bars.level
         count = len(shift.since)
+        details = self._details("unrecovered", shift, sample, latest)
+        severity = self.settings.severity
+        known = ""
+        evidence = [*shift.before, *shift.since]
+        first = evidence[0][0] if evidence else None
+        if shift.early and not self._lr.unexplained_within(first, shift.onset_step):
+            severity = self.settings.early_severity
+            known = f" (judged from {len(shift.before)} values before it)"
+        act = (
+            f"; rolling back to before step {shift.onset_step}"
+            if severity == Severity.CRITICAL
+            else ""
+        )
         message = (
             f"{sample.name} shifted up at step {shift.onset_step} and has not recovered:"
-            f" median {latest:.4g} over the last {self.settings.patience} values"
-            f" ({latest / level:.2f}x its level {level:.4g} before the shift, above"
-            f" {shift.bars.shift:.4g}) for {count} values; rolling back to before step"
-            f" {shift.onset_step}"
+            f" median {latest:.4g} over the last"
+            f" {self.settings.early_patience if shift.early else self.settings.patience} values"
+            f" ({latest / level:.2f}x its level {level:.4g} before the shift{known}, above"
+            f" {shift.bars.shift:.4g}) for {count} values{act}"
         )
         return self.sample_alert(
             sample,
-            severity=self.settings.severity,
+            severity=severity,
             message=message,
             time=time,
             source=source,
             onset_step=shift.onset_step,
-            details=self._details("unrecovered", shift, sample, latest),
+            details=details,
         )
 
     def _details(
@@ -366,27 +434,26 @@ class DivergenceDetector(BaseDetector):
             "recover_threshold": bars_.back,
             "onset_step": shift.onset_step,
             "ratio": round(latest / bars_.level, 3),
+            "early": shift.early,
             "values": [value for _, value in evidence],
             "steps": [step for step, _ in evidence],
         }
 
     def can_absorb(self, block: Block) -> bool:
-        """Uneventful: no candidate shift, and every line in warmup or no value that could
-        open one (``never_opens``)."""
+        """Uneventful: no candidate shift, and no value that could open one
+        (``never_opens``), in warmup or not."""
         columns = block.columns
         judged = [name for name in self._series if name in columns]
         if not judged:
             return True  # only learning rates
         if any(self._series[name].shift or self._series[name].resumed for name in judged):
             return False
-        if self._warmup.block_phase(block.step_range(), columns.get("lr")):
-            return True
         settings = self.settings
         for name in judged:
             series = self._series[name]
             values = finite_values(columns[name])
             least = min((value for _, value in series.recent), default=math.inf)
-            filling = max(0, settings.min_history - len(series.history))
+            filling = max(0, settings.early_history - len(series.history))
             if not never_opens(values, least, filling, settings):
                 return False
         return True

@@ -40,7 +40,7 @@ from pydantic import Field, model_validator
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Block, Sample, Severity
 from sentinel.rules.base import BaseDetector, MetricRuleConfig, Reading, Recent
-from sentinel.rules.noise import robust_sigma
+from sentinel.rules.noise import wobble
 from sentinel.rules.series import finite_with_steps, sorted_median
 
 
@@ -194,7 +194,7 @@ class LrJumpDetector(BaseDetector):
         if before and min(before) > 0:
             level = sorted_median(sorted(before[-settings.level_values :]))
             if len(before) >= settings.noise_values:
-                noise = robust_sigma(sorted(before), level, 0.0)
+                noise = wobble(before)
         self._jump = Jump(step, last[1], value, highest, changed_after, onset, level, noise)
         # The loss logged with the rate at its own step already ran on the new rate.
         since = [

@@ -15,22 +15,29 @@ from sentinel.rules.series import finite_with_steps
 
 #: A rise of the logged learning rate between two logged values that is a jump.
 LR_JUMP = 3.0
+#: A jump to above this multiple of the highest rate logged before it is no schedule's.
+UNEXPLAINED = 2.0
 
 
 class LrJumps:
-    """The logged learning rate: its last (step, value), the ratio it last moved by, and
-    its last jump (step, before, after)."""
+    """The logged learning rate: its last (step, value), the ratio it last moved by, the
+    highest it has been, and its last jump (step, before, after) and whether that jump
+    went above anything the attempt had logged (``UNEXPLAINED``: no restart or cycle of a
+    schedule goes back above its own peak)."""
 
-    __slots__ = ("jump", "last", "ratio")
+    __slots__ = ("highest", "jump", "last", "ratio", "unexplained")
 
     def __init__(self) -> None:
         self.last: tuple[int | None, float] | None = None
         self.ratio = 1.0
+        self.highest = 0.0
         self.jump: tuple[int | None, float, float] | None = None
+        self.unexplained = False
 
     def reset(self) -> None:
         """A new attempt: nothing known of its rate."""
         self.last, self.ratio, self.jump = None, 1.0, None
+        self.highest, self.unexplained = 0.0, False
 
     def note(self, step: int | None, value: float) -> None:
         """One logged rate (not finite or <= 0: ignored)."""
@@ -41,8 +48,10 @@ class LrJumps:
             ratio = value / last[1]
             if ratio >= LR_JUMP and ratio > 2 * self.ratio:
                 self.jump = (step, last[1], value)
+                self.unexplained = value > UNEXPLAINED * self.highest
             self.ratio = ratio
         self.last = (step, value)
+        self.highest = max(self.highest, value)
 
     def note_all(self, column: list[float] | None, steps: list[int]) -> None:
         """``note`` for a block's rates: the same state, and where no two values are
@@ -60,9 +69,15 @@ class LrJumps:
             elif self.last is not None:
                 self.ratio = pairs[-1][1] / self.last[1]
             self.last = pairs[-1]
+            self.highest = max(self.highest, max(known))
             return
         for step, value in pairs:
             self.note(step, value)
+
+    def unexplained_within(self, first: int | None, onset: int | None) -> bool:
+        """Whether the last jump came between ``first`` and ``onset`` (``within``) and went
+        above anything logged before it."""
+        return self.unexplained and self.within(first, onset) is not None
 
     def within(self, first: int | None, onset: int | None) -> list[float | int | None] | None:
         """The last jump as ``[step, before, after]`` when it came between ``first`` (the

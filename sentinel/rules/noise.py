@@ -9,8 +9,10 @@ with a floor so that a flat series (MAD 0) does not make every change news.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
+from itertools import pairwise
 
 from sentinel.rules.series import sorted_median
 
@@ -41,3 +43,16 @@ def beyond_seen(value: float, window: deque[float], factor: float) -> bool:
     """Whether ``value`` is far beyond anything in ``window``: above ``factor`` x its
     highest value (an empty window has shown nothing)."""
     return bool(window) and max(window) > 0 and value > factor * max(window)
+
+
+def wobble(values: Iterable[float]) -> float:
+    """The robust standard deviation of ``values`` around their trend: of the differences
+    from one value to the next (1.4826 x their MAD, over sqrt 2, each difference holding
+    two values' noise), so a loss still falling fast early in a run is not taken for
+    noise; 0 for fewer than 3 values."""
+    steps = sorted(b - a for a, b in pairwise(values))
+    if len(steps) < 2:
+        return 0.0
+    middle = sorted_median(steps)
+    deviation = sorted_median(sorted(abs(step - middle) for step in steps))
+    return MAD_TO_SIGMA * deviation / math.sqrt(2)

@@ -82,8 +82,28 @@ def test_warmup_only_learns() -> None:
     assert feed(values, lrs=rising) == []
 
 
-def test_a_shift_before_min_history_is_not_judged() -> None:
-    assert feed(noisy(2.0, 10) + noisy(3.2, 30, seed=8)) == []
+def test_a_shift_before_min_history_warns_judged_by_the_values_it_has() -> None:
+    """Ten values are enough to see a loss move 1.6x and stay; too few to stop the job on."""
+    alerts = feed(noisy(2.0, 10) + noisy(3.2, 30, seed=8))
+    assert [(alert.severity, alert.details["early"]) for alert in alerts] == [
+        (Severity.WARNING, True)
+    ]
+    assert alerts[0].onset_step == 11
+    assert "judged from 10 values before it" in alerts[0].message
+
+
+def test_a_shift_seen_from_three_values_warns_and_two_say_nothing() -> None:
+    assert [a.severity for a in feed([2.0, 1.9, 1.85, *noisy(3.0, 12, seed=3)])] == [
+        Severity.WARNING
+    ]
+    assert feed([2.0, 1.9, *noisy(3.0, 12, seed=3)]) == []
+
+
+def test_early_values_falling_fast_are_no_shift() -> None:
+    """Early in a run the loss falls fast: its level is its last values', and the step
+    from one value to the next is its trend, not its noise."""
+    falling = [6.0 * 0.9**index for index in range(15)]
+    assert feed(falling) == []
 
 
 def test_a_new_normal_that_neither_recovers_nor_confirms_is_learned() -> None:

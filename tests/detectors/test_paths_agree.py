@@ -208,6 +208,8 @@ def test_divergence_paths_agree(data: st.DataObject) -> None:
         level_window=data.draw(st.sampled_from([3, 5])),
         min_history=data.draw(st.sampled_from([5, 10])),
         patience=data.draw(st.sampled_from([2, 4, 8])),
+        early_patience=2,
+        early_history=data.draw(st.sampled_from([2, 3, 5])),
         warmup_steps=data.draw(st.sampled_from([0, 0, 10, 40])),
     )
     texts, replay = data.draw(logs(config.rise))
