@@ -162,3 +162,20 @@ def test_an_eval_at_a_new_epoch_is_not_the_train_loss() -> None:
             alerts += detector.observe(Sample("eval_loss", 3.5, step), "log", NOW)
     assert alerts == []
     assert detector.watches == frozenset({"loss", "lr"})
+
+
+def test_an_early_shift_is_critical_when_the_rate_jumped_above_anything_it_had_been() -> None:
+    losses = [2.0, 1.9, 1.85, 1.8, *noisy(3.0, 6, seed=3)]
+    jumped = [1e-3] * 4 + [0.1] * 6
+    (alert,) = feed(losses, lrs=jumped)
+    assert alert.severity == CRIT
+    assert alert.details["lr_jump"] == [5, 1e-3, 0.1]
+
+
+def test_an_early_shift_after_a_rate_back_at_its_old_peak_stays_a_warning() -> None:
+    """A schedule's restart goes back to a rate it had: a jump, but one a schedule explains."""
+    losses = [2.0, 1.9, 1.85, 1.8, *noisy(3.0, 6, seed=3)]
+    restarted = [1e-3, 1e-4, 1e-5, 1e-5, *[1e-3] * 6]
+    (alert,) = feed(losses, lrs=restarted)
+    assert alert.severity == Severity.WARNING
+    assert alert.details["lr_jump"] is not None
