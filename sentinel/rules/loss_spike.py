@@ -32,6 +32,13 @@ One episode of the rule, shared by every watched metric:
   (``"level_shift"``): that is a new level, not a spike, and the baseline is
   re-learned from it.
 
+A blow-up needs no window: a value ``blowup_factor`` (100) times or more the least of
+the last 3 values before it (however few there are) on a record whose grad-norm (a ``corroborate``
+metric) is ``blowup_corroboration`` (10) times or more its own median is
+``sustain_severity`` (critical) on that first value (``"blow_up"``): at a logging
+interval of 100 steps, waiting for ``sustain`` values would let 400 steps of a blown-up
+run go by. Alone, such a value opens the episode as any spike does.
+
 ``details`` holds ``kind``, ``metric``, ``baseline`` (the median), ``threshold``
 (the bar), ``factor``, ``onset_step``, ``run_length`` (consecutive spikes so far)
 and ``values``/``steps``: the last ``window`` finite values before the current run
@@ -67,6 +74,7 @@ from sentinel.rules.series import (
     finite_values,
     finite_with_steps,
     never_above,
+    sorted_median,
 )
 
 
@@ -108,6 +116,12 @@ class LossSpikeConfig(MetricRuleConfig):
     corroborate: MetricNames = Field(default_factory=lambda: ["grad_norm"])
     #: In warmup, a value above this multiple of the least seen in the attempt warns.
     warmup_factor: float = Field(default=10.0, gt=1.0)
+    #: A value this multiple of the median before it, however few values that median is
+    #: taken over, is a blow-up...
+    blowup_factor: float = Field(default=100.0, gt=1.0)
+    #: ...``sustain_severity`` at once when the same record's grad-norm (a ``corroborate``
+    #: metric) is at least this multiple of its own median.
+    blowup_corroboration: float = Field(default=10.0, gt=1.0)
 
     @model_validator(mode="after")
     def _coherent(self) -> LossSpikeConfig:
@@ -171,6 +185,38 @@ def never_spikes(values: list[float], least: float, start: int, settings: LossSp
     return never_above(values, partial(spike_bar, factor=settings.factor), least, start)
 
 
+#: A blow-up is judged against the least of this many latest values before it.
+BLOWUP_LEVEL = 3
+
+
+def recent_level(baseline: Rolling) -> float:
+    """The least of the latest ``BLOWUP_LEVEL`` values of a (non-empty) window: the level a
+    blow-up is judged against (a loss early in a run falls fast; an older median lags)."""
+    return min(list(baseline.values)[-BLOWUP_LEVEL:])
+
+
+def never_blows_up(values: list[float], baseline: Rolling, settings: LossSpikeConfig) -> bool:
+    """Block path: no value can be a blow-up (``blowup_factor`` x the median before it):
+    each median is at least the least of the window and the block's values before it."""
+    top = max(values)
+    if top <= 0:
+        return True
+    least = min(baseline.least(), min(values))
+    return least > 0 and top < settings.blowup_factor * least
+
+
+def last_ratio(
+    baseline: Rolling, values: list[float], steps: list[int]
+) -> tuple[int | None, float] | None:
+    """Block path: ``SpikeSeries.last_ratio`` after ``values`` (finite, all learned): the
+    last one against the median of the window before it."""
+    prior = [*baseline.values, *values[:-1]][-baseline.size :]
+    if not prior:
+        return None
+    before = sorted_median(sorted(prior))
+    return (steps[-1], values[-1] / before) if before > 0 else None
+
+
 def never_grows(values: list[float], least: float, settings: LossSpikeConfig) -> bool:
     """Block path: no value can be judged growth, ``least`` the least seen before them."""
     return never_above(values, partial(growth_bar, settings=settings), least, 0)
@@ -183,6 +229,7 @@ class SpikeSeries:
         "baseline",
         "calm",
         "episode",
+        "last_ratio",
         "least",
         "noise",
         "offending",
@@ -209,6 +256,9 @@ class SpikeSeries:
         self.calm = 0
         #: Whether this metric keeps the episode open.
         self.offending = False
+        #: (step, value / the median of the values before it) of its last finite value;
+        #: None before it has a median. A corroborating metric's, for a blow-up's record.
+        self.last_ratio: tuple[int | None, float] | None = None
 
     def learn(self, value: float) -> None:
         """A value that is no spike: part of the baseline and the noise."""
@@ -300,6 +350,40 @@ class SpikeEpisode:
         if run_length >= settings.window:
             alerts += self._level_shift(series, baseline, sample, source, time)
         return alerts
+
+    def blow_up(
+        self,
+        series: SpikeSeries,
+        baseline: float,
+        loss: Sample,
+        sample: Sample,
+        evidence: str,
+        count: int,
+        source: str,
+        time: float,
+    ) -> list[Alert]:
+        """A corroborated blow-up of ``loss`` (its record's grad-norm up with it): the episode
+        opens, or escalates, at ``sustain_severity`` at once; ``sample`` is the value that
+        completed the evidence (the loss, or its record's grad-norm)."""
+        settings = self.settings
+        if not self.open:
+            self.open = True
+            self.onset_step = loss.step
+            self.onset_count = count
+        self.escalated = True
+        if not series.offending:
+            series.offending = True
+            series.calm = 0
+            series.run.append((loss.step, loss.value))
+            series.episode.append(loss.value)
+        ratio = loss.value / baseline
+        message = (
+            f"{loss.name} {loss.value:.4g} at step {loss.step} is {ratio:.3g}x its median"
+            f" {baseline:.4g}, {evidence}: a blow-up"
+        )
+        details = self._details("blow_up", series, baseline, loss)
+        details.update(ratio=round(ratio, 3), evidence=evidence)
+        return [self._say(settings.sustain_severity, message, sample, source, time, details)]
 
     def under(
         self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
@@ -460,6 +544,9 @@ class LossSpikeDetector(BaseDetector):
         #: Judged values seen in this attempt.
         self._count = 0
         self._warmup_warned = False
+        #: A judged value that is a blow-up its record's grad-norm may still corroborate:
+        #: (the value, the median before it); until the next judged value.
+        self._pending: tuple[Sample, float] | None = None
         self.job_started(0.0)
 
     def job_started(self, now: float) -> None:
@@ -470,6 +557,7 @@ class LossSpikeDetector(BaseDetector):
         self._episode.reset(self._series)
         self._count = 0
         self._warmup_warned = False
+        self._pending = None
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         if sample.name == "lr":
@@ -508,18 +596,45 @@ class LossSpikeDetector(BaseDetector):
         if not math.isfinite(value):
             return []
         judged = name in self._judged
-        if judged:
-            self._count += 1
-        series.recent.append((step, value))
         rolling = series.baseline
         time = stamp if stamp is not None else now
         settings = self.settings
+        before = rolling.median() if len(rolling) else None
+        series.last_ratio = (step, value / before) if before is not None and before > 0 else None
+        if judged:
+            self._count += 1
+            self._pending = None
+            # Against the level the loss had just before it (it may still fall fast).
+            before = recent_level(rolling) if before is not None else None
+            if before is not None and before > 0 and value >= settings.blowup_factor * before:
+                evidence = self._corroboration(step)
+                if evidence is not None:
+                    series.recent.append((step, value))
+                    series.least = min(series.least, value)
+                    return self._episode.blow_up(
+                        series, before, sample, sample, evidence, self._count, source, time
+                    )
+                self._pending = (sample, before)
+        elif self._pending is not None and not self._episode.escalated:
+            # Judged as any value of its metric, besides corroborating the blow-up.
+            corroborated = self._corroborates(series, sample, source, time)
+            return corroborated + self._level(series, sample, False, source, time)
+        return self._level(series, sample, judged, source, time)
+
+    def _level(
+        self, series: SpikeSeries, sample: Sample, judged: bool, source: str, time: float
+    ) -> list[Alert]:
+        """A value against its metric's level: learned in warmup or while the window fills
+        (a judged one checked for growth then), else judged against the baseline."""
+        value, step = sample.value, sample.step
+        rolling = series.baseline
+        series.recent.append((step, value))
         if self._warmup.active(step) or not rolling.full:
             alerts = self._growth(series, sample, source, time) if judged else []
             series.learn(value)
             return alerts
         baseline = rolling.median()
-        if spikes(value, baseline, series.noise.values, settings):
+        if spikes(value, baseline, series.noise.values, self.settings):
             series.spiked_at = self._count
             series.least = min(series.least, value)
             if not judged:
@@ -529,6 +644,43 @@ class LossSpikeDetector(BaseDetector):
         if not judged or not series.offending:
             return []
         return self._episode.under(series, baseline, sample, source, time)
+
+    def _corroboration(self, step: int | None) -> str | None:
+        """What on the record at ``step`` makes a blow-up more than one value: a
+        corroborating metric's value there at ``blowup_corroboration`` x its median."""
+        for name in self.settings.corroborate:
+            other = self._series.get(name)
+            last = other.last_ratio if other is not None else None
+            if (
+                last is not None
+                and last[0] == step
+                and last[1] >= self.settings.blowup_corroboration
+            ):
+                return f"with {name} {last[1]:.3g}x its median on the same record"
+        return None
+
+    def _corroborates(
+        self, series: SpikeSeries, sample: Sample, source: str, time: float
+    ) -> list[Alert]:
+        """A corroborating value after a blow-up of a judged one on the same record."""
+        pending = self._pending
+        last = series.last_ratio
+        if (
+            pending is None
+            or sample.name in self._judged
+            or last is None
+            or last[0] != pending[0].step
+            or last[1] < self.settings.blowup_corroboration
+        ):
+            return []
+        loss, before = pending
+        self._pending = None
+        judged = self._series[loss.name]
+        evidence = f"with {sample.name} {last[1]:.3g}x its median on the same record"
+        return self._episode.blow_up(
+            judged, before, loss, sample, evidence, self._episode.onset_count or self._count,
+            source, time,
+        )  # fmt: skip
 
     def _growth(self, series: SpikeSeries, sample: Sample, source: str, time: float) -> list[Alert]:
         """Once an attempt: a value in warmup (or before the window is full) far above the
@@ -578,6 +730,8 @@ class LossSpikeDetector(BaseDetector):
         if phase is None:
             return False
         settings = self.settings
+        if self._pending is not None and any(name in columns for name in settings.corroborate):
+            return False  # a value on the blow-up's record may corroborate it
         for name in present:
             series = self._series[name]
             if series.offending:
@@ -590,6 +744,8 @@ class LossSpikeDetector(BaseDetector):
             if checks_growth and filling and not never_grows(values, series.least, settings):
                 return False
             if not phase and not never_spikes(values, baseline.least(), filling, settings):
+                return False
+            if name in self._judged and values and not never_blows_up(values, baseline, settings):
                 return False
         return True
 
@@ -605,8 +761,10 @@ class LossSpikeDetector(BaseDetector):
             values, steps = finite_with_steps(column, block.steps)
             if not values:
                 continue
+            series.last_ratio = last_ratio(series.baseline, values, steps)
             if name in self._judged:
                 self._count += len(values)
+                self._pending = None
             kept = series.recent.maxlen or len(values)
             series.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
             series.baseline.extend(values)

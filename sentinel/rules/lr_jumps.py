@@ -15,7 +15,10 @@ from sentinel.rules.series import finite_with_steps
 
 #: A rise of the logged learning rate between two logged values that is a jump.
 LR_JUMP = 3.0
-#: A jump to above this multiple of the highest rate logged before it is no schedule's.
+#: A jump of at least this ratio to above this multiple of the highest rate logged before
+#: it is no schedule's (a warmup climbs by less from one logged value to the next once
+#: under way; a restart or a cycle goes back to a rate it had).
+UNEXPLAINED_RATIO = 10.0
 UNEXPLAINED = 2.0
 
 
@@ -48,7 +51,7 @@ class LrJumps:
             ratio = value / last[1]
             if ratio >= LR_JUMP and ratio > 2 * self.ratio:
                 self.jump = (step, last[1], value)
-                self.unexplained = value > UNEXPLAINED * self.highest
+                self.unexplained = ratio >= UNEXPLAINED_RATIO and value > UNEXPLAINED * self.highest
             self.ratio = ratio
         self.last = (step, value)
         self.highest = max(self.highest, value)

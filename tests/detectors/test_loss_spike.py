@@ -306,3 +306,43 @@ def test_growth_by_orders_of_magnitude_in_warmup_warns_once() -> None:
 def test_warmup_growth_needs_a_positive_least() -> None:
     alerts = run([0.0, -0.01, 0.02, 0.5, 3.0])
     assert alerts == []
+
+
+def _blow_up_feed(records: list[dict[str, float]]) -> list[Alert]:
+    detector = LossSpikeDetector(LossSpikeConfig())
+    alerts: list[Alert] = []
+    for step, record in enumerate(records, start=1):
+        samples = [Sample(name, value, step) for name, value in record.items()]
+        alerts += [alert for _, alert in detector.observe_samples(samples, "log", NOW)]
+    return alerts
+
+
+@pytest.mark.parametrize("grad_first", [False, True], ids=["loss-then-grad", "grad-then-loss"])
+@pytest.mark.parametrize("before", [1, 3, 30])
+def test_a_corroborated_blow_up_is_critical_on_its_first_value(
+    grad_first: bool, before: int
+) -> None:
+    """The fp16 blow-up of issue 29: the loss 5,000x its level, the grad-norm 45,000x its
+    own on the same record, after however few values."""
+    calm = [{"loss": 2.0 - 0.01 * i, "grad_norm": 1.0 + 0.01 * (i % 3)} for i in range(before)]
+    blown = {"loss": 9000.0, "grad_norm": 45000.0}
+    if grad_first:
+        blown = {"grad_norm": 45000.0, "loss": 9000.0}
+    alerts = _blow_up_feed([*calm, blown])
+    critical = [alert for alert in alerts if alert.severity == Severity.CRITICAL]
+    assert [(a.details["kind"], a.step, a.onset_step) for a in critical] == [
+        ("blow_up", before + 1, before + 1)
+    ]
+    assert "grad_norm" in critical[0].message
+
+
+def test_a_blow_up_its_record_does_not_corroborate_is_no_critical() -> None:
+    calm = [{"loss": 2.0, "grad_norm": 1.0}] * 12
+    alerts = _blow_up_feed([*calm, {"loss": 9000.0, "grad_norm": 1.1}, *calm[:3]])
+    assert alerts and all(alert.severity != Severity.CRITICAL for alert in alerts)
+
+
+def test_a_bad_batch_under_100x_that_recovers_is_no_critical_even_with_its_grad_norm() -> None:
+    calm = [{"loss": 2.0 + 0.01 * (i % 4), "grad_norm": 1.0} for i in range(20)]
+    alerts = _blow_up_feed([*calm, {"loss": 120.0, "grad_norm": 40.0}, *calm[:5]])
+    assert [a.severity for a in alerts if not a.resolves] == [Severity.WARNING]

@@ -64,13 +64,19 @@ def test_the_divergence_names_the_learning_rate_jump_behind_it(artifact: str) ->
 
 
 @pytest.mark.parametrize("artifact", ["trainer_state.json", "train.log"])
-def test_a_warmup_divergence_warns_five_logged_steps_before_the_first_nan(artifact: str) -> None:
+def test_a_warmup_divergence_is_stopped_five_logged_steps_before_the_first_nan(
+    artifact: str,
+) -> None:
+    """The loss millions of times its median with the grad-norm thousands of times its own
+    on the same record: a blow-up, critical on that first value, long before the NaN."""
     truth = expected("warmup_diverge")
     logging = truth["hyperparameters"]["logging_steps"]
     alerts = raised(RUNS / "warmup_diverge" / artifact)
-    first, nan = alerts[0], next(alert for alert in alerts if alert.rule == "nan_inf")
-    assert first.severity == Severity.WARNING
-    assert first.details["kind"] in {"warmup_growth", "warmup"}
+    nan = next(alert for alert in alerts if alert.rule == "nan_inf")
+    first = next(alert for alert in alerts if alert.severity == Severity.CRITICAL)
+    assert (first.rule, first.details["kind"]) == ("loss_spike", "blow_up")
+    # On the record of the first alert of all (its loss may warn before its grad-norm is read).
+    assert first.step == alerts[0].step
     assert first.step is not None and nan.step is not None
     assert (nan.step - first.step) // logging >= 5
 
