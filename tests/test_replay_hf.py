@@ -58,12 +58,15 @@ def test_replay_cli_json_on_hf_log() -> None:
     alerts = [json.loads(line) for line in result.stdout.splitlines()]
     first = next(alert for alert in alerts if alert["rule"] == "nan_inf")
     assert (first["rule"], first["step"], first["value"]) == ("nan_inf", 19, "nan")
-    # The early warnings came first (the loss 1e9x its least in warmup, then the grad-norm
-    # run), and the NaN's diagnosis reads the blow-up.
+    # The loss 1e9x its least in warmup warns, and with the grad-norm thousands of times its
+    # own on the same record it is a blow-up, critical before the NaN; the NaN's diagnosis
+    # reads the blow-up.
     assert [(a["rule"], a["severity"]) for a in alerts[:2]] == [
         ("loss_spike", "warning"),
-        ("grad_norm_run", "warning"),
+        ("loss_spike", "critical"),
     ]
+    assert alerts[1]["message"].endswith("a blow-up")
+    assert alerts[1]["diagnosis"]["cause"].startswith("optimisation blow-up")
     assert alerts[1]["step"] < 19
     assert first["diagnosis"]["cause"].startswith("optimisation blow-up")
 

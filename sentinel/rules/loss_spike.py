@@ -28,6 +28,12 @@ One episode of the rule, shared by every watched metric:
   stopped and rolled back to before the episode's onset; else it stays a warning;
 - resolves after ``resolve_after`` consecutive values under the bar (``"recovered"``),
   so two spikes further apart than that are two episodes;
+- opens without a warning (and resolves without a word) when it is within the run's
+  own tails: ``tail_count`` of the metric's last ``tail_window`` values were at least
+  1/``tail_margin`` as far above today's baseline. A run that logs every step shows a
+  batch 2-3x its median many times an hour, amid many at 1.5-2x; a run whose values
+  never stray shows a 4x batch as news every time. A larger one, or one that persists
+  with a second signal, is news again;
 - resolves as well when a metric stays above the bar for a whole ``window``
   (``"level_shift"``): that is a new level, not a spike, and the baseline is
   re-learned from it.
@@ -116,6 +122,13 @@ class LossSpikeConfig(MetricRuleConfig):
     corroborate: MetricNames = Field(default_factory=lambda: ["grad_norm"])
     #: In warmup, a value above this multiple of the least seen in the attempt warns.
     warmup_factor: float = Field(default=10.0, gt=1.0)
+    #: A spike is the run's own tail (a hard batch now and then), and opens no warning,
+    #: when ``tail_count`` of the metric's last ``tail_window`` values were at least
+    #: 1/``tail_margin`` as far above today's baseline; it still escalates when it
+    #: persists with a second signal (0: every spike warns).
+    tail_count: int = Field(default=3, ge=0)
+    tail_window: int = Field(default=500, ge=1, le=100_000)
+    tail_margin: float = Field(default=1.5, ge=1.0)
     #: A value this multiple of the median before it, however few values that median is
     #: taken over, is a blow-up...
     blowup_factor: float = Field(default=100.0, gt=1.0)
@@ -185,6 +198,17 @@ def never_spikes(values: list[float], least: float, start: int, settings: LossSp
     return never_above(values, partial(spike_bar, factor=settings.factor), least, start)
 
 
+def within_tail(
+    tail: deque[float], value: float, baseline: float, settings: LossSpikeConfig
+) -> bool:
+    """Whether a spike of ``value`` over ``baseline`` is the run's own tail: ``tail_count``
+    of its last values were at least 1/``tail_margin`` as far above the baseline."""
+    if settings.tail_count == 0:
+        return False
+    bar = baseline + (value - baseline) / settings.tail_margin
+    return sum(1 for seen in tail if seen >= bar) >= settings.tail_count
+
+
 #: A blow-up is judged against the least of this many latest values before it.
 BLOWUP_LEVEL = 3
 
@@ -236,10 +260,13 @@ class SpikeSeries:
         "recent",
         "run",
         "spiked_at",
+        "tail",
     )
 
-    def __init__(self, window: int, noise_window: int) -> None:
+    def __init__(self, window: int, noise_window: int, tail_window: int = 500) -> None:
         self.baseline = Rolling(window)
+        #: The metric's last finite values, spikes included: how far it strays.
+        self.tail: deque[float] = deque(maxlen=tail_window)
         #: The last non-spike values, whose spread is the run's own noise.
         self.noise = LazyRolling(noise_window)
         #: The least finite value of the attempt (the warmup's yardstick).
@@ -280,6 +307,8 @@ class SpikeEpisode:
         self.series: dict[str, SpikeSeries] = {}
         self.open = False
         self.escalated = False
+        #: Opened without a warning: a spike within the run's own tails.
+        self.quiet = False
         self.onset_step: int | None = None
         #: The rule's count of judged values when the episode opened.
         self.onset_count = 0
@@ -292,6 +321,7 @@ class SpikeEpisode:
         self.evals.reset()
         self.open = False
         self.escalated = False
+        self.quiet = False
         self.onset_step = None
         self.onset_count = 0
 
@@ -319,13 +349,17 @@ class SpikeEpisode:
                 self.onset_step = sample.step
                 self.onset_count = count
                 ratio = sample.value / baseline
+                self.quiet = within_tail(series.tail, sample.value, baseline, settings)
                 message = (
                     f"{name} {sample.value:.4g} at step {sample.step}"
                     f" is {ratio:.1f}x its recent median {baseline:.4g}"
                 )
                 details = self._details("spike", series, baseline, sample)
                 details["ratio"] = round(ratio, 3)
-                alerts.append(self._say(settings.severity, message, sample, source, time, details))
+                if not self.quiet:
+                    alerts.append(
+                        self._say(settings.severity, message, sample, source, time, details)
+                    )
         run_length = len(series.run)
         evidence = None
         if (
@@ -378,12 +412,12 @@ class SpikeEpisode:
             series.episode.append(loss.value)
         ratio = loss.value / baseline
         message = (
-            f"{loss.name} {loss.value:.4g} at step {loss.step} is {ratio:.3g}x its median"
-            f" {baseline:.4g}, {evidence}: a blow-up"
+            f"{loss.name} {loss.value:.4g} at step {loss.step} is {ratio:.3g}x its level"
+            f" {baseline:.4g} just before, {evidence}: a blow-up"
         )
         details = self._details("blow_up", series, baseline, loss)
-        details.update(ratio=round(ratio, 3), evidence=evidence)
-        return [self._say(settings.sustain_severity, message, sample, source, time, details)]
+        details.update(ratio=round(ratio, 3), evidence=evidence, completed_by=sample.name)
+        return [self._say(settings.sustain_severity, message, loss, source, time, details)]
 
     def under(
         self, series: SpikeSeries, baseline: float, sample: Sample, source: str, time: float
@@ -399,6 +433,9 @@ class SpikeEpisode:
         series.noise.extend(series.episode)
         series.episode.clear()
         if self._still_offending():
+            return []
+        if self.quiet and not self.escalated:
+            self._close()
             return []
         details = self._details("recovered", series, baseline, sample)
         message = (
@@ -437,6 +474,9 @@ class SpikeEpisode:
         series.run.clear()
         series.offending = False
         if self._still_offending():
+            return []
+        if self.quiet and not self.escalated:
+            self._close()  # never announced; ``divergence`` judges the new level
             return []
         new_level = series.baseline.median()
         details["new_baseline"] = new_level
@@ -499,10 +539,14 @@ class SpikeEpisode:
             resolves=True,
             details=details,
         )
+        self._close()
+        return alert
+
+    def _close(self) -> None:
         self.open = False
         self.escalated = False
+        self.quiet = False
         self.onset_step = None
-        return alert
 
 
 __all__ = ["LossSpikeConfig", "LossSpikeDetector"]
@@ -518,6 +562,13 @@ class LossSpikeDetector(BaseDetector):
 
     @classmethod
     def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        if alert.details.get("kind") == "blow_up":
+            return (
+                "optimisation blow-up: the loss and the grad-norm exploded together on one record",
+                "roll back to the checkpoint before the onset; lower the learning rate, clip"
+                " gradients at 1.0, use bf16 rather than fp16 (an fp16 overflow blows up so)",
+                alert.metric,
+            )
         if "eval_loss rose" in str(alert.details.get("evidence", "")):
             return (
                 "a persistent loss spike that hurt the model: the eval loss rose with it",
@@ -553,7 +604,10 @@ class LossSpikeDetector(BaseDetector):
         settings = self.settings
         self._warmup.reset()
         names = dict.fromkeys([*settings.metrics, *settings.corroborate])
-        self._series = {name: SpikeSeries(settings.window, settings.noise_window) for name in names}
+        self._series = {
+            name: SpikeSeries(settings.window, settings.noise_window, settings.tail_window)
+            for name in names
+        }
         self._episode.reset(self._series)
         self._count = 0
         self._warmup_warned = False
@@ -610,6 +664,7 @@ class LossSpikeDetector(BaseDetector):
                 evidence = self._corroboration(step)
                 if evidence is not None:
                     series.recent.append((step, value))
+                    series.tail.append(value)
                     series.least = min(series.least, value)
                     return self._episode.blow_up(
                         series, before, sample, sample, evidence, self._count, source, time
@@ -622,6 +677,14 @@ class LossSpikeDetector(BaseDetector):
         return self._level(series, sample, judged, source, time)
 
     def _level(
+        self, series: SpikeSeries, sample: Sample, judged: bool, source: str, time: float
+    ) -> list[Alert]:
+        """``_against_level``, then the value joins the metric's tail."""
+        alerts = self._against_level(series, sample, judged, source, time)
+        series.tail.append(sample.value)
+        return alerts
+
+    def _against_level(
         self, series: SpikeSeries, sample: Sample, judged: bool, source: str, time: float
     ) -> list[Alert]:
         """A value against its metric's level: learned in warmup or while the window fills
@@ -769,4 +832,5 @@ class LossSpikeDetector(BaseDetector):
             series.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
             series.baseline.extend(values)
             series.noise.extend(values)
+            series.tail.extend(values)
             series.least = min(series.least, *values)

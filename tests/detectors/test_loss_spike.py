@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -114,8 +115,10 @@ def test_second_spike_is_not_masked_by_the_first() -> None:
 
 
 def test_spikes_are_not_learned_into_the_baseline() -> None:
-    # With the six spikes learned, the median of steps 10-19 would be 5.5 and 5.0 no spike.
-    alerts = run([*BASE, *[9.0] * 6, 2.0, 2.0, 2.0, 5.0])
+    # With the six spikes learned, the median of steps 10-19 would be 5.5 and 20.0 a spike
+    # of 3.6x it; against the true baseline 2.0 it is 10x. (20.0 is further above the
+    # baseline than the six 9.0s were: no tail of the run.)
+    alerts = run([*BASE, *[9.0] * 6, 2.0, 2.0, 2.0, 20.0])
     assert summary(alerts) == [
         (WARN, 11, False),
         (CRIT, 14, False),
@@ -346,3 +349,23 @@ def test_a_bad_batch_under_100x_that_recovers_is_no_critical_even_with_its_grad_
     calm = [{"loss": 2.0 + 0.01 * (i % 4), "grad_norm": 1.0} for i in range(20)]
     alerts = _blow_up_feed([*calm, {"loss": 120.0, "grad_norm": 40.0}, *calm[:5]])
     assert [a.severity for a in alerts if not a.resolves] == [Severity.WARNING]
+
+
+def test_a_spike_the_run_has_shown_many_of_is_its_tail_and_warns_no_more() -> None:
+    """A run that logs every step: among its batches some are 1.8-2.3x its median, often.
+    The first spike past 2x warns; once the run has shown three as far out, no more."""
+    rng = random.Random(5)
+    values = [2.0 * (1 + 0.08 * rng.gauss(0, 1)) for _ in range(60)]
+    for index in range(60, 600):
+        hard = index % 37 == 0
+        values.append(2.0 * (rng.uniform(2.05, 2.3) if hard else 1 + 0.08 * rng.gauss(0, 1)))
+    opened = [a for a in run(values) if not a.resolves]
+    assert len(opened) <= 3, [a.step for a in opened]
+    assert opened[0].step == 75, "the first hard batch warns"
+
+
+def test_an_isolated_spike_in_a_run_that_never_strays_warns_every_time() -> None:
+    calm = [2.0 + 0.01 * (i % 5) for i in range(60)]
+    values = [*calm, 8.0, *calm, 8.0, *calm, 8.0]
+    opened = [a for a in run(values) if not a.resolves]
+    assert [a.step for a in opened] == [61, 122, 183]
