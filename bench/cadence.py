@@ -47,11 +47,12 @@ attached 5 values before it (it sees only those). After the onset 20 logged valu
 (fewer when the run ends first).
 
 **Per cell** (shape x cadence x pre): cases; recall (a warning or critical at or after the
-onset, of a rule that judges more than evaluations: the shapes change no evaluation); logged values from the onset to the first warning (or critical) and to the first
+onset, of a rule that judges more than evaluations: the shapes change no evaluation);
+logged values from the onset to the first warning (or critical) and to the first
 critical, the median over the cases (0: on the onset's own value); false alarms, alerts
 before the onset per 1,000 values fed before it. **Healthy**: each run whole at each
 cadence: warnings and criticals (episodes: alerts that open one) per 1,000 logged values.
-The targets of issue 29 are checked at the end: each says met or not, with the cells that
+The targets of issue 29 are checked first: each says met or not, with the cells that
 miss it.
 
     .venv/bin/python bench/cadence.py                 # the tables, Markdown
@@ -532,6 +533,24 @@ def cell_rows(cells: Sequence[Cell]) -> list[list[object]]:
     return rows
 
 
+def matrix(cells: Sequence[Cell], pres: Sequence[int | str] = (2, 5, 20)) -> list[list[object]]:
+    """Rows of shape x pre, a column per cadence: recall / share critical."""
+    by = {(c.shape, c.pre, c.cadence): c for c in cells}
+    cadences = sorted({c.cadence for c in cells})
+    rows: list[list[object]] = []
+    for shape in dict.fromkeys(c.shape for c in cells):
+        for pre in pres:
+            row: list[object] = [shape, pre]
+            for cadence in cadences:
+                cell = by.get((shape, pre, cadence))
+                if cell is None or not cell.cases:
+                    row.append("-")
+                else:
+                    row.append(f"{_pct(cell.recall)} / {_pct(cell.criticals / cell.cases)}")
+            rows.append(row)
+    return rows
+
+
 def targets(cells: Sequence[Cell], healthy: Sequence[Healthy], every_step: str) -> list[str]:
     """Issue 29's targets, each met or not, with the cells that miss it."""
 
@@ -616,6 +635,12 @@ def main(argv: Sequence[str] | None = None) -> int:
           h.skipped, ", ".join(f"{k} {n}" for k, n in sorted(h.rules.items())) or "-"]
          for h in healthy],
     ))  # fmt: skip
+    print("\n## Recall by cadence, with 2, 5 and 20 values before the onset\n")
+    print(
+        "Each cell: the share of cases raised (warning or critical) / the share critical;"
+        " '-' where no run is long enough.\n"
+    )
+    print(markdown(["shape", "pre", *[f"every {c}" for c in args.cadences]], matrix(cells)))
     print("\n## Failure shapes\n")
     print(
         "Values to warning and to critical: logged values from the onset's (0) to the"

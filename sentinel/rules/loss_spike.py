@@ -29,8 +29,9 @@ One episode of the rule, shared by every watched metric:
 - resolves after ``resolve_after`` consecutive values under the bar (``"recovered"``),
   so two spikes further apart than that are two episodes;
 - opens without a warning (and resolves without a word) when it is within the run's
-  own tails: ``tail_count`` of the metric's last ``tail_window`` values were at least
-  1/``tail_margin`` as far above today's baseline. A run that logs every step shows a
+  own tails: ``tail_count`` of the metric's last ``tail_window`` judged values were at
+  least 1/``tail_margin`` as far above their own baseline (ratios, so a loss that fell
+  since is not measured against its old level). A run that logs every step shows a
   batch 2-3x its median many times an hour, amid many at 1.5-2x; a run whose values
   never stray shows a 4x batch as news every time. A larger one, or one that persists
   with a second signal, is news again;
@@ -123,12 +124,14 @@ class LossSpikeConfig(MetricRuleConfig):
     #: In warmup, a value above this multiple of the least seen in the attempt warns.
     warmup_factor: float = Field(default=10.0, gt=1.0)
     #: A spike is the run's own tail (a hard batch now and then), and opens no warning,
-    #: when ``tail_count`` of the metric's last ``tail_window`` values were at least
-    #: 1/``tail_margin`` as far above today's baseline; it still escalates when it
-    #: persists with a second signal (0: every spike warns).
+    #: when ``tail_count`` of the metric's last ``tail_window`` judged values were at least
+    #: 1/``tail_margin`` as far above their baseline; it still escalates when it persists
+    #: with a second signal (0: every spike warns). Values ``tail_floor`` x their baseline
+    #: or more (no spike) and spikes the run came back from are remembered for that.
     tail_count: int = Field(default=3, ge=0)
     tail_window: int = Field(default=500, ge=1, le=100_000)
-    tail_margin: float = Field(default=1.5, ge=1.0)
+    tail_margin: float = Field(default=1.75, ge=1.0)
+    tail_floor: float = Field(default=1.5, gt=1.0)
     #: A value this multiple of the median before it, however few values that median is
     #: taken over, is a blow-up...
     blowup_factor: float = Field(default=100.0, gt=1.0)
@@ -199,14 +202,16 @@ def never_spikes(values: list[float], least: float, start: int, settings: LossSp
 
 
 def within_tail(
-    tail: deque[float], value: float, baseline: float, settings: LossSpikeConfig
+    tail: deque[tuple[int, float]], ratio: float, count: int, settings: LossSpikeConfig
 ) -> bool:
-    """Whether a spike of ``value`` over ``baseline`` is the run's own tail: ``tail_count``
-    of its last values were at least 1/``tail_margin`` as far above the baseline."""
+    """Whether a spike ``ratio`` x its baseline is the run's own tail: ``tail_count`` of its
+    last ``tail_window`` judged values (``count`` now) were at least 1/``tail_margin`` as
+    far above their own baseline."""
     if settings.tail_count == 0:
         return False
-    bar = baseline + (value - baseline) / settings.tail_margin
-    return sum(1 for seen in tail if seen >= bar) >= settings.tail_count
+    bar = 1 + (ratio - 1) / settings.tail_margin
+    since = count - settings.tail_window
+    return sum(1 for at, seen in tail if at > since and seen >= bar) >= settings.tail_count
 
 
 #: A blow-up is judged against the least of this many latest values before it.
@@ -265,8 +270,10 @@ class SpikeSeries:
 
     def __init__(self, window: int, noise_window: int, tail_window: int = 500) -> None:
         self.baseline = Rolling(window)
-        #: The metric's last finite values, spikes included: how far it strays.
-        self.tail: deque[float] = deque(maxlen=tail_window)
+        #: (the rule's count of judged values, value / baseline) of its values that were
+        #: ``tail_floor`` x their baseline or more but no spike, and of the peaks of the
+        #: spikes it came back from: how far, and how often, it strays.
+        self.tail: deque[tuple[int, float]] = deque(maxlen=tail_window)
         #: The last non-spike values, whose spread is the run's own noise.
         self.noise = LazyRolling(noise_window)
         #: The least finite value of the attempt (the warmup's yardstick).
@@ -349,7 +356,7 @@ class SpikeEpisode:
                 self.onset_step = sample.step
                 self.onset_count = count
                 ratio = sample.value / baseline
-                self.quiet = within_tail(series.tail, sample.value, baseline, settings)
+                self.quiet = within_tail(series.tail, ratio, count, settings)
                 message = (
                     f"{name} {sample.value:.4g} at step {sample.step}"
                     f" is {ratio:.1f}x its recent median {baseline:.4g}"
@@ -429,7 +436,10 @@ class SpikeEpisode:
             return []
         series.offending = False
         series.calm = 0
-        # Spikes the run came back from are part of its wobble (a rhythm's peaks).
+        # Spikes the run came back from are part of its wobble (a rhythm's peaks), and of
+        # its tail (a level shift's values are not: that part never came back).
+        if series.episode and baseline > 0 and series.spiked_at is not None:
+            series.tail.append((series.spiked_at, max(series.episode) / baseline))
         series.noise.extend(series.episode)
         series.episode.clear()
         if self._still_offending():
@@ -664,7 +674,6 @@ class LossSpikeDetector(BaseDetector):
                 evidence = self._corroboration(step)
                 if evidence is not None:
                     series.recent.append((step, value))
-                    series.tail.append(value)
                     series.least = min(series.least, value)
                     return self._episode.blow_up(
                         series, before, sample, sample, evidence, self._count, source, time
@@ -679,9 +688,21 @@ class LossSpikeDetector(BaseDetector):
     def _level(
         self, series: SpikeSeries, sample: Sample, judged: bool, source: str, time: float
     ) -> list[Alert]:
-        """``_against_level``, then the value joins the metric's tail."""
+        """``_against_level``, then a judged value far enough above its baseline joins the
+        metric's tail (past warmup, the window full: where it is judged)."""
+        rolling = series.baseline
+        settings = self.settings
+        value = sample.value
+        judging = judged and rolling.full and not self._warmup.active(sample.step)
+        baseline = rolling.median() if judging else 0.0
+        near = (
+            baseline > 0
+            and value >= settings.tail_floor * baseline
+            and not spikes(value, baseline, series.noise.values, settings)
+        )
         alerts = self._against_level(series, sample, judged, source, time)
-        series.tail.append(sample.value)
+        if near:
+            series.tail.append((self._count, value / baseline))
         return alerts
 
     def _against_level(
@@ -808,6 +829,17 @@ class LossSpikeDetector(BaseDetector):
                 return False
             if not phase and not never_spikes(values, baseline.least(), filling, settings):
                 return False
+            if (
+                not phase
+                and name in self._judged
+                and not never_above(
+                    values,
+                    partial(spike_bar, factor=settings.tail_floor),
+                    baseline.least(),
+                    filling,
+                )
+            ):
+                return False  # a value the tail would remember
             if name in self._judged and values and not never_blows_up(values, baseline, settings):
                 return False
         return True
@@ -832,5 +864,4 @@ class LossSpikeDetector(BaseDetector):
             series.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
             series.baseline.extend(values)
             series.noise.extend(values)
-            series.tail.extend(values)
             series.least = min(series.least, *values)

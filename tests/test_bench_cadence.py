@@ -1,0 +1,52 @@
+"""bench/cadence.py: a sparser cadence is the framework's average, and every figure of a
+cell is what the engine raised on the changed run."""
+
+from __future__ import annotations
+
+import math
+
+from bench import cadence
+from sentinel.config import load_settings
+
+
+def _run(losses: list[float], lrs: list[float] | None = None) -> cadence.Run:
+    records = [{"loss": loss} for loss in losses]
+    for record, lr in zip(records, lrs or [], strict=False):
+        record["lr"] = lr
+    return cadence.Run("synthetic", list(range(1, len(losses) + 1)), records)
+
+
+def test_a_sparser_cadence_averages_the_loss_and_keeps_the_windows_last_rate() -> None:
+    run = _run([1.0, 3.0, 2.0, 6.0, 5.0], lrs=[0.1, 0.2, 0.3, 0.4, 0.5])
+    logged = cadence.at_cadence(run, run.records, 2)
+    assert logged.steps == [2, 4]
+    assert [r["loss"] for r in logged.records] == [2.0, 4.0]
+    assert [r["lr"] for r in logged.records] == [0.2, 0.4]
+
+
+def test_a_nan_shape_is_found_on_its_first_value_and_a_healthy_run_raises_nothing() -> None:
+    settings = load_settings(None, environ={})
+    run = _run([2.0 - 0.001 * i for i in range(400)])
+    found = cadence.run_cell(cadence.Cell("nan", 10, 5), [run], settings)
+    assert (found.cases, found.found, found.to_warning, found.criticals) == (1, 1, [0], 1)
+    healthy = cadence.run_healthy(10, [run], settings)
+    assert (healthy.runs, healthy.values, healthy.warnings, healthy.criticals) == (1, 40, 0, 0)
+
+
+def test_a_run_too_short_or_too_coarse_for_a_cell_is_skipped_and_counted() -> None:
+    settings = load_settings(None, environ={})
+    short = _run([2.0] * 8)
+    cell = cadence.run_cell(cadence.Cell("shift_x2", 1, 20), [short], settings)
+    assert (cell.cases, cell.skipped) == (0, {"too short": 1})
+    coarse = cadence.Run("every-50", [50 * i for i in range(1, 30)], [{"loss": 2.0}] * 29)
+    cell = cadence.run_cell(cadence.Cell("shift_x2", 10, 5), [coarse], settings)
+    assert cell.skipped == {"logs less often": 1}
+
+
+def test_a_target_a_cell_misses_says_not_met_and_names_the_cell() -> None:
+    missed = cadence.Cell("shift_x2", 100, 5, cases=4, found=3)
+    met = cadence.Cell("nan", 100, 5, cases=4, found=4, to_warning=[0, 0, 0, 0])
+    lines = cadence.targets([missed, met], [], "hf-every-step")
+    assert lines[0].startswith("- met: NaN")
+    assert lines[1].startswith("- NOT met: LR jumps") and "shift_x2 @100 pre 5" in lines[1]
+    assert math.isclose(missed.recall or 0, 0.75)
