@@ -12,24 +12,4 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 os.environ.setdefault("SENTINEL_EVIDENCE__CHART", "false")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the longest tests first, so that on every core they overlap the short ones.
-
-    Collected in file order, the real framework jobs of ``tests/e2e`` (20 to 60 s each)
-    came last and ran one after the other while the other workers sat idle: a tail of
-    two minutes. ``--dist load`` (addopts) hands the tests out in this order, one at a
-    time round the workers; the sort is stable, so files keep their own order.
-    """
-    items.sort(key=_expected_length)
-
-
-def _expected_length(item: pytest.Item) -> int:
-    """0 for a real framework job, 1 for another slow test, 2 for the rest."""
-    if "e2e" in item.path.parts:
-        return 0
-    return 1 if item.get_closest_marker("slow") is not None else 2
