@@ -49,7 +49,9 @@ def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Pat
 
     alerts = [json.loads(line) for line in (state / "alerts.jsonl").read_text().splitlines()]
     criticals = [a for a in alerts if a["severity"] == "critical"]
-    assert [a["rule"] for a in criticals] == ["divergence"], criticals
+    # The jump of the logged rate (x120 at step 155) acts once the loss rose with it.
+    assert [a["rule"] for a in criticals] == ["lr_jump"], criticals
+    assert criticals[0]["step"] <= 165, criticals
     # Rolled back to the last checkpoint before the jump (step 151): the later ones set aside.
     quarantined = {p.name for p in (out / "quarantine").rglob("checkpoint-*")}
     assert "checkpoint-160" in quarantined and "checkpoint-140" not in quarantined
@@ -76,8 +78,9 @@ def test_a_jump_that_comes_back_at_the_same_step_gives_up_with_90(tmp_path: Path
     )  # fmt: skip
     assert result.returncode == 90, result.stderr[-4000:]
     alerts = [json.loads(line) for line in (state / "alerts.jsonl").read_text().splitlines()]
-    criticals = [a for a in alerts if a["severity"] == "critical" and a["rule"] == "divergence"]
+    acted = [a for a in alerts if a["severity"] == "critical" and "rose with it" in a["message"]]
     # Once, and again after the restart: the same failure at the same step, so 90.
-    assert len(criticals) >= 2, alerts
-    assert len({a["step"] for a in criticals}) == 1, criticals
+    assert [a["rule"] for a in acted] == ["lr_jump", "lr_jump"], alerts
+    assert len({a["step"] for a in acted}) == 1, acted
+    assert any("recurred at the same step (155)" in a["message"] for a in alerts), alerts
     assert (out / "checkpoint-140").is_dir()
