@@ -78,6 +78,10 @@ class LineParser:
         self._hf = hf_steps.HfSteps(bars_teach=logging_steps is None)
         self._formats = formats.Formats() if "keyvalue" in names else None
         self._no_step_yet = True
+        #: Whether a line's leading integer ``epoch`` is its step (a loop that counts its
+        #: iterations as epochs: ``epoch: 3451 loss: nan``): None until a line decides it;
+        #: False for good once any line names a step (then the epoch is no step unit).
+        self._epoch_steps: bool | None = None
 
     @property
     def reads_hf_blocks(self) -> bool:
@@ -118,9 +122,25 @@ class LineParser:
         samples = self._parse_line(text)
         if "{'" in text or "%|" in text:
             samples = self._hf.process(text, samples)
+        if samples and self._epoch_steps is not False:
+            samples = self._epoch_as_step(samples, text)
         if self._no_step_yet and samples:
             self._check_step(samples, text)
         return samples
+
+    def _epoch_as_step(self, samples: list[Sample], text: str) -> list[Sample]:
+        """A human-written line that names no step and leads with an integer ``epoch`` is
+        read at that epoch, as long as no line of the log named a step: there the epoch is
+        the loop's only counter (``epoch: 3451 loss: nan``)."""
+        if any(sample.step is not None for sample in samples):
+            self._epoch_steps = False
+            return samples
+        first = samples[0]
+        if first.name != "epoch" or not first.value.is_integer() or text.lstrip()[:1] in "{[":
+            return samples
+        self._epoch_steps = True
+        step = int(first.value)
+        return [sample._replace(step=step) for sample in samples]
 
     def _check_step(self, samples: list[Sample], text: str) -> None:
         """Log, once, metrics that arrive while no line has named a step."""
