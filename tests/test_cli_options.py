@@ -162,12 +162,18 @@ SETTINGS: dict[str, tuple[list[str], Callable[[dict[str, Any]], bool]]] = {
     "--systemd-user": (["--systemd-user"], lambda c: c["watch"]["systemd_user"] is True),
     "--wait": (["--wait", "0.5"], lambda c: c["watch"]["wait_s"] == 0.5),
     "--run-id": (["--run-id", "job-7.a_1"], lambda c: c["run_id"] == "job-7.a_1"),
+    "--reference": (
+        ["--reference", "reference.jsonl"],
+        lambda c: c["reference"]["path"] == "reference.jsonl",
+    ),
 }
 
 
 def config_file(tmp_path: Path) -> Path:
     path = tmp_path / "sentinel.toml"
     path.write_text(CONFIG)
+    # What ``--reference`` names: a finished run, read when the settings are made.
+    (tmp_path / "reference.jsonl").write_text('{"step": 10, "loss": 2.0}\n')
     return path
 
 
@@ -231,6 +237,16 @@ def replay_log(run: Run, tmp_path: Path) -> None:
     result = run("replay", "--json", "--log", tmp_path / "m*.jsonl")
     assert result.code == 0, result.err
     assert alerts(result.out)[0]["rule"] == "nan_inf"
+
+
+def replay_reference(run: Run, tmp_path: Path) -> None:
+    reference = tmp_path / "reference.jsonl"
+    reference.write_text("".join(f'{{"step": {s}, "loss": 2.0}}\n' for s in range(1, 31)))
+    live = tmp_path / "live.jsonl"
+    live.write_text("".join(f'{{"step": {s}, "loss": 5.0}}\n' for s in range(1, 31)))
+    assert "reference" not in {a["rule"] for a in alerts(run("replay", "--json", live).out)}
+    found = alerts(run("replay", "--json", "--reference", reference, live).out)
+    assert [a["rule"] for a in found if a["rule"] == "reference"] == ["reference"]
 
 
 def replay_json(run: Run, tmp_path: Path) -> None:
@@ -583,6 +599,7 @@ HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
     ("check-config", "--json"): check_config_json,
     ("replay", "--config"): replay_config,
     ("replay", "--log"): replay_log,
+    ("replay", "--reference"): replay_reference,
     ("replay", "--json"): replay_json,
     ("replay", "--fail-on"): replay_fail_on,
     ("notify-test", "--config"): notify_test_config,

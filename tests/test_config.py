@@ -166,8 +166,11 @@ def test_unset_cli_flags_leave_env_values() -> None:
     assert settings.logs == ["a.log"]
 
 
-def test_every_cli_field_maps_onto_a_setting() -> None:
+def test_every_cli_field_maps_onto_a_setting(tmp_path: Path) -> None:
+    reference = tmp_path / "reference.jsonl"
+    reference.write_text('{"step": 10, "loss": 2.0}\n')
     values: dict[str, Any] = {
+        "reference": str(reference),
         "log": ["x.log"],
         "discover": "/runs",
         "checkpoints": "/ckpt",
@@ -194,6 +197,7 @@ def test_every_cli_field_maps_onto_a_setting() -> None:
     assert set(values) == set(CLI_FIELDS)
     settings = load_settings(None, cli=values, environ={})
     assert settings.logs == ["x.log"]
+    assert settings.reference.path == reference
     assert str(settings.tail.discover_dir) == "/runs"
     assert str(settings.checkpoints) == "/ckpt"
     assert settings.notify.urls[0].get_secret_value() == JSON_URL

@@ -56,6 +56,15 @@ SHARED: tuple[SharedOption, ...] = (
         },
     ),
     SharedOption(
+        ("--reference",),
+        "input",
+        {
+            "metavar": "PATH",
+            "help": "a finished run of the same recipe (trainer_state.json, metrics file, log"
+            " or run folder): warn when the run leaves its band",
+        },
+    ),
+    SharedOption(
         ("--notify",),
         "notify",
         {"action": "append", "metavar": "URL", "help": "apprise URL to alert (repeatable)"},

@@ -17,6 +17,7 @@ from pydantic import create_model as _create_model
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sentinel.config import resume
+from sentinel.config.reference import load_reference
 from sentinel.follow.gathering import LOOK_S
 from sentinel.gpu.settings import GpuConfig
 from sentinel.model.facts import RunFacts
@@ -242,6 +243,23 @@ class ParserConfig(_Model):
         return patterns
 
 
+class ReferenceSettings(_Model):
+    """``[reference]``: a finished run of the same recipe whose curve a run should follow."""
+
+    #: Its ``trainer_state.json``, metrics file, log or run folder (``--reference``).
+    path: Path | None = None
+    #: Whether leaving its band stops the job on its own (else it warns, and acts when
+    #: another rule agrees: people re-run a recipe on purpose with changes).
+    act: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _readable(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            load_reference(path)  # ReferenceError (a ValueError) says why it cannot be read
+        return path
+
+
 _RULE_FIELDS: dict[str, Any] = {
     rule: (detector.config_model, Field(default_factory=detector.config_model))
     for rule, detector in DETECTORS.items()
@@ -293,6 +311,7 @@ class Settings(BaseSettings):
     tail: TailConfig = Field(default_factory=TailConfig)
     keep: KeepConfig = Field(default_factory=KeepConfig)
     parsers: ParserConfig = Field(default_factory=ParserConfig)
+    reference: ReferenceSettings = Field(default_factory=ReferenceSettings)
     evidence: EvidenceConfig = Field(default_factory=EvidenceConfig)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)  # type: ignore[valid-type]
@@ -321,11 +340,14 @@ class Settings(BaseSettings):
 
     def run_facts(self) -> RunFacts:
         """What ``[training]`` and ``[cost]`` tell of the run; the log may say better."""
+        path = self.reference.path
         return RunFacts(
             samples_per_step=self.training.samples_per_step,
             max_steps=self.training.max_steps,
             gpus=self.cost.gpus,
             price_per_gpu_hour=self.cost.price_per_gpu_hour,
+            reference=None if path is None else load_reference(path),
+            reference_acts=self.reference.act,
         )
 
     def rule(self, rule: str) -> RuleConfig:
@@ -359,4 +381,5 @@ CLI_FIELDS: dict[str, tuple[str, ...]] = {
     "systemd_unit": ("watch", "systemd_unit"),
     "systemd_user": ("watch", "systemd_user"),
     "wait": ("watch", "wait_s"),
+    "reference": ("reference", "path"),
 }

@@ -14,11 +14,21 @@ test first, so it costs nothing on the usual line.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 _TOTAL_BATCH = re.compile(r"Total train batch size[^=]*=\s*([\d,]+)")
 _TOTAL_STEPS = re.compile(r"Total optimization steps\s*=\s*([\d,]+)")
+
+
+@dataclass(frozen=True)
+class ReferenceCurve:
+    """A finished run of the same recipe (``--reference``): per metric, its logged
+    ``(step, value)`` pairs in step order, and where it was read from."""
+
+    source: str
+    series: Mapping[str, tuple[tuple[int, float], ...]]
 
 
 @dataclass
@@ -34,6 +44,10 @@ class RunFacts:
     price_per_gpu_hour: float | None = None
     #: GPU sources (``gpu:<index>``) the GPU source attributes to the job, as last read.
     job_gpus: set[str] = field(default_factory=set)
+    #: The curve a healthy run of the same recipe followed (``[reference] path``).
+    reference: ReferenceCurve | None = None
+    #: Whether leaving the reference's band acts on its own (``[reference] act``).
+    reference_acts: bool = False
 
     @property
     def gpu_count(self) -> int | None:

@@ -19,6 +19,7 @@ from sentinel.rules.loss_scale import LossScaleDetector
 from sentinel.rules.loss_spike import LossSpikeDetector
 from sentinel.rules.lr_jump import LrJumpDetector
 from sentinel.rules.nan_inf import NanInfDetector
+from sentinel.rules.reference import ReferenceDetector
 from sentinel.rules.stall import StallDetector
 from sentinel.rules.throughput_drop import ThroughputDropDetector
 
@@ -29,6 +30,7 @@ DETECTORS: dict[str, type[BaseDetector]] = {
     "loss_spike": LossSpikeDetector,
     "divergence": DivergenceDetector,
     "lr_jump": LrJumpDetector,
+    "reference": ReferenceDetector,
     "throughput_drop": ThroughputDropDetector,
     "eval_loss_rise": EvalLossRiseDetector,
     "loss_plateau": LossPlateauDetector,

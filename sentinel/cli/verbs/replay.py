@@ -25,7 +25,7 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     replay = verbs.add_parser(VERB, help="run the detectors over finished logs")
     add_shared(
         replay,
-        takes=["--config", "--log", "--json", "--verbose"],
+        takes=["--config", "--log", "--reference", "--json", "--verbose"],
         why="replay sends, signals, moves and restarts nothing",
         because={
             "--state-dir": "replay keeps no state: it reads its files and writes nothing",
