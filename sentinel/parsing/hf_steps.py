@@ -262,17 +262,23 @@ class HfSteps:
 
     def _check(self, step: int, count: int) -> None:
         """What the bars taught, against a dict's redrawn bar: forgotten when two dicts in
-        a row are not at the bar redrawn after them."""
+        a row are not at the bar redrawn after them, and the bars teach no more (output
+        whose bars and dicts interleave out of order would teach and unteach at every dict,
+        and say so each time)."""
         if count == step:
             self._misses = 0
             return
         self._misses += 1
         if self._misses >= _MISSES:
-            logger.info("HF Trainer output: its bars no longer show the dicts' steps")
+            logger.info(
+                "HF Trainer output: its bars no longer show the dicts' steps (stdout and"
+                " stderr interleave out of order); its dicts are read at the bars' steps"
+            )
             self.steps_per_epoch = None
             self._taught = False
             self._misses = 0
             self._bounds = None
+            self._bars_teach = False
 
     def _whole_epochs(self, low: float, high: float) -> float | None:
         """The training bar's total over a whole number of epochs, where exactly one such

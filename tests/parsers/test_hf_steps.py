@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.config import load_settings
+from sentinel.engine.replay import replay
 from sentinel.parsing import LineParser
 from sentinel.parsing.hf_steps import HfSteps
 
@@ -212,3 +214,26 @@ def test_a_set_logging_cadence_leaves_the_steps_to_the_engine() -> None:
     for line in _live(FIXTURES / "tqdm.unbuffered.log"):
         steps += [s.step for s in parser.parse(line) if s.name in ("loss", "eval_loss")]
     assert set(steps) == {None}
+
+
+def test_bars_and_dicts_out_of_order_are_said_once_not_at_every_dict(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """stdout and stderr interleaved out of order: each dict lands two bars after its step.
+    The bars teach, the next dicts contradict them, and then they teach no more: a couple
+    of lines in the log, not two per dict (issue 29: 73,795 lines for a 30,000-line log)."""
+    lines = []
+    for step in range(1, 3001):
+        lines.append(f" {step // 30}%|#####     | {step}/3000 [00:{step % 60:02d}<00:10,  9.1it/s]")
+        if step % 5 == 0:
+            lines.append(
+                f"{{'loss': {2.0 - step / 3000:.4f}, 'grad_norm': 1.0,"
+                f" 'learning_rate': 5e-05, 'epoch': {(step - 2) / 1000:.2f}}}"
+            )
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.INFO, logger="sentinel"):
+        result = replay([log], load_settings(None, environ={}))
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("sentinel.parsing")]
+    assert len(said) <= 4, said
+    assert result.samples >= 600 * 3
