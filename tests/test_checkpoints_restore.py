@@ -92,3 +92,21 @@ def test_restore_refuses_a_quarantine_folder_that_is_a_link(tmp_path: Path) -> N
     assert result.returncode == 2
     assert "is a symbolic link" in result.stderr
     assert not (ck / "ckpt.pt").exists()
+
+
+@pytest.mark.slow
+def test_restore_refuses_a_manifest_whose_origin_climbs_out_with_dots(tmp_path: Path) -> None:
+    """``ck/../elsewhere/planted.pt`` begins with ``ck`` by its name, and leads out of it."""
+    ck, elsewhere = tmp_path / "ck", tmp_path / "elsewhere"
+    ck.mkdir()
+    elsewhere.mkdir()
+    rolled_back(ck)
+    manifest_path = ck / "quarantine" / LABEL / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["items"][0]["origin"] = f"{ck}/../elsewhere/planted.pt"
+    manifest_path.write_text(json.dumps(manifest))
+    result = sentinel("checkpoints", "--restore", LABEL, str(ck))
+    assert result.returncode == 2, result.stdout
+    assert "came from outside" in result.stderr
+    assert os.listdir(elsewhere) == []
+    assert (ck / "quarantine" / LABEL / "ckpt.pt").is_file(), "nothing moved"

@@ -3,11 +3,11 @@
 For the false alarm that stopped a healthy run. The folder's manifest (written by
 ``apply_rollback``) names each item's origin. Nothing is overwritten: if any origin
 is taken, nothing moves. Nothing leaves the checkpoint dir either: an origin is refused
-when it lies outside the dir, or when a folder on its way from the dir is a symbolic link
-(whoever can write the checkpoint dir could point one anywhere, and a restore may run as
-root); so is a quarantine folder that is itself a link. The one file that may stand in
-the way is sentinel's own: the kept version a rollback put back, which goes (the kept copy
-stays) when it is still exactly that version.
+when it lies outside the dir (or names ``..``), or when a folder on its way from the dir
+is a symbolic link (whoever can write the checkpoint dir could point one anywhere, and a
+restore may run as root); so is a quarantine folder that is itself a link. The one file
+that may stand in the way is sentinel's own: the kept version a rollback put back, which
+goes (the kept copy stays) when it is still exactly that version.
 
 The resume pointers the rollback rewrote are put back as they read before, each
 only if it still reads as the rollback left it (the resumed job may have saved since).
@@ -170,7 +170,12 @@ def _move_of(root: Path, folder: Path, item: Any) -> Move:
     origin = Path(str(item.get("origin", ""))) if isinstance(item, dict) else Path()
     if not name or Path(name).name != name or name in (".", ".."):
         raise RestoreRefused(f"{folder / MANIFEST}: an item without a plain name: {item!r}")
-    if not origin.is_absolute() or os.path.commonpath([origin, root]) != str(root):
+    # ``..`` is refused outright: ``root/../etc`` shares ``root``'s name but leads out.
+    if (
+        not origin.is_absolute()
+        or ".." in origin.parts
+        or os.path.commonpath([origin, root]) != str(root)
+    ):
         raise RestoreRefused(f"{folder / MANIFEST}: {name} came from outside {root}: {origin}")
     link = _link_on_the_way(root, origin)
     if link is not None:
