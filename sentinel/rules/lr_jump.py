@@ -11,8 +11,9 @@ settings, a wrong multiplier or unit, a rate typed in the wrong place.
 Alone it warns (``severity``): people change the rate on purpose. With the loss it acts
 (``act_severity``, critical: stop, roll back, restart), judged on values, not steps, so
 at any logging cadence: once ``confirm`` loss values have been logged since the jump and
-their median is ``loss_rise`` (1.3) times or more the loss's level before it (the median
-of its last ``level_values`` values) and above that level's noise (``noise_sigmas``
+their median is ``loss_rise`` (1.3) times or more the loss's level before it (the least
+of its last ``level_values`` values: a loss early in a run still falls fast, and a median
+of them lags above it) and above that level's noise (``noise_sigmas``
 robust standard deviations of the values before, once ``noise_values`` are known),
 within ``loss_window`` values of the jump. A loss at or below 0 (preference, RL
 objectives) is not judged by a ratio: the jump then stays a warning.
@@ -57,7 +58,7 @@ class LrJumpConfig(MetricRuleConfig):
     min_values: int = Field(default=2, ge=1)
     #: The loss whose rise after a jump makes it act.
     metric: str = "loss"
-    #: The loss's values before the jump whose median is its level.
+    #: The loss's values before the jump whose least is its level.
     level_values: int = Field(default=3, ge=1)
     #: Loss values since the jump, at their median, that must be above the bar to act.
     confirm: int = Field(default=2, ge=1)
@@ -192,7 +193,7 @@ class LrJumpDetector(BaseDetector):
         level = None
         noise = 0.0
         if before and min(before) > 0:
-            level = sorted_median(sorted(before[-settings.level_values :]))
+            level = min(before[-settings.level_values :])
             if len(before) >= settings.noise_values:
                 noise = wobble(before)
         self._jump = Jump(step, last[1], value, highest, changed_after, onset, level, noise)
