@@ -66,6 +66,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
+from itertools import islice
 from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
@@ -221,7 +222,7 @@ BLOWUP_LEVEL = 3
 def recent_level(baseline: Rolling) -> float:
     """The least of the latest ``BLOWUP_LEVEL`` values of a (non-empty) window: the level a
     blow-up is judged against (a loss early in a run falls fast; an older median lags)."""
-    return min(list(baseline.values)[-BLOWUP_LEVEL:])
+    return min(islice(reversed(baseline.values), BLOWUP_LEVEL))
 
 
 def never_blows_up(values: list[float], baseline: Rolling, settings: LossSpikeConfig) -> bool:
@@ -598,6 +599,8 @@ class LossSpikeDetector(BaseDetector):
         super().__init__(config)
         self.settings = config
         self._judged = frozenset(config.metrics)
+        #: Metrics whose value on a blow-up's record corroborates it (their last ratio kept).
+        self._corroborating = frozenset(config.corroborate)
         self.watches = frozenset({*config.metrics, *config.corroborate, EVAL_METRIC, "lr"})
         self._warmup = Warmup(config.warmup_steps)
         self._series: dict[str, SpikeSeries] = {}
@@ -663,13 +666,14 @@ class LossSpikeDetector(BaseDetector):
         rolling = series.baseline
         time = stamp if stamp is not None else now
         settings = self.settings
-        before = rolling.median() if len(rolling) else None
-        series.last_ratio = (step, value / before) if before is not None and before > 0 else None
+        if name in self._corroborating:
+            median = rolling.median() if len(rolling) else 0.0
+            series.last_ratio = (step, value / median) if median > 0 else None
         if judged:
             self._count += 1
             self._pending = None
             # Against the level the loss had just before it (it may still fall fast).
-            before = recent_level(rolling) if before is not None else None
+            before = recent_level(rolling) if len(rolling) else None
             if before is not None and before > 0 and value >= settings.blowup_factor * before:
                 evidence = self._corroboration(step)
                 if evidence is not None:
@@ -856,7 +860,8 @@ class LossSpikeDetector(BaseDetector):
             values, steps = finite_with_steps(column, block.steps)
             if not values:
                 continue
-            series.last_ratio = last_ratio(series.baseline, values, steps)
+            if name in self._corroborating:
+                series.last_ratio = last_ratio(series.baseline, values, steps)
             if name in self._judged:
                 self._count += len(values)
                 self._pending = None
