@@ -6,6 +6,11 @@ across the few hundred tests that stop a job, that was a fifth of the suite's ti
 suite turns it off by default, in this process and in every sentinel it starts (they inherit
 the environment); the tests of the chart turn it back on (tests/actions/test_incident_files.py,
 tests/e2e/test_evidence_live.py).
+
+The real framework jobs of tests/e2e run torch on a tiny model. With one intra-op thread per
+core (torch's default) and the suite's workers on every core, torch's threads spin against
+each other: the HF Trainer rollback took 102 s in the suite against 27 s alone. Every job
+the suite starts runs torch single-threaded (they inherit the environment).
 """
 
 from __future__ import annotations
@@ -13,3 +18,5 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("SENTINEL_EVIDENCE__CHART", "false")
+for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
