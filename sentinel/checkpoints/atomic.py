@@ -8,14 +8,49 @@ before the rename.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_TEMP = re.compile(r"\.sentinel-replace-(\d+)\.tmp")
 
 
 def temp_beside(path: Path) -> Path:
     """A name in ``path``'s folder (the same filesystem, so the rename is atomic)."""
     return path.with_name(f".sentinel-replace-{os.getpid()}.tmp")
+
+
+def sweep(directory: Path) -> None:
+    """Remove the temp entries a sentinel that died before its rename left in ``directory``
+    (their pid runs no more). Never anything else: only sentinel's own temp names."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMP.fullmatch(entry.name)
+        if match is None or int(match.group(1)) == os.getpid() or _alive(int(match.group(1))):
+            continue
+        try:
+            os.unlink(entry.path)
+        except OSError as error:
+            log.warning("could not remove %s, left by a sentinel that died: %s", entry.path, error)
+        else:
+            log.info("removed %s, left by a sentinel that died before its rename", entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_text(path: Path, text: str) -> None:

@@ -84,6 +84,16 @@ def move_to_free(source: Path, target_dir: Path, taken: set[Path]) -> Path:
         return destination
 
 
+def move_to(source: Path, destination: Path, taken: set[Path]) -> Path:
+    """Move ``source`` to ``destination``, or, should that name be taken since it was
+    chosen, to the next free name in its folder; the name used."""
+    try:
+        _move(source, destination)
+    except FileExistsError:
+        return move_to_free(source, destination.parent, {*taken, destination})
+    return destination
+
+
 def _move(source: Path, destination: Path) -> None:
     # The destination was checked free just before; re-check to narrow the window,
     # since os.rename silently replaces an existing file.

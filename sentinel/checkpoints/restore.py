@@ -109,7 +109,14 @@ def _plan(directory: Path, incident: str) -> tuple[Path, dict[str, Any], list[Mo
     manifest = read_manifest(folder)
     if manifest is None:
         raise RestoreRefused(f"{folder} has no {MANIFEST}: move its items back by hand")
-    moves = [_move_of(root, folder, item) for item in manifest["items"]]
+    # An item a rollback planned but never moved (it stopped before) stayed where it was.
+    items = [
+        item
+        for item in manifest["items"]
+        if not (isinstance(item, dict) and item.get("moved") is False)
+        or os.path.lexists(folder / str(item.get("name")))
+    ]
+    moves = [_move_of(root, folder, item) for item in items]
     for move in moves:
         if os.path.lexists(move.destination) and not _own_put_back(move.destination, manifest):
             raise RestoreRefused(f"{move.destination} exists; not overwriting it, nothing moved")

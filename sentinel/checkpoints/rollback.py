@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sentinel.checkpoints import atomic
 from sentinel.checkpoints.clone import clone
 from sentinel.checkpoints.keep import KeptVersion, kept_versions, weights_problem
 from sentinel.checkpoints.pointer_find import Form, find_pointers, hpc_above_clean
@@ -35,7 +36,7 @@ from sentinel.checkpoints.pointers import PointerChange, Rewrite, apply_rewrite,
 from sentinel.checkpoints.quarantine import (
     MANIFEST,
     free_destination,
-    move_to_free,
+    move_to,
     read_manifest,
     sanitize_label,
 )
@@ -162,51 +163,78 @@ def apply_rollback(
 ) -> list[Path]:
     """Move the plan's quarantined checkpoints to ``<directory>/quarantine/<label>/``.
 
-    Then put the plan's kept version back, rewrite the resume pointers that named a
-    quarantined checkpoint, and record where each item came from and how each pointer
-    read before in the folder's manifest. Returns the destinations used (or, with ``dry_run``, those
-    that would be used). A checkpoint that vanished since the scan is logged and
-    skipped; any other ``OSError`` propagates, so the caller does not restart over a
-    half-done rollback (the manifest still records what moved).
+    Then put the plan's kept version back and rewrite the resume pointers that named a
+    quarantined checkpoint. The folder's manifest records the whole plan before anything
+    moves (each item's origin and its name in the folder), then each move, the put-back
+    and each pointer's change as it is made, each write synced: a sentinel killed in the
+    middle leaves a manifest that says what is where, and one that takes the rollback up
+    (the same ``label``, planned again from what is still in place) adds to it. Returns
+    the destinations used (or, with ``dry_run``, those that would be used). A checkpoint
+    that vanished since the scan is logged and skipped; any other ``OSError`` propagates,
+    so the caller does not restart over a half-done rollback.
     """
     target_dir = Path(os.path.abspath(directory)) / QUARANTINE_DIR / sanitize_label(label)
-    if plan.quarantine and not dry_run:
-        target_dir.mkdir(parents=True, exist_ok=True)
-    taken: set[Path] = set()
-    moved: list[Path] = []
-    items: list[dict[str, Any]] = []
-    changes: list[PointerChange] = []
     # A last.ckpt copy is set aside by its rewrite, so that its name is never absent.
     by_rewrite = {
         r.pointer.path
         for r in plan.rewrites
         if r.clean is not None and r.pointer.form is Form.COPY and not dry_run
     }
-    try:
-        for checkpoint in plan.quarantine:
-            if checkpoint.path in by_rewrite:
-                continue
-            destination = _quarantine_one(checkpoint, target_dir, taken, dry_run=dry_run)
-            if destination is None:
-                continue
-            taken.add(destination)
-            moved.append(destination)
-            items.append(_item(checkpoint, destination))
-        if plan.put_back is not None and plan.restore is not None:
-            _put_back(plan.put_back, plan.restore.path, dry_run=dry_run)
-        for planned in plan.rewrites:
-            if dry_run:
-                log.warning("dry run: would rewrite %s: %s", planned.pointer.path, _would(planned))
-                continue
-            change = apply_rewrite(planned, target_dir, taken)
-            if change is not None:
-                changes.append(change)
-                if change.set_aside:
-                    moved.append(target_dir / change.set_aside)
-    finally:
-        if (items or changes) and not dry_run:
-            _record(target_dir, label, plan, items, changes)
+    to_move = [c for c in plan.quarantine if c.path not in by_rewrite]
+    if dry_run:
+        return _dry_run(plan, to_move, target_dir)
+    taken: set[Path] = set()
+    moved: list[Path] = []
+    if not to_move and not plan.rewrites and plan.put_back is None:
+        return moved
+    manifest = _Manifest(target_dir, label, plan)
+    planned = []
+    for checkpoint in to_move:
+        destination = free_destination(target_dir, checkpoint.path.name, taken)
+        taken.add(destination)
+        planned.append((checkpoint, destination))
+    manifest.plan([_item(c, d) for c, d in planned])  # before the first move
+    for checkpoint, destination in planned:
+        done = _quarantine_one(checkpoint, destination, taken)
+        if done is not None:
+            moved.append(done)
+            manifest.moved(checkpoint.path, done)
+    back = plan.put_back
+    if back is not None and plan.restore is not None and _put_back(back, plan.restore.path):
+        manifest.put_back(back, plan.restore.path)
+    for folder in {r.pointer.path.parent for r in plan.rewrites}:
+        atomic.sweep(folder)  # what a sentinel killed mid-rewrite left
+    for planned_rewrite in plan.rewrites:
+        change = apply_rewrite(planned_rewrite, target_dir, taken)
+        if change is not None:
+            manifest.pointer(change)
+            if change.set_aside:
+                moved.append(target_dir / change.set_aside)
+    manifest.complete()
     return moved
+
+
+def _dry_run(plan: RollbackPlan, to_move: list[Checkpoint], target_dir: Path) -> list[Path]:
+    """What ``apply_rollback`` would do, logged; the destinations it would use."""
+    taken: set[Path] = set()
+    would = []
+    for checkpoint in to_move:
+        destination = free_destination(target_dir, checkpoint.path.name, taken)
+        taken.add(destination)
+        would.append(destination)
+        log.warning(
+            "dry run: would quarantine %s (step %s, %s) to %s",
+            checkpoint.path,
+            checkpoint.step,
+            checkpoint.status,
+            destination,
+        )
+    if plan.put_back is not None and plan.restore is not None:
+        log.warning("dry run: would put kept version %s back at %s", plan.put_back.path,
+                    plan.restore.path)  # fmt: skip
+    for planned in plan.rewrites:
+        log.warning("dry run: would rewrite %s: %s", planned.pointer.path, _would(planned))
+    return would
 
 
 def pointer_note(plan: RollbackPlan) -> str:
@@ -229,22 +257,11 @@ def _would(planned: Rewrite) -> str:
     return f"would name {planned.says} (was {planned.pointer.says})"
 
 
-def _quarantine_one(
-    checkpoint: Checkpoint, target_dir: Path, taken: set[Path], *, dry_run: bool
-) -> Path | None:
-    """Move one checkpoint aside; its destination (None if it vanished)."""
-    if dry_run:
-        destination = free_destination(target_dir, checkpoint.path.name, taken)
-        log.warning(
-            "dry run: would quarantine %s (step %s, %s) to %s",
-            checkpoint.path,
-            checkpoint.step,
-            checkpoint.status,
-            destination,
-        )
-        return destination
+def _quarantine_one(checkpoint: Checkpoint, destination: Path, taken: set[Path]) -> Path | None:
+    """Move one checkpoint aside, to ``destination`` (the name the manifest planned) or,
+    should something have taken it since, the next free name; None if it vanished."""
     try:
-        destination = move_to_free(checkpoint.path, target_dir, taken)
+        destination = move_to(checkpoint.path, destination, taken)
     except FileNotFoundError:
         log.warning("checkpoint %s vanished before it could be quarantined", checkpoint.path)
         return None
@@ -259,15 +276,15 @@ def _quarantine_one(
     return destination
 
 
-def _put_back(version: KeptVersion, path: Path, *, dry_run: bool) -> None:
+def _put_back(version: KeptVersion, path: Path) -> bool:
     """Copy the kept ``version`` to ``path`` atomically: a temp name beside it, then rename.
+    False when it is there already (a rollback taken up after a sentinel died).
 
     A copy (or reflink), never a link: a job that rewrites the file in place would
     otherwise rewrite the kept version with it.
     """
-    if dry_run:
-        log.warning("dry run: would put kept version %s back at %s", version.path, path)
-        return
+    if _in_place(version, path):
+        return False
     if os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, "not putting a kept version over a file", str(path))
     temp = path.with_name(f".{path.name}.sentinel-{os.getpid()}.tmp")
@@ -279,6 +296,7 @@ def _put_back(version: KeptVersion, path: Path, *, dry_run: bool) -> None:
         os.unlink(temp)  # our own copy, never the job's file
         raise
     log.info("put kept version %d of %s back (step %s)", version.number, path, version.step)
+    return True
 
 
 def _item(checkpoint: Checkpoint, destination: Path) -> dict[str, Any]:
@@ -288,46 +306,74 @@ def _item(checkpoint: Checkpoint, destination: Path) -> dict[str, Any]:
         "step": checkpoint.step,
         "status": str(checkpoint.status),
         "reason": checkpoint.reason,
+        "moved": False,
     }
 
 
-def _record(
-    target_dir: Path,
-    label: str,
-    plan: RollbackPlan,
-    items: list[dict[str, Any]],
-    changes: list[PointerChange],
-) -> None:
-    """Add ``items`` and ``changes`` to the folder's manifest (a label may be used twice).
+class _Manifest:
+    """A quarantine folder's manifest as a rollback writes it: the plan first, then each
+    step as it is done, every write a synced temp file renamed over the last."""
 
-    Written to a temp file, then renamed over.
-    """
-    path = target_dir / MANIFEST
-    target_dir.mkdir(parents=True, exist_ok=True)
-    manifest = read_manifest(target_dir) or {
-        "label": label,
-        "items": [],
-        "put_back": [],
-        "pointers": [],
-    }
-    manifest["items"].extend(items)
-    manifest["pointers"].extend(change.to_json() for change in changes)
-    manifest["onset"] = {
-        "step": plan.onset.step,
-        "epoch": plan.onset.epoch,
-        "time": plan.onset.time,
-    }
-    manifest["time"] = time.time()
-    version = plan.put_back
-    if version is not None and plan.restore is not None and os.path.lexists(plan.restore.path):
-        manifest["put_back"].append(
+    def __init__(self, target_dir: Path, label: str, plan: RollbackPlan) -> None:
+        self.folder = target_dir
+        target_dir.mkdir(parents=True, exist_ok=True)
+        # A label used twice (a rollback taken up after a sentinel died) adds to its record.
+        self.data = read_manifest(target_dir) or {
+            "label": label,
+            "items": [],
+            "put_back": [],
+            "pointers": [],
+        }
+        self.data["onset"] = {
+            "step": plan.onset.step,
+            "epoch": plan.onset.epoch,
+            "time": plan.onset.time,
+        }
+        self.data["complete"] = False
+        self._settle()
+
+    def plan(self, items: list[dict[str, Any]]) -> None:
+        known = {item.get("origin"): item for item in self.data["items"]}
+        for item in items:
+            earlier = known.get(item["origin"])
+            if earlier is None:
+                self.data["items"].append(item)
+            else:  # planned before and still in place: this plan's name for it
+                earlier.update(name=item["name"], moved=False)
+        self._write()
+
+    def moved(self, origin: Path, destination: Path) -> None:
+        for item in self.data["items"]:
+            if item.get("origin") == str(Path(os.path.abspath(origin))):
+                item.update(name=destination.name, moved=True)
+        self._write()
+
+    def put_back(self, version: KeptVersion, path: Path) -> None:
+        self.data["put_back"].append(
             {
-                "path": str(plan.restore.path),
+                "path": str(path),
                 "kept": str(version.path),
                 "size": version.size,
                 "mtime_ns": version.mtime_ns,
             }
         )
-    temp = path.with_name(f"{MANIFEST}.tmp")
-    temp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(temp, path)
+        self._write()
+
+    def pointer(self, change: PointerChange) -> None:
+        self.data["pointers"].append(change.to_json())
+        self._write()
+
+    def complete(self) -> None:
+        self.data["complete"] = True
+        self._write()
+
+    def _settle(self) -> None:
+        """Items an earlier try planned: moved, when they left their place for the folder
+        before it could say so."""
+        for item in self.data["items"]:
+            if item.get("moved") is False and not os.path.lexists(str(item.get("origin"))):
+                item["moved"] = os.path.lexists(self.folder / str(item.get("name")))
+
+    def _write(self) -> None:
+        self.data["time"] = time.time()
+        atomic.write_text(self.folder / MANIFEST, json.dumps(self.data, indent=2) + "\n")

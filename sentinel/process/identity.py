@@ -38,6 +38,18 @@ class ProcessIdentity:
         """Return whether ``pid`` still belongs to this same process (False if gone)."""
         return self.liveness() == "same"
 
+    def running(self) -> bool:
+        """Whether this same process still runs: a zombie has exited (where PID 1 does not
+        reap, an orphan's zombie stays)."""
+        try:
+            process = psutil.Process(self.pid)
+            same = abs(process.create_time() - self.create_time) <= _CREATE_TIME_TOLERANCE_S
+            return same and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:
+            return True  # it is there and cannot be told apart: never taken for gone
+
     def liveness(self) -> Liveness:
         """Return "same", "gone" (no such pid), "reused" (another process) or "unknown"."""
         try:

@@ -82,6 +82,7 @@ def stop_tree(
     members: Iterable[ProcessIdentity] | Callable[[], Iterable[ProcessIdentity]] = (),
     dry_run: bool = False,
     use_pidfd: bool | None = None,
+    already_sent: bool = False,
 ) -> TreeStop:
     """Send ``stop_signal`` to the job's tree, wait up to ``grace_s``, then SIGKILL the rest.
 
@@ -90,7 +91,9 @@ def stop_tree(
     finds them: it is called after the tree has the signal, since finding a process
     group's members means looking at every process (tens of milliseconds on a busy
     host), where the walk down from the root takes a few. ``use_pidfd`` False forces the
-    check-before-each-signal fallback.
+    check-before-each-signal fallback. ``already_sent``: the tree had ``stop_signal`` from a
+    sentinel that died in its grace; this one waits out what is left of it (``grace_s``) and
+    SIGKILLs, without signalling twice (a second SIGTERM may cut a job's last save short).
     """
     run = _Run(root, use_pidfd)
     try:
@@ -99,10 +102,13 @@ def stop_tree(
             run.exclude_ancestors()
             run.collect(members() if callable(members) else members)
             return run.result(_dry_run_words(run, stop_signal, grace_s))
-        run.signal_live(stop_signal)
+        first = None if already_sent else stop_signal
+        if first is not None:
+            run.signal_live(first)
         run.exclude_ancestors()
         run.collect(members() if callable(members) else members)
-        run.signal_live(stop_signal)  # the members not in the tree
+        if first is not None:
+            run.signal_live(first)  # the members not in the tree
         if stop_signal != signal.SIGKILL:
             run.wait_all(grace_s, stop_signal)
             if run.live():

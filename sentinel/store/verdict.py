@@ -21,7 +21,7 @@ import contextlib
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,8 @@ class Verdict:
     resume_from: str | None = None
     attempt: int | None = None
     time: float | None = None
+    #: The stop this verdict is about, as ``stop_intent`` records it (None: none recorded).
+    stop: dict[str, Any] | None = None
 
     @property
     def final(self) -> bool:
@@ -81,6 +83,7 @@ class Verdict:
             "attempt": self.attempt,
             "time": self.time,
             "state": self.state,
+            **({} if self.stop is None else {"stop": self.stop}),
         }
 
 
@@ -99,19 +102,44 @@ def mark_deciding(
     step: int | None,
     attempt: int | None,
     time: float,
+    stop: dict[str, Any] | None = None,
 ) -> bool:
     """Mark that sentinel is about to stop the job; False (logged) when the write failed.
 
     Called right before the first signal: it never raises and does not sync, so
-    a full or read-only disk costs the mark, never the signal.
+    a full or read-only disk costs the mark, never the signal. ``stop``: what was decided
+    (``stop_intent``), for a sentinel that starts after this one died.
     """
-    record = Verdict(DECIDING, rule=rule, step=step, attempt=attempt, time=time)
+    record = Verdict(DECIDING, rule=rule, step=step, attempt=attempt, time=time, stop=stop)
     try:
         _replace(verdict_path(state_dir), _dumps(record), sync=False)
     except (OSError, ValueError) as error:
         log.warning("could not mark the verdict as deciding in %s: %s", state_dir, error)
         return False
     return True
+
+
+def write_deciding(
+    state_dir: Path,
+    *,
+    rule: str | None,
+    step: int | None,
+    attempt: int | None,
+    time: float,
+    stop: dict[str, Any],
+) -> None:
+    """The "deciding" record with the stop as it now stands, synced. Raises ``OSError``."""
+    record = Verdict(DECIDING, rule=rule, step=step, attempt=attempt, time=time, stop=stop)
+    _replace(verdict_path(state_dir), _dumps(record), sync=True)
+
+
+def update_stop(state_dir: Path, stop: dict[str, Any]) -> None:
+    """The record as it is, deciding or final, with ``stop`` as it now stands, synced.
+    Raises ``OSError`` (and ``VerdictUnreadable`` when there is no record to update)."""
+    record = read_strict(state_dir)
+    if record is None:
+        raise VerdictUnreadable(f"no {VERDICT_NAME} in {state_dir} to update")
+    _replace(verdict_path(state_dir), _dumps(replace(record, stop=stop)), sync=True)
 
 
 def write_final(
@@ -124,11 +152,13 @@ def write_final(
     attempt: int | None,
     time: float,
     verdict_file: Path | None = None,
+    stop: dict[str, Any] | None = None,
 ) -> Verdict:
     """Write the final record (and the bare code to ``verdict_file``), each synced.
 
     ``verdict`` defaults to the code's name (``CODES``). Raises ``OSError`` when a
-    write fails: the caller logs it and still exits with ``code``.
+    write fails: the caller logs it and still exits with ``code``. ``stop``: the stop as
+    it ends (``stop_intent``: a rollback's restart still to come).
     """
     if code not in CODES:
         raise ValueError(f"not a verdict code: {code} (one of {sorted(CODES)})")
@@ -141,6 +171,7 @@ def write_final(
         resume_from=None if resume_from is None else os.path.abspath(resume_from),
         attempt=attempt,
         time=time,
+        stop=stop,
     )
     _replace(verdict_path(state_dir), _dumps(record), sync=True)
     if verdict_file is not None:
@@ -217,6 +248,7 @@ def _parse(data: Any) -> Verdict:
         resume_from=data.get("resume_from"),
         attempt=data.get("attempt"),
         time=data.get("time"),
+        stop=data.get("stop") if isinstance(data.get("stop"), dict) else None,
     )
 
 

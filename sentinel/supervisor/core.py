@@ -31,6 +31,7 @@ from sentinel.config.reload import reloaded
 from sentinel.model.records import Alert, Sample
 from sentinel.parsing import Garbled
 from sentinel.parsing.hf_trainer import trainer_state_info
+from sentinel.process.identity import ProcessIdentity
 from sentinel.process.launched import exit_status
 from sentinel.process.signal_tree import TreeStop
 from sentinel.process.system import SystemSources
@@ -38,8 +39,9 @@ from sentinel.rules.job_crash import describe_exit
 from sentinel.service.health import Service
 from sentinel.service.status import CHECKPOINTS_DIR_KEY
 from sentinel.service.watch import Watch
-from sentinel.store import run_verdict
+from sentinel.store import run_verdict, stop_intent
 from sentinel.store.state import StateStore
+from sentinel.store.stop_intent import MAX_TRIES, StopIntent
 from sentinel.supervisor.aftermath import Aftermath
 from sentinel.supervisor.attempts import JobAttempts
 from sentinel.supervisor.event_loop import EventLoop
@@ -51,6 +53,7 @@ from sentinel.supervisor.job_status import JobStatus
 from sentinel.supervisor.restarts import Restarts
 from sentinel.supervisor.shedding import Shedder
 from sentinel.supervisor.signals import SignalForwarder
+from sentinel.supervisor.stop_journal import StopJournal
 from sentinel.supervisor.stops import JobStops
 from sentinel.supervisor.workers import Workers
 
@@ -87,6 +90,7 @@ class Supervisor:
         self._shedder = Shedder()
         self._events: Inbox[Event] = Inbox(self._shedder)
         self._loop = EventLoop(self._events, self, settings.tick_interval_s)
+        self._journal = StopJournal(settings.state_dir)
         self._restarts = Restarts(
             settings.job,
             settings.checkpoints,
@@ -94,6 +98,7 @@ class Supervisor:
             relaunches=holder.relaunches,
             state_dir=settings.state_dir,
             verdict_file=settings.verdict_file,
+            journal=self._journal,
         )
         self._workers: Workers | None = None
         self._signals = SignalForwarder(lambda signum: self._events.put(SignalReceived(signum)))
@@ -103,6 +108,7 @@ class Supervisor:
             mode=holder.mode,
             live_checks={"sources": self._sources_alive},
         )
+        self._is_ready = False
         #: When the loop last turned (monotonic), for the heartbeat's health check.
         self._loop_turned_at = time.monotonic()
         self._system = SystemSources(
@@ -147,14 +153,22 @@ class Supervisor:
         self._after.store = store
         self._stops = JobStops(
             attempts, self.holder, watch=self.watch, service=self.service, after=self._after,
-            put=self._events.put,
+            put=self._events.put, journal=self._journal,
         )  # fmt: skip
         self._system.start()
         self._signals.install()
         workers.start()
-        self.service.ready()
+        unfinished = stop_intent.pending(
+            settings.state_dir,
+            last_attempt=self.holder.last_attempt(),
+            relaunches=self.holder.relaunches,
+        )
         try:
-            attempts.start()
+            if unfinished is None:
+                self._ready()
+                attempts.start()
+            else:
+                self._take_up(unfinished)
             self._loop.run()
         finally:
             self.service.stopping(settings.drain_timeout_s)
@@ -168,6 +182,61 @@ class Supervisor:
             self.service.close()
             self._signals.restore()
         return attempts.exit_code
+
+    def _ready(self) -> None:
+        """Ready (sd_notify, ``/readyz``): once no stop of an earlier sentinel is left undone."""
+        if not self._is_ready:
+            self._is_ready = True
+            self.service.ready()
+
+    def _take_up(self, intent: StopIntent) -> None:
+        """Finish the stop the last sentinel on this state dir decided and died during: stop
+        the job if it still runs, roll back as planned, restart from the planned checkpoint;
+        never from scratch while the plan names one. Ready once the job is stopped and the
+        rollback done."""
+        attempts, after = self._attempts, self._after
+        incident = intent.the_incident()
+        first = incident.first.step if incident.alerts else None
+        if intent.tries >= MAX_TRIES:
+            after.give_up(
+                incident,
+                f"{intent.tries} sentinels started on the unfinished stop for {incident.rule}"
+                f" (step {first}) and none finished it: giving up; what is where is in"
+                f" {self.settings.state_dir / 'verdict.json'} and the checkpoint dir's quarantine",
+            )
+            self._ready()
+            return
+        intent = self._journal.take_up(intent)
+        log.warning(
+            "the last sentinel died while it stopped the job for %s (step %s, %s): finishing"
+            " what it decided (try %d of %d)",
+            incident.rule, first, intent.phase, intent.tries, MAX_TRIES,
+        )  # fmt: skip
+        self._restarts.from_state(intent.restarts)
+        if intent.phase == stop_intent.RESTARTING:
+            # Rolled back, verdict written: only the restart is left.
+            self._journal.closing(intent.restarts)
+            attempts.attempt = intent.attempt
+            self.holder.forget_orphan()
+            self._ready()
+            attempts.back_off(0.0)
+            return
+        stopped = None if intent.job is None else ProcessIdentity(*intent.job)
+        if stopped is not None and stopped.running():
+            attempts.start()  # adopts it (run) or finds it (watch)
+            if self._stops.resume(incident, intent):
+                return  # the rollback follows its exit (``on_exit``), then ready
+            log.warning("the job found is not the one stopped: stopping it by its identity")
+        attempts.attempt = max(attempts.attempt, intent.attempt)
+        self.holder.forget_orphan()
+        status = self.holder.exit_status_of(intent.attempt)
+        if not intent.restart:
+            self._journal.ended()
+            self._ready()
+            attempts.finish(143 if status is None else status, JobState.FATAL, incident)
+            return
+        after.plan_restart(incident, 143 if status is None else status)
+        self._ready()
 
     @property
     def finished(self) -> bool:
@@ -314,12 +383,15 @@ class Supervisor:
         if incident is not None:
             incident.record(now, f"job stopped: {said} after {now - stop.started_at:.1f} s")
         if not stop.restart or stops.shutdown_signals:
+            self._journal.ended()
+            self._ready()
             attempts.attempt_over(
                 status, JobState.EXITED if status == 0 else JobState.FATAL, incident
             )
             return
         assert incident is not None
         self._after.plan_restart(incident, status)
+        self._ready()
 
     def on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:

@@ -27,7 +27,7 @@ from sentinel.follow.terminal_text import TerminalLines
 from sentinel.process.adopted import AdoptedJob
 from sentinel.process.attached import AttachedJob
 from sentinel.process.identity import ProcessIdentity
-from sentinel.process.launched import JobProcess
+from sentinel.process.launched import JobProcess, exit_status
 from sentinel.process.relayed import JobRecord, RelayedStart, attempt_dir, prune
 from sentinel.process.target import MatchTarget, PidfileTarget, PidTarget, SystemdUnitTarget, Target
 from sentinel.service.sdnotify import strip_notify_env
@@ -71,6 +71,18 @@ class Holder(Protocol):
 
     def members(self) -> list[ProcessIdentity]:
         """Processes known to be the job's besides its root's descendants (a unit's cgroup)."""
+        ...
+
+    def last_attempt(self) -> int | None:
+        """The number of the attempt an earlier sentinel started last, where it is known."""
+        ...
+
+    def exit_status_of(self, attempt: int) -> int | None:
+        """How an earlier sentinel's ``attempt`` ended (its exit status), where known."""
+        ...
+
+    def forget_orphan(self) -> None:
+        """The job an earlier sentinel started is not to be adopted: it is gone."""
         ...
 
     def describe(self) -> str:
@@ -219,6 +231,20 @@ class Child:
         )  # fmt: skip
         return adopted
 
+    def last_attempt(self) -> int | None:
+        record = JobRecord.load(self.settings.state_dir)
+        return None if record is None else record.attempt
+
+    def exit_status_of(self, attempt: int) -> int | None:
+        record = JobRecord.load(self.settings.state_dir)
+        if record is None or record.attempt != attempt:
+            return None
+        returncode = record.exit_returncode()
+        return None if returncode is None else exit_status(returncode)
+
+    def forget_orphan(self) -> None:
+        self._looked_for_orphan = True
+
     def members(self) -> list[ProcessIdentity]:
         """The process group sentinel made for the job: a member that left the tree (its
         parent died) is still the job's."""
@@ -259,6 +285,15 @@ class Attached:
 
     def members(self) -> list[ProcessIdentity]:
         return self.target.members()
+
+    def last_attempt(self) -> int | None:
+        return None  # whoever starts the job numbers its attempts
+
+    def exit_status_of(self, attempt: int) -> int | None:
+        return None  # not sentinel's child: its status is not known
+
+    def forget_orphan(self) -> None:
+        pass  # nothing is adopted: the job is found
 
     def describe(self) -> str:
         return self.target.describe()

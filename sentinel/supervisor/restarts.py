@@ -31,6 +31,7 @@ from sentinel.store import verdict
 from sentinel.store.verdict import (
     EXIT_GIVE_UP as EXIT_GIVE_UP,  # run gives up (README, "Verdicts")
 )
+from sentinel.supervisor.stop_journal import StopJournal
 
 #: Before a rollback, how long to wait for versions the keeper is still copying.
 KEEP_FLUSH_S = 30.0
@@ -71,8 +72,12 @@ class Restarts:
         relaunches: bool = True,
         state_dir: Path | None = None,
         verdict_file: Path | None = None,
+        journal: StopJournal | None = None,
     ) -> None:
         self.job = job
+        #: The stop under way, written down as it goes (None: not recorded, as in tests of
+        #: the decision alone).
+        self.journal = journal
         #: Where the verdict goes (None: nowhere, as in tests of the decision alone).
         self.state_dir = state_dir
         self.verdict_file = verdict_file
@@ -148,6 +153,7 @@ class Restarts:
         """The final verdict record (and ``verdict_file``); False, logged, when it failed."""
         if self.state_dir is None:
             return True
+        journal = self.journal
         try:
             verdict.write_final(
                 self.state_dir,
@@ -159,6 +165,7 @@ class Restarts:
                 attempt,
                 time.time(),
                 verdict_file=self.verdict_file,
+                stop=None if journal is None else journal.closing(self.to_state()),
             )
         except OSError as error:
             log.error("could not write the verdict (%d): %s", code, error)
@@ -210,7 +217,22 @@ class Restarts:
             )
         onset = Onset(step=incident.onset_step, time=incident.onset_time)
         plan = plan_rollback(directory, onset)
-        label = fresh_label(directory, f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}")
+        journal = self.journal
+        planned = None if journal is None else journal.planned_resume
+        if planned and (plan.restore is None or str(plan.restore.path.resolve()) != planned):
+            # A plan taken up from a sentinel that died named a checkpoint: never from scratch,
+            # never from another.
+            found = "none" if plan.restore is None else str(plan.restore.path)
+            return Decision(
+                give_up=f"rollback failed, not restarting: the planned checkpoint {planned}"
+                f" is no longer the last clean one (found: {found})"
+            )
+        label = (journal.label if journal is not None else None) or fresh_label(
+            directory, f"{time.strftime('%Y%m%dT%H%M%S')}-{incident.rule}"
+        )
+        if journal is not None:  # durably, before the first move
+            resume = None if plan.restore is None else str(plan.restore.path.resolve())
+            journal.planned(label, resume, None if plan.restore is None else plan.restore.step)
         try:
             moved = apply_rollback(plan, directory, label=label)
         except OSError as error:

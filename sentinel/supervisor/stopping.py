@@ -54,17 +54,22 @@ def stop_in_background(
     members: Callable[[], Iterable[ProcessIdentity]],
     put: Put,
     first: Callable[[], None] | None = None,
+    resumed_grace_s: float | None = None,
 ) -> None:
     """Stop the tree under ``identity`` on a thread of its own; ``members`` finds the job's
     processes outside that tree (looked for after the tree has the signal); ``first`` runs
-    on that thread before the first signal (``evidence_first``)."""
+    on that thread before the first signal (``evidence_first``). ``resumed_grace_s``: the
+    signal was sent by a sentinel that died; what is left of its grace, then SIGKILL."""
     stop_signal = signal.Signals[job.stop_signal]
-    grace_s = job.grace_period_s
+    grace_s = job.grace_period_s if resumed_grace_s is None else resumed_grace_s
 
     def run_stop() -> None:
         if first is not None:
             first()
-        result = stop_tree(identity, grace_s=grace_s, stop_signal=stop_signal, members=members)
+        result = stop_tree(
+            identity, grace_s=grace_s, stop_signal=stop_signal, members=members,
+            already_sent=resumed_grace_s is not None,
+        )  # fmt: skip
         put(StopDone(stop, result))
 
     threading.Thread(target=run_stop, name="stop-tree", daemon=True).start()

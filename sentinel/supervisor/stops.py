@@ -18,15 +18,18 @@ from typing import Any, Protocol
 
 from sentinel.config import Settings
 from sentinel.model.incidents import Incident
+from sentinel.process.identity import ProcessIdentity
 from sentinel.process.launched import exit_status
 from sentinel.process.signal_tree import TreeStop
 from sentinel.service.health import Service
 from sentinel.service.watch import Watch
+from sentinel.store.stop_intent import StopIntent
 from sentinel.supervisor import stopping
 from sentinel.supervisor.aftermath import Aftermath
 from sentinel.supervisor.events import Put, Stop
 from sentinel.supervisor.holders import Handle, Holder
 from sentinel.supervisor.job_state import JobState
+from sentinel.supervisor.stop_journal import StopJournal
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +72,10 @@ class JobStops:
         service: Service,
         after: Aftermath,
         put: Put,
+        journal: StopJournal,
     ) -> None:
         self.owner = owner
+        self.journal = journal
         self.holder = holder
         self.watch = watch
         self.service = service
@@ -98,11 +103,39 @@ class JobStops:
             self.watch.update(incident)
             return
         self.current = Stop(incident, restart=policy == "restart")
-        # Before the first signal, so that whatever waits on the job knows the exit is ours.
-        stopping.mark_deciding(settings, incident.rule, incident.first.step, owner.attempt)
+        # Before the first signal, so that whatever waits on the job knows the exit is ours,
+        # and a sentinel started after this one dies finishes what it decided.
+        self.journal.stopping(
+            incident, restart=self.current.restart, attempt=owner.attempt, job=job.identity,
+            signal=settings.job.stop_signal, grace_s=settings.job.grace_period_s,
+            restarts=self.after.restarts.to_state(),
+        )  # fmt: skip
         incident.record(time.time(), stopping.stop_words(settings.job, job.pid))
         self.service.metrics.action("stop")
         self._terminate(job)
+
+    def resume(self, incident: Incident, intent: StopIntent) -> bool:
+        """Finish the stop a sentinel that died left under way: what is left of its grace,
+        then SIGKILL to what still runs (only a process whose pid and start time match).
+        False when the stopped job is not the one held now."""
+        job = self.owner.job
+        stopped = None if intent.job is None else ProcessIdentity(*intent.job)
+        if job is None or job.identity is None or job.identity != stopped:
+            return False
+        self.current = Stop(incident, restart=intent.restart, started_at=intent.signalled_at)
+        left_s = max(0.0, intent.grace_s - (time.time() - intent.signalled_at))
+        log.warning(
+            "the job (pid %d) had %s from the sentinel before; the rest of its grace (%.1f s),"
+            " then SIGKILL to what still runs",
+            stopped.pid, intent.signal, left_s,
+        )  # fmt: skip
+        incident.record(time.time(), f"stop taken up by a restarted sentinel: {left_s:.1f} s left")
+        self.owner.set_state(JobState.STOPPING)
+        stopping.stop_in_background(
+            stopped, self.current, self.owner.settings.job,
+            members=self.holder.members, put=self._put, resumed_grace_s=left_s,
+        )  # fmt: skip
+        return True
 
     def join_run(self) -> None:
         """Another node decided the run: stop this node's job with its verdict, quietly."""

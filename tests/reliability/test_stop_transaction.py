@@ -1,0 +1,229 @@
+"""A stop is a transaction: sentinel SIGKILLed at each step of a stop and rollback, started
+again on the same state dir, ends where it would have ended without the kill.
+
+Real ``sentinel run`` processes, really killed (from outside, or at a kill point that
+``killpoint.py`` injects around ``os.rename``/``os.replace``); a real job that saves
+DeepSpeed-style checkpoints (``global_stepN`` folders and a ``latest`` pointer) every 5
+steps and goes NaN at step 30. Each case checks the end state: the job that was stopped is
+gone, nothing written at or after the NaN is left in place, the quarantine's manifest is
+complete, the job resumed from the last clean checkpoint (never from scratch), the verdict
+is final.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.env import clean_env
+
+pytestmark = pytest.mark.slow
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints" / "deepspeed"
+KILLPOINT = Path(__file__).with_name("killpoint.py")
+DEADLINE_S = 60.0
+NAN_AT = 30
+CLEAN = "global_step25"
+
+JOB = textwrap.dedent(
+    """
+    import json, os, shutil, signal, sys, time
+    ck, fixture, record = sys.argv[1:4]
+    on_term = os.environ.get("JOB_ON_TERM", "exit")
+    resume = os.environ.get("SENTINEL_RESUME_FROM")
+    start = int(os.path.basename(resume).removeprefix("global_step")) if resume else 0
+    with open(record, "a") as out:
+        out.write(json.dumps({"pid": os.getpid(), "resume_from": resume, "start": start}) + "\\n")
+    if on_term == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif on_term == "slow":
+        def late_exit(signum, frame):
+            time.sleep(1.5)  # a last save
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, late_exit)
+    for step in range(start + 1, 61):
+        nan = resume is None and step >= NAN_AT
+        print(f"step {step} loss {'nan' if nan else 2.0 / step}", flush=True)
+        if step % 5 == 0:
+            tag = f"global_step{step}"
+            shutil.copytree(os.path.join(fixture, "global_step40"), os.path.join(ck, tag))
+            with open(os.path.join(ck, "latest"), "w") as pointer:
+                pointer.write(tag)
+            with open(record, "a") as out:
+                out.write(json.dumps({"pid": os.getpid(), "saved": tag}) + "\\n")
+        time.sleep(0.05)
+    with open(record, "a") as out:
+        out.write(json.dumps({"pid": os.getpid(), "finished": True}) + "\\n")
+    """
+).replace("NAN_AT", str(NAN_AT))
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "job.py").write_text(JOB)
+    (tmp_path / "ck").mkdir()
+    yield tmp_path
+    for start in _records(tmp_path):
+        with contextlib.suppress(ProcessLookupError, KeyError):
+            os.kill(start["pid"], signal.SIGKILL)  # the test's own job, if a check failed
+
+
+def _records(work: Path) -> list[dict[str, Any]]:
+    path = work / "record.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _sentinel(
+    work: Path, name: str, *, killpoint: str = "none", **env: str
+) -> subprocess.Popen[bytes]:
+    environ = clean_env(
+        KILLPOINT_AT=killpoint,
+        SENTINEL_JOB__GRACE_PERIOD_S=env.pop("grace", "3"),
+        SENTINEL_JOB__RESTART_BACKOFF_S=env.pop("backoff", "0.1"),
+        **env,
+    )
+    argv = [
+        sys.executable, str(KILLPOINT), "run", "--checkpoints", str(work / "ck"),
+        "--state-dir", str(work / "state"), "--max-restarts", "2",
+        "--", sys.executable, str(work / "job.py"), str(work / "ck"), str(FIXTURE),
+        str(work / "record.jsonl"),
+    ]  # fmt: skip
+    with open(work / f"{name}.out", "wb") as out, open(work / f"{name}.err", "wb") as err:
+        return subprocess.Popen(
+            argv, cwd=work, env=environ, stdin=subprocess.DEVNULL, stdout=out, stderr=err
+        )
+
+
+def _verdict(work: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((work / "state" / "verdict.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _wait_for(what: str, check: Callable[[], object]) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not check():
+        assert time.monotonic() < deadline, f"no {what} within {DEADLINE_S} s"
+        time.sleep(0.02)
+
+
+def _killed(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGKILL)
+    assert process.wait(10) == -signal.SIGKILL
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has exited: nothing reaps orphans on some machines)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _assert_finished_as_without_the_kill(work: Path, second: subprocess.Popen[bytes]) -> None:
+    err = lambda: (work / "second.err").read_text()  # noqa: E731
+    assert second.wait(DEADLINE_S) == 0, err()
+    starts = [r for r in _records(work) if "start" in r]
+    assert [s["resume_from"] is None for s in starts] == [True, False], starts
+    # Resumed from the last clean checkpoint, never from scratch.
+    assert Path(starts[1]["resume_from"]).name == CLEAN, starts
+    assert not _running(starts[0]["pid"]), "the stopped job still runs"
+    assert any(r.get("finished") for r in _records(work))
+
+    folders = list((work / "ck" / "quarantine").iterdir())
+    assert len(folders) == 1, folders
+    manifest = json.loads((folders[0] / ".sentinel-manifest.json").read_text())
+    assert manifest["complete"] is True, manifest
+    aside = {Path(item["origin"]).name for item in manifest["items"] if item["moved"]}
+    assert f"global_step{NAN_AT}" in aside, manifest
+    assert all(int(name.removeprefix("global_step")) >= NAN_AT for name in aside), aside
+    for name in aside:
+        assert (folders[0] / name).is_dir(), f"{name} is not in the quarantine"
+    # Nothing poisoned is left in place: from step 30 on, each checkpoint there now is one
+    # the resumed job saved after the rollback (it saves under the same names).
+    resaved = {r.get("saved") for r in _records(work) if r.get("pid") == starts[1]["pid"]}
+    for path in (work / "ck").glob("global_step*"):
+        if int(path.name.removeprefix("global_step")) >= NAN_AT:
+            assert path.name in resaved, f"{path.name} in place was not saved by the resumed job"
+    assert [p.name for p in (work / "ck").glob(".sentinel-replace-*")] == []
+    changes = [p for p in manifest["pointers"] if Path(p["path"]).name == "latest"]
+    assert changes and changes[-1]["after"] == CLEAN, manifest["pointers"]
+
+    record = _verdict(work)
+    assert record["state"] == "final" and record["code"] == 91, record
+    assert Path(record["resume_from"]).name == CLEAN
+    assert "finishing what it decided" in err()
+
+
+@pytest.mark.parametrize("on_term", ["ignore", "slow"])
+def test_killed_during_the_grace_the_next_sentinel_stops_rolls_back_and_resumes(
+    work: Path, on_term: str
+) -> None:
+    first = _sentinel(work, "first", JOB_ON_TERM=on_term, grace="4")
+    _wait_for("the stop", lambda: "stop" in _verdict(work))
+    _killed(first)
+    stopped = _records(work)[0]["pid"]
+    assert _running(stopped) or on_term == "slow", "the job should still run in its grace"
+
+    second = _sentinel(work, "second", JOB_ON_TERM=on_term, grace="4")
+    _assert_finished_as_without_the_kill(work, second)
+    err = (work / "second.err").read_text()
+    if on_term == "ignore":
+        assert "SIGKILL" in err, err
+
+
+@pytest.mark.parametrize("killpoint", ["after-first-move", "before-pointer"])
+def test_killed_in_the_middle_of_the_rollback_the_next_sentinel_finishes_it(
+    work: Path, killpoint: str
+) -> None:
+    first = _sentinel(work, "first", killpoint=killpoint)
+    assert first.wait(DEADLINE_S) == -signal.SIGKILL, (work / "first.err").read_text()
+    assert f"killpoint {killpoint}" in (work / "first.err").read_text()
+    if killpoint == "before-pointer":  # the moves are done, and the new pointer not renamed
+        assert (work / "ck" / "latest").read_text() != CLEAN
+        assert list((work / "ck").glob(".sentinel-replace-*"))
+
+    second = _sentinel(work, "second")
+    _assert_finished_as_without_the_kill(work, second)
+
+
+def test_killed_during_the_backoff_the_next_sentinel_restarts_from_the_planned_checkpoint(
+    work: Path,
+) -> None:
+    first = _sentinel(work, "first", backoff="60")
+    _wait_for("the final verdict", lambda: _verdict(work).get("state") == "final")
+    _killed(first)
+    assert len([r for r in _records(work) if "start" in r]) == 1
+
+    second = _sentinel(work, "second", backoff="60")
+    _assert_finished_as_without_the_kill(work, second)
+
+
+def test_a_stop_no_sentinel_could_finish_in_three_tries_gives_up_with_90(work: Path) -> None:
+    # Every sentinel dies at the same point of the rollback: the one started, then 3 tries.
+    for name in ("first", "try-1", "try-2", "try-3"):
+        dying = _sentinel(work, name, killpoint="before-pointer")
+        assert dying.wait(DEADLINE_S) == -signal.SIGKILL, (work / f"{name}.err").read_text()
+    last = _sentinel(work, "last")
+    err = (work / "last.err").read_text
+    assert last.wait(DEADLINE_S) == 90, err()
+    assert "3 sentinels started on the unfinished stop for nan_inf" in err(), err()
+    assert "none finished it: giving up" in err()
+    record = _verdict(work)
+    assert record["state"] == "final" and record["code"] == 90, record
+    # Never relaunched, least of all from scratch.
+    assert len([r for r in _records(work) if "start" in r]) == 1
