@@ -12,10 +12,10 @@ import json
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
+from sentinel.checkpoints.cross_device import move_across
 from sentinel.checkpoints.scan import QUARANTINE_DIR
 
 log = logging.getLogger(__name__)
@@ -94,5 +94,6 @@ def _move(source: Path, destination: Path) -> None:
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
-        # The checkpoint is a mount of its own: fall back to copy-then-remove.
-        shutil.move(source, destination)
+        # The checkpoint, or the quarantine, is a mount of its own: copy, then remove.
+        log.info("%s is on another filesystem than %s: copying it", source, destination.parent)
+        move_across(source, destination)

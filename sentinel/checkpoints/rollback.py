@@ -1,8 +1,9 @@
 """Rollback: move every checkpoint newer than the last clean one into a quarantine folder.
 
-Nothing is ever deleted: a quarantined checkpoint is moved aside, within the same
-filesystem, so a framework's "resume from latest" finds the clean one and a human
-can still inspect (or restore, ``sentinel checkpoints --restore``) what was set aside.
+Nothing is ever deleted: a quarantined checkpoint is moved aside (renamed; from another
+filesystem, copied whole before it is removed: cross_device.py), so a framework's "resume
+from latest" finds the clean one and a human can still inspect (or restore,
+``sentinel checkpoints --restore``) what was set aside.
 Each quarantine folder holds a manifest of where every item came from (the folder's
 labels, moves and manifest: actions/quarantine.py).
 
