@@ -3,7 +3,8 @@
 Nothing is ever deleted: a quarantined checkpoint is moved aside (renamed; from another
 filesystem, copied whole before it is removed: cross_device.py), so a framework's "resume
 from latest" finds the clean one and a human can still inspect (or restore,
-``sentinel checkpoints --restore``) what was set aside.
+``sentinel checkpoints --restore``) what was set aside. The quarantine folders and their
+manifests take the checkpoint dir's owner and mode.
 Each quarantine folder holds a manifest of where every item came from (the folder's
 labels, moves and manifest: actions/quarantine.py).
 
@@ -36,6 +37,8 @@ from sentinel.checkpoints.pointers import PointerChange, Rewrite, apply_rewrite,
 from sentinel.checkpoints.quarantine import (
     MANIFEST,
     free_destination,
+    like_checkpoint_dir,
+    make_folder,
     move_to_free,
     read_manifest,
     sanitize_label,
@@ -172,7 +175,7 @@ def apply_rollback(
     """
     target_dir = Path(os.path.abspath(directory)) / QUARANTINE_DIR / sanitize_label(label)
     if plan.quarantine and not dry_run:
-        target_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(target_dir)
     taken: set[Path] = set()
     moved: list[Path] = []
     items: list[dict[str, Any]] = []
@@ -304,7 +307,7 @@ def _record(
     Written to a temp file, then renamed over.
     """
     path = target_dir / MANIFEST
-    target_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(target_dir)
     manifest = read_manifest(target_dir) or {
         "label": label,
         "items": [],
@@ -331,4 +334,5 @@ def _record(
         )
     temp = path.with_name(f"{MANIFEST}.tmp")
     temp.write_text(json.dumps(manifest, indent=2) + "\n")
+    like_checkpoint_dir(temp, target_dir.parent.parent)
     os.replace(temp, path)
