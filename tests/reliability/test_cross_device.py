@@ -152,16 +152,18 @@ def test_a_sparse_file_moved_across_keeps_its_holes(
             assert handle.read(4096) == bytes(4096)
 
 
-def test_a_file_that_is_all_hole_moves_across_as_one(
+@pytest.mark.usefixtures("sparse_ok")
+def test_a_file_that_is_all_hole_moves_across_as_a_hole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = tmp_path / "empty-weights.bin"
-    os.truncate(os.open(source, os.O_WRONLY | os.O_CREAT, 0o644), 64 * MIB)
+    sparse_file(source, 64 * MIB, ())
     disk = tmp_path / "other"
     disk.mkdir()
     other_disk(monkeypatch, disk)
     moved = move_to_free(source, disk, set())
     assert os.stat(moved).st_size == 64 * MIB
+    assert allocated(moved) < MIB
     with open(moved, "rb") as handle:
         assert handle.read() == bytes(64 * MIB)
 
