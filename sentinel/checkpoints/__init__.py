@@ -4,8 +4,8 @@
 ``layouts``, ``torch_pickle``: read without unpickling); ``keep`` keeps clean copies of
 files the job overwrites (``clone``: reflink, link or copy); ``rollback`` moves what came
 after the last clean one into ``quarantine`` and sets the resume ``pointers``
-(``pointer_find``) right (``atomic`` replaces); ``restore`` undoes a rollback; ``disk``
-says what all this takes.
+(``pointer_find``) right (``atomic`` replaces); ``restore`` undoes a rollback (both move across
+filesystems by ``cross_device``: a copy, then removal); ``disk`` says what all this takes.
 
 It may import the model only; it never deletes a checkpoint.
 """

@@ -59,7 +59,7 @@ def write_text(path: Path, text: str) -> None:
         mode = os.stat(path).st_mode & 0o7777
     except OSError:
         mode = 0o644
-    replace(path, lambda temp: _write_new(temp, text, mode))
+    replace(path, lambda temp: new_file(temp, text, mode))
 
 
 def symlink(path: Path, link_text: str) -> None:
@@ -97,7 +97,8 @@ def sync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_new(temp: Path, text: str, mode: int) -> None:
+def new_file(temp: Path, text: str, mode: int) -> None:
+    """Create ``temp`` holding ``text`` with ``mode``, synced."""
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)

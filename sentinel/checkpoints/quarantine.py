@@ -12,10 +12,11 @@ import json
 import logging
 import os
 import re
-import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
+from sentinel.checkpoints.cross_device import move_across
 from sentinel.checkpoints.scan import QUARANTINE_DIR
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,37 @@ def fresh_label(directory: Path, label: str) -> str:
         n += 1
         candidate = f"{base}-{n}"
     return candidate
+
+
+def make_folder(target_dir: Path) -> None:
+    """Make the quarantine folder ``target_dir`` (and ``quarantine/`` above it) where missing.
+
+    Each folder made takes the checkpoint dir's owner and mode (``like_checkpoint_dir``).
+    """
+    for folder in (target_dir.parent, target_dir):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            continue
+        like_checkpoint_dir(folder, target_dir.parent.parent)
+
+
+def like_checkpoint_dir(path: Path, directory: Path) -> None:
+    """Give ``path`` (a quarantine folder, a manifest) the owner and mode of ``directory``.
+
+    A folder takes the dir's mode bits, a file 0o644 of them: whoever can read the
+    checkpoints can read what was set aside, and a sentinel running as root leaves it to
+    the dir's owner, who can restore it or clean it up.
+    """
+    owner = os.stat(directory)
+    made = os.lstat(path)
+    if (made.st_uid, made.st_gid) != (owner.st_uid, owner.st_gid):
+        try:
+            os.chown(path, owner.st_uid, owner.st_gid)  # before chmod: chown clears set-id bits
+        except PermissionError:
+            log.debug("%s stays %d:%d (not root)", path, made.st_uid, made.st_gid)
+    mode = stat.S_IMODE(owner.st_mode)
+    os.chmod(path, mode if stat.S_ISDIR(made.st_mode) else 0o644 & mode)
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -104,5 +136,6 @@ def _move(source: Path, destination: Path) -> None:
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
-        # The checkpoint is a mount of its own: fall back to copy-then-remove.
-        shutil.move(source, destination)
+        # The checkpoint, or the quarantine, is a mount of its own: copy, then remove.
+        log.info("%s is on another filesystem than %s: copying it", source, destination.parent)
+        move_across(source, destination)

@@ -18,12 +18,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sentinel.checkpoints import atomic
+from sentinel.checkpoints.cross_device import move_across
 from sentinel.checkpoints.pointer_find import Form, read_pointer
 from sentinel.checkpoints.pointers import PointerChange
 from sentinel.checkpoints.quarantine import MANIFEST, read_manifest
@@ -238,4 +238,5 @@ def _move_back(move: Move, root: Path) -> None:
     except OSError as error:
         if error.errno != errno.EXDEV:
             raise
-        shutil.move(move.source, move.destination)
+        log.info("%s is on another filesystem than %s: copying it", move.source, move.destination)
+        move_across(move.source, move.destination)

@@ -1,8 +1,10 @@
 """Rollback: move every checkpoint newer than the last clean one into a quarantine folder.
 
-Nothing is ever deleted: a quarantined checkpoint is moved aside, within the same
-filesystem, so a framework's "resume from latest" finds the clean one and a human
-can still inspect (or restore, ``sentinel checkpoints --restore``) what was set aside.
+Nothing is ever deleted: a quarantined checkpoint is moved aside (renamed; from another
+filesystem, copied whole before it is removed: cross_device.py), so a framework's "resume
+from latest" finds the clean one and a human can still inspect (or restore,
+``sentinel checkpoints --restore``) what was set aside. The quarantine folders and their
+manifests take the checkpoint dir's owner and mode.
 Each quarantine folder holds a manifest of where every item came from (the folder's
 labels, moves and manifest: actions/quarantine.py).
 
@@ -36,6 +38,8 @@ from sentinel.checkpoints.pointers import PointerChange, Rewrite, apply_rewrite,
 from sentinel.checkpoints.quarantine import (
     MANIFEST,
     free_destination,
+    like_checkpoint_dir,
+    make_folder,
     move_to,
     read_manifest,
     sanitize_label,
@@ -316,7 +320,7 @@ class _Manifest:
 
     def __init__(self, target_dir: Path, label: str, plan: RollbackPlan) -> None:
         self.folder = target_dir
-        target_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(target_dir)
         # A label used twice (a rollback taken up after a sentinel died) adds to its record.
         self.data = read_manifest(target_dir) or {
             "label": label,
@@ -376,4 +380,11 @@ class _Manifest:
 
     def _write(self) -> None:
         self.data["time"] = time.time()
-        atomic.write_text(self.folder / MANIFEST, json.dumps(self.data, indent=2) + "\n")
+        text = json.dumps(self.data, indent=2) + "\n"
+        checkpoint_dir = self.folder.parent.parent
+
+        def create(temp: Path) -> None:
+            atomic.new_file(temp, text, 0o644)
+            like_checkpoint_dir(temp, checkpoint_dir)
+
+        atomic.replace(self.folder / MANIFEST, create)

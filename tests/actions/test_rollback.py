@@ -363,3 +363,29 @@ def test_two_rollbacks_in_one_second_get_a_folder_and_an_onset_each(tmp_path: Pa
     assert onsets == [500, 550]
     in_second = sorted(os.listdir(tmp_path / QUARANTINE_DIR / second))
     assert in_second == sorted(["checkpoint-600", MANIFEST])
+
+
+@pytest.mark.parametrize(
+    ("dir_mode", "folder_mode", "manifest_mode"),
+    [(0o750, 0o750, 0o640), (0o700, 0o700, 0o600), (0o2775, 0o2775, 0o644)],
+    ids=["group-readable", "private", "shared setgid"],
+)
+def test_quarantine_folders_and_manifest_take_the_dirs_owner_and_mode(
+    tmp_path: Path, dir_mode: int, folder_mode: int, manifest_mode: int
+) -> None:
+    directory = tmp_path / "run"
+    directory.mkdir()
+    build_run(directory)
+    if os.geteuid() == 0:
+        os.chown(directory, 12345, 23456)  # the job's user; sentinel runs as root
+    directory.chmod(dir_mode)
+    owner = os.stat(directory)
+
+    apply_rollback(plan_rollback(directory, onset=500), directory, label=LABEL)
+
+    made = [directory / QUARANTINE_DIR, directory / QUARANTINE_DIR / LABEL]
+    manifest = directory / QUARANTINE_DIR / LABEL / MANIFEST
+    for path, mode in [(made[0], folder_mode), (made[1], folder_mode), (manifest, manifest_mode)]:
+        stat = os.stat(path)
+        assert (oct(stat.st_mode & 0o7777), stat.st_uid) == (oct(mode), owner.st_uid), path
+        assert stat.st_gid == owner.st_gid, path
