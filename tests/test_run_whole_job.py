@@ -20,13 +20,16 @@ from tests.helpers.env import without_settings
 pytestmark = pytest.mark.slow
 
 # Forks a grandchild that ignores SIGTERM and leaves the tree (its parent exits, so it is
-# reparented), but stays in the job's process group; then the job goes NaN and hangs.
+# reparented), staying in the job's process group, or (``setsid``) leaving it for a session
+# of its own, as a daemon does; then the job goes NaN and hangs.
 ESCAPING_JOB = textwrap.dedent(
     """
     import json, os, signal, sys, time
     pidfile = sys.argv[1]
     if os.fork() == 0:
         if os.fork() == 0:
+            if len(sys.argv) > 2:
+                os.setsid()
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             with open(pidfile, "w") as f:
                 f.write(str(os.getpid()))
@@ -64,12 +67,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_group_member_that_left_the_tree_and_ignores_sigterm_is_killed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("escape", ["same-group", "setsid"])
+def test_a_process_that_left_the_tree_and_ignores_sigterm_is_killed(
+    tmp_path: Path, escape: str
+) -> None:
     job, pidfile = tmp_path / "job.py", tmp_path / "grandchild.pid"
     job.write_text(ESCAPING_JOB)
+    setsid = ["setsid"] if escape == "setsid" else []
     result = _sentinel(
         "--state-dir", str(tmp_path / "state"), "--max-restarts", "0",
-        "--", sys.executable, str(job), str(pidfile),
+        "--", sys.executable, str(job), str(pidfile), *setsid,
         env={"SENTINEL_JOB__GRACE_PERIOD_S": "1"},
     )  # fmt: skip
     grandchild = int(pidfile.read_text())

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import importlib.util
 import math
@@ -51,6 +52,9 @@ import termios
 import time
 from types import ModuleType
 from typing import TYPE_CHECKING
+
+#: prctl(2): the calling process adopts its descendants' orphans.
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _beside(name: str, package: str = "process") -> ModuleType:
@@ -287,6 +291,28 @@ def relay(
     return job.wait()
 
 
+def _become_subreaper() -> None:
+    """Make the relay its descendants' subreaper: a process that leaves the job's tree (a
+    double fork, a ``setsid`` daemon) is reparented to the relay, not to PID 1, so it is still
+    found below the relay and stopped with the job (Linux 3.4+; elsewhere nothing changes)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap_orphans(job_pid: int) -> None:
+    """Reap the adopted orphans that exited; never the job, whose status is Popen's."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == job_pid:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sentinel-relay")
     parser.add_argument("--dir", required=True, help="the attempt's directory")
@@ -305,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ends: dict[str, tuple[int, int]] = {}
     for name in STREAM_FILES:
         ends[name] = open_terminal(args.columns, args.rows) if args.pty else _pipe()
+    _become_subreaper()
     try:
         job = subprocess.Popen(
             command,
@@ -320,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     # already (a write to sentinel's closed end fails, it does not kill).
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: _reap_orphans(job.pid))
     for _, slave in ends.values():
         os.close(slave)
     out.say(f"pid {job.pid}")

@@ -118,6 +118,8 @@ class Child:
         self.argv = list(command)
         self._current = 0
         self._group: int | None = None
+        #: The attempt's relay: the subreaper of whatever leaves the job's tree.
+        self._relay: ProcessIdentity | None = None
         self._looked_for_orphan = False
 
     def begin(self, attempt: int, restarts: Restarts, put: Put) -> Handle:
@@ -162,6 +164,8 @@ class Child:
         )
         job.start()
         self._group = job.pid  # started in a session of its own: its pid is the group's id
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self._relay = ProcessIdentity.of(relay.relay_pid)
         if job.identity is not None:
             try:
                 JobRecord(
@@ -213,6 +217,7 @@ class Child:
         self.argv = record.argv
         self._current = attempt
         self._group = record.job.pid
+        self._relay = record.relay
         restarts.from_state(record.restarts)
         adopted = AdoptedJob(
             record,
@@ -246,8 +251,9 @@ class Child:
         self._looked_for_orphan = True
 
     def members(self) -> list[ProcessIdentity]:
-        """The process group sentinel made for the job: a member that left the tree (its
-        parent died) is still the job's."""
+        """The process group sentinel made for the job, and whatever the relay adopted: a
+        member that left the tree (its parent died), even into a session of its own (a
+        ``setsid`` daemon, reparented to the relay, its subreaper), is still the job's."""
         found = []
         group = self._group
         if group is None:
@@ -256,7 +262,12 @@ class Child:
             with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
                 if process.pid != os.getpid() and os.getpgid(process.pid) == group:
                     found.append(ProcessIdentity(process.pid, process.info["create_time"]))
-        return found
+        relay = self._relay
+        if relay is not None and relay.matches():
+            with contextlib.suppress(psutil.Error):
+                for process in psutil.Process(relay.pid).children(recursive=True):
+                    found.append(ProcessIdentity(process.pid, process.create_time()))
+        return list(dict.fromkeys(found))
 
     def describe(self) -> str:
         return shlex.join(self.argv)
