@@ -6,6 +6,7 @@ environment as the job sees it, a state dir sentinel cannot use.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -117,3 +118,43 @@ def test_a_state_dir_sentinel_cannot_use_is_one_line_and_exit_2(tmp_path: Path) 
         f"sentinel: config error: state_dir: {not_a_dir} is not a directory"
     )
     assert not marker.exists()
+
+
+STEPPING_JOB = textwrap.dedent(
+    """
+    import sys, time
+    for step in range(1, 400):
+        print(f"step {step} loss {2.0 - step / 1000}", flush=True)
+        time.sleep(0.05)
+    """
+)
+
+
+def test_a_relay_that_dies_is_sentinels_failure_not_the_jobs_crash(tmp_path: Path) -> None:
+    job, state = tmp_path / "job.py", tmp_path / "state"
+    job.write_text(STEPPING_JOB)
+    sentinel = subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(state),
+         "--", sys.executable, str(job)],
+        env=without_settings(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    current = state / "job" / "current.json"
+    deadline = time.monotonic() + 20
+    while not current.exists():
+        assert time.monotonic() < deadline, "no job record"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    record = json.loads(current.read_text())
+    os.kill(record["relay"][0], 9)
+    _, err = sentinel.communicate(timeout=30)
+    assert sentinel.returncode == 1, err
+    assert "sentinel's relay" in err and "not the job's crash" in err, err
+    assert "job_crash" not in err, err
+    alerts = state / "alerts.jsonl"
+    rules = (
+        [json.loads(line)["rule"] for line in alerts.read_text().splitlines()]
+        if alerts.exists()
+        else []
+    )
+    assert "job_crash" not in rules
+    assert not _alive(record["job"][0]), "the job outlived the run"

@@ -41,6 +41,8 @@ OnLines = Callable[[str, list[str], float], None]
 #: The pipe capacity asked for (Linux ``F_SETPIPE_SZ``; 64 KiB otherwise): room for what
 #: the job writes while a pump gathers, so the job is never held up by it.
 PIPE_BYTES = 1 << 20
+#: How often a job whose relay died is looked at, until it ends.
+RELAY_GONE_POLL_S = 0.5
 #: The most one read of a flood takes: all the pipe holds.
 _READ_BYTES = PIPE_BYTES
 
@@ -59,7 +61,7 @@ class JobProcess:
         *,
         env: Mapping[str, str],
         on_lines: OnLines,
-        on_exit: Callable[[int], None],
+        on_exit: Callable[[int | None], None],
         stdout: BinaryIO | None,
         stderr: BinaryIO | None,
         max_line_bytes: int = 1 << 20,
@@ -182,7 +184,21 @@ class JobProcess:
             reader.join(timeout=5.0)
         if self._relay is not None:
             self.returncode = self._relay.returncode(self.returncode)
+            if self.returncode is None:
+                self._outlived_relay()
         self._on_exit(self.returncode)
+
+    def _outlived_relay(self) -> None:
+        """The relay died before the job: the job's end is waited for by its identity (its
+        status is its new parent's to read), so that the attempt is not over while it runs."""
+        identity = self.identity
+        if identity is None or not identity.running():
+            return
+        log.error(
+            "the job (pid %d) still runs without its relay: waiting for its end", identity.pid
+        )
+        while identity.running():
+            time.sleep(RELAY_GONE_POLL_S)
 
 
 def _enlarge(fd: int) -> None:

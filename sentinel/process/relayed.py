@@ -115,16 +115,23 @@ class RelayedStart:
         error = said.decode(errors="replace").strip() if said else ""
         raise OSError(f"the relay could not start the job: {error or 'no reason given'}")
 
-    def returncode(self, relay_code: int) -> int:
-        """The job's returncode, once the relay has ended (its own code if it said none)."""
+    def returncode(self, relay_code: int) -> int | None:
+        """The job's returncode, once the relay has ended; None when the relay ended without
+        saying it: the relay failed (it was killed), and what follows is sentinel's doing,
+        not the job's (logged as such)."""
         control = self._control
         said = control.read().decode(errors="replace").split() if control is not None else []
         if control is not None:
             control.close()
         if len(said) >= 2 and said[-2] == "exit":
             return int(said[-1])
-        log.warning("the relay ended (status %d) without the job's status", relay_code)
-        return relay_code
+        how = f"signal {-relay_code}" if relay_code < 0 else f"status {relay_code}"
+        log.error(
+            "sentinel's relay (pid %s) ended (%s) before the job: the job's output can no longer"
+            " be read, and its exit is sentinel's failure, not the job's crash",
+            self.relay_pid, how,
+        )  # fmt: skip
+        return None
 
 
 @dataclass(frozen=True)

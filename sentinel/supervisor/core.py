@@ -372,6 +372,9 @@ class Supervisor:
         stop = stops.current  # a job_crash incident may have decided on a restart just now
         attempts.ended()
         status = 0 if returncode is None else exit_status(returncode)
+        if returncode is None and self.holder.relaunches:
+            # A child whose status is unknown: its relay failed, sentinel's doing (logged).
+            status = 1
         if stop is None:
             attempts.attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL)
             return
