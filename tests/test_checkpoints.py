@@ -626,3 +626,50 @@ def test_listing_says_when_nothing_is_clean(tmp_path: Path) -> None:
     (tmp_path / "checkpoint-20").mkdir()
     out = sentinel("checkpoints", str(tmp_path)).stdout
     assert "no clean checkpoint: a rollback would have nothing to resume from" in out
+
+
+def _stopped_at(state_dir: Path, onset_step: int, *, code: int | None) -> None:
+    """The state dir a stop at ``onset_step`` leaves: still deciding (``code`` None), or final."""
+    from sentinel.model.incidents import Incident
+    from sentinel.model.records import Alert, Severity
+    from sentinel.store import stop_intent, verdict
+
+    alert = Alert("nan_inf", Severity.CRITICAL, "loss is nan", T0 + onset_step, step=onset_step)
+    incident = Incident("run-1", "nan_inf", Severity.CRITICAL, T0, onset_step, T0 + onset_step)
+    incident.alerts.append(alert)
+    intent = stop_intent.StopIntent.begin(
+        incident, restart=True, attempt=1, job=(4242, T0), signal="SIGTERM", grace_s=30.0,
+        restarts={},
+    )  # fmt: skip
+    stop_intent.mark_stopping(state_dir, intent)
+    if code is not None:
+        verdict.write_final(
+            state_dir, code, None, "nan_inf", onset_step, None, 1, T0, stop=intent.to_json()
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("code", "last"),
+    [(None, "global_step20"), (90, "global_step20"), (91, "global_step40")],
+    ids=["unfinished-stop", "gave-up", "rolled-back-and-resumed"],
+)
+def test_listing_never_calls_clean_what_a_stop_left_after_its_onset(
+    tmp_path: Path, code: int | None, last: str
+) -> None:
+    ck, state = tmp_path / "ck", tmp_path / "state"
+    for step in (20, 40):
+        shutil.copytree(FIXTURES / "deepspeed" / "global_step40", ck / f"global_step{step}")
+    _stopped_at(state, 30, code=code)
+    out = sentinel("checkpoints", "--state-dir", str(state), str(ck)).stdout
+    marked = [line.split()[2] for line in out.splitlines() if "<- last clean" in line]
+    assert marked == [last], out
+    listing = json.loads(
+        sentinel("checkpoints", "--json", "--state-dir", str(state), str(ck)).stdout
+    )
+    statuses = {Path(c["path"]).name: c["status"] for c in listing["checkpoints"]}
+    if code == 91:  # what the resumed job wrote since is its own, clean
+        assert statuses["global_step40"] == "clean" and listing["onset"] is None
+    else:
+        assert statuses["global_step40"] == "after_onset", out
+        assert "was not rolled back and resumed" in out

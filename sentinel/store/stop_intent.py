@@ -241,3 +241,16 @@ def _number(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def unresolved(state_dir: Path) -> StopIntent | None:
+    """The last stop whose poisoned checkpoints may still be in place: one left unfinished
+    ("deciding"), or one that ended without a rollback the job resumed from (a give-up, a
+    node fault). None after a rollback-and-restart (what the job writes from then on is
+    clean) and where there is no record."""
+    record = verdict.read(state_dir)
+    if record is None or record.stop is None:
+        return None
+    if record.state == verdict.FINAL and record.code == verdict.EXIT_ROLLED_BACK:
+        return None
+    return StopIntent.from_json(record.stop)

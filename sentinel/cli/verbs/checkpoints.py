@@ -16,6 +16,7 @@ from sentinel.cli.verbs.common import usage_error
 
 if TYPE_CHECKING:
     from sentinel.checkpoints.pointer_find import Pointer
+    from sentinel.checkpoints.scan import Onset
 
 VERB = "checkpoints"
 
@@ -26,7 +27,7 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     add_shared(
         checkpoints,
-        takes=["--json"],
+        takes=["--json", "--state-dir"],
         why="checkpoints only reads DIR: it uses no settings and moves nothing",
         because={"--verbose": "checkpoints logs nothing: it prints what it finds"},
     )
@@ -48,8 +49,12 @@ def handle(args: argparse.Namespace) -> int:
         return _restore(args)
     if not args.directory.is_dir():
         return usage_error("sentinel checkpoints", f"not a directory: {args.directory}")
-    found = scan(args.directory)
-    clean = last_clean(found)
+    from sentinel.config import Settings
+
+    default = Settings.model_fields["state_dir"].default  # run's and watch's, unless told
+    onset, said = _last_onset(Path(args.state_dir or default))
+    found = scan(args.directory, onset=onset)
+    clean = last_clean(found, onset)
     pointers = find_pointers(args.directory)
     if args.json:
         print(
@@ -57,6 +62,7 @@ def handle(args: argparse.Namespace) -> int:
                 {
                     "directory": str(args.directory.resolve()),
                     "last_clean": str(clean.path) if clean else None,
+                    "onset": None if onset is None else {"step": onset.step, "time": onset.time},
                     "checkpoints": [
                         {
                             "path": str(c.path),
@@ -75,6 +81,8 @@ def handle(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    if said:
+        print(said)
     if not found:
         print(f"no checkpoints in {args.directory}")
         _print_pointers(pointers)
@@ -93,6 +101,26 @@ def handle(args: argparse.Namespace) -> int:
         print("no clean checkpoint: a rollback would have nothing to resume from")
     _print_pointers(pointers)
     return 0
+
+
+def _last_onset(state_dir: Path) -> tuple[Onset | None, str]:
+    """The onset of the last stop whose poisoned checkpoints may still be in place (the
+    state dir's verdict record: an unfinished stop, a give-up), and a line that says so; a
+    checkpoint written at or after it is never called clean."""
+    from sentinel.checkpoints.scan import Onset
+    from sentinel.store.stop_intent import unresolved
+
+    intent = unresolved(state_dir)
+    if intent is None:
+        return None, ""
+    incident = intent.incident
+    onset = Onset(step=incident.get("onset_step"), time=incident.get("onset_time"))
+    where = f"step {onset.step}" if onset.step is not None else "its time"
+    said = (
+        f"the last stop ({intent.rule}, {state_dir / 'verdict.json'}) was not rolled back and"
+        f" resumed: checkpoints from its onset ({where}) on are after_onset"
+    )
+    return onset, said
 
 
 def _print_pointers(pointers: Sequence[Pointer]) -> None:
