@@ -227,3 +227,57 @@ def test_a_stop_no_sentinel_could_finish_in_three_tries_gives_up_with_90(work: P
     assert record["state"] == "final" and record["code"] == 90, record
     # Never relaunched, least of all from scratch.
     assert len([r for r in _records(work) if "start" in r]) == 1
+
+
+# The same job, started by someone else (a launcher that exits at once): it writes its pid and
+# its log lines to files, for ``sentinel watch``.
+WATCHED_JOB = JOB.replace(
+    "for step in range(start + 1, 61):",
+    "open(os.path.join(os.path.dirname(record), 'job.pid'), 'w').write(str(os.getpid()))\n"
+    "sys.stdout = open(os.path.join(os.path.dirname(record), 'train.log'), 'a', buffering=1)\n"
+    "for step in range(start + 1, 61):",
+)
+
+
+def _watch(work: Path, name: str) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable, "-m", "sentinel", "watch", "--pidfile", str(work / "job.pid"),
+        "--log", str(work / "train.log"), "--checkpoints", str(work / "ck"),
+        "--state-dir", str(work / "state"), "--max-restarts", "2",
+    ]  # fmt: skip
+    env = clean_env(SENTINEL_JOB__GRACE_PERIOD_S="4")
+    with open(work / f"{name}.err", "wb") as err:
+        return subprocess.Popen(
+            argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=err,
+        )  # fmt: skip
+
+
+def test_watch_killed_during_the_grace_the_next_watch_stops_and_rolls_back(work: Path) -> None:
+    from tests.helpers.detached import launch_detached
+
+    (work / "job.py").write_text(WATCHED_JOB)
+    job = launch_detached(
+        ["env", "JOB_ON_TERM=ignore", sys.executable, str(work / "job.py"), str(work / "ck"),
+         str(FIXTURE), str(work / "record.jsonl")]
+    )  # fmt: skip
+    first = _watch(work, "first")
+    _wait_for("the stop", lambda: "stop" in _verdict(work))
+    _killed(first)
+    assert _running(job), "the job ignores SIGTERM: it runs on in its grace"
+
+    second = _watch(work, "second")
+    try:
+        _wait_for("the final verdict", lambda: _verdict(work).get("state") == "final")
+        _wait_for("the job's end", lambda: not _running(job))
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(DEADLINE_S) == 0, (work / "second.err").read_text()
+    record = _verdict(work)
+    assert record["code"] == 91 and Path(record["resume_from"]).name == CLEAN, record
+    manifest = json.loads(
+        next((work / "ck" / "quarantine").glob("*/.sentinel-manifest.json")).read_text()
+    )
+    assert manifest["complete"] is True
+    assert (work / "ck" / "latest").read_text() == CLEAN
+    assert "finishing what it decided" in (work / "second.err").read_text()
