@@ -7,7 +7,9 @@ never holds the detection loop. The probes speak only of sentinel itself:
   ``live_within_s``. 503 means sentinel is wedged: restart it.
 - ``/readyz``: the config is loaded, the state dir is usable and HTTP answers, so
   sentinel can do its work. It never waits for the job: a native sidecar's startup
-  probe gates the trainer's start, so waiting for the job would deadlock the pod.
+  probe gates the trainer's start, so waiting for the job would deadlock the pod. It does
+  wait for a stop a killed sentinel left unfinished (at most the rest of its grace, then
+  the rollback: ``supervisor.core``).
 
 Neither probe ever reflects the job's health: a NaN in the job must never get
 the kubelet to restart its watchdog. The job's state is in ``/metrics``

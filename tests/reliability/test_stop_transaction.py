@@ -16,10 +16,13 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,8 +87,31 @@ def _records(work: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _readyz_until_ready(port: int) -> list[int]:
+    """``/readyz``'s answers, from the first until the first 200."""
+    answers: list[int] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while not answers or answers[-1] != 200:
+        assert time.monotonic() < deadline, f"not ready within {DEADLINE_S} s: {answers}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+                answers.append(answer.status)
+        except urllib.error.HTTPError as error:
+            answers.append(error.code)
+        except OSError:
+            pass  # not serving yet
+        time.sleep(0.05)
+    return answers
+
+
 def _sentinel(
-    work: Path, name: str, *, killpoint: str = "none", **env: str
+    work: Path, name: str, *extra: str, killpoint: str = "none", **env: str
 ) -> subprocess.Popen[bytes]:
     environ = clean_env(
         KILLPOINT_AT=killpoint,
@@ -95,7 +121,7 @@ def _sentinel(
     )
     argv = [
         sys.executable, str(KILLPOINT), "run", "--checkpoints", str(work / "ck"),
-        "--state-dir", str(work / "state"), "--max-restarts", "2",
+        "--state-dir", str(work / "state"), "--max-restarts", "2", *extra,
         "--", sys.executable, str(work / "job.py"), str(work / "ck"), str(FIXTURE),
         str(work / "record.jsonl"),
     ]  # fmt: skip
@@ -179,7 +205,14 @@ def test_killed_during_the_grace_the_next_sentinel_stops_rolls_back_and_resumes(
     stopped = _records(work)[0]["pid"]
     assert _running(stopped) or on_term == "slow", "the job should still run in its grace"
 
-    second = _sentinel(work, "second", JOB_ON_TERM=on_term, grace="4")
+    port = _free_port()
+    second = _sentinel(
+        work, "second", "--http", f"127.0.0.1:{port}", JOB_ON_TERM=on_term, grace="4"
+    )
+    # Not ready while it finishes the last one's stop (the rest of the grace of a job that
+    # ignores SIGTERM: seconds); ready once it has.
+    answers = _readyz_until_ready(port)
+    assert answers[0] == (503 if on_term == "ignore" else answers[0]), answers
     _assert_finished_as_without_the_kill(work, second)
     err = (work / "second.err").read_text()
     if on_term == "ignore":
