@@ -11,6 +11,10 @@ The real framework jobs of tests/e2e run torch on a tiny model. With one intra-o
 core (torch's default) and the suite's workers on every core, torch's threads spin against
 each other: the HF Trainer rollback took 102 s in the suite against 27 s alone. Every job
 the suite starts runs torch single-threaded (they inherit the environment).
+
+Most of the suite's time is real child processes waiting on real timeouts, not CPU: on a
+2-core machine a third worker cut the suite from 6 min 28 s to 5 min 50 s (``-n auto``
+means at least 3 workers here; ``pytest -n 0`` runs it in one process).
 """
 
 from __future__ import annotations
@@ -20,3 +24,8 @@ import os
 os.environ.setdefault("SENTINEL_EVIDENCE__CHART", "false")
 for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
+
+
+def pytest_xdist_auto_num_workers(config: object) -> int:
+    """``-n auto``: a worker per core, and at least 3 (see the module's docstring)."""
+    return max(3, os.cpu_count() or 1)
