@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -316,6 +317,23 @@ def checkpoints_json(run: Run, tmp_path: Path) -> None:
     assert [c["step"] for c in listing["checkpoints"]] == [10]
 
 
+def checkpoints_state_dir(run: Run, tmp_path: Path) -> None:
+    from sentinel.store import verdict
+
+    plain = Path(__file__).parent / "fixtures" / "checkpoints" / "plain" / "model_step40.pt"
+    (tmp_path / "ckpts").mkdir()
+    for step in (10, 20):
+        shutil.copyfile(plain, tmp_path / "ckpts" / f"model_step{step}.pt")
+    incident = {"id": "i", "rule": "nan_inf", "severity": "critical", "opened_at": 0.0,
+                "onset_step": 15, "onset_time": 0.0, "alerts": [], "actions": [],
+                "open_rules": []}  # fmt: skip
+    stop = {"phase": "stopping", "incident": incident, "restart": True, "attempt": 1,
+            "job": None, "signal": "SIGTERM", "grace_s": 30.0, "signalled_at": 0.0}  # fmt: skip
+    verdict.mark_deciding(tmp_path / "st", rule="nan_inf", step=15, attempt=1, time=0.0, stop=stop)
+    listing = json.loads(run("checkpoints", "--json", "--state-dir", "st", tmp_path / "ckpts").out)
+    assert Path(listing["last_clean"]).name == "model_step10.pt", listing
+
+
 def checkpoints_restore(run: Run, tmp_path: Path) -> None:
     origin = tmp_path / "ckpts" / "checkpoint-10"
     quarantine = tmp_path / "ckpts" / "quarantine" / "20261121T140600-nan_inf"
@@ -610,6 +628,7 @@ HONOURED: dict[tuple[str, str], Callable[[Run, Path], None]] = {
     ("status", "--json"): status_json,
     ("checkpoints", "--json"): checkpoints_json,
     ("checkpoints", "--restore"): checkpoints_restore,
+    ("checkpoints", "--state-dir"): checkpoints_state_dir,
     ("status", "--checkpoints"): status_checkpoints,
     ("demo", "--keep"): demo_keep,
     ("verdict", "--state-dir"): verdict_state_dir,

@@ -20,7 +20,7 @@ from sentinel.engine.position import UNCLOCKED, RunPosition
 from sentinel.engine.ranks import RunSeries, rank_rules, with_rank
 from sentinel.engine.routes import Routes
 from sentinel.engine.samples import SampleFeeder
-from sentinel.model.facts import RunFacts
+from sentinel.model.facts import Resumed, RunFacts
 from sentinel.model.machine import GPU_JOB
 from sentinel.model.records import Alert, Line, Sample
 from sentinel.parsing import LineParser
@@ -293,8 +293,12 @@ class Engine:
     def tick(self, now: float) -> list[Alert]:
         return self._hooks.tick(now)
 
-    def job_started(self, now: float, start_step: int = 0) -> None:
-        """A new attempt: steps start again from its checkpoint, episodes are forgotten."""
+    def job_started(self, now: float, start_step: int = 0, resumed: Resumed | None = None) -> None:
+        """A new attempt: steps start again from its checkpoint, episodes are forgotten.
+        ``resumed``: where it resumed after a rollback (``RunFacts.resumed``)."""
+        self._facts.resumed = resumed
+        for detector in self.routes.detectors:
+            detector.facts.resumed = resumed
         self.position.restart(start_step)
         self._history.clear()
         if self.series is not None:

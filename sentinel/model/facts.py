@@ -31,6 +31,19 @@ class ReferenceCurve:
     series: Mapping[str, tuple[tuple[int, float], ...]]
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """Where an attempt resumed after a rollback: what the ``recovery`` rule judges it by."""
+
+    #: The attempt's number (2 for the first restart).
+    attempt: int
+    #: The step of the checkpoint it resumed from (None: unknown, or from scratch).
+    step: int | None
+    #: The onset of the failure rolled back from, and its rule.
+    onset_step: int | None
+    cause: str
+
+
 @dataclass
 class RunFacts:
     """What is known about the run; each fact from the log, else from the config."""
@@ -48,6 +61,8 @@ class RunFacts:
     reference: ReferenceCurve | None = None
     #: Whether leaving the reference's band acts on its own (``[reference] act``).
     reference_acts: bool = False
+    #: The current attempt resumed after a rollback (None: a first attempt, or not so).
+    resumed: Resumed | None = None
 
     @property
     def gpu_count(self) -> int | None:

@@ -53,6 +53,8 @@ class AdoptedJob:
         # The job it was, alive or not: signalling checks the identity first (a gone or
         # reused pid is never hit), and a restarted sentinel's memory is matched by it.
         self.identity: ProcessIdentity | None = record.job
+        #: The relay was gone already when this sentinel adopted the job: not a failure.
+        self.relay_failed = False
         self.started_at = record.started_at
         self._on_lines = on_lines
         self._on_exit = on_exit

@@ -87,6 +87,8 @@ class JobProcess:
         self.identity: ProcessIdentity | None = None
         self.started_at = 0.0
         self.returncode: int | None = None
+        #: The relay died before the job: the job's end is sentinel's failure.
+        self.relay_failed = False
 
     @property
     def pid(self) -> int:
@@ -185,6 +187,7 @@ class JobProcess:
         if self._relay is not None:
             self.returncode = self._relay.returncode(self.returncode)
             if self.returncode is None:
+                self.relay_failed = True
                 self._outlived_relay()
         self._on_exit(self.returncode)
 

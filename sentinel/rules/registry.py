@@ -19,6 +19,7 @@ from sentinel.rules.loss_scale import LossScaleDetector
 from sentinel.rules.loss_spike import LossSpikeDetector
 from sentinel.rules.lr_jump import LrJumpDetector
 from sentinel.rules.nan_inf import NanInfDetector
+from sentinel.rules.recovery import RecoveryDetector
 from sentinel.rules.reference import ReferenceDetector
 from sentinel.rules.stall import StallDetector
 from sentinel.rules.throughput_drop import ThroughputDropDetector
@@ -31,6 +32,7 @@ DETECTORS: dict[str, type[BaseDetector]] = {
     "divergence": DivergenceDetector,
     "lr_jump": LrJumpDetector,
     "reference": ReferenceDetector,
+    "recovery": RecoveryDetector,
     "throughput_drop": ThroughputDropDetector,
     "eval_loss_rise": EvalLossRiseDetector,
     "loss_plateau": LossPlateauDetector,

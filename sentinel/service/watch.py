@@ -26,6 +26,7 @@ from sentinel.evidence.chart import ChartDrawer, picture
 from sentinel.evidence.diagnosis import explain
 from sentinel.evidence.report import Journal, incident_files, write_report
 from sentinel.model.cost import incident_cost
+from sentinel.model.facts import Resumed
 from sentinel.model.incidents import Incident, IncidentEvent, IncidentTracker
 from sentinel.model.records import Alert, Sample, Severity
 from sentinel.notify.dispatch import Dispatcher, Policy, routes
@@ -188,12 +189,17 @@ class Watch:
         self._memory.save(now, self.engine, self.tracker, self.dispatcher, self.safely)
 
     def job_started(
-        self, now: float, start_step: int = 0, identity: tuple[int, float] | None = None
+        self,
+        now: float,
+        start_step: int = 0,
+        identity: tuple[int, float] | None = None,
+        resumed: Resumed | None = None,
     ) -> None:
         """A new attempt (resuming at ``start_step``): the previous attempt's episodes are over.
 
         ``identity`` (pid, start time) names the attempt's process, where known: a
-        sentinel that restarts beside the same job takes back its open incidents."""
+        sentinel that restarts beside the same job takes back its open incidents.
+        ``resumed``: where the attempt resumed after a rollback (the ``recovery`` rule)."""
         for incident in self.tracker.close_all(now):
             self.dispatcher.forget(incident.id)
             if incident.severity is Severity.CRITICAL:
@@ -203,7 +209,7 @@ class Watch:
             self._rules_reloaded = False
             self.engine = self._engine(self.settings)
             log.info("the reloaded rules are in force from this attempt on")
-        self.engine.job_started(now, start_step)
+        self.engine.job_started(now, start_step, resumed)
         self._memory.job_started(identity, self.engine, self.tracker, self.dispatcher)
 
     def policy(self, incident: Incident) -> str:

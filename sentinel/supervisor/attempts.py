@@ -106,16 +106,28 @@ class JobAttempts:
             resumed_at = self._restarts.resume.step if self.restarts else None
             who = job.identity
             identity = None if who is None else (who.pid, who.create_time)
-            self.watch.job_started(job.started_at, resumed_at or 0, identity)
+            resumed = self._restarts.resumed(attempt)
+            self.watch.job_started(job.started_at, resumed_at or 0, identity, resumed)
         self._waiting_for_next = False
         self.set_state(JobState.STARTING)
         log.info(
-            "job %s (attempt %d, pid %d): %s",
+            "job %s (attempt %d, pid %d)%s: %s",
             "started" if self.holder.relaunches else "found",
             attempt,
             job.pid,
+            self._resumed_from(),
             self.holder.describe(),
         )
+
+    def _resumed_from(self) -> str:
+        """ ", resumed from <checkpoint> (step N)" for an attempt after a rollback."""
+        if not self.restarts:
+            return ""
+        where = self._restarts.resume
+        if not where.checkpoint:
+            return ", from scratch"
+        step = f" (step {where.step})" if where.step is not None else ""
+        return f", resumed from {where.checkpoint}{step}"
 
     def tick(self, now: float) -> None:
         """STARTING becomes RUNNING once the attempt is ``min_uptime_s`` old."""
@@ -152,7 +164,8 @@ class JobAttempts:
             self.watch.update(incident, final=True)
         # What the job writes from now on is the next attempt's, even if it is read before
         # the process is found: the rules start fresh now, not when it is found.
-        self.watch.job_started(time.time(), self._restarts.resume.step or 0)
+        resumed = self._restarts.resumed(self.attempt + 1)
+        self.watch.job_started(time.time(), self._restarts.resume.step or 0, resumed=resumed)
         self._waiting_for_next = True
         self.wait_for_next()
 

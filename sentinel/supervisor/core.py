@@ -365,6 +365,8 @@ class Supervisor:
         now = time.time()
         stops = self._stops
         stop = stops.current
+        held = attempts.job
+        relay_failed = held is not None and held.relay_failed
         said = "ended (exit status unknown)" if returncode is None else describe_exit(returncode)
         log.info("job (attempt %d) %s", attempt, said)
         if returncode is not None:
@@ -372,9 +374,8 @@ class Supervisor:
         stop = stops.current  # a job_crash incident may have decided on a restart just now
         attempts.ended()
         status = 0 if returncode is None else exit_status(returncode)
-        if returncode is None and self.holder.relaunches:
-            # A child whose status is unknown: its relay failed, sentinel's doing (logged).
-            status = 1
+        if relay_failed:
+            status = 1  # its status is unknown: the relay failed, sentinel's doing (logged)
         if stop is None:
             attempts.attempt_over(status, JobState.EXITED if status == 0 else JobState.FATAL)
             return

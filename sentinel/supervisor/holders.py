@@ -50,6 +50,8 @@ class Handle(Protocol):
     identity: ProcessIdentity | None
     #: When the attempt started (time.time()).
     started_at: float
+    #: Whether sentinel's relay died before the job: its end is sentinel's failure.
+    relay_failed: bool
 
     def wait(self, timeout_s: float) -> bool:
         """True once the attempt has ended (within ``timeout_s``)."""
@@ -317,6 +319,7 @@ class _AttachedHandle:
         self.job = job
         self.identity: ProcessIdentity | None = job.identity
         self.started_at = job.identity.create_time
+        self.relay_failed = False  # no relay: whoever started the job holds it
 
     @property
     def pid(self) -> int:

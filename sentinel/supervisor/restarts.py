@@ -25,6 +25,7 @@ from sentinel.checkpoints.quarantine import fresh_label
 from sentinel.checkpoints.rollback import apply_rollback, plan_rollback, pointer_note
 from sentinel.checkpoints.scan import Onset, elsewhere, scan
 from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings, resume
+from sentinel.model.facts import Resumed
 from sentinel.model.incidents import Incident
 from sentinel.service.http import parse_http_address
 from sentinel.store import verdict
@@ -95,6 +96,8 @@ class Restarts:
         self._last_failure: tuple[str, int | None] | None = None
         #: Where the latest restart resumes from.
         self.resume = Resume()
+        #: The failure the latest restart rolled back from: its rule and onset step.
+        self.rolled_back_from: tuple[str, int | None] | None = None
 
     def look(self, now: float) -> None:
         """Look at the checkpoint dir for new versions worth keeping (on the clock tick)."""
@@ -134,6 +137,7 @@ class Restarts:
         if decision.resume is None:
             return decision
         self.resume = decision.resume
+        self.rolled_back_from = (incident.rule, incident.onset_step)
         decision.backoff_s = min(job.restart_backoff_s * 2**self.count, job.restart_backoff_max_s)
         self.count += 1
         if self.relaunches:
@@ -178,6 +182,7 @@ class Restarts:
             "restarts.count": str(self.count),
             "restarts.last_failure": json.dumps(self._last_failure),
             "restarts.resume": json.dumps([self.resume.checkpoint, self.resume.step]),
+            "restarts.rolled_back_from": json.dumps(self.rolled_back_from),
         }
 
     def from_state(self, values: Mapping[str, str | None]) -> None:
@@ -189,6 +194,16 @@ class Restarts:
                 self._last_failure = (str(failure[0]), failure[1])
             checkpoint, step = json.loads(values.get("restarts.resume") or '["", null]')
             self.resume = Resume(str(checkpoint), step)
+            rolled = json.loads(values.get("restarts.rolled_back_from") or "null")
+            if rolled is not None:
+                self.rolled_back_from = (str(rolled[0]), rolled[1])
+
+    def resumed(self, attempt: int) -> Resumed | None:
+        """What ``attempt`` resumed from after a rollback, for the rules (None: it did not)."""
+        if not self.count or self.rolled_back_from is None:
+            return None
+        cause, onset = self.rolled_back_from
+        return Resumed(attempt, self.resume.step, onset, cause)
 
     def argv_and_env(self, command: list[str]) -> tuple[list[str], dict[str, str]]:
         """The command and extra environment of the next attempt (the restart protocol).
@@ -215,7 +230,7 @@ class Restarts:
             return Decision(
                 give_up=f"rollback failed: still keeping a clean copy after {KEEP_FLUSH_S:g} s"
             )
-        onset = Onset(step=incident.onset_step, time=incident.onset_time)
+        onset = Onset(step=self._onset_step(incident, notes := []), time=incident.onset_time)
         plan = plan_rollback(directory, onset)
         journal = self.journal
         planned = None if journal is None else journal.planned_resume
@@ -240,7 +255,6 @@ class Restarts:
                 give_up=f"rollback failed, not restarting: cannot quarantine in {directory}:"
                 f" {error.strerror or error}"
             )
-        notes = []
         text = f"rolled back to {plan.restore.path.name}" if plan.restore else ""
         if plan.put_back is not None and plan.restore is not None:
             at = plan.restore.step
@@ -261,6 +275,26 @@ class Restarts:
             return self._without_checkpoint(notes, why)
         restore = Resume(str(plan.restore.path.resolve()), plan.restore.step)
         return Decision(resume=restore, notes=notes)
+
+    def _onset_step(self, incident: Incident, notes: list[str]) -> int | None:
+        """The step from which checkpoints are set aside: the incident's onset, or the step
+        the attempt resumed from when it failed before it passed the onset it was rolled
+        back from (the restart did not restore health: its checkpoint may hold the cause)."""
+        onset = incident.onset_step
+        if not self.count or self.rolled_back_from is None or onset is None:
+            return onset
+        _, earlier = self.rolled_back_from
+        resumed_at = self.resume.step
+        if resumed_at is None or earlier is None or not resumed_at <= onset < earlier:
+            return onset
+        text = (
+            f"the attempt resumed from step {resumed_at} failed at step {onset}, before it"
+            f" passed step {earlier} where the run had failed: the checkpoint of step"
+            f" {resumed_at} may hold the cause; rolling back further"
+        )
+        log.warning("%s", text)
+        notes.append(text)
+        return resumed_at
 
     def _without_checkpoint(self, notes: list[str], why: str) -> Decision:
         """Nothing clean to resume from: start over only where the user chose to."""

@@ -66,6 +66,8 @@ JOB = textwrap.dedent(
             with open(record, "a") as out:
                 out.write(json.dumps({"pid": os.getpid(), "saved": tag}) + "\\n")
         time.sleep(0.05)
+    while resume is None and on_term == "ignore":
+        time.sleep(1)  # hung after its NaN: it runs until it is killed
     with open(record, "a") as out:
         out.write(json.dumps({"pid": os.getpid(), "finished": True}) + "\\n")
     """

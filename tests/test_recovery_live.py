@@ -1,0 +1,81 @@
+"""A restart that did not restore health is caught, rolled back further, and its recovery said.
+
+A real job under ``sentinel run``: at step 70 of its first attempt it silently takes a bad
+state (a learning rate raised where nothing logs it), which its next checkpoints hold; at
+step 90 its loss goes NaN. The rollback resumes from step 80, whose checkpoint already holds
+the bad state: the loss there is 13 against 0.8. Whether that is caught at once (a loss spike
+in the resumed attempt, before it reaches step 90) or at the onset step (the ``recovery``
+rule), the checkpoint it resumed from is suspect: sentinel rolls back further, to step 60,
+from before the cause, and the attempt after that passes the onset healthy, is said to have
+recovered, and finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.env import clean_env
+
+pytestmark = pytest.mark.slow
+
+JOB = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    ckpt = Path(sys.argv[1]); ckpt.mkdir(exist_ok=True)
+    resume = os.environ.get("SENTINEL_RESUME_FROM")
+    fresh = {"step": 0, "bad": False}
+    state = json.loads((Path(resume) / "state.json").read_text()) if resume else fresh
+    first = not os.environ.get("SENTINEL_RESTART")
+    with open(sys.argv[2], "a") as record:
+        record.write(json.dumps({"resume_from": resume, "state": state}) + "\\n")
+    for step in range(state["step"] + 1, 121):
+        if first and step == 70:
+            state["bad"] = True  # nothing logs it: the checkpoints after it hold it
+        # A resumed attempt shows the bad state at once; the first hid it until its NaN.
+        loss = 13.0 + step / 100 if state["bad"] and not first else 2.0 / (1 + step / 50)
+        if first and step >= 90:
+            loss = float("nan")
+        print(json.dumps({"step": step, "loss": loss}), flush=True)
+        if step % 20 == 0:
+            (ckpt / f"step_{step}").mkdir(exist_ok=True)
+            (ckpt / f"step_{step}" / "state.json").write_text(json.dumps({**state, "step": step}))
+        time.sleep(0.01)
+    """
+)
+
+
+def test_a_restart_that_did_not_restore_health_rolls_back_further_and_recovers(
+    tmp_path: Path,
+) -> None:
+    job, ckpt, state = tmp_path / "job.py", tmp_path / "ckpt", tmp_path / "state"
+    record = tmp_path / "starts.jsonl"
+    job.write_text(JOB)
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--checkpoints", str(ckpt),
+         "--state-dir", str(state), "--max-restarts", "3",
+         "--", sys.executable, str(job), str(ckpt), str(record)],
+        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1"), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    starts = [json.loads(line) for line in record.read_text().splitlines()]
+    resumed = [Path(s["resume_from"]).name if s["resume_from"] else None for s in starts]
+    assert resumed == [None, "step_80", "step_60"], starts
+    assert starts[2]["state"]["bad"] is False
+
+    alerts = [json.loads(line) for line in (state / "alerts.jsonl").read_text().splitlines()]
+    judged = [a for a in alerts if a["rule"] == "recovery"]
+    # Attempt 2 may be judged too, where it outlives the stop another rule decided at once.
+    assert judged and judged[-1]["severity"] == "info", judged
+    assert "recovered" in judged[-1]["message"], judged
+    for alert in judged[:-1]:
+        assert alert["message"].startswith("the restart did not restore health: loss 13."), alert
+    assert any("may hold the cause" in line for line in result.stderr.splitlines()), result.stderr
+    assert "resumed from" in result.stderr and "step_60" in result.stderr
