@@ -78,4 +78,14 @@ def test_a_restart_that_did_not_restore_health_rolls_back_further_and_recovers(
     for alert in judged[:-1]:
         assert alert["message"].startswith("the restart did not restore health: loss 13."), alert
     assert any("may hold the cause" in line for line in result.stderr.splitlines()), result.stderr
-    assert "resumed from" in result.stderr and "step_60" in result.stderr
+    # The morning after: the timeline, the result, where each restart resumed, the reports.
+    tail = result.stderr[result.stderr.index("\nTimeline\n") :]
+    assert "CRITICAL nan_inf: loss is nan at step 90" in tail
+    assert "Result: the job finished with exit status 0 after 2 restart(s)" in tail
+    assert f"restart 1 resumed from {ckpt / 'step_80'} (step 80)" in tail
+    assert f"restart 2 resumed from {ckpt / 'step_60'} (step 60)" in tail
+    reports = [
+        line.removeprefix("Report: ") for line in tail.splitlines() if line.startswith("Report: ")
+    ]
+    assert reports and all(Path(path).is_file() for path in reports), tail
+    assert f"Alert journal: {state / 'alerts.jsonl'}" in tail

@@ -11,7 +11,7 @@ from typing import TextIO
 
 from sentinel.checkpoints.scan import scan
 from sentinel.config import load_settings
-from sentinel.evidence.report import clock
+from sentinel.service.summary import result_line, timeline
 
 
 def run_demo(keep: Path | None, *, out: TextIO) -> int:
@@ -53,30 +53,15 @@ def _run(work: Path, out: TextIO) -> int:
     started = time.time()
     # The job's stdout is its JSON metric lines: read by sentinel, not shown, to keep this readable.
     with open(os.devnull, "wb") as devnull:
-        supervisor = Supervisor(settings, command, stdout=devnull, stderr=None)
+        supervisor = Supervisor(settings, command, stdout=devnull, stderr=None, summary=False)
         status = supervisor.run()
     elapsed = time.time() - started
 
     out.write("\nTimeline\n")
-    tracker = supervisor.watch.tracker
-    # A joined incident is open under each of its rules: list it once.
-    incidents = list({id(i): i for i in [*tracker.closed, *tracker.open.values()]}.values())
-    for incident in incidents:
-        events = [
-            (alert.time, f"{alert.severity.upper()} {alert.rule}: {alert.message}")
-            for alert in incident.alerts
-        ]
-        events += incident.actions
-        for at, text in sorted(events, key=lambda event: event[0]):
-            out.write(f"  {clock(at)}  {text}\n")
-        if incident.diagnosis is not None and incident.severity == "critical":
-            out.write("  diagnosis:\n")
-            for line in incident.diagnosis.lines():
-                out.write(f"    {line}\n")
-    out.write(
-        f"\nResult: the job finished with exit status {status} after {supervisor.restarts}"
-        f" restart(s), in {elapsed:.1f} s.\n\nCheckpoints now ({checkpoints}):\n"
-    )
+    for line in timeline(supervisor.watch.incidents()):
+        out.write(f"{line}\n")
+    result = result_line(status, supervisor.restarts, elapsed, relaunches=True)
+    out.write(f"\n{result}\n\nCheckpoints now ({checkpoints}):\n")
     for checkpoint in scan(checkpoints):
         out.write(f"  {checkpoint.path.name:<16} {checkpoint.status}\n")
     quarantine = checkpoints / "quarantine"

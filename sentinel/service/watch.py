@@ -254,6 +254,12 @@ class Watch:
         ``incident`` from here (its journal lines and report are kept)."""
         self._quiet.add(incident.id)
 
+    def incidents(self) -> list[Incident]:
+        """Every incident of the run so far, closed and open, each once (a joined one is
+        open under each of its rules)."""
+        tracker = self.tracker
+        return list({id(i): i for i in [*tracker.closed, *tracker.open.values()]}.values())
+
     def close(self) -> None:
         stats = self.engine.parser.stats
         log.info(

@@ -74,6 +74,8 @@ class JobAttempts:
         self._waiting_since: float | None = None
         #: ``watch``: the last attempt ended and the rules were started afresh for the next.
         self._waiting_for_next = False
+        #: Where each restart resumed from, in order (for the summary at the end).
+        self.resumed_from: list[str] = []
 
     @property
     def restarts(self) -> int:
@@ -110,12 +112,15 @@ class JobAttempts:
             self.watch.job_started(job.started_at, resumed_at or 0, identity, resumed)
         self._waiting_for_next = False
         self.set_state(JobState.STARTING)
+        whence = self._resumed_from()
+        if whence:
+            self.resumed_from.append(whence.removeprefix(", resumed from ").removeprefix(", "))
         log.info(
             "job %s (attempt %d, pid %d)%s: %s",
             "started" if self.holder.relaunches else "found",
             attempt,
             job.pid,
-            self._resumed_from(),
+            whence,
             self.holder.describe(),
         )
 

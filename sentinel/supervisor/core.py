@@ -36,6 +36,7 @@ from sentinel.process.launched import exit_status
 from sentinel.process.signal_tree import TreeStop
 from sentinel.process.system import SystemSources
 from sentinel.rules.job_crash import describe_exit
+from sentinel.service import summary
 from sentinel.service.health import Service
 from sentinel.service.status import CHECKPOINTS_DIR_KEY
 from sentinel.service.watch import Watch
@@ -72,9 +73,12 @@ class Supervisor:
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
         reload: Callable[[], Settings] | None = None,
+        summary: bool = True,
     ) -> None:
         """``command`` for ``run`` (a child), or ``holder`` for another way to hold the job;
-        ``reload`` reads the config again on SIGHUP."""
+        ``reload`` reads the config again on SIGHUP; ``summary``: end with the morning-after
+        block on stderr (``service.summary``)."""
+        self._summary = summary
         self.settings = settings
         if holder is None:
             assert command is not None, "a command or a holder"
@@ -120,6 +124,7 @@ class Supervisor:
     def run(self) -> int:
         """Run to the end; the exit status of the job's last attempt (0 if it finished)."""
         settings = self.settings
+        started = time.time()
         store = StateStore(settings.state_dir)
         if settings.checkpoints is not None:  # for `sentinel status`: the disk it takes
             store.put(CHECKPOINTS_DIR_KEY, os.path.abspath(settings.checkpoints))
@@ -181,6 +186,19 @@ class Supervisor:
             store.close()
             self.service.close()
             self._signals.restore()
+        if self._summary:
+            sys.stderr.write(
+                summary.summary(
+                    self.watch.incidents(),
+                    status=attempts.exit_code,
+                    restarts=self._restarts.count,
+                    elapsed_s=time.time() - started,
+                    relaunches=self.holder.relaunches,
+                    resumed_from=attempts.resumed_from,
+                    state_dir=settings.state_dir,
+                )
+            )
+            sys.stderr.flush()
         return attempts.exit_code
 
     def _ready(self) -> None:
