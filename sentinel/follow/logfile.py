@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from sentinel.follow.buffering import BlockWrites
 from sentinel.parsing.lines import LineSplitter, Splitter
 from sentinel.store.state import FileOffset
 
@@ -110,6 +111,8 @@ class FileFollower:
         # every read (a record hashes the bytes before the offset).
         self._offset_moved = False
         self._last_error = ""
+        #: Whether the writer's output comes in whole blocks (block-buffered: said once).
+        self._blocks = BlockWrites()
 
     @property
     def has_backlog(self) -> bool:
@@ -279,6 +282,7 @@ class FileFollower:
         """Read the open file to its end (or a batch's worth of text)."""
         assert self._fd is not None
         start_offset = self.offset
+        started_at = self._position
         text_bytes = 0
         while True:
             # pread: the position is ours, whatever the descriptor's says.
@@ -299,6 +303,11 @@ class FileFollower:
                 break
         if self.offset != start_offset:
             self._offset_moved = True
+        grew = self._position - started_at
+        if grew and not self._backlog:
+            said = self._blocks.grew(grew, mid_line=self._splitter.pending_bytes > 0)
+            if said:
+                logger.warning("%s %s", self.path, said)
 
     def _remember_offset(self) -> None:
         """Queue a record of the current offset for ``commit``."""

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -318,3 +321,68 @@ def test_a_missing_file_never_raises(tmp_path: Path) -> None:
     assert follower.read() == []
     follower.commit()
     follower.close()
+
+
+# -- block-buffered writers ---------------------------------------------------------------
+
+# A job printing a step line every 2 ms: 40 000 lines over ~80 s at most, stopped once read.
+_PRINTING_JOB = (
+    "import sys, time\n"
+    "for step in range(40000):\n"
+    "    print(f'step {step} loss {2.0 - step / 100000:.6f} grad_norm 1.00', file=OUT)\n"
+    "    time.sleep(0.002)\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("writer", "buffered"),
+    [
+        pytest.param(
+            [sys.executable, "-c", _PRINTING_JOB.replace("OUT", "sys.stdout")],
+            True,
+            id="python-no-u",
+        ),
+        pytest.param(
+            [sys.executable, "-u", "-c", _PRINTING_JOB.replace("OUT", "sys.stdout")],
+            False,
+            id="python-u",
+        ),
+        pytest.param(
+            [
+                "perl",
+                "-e",
+                'for $s (0..40000) { print "step $s loss 1.0\\n";'
+                " select(undef, undef, undef, 0.002) }",
+            ],
+            True,
+            id="perl-stdio",
+        ),
+    ],
+)
+def test_a_log_written_in_whole_blocks_is_named_once_with_the_fix(
+    tmp_path: Path, writer: list[str], buffered: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    if writer[0] == "perl" and shutil.which("perl") is None:
+        pytest.skip("no perl here: its stdio-buffered output is the C-style case")
+    log = tmp_path / "train.log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open(log, "wb") as out:
+        job = subprocess.Popen(writer, stdout=out, stderr=subprocess.DEVNULL, env=env)
+    follower = FileFollower(log)
+    try:
+        read = 0
+        deadline = time.monotonic() + 30
+        while read < 64 * 1024 and time.monotonic() < deadline:
+            read += sum(len(line) + 1 for line in follower.read())
+            time.sleep(0.05)
+    finally:
+        job.kill()
+        job.wait()
+    said = [r.getMessage() for r in caplog.records if "block-buffered" in r.getMessage()]
+    if buffered:
+        assert len(said) == 1, said
+        assert said[0].startswith(f"{log} grows in whole blocks")
+        assert "python -u, PYTHONUNBUFFERED=1, or stdbuf -oL" in said[0]
+    else:
+        assert said == []
