@@ -673,3 +673,34 @@ def test_listing_never_calls_clean_what_a_stop_left_after_its_onset(
     else:
         assert statuses["global_step40"] == "after_onset", out
         assert "was not rolled back and resumed" in out
+
+
+def test_an_empty_checkpoint_dir_while_the_one_beside_it_fills_is_named_once(
+    tmp_path: Path,
+) -> None:
+    from sentinel.checkpoints.scan import EmptyDir
+
+    typo, real = tmp_path / "run" / "ckpt", tmp_path / "run" / "checkpoints"
+    write_hf_checkpoint(real / "checkpoint-10")
+    watch = EmptyDir(typo, every_s=60.0)
+    assert watch.look(0.0) == ""  # the first look notes what is beside it
+    assert watch.look(30.0) == ""  # not due yet
+    assert watch.look(61.0) == ""  # nothing new beside it: an old run's folder says nothing
+    write_hf_checkpoint(real / "checkpoint-20")
+    said = watch.look(122.0)
+    assert said.startswith(f"--checkpoints {typo} holds no checkpoint, while {real} beside it")
+    assert "gained checkpoint-20" in said and f"give --checkpoints {real}" in said
+    write_hf_checkpoint(real / "checkpoint-30")
+    assert watch.look(183.0) == ""  # said once
+
+
+def test_a_checkpoint_dir_that_fills_is_no_typo(tmp_path: Path) -> None:
+    from sentinel.checkpoints.scan import EmptyDir
+
+    mine, other = tmp_path / "run" / "ckpt", tmp_path / "run" / "other"
+    write_hf_checkpoint(other / "checkpoint-10")
+    watch = EmptyDir(mine, every_s=1.0)
+    watch.look(0.0)
+    write_hf_checkpoint(mine / "checkpoint-10")
+    write_hf_checkpoint(other / "checkpoint-20")
+    assert watch.look(2.0) == ""

@@ -186,6 +186,48 @@ def elsewhere(directory: Path, limit: int = 3) -> list[Path]:
     return found
 
 
+class EmptyDir:
+    """A ``--checkpoints`` folder that stays empty while a folder beside it gains checkpoints:
+    a typo that would leave a rollback nothing to resume from, said once while there is time
+    to fix it. Looked at every ``every_s`` (a scan of the folders beside it), until the
+    folder holds a checkpoint or the warning is given."""
+
+    def __init__(self, directory: Path, every_s: float = 60.0) -> None:
+        self.directory = directory
+        self.every_s = every_s
+        self._next = 0.0
+        self._done = False
+        #: The checkpoints seen beside it at the first look, by folder.
+        self._first: dict[Path, set[str]] | None = None
+
+    def look(self, now: float) -> str:
+        """The warning's text once a folder beside it gained a checkpoint; else ""."""
+        if self._done or now < self._next:
+            return ""
+        self._next = now + self.every_s
+        if scan(self.directory):
+            self._done = True  # it fills: no typo
+            return ""
+        seen = {folder: {c.path.name for c in scan(folder)} for folder in elsewhere(self.directory)}
+        if self._first is None:
+            self._first = seen
+            return ""
+        gained = [
+            (folder, sorted(names - self._first.get(folder, set())))
+            for folder, names in seen.items()
+            if names - self._first.get(folder, set())
+        ]
+        if not gained:
+            return ""
+        self._done = True
+        folder, names = gained[0]
+        return (
+            f"--checkpoints {self.directory} holds no checkpoint, while {folder} beside it"
+            f" gained {', '.join(names[:3])}: a typo? A rollback would have nothing to resume"
+            f" from; give --checkpoints {folder}"
+        )
+
+
 def last_clean(
     checkpoints: Sequence[Checkpoint],
     onset: Onset | int | None = None,

@@ -23,7 +23,7 @@ from pathlib import Path
 from sentinel.checkpoints.keep import Keeper
 from sentinel.checkpoints.quarantine import fresh_label
 from sentinel.checkpoints.rollback import apply_rollback, plan_rollback, pointer_note
-from sentinel.checkpoints.scan import Onset, elsewhere, scan
+from sentinel.checkpoints.scan import EmptyDir, Onset, elsewhere, scan
 from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings, resume
 from sentinel.model.facts import Resumed
 from sentinel.model.incidents import Incident
@@ -86,6 +86,8 @@ class Restarts:
         self.relaunches = relaunches
         self.checkpoints = checkpoints
         keep = keep or KeepConfig()
+        #: A checkpoint folder that stays empty while one beside it fills: a typo.
+        self.empty = None if checkpoints is None else EmptyDir(checkpoints)
         #: Clean versions of the files the job rewrites in place (``ckpt.pt``).
         self.keeper = (
             None
@@ -100,9 +102,13 @@ class Restarts:
         self.rolled_back_from: tuple[str, int | None] | None = None
 
     def look(self, now: float) -> None:
-        """Look at the checkpoint dir for new versions worth keeping (on the clock tick)."""
+        """Look at the checkpoint dir for new versions worth keeping, and for a typo in its
+        name (on the clock tick)."""
         if self.keeper is not None:
             self.keeper.poll(now)
+        said = self.empty.look(now) if self.empty is not None else ""
+        if said:
+            log.warning("%s", said)
 
     def close(self) -> None:
         if self.keeper is not None:
