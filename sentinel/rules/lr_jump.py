@@ -41,6 +41,7 @@ from pydantic import Field, model_validator
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Block, Sample, Severity
 from sentinel.rules.base import BaseDetector, MetricRuleConfig, Reading, Recent
+from sentinel.rules.lr_jumps import UNEXPLAINED, UNEXPLAINED_RATIO, unexplained_jump
 from sentinel.rules.noise import wobble
 from sentinel.rules.series import finite_with_steps, sorted_median
 
@@ -51,9 +52,9 @@ class LrJumpConfig(MetricRuleConfig):
     #: Severity of a jump alone.
     severity: Severity = Severity.WARNING
     #: A jump is at least this multiple of the rate logged before it...
-    factor: float = Field(default=10.0, gt=1.0)
+    factor: float = Field(default=UNEXPLAINED_RATIO, gt=1.0)
     #: ...and more than this multiple of the highest rate logged before it in the attempt.
-    above_seen: float = Field(default=2.0, ge=1.0)
+    above_seen: float = Field(default=UNEXPLAINED, ge=1.0)
     #: Rates the attempt must have logged before one can be a jump.
     min_values: int = Field(default=2, ge=1)
     #: The loss whose rise after a jump makes it act.
@@ -181,8 +182,9 @@ class LrJumpDetector(BaseDetector):
         if (
             last is None
             or self._count <= settings.min_values
-            or value < settings.factor * last[1]
-            or value <= settings.above_seen * highest
+            or not unexplained_jump(
+                last[1], value, highest, factor=settings.factor, above_seen=settings.above_seen
+            )
         ):
             return []
         changed_after = last[0]

@@ -22,6 +22,20 @@ UNEXPLAINED_RATIO = 10.0
 UNEXPLAINED = 2.0
 
 
+def unexplained_jump(
+    before: float,
+    after: float,
+    highest: float,
+    *,
+    factor: float = UNEXPLAINED_RATIO,
+    above_seen: float = UNEXPLAINED,
+) -> bool:
+    """Whether a logged rate going from ``before`` to ``after`` is a jump no schedule explains:
+    ``factor`` times or more the rate before it, and above ``above_seen`` times the highest
+    rate the attempt logged before (``highest``). One test, for ``lr_jump`` and the others."""
+    return after >= factor * before and after > above_seen * highest
+
+
 class LrJumps:
     """The logged learning rate: its last (step, value), the ratio it last moved by, the
     highest it has been, and its last jump (step, before, after) and whether that jump
@@ -51,7 +65,7 @@ class LrJumps:
             ratio = value / last[1]
             if ratio >= LR_JUMP and ratio > 2 * self.ratio:
                 self.jump = (step, last[1], value)
-                self.unexplained = ratio >= UNEXPLAINED_RATIO and value > UNEXPLAINED * self.highest
+                self.unexplained = unexplained_jump(last[1], value, self.highest)
             self.ratio = ratio
         self.last = (step, value)
         self.highest = max(self.highest, value)
