@@ -16,12 +16,14 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_TEMP = re.compile(r"\.sentinel-replace-(\d+)\.tmp")
+_TEMP = re.compile(r"\.sentinel-replace-(\d+)(?:-[^/]*)?\.tmp")
 
 
-def temp_beside(path: Path) -> Path:
-    """A name in ``path``'s folder (the same filesystem, so the rename is atomic)."""
-    return path.with_name(f".sentinel-replace-{os.getpid()}.tmp")
+def temp_beside(path: Path, tag: str = "") -> Path:
+    """A name in ``path``'s folder (the same filesystem, so the rename is atomic); ``tag``
+    tells apart the temps of several names in one folder made at once."""
+    suffix = f"-{tag}" if tag else ""
+    return path.with_name(f".sentinel-replace-{os.getpid()}{suffix}.tmp")
 
 
 def sweep(directory: Path) -> None:

@@ -12,6 +12,7 @@ right. Nothing is deleted.
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 from collections.abc import Collection
@@ -120,24 +121,76 @@ def rewrite(
     return changes
 
 
-def apply_rewrite(planned: Rewrite, quarantine_dir: Path, taken: set[Path]) -> PointerChange | None:
-    """Carry out one planned rewrite (None where nothing fits); OSError propagates."""
+@dataclass(frozen=True)
+class Prepared:
+    """A rewrite whose new pointer is made, under a temp name beside the old one, and not yet
+    renamed over it: made before a rollback's first move, so that a full disk stops the
+    rollback before anything moved; renaming it needs no space."""
+
+    planned: Rewrite
+    temp: Path
+    before: str
+
+
+def prepare_rewrite(planned: Rewrite, *, source: Path | None = None) -> Prepared | None:
+    """Make ``planned``'s new pointer under a temp name (None where nothing fits the pointer).
+    ``source``: what a copy is copied from, when the clean checkpoint is not in place yet (a
+    kept version still to be put back). OSError propagates, and nothing is left behind."""
     pointer, clean = planned.pointer, planned.clean
     if clean is None:
         log.warning("left %s as it is: %s", pointer.path, planned.why)
         return None
+    # Tagged by a digest of the name: never "last" or ".ckpt" in a temp name, which a
+    # framework's scan would take for a checkpoint.
+    tag = hashlib.sha1(pointer.path.name.encode()).hexdigest()[:8]
+    temp = atomic.temp_beside(pointer.path, tag=tag)
+    try:
+        if pointer.form is Form.COPY:
+            clone(source or clean, temp)
+            os.utime(temp)  # the newest last*.ckpt wins for ckpt_path="last"
+            before = ""
+        elif pointer.form is Form.SYMLINK:
+            before = os.readlink(pointer.path)
+            os.symlink(planned.says, temp)
+        else:
+            before = read_pointer(pointer.path)
+            mode = os.stat(pointer.path).st_mode & 0o7777
+            atomic.new_file(temp, planned.says, mode)
+    except BaseException:
+        discard(temp)
+        raise
+    return Prepared(planned, temp, before)
+
+
+def commit_rewrite(prepared: Prepared, quarantine_dir: Path, taken: set[Path]) -> PointerChange:
+    """Rename the prepared pointer over the old one (a copy: the old one set aside first)."""
+    pointer, planned = prepared.planned.pointer, prepared.planned
     if pointer.form is Form.COPY:
-        return _replace_copy(pointer, clean, quarantine_dir, taken)
-    if pointer.form is Form.SYMLINK:
-        before = os.readlink(pointer.path)
-        atomic.symlink(pointer.path, planned.says)
-    else:
-        before = read_pointer(pointer.path)
-        atomic.write_text(pointer.path, planned.says)
-    log.info("%s now names %s (was %s)", pointer.path, planned.says, before.strip())
+        assert planned.clean is not None
+        return _replace_copy(pointer, planned.clean, prepared.temp, quarantine_dir, taken)
+    os.replace(prepared.temp, pointer.path)
+    atomic.sync_dir(pointer.path.parent)
+    log.info("%s now names %s (was %s)", pointer.path, planned.says, prepared.before.strip())
     return PointerChange(
-        str(pointer.kind), str(pointer.path), str(pointer.form), before, planned.says
+        str(pointer.kind), str(pointer.path), str(pointer.form), prepared.before, planned.says
     )
+
+
+def discard(temp: Path) -> None:
+    """Remove a prepared pointer that will not be used (sentinel's own temp, never the job's)."""
+    if os.path.lexists(temp):
+        os.unlink(temp)
+
+
+def apply_rewrite(planned: Rewrite, quarantine_dir: Path, taken: set[Path]) -> PointerChange | None:
+    """Carry out one planned rewrite at once (None where nothing fits); OSError propagates."""
+    prepared = prepare_rewrite(planned)
+    if prepared is None:
+        return None
+    try:
+        return commit_rewrite(prepared, quarantine_dir, taken)
+    finally:
+        discard(prepared.temp)
 
 
 def _rewrite(pointer: Pointer, clean: Path | None) -> Rewrite:
@@ -168,16 +221,14 @@ def _rewrite(pointer: Pointer, clean: Path | None) -> Rewrite:
 
 
 def _replace_copy(
-    pointer: Pointer, clean: Path, quarantine_dir: Path, taken: set[Path]
+    pointer: Pointer, clean: Path, temp: Path, quarantine_dir: Path, taken: set[Path]
 ) -> PointerChange:
-    """Set the copy at ``pointer.path`` aside and put a copy of ``clean`` in its place."""
+    """Set the copy at ``pointer.path`` aside and put the prepared copy of ``clean`` (at
+    ``temp``) in its place."""
     path = pointer.path
-    temp = atomic.temp_beside(path)
     aside: Path | None = None
     linked = False
     try:
-        clone(clean, temp)
-        os.utime(temp)  # the newest last*.ckpt wins for ckpt_path="last"
         stat = os.stat(temp)
         quarantine_dir.mkdir(parents=True, exist_ok=True)
         aside = _free(quarantine_dir, path.name, taken)
@@ -190,8 +241,7 @@ def _replace_copy(
             os.rename(path, aside)  # no hard links here: absent until the rename below
         os.replace(temp, path)
     except BaseException:
-        if os.path.lexists(temp):
-            os.unlink(temp)  # sentinel's own copy, never the job's file
+        discard(temp)  # sentinel's own copy, never the job's file
         if aside is not None and linked:
             os.unlink(aside)  # sentinel's second name for the job's file, which stays
         elif aside is not None and os.path.lexists(aside) and not os.path.lexists(path):

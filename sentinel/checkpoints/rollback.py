@@ -34,7 +34,15 @@ from sentinel.checkpoints import atomic
 from sentinel.checkpoints.clone import clone
 from sentinel.checkpoints.keep import KeptVersion, kept_versions, weights_problem
 from sentinel.checkpoints.pointer_find import Form, find_pointers, hpc_above_clean
-from sentinel.checkpoints.pointers import PointerChange, Rewrite, apply_rewrite, plan_rewrites
+from sentinel.checkpoints.pointers import (
+    PointerChange,
+    Prepared,
+    Rewrite,
+    commit_rewrite,
+    discard,
+    plan_rewrites,
+    prepare_rewrite,
+)
 from sentinel.checkpoints.quarantine import (
     MANIFEST,
     free_destination,
@@ -198,24 +206,43 @@ def apply_rollback(
         taken.add(destination)
         planned.append((checkpoint, destination))
     manifest.plan([_item(c, d) for c, d in planned])  # before the first move
-    for checkpoint, destination in planned:
-        done = _quarantine_one(checkpoint, destination, taken)
-        if done is not None:
-            moved.append(done)
-            manifest.moved(checkpoint.path, done)
-    back = plan.put_back
-    if back is not None and plan.restore is not None and _put_back(back, plan.restore.path):
-        manifest.put_back(back, plan.restore.path)
     for folder in {r.pointer.path.parent for r in plan.rewrites}:
         atomic.sweep(folder)  # what a sentinel killed mid-rewrite left
-    for planned_rewrite in plan.rewrites:
-        change = apply_rewrite(planned_rewrite, target_dir, taken)
-        if change is not None:
+    # The new pointers too, before the first move: a full disk stops the rollback here,
+    # with nothing moved; the renames that follow need no space.
+    prepared: list[Prepared] = []
+    try:
+        for rewrite in plan.rewrites:
+            made = prepare_rewrite(rewrite, source=_copied_from(plan, rewrite))
+            if made is not None:
+                prepared.append(made)
+        for checkpoint, destination in planned:
+            done = _quarantine_one(checkpoint, destination, taken)
+            if done is not None:
+                moved.append(done)
+                manifest.moved(checkpoint.path, done)
+        back = plan.put_back
+        if back is not None and plan.restore is not None and _put_back(back, plan.restore.path):
+            manifest.put_back(back, plan.restore.path)
+        for made in prepared:
+            change = commit_rewrite(made, target_dir, taken)
             manifest.pointer(change)
             if change.set_aside:
                 moved.append(target_dir / change.set_aside)
+    finally:
+        for made in prepared:
+            discard(made.temp)  # what was not renamed into place
     manifest.complete()
     return moved
+
+
+def _copied_from(plan: RollbackPlan, rewrite: Rewrite) -> Path | None:
+    """What a ``last.ckpt`` copy is made of before the moves: the kept version, where the
+    clean checkpoint is one still to be put back at its place (the file there now is not)."""
+    back = plan.put_back
+    if back is not None and plan.restore is not None and rewrite.clean == plan.restore.path:
+        return back.path
+    return None
 
 
 def _dry_run(plan: RollbackPlan, to_move: list[Checkpoint], target_dir: Path) -> list[Path]:

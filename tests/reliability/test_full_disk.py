@@ -8,6 +8,7 @@ with EFBIG as a full disk fails with ENOSPC (Python ignores SIGXFSZ).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import shutil
@@ -186,3 +187,76 @@ def test_a_state_dir_turned_read_only_mid_run_still_stops_the_job_and_tells(
     finally:
         os.chown(state, 0, 0)
         state.chmod(0o700)
+
+
+# -- a checkpoint dir whose disk is full at the rollback -----------------------------------
+
+DEEPSPEED = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints" / "deepspeed"
+
+
+def _deepspeed_run(ck: Path) -> None:
+    """DeepSpeed saves at steps 20, 40, 60, its ``latest`` naming the newest."""
+    for step in (20, 40, 60):
+        shutil.copytree(DEEPSPEED / "global_step40", ck / f"global_step{step}")
+        (ck / "latest").write_text(f"global_step{step}")
+
+
+def _nothing_moved(ck: Path) -> None:
+    assert sorted(p.name for p in ck.glob("global_step*")) == [
+        "global_step20", "global_step40", "global_step60"
+    ]  # fmt: skip
+    assert (ck / "latest").read_text() == "global_step60"
+    assert list(ck.glob(".sentinel-replace-*")) == []
+
+
+def test_a_full_disk_for_the_new_pointer_stops_the_rollback_before_any_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sentinel.checkpoints.quarantine import MANIFEST
+    from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
+
+    ck = tmp_path / "ck"
+    _deepspeed_run(ck)
+    plan = plan_rollback(ck, 50)
+    assert [c.path.name for c in plan.quarantine] == ["global_step60"]
+    real_open = os.open
+
+    def full_for_pointers(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        name = Path(os.fspath(path))  # type: ignore[arg-type]
+        if name.parent == ck and name.name.startswith(".sentinel-replace-"):  # the new latest
+            raise OSError(28, "No space left on device", os.fspath(path))  # type: ignore[arg-type]
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", full_for_pointers)
+    with pytest.raises(OSError) as raised:
+        apply_rollback(plan, ck, label="full")
+    assert raised.value.errno == 28
+    _nothing_moved(ck)
+    # The manifest, written before, says what is where: planned, nothing moved.
+    manifest = json.loads((ck / "quarantine" / "full" / MANIFEST).read_text())
+    assert [(i["name"], i["moved"]) for i in manifest["items"]] == [("global_step60", False)]
+    assert manifest["complete"] is False
+
+
+def test_a_disk_full_from_the_start_moves_nothing(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    _deepspeed_run(ck)
+    script = textwrap.dedent(
+        f"""
+        import resource, sys
+        from pathlib import Path
+        from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
+        plan = plan_rollback(Path({str(ck)!r}), 50)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))  # no file may grow past 16 bytes
+        try:
+            apply_rollback(plan, Path({str(ck)!r}), label="full")
+        except OSError as error:
+            print(error.errno)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(),
+        timeout=60,
+    )  # fmt: skip
+    assert done.stdout.strip() == "27", done.stderr  # EFBIG: the disk is full for it
+    _nothing_moved(ck)
