@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 from pydantic_settings import EnvSettingsSource, SettingsError
 
+from sentinel import install_hint
 from sentinel.config import resume
 from sentinel.config.errors import (
     ConfigError,
@@ -167,9 +168,7 @@ def _load_yaml(path: Path, text: str) -> Any:
     try:
         import yaml
     except ImportError:
-        raise ConfigError(
-            [f"{path}: YAML config needs PyYAML: pip install 'sentinel-watchdog[yaml]'"]
-        ) from None
+        raise ConfigError([f"{path}: YAML config needs PyYAML: {install_hint('yaml')}"]) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import psutil
 
+from sentinel import install_hint
 from sentinel.evidence.stacks import Dump, dump, py_spy_path
 from sentinel.process.proctree import descendant_pids
 from sentinel.process.relay import STREAM_FILES
@@ -178,7 +179,7 @@ def _stacks(binary: str | None, pids: list[int], leaves: list[int], deadline: fl
     if binary is None:
         return Taken(
             "",
-            ["Python stacks: py-spy is not installed (pip install 'sentinel-watchdog[evidence]')"],
+            [f"Python stacks: py-spy is not installed ({install_hint('evidence')})"],
         )
     dumps: dict[int, Dump] = {}
 

@@ -146,7 +146,8 @@ def test_what_cannot_be_taken_is_said_once_with_its_reason(start: Start, tmp_pat
     evidence = take([job.pid], tmp_path / "incident", budget_s=10, find_py_spy=lambda: None)
     stacks = [line for line in evidence.missing if "Python stacks" in line]
     assert stacks == [
-        "Python stacks: py-spy is not installed (pip install 'sentinel-watchdog[evidence]')"
+        "Python stacks: py-spy is not installed (pip install '.[evidence]' in sentinel's clone,"
+        " or 'sentinel_watchdog-0.1.0-py3-none-any.whl[evidence]' from a built wheel)"
     ]
     # The rest is still taken, and the incident's record says what is missing.
     assert f"process {job.pid}:" in evidence.sections["Threads (state, wait channel)"]
