@@ -172,8 +172,13 @@ class Keeper:
         except (FileNotFoundError, NotADirectoryError):
             return
         for name in names:
+            path = self.directory / name
+            linked = os.path.islink(path)
+            if linked and os.path.dirname(os.path.realpath(path)) == str(self.directory):
+                continue  # a pointer (Lightning's last.ckpt link): its target is kept as itself
             tracked = self._tracked.setdefault(name, _Tracked())
-            self._look(self.directory / name, tracked, now)
+            # A hard link to a symbolic link is one more name for the link, not the version.
+            self._look(path, tracked, now, link_ok=not linked)
 
     def versions(self, path: Path) -> list[KeptVersion]:
         """The kept versions of the file at ``path``, oldest first."""
@@ -191,7 +196,7 @@ class Keeper:
             self._worker.join(timeout_s)
             self._worker = None
 
-    def _look(self, path: Path, tracked: _Tracked, now: float) -> None:
+    def _look(self, path: Path, tracked: _Tracked, now: float, *, link_ok: bool = True) -> None:
         try:
             stat = os.stat(path)
         except OSError:
@@ -220,7 +225,7 @@ class Keeper:
                 )
                 tracked.warned_too_big = True
             return
-        self._submit(_Job(path, seen, tracked.replaces_by_rename))
+        self._submit(_Job(path, seen, link_ok and tracked.replaces_by_rename))
 
     def _submit(self, job: _Job) -> None:
         if self._worker is None:
