@@ -176,9 +176,10 @@ def test_which_files_are_tracked(name: str, tracked: bool) -> None:
     assert is_overwritten_file(name) is tracked
 
 
-def test_step_named_and_hidden_files_are_left_alone(tmp_path: Path, keeper: Keeper) -> None:
-    (tmp_path / "model_step40.pt").write_bytes(version_bytes(40))
+def test_hidden_files_are_left_alone(tmp_path: Path, keeper: Keeper) -> None:
+    # Step-named ones are kept as checkpoints the job may delete (test_keep_rotation.py).
     (tmp_path / ".ckpt.pt").write_bytes(version_bytes(40))
+    (tmp_path / ".model_step40.pt").write_bytes(version_bytes(40))
     settle(keeper, 0.0)
     assert kept_versions(tmp_path) == []
     assert not (tmp_path / KEPT_DIR).exists()
