@@ -1,4 +1,4 @@
-"""The keeper for a job that deletes its older checkpoints as it saves.
+"""The keeper and rollback for a job that deletes its older checkpoints as it saves.
 
 The job is a real child process (tests/helpers/rotating_job.py) that ``torch.save``s each
 checkpoint and deletes the one before, as Lightning's ``save_top_k=1`` and HF's
@@ -9,6 +9,7 @@ serves the module's tests, each in its own folder: torch is imported once.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import subprocess
@@ -20,6 +21,10 @@ import pytest
 
 from sentinel.checkpoints.disk import disk_use
 from sentinel.checkpoints.keep import KEPT_DIR, SIDECAR, Keeper, KeptVersion, kept_versions
+from sentinel.checkpoints.pointer_find import PointerKind, find_pointers
+from sentinel.checkpoints.quarantine import MANIFEST
+from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
+from sentinel.checkpoints.scan import QUARANTINE_DIR
 from tests.helpers.kept import settle, version_bytes
 
 pytestmark = [
@@ -110,7 +115,37 @@ def test_the_last_two_checkpoints_are_kept_by_link_and_survive_the_jobs_deletion
     assert sorted(os.listdir(tmp_path / KEPT_DIR)) == ["model_step20.pt", "model_step30.pt"]
 
 
-def test_a_deleted_checkpoint_folder_is_kept_file_by_file(
+def test_rollback_puts_the_deleted_clean_checkpoint_back_where_the_job_wrote_it(
+    tmp_path: Path, start_job: Callable[[str], RotatingJob]
+) -> None:
+    keeper = Keeper(tmp_path)
+    # The NaN came at step 25: the save at 30 (which deleted 20) is poisoned, and was kept
+    # before anyone knew, so one kept version would not have been enough.
+    run(start_job("files"), keeper, (10, 20, 30))
+    keeper.close()
+
+    plan = plan_rollback(tmp_path, 25)
+    assert plan.restore is not None and plan.put_back is not None
+    assert (plan.restore.path, plan.restore.step) == (tmp_path / "model_step20.pt", 20)
+    assert [c.path for c in plan.quarantine] == [tmp_path / "model_step30.pt"]
+
+    moved = apply_rollback(plan, tmp_path, label=LABEL)
+
+    assert moved == [tmp_path / QUARANTINE_DIR / LABEL / "model_step30.pt"]
+    assert torch_value(moved[0], "step") == 30  # set aside, not deleted
+    restored = tmp_path / "model_step20.pt"
+    assert torch_value(restored, "step") == 20
+    assert restored.stat().st_ino != plan.put_back.path.stat().st_ino, "a copy, not a link"
+    assert [v.step for v in stepped(tmp_path) if v.intact()] == [20, 30]
+    manifest = json.loads((tmp_path / QUARANTINE_DIR / LABEL / MANIFEST).read_text())
+    assert manifest["complete"] is True
+    assert [r["path"] for r in manifest["put_back"]] == [str(restored)]
+    assert manifest["put_back"][0]["kept"] == str(plan.put_back.path)
+    assert [(i["name"], i["moved"]) for i in manifest["items"]] == [("model_step30.pt", True)]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_deleted_checkpoint_folder_is_kept_file_by_file_and_goes_back_whole(
     tmp_path: Path, start_job: Callable[[str], RotatingJob]
 ) -> None:
     keeper = Keeper(tmp_path)
@@ -124,6 +159,54 @@ def test_a_deleted_checkpoint_folder_is_kept_file_by_file(
     }
     in_place = tmp_path / "checkpoint-30" / "model.pt"
     assert (v30.path / "model.pt").stat().st_ino == in_place.stat().st_ino
+
+    plan = plan_rollback(tmp_path, 25)
+    assert plan.restore is not None and plan.restore.path == tmp_path / "checkpoint-20"
+    apply_rollback(plan, tmp_path, label=LABEL)
+
+    assert sorted(os.listdir(tmp_path / "checkpoint-20")) == ["model.pt", "optimizer.pt"]
+    assert torch_value(tmp_path / "checkpoint-20" / "model.pt", "step") == 20
+    assert torch_value(tmp_path / "checkpoint-20" / "optimizer.pt", "step") == 20
+    assert (tmp_path / QUARANTINE_DIR / LABEL / "checkpoint-30" / "model.pt").is_file()
+    # HF's resume_from_checkpoint=True takes the highest checkpoint-N: the clean one now.
+    hf = [p for p in find_pointers(tmp_path) if p.kind is PointerKind.HF_LAST]
+    assert [p.path.name for p in hf] == ["checkpoint-20"]
+    assert v20.intact(), "the kept copy stays kept"
+
+
+@pytest.mark.parametrize("layout", ["lightning", "lightning-link"])
+def test_a_lightning_job_with_save_top_k_1_gets_its_checkpoint_and_last_ckpt_back(
+    tmp_path: Path,
+    start_job: Callable[[str], RotatingJob],
+    layout: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    keeper = Keeper(tmp_path)
+    with caplog.at_level(logging.INFO, logger="sentinel.checkpoints.keep"):
+        run(start_job(layout), keeper, (10, 20, 30))
+    keeper.close()
+    assert "could not keep" not in caplog.text
+    if layout == "lightning-link":  # a pointer: its target is kept as itself
+        assert kept_versions(tmp_path, "last.ckpt") == []
+
+    plan = plan_rollback(tmp_path, 25)
+    clean = tmp_path / "epoch=0-step=20.ckpt"
+    assert plan.restore is not None and plan.restore.path == clean, "the name it wrote"
+    apply_rollback(plan, tmp_path, label=LABEL)
+
+    assert torch_value(clean, "global_step") == 20
+    last = tmp_path / "last.ckpt"
+    manifest = json.loads((tmp_path / QUARANTINE_DIR / LABEL / MANIFEST).read_text())
+    assert [p["after"] for p in manifest["pointers"]] == ["epoch=0-step=20.ckpt"]
+    if layout == "lightning-link":
+        assert os.readlink(last) == "epoch=0-step=20.ckpt"
+    else:
+        assert not last.is_symlink() and torch_value(last, "global_step") == 20
+        aside = tmp_path / QUARANTINE_DIR / LABEL / "last.ckpt"
+        assert torch_value(aside, "global_step") == 30, "the poisoned copy set aside"
+    assert sorted(p.name for p in (tmp_path / QUARANTINE_DIR / LABEL).iterdir()) == sorted(
+        ["epoch=0-step=30.ckpt", MANIFEST, *(["last.ckpt"] if layout == "lightning" else [])]
+    )
 
 
 def test_what_a_job_that_deletes_its_checkpoints_means_is_said_once(
@@ -167,6 +250,7 @@ def test_checkpoints_over_the_budget_are_not_kept_and_it_is_said_once(
     assert [r.levelno for r in over] == [logging.WARNING, logging.WARNING]
     assert "not keeping" in over[0].getMessage() and "model_step10.pt" in over[0].getMessage()
     assert "keeps none" in over[1].getMessage(), "the rotation, said with what it costs"
+    assert plan_rollback(tmp_path, 25).restore is None
 
 
 def sidecar_bytes(directory: Path) -> int:
