@@ -547,7 +547,7 @@ class Keeper:
     def _prune_stepped(self) -> None:
         """Keep the last ``versions`` checkpoints named by their step, in the order written."""
         versions = [v for v in kept_versions(self.directory) if v.stepped]
-        versions.sort(key=lambda v: (v.mtime_ns, v.number))
+        versions.sort(key=lambda v: (v.mtime_ns, v.kept_at))  # copies may share an mtime
         for old in versions[: max(len(versions) - self.versions_kept, 0)]:
             shutil.rmtree(old.path.parent)  # sentinel's links or copies, never the job's names
             with contextlib.suppress(OSError):
