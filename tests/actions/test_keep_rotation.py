@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -32,7 +33,9 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch"),
 ]
 
-JOB = Path(__file__).parent.parent / "helpers" / "rotating_job.py"
+TESTS = Path(__file__).parent.parent
+JOB = TESTS / "helpers" / "rotating_job.py"
+DEEPSPEED = TESTS / "fixtures" / "checkpoints" / "deepspeed" / "global_step40"
 LABEL = "20261121T031204-nan_inf"
 
 
@@ -207,6 +210,28 @@ def test_a_lightning_job_with_save_top_k_1_gets_its_checkpoint_and_last_ckpt_bac
     assert sorted(p.name for p in (tmp_path / QUARANTINE_DIR / LABEL).iterdir()) == sorted(
         ["epoch=0-step=30.ckpt", MANIFEST, *(["last.ckpt"] if layout == "lightning" else [])]
     )
+
+
+def test_deepspeeds_latest_names_the_folder_put_back(tmp_path: Path) -> None:
+    """The test is the job here: it copies a real DeepSpeed folder as each save and moves
+    ``latest`` on, then deletes the folder before."""
+    keeper = Keeper(tmp_path)
+    now = 0.0
+    for step in (10, 20, 30):
+        shutil.copytree(DEEPSPEED, tmp_path / f"global_step{step}", copy_function=shutil.copyfile)
+        (tmp_path / "latest").write_text(f"global_step{step}")
+        if step > 10:
+            shutil.rmtree(tmp_path / f"global_step{step - 10}")
+        now = settle(keeper, now)
+    keeper.close()
+
+    plan = plan_rollback(tmp_path, 25)
+    assert plan.restore is not None and plan.restore.path == tmp_path / "global_step20"
+    apply_rollback(plan, tmp_path, label=LABEL)
+
+    assert (tmp_path / "latest").read_text() == "global_step20"
+    assert sorted(os.listdir(tmp_path / "global_step20")) == sorted(os.listdir(DEEPSPEED))
+    assert (tmp_path / QUARANTINE_DIR / LABEL / "global_step30").is_dir()
 
 
 def test_what_a_job_that_deletes_its_checkpoints_means_is_said_once(
