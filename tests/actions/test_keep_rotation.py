@@ -24,6 +24,7 @@ from sentinel.checkpoints.disk import disk_use
 from sentinel.checkpoints.keep import KEPT_DIR, SIDECAR, Keeper, KeptVersion, kept_versions
 from sentinel.checkpoints.pointer_find import PointerKind, find_pointers
 from sentinel.checkpoints.quarantine import MANIFEST
+from sentinel.checkpoints.restore import restore_quarantine
 from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
 from sentinel.checkpoints.scan import QUARANTINE_DIR
 from tests.helpers.kept import settle, version_bytes
@@ -146,6 +147,11 @@ def test_rollback_puts_the_deleted_clean_checkpoint_back_where_the_job_wrote_it(
     assert manifest["put_back"][0]["kept"] == str(plan.put_back.path)
     assert [(i["name"], i["moved"]) for i in manifest["items"]] == [("model_step30.pt", True)]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+    # A false alarm undone: the poisoned one back in place, the put-back copy stays beside it.
+    restore_quarantine(tmp_path, LABEL)
+    assert torch_value(tmp_path / "model_step30.pt", "step") == 30
+    assert torch_value(restored, "step") == 20
 
 
 def test_a_deleted_checkpoint_folder_is_kept_file_by_file_and_goes_back_whole(
