@@ -1,4 +1,4 @@
-"""Copy a file as cheaply as the filesystem allows: a reflink, a hard link, else bytes.
+"""Copy a file or a folder as cheaply as the filesystem allows: a reflink, a hard link, else bytes.
 
 Only ever reads the source and creates the destination (which must not exist):
 the job's own file is never opened for writing.
@@ -49,15 +49,59 @@ def clone(source: Path, destination: Path, *, try_reflink: bool = True) -> Metho
     return Method.COPY
 
 
-def link_or_clone(source: Path, destination: Path) -> Method:
-    """Hard-link ``source`` at ``destination``; copy where the filesystem cannot link."""
+def link_or_clone(source: Path, destination: Path, *, try_reflink: bool = False) -> Method:
+    """Hard-link ``source`` at ``destination``; where the filesystem cannot link, a reflink
+    (with ``try_reflink``) or a copy."""
     try:
         os.link(source, destination)
         return Method.LINK
     except OSError as error:
         if error.errno not in _CANNOT_LINK:
             raise
-    return clone(source, destination, try_reflink=False)
+    return clone(source, destination, try_reflink=try_reflink)
+
+
+#: The methods from the cheapest to the costliest.
+_COST = (Method.LINK, Method.REFLINK, Method.COPY)
+
+
+def copy_tree(source: Path, destination: Path, *, link: bool, try_reflink: bool = True) -> Method:
+    """Make the new ``destination`` hold what ``source`` holds: the file, or each file of the
+    folder at the same place below it (a symbolic link as a link).
+
+    Each file is hard-linked (with ``link``), else reflinked (with ``try_reflink``), else
+    copied; a copy keeps its source's mtime. Returns the costliest method used (a folder
+    with no file: a link). ``FileNotFoundError`` when the source went while copied.
+    """
+    if not source.is_dir() or source.is_symlink():
+        return _copy_file(source, destination, link=link, try_reflink=try_reflink)
+    used = {Method.LINK}
+    destination.mkdir()
+    for folder, dirnames, filenames in os.walk(source):
+        here = Path(folder)
+        there = destination / here.relative_to(source)
+        for name in sorted(dirnames):
+            if (here / name).is_symlink():
+                os.symlink(os.readlink(here / name), there / name)
+            else:
+                (there / name).mkdir()
+        for name in sorted(filenames):
+            if (here / name).is_symlink():
+                os.symlink(os.readlink(here / name), there / name)
+                continue
+            used.add(_copy_file(here / name, there / name, link=link, try_reflink=try_reflink))
+    return max(used, key=_COST.index)
+
+
+def _copy_file(source: Path, destination: Path, *, link: bool, try_reflink: bool) -> Method:
+    if link:
+        method = link_or_clone(source, destination, try_reflink=try_reflink)
+    else:
+        method = clone(source, destination, try_reflink=try_reflink)
+    if method is not Method.LINK:
+        mtime_ns = os.stat(source).st_mtime_ns
+        os.utime(destination, ns=(mtime_ns, mtime_ns))
+    return method
 
 
 def reflink(source: Path, destination: Path) -> None:

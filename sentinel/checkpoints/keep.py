@@ -1,14 +1,23 @@
-"""Keep a clean copy of each checkpoint file the job overwrites at every save.
+"""Keep clean copies of the checkpoints a job will lose: those it overwrites, those it deletes.
 
 A file whose name carries no step (nanoGPT's ``ckpt.pt``, ``last.pt``) is rewritten
 by the job at every save, so the clean version is gone once the rewrite after the
-onset begins. The keeper looks at such files once a clock tick (a stat each) and,
-when a new version has stopped changing between two looks and parses, keeps it under
-``<dir>/.sentinel-kept/<name>/<number>/<name>`` beside a ``kept.json`` sidecar: a
-reflink where the filesystem can, a hard link where the job replaces the file by
-rename (a link to the new inode is then never written again), otherwise a copy.
-The last ``versions`` versions of each file are kept: one written after the onset
-is kept before sentinel knows it is poisoned, so the one before it must survive.
+onset begins. A checkpoint named by its place in training (``model_step40.pt``,
+Lightning's ``epoch=0-step=50.ckpt``, HF's ``checkpoint-400/``) is deleted by a job that
+keeps only its newest few (Lightning's ``save_top_k=1``, HF's ``save_total_limit``), so
+after a blow-up the one left may be the one written after the onset.
+
+The keeper looks at such checkpoints once a clock tick (a stat each; a folder's files
+listed) and, when a new version has stopped changing between two looks and parses,
+keeps it under ``<dir>/.sentinel-kept/<name>/<number>/<name>`` beside a ``kept.json``
+sidecar. An overwritten file: a reflink where the filesystem can, a hard link where the
+job replaces the file by rename (a link to the new inode is then never written again),
+otherwise a copy; the last ``versions`` versions of each file are kept. A checkpoint
+named by its step: a hard link (of each file, for a folder, so that it survives the
+folder's deletion), which costs nothing until the job deletes its own name, else a
+reflink or a copy; the last ``versions`` checkpoints of the dir are kept. Never one:
+the checkpoint written after the onset is kept before sentinel knows it is poisoned,
+so the one before it must survive.
 
 Keeping reads gigabytes, so it runs on a worker thread of its own: a look never
 waits for a copy, and the supervisor's loop never waits for either.
@@ -16,6 +25,7 @@ waits for a copy, and the supervisor's loop never waits for either.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,8 +38,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sentinel.checkpoints.clone import CANNOT_REFLINK, Method, clone, link_or_clone, reflink
+from sentinel.checkpoints.clone import (
+    CANNOT_REFLINK,
+    Method,
+    clone,
+    copy_tree,
+    link_or_clone,
+    reflink,
+)
 from sentinel.checkpoints.files import check_weights, read_content
+from sentinel.checkpoints.layouts import (
+    CheckpointStatus,
+    dir_content,
+    holds_checkpoint,
+    judge_dir,
+    judge_file,
+)
 from sentinel.checkpoints.names import checkpoint_suffix, is_in_progress, is_shard, position_of
 from sentinel.checkpoints.scan import QUARANTINE_DIR
 
@@ -47,9 +71,13 @@ _STAGING_PREFIX = ".staging-"
 
 @dataclass(frozen=True)
 class KeptVersion:
-    """One kept version of a checkpoint file, as its sidecar records it."""
+    """One kept version of a checkpoint, as its sidecar records it.
 
-    #: The kept file, ``<dir>/.sentinel-kept/<name>/<number>/<name>``.
+    For a folder, ``size`` and ``mtime_ns`` are its files' bytes and the newest of their
+    mtimes, ``inode`` the folder's own.
+    """
+
+    #: The kept file or folder, ``<dir>/.sentinel-kept/<name>/<number>/<name>``.
     path: Path
     #: Where the job wrote it (absolute).
     original: Path
@@ -64,13 +92,16 @@ class KeptVersion:
     method: str
     kept_at: float
 
+    @property
+    def stepped(self) -> bool:
+        """Whether it is a checkpoint named by its step (a new name each save), not a file
+        the job overwrites."""
+        return not is_overwritten_file(self.original.name)
+
     def intact(self) -> bool:
-        """Whether the kept file still is the version kept (a link the job rewrote is not)."""
-        try:
-            stat = os.stat(self.path)
-        except OSError:
-            return False
-        return (stat.st_size, stat.st_mtime_ns) == (self.size, self.mtime_ns)
+        """Whether the kept copy still is the version kept (a link the job rewrote is not)."""
+        found = version_of(self.path)
+        return found is not None and found[:2] == (self.size, self.mtime_ns)
 
     def to_json(self) -> dict[str, Any]:
         fields = asdict(self)
@@ -89,6 +120,41 @@ def is_overwritten_file(name: str) -> bool:
     position = position_of(name)
     placed = position.step is not None or position.epoch is not None or position.keyed
     return bool(checkpoint_suffix(name)) and not placed  # keyed: hpc_ckpt_N, a new name each save
+
+
+def is_stepped_checkpoint(name: str, *, is_dir: bool) -> bool:
+    """Whether ``name`` is a checkpoint named by its place in training (``model_step40.pt``,
+    ``epoch=0-step=50.ckpt``, a ``checkpoint-400`` folder): a new name at each save, which
+    a job that keeps only its newest checkpoints deletes later.
+
+    A folder so named is one only if it holds what a checkpoint holds (the keeper looks).
+    """
+    if name.startswith(".") or name == QUARANTINE_DIR or is_in_progress(name) or is_shard(name):
+        return False
+    if not is_dir and not checkpoint_suffix(name):
+        return False
+    position = position_of(name)
+    return position.step is not None or position.epoch is not None or position.keyed
+
+
+def version_of(path: Path) -> tuple[int, int, int] | None:
+    """What tells one version of a checkpoint from another: a file's size, mtime_ns and
+    inode; a folder's bytes (of its files, at any depth), their newest mtime_ns and their
+    count. None where it is gone (or a folder changed while listed)."""
+    try:
+        stat = os.stat(path)
+        if not os.path.isdir(path):
+            return (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        size = newest = count = 0
+        for folder, _dirnames, filenames in os.walk(path):
+            for name in filenames:
+                file_stat = os.stat(os.path.join(folder, name))
+                size += file_stat.st_size
+                newest = max(newest, file_stat.st_mtime_ns)
+                count += 1
+    except OSError:
+        return None
+    return (size, newest, count)
 
 
 def kept_versions(directory: Path, name: str | None = None) -> list[KeptVersion]:
@@ -113,9 +179,9 @@ def kept_versions(directory: Path, name: str | None = None) -> list[KeptVersion]
 
 @dataclass
 class _Tracked:
-    """What the keeper knows of one file: its last look and the last version it handled."""
+    """What the keeper knows of one checkpoint: its last look and the last version it handled."""
 
-    #: (size, mtime_ns, inode) at the last look, and since when it has been unchanged.
+    #: ``version_of`` at the last look, and since when it has been unchanged.
     seen: tuple[int, int, int] | None = None
     seen_since: float = 0.0
     #: The last version handed to the worker (kept, or judged not worth keeping).
@@ -130,13 +196,20 @@ class _Job:
     path: Path
     seen: tuple[int, int, int]
     link_ok: bool
+    #: A checkpoint named by its step (kept by link where it can), not an overwritten file.
+    stepped: bool = False
+
+
+#: How a listing orders checkpoints named by their step: step, epoch, then mtime_ns.
+_Order = tuple[int, int, int]
 
 
 class Keeper:
-    """Keep the clean versions of the checkpoint files a job rewrites in place.
+    """Keep the clean versions of the checkpoints a job rewrites in place or deletes.
 
-    ``poll(now)`` costs a directory listing and a stat per tracked file; keeping runs
-    on a worker thread, which ``flush`` waits for (before a rollback) and ``close`` ends.
+    ``poll(now)`` costs a directory listing, a stat per checkpoint and a listing of the
+    newest checkpoint folders; keeping runs on a worker thread, which ``flush`` waits for
+    (before a rollback) and ``close`` ends.
     """
 
     def __init__(
@@ -156,6 +229,12 @@ class Keeper:
         self._check = check or weights_problem
         self._read_position = position_reader or read_position
         self._tracked: dict[str, _Tracked] = {}
+        #: The checkpoints named by their step that are among the newest, by name.
+        self._stepped: dict[str, _Tracked] = {}
+        #: Those listed at the last look, with their order.
+        self._listed: dict[str, _Order] = {}
+        self._said_too_big = False
+        self._said_rotation = False
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._reflink = True
@@ -164,16 +243,32 @@ class Keeper:
         self._idle = threading.Condition()
 
     def poll(self, now: float) -> None:
-        """Look at the tracked files once; hand each new, settled version to the worker."""
+        """Look at the checkpoints once; hand each new, settled version to the worker."""
         if self.max_bytes <= 0:
             return
         try:
-            names = [n for n in os.listdir(self.directory) if is_overwritten_file(n)]
+            with os.scandir(self.directory) as listing:
+                entries = [(entry.name, _kind(entry)) for entry in listing]
         except (FileNotFoundError, NotADirectoryError):
             return
-        for name in names:
+        except OSError as error:
+            log.warning("cannot list %s for checkpoints to keep: %s", self.directory, error)
+            return
+        for name, kind in entries:
+            if kind == "dir" or not is_overwritten_file(name):
+                continue
+            path = self.directory / name
+            if kind == "link" and os.path.dirname(os.path.realpath(path)) == str(self.directory):
+                continue  # a pointer (Lightning's last.ckpt link): its target is kept as itself
             tracked = self._tracked.setdefault(name, _Tracked())
-            self._look(self.directory / name, tracked, now)
+            # A hard link to a symbolic link is one more name for the link, not the version.
+            self._look(path, tracked, now, link_ok=kind != "link")
+        stepped = [
+            name
+            for name, kind in entries
+            if kind != "link" and is_stepped_checkpoint(name, is_dir=kind == "dir")
+        ]
+        self._poll_stepped(stepped, now)
 
     def versions(self, path: Path) -> list[KeptVersion]:
         """The kept versions of the file at ``path``, oldest first."""
@@ -191,36 +286,118 @@ class Keeper:
             self._worker.join(timeout_s)
             self._worker = None
 
-    def _look(self, path: Path, tracked: _Tracked, now: float) -> None:
-        try:
-            stat = os.stat(path)
-        except OSError:
+    def _poll_stepped(self, names: list[str], now: float) -> None:
+        """Look at the newest ``versions`` checkpoints named by their step: older ones were
+        kept when they were the newest, or came before sentinel."""
+        listed: dict[str, _Order] = {}
+        for name in names:
+            try:
+                mtime_ns = os.stat(self.directory / name).st_mtime_ns
+            except OSError:
+                continue  # gone since listed
+            position = position_of(name)
+            step = -1 if position.step is None else position.step
+            listed[name] = (step, -1 if position.epoch is None else position.epoch, mtime_ns)
+        self._notice_rotation(listed)
+        newest = sorted(listed, key=listed.__getitem__)[-self.versions_kept :]
+        self._stepped = {name: self._stepped.get(name) or _Tracked() for name in newest}
+        for name, tracked in self._stepped.items():
+            path = self.directory / name
+            if path.is_dir() and not _holds_checkpoint(path):
+                continue  # "version_0", "runs_2": a number, and nothing a checkpoint holds
+            self._look(path, tracked, now, stepped=True)
+
+    def _notice_rotation(self, listed: dict[str, _Order]) -> None:
+        """Say once that the job deletes its older checkpoints as it saves, and what it means."""
+        before, self._listed = self._listed, listed
+        if self._said_rotation or not listed:
+            return
+        newest = max(listed, key=listed.__getitem__)
+        latest = listed[newest]
+        gone = sorted(n for n, order in before.items() if n not in listed and order < latest)
+        if not gone:
+            return
+        self._said_rotation = True
+        left = "only its newest checkpoint" if len(listed) == 1 else f"its newest {len(listed)}"
+        what = (
+            f"the job deletes its older checkpoints as it saves ({', '.join(gone)} went once"
+            f" {newest} was written): it keeps {left}, and after a blow-up that may be one"
+            " written after the onset"
+        )
+        if self._said_too_big:
+            log.warning(
+                "%s; its checkpoints are over [keep] max_bytes (%d), so sentinel keeps none"
+                " and a rollback may find no clean checkpoint: raise max_bytes",
+                what,
+                self.max_bytes,
+            )
+            return
+        log.info(
+            "%s. sentinel keeps the last %d clean ones it saw in %s (hard links where it can:"
+            " no disk until the job deletes its own), so a rollback puts the newest clean one"
+            " back where the job looks",
+            what,
+            self.versions_kept,
+            self.directory / KEPT_DIR,
+        )
+
+    def _look(
+        self,
+        path: Path,
+        tracked: _Tracked,
+        now: float,
+        *,
+        stepped: bool = False,
+        link_ok: bool = True,
+    ) -> None:
+        seen = version_of(path)
+        if seen is None:
             tracked.seen = None
             return
-        seen = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
         if seen == tracked.handled:
+            return
+        if seen[0] > self.max_bytes:  # a write only adds: over now, over once settled
+            self._handled(tracked, seen, stepped=stepped)
+            self._too_big(path, seen[0], tracked, stepped=stepped)
             return
         if seen != tracked.seen:
             tracked.seen, tracked.seen_since = seen, now
             return
         if now - tracked.seen_since < self.settle_s:
             return  # unchanged at two looks, but not for long enough: the write may go on
+        self._handled(tracked, seen, stepped=stepped)
+        self._submit(_Job(path, seen, link_ok and tracked.replaces_by_rename, stepped))
+
+    def _handled(self, tracked: _Tracked, seen: tuple[int, int, int], *, stepped: bool) -> None:
         previous = tracked.handled
         tracked.handled = seen
-        if previous is not None:
+        if previous is not None and not stepped:
             tracked.replaces_by_rename = previous[2] != seen[2]
-        if stat.st_size > self.max_bytes:
-            if not tracked.warned_too_big:
-                log.warning(
-                    "not keeping versions of %s: %d bytes is over [keep] max_bytes (%d);"
-                    " once the job rewrites it, no clean copy is left",
-                    path,
-                    stat.st_size,
-                    self.max_bytes,
-                )
-                tracked.warned_too_big = True
-            return
-        self._submit(_Job(path, seen, tracked.replaces_by_rename))
+
+    def _too_big(self, path: Path, size: int, tracked: _Tracked, *, stepped: bool) -> None:
+        """Say once (for each overwritten file; for all checkpoints named by their step)
+        that a checkpoint is over ``max_bytes`` and will not be kept."""
+        if stepped and not self._said_too_big:
+            log.warning(
+                "not keeping %s: %d bytes is over [keep] max_bytes (%d); if the job deletes"
+                " it, no clean copy of it is left (said once for the checkpoints of %s)",
+                path,
+                size,
+                self.max_bytes,
+                self.directory,
+            )
+            self._said_too_big = True
+        elif not stepped and not tracked.warned_too_big:
+            log.warning(
+                "not keeping versions of %s: %d bytes is over [keep] max_bytes (%d);"
+                " once the job rewrites it, no clean copy is left",
+                path,
+                size,
+                self.max_bytes,
+            )
+        else:
+            log.debug("not keeping %s: over [keep] max_bytes", path)
+        tracked.warned_too_big = True
 
     def _submit(self, job: _Job) -> None:
         if self._worker is None:
@@ -236,7 +413,10 @@ class Keeper:
             try:
                 if job is None:
                     return
-                self._keep(job)
+                if job.stepped:
+                    self._keep_stepped(job)
+                else:
+                    self._keep(job)
             except Exception:  # a keeper that fails must not take the watchdog with it
                 log.exception("could not keep a version of %s", job.path if job else "?")
             finally:
@@ -256,14 +436,10 @@ class Keeper:
             log.info("not keeping %s: %s", job.path, problem)
             return
         number = max((v.number for v in existing), default=0) + 1
-        folder = self.directory / KEPT_DIR / name
-        staging = folder / f"{_STAGING_PREFIX}{number:06d}"
-        if staging.exists():
-            shutil.rmtree(staging)  # a staging folder of ours left by a crash
-        staging.mkdir(parents=True)
+        staging = self._staging(name, number)
         kept = staging / name
         method = self._clone(job, kept)
-        after = _identity(job.path)
+        after = version_of(job.path)
         if after != job.seen or os.stat(kept).st_size != size:
             log.info("not keeping %s: it changed while being kept", job.path)
             shutil.rmtree(staging)
@@ -271,12 +447,72 @@ class Keeper:
         if method is not Method.LINK:
             os.utime(kept, ns=(mtime_ns, mtime_ns))
         step, epoch = self._read_position(kept)
+        self._commit(staging, job, number, method, (step, epoch), inode)
+        self._prune(name)
+
+    def _keep_stepped(self, job: _Job) -> None:
+        """Keep a checkpoint named by its step: link it (each of its files) first, so that
+        a job that deletes it now takes nothing away; then judge the kept copy."""
+        size, mtime_ns, _ = job.seen
+        name = job.path.name
+        existing = kept_versions(self.directory, name)
+        if any((v.size, v.mtime_ns) == (size, mtime_ns) for v in existing):
+            return  # kept already (or put back from a kept one)
+        number = max((v.number for v in existing), default=0) + 1
+        staging = self._staging(name, number)
+        kept = staging / name
+        try:
+            method = copy_tree(job.path, kept, link=True, try_reflink=self._reflink)
+        except FileNotFoundError:
+            log.info("not keeping %s: the job deleted it before it could be kept", job.path)
+            _discard(staging)
+            return
+        after = version_of(job.path)
+        copied = version_of(kept)
+        changed = after is not None and after != job.seen
+        if changed or copied is None or copied[:2] != (size, mtime_ns):
+            log.info("not keeping %s: it changed while being kept", job.path)
+            _discard(staging)
+            return
+        problem = checkpoint_problem(kept)
+        if problem:
+            log.info("not keeping %s: %s", job.path, problem)
+            _discard(staging)
+            return
+        position = position_of(name)
+        step, epoch = position.step, position.epoch
+        if step is None and epoch is None:
+            step, epoch = _content_position(kept)
+        inode = job.seen[2] if not kept.is_dir() else _inode(job.path)
+        self._commit(staging, job, number, method, (step, epoch), inode)
+        self._prune_stepped()
+
+    def _staging(self, name: str, number: int) -> Path:
+        staging = self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{number:06d}"
+        if staging.exists():
+            shutil.rmtree(staging)  # a staging folder of ours left by a crash
+        staging.mkdir(parents=True)
+        return staging
+
+    def _commit(
+        self,
+        staging: Path,
+        job: _Job,
+        number: int,
+        method: Method,
+        position: tuple[int | None, int | None],
+        inode: int,
+    ) -> None:
+        """Write the sidecar, then give the staging folder its number: the version is kept."""
+        size, mtime_ns, _ = job.seen
+        name = job.path.name
+        folder = staging.parent / f"{number:06d}"
         version = KeptVersion(
-            path=folder / f"{number:06d}" / name,
+            path=folder / name,
             original=job.path,
             number=number,
-            step=step,
-            epoch=epoch,
+            step=position[0],
+            epoch=position[1],
             mtime=mtime_ns / 1e9,
             mtime_ns=mtime_ns,
             size=size,
@@ -285,9 +521,8 @@ class Keeper:
             kept_at=time.time(),
         )
         (staging / SIDECAR).write_text(json.dumps(version.to_json(), indent=2) + "\n")
-        os.rename(staging, folder / f"{number:06d}")
+        os.rename(staging, folder)
         log.info("kept version %d of %s (%s, %d bytes)", number, job.path, method, size)
-        self._prune(name)
 
     def _clone(self, job: _Job, destination: Path) -> Method:
         if self._reflink:
@@ -309,13 +544,65 @@ class Keeper:
             shutil.rmtree(old.path.parent)
             log.debug("dropped kept version %d of %s", old.number, old.original)
 
+    def _prune_stepped(self) -> None:
+        """Keep the last ``versions`` checkpoints named by their step, in the order written."""
+        versions = [v for v in kept_versions(self.directory) if v.stepped]
+        versions.sort(key=lambda v: (v.mtime_ns, v.kept_at))  # copies may share an mtime
+        for old in versions[: max(len(versions) - self.versions_kept, 0)]:
+            shutil.rmtree(old.path.parent)  # sentinel's links or copies, never the job's names
+            with contextlib.suppress(OSError):
+                old.path.parent.parent.rmdir()  # the name's folder, once it holds no version
+            log.debug("dropped kept version %d of %s", old.number, old.original)
 
-def _identity(path: Path) -> tuple[int, int, int] | None:
+
+def _discard(staging: Path) -> None:
+    """Remove a staging folder of ours, and its name's folder once it holds nothing."""
+    shutil.rmtree(staging)
+    with contextlib.suppress(OSError):
+        staging.parent.rmdir()
+
+
+def _kind(entry: os.DirEntry[str]) -> str:
+    """ "link", "dir" or "file" (anything else, or gone: "file")."""
     try:
-        stat = os.stat(path)
+        if entry.is_symlink():
+            return "link"
+        return "dir" if entry.is_dir() else "file"
     except OSError:
-        return None
-    return (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        return "file"
+
+
+def _holds_checkpoint(path: Path) -> bool:
+    try:
+        return holds_checkpoint(path)
+    except OSError:
+        return False
+
+
+def _inode(path: Path) -> int:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return 0  # the job deleted it since: the kept copy is all there is
+
+
+def checkpoint_problem(path: Path) -> str:
+    """What keeps a checkpoint (a file or a folder) from being resumed from, as the scan
+    judges it; "" when it is clean."""
+    try:
+        verdict = judge_dir(path) if path.is_dir() else judge_file(path)
+    except OSError as error:
+        return f"unreadable: {error.strerror or error}"
+    return "" if verdict.status is CheckpointStatus.CLEAN else verdict.reason or str(verdict.status)
+
+
+def _content_position(path: Path) -> tuple[int | None, int | None]:
+    """The step and epoch a checkpoint holds inside (its trainer_state, its pickle)."""
+    try:
+        content = dir_content(path) if path.is_dir() else read_content(path)
+    except OSError:
+        return None, None
+    return content.step, content.epoch
 
 
 def weights_problem(path: Path) -> str:

@@ -82,12 +82,18 @@ class PointerChange:
 
 
 def plan_rewrites(
-    pointers: Collection[Pointer], clean: Path | None, quarantined: Collection[Path]
+    pointers: Collection[Pointer],
+    clean: Path | None,
+    quarantined: Collection[Path],
+    *,
+    stand_in: Path | None = None,
 ) -> list[Rewrite]:
     """The rewrites that make ``pointers`` name ``clean`` once ``quarantined`` is moved aside.
 
     A pointer file or link is rewritten when what it names is quarantined or missing; a
     copy when it is itself quarantined. One that names an older clean checkpoint stays.
+    ``stand_in`` is where ``clean`` is until the rollback puts it in place (a kept copy
+    of a checkpoint the job deleted): what it is (a file, a folder) is read there.
     """
     aside = {Path(os.path.abspath(p)) for p in quarantined}
     rewrites = []
@@ -100,7 +106,7 @@ def plan_rewrites(
             target = pointer.target
             stale = target is not None and (target in aside or not os.path.lexists(target))
         if stale:
-            rewrites.append(_rewrite(pointer, clean))
+            rewrites.append(_rewrite(pointer, clean, stand_in or clean))
     return rewrites
 
 
@@ -193,16 +199,17 @@ def apply_rewrite(planned: Rewrite, quarantine_dir: Path, taken: set[Path]) -> P
         discard(prepared.temp)
 
 
-def _rewrite(pointer: Pointer, clean: Path | None) -> Rewrite:
-    """What ``pointer`` would say to name ``clean``, or why it cannot."""
-    if clean is None:
+def _rewrite(pointer: Pointer, clean: Path | None, shape: Path | None) -> Rewrite:
+    """What ``pointer`` would say to name ``clean`` (a file or a folder as ``shape`` is),
+    or why it cannot."""
+    if clean is None or shape is None:
         return Rewrite(pointer, None, why="no clean checkpoint to name")
     parent = pointer.path.parent
     kind = pointer.kind
     if kind in (PointerKind.DEEPSPEED_LATEST, PointerKind.DEEPSPEED_LATEST_UNIVERSAL):
-        if clean.parent != parent or not clean.is_dir():
+        if clean.parent != parent or not shape.is_dir():
             return Rewrite(pointer, None, why=f"{clean.name} is not a DeepSpeed tag folder")
-        if kind is PointerKind.DEEPSPEED_LATEST_UNIVERSAL and not (clean / "zero").is_dir():
+        if kind is PointerKind.DEEPSPEED_LATEST_UNIVERSAL and not (shape / "zero").is_dir():
             return Rewrite(pointer, None, why=f"{clean.name} is not a universal checkpoint")
         return Rewrite(pointer, clean, clean.name)
     if kind is PointerKind.MEGATRON_TRACKER:
@@ -212,7 +219,7 @@ def _rewrite(pointer: Pointer, clean: Path | None) -> Rewrite:
         if clean.parent == parent and clean.name == MEGATRON_RELEASE:
             return Rewrite(pointer, clean, MEGATRON_RELEASE)
         return Rewrite(pointer, None, why=f"{clean.name} is not a Megatron iter_NNNNNNN folder")
-    if not clean.is_file():
+    if not shape.is_file():
         return Rewrite(pointer, None, why=f"{clean.name} is not a checkpoint file")
     if pointer.form is Form.SYMLINK:
         # ModelCheckpoint._link_checkpoint: os.path.relpath(filepath, dirname(linkpath)).

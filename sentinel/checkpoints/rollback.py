@@ -11,7 +11,9 @@ labels, moves and manifest: actions/quarantine.py).
 A file the job overwrites at every save (``ckpt.pt``) has its clean versions kept
 by the keeper (actions/keep.py); when the newest clean version before the onset is
 a kept one, the poisoned file in place is quarantined and the kept version is put
-back at its path, so the job resumes from the path it always reads.
+back at its path, so the job resumes from the path it always reads. So is a
+checkpoint named by its step (``model_step40.pt``, ``checkpoint-400/``) that the job
+deleted as it saved the next: the kept copy goes back where the job wrote it.
 
 A job restarted by someone else resumes from its framework's pointer (DeepSpeed's
 ``latest``, Megatron's tracker, Lightning's ``last.ckpt``): after the moves each one
@@ -25,14 +27,15 @@ import errno
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sentinel.checkpoints import atomic
-from sentinel.checkpoints.clone import clone
-from sentinel.checkpoints.keep import KeptVersion, kept_versions, weights_problem
+from sentinel.checkpoints.clone import copy_tree
+from sentinel.checkpoints.keep import KeptVersion, checkpoint_problem, kept_versions, version_of
 from sentinel.checkpoints.pointer_find import Form, find_pointers, hpc_above_clean
 from sentinel.checkpoints.pointers import (
     PointerChange,
@@ -116,6 +119,7 @@ def plan_rollback(directory: Path, onset: Onset | int | None) -> RollbackPlan:
         find_pointers(directory),
         restore.path if restore is not None else None,
         [c.path for c in quarantine],
+        stand_in=put_back.path if put_back is not None else None,
     )
     return RollbackPlan(restore, quarantine, onset, put_back, tuple(rewrites))
 
@@ -123,7 +127,9 @@ def plan_rollback(directory: Path, onset: Onset | int | None) -> RollbackPlan:
 def _newest_clean_kept(directory: Path, onset: Onset) -> tuple[KeptVersion, Checkpoint] | None:
     """The newest kept version that is intact, parses and was written before the onset.
 
-    With it, the checkpoint it makes once put back at its original path.
+    With it, the checkpoint it makes once put back at its original path. Of two at the
+    same step, a checkpoint named by its step wins over a file the job overwrites (the
+    copy Lightning keeps as ``last.ckpt``): the job resumes from the name it wrote.
     """
     root = Path(os.path.abspath(directory))
     best: tuple[KeptVersion, Checkpoint] | None = None
@@ -139,12 +145,12 @@ def _newest_clean_kept(directory: Path, onset: Onset) -> tuple[KeptVersion, Chec
             version.epoch,
             placed_by=f"kept version {version.number}",
         )
-        if best is not None and not candidate.is_newer_than(best[1]):
+        if best is not None and not _better(candidate, version, best):
             continue
         if not version.intact():
             log.warning("kept %s changed since it was kept: not resuming from it", version.path)
             continue
-        problem = weights_problem(version.path)
+        problem = checkpoint_problem(version.path)
         if problem:
             log.warning("kept %s does not parse (%s): not resuming from it", version.path, problem)
             continue
@@ -152,12 +158,17 @@ def _newest_clean_kept(directory: Path, onset: Onset) -> tuple[KeptVersion, Chec
     return best
 
 
+def _better(
+    candidate: Checkpoint, version: KeptVersion, best: tuple[KeptVersion, Checkpoint]
+) -> bool:
+    if candidate.is_newer_than(best[1]):
+        return True
+    return not best[1].is_newer_than(candidate) and version.stepped and not best[0].stepped
+
+
 def _in_place(version: KeptVersion, path: Path) -> bool:
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return False
-    return (stat.st_size, stat.st_mtime_ns) == (version.size, version.mtime_ns)
+    found = version_of(path)
+    return found is not None and found[:2] == (version.size, version.mtime_ns)
 
 
 def _unscanned(path: Path, version: KeptVersion) -> list[Checkpoint]:
@@ -308,8 +319,9 @@ def _quarantine_one(checkpoint: Checkpoint, destination: Path, taken: set[Path])
 
 
 def _put_back(version: KeptVersion, path: Path) -> bool:
-    """Copy the kept ``version`` to ``path`` atomically: a temp name beside it, then rename.
-    False when it is there already (a rollback taken up after a sentinel died).
+    """Copy the kept ``version`` (a file, or a folder's files) to ``path`` atomically: a
+    temp name beside it, then rename. False when it is there already (a rollback taken up
+    after a sentinel died).
 
     A copy (or reflink), never a link: a job that rewrites the file in place would
     otherwise rewrite the kept version with it.
@@ -319,12 +331,19 @@ def _put_back(version: KeptVersion, path: Path) -> bool:
     if os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, "not putting a kept version over a file", str(path))
     temp = path.with_name(f".{path.name}.sentinel-{os.getpid()}.tmp")
-    clone(version.path, temp)
+    if os.path.lexists(temp):
+        raise FileExistsError(errno.EEXIST, "the temp name for a put-back is taken", str(temp))
     try:
-        os.utime(temp, ns=(version.mtime_ns, version.mtime_ns))
-        os.replace(temp, path)
+        copy_tree(version.path, temp, link=False)
+        if not temp.is_dir():
+            os.utime(temp, ns=(version.mtime_ns, version.mtime_ns))
+        os.rename(temp, path)
     except BaseException:
-        os.unlink(temp)  # our own copy, never the job's file
+        # Our own copy, never the job's: made here under a name that was free.
+        if temp.is_dir() and not temp.is_symlink():
+            shutil.rmtree(temp)
+        elif os.path.lexists(temp):
+            os.unlink(temp)
         raise
     log.info("put kept version %d of %s back (step %s)", version.number, path, version.step)
     return True

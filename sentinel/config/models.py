@@ -191,15 +191,19 @@ class TailConfig(_Model):
 
 
 class KeepConfig(_Model):
-    """``[keep]``: clean copies of checkpoint files the job overwrites, and the disk they take.
+    """``[keep]``: clean copies of the checkpoints the job overwrites or deletes, and the disk
+    they take.
 
-    A file with no step in its name (``ckpt.pt``, ``last.pt``) is rewritten at every save;
-    sentinel keeps its last clean versions under ``<checkpoints>/.sentinel-kept/``.
+    A file with no step in its name (``ckpt.pt``, ``last.pt``) is rewritten at every save; a
+    checkpoint named by its step (``model_step40.pt``, ``checkpoint-400/``) is deleted by a
+    job that keeps only its newest few. sentinel keeps their last clean versions under
+    ``<checkpoints>/.sentinel-kept/``.
     """
 
-    #: Keep versions of files up to this size (4 GiB); 0: keep none.
+    #: Keep checkpoints up to this size (4 GiB; a folder: its files together); 0: keep none.
     max_bytes: int = Field(default=4 * 1024**3, ge=0)
-    #: Versions kept per file: the newest may be poisoned, so at least two.
+    #: Versions kept per overwritten file, and checkpoints kept of those named by their step:
+    #: the newest may be poisoned, so at least two.
     versions: int = Field(default=2, ge=2)
     #: ``sentinel status`` warns when the quarantine and the kept copies take more; unset: never.
     warn_disk_bytes: int | None = Field(default=None, ge=1)

@@ -176,12 +176,37 @@ def test_which_files_are_tracked(name: str, tracked: bool) -> None:
     assert is_overwritten_file(name) is tracked
 
 
-def test_step_named_and_hidden_files_are_left_alone(tmp_path: Path, keeper: Keeper) -> None:
-    (tmp_path / "model_step40.pt").write_bytes(version_bytes(40))
+def test_hidden_files_are_left_alone(tmp_path: Path, keeper: Keeper) -> None:
+    # Step-named ones are kept as checkpoints the job may delete (test_keep_rotation.py).
     (tmp_path / ".ckpt.pt").write_bytes(version_bytes(40))
+    (tmp_path / ".model_step40.pt").write_bytes(version_bytes(40))
     settle(keeper, 0.0)
     assert kept_versions(tmp_path) == []
     assert not (tmp_path / KEPT_DIR).exists()
+
+
+def test_a_file_behind_a_symbolic_link_is_kept_by_copy_never_as_a_link_to_the_link(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    elsewhere, checkpoints = tmp_path / "elsewhere", tmp_path / "ckpt"
+    elsewhere.mkdir()
+    checkpoints.mkdir()
+    (checkpoints / "ckpt.pt").symlink_to(elsewhere / "ckpt.pt")
+    keeper = Keeper(checkpoints)
+    now = 0.0
+    with caplog.at_level(logging.INFO, logger="sentinel.checkpoints.keep"):
+        for step in (20, 40):
+            replace_by_rename(elsewhere / "ckpt.pt", step)  # a new inode behind the link
+            now = settle(keeper, now)
+    keeper.close()
+    versions = kept_versions(checkpoints)
+    assert [v.method for v in versions] == ["copy", "copy"]
+    assert [digest(v.path.read_bytes()) for v in versions] == [
+        digest(version_bytes(20)),
+        digest(version_bytes(40)),
+    ]
+    assert not any(v.path.is_symlink() for v in versions)
+    assert "could not keep" not in caplog.text
 
 
 def test_polling_a_missing_directory_does_nothing(tmp_path: Path) -> None:

@@ -1,0 +1,83 @@
+"""A job that keeps only its newest checkpoint, under ``sentinel run``, goes NaN after a save.
+
+The save that deleted the last clean checkpoint came after the onset, so the only
+checkpoint left in place is poisoned: sentinel must roll back to the clean one it kept,
+put it back where the job wrote it and restart the job from it (``SENTINEL_RESUME_FROM``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.checkpoints.files import read_content
+from sentinel.checkpoints.keep import kept_versions
+from sentinel.checkpoints.quarantine import MANIFEST
+from tests.helpers.env import clean_env
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch") is None,
+        reason="needs torch: pip install '.[torch]' (CPU build)",
+    ),
+]
+
+JOB = Path(__file__).with_name("newest_only_job.py")
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _torch_step(path: Path) -> int | None:
+    """The step a torch file holds, read without torch (its import is seconds of CPU): the
+    job itself loaded the one it resumed from."""
+    return read_content(path).step
+
+
+def test_a_job_that_keeps_only_its_newest_checkpoint_resumes_from_the_clean_one_sentinel_kept(
+    tmp_path: Path,
+) -> None:
+    ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
+    ckpt.mkdir()
+    argv = [
+        sys.executable, "-m", "sentinel", "run", "--checkpoints", str(ckpt),
+        "--state-dir", str(state), "--max-restarts", "2",
+        "--", sys.executable, str(JOB), str(ckpt), str(record),
+    ]  # fmt: skip
+    result = subprocess.run(
+        argv,
+        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1", SENTINEL_TICK_INTERVAL_S="0.25"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    records = _records(record)
+    saves = [r for r in records if r["event"] == "saved" and r["restart"] == 0]
+    # When the NaN came, the job had deleted the clean checkpoint: only the poisoned one was left.
+    assert [(r["step"], r["deleted"]) for r in saves] == [(10, None), (20, "model_step10.pt")]
+    resumed = [r for r in records if r["event"] == "start" and r["restart"] == 1]
+    assert [(r["start"], r["resume_from"]) for r in resumed] == [
+        (10, str((ckpt / "model_step10.pt").resolve()))
+    ]
+    assert [r["restart"] for r in records if r["event"] == "finished"] == [1]
+    assert "deletes its older checkpoints" in result.stderr
+
+    (quarantine,) = (ckpt / "quarantine").iterdir()
+    assert _torch_step(quarantine / "model_step20.pt") == 20, "set aside, not deleted"
+    manifest = json.loads((quarantine / MANIFEST).read_text())
+    assert manifest["complete"] is True
+    assert [r["path"] for r in manifest["put_back"]] == [str(ckpt / "model_step10.pt")]
+    # The kept clean copy stays kept; the restarted job saved on from step 10 as it does.
+    assert 10 in [v.step for v in kept_versions(ckpt) if v.intact()]
+    assert sorted(p.name for p in ckpt.glob("*.pt")) == ["model_step30.pt"]
+    assert _torch_step(ckpt / "model_step30.pt") == 30
