@@ -149,7 +149,10 @@ def test_cpu_of_children_that_exit_between_readings_is_counted_once() -> None:
         rates = [read_until(monitor, lambda r: PROC_CPU in r)[PROC_CPU] for _ in range(10)]
     # One busy process at a time (and a child that only waits): about one core, never more.
     assert max(rates) <= 130.0, rates
-    assert sorted(rates)[len(rates) // 2] >= 40.0, rates
+    # Lost, the reaped grandchildren's time would leave a child that only waits: a few %.
+    # Counted, it is what a busy process gets: most of a core alone, a third of one on a
+    # 2-core machine running the suite's 3 workers (37% was seen there).
+    assert sorted(rates)[len(rates) // 2] >= 15.0, rates
 
 
 def test_first_reading_has_no_cpu_rate_and_reads_the_tree() -> None:
