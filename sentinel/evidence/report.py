@@ -31,6 +31,14 @@ from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Sample, json_number
 from sentinel.store.state import open_private, private_dir
 
+#: The folder of the state dir that holds the incident reports.
+REPORTS_DIR = "reports"
+
+
+def report_path(state_dir: Path, incident_id: str) -> Path:
+    """Where the markdown report of incident ``incident_id`` is written."""
+    return state_dir / REPORTS_DIR / f"{incident_id}.md"
+
 
 def clock(epoch_s: float) -> str:
     """An epoch time as a short UTC wall-clock string for humans."""
@@ -71,7 +79,7 @@ def write_report(
     ``cost`` is the money lost to the incident; None when it is unknown (no price
     or no GPU count), which the reports say. ``charted``: a chart is being drawn.
     """
-    reports = private_dir(state_dir / "reports")
+    reports = private_dir(state_dir / REPORTS_DIR)
     data = incident.to_json()
     data["recent_samples"] = {
         name: [{"step": s.step, "value": json_number(s.value)} for s in samples]
@@ -82,7 +90,7 @@ def write_report(
     markdown = secrets.mask(render_markdown(incident, recent, cost=cost))
     markdown += files_section(state_dir, incident.id, charted=charted)
     json_path = reports / f"{incident.id}.json"
-    md_path = reports / f"{incident.id}.md"
+    md_path = report_path(state_dir, incident.id)
     _atomic_write(json_path, json.dumps(data, indent=2, allow_nan=False) + "\n")
     _atomic_write(md_path, markdown)
     return md_path

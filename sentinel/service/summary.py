@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sentinel.evidence.report import clock
+from sentinel.evidence.report import clock, report_path
 from sentinel.model.incidents import Incident
 from sentinel.store.verdict import EXIT_GIVE_UP, EXIT_NODE_FAULT, EXIT_ROLLED_BACK
 
@@ -65,9 +65,9 @@ def summary(
     for number, where in enumerate(resumed_from, start=1):
         lines.append(f"  restart {number} resumed from {where}")
     reports = [
-        state_dir / "reports" / f"{incident.id}.md"
+        report_path(state_dir, incident.id)
         for incident in incidents
-        if (state_dir / "reports" / f"{incident.id}.md").is_file()
+        if report_path(state_dir, incident.id).is_file()
     ]
     lines.append("")
     lines += [f"Report: {path}" for path in reports]
