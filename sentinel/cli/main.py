@@ -27,6 +27,7 @@ from sentinel.cli.verbs import (
 )
 from sentinel.config import ConfigError
 from sentinel.model import secrets
+from sentinel.model.untrusted import PrintableFilter
 from sentinel.store import verdict as verdict_codes
 from sentinel.store.lock import StateDirLocked
 
@@ -110,6 +111,8 @@ def _setup_logging(verbose: bool) -> None:
         logging.Formatter("[sentinel %(asctime)s] %(levelname)s %(message)s", "%H:%M:%S")
     )
     secrets.install(handler)  # on the handler: masks the records of every logger reaching it
+    # A path or the job's words in a message: shown with its control characters escaped.
+    handler.addFilter(PrintableFilter())
     root = logging.getLogger("sentinel")
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
