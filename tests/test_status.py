@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +265,129 @@ def test_cli_warns_from_the_configured_limit(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "warning:    quarantine and kept copies take 3.9 KiB" in result.stdout
+
+
+# -- what cannot be read, and the last incident, its report and the verdict -------------------
+
+REPORT = {
+    "id": "20261128T215102-498a41-1",
+    "rule": "nan_inf",
+    "severity": "critical",
+    "opened_at": T0,
+    "resolved_at": None,
+    "onset_step": 4,
+}
+VERDICT = {"state": "final", "code": 90, "verdict": "give_up", "rule": "nan_inf", "step": 4,
+           "resume_from": None, "attempt": 1, "time": T0 + 1}  # fmt: skip
+
+
+def broken_state_dir(state: Path) -> None:
+    """A state dir whose state.db is garbage, whose alerts.jsonl is a folder and with one
+    garbled report beside a good one and its markdown, and a good verdict."""
+    state.mkdir()
+    (state / "state.db").write_bytes(b"this is not SQLite\n" * 10)
+    (state / "reports").mkdir()
+    (state / "reports" / "bad.json").write_text("{half a rep")
+    (state / "reports" / f"{REPORT['id']}.json").write_text(json.dumps(REPORT))
+    (state / "reports" / f"{REPORT['id']}.md").write_text("# CRITICAL nan_inf\n")
+    (state / "verdict.json").write_text(json.dumps(VERDICT))
+
+
+def test_gather_reads_what_it_can_and_names_what_it_cannot(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    broken_state_dir(state)
+    status = gather(state)
+    assert status.unreadable == [
+        "state.db: file is not a database",
+        "reports/bad.json: not an incident report",
+    ]
+    incident = status.last_incident
+    assert incident is not None
+    assert (incident.rule, incident.severity, incident.step) == ("nan_inf", "critical", 4)
+    assert incident.report == str(state / "reports" / f"{REPORT['id']}.md")
+    assert status.verdict is not None and (status.verdict.state, status.verdict.code) == (
+        "final", 90
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("break_it", "said"),
+    [
+        (lambda s: (s / "state.db").mkdir(), "state.db: a directory, not a file"),
+        (lambda s: (s / "verdict.json").mkdir(), "verdict.json: a directory, not a file"),
+        (lambda s: (s / "verdict.json").write_bytes(b"\xff\xfe{"), "verdict.json: not UTF-8 text"),
+        (lambda s: (s / "verdict.json").write_text('{"state": "final", "code": 7}'),
+         "verdict.json: not a verdict record"),
+        (lambda s: (s / "reports").write_text("a file"), "reports/: not a directory"),
+    ],
+    ids=["db-is-a-dir", "verdict-is-a-dir", "verdict-not-utf8", "verdict-bad-code",
+         "reports-is-a-file"],
+)  # fmt: skip
+def test_each_unreadable_part_is_one_reason(
+    tmp_path: Path, break_it: Callable[[Path], object], said: str
+) -> None:
+    StateStore(tmp_path).close()
+    if said.startswith("state.db"):
+        for path in tmp_path.glob("state.db*"):
+            path.unlink()
+    break_it(tmp_path)
+    status = gather(tmp_path)
+    assert status.unreadable == [said]
+
+
+@pytest.mark.slow
+def test_cli_on_a_broken_state_dir_says_what_it_cannot_read_in_one_line(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    broken_state_dir(state)
+    result = sentinel("status", "--state-dir", str(state))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stdout + result.stderr
+    [unreadable] = [line for line in result.stdout.splitlines() if "not a database" in line]
+    assert unreadable == (
+        "unreadable: state.db: file is not a database; reports/bad.json: not an incident report"
+    )
+    assert "incident:   critical nan_inf at step 4" in result.stdout
+    assert f"report:     {state / 'reports' / REPORT['id']}.md" in result.stdout
+    assert "verdict:    final 90 give_up (nan_inf, at step 4, attempt 1" in result.stdout
+    as_json = sentinel("status", "--state-dir", str(state), "--json")
+    assert as_json.returncode == 1
+    assert json.loads(as_json.stdout)["unreadable"][0] == "state.db: file is not a database"
+
+
+@pytest.mark.slow
+def test_cli_on_a_file_for_a_state_dir_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("not a folder")
+    result = sentinel("status", "--state-dir", str(tmp_path / "state"))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "is not a directory" in result.stderr
+
+
+@pytest.mark.slow
+def test_status_after_a_run_that_gave_up_shows_the_incident_report_and_verdict(
+    tmp_path: Path,
+) -> None:
+    """A real run: a NaN at step 4, no checkpoint to roll back to, so sentinel gives up (90)."""
+    state, job = tmp_path / "state", tmp_path / "job.py"
+    job.write_text(
+        "import json, time\n"
+        "for step in range(1, 4):\n"
+        "    print(json.dumps({'step': step, 'loss': 2.0}), flush=True)\n"
+        "print(json.dumps({'step': 4, 'loss': float('nan')}), flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    run = sentinel("run", "--state-dir", str(state), "--", sys.executable, str(job))
+    assert run.returncode == 90, run.stderr
+    result = sentinel("status", "--state-dir", str(state))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [report] = (state / "reports").glob("*.md")
+    assert "incident:   critical nan_inf at step 4" in result.stdout
+    assert f"report:     {report}" in result.stdout
+    assert "verdict:    final 90 give_up (nan_inf, at step 4, attempt 1" in result.stdout
+    assert "unreadable" not in result.stdout
+    status = json.loads(sentinel("status", "--state-dir", str(state), "--json").stdout)
+    incident = status["last_incident"]
+    assert (incident["rule"], incident["severity"], incident["step"]) == ("nan_inf", "critical", 4)
+    assert incident["report"] == str(report)
+    assert (status["verdict"]["state"], status["verdict"]["code"]) == ("final", 90)
+    assert status["unreadable"] == []

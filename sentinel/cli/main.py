@@ -26,7 +26,9 @@ from sentinel.cli.verbs import (
     watch,
 )
 from sentinel.config import ConfigError
+from sentinel.config.addresses import CannotListen
 from sentinel.model import secrets
+from sentinel.model.untrusted import PrintableFilter, printable
 from sentinel.store import verdict as verdict_codes
 from sentinel.store.lock import StateDirLocked
 
@@ -91,8 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.verb].handle(args)
     except ConfigError as error:
-        for problem in error.problems:
-            print(f"sentinel: config error: {problem}", file=sys.stderr)
+        for problem in error.problems:  # one line each, whatever the value held
+            print(printable(f"sentinel: config error: {problem}"), file=sys.stderr)
+        return EXIT_USAGE
+    except CannotListen as error:  # --http: in use, not this host's address, unresolvable
+        print(printable(f"sentinel: --http: {error.strerror}"), file=sys.stderr)
         return EXIT_USAGE
     except StateDirLocked as error:
         print(f"sentinel: {error}", file=sys.stderr)
@@ -110,6 +115,8 @@ def _setup_logging(verbose: bool) -> None:
         logging.Formatter("[sentinel %(asctime)s] %(levelname)s %(message)s", "%H:%M:%S")
     )
     secrets.install(handler)  # on the handler: masks the records of every logger reaching it
+    # A path or the job's words in a message: shown with its control characters escaped.
+    handler.addFilter(PrintableFilter())
     root = logging.getLogger("sentinel")
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)

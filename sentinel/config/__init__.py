@@ -2,8 +2,9 @@
 
 ``models`` is the schema (each option declared once), ``load`` reads and merges
 the layers, ``errors`` words a bad value with the key and the source it came
-from, ``masked`` registers and masks the secrets the settings hold, and
-``renames`` moves old key names to their new ones.
+from, ``masked`` registers and masks the secrets the settings hold,
+``renames`` moves old key names to their new ones, and ``addresses`` reads ``--http``'s
+``ADDR:PORT``. The bounds every number and text keeps are ``sentinel.model.bounds``'.
 """
 
 from __future__ import annotations

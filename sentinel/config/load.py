@@ -146,6 +146,11 @@ def _read_file(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError([f"--config: cannot read {path}: {error.strerror}"]) from None
+    except UnicodeDecodeError as error:
+        line = error.object[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            [f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} on line {line})"]
+        ) from None
     try:
         if path.suffix.lower() in (".yaml", ".yml"):
             data = _load_yaml(path, text)
@@ -172,7 +177,18 @@ def _load_yaml(path: Path, text: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ValueError(str(error)) from None
+        raise ValueError(_one_line(error)) from None
+
+
+def _one_line(error: Any) -> str:
+    """A PyYAML error in one line: what is wrong, and where (its own is 8 lines)."""
+    problem = getattr(error, "problem", None)
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    if not problem:
+        return " ".join(str(error).split())
+    where = "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
+    context = getattr(error, "context", None)
+    return f"{context + ': ' if context else ''}{problem}{where}"
 
 
 def _read_env_like(

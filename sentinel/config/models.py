@@ -17,9 +17,12 @@ from pydantic import create_model as _create_model
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sentinel.config import resume
+from sentinel.config.addresses import parse_http_address
 from sentinel.config.reference import load_reference
 from sentinel.follow.gathering import LOOK_S
 from sentinel.gpu.settings import GpuConfig
+from sentinel.model import bounds
+from sentinel.model.bounds import MAX_NAME_CHARS, SettingsTable
 from sentinel.model.facts import RunFacts
 from sentinel.notify.settings import NotifyConfig
 from sentinel.parsing.lines import BATCH_S, MAX_BATCH_S
@@ -38,23 +41,20 @@ def _split_words(value: object) -> object:
     return value
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class JobConfig(_Model):
+class JobConfig(SettingsTable):
     """``[job]``: how the job is run and restarted."""
 
-    name: str = ""
+    #: The job's name in messages; unset: its script's (``run``) or its target (``watch``).
+    name: str = Field(default="", max_length=MAX_NAME_CHARS)
     #: Run instead of the original command after a rollback; ``{checkpoint}``
     #: and ``{step}`` are filled in, each inside its own argument (sentinel.config.resume).
     resume_command: str | None = None
-    max_restarts: int = Field(default=3, ge=0)
+    max_restarts: int = Field(default=3, ge=0, le=1000)
     #: When no clean checkpoint is left to resume from: "give_up" (exit 90, say why) or
     #: "scratch" (run the original command again, from step 0).
     restart_without_checkpoint: Literal["give_up", "scratch"] = "give_up"
     #: Between the stop signal and SIGKILL: long enough for the job to save and exit.
-    grace_period_s: float = Field(default=30.0, ge=0)
+    grace_period_s: float = Field(default=30.0, ge=0, le=86400)
     #: The first signal sent to the job's tree (SIGKILL for frameworks that would save a
     #: poisoned checkpoint on SIGTERM, such as Megatron's exit-signal handler).
     stop_signal: str = "SIGTERM"
@@ -99,7 +99,7 @@ class JobConfig(_Model):
         return upper
 
 
-class WatchConfig(_Model):
+class WatchConfig(SettingsTable):
     """``[watch]``: the job ``sentinel watch`` attaches to (one of pid, pidfile, match, unit)."""
 
     pid: int | None = Field(default=None, ge=1)
@@ -129,7 +129,7 @@ class WatchConfig(_Model):
         return pattern
 
 
-class TrainingConfig(_Model):
+class TrainingConfig(SettingsTable):
     """``[training]``: facts about the training run that its log may not say.
 
     Used to explain incidents (the sample range of the step to inspect) and, for
@@ -153,7 +153,7 @@ class TrainingConfig(_Model):
         return self.batch_size * self.gradient_accumulation_steps * self.world_size
 
 
-class CostConfig(_Model):
+class CostConfig(SettingsTable):
     """``[cost]``: what the job's GPUs cost, for ``cost_overrun``, ``gpu_idle`` and reports."""
 
     #: Price of one GPU for one hour, in your currency. Unset: no money is counted.
@@ -164,13 +164,13 @@ class CostConfig(_Model):
     gpus: int | None = Field(default=None, ge=1)
 
 
-class TailConfig(_Model):
+class TailConfig(SettingsTable):
     """``[tail]``: how lines are read, from log files and from the job's own output."""
 
     #: Poll instead of using inotify (network filesystems); automatic when inotify fails.
     poll: bool = False
     poll_interval_s: float = Field(default=1.0, gt=0)
-    max_line_bytes: int = Field(default=1 << 20, ge=1024)
+    max_line_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     #: After reading lines (of a log, or of the job's output), let more gather this long
     #: before reading again: a chatty job then costs a wake-up per window, not per line.
     #: The first line after a quiet spell (no output for this long) is read at once; a
@@ -190,7 +190,7 @@ class TailConfig(_Model):
     discover_dir: Path | None = None
 
 
-class KeepConfig(_Model):
+class KeepConfig(SettingsTable):
     """``[keep]``: clean copies of the checkpoints the job overwrites or deletes, and the disk
     they take.
 
@@ -204,12 +204,12 @@ class KeepConfig(_Model):
     max_bytes: int = Field(default=4 * 1024**3, ge=0)
     #: Versions kept per overwritten file, and checkpoints kept of those named by their step:
     #: the newest may be poisoned, so at least two.
-    versions: int = Field(default=2, ge=2)
+    versions: int = Field(default=2, ge=2, le=100)
     #: ``sentinel status`` warns when the quarantine and the kept copies take more; unset: never.
     warn_disk_bytes: int | None = Field(default=None, ge=1)
 
 
-class EvidenceConfig(_Model):
+class EvidenceConfig(SettingsTable):
     """``[evidence]``: what sentinel takes from a live job before it stops it for a stall, a
     hang, a rank's crash or a GPU fault (stacks, threads, nvidia-smi, XID lines, output)."""
 
@@ -222,7 +222,7 @@ class EvidenceConfig(_Model):
     chart: bool = True
 
 
-class ParserConfig(_Model):
+class ParserConfig(SettingsTable):
     """``[parsers]``: extra line formats."""
 
     #: Regular expressions with named groups; each group but ``step`` and ``time`` is a metric.
@@ -247,7 +247,7 @@ class ParserConfig(_Model):
         return patterns
 
 
-class ReferenceSettings(_Model):
+class ReferenceSettings(SettingsTable):
     """``[reference]``: a finished run of the same recipe whose curve a run should follow."""
 
     #: Its ``trainer_state.json``, metrics file, log or run folder (``--reference``).
@@ -278,7 +278,7 @@ class Settings(BaseSettings):
     """Everything sentinel can be told."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid"
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", allow_inf_nan=False
     )
 
     #: A directory of secret files (a Kubernetes or Docker secret mount): a file named
@@ -292,7 +292,7 @@ class Settings(BaseSettings):
     #: Detect and notify, but never signal, move or restart.
     dry_run: bool = False
     #: Granularity of the time-based rules (stall).
-    tick_interval_s: float = Field(default=1.0, gt=0)
+    tick_interval_s: float = Field(default=1.0, gt=0, le=3600)
     #: Serve /metrics, /livez, /healthz and /readyz at ADDR:PORT (loopback unless an address
     #: is given, ":9464" included); unset: no HTTP.
     http: str | None = None
@@ -321,6 +321,16 @@ class Settings(BaseSettings):
     rules: RulesConfig = Field(default_factory=RulesConfig)  # type: ignore[valid-type]
 
     _split_logs = field_validator("logs", mode="before")(_split_words)
+    # The bounds every table keeps (SettingsTable's), for the top-level settings too.
+    _plain_input = field_validator("*", mode="before")(classmethod(bounds.plain_input))
+    _within_bounds = field_validator("*", mode="after")(classmethod(bounds.within_bounds))
+
+    @field_validator("http")
+    @classmethod
+    def _an_address(cls, address: str | None) -> str | None:
+        if address is not None:
+            parse_http_address(address)  # ValueError: says what is wrong with it
+        return address
 
     @field_validator("notify")
     @classmethod

@@ -9,7 +9,10 @@ samples before onset, what sentinel did, and the money the incident cost
 the chart (``chart``).
 
 Both go through ``sentinel.model.secrets``: a token quoted in an alert (the job's own
-output, an error from a webhook) is masked before it reaches the disk.
+output, an error from a webhook) is masked before it reaches the disk. The journal keeps
+the job's text as it was otherwise; the report, Markdown for people (and the body of an
+email), shows it literally (``sentinel.model.untrusted``): credential-shaped words masked,
+control characters escaped, no link, image or HTML it could make, URLs shown unlinkable.
 """
 
 from __future__ import annotations
@@ -29,7 +32,16 @@ from sentinel.model import secrets
 from sentinel.model.cost import UNKNOWN_COST, IncidentCost
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Sample, json_number
+from sentinel.model.untrusted import defang_urls, markdown_literal, printable
 from sentinel.store.state import open_private, private_dir
+
+#: The folder of the state dir that holds the incident reports.
+REPORTS_DIR = "reports"
+
+
+def report_path(state_dir: Path, incident_id: str) -> Path:
+    """Where the markdown report of incident ``incident_id`` is written."""
+    return state_dir / REPORTS_DIR / f"{incident_id}.md"
 
 
 def clock(epoch_s: float) -> str:
@@ -71,7 +83,7 @@ def write_report(
     ``cost`` is the money lost to the incident; None when it is unknown (no price
     or no GPU count), which the reports say. ``charted``: a chart is being drawn.
     """
-    reports = private_dir(state_dir / "reports")
+    reports = private_dir(state_dir / REPORTS_DIR)
     data = incident.to_json()
     data["recent_samples"] = {
         name: [{"step": s.step, "value": json_number(s.value)} for s in samples]
@@ -82,7 +94,7 @@ def write_report(
     markdown = secrets.mask(render_markdown(incident, recent, cost=cost))
     markdown += files_section(state_dir, incident.id, charted=charted)
     json_path = reports / f"{incident.id}.json"
-    md_path = reports / f"{incident.id}.md"
+    md_path = report_path(state_dir, incident.id)
     _atomic_write(json_path, json.dumps(data, indent=2, allow_nan=False) + "\n")
     _atomic_write(md_path, markdown)
     return md_path
@@ -116,6 +128,12 @@ def incident_files(
     return found
 
 
+def literal(text: str) -> str:
+    """Text from outside sentinel (the job's words, a file's name) as Markdown that shows
+    it and does nothing else: credentials masked, controls escaped, no link, URLs defanged."""
+    return markdown_literal(defang_urls(printable(secrets.mask_tokens(text))))
+
+
 def render_markdown(
     incident: Incident,
     recent: Mapping[str, Sequence[Sample]],
@@ -127,7 +145,7 @@ def render_markdown(
     lines = [
         f"# {incident.severity.upper()} {incident.rule} — incident {incident.id}",
         "",
-        f"- first alert: {first.message}",
+        f"- first alert: {literal(first.message)}",
         f"- onset step: {incident.onset_step if incident.onset_step is not None else 'unknown'}",
         f"- opened: {clock(incident.opened_at)} UTC",
     ]
@@ -138,23 +156,24 @@ def render_markdown(
         lines.append(f"- rules: {', '.join(incident.rules)}")
     if incident.diagnosis is not None:
         lines += ["", "## Diagnosis", ""]
-        lines += [f"- {line}" for line in incident.diagnosis.lines()]
+        lines += [f"- {literal(line)}" for line in incident.diagnosis.lines()]
     else:
         advice = first.details.get("advice")
         if advice:
-            lines.append(f"- diagnosis: {advice}")
+            lines.append(f"- diagnosis: {literal(str(advice))}")
     lines += ["", "## Timeline", ""]
     events = [
         (alert.time, f"{alert.severity} {alert.rule}: {alert.message}") for alert in incident.alerts
     ]
     events += incident.actions
     for time, text in sorted(events, key=lambda event: event[0]):
-        lines.append(f"- {clock(time)} {text}")
+        lines.append(f"- {clock(time)} {literal(text)}")
     if recent:
         lines += ["", "## Last samples before onset", ""]
         for name, samples in sorted(recent.items()):
             shown = ", ".join(f"{s.step}: {s.value:g}" for s in samples)
-            lines.append(f"- `{name}` {sparkline([s.value for s in samples])}  ({shown})")
+            code = printable(name).replace("`", "'")
+            lines.append(f"- `{code}` {sparkline([s.value for s in samples])}  ({shown})")
     return "\n".join(lines) + "\n"
 
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from sentinel.model.bounds import SettingsTable
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GpuConfig(_Model):
+class GpuConfig(SettingsTable):
     """``[gpu]``: the NVML source. Without NVML (no driver, no GPU) the GPU rules are off."""
 
     enabled: bool = True

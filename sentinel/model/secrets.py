@@ -15,6 +15,11 @@ notification targets never load it.
 
 Masking runs on every log record, so it stays cheap: nothing at all while no
 secret is known, and one substring search per secret otherwise.
+
+The job's own output holds secrets sentinel was never told of: a crash line that quotes
+an ``hf_...`` token, a ``WANDB_API_KEY=...``, an AWS key. ``mask_tokens`` masks the
+common shapes of such credentials (keeping the prefix that names the kind) wherever
+sentinel renders the job's text for people: every notification and the reports.
 """
 
 from __future__ import annotations
@@ -78,6 +83,52 @@ def mask_data(value: Any) -> Any:
         return {mask_data(key): mask_data(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [mask_data(item) for item in value]
+    return value
+
+
+#: Credential shapes a job may print; group ``keep`` (the prefix that names the kind, or
+#: the ``NAME=`` before a value) stays, the rest becomes ``****``.
+_TOKEN_SHAPES = tuple(
+    re.compile(pattern)
+    for pattern in (
+        r"(?P<keep>\bhf_)[A-Za-z0-9]{20,}",  # Hugging Face
+        r"(?P<keep>\bxox[abeoprs]-)[A-Za-z0-9-]{10,}",  # Slack bot, user, app-level...
+        r"(?P<keep>\bxapp-)[A-Za-z0-9-]{10,}",  # Slack app-level
+        r"(?P<keep>\bgh[pousr]_)[A-Za-z0-9]{20,}",  # GitHub
+        r"(?P<keep>\bgithub_pat_)[A-Za-z0-9_]{20,}",  # GitHub fine-grained
+        r"(?P<keep>\bglpat-)[A-Za-z0-9_-]{16,}",  # GitLab
+        r"(?P<keep>\bsk-)[A-Za-z0-9_-]{16,}",  # OpenAI, Anthropic (sk-ant-...), sk-proj-...
+        r"(?P<keep>\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA))[A-Z0-9]{16}\b",
+        r"(?P<keep>\bAIza)[A-Za-z0-9_-]{30,}",  # Google API key
+        r"(?P<keep>\beyJ)[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
+        r"(?P<keep>(?i:\bbearer)\s+)[A-Za-z0-9._~+/=-]{12,}",
+        r"(?P<keep>[a-z][a-z0-9+.-]*://[^\s/:@]+:)[^\s/@]+(?=@)",  # user:password@ in a URL
+        # NAME=value where NAME ends in a word for a secret (HF_TOKEN=, WANDB_API_KEY=,
+        # password:), not in a longer word (tokens_per_sec=, max_token_len=).
+        r"(?P<keep>(?i:\b(?:[a-z0-9]+[_-])*(?:token|secret|password|passwd|pwd|api[_-]?key"
+        r"|access[_-]?key|private[_-]?key|credentials?|auth)\b)\s*[=:]\s*[\"']?)"
+        r"[^\s\"',;]{4,}",
+    )
+)
+
+
+def mask_tokens(text: str) -> str:
+    """``text`` with known secrets and credential-shaped words masked (``hf_****``,
+    ``WANDB_API_KEY=****``): for the job's words on their way to people."""
+    text = mask(text)
+    for shape in _TOKEN_SHAPES:
+        text = shape.sub(lambda match: match.group("keep") + MASK, text)
+    return text
+
+
+def mask_tokens_data(value: Any) -> Any:
+    """A copy of JSON-like ``value`` with ``mask_tokens`` applied to every string in it."""
+    if isinstance(value, str):
+        return mask_tokens(value)
+    if isinstance(value, dict):
+        return {mask_tokens_data(key): mask_tokens_data(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [mask_tokens_data(item) for item in value]
     return value
 
 

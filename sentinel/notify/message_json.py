@@ -1,5 +1,8 @@
 """A message for a JSON webhook: the lead notice's alert in the public schema, plus what the
-message is about (its key, incident, job, diagnosis, actions and every notice)."""
+message is about (its key, incident, job, diagnosis, actions and every notice).
+
+The text is as the job wrote it (a machine reads it: no markup, no escapes), except for
+the credentials in it (``sentinel.model.secrets.mask_tokens``)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sentinel.model.records import json_number
+from sentinel.model.secrets import mask_tokens_data
 from sentinel.notify.message_story import Story
 from sentinel.notify.notices import Envelope
 
@@ -52,4 +56,5 @@ def json_body(envelope: Envelope, stories: Sequence[Story]) -> str:
         ],
         folded={rule: count for rule, count in sorted(envelope.folded.items()) if count > 0},
     )
-    return json.dumps(_strict(body), ensure_ascii=False)
+    # The job's text stays as it was (a machine reads it), but for the credentials in it.
+    return json.dumps(_strict(mask_tokens_data(body)), ensure_ascii=False)

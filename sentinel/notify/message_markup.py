@@ -3,12 +3,20 @@
 ``summary`` is the top of every body (what happened, to whom, why, what sentinel
 did), ``tail`` the lines no body may lose; ``Plain``, ``Markdown`` and ``Slack``
 say how each marks them up.
+
+Every text that is not sentinel's own markup goes through ``escape`` (alert messages
+quote the job, actions name checkpoint folders, the job's name may be its script's):
+in every style its credential-shaped words are masked, its control characters shown as
+escapes and its URLs shown unlinkable; in Markdown and Slack it cannot make a link, an
+image or HTML either, nor mention anyone (``@channel``, ``<!here>``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sentinel.model.secrets import mask_tokens
+from sentinel.model.untrusted import defang_urls, markdown_literal, no_mentions, printable
 from sentinel.notify.message_story import Story, event, folded_line, status, value_text
 from sentinel.notify.notices import Envelope, NoticeKind
 
@@ -22,10 +30,15 @@ class Plain:
         return text
 
     def code(self, text: str) -> str:
-        return text
+        return printable(text)
 
     def escape(self, text: str) -> str:
-        return text
+        """Text from outside sentinel (the job's words, a file's name), made safe to show."""
+        return defang_urls(printable(mask_tokens(text)))
+
+    def title(self, text: str) -> str:
+        """A message's title (it names the job), made safe for where the style puts it."""
+        return self.escape(text)
 
     def heading(self, text: str) -> str:
         return f"{text}:"
@@ -46,12 +59,12 @@ class Markdown(Plain):
         return f"**{text}**"
 
     def code(self, text: str) -> str:
-        return "`" + text.replace("`", "'") + "`"
+        return "`" + printable(text).replace("`", "'") + "`"
 
     def escape(self, text: str) -> str:
-        # Slack reads < and > as link syntax; apprise turns "\<" into "&lt;" for Slack.
-        text = text.replace("<", "\\<").replace(">", "\\>")
-        return "\\" + text if text.startswith("#") else text
+        # Slack reads < and > as link syntax; apprise turns "\<" into "&lt;" for Slack, and
+        # "\[" into a plain "[" (mrkdwn has no [label](url) but apprise would make one).
+        return no_mentions(markdown_literal(super().escape(text)))
 
     def heading(self, text: str) -> str:
         return self.bold(text)
@@ -67,6 +80,10 @@ class Slack(Markdown):
     # Neither Slack's mrkdwn nor its converter has lists; a bullet reads the same in Mattermost.
     bullet = "• "
 
+    def title(self, text: str) -> str:
+        # Slack's header block is plain text (apprise escapes it): no Markdown escapes there.
+        return no_mentions(Plain.escape(self, text))
+
 
 _MAX_ACTIONS = 12
 _MAX_OTHERS = 5
@@ -78,7 +95,7 @@ SLACK_TEXT_MAX = 2900
 def summary_lines(envelope: Envelope, stories: Sequence[Story], up: Plain) -> list[str]:
     """What happened, to whom, why, and what sentinel did: the top of every body."""
     job = envelope.job
-    rows = [[("Job", job.name), ("Host", job.host), ("Run", job.run_id)]]
+    rows = [[("Job", up.escape(job.name)), ("Host", up.escape(job.host)), ("Run", job.run_id)]]
     if not stories:
         return up.fields(rows)
     story = stories[0]
@@ -89,7 +106,10 @@ def summary_lines(envelope: Envelope, stories: Sequence[Story], up: Plain) -> li
     if alert.get("message") and lead.kind not in quiet:
         lines.append(up.escape(str(alert["message"])))
     if lead.kind is not NoticeKind.TEST:
-        row = [("Rule", f"{lead.rule} ({lead.severity})"), ("Incident", lead.incident_id)]
+        row = [
+            ("Rule", f"{up.escape(lead.rule)} ({lead.severity})"),
+            ("Incident", up.escape(lead.incident_id)),
+        ]
         if alert.get("step") is not None:
             row.append(("Step", str(alert["step"])))
         value = value_text(alert)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sentinel.model.secrets import mask_tokens
 from sentinel.notify.message_json import json_body
 from sentinel.notify.message_markup import (
     SLACK_TEXT_MAX,
@@ -52,20 +53,28 @@ def render(envelope: Envelope, style: Style) -> Rendered:
     """
     stories = incident_stories(envelope)
     if style == "json":
+        # The job's text as it was, but for the credentials in it.
         return Rendered(
-            title(envelope, stories, sortable=True), json_body(envelope, stories), style
+            mask_tokens(title(envelope, stories, sortable=True)),
+            json_body(envelope, stories),
+            style,
         )
     if style == "text":
-        *body, footer = summary_lines(envelope, stories, Plain()) + tail_lines(envelope, Plain())
+        plain = Plain()
+        *body, footer = summary_lines(envelope, stories, plain) + tail_lines(envelope, plain)
         for report in (story.report.rstrip() for story in stories if story.report):
-            body += ["", "-" * 72, "", report]
+            # Written safe for Markdown already; a report queued by an older sentinel is not.
+            body += ["", "-" * 72, "", *(plain.escape(line) for line in report.splitlines())]
         body += ["", "-- ", footer]
-        return Rendered(title(envelope, stories, sortable=True), "\n".join(body), style)
+        return Rendered(
+            plain.title(title(envelope, stories, sortable=True)), "\n".join(body), style
+        )
     up = Slack() if style == "slack" else Markdown()
     lines = summary_lines(envelope, stories, up)
     tail = tail_lines(envelope, up)
+    heading = up.title(title(envelope, stories, sortable=False))
     if style == "slack":
         lines = fit(lines, tail, SLACK_TEXT_MAX)
         # Slack's header block takes at most 150 characters.
-        return Rendered(title(envelope, stories, sortable=False)[:140], "\n".join(lines), style)
-    return Rendered(title(envelope, stories, sortable=False), "\n".join(lines + tail), style)
+        return Rendered(heading[:140], "\n".join(lines), style)
+    return Rendered(heading, "\n".join(lines + tail), style)

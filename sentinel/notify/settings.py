@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
 from sentinel.model import secrets
+from sentinel.model.bounds import MAX_NAME_CHARS, SettingsTable
 from sentinel.model.records import Severity
 
 
@@ -38,10 +39,6 @@ def _split_urls(value: object) -> object:
     return text.split()
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 def _accepted_url(url: SecretStr) -> SecretStr:
     """An apprise URL apprise accepts; the error shows it masked."""
     problem = secrets.validate_url(url.get_secret_value())
@@ -50,12 +47,12 @@ def _accepted_url(url: SecretStr) -> SecretStr:
     return url
 
 
-class NotifyTarget(_Model):
+class NotifyTarget(SettingsTable):
     """``[[notify.targets]]``: one apprise URL with its own route."""
 
     url: SecretStr
     #: Shown instead of the masked URL in ``sentinel status`` and the logs.
-    name: str = ""
+    name: str = Field(default="", max_length=MAX_NAME_CHARS)
     #: The least severe alert this target gets; unset: ``[notify] min_severity``.
     min_severity: Severity | None = None
     #: Only incidents of these rules reach this target; empty: every rule.
@@ -64,7 +61,7 @@ class NotifyTarget(_Model):
     _accepted = field_validator("url")(_accepted_url)
 
 
-class NotifyConfig(_Model):
+class NotifyConfig(SettingsTable):
     """``[notify]``: where alerts go, and how often people hear of them."""
 
     #: Apprise URLs (https://github.com/caronc/apprise/wiki); they hold tokens and are never logged.

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from sentinel.model.bounds import SettingsTable
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ProcessConfig(_Model):
+class ProcessConfig(SettingsTable):
     """``[process]``: the job's process tree (psutil)."""
 
     enabled: bool = True

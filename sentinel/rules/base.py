@@ -10,9 +10,10 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import NoDecode
 
+from sentinel.model.bounds import SettingsTable
 from sentinel.model.facts import RunFacts
 from sentinel.model.records import PROGRESS, Alert, Block, Line, Sample, Severity
 
@@ -45,10 +46,8 @@ def _one_or_more_names(value: object) -> object:
 MetricNames = Annotated[list[str], NoDecode, BeforeValidator(_one_or_more_names)]
 
 
-class RuleConfig(BaseModel):
-    """Settings every rule has."""
-
-    model_config = ConfigDict(extra="forbid")
+class RuleConfig(SettingsTable):
+    """Settings every rule has (and the bounds of every setting: ``sentinel.model.bounds``)."""
 
     #: Old key -> the key that replaced it, accepted until ``REMOVED_IN``. The config
     #: loader renames them (and warns, naming where each came from) before validating.

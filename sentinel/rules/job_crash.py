@@ -70,7 +70,7 @@ class JobCrashConfig(RuleConfig):
     """``[rules.job_crash]``."""
 
     #: How many of the job's last output lines are kept to classify a crash.
-    tail_lines: int = Field(default=200, ge=1)
+    tail_lines: int = Field(default=200, ge=1, le=100_000)
 
 
 def classify(lines: list[str], exit_code: int) -> tuple[str, str, str]:

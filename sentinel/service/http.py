@@ -30,12 +30,12 @@ from urllib.parse import urlsplit
 
 from prometheus_client.exposition import choose_encoder
 
+from sentinel.config.addresses import DEFAULT_HOST, CannotListen, parse_http_address
 from sentinel.service.metrics import Metrics
 
-log = logging.getLogger(__name__)
+__all__ = ["DEFAULT_HOST", "CannotListen", "HealthServer", "parse_http_address", "state_dir_usable"]
 
-#: Where ``--http :PORT`` (or a bare port) binds: loopback, unless an address is given.
-DEFAULT_HOST = "127.0.0.1"
+log = logging.getLogger(__name__)
 
 Check = Callable[[], bool]
 
@@ -47,29 +47,6 @@ _LANDING_PAGE = b"""<!doctype html>
 Neither probe reflects the training job's health.</p>
 </body></html>
 """
-
-
-def parse_http_address(text: str) -> tuple[str, int]:
-    """``ADDR:PORT`` as ``--http`` takes it: ``127.0.0.1:9464``, ``[::1]:9464``,
-    ``0.0.0.0:9464``; ``:9464`` or ``9464`` bind loopback; port 0 picks a free one.
-
-    Raises ValueError naming what is wrong.
-    """
-    text = text.strip()
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        host, port_text = "", text
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"{text!r}: write an IPv6 address in brackets, [::1]:9464")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"{text!r}: expected ADDR:PORT, e.g. 127.0.0.1:9464") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"{text!r}: the port must be 0 to 65535")
-    return host or DEFAULT_HOST, port
 
 
 def state_dir_usable(path: str | os.PathLike[str]) -> Check:
@@ -120,7 +97,11 @@ class HealthServer:
         self._ready = False
         host, port = parse_http_address(address)
         server_class = _IPv6Server if ":" in host else _Server
-        self._server = server_class((host, port), _Handler, bind_and_activate=True)
+        try:
+            self._server = server_class((host, port), _Handler, bind_and_activate=True)
+        except OSError as error:  # the port is taken, the name does not resolve...
+            why = error.strerror or str(error)
+            raise CannotListen(error.errno, f"cannot listen at {address}: {why}") from None
         self._server.health = self
         self._poll_interval_s = poll_interval_s
         self._thread: threading.Thread | None = None

@@ -10,12 +10,17 @@ Names follow Prometheus' rules: a ``sentinel_`` prefix, base units in the name
 (``_seconds``), ``_total`` only on counters, ``_info`` for the run's identity (join
 on it rather than labelling every series), separate "total" and "failures"
 counters rather than a result label.
+
+A gauge of something the job may never show (its loss, grad-norm, throughput, spend,
+the step) has no sample until the first value arrives: a series nobody logged is
+absent, never a made-up ``0.0`` a dashboard or an alert would believe.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -36,6 +41,25 @@ OTHER_METRIC = "other"
 LOSS = "loss"
 GRAD_NORM = "grad_norm"
 TOKENS_PER_SEC = "tokens_per_sec"
+
+
+class _GaugeOnceSet:
+    """A gauge with no sample until it is first set (prometheus_client's ``Gauge`` shows
+    ``0.0`` from birth): registered on the first :meth:`set`, then a plain gauge."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self._gauge = Gauge(name, documentation, registry=None)
+        self._registry = registry
+        self._registered = False
+        self._lock = threading.Lock()
+
+    def set(self, value: float) -> None:
+        if not self._registered:
+            with self._lock:  # only until the first value: two threads never register twice
+                if not self._registered:
+                    self._registry.register(self._gauge)
+                    self._registered = True
+        self._gauge.set(value)
 
 
 class Metrics:
@@ -71,28 +95,28 @@ class Metrics:
             "1 while sentinel observes the job's process, else 0.",
             registry=registry,
         )
-        self._attempt = Gauge(
+        self._attempt = _GaugeOnceSet(
             "sentinel_job_attempt",
             "The attempt of the job being watched (1 for the first, then one per relaunch).",
-            registry=registry,
+            registry,
         )
         self._restarts = Counter(
             "sentinel_job_restarts",
             "Restarts of the job that sentinel made after a rollback.",
             registry=registry,
         )
-        self._step = Gauge(
-            "sentinel_training_step", "The newest training step seen.", registry=registry
+        self._step = _GaugeOnceSet(
+            "sentinel_training_step", "The newest training step seen.", registry
         )
-        self._progress_at = Gauge(
+        self._progress_at = _GaugeOnceSet(
             "sentinel_last_progress_timestamp_seconds",
             "When the training step last advanced (Unix time).",
-            registry=registry,
+            registry,
         )
-        self._loop_at = Gauge(
+        self._loop_at = _GaugeOnceSet(
             "sentinel_loop_last_success_timestamp_seconds",
             "When the detection loop last turned (Unix time).",
-            registry=registry,
+            registry,
         )
         self._lines = Counter(
             "sentinel_log_lines", "Lines of the job's output read.", registry=registry
@@ -147,28 +171,27 @@ class Metrics:
             ["scheme"],
             registry=registry,
         )
-        self._outbox = Gauge(
-            "sentinel_outbox_pending",
-            "Messages waiting in the outbox to be delivered.",
-            registry=registry,
+        self._outbox = _GaugeOnceSet(
+            "sentinel_outbox_pending", "Messages waiting in the outbox to be delivered.", registry
         )
-        self._spend = Gauge(
-            "sentinel_spend",
-            "Money the run has cost so far, in the currency of [cost] price_per_gpu_hour.",
-            registry=registry,
+        self._spend = _GaugeOnceSet(
+            "sentinel_spend_currency_units",
+            "Money the run has cost so far, in the currency of [cost] price_per_gpu_hour"
+            " (absent without a price and a GPU count).",
+            registry,
         )
-        self._fp16_skipped = Gauge(
+        self._fp16_skipped = _GaugeOnceSet(
             "sentinel_fp16_skipped_steps",
             "Steps the fp16 loss scaler skipped in this attempt (a non-finite grad-norm with a"
             " finite loss, or an overflow line): counted, not alarmed.",
-            registry=registry,
+            registry,
         )
-        self._loss = Gauge("sentinel_loss", "The last training loss seen.", registry=registry)
-        self._grad_norm = Gauge(
-            "sentinel_grad_norm", "The last gradient norm seen.", registry=registry
+        self._loss = _GaugeOnceSet("sentinel_loss", "The last training loss seen.", registry)
+        self._grad_norm = _GaugeOnceSet(
+            "sentinel_grad_norm", "The last gradient norm seen.", registry
         )
-        self._tokens_per_second = Gauge(
-            "sentinel_tokens_per_second", "The last throughput seen.", registry=registry
+        self._tokens_per_second = _GaugeOnceSet(
+            "sentinel_tokens_per_second", "The last throughput seen.", registry
         )
         self._last = {LOSS: self._loss, GRAD_NORM: self._grad_norm}
         self._last[TOKENS_PER_SEC] = self._tokens_per_second

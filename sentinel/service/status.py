@@ -6,13 +6,22 @@ messages still owed, each target's last delivery success and failure (with the
 masked error, as the notifier stored it: ``actions.target_results``), the
 heartbeat's last ping, and the disk that rollback's quarantine and the kept
 copies of overwritten checkpoints take in the checkpoint dir (kv ``checkpoints.dir``,
-as the supervisor recorded it, else the configured one).
+as the supervisor recorded it, else the configured one). Beside it: the last
+incident (from the reports and the open incidents sentinel keeps), its report, and
+the verdict (``verdict.json``, or the one the next attempt took).
+
+Each part is read on its own: a part that cannot be read (a garbled ``state.db``, a
+directory where a file belongs, a file sentinel may not open) is named in
+``Status.unreadable`` with the reason, and the rest is still shown.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterable
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -20,17 +29,40 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sentinel.checkpoints.disk import DiskUse, disk_use, human_bytes
+from sentinel.evidence.report import REPORTS_DIR, report_path
+from sentinel.model.untrusted import printable
 from sentinel.notify.outbox_store import read_pending
 from sentinel.notify.target_results import TargetResult, read_results
+from sentinel.service.memory import MEMORY_KEY
+from sentinel.store import verdict as verdicts
+from sentinel.store.verdict import Verdict, VerdictUnreadable
 
 UNKNOWN = "unknown"
+STATE_DB = "state.db"
 #: kv key: the checkpoint dir of the run (absolute), written by the supervisor.
 CHECKPOINTS_DIR_KEY = "checkpoints.dir"
+#: The newest report files read for the last incident (a state dir of years holds many).
+MAX_REPORTS_READ = 64
 _T = TypeVar("_T")
 
 
 class NoState(Exception):
-    """The state dir holds no state.db: sentinel never ran with it."""
+    """The state dir holds nothing sentinel writes: sentinel never ran with it."""
+
+
+@dataclass(frozen=True)
+class LastIncident:
+    """The newest incident the state dir records, and its report when one was written."""
+
+    id: str
+    rule: str
+    severity: str
+    #: The step its evidence starts at (None: not known).
+    step: int | None
+    opened_at: float | None
+    resolved_at: float | None = None
+    #: The markdown report's path; None for an incident with no report (not critical).
+    report: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +95,13 @@ class Status:
     disk: DiskUse | None = None
     #: ``[keep] warn_disk_bytes``: warn above this many bytes.
     warn_disk_bytes: int | None = None
+    last_incident: LastIncident | None = None
+    #: ``verdict.json`` as it is now (None: there is none).
+    verdict: Verdict | None = None
+    #: The last verdict an attempt took when it started (``verdict.consumed.json``).
+    verdict_taken: Verdict | None = None
+    #: What could not be read, each "what: why".
+    unreadable: list[str] = field(default_factory=list)
 
     @property
     def pending_total(self) -> int:
@@ -95,6 +134,10 @@ class Status:
                 "warn_disk_bytes": self.warn_disk_bytes,
                 "over_limit": self.disk_over_limit,
             },
+            "last_incident": None if self.last_incident is None else asdict(self.last_incident),
+            "verdict": None if self.verdict is None else self.verdict.to_json(),
+            "verdict_taken": None if self.verdict_taken is None else self.verdict_taken.to_json(),
+            "unreadable": self.unreadable,
         }
 
     def lines(self) -> list[str]:
@@ -109,9 +152,12 @@ class Status:
         if self.heartbeat_last_error:
             heartbeat += f"; last error: {self.heartbeat_last_error}"
         out = [
-            f"state dir:  {self.state_dir}",
+            f"state dir:  {printable(self.state_dir)}",
+            *([f"unreadable: {printable('; '.join(self.unreadable))}"] if self.unreadable else []),
             f"last run:   {self.last_run_id or UNKNOWN}",
             f"job:        {job.state}{pid}{restarts}{updated}",
+            *self._incident_lines(),
+            f"verdict:    {self._verdict_text()}",
             *(
                 [f"output:     {job.lines_skipped} line(s) skipped to keep up with a flood"]
                 if job.lines_skipped
@@ -141,6 +187,29 @@ class Status:
                 out.append(f"    last error:   {result.last_error}")
         return out
 
+    def _incident_lines(self) -> list[str]:
+        incident = self.last_incident
+        if incident is None:
+            return ["incident:   none recorded"]
+        step = "step unknown" if incident.step is None else f"step {incident.step}"
+        opened = "" if incident.opened_at is None else f", opened {when(incident.opened_at)}"
+        closed = "" if incident.resolved_at is None else f", closed {when(incident.resolved_at)}"
+        out = [
+            f"incident:   {incident.severity} {printable(incident.rule)} at {step}{opened}"
+            f"{closed} ({printable(incident.id)})"
+        ]
+        if incident.report is not None:
+            out.append(f"report:     {printable(incident.report)}")
+        return out
+
+    def _verdict_text(self) -> str:
+        if self.verdict is not None:
+            return _verdict_words(self.verdict)
+        if self.verdict_taken is not None:
+            taken = _verdict_words(self.verdict_taken)
+            return f"none now; the last, taken when the next attempt started: {taken}"
+        return "none"
+
     def _disk_lines(self) -> list[str]:
         disk = self.disk
         if disk is None:
@@ -158,27 +227,53 @@ class Status:
         return out
 
 
+def _verdict_words(record: Verdict) -> str:
+    """A verdict record in one line: its state and code, and what it was about."""
+    head = record.state
+    if record.code is not None:
+        head += f" {record.code} {record.verdict or verdicts.CODES.get(record.code, ('?',))[0]}"
+    about = []
+    if record.rule:
+        about.append(printable(str(record.rule)))
+    if record.step is not None:
+        about.append(f"at step {record.step}")
+    if record.resume_from:
+        about.append(f"resume from {printable(str(record.resume_from))}")
+    if record.attempt is not None:
+        about.append(f"attempt {record.attempt}")
+    if record.time is not None:
+        about.append(when(record.time))
+    return head + (f" ({', '.join(about)})" if about else "")
+
+
 def when(epoch_s: float | None) -> str:
     """An epoch time as UTC for people; "never" for None."""
     if epoch_s is None:
         return "never"
-    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return f"{epoch_s!r} (not a time)"
 
 
 def gather(
     state_dir: Path, *, checkpoints: Path | None = None, warn_disk_bytes: int | None = None
 ) -> Status:
-    """Read the status from ``state_dir``'s state.db; raise ``NoState`` when there is none.
+    """Read what ``state_dir`` holds; ``NoState`` when it holds nothing sentinel writes.
 
+    What cannot be read is named in ``Status.unreadable`` and the rest is read still.
     The disk figures are of the checkpoint dir the run recorded, else of ``checkpoints``.
     """
-    path = state_dir / "state.db"
-    if not path.is_file():
-        raise NoState(f"no sentinel state in {state_dir} (no state.db)")
-    with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
-        kv = _kv(conn)
-        pending: dict[str, int] = _or_empty(lambda: read_pending(conn), {})
-        results = list(read_results(conn).values())
+    if _quietly_exists(state_dir) and not state_dir.is_dir():
+        raise NoState(f"{state_dir} is not a directory: no sentinel state there")
+    unreadable: list[str] = []
+    database = _read_database(state_dir, unreadable)
+    kv = database.kv if database is not None else {}
+    verdict = _read_verdict(state_dir, verdicts.VERDICT_NAME, unreadable)
+    taken = _read_verdict(state_dir, verdicts.CONSUMED_NAME, unreadable)
+    incident = _last_incident(state_dir, kv, unreadable)
+    if database is None and not unreadable and (verdict, taken, incident) == (None, None, None):
+        raise NoState(f"no sentinel state in {state_dir} (no {STATE_DB})")
     return Status(
         state_dir=str(state_dir),
         last_run_id=kv.get("last_run_id"),
@@ -187,22 +282,183 @@ def gather(
             pid=kv.get("job.pid") or UNKNOWN,
             restarts=kv.get("job.restarts") or UNKNOWN,
             updated_at=_float(kv.get("job.updated_at")),
-            lines_skipped=int(kv.get("job.lines_skipped") or 0),
-            fp16_skipped_steps=int(kv.get("job.fp16_skipped_steps") or 0),
+            lines_skipped=_int(kv.get("job.lines_skipped")),
+            fp16_skipped_steps=_int(kv.get("job.fp16_skipped_steps")),
         ),
-        pending=pending,
-        targets=results,
+        pending=database.pending if database is not None else {},
+        targets=database.targets if database is not None else [],
         heartbeat_last_ok_at=_float(kv.get("heartbeat.last_ok_at")),
         heartbeat_last_error=kv.get("heartbeat.last_error") or None,
-        disk=_disk(kv.get(CHECKPOINTS_DIR_KEY) or checkpoints),
+        disk=_disk(kv.get(CHECKPOINTS_DIR_KEY) or checkpoints, unreadable),
         warn_disk_bytes=warn_disk_bytes,
+        last_incident=incident,
+        verdict=verdict,
+        verdict_taken=taken,
+        unreadable=unreadable,
     )
 
 
-def _disk(directory: str | Path | None) -> DiskUse | None:
+@dataclass(frozen=True)
+class _Database:
+    kv: dict[str, str]
+    pending: dict[str, int]
+    targets: list[TargetResult]
+
+
+def _why(error: BaseException) -> str:
+    """An error's reason in a few words, without the path the caller names anyway."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror.lower()
+    return str(error) or type(error).__name__
+
+
+def _regular_file(path: Path, what: str, unreadable: list[str]) -> bool:
+    """Whether ``path`` is a regular file; False, saying why, when it is something else or
+    cannot be looked at; False, silently, when it does not exist."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as error:
+        unreadable.append(f"{what}: {_why(error)}")
+        return False
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        unreadable.append(f"{what}: {kind}, not a file")
+        return False
+    return True
+
+
+def _read_database(state_dir: Path, unreadable: list[str]) -> _Database | None:
+    """state.db's kv, pending messages and target results; None when there is none to read."""
+    path = state_dir / STATE_DB
+    if not _regular_file(path, STATE_DB, unreadable):
+        return None
+    try:
+        uri = f"{path.resolve().as_uri()}?mode=ro"
+        with closing(sqlite3.connect(uri, uri=True)) as conn:
+            kv = _kv(conn)
+            pending: dict[str, int] = _or_empty(lambda: read_pending(conn), {})
+            results = list(read_results(conn).values())
+    except (sqlite3.Error, OSError) as error:
+        unreadable.append(f"{STATE_DB}: {_why(error)}")
+        return None
+    return _Database(kv, pending, results)
+
+
+def _read_verdict(state_dir: Path, name: str, unreadable: list[str]) -> Verdict | None:
+    try:
+        return verdicts.read_strict(state_dir, name)
+    except VerdictUnreadable:
+        pass
+    except (NotADirectoryError, OSError):  # the state dir itself is not a folder
+        return None
+    try:
+        (state_dir / name).read_text(encoding="utf-8")
+    except IsADirectoryError:
+        unreadable.append(f"{name}: a directory, not a file")
+    except OSError as error:
+        unreadable.append(f"{name}: {_why(error)}")
+    except ValueError:
+        unreadable.append(f"{name}: not UTF-8 text")
+    else:
+        unreadable.append(f"{name}: not a verdict record")
+    return None
+
+
+def _last_incident(
+    state_dir: Path, kv: dict[str, str], unreadable: list[str]
+) -> LastIncident | None:
+    """The newest incident opened: of those with a report, and of those open when sentinel
+    last saved what it knew (a warning has no report)."""
+    found = [*_reported(state_dir, unreadable), *_remembered(kv, unreadable)]
+    if not found:
+        return None
+    newest = max(found, key=lambda data: _float(str(data.get("opened_at"))) or 0.0)
+    incident_id = str(newest.get("id"))
+    report = report_path(state_dir, incident_id)
+    step = newest.get("onset_step")
+    return LastIncident(
+        id=incident_id,
+        rule=str(newest.get("rule")),
+        severity=str(newest.get("severity")),
+        step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        opened_at=_float(str(newest.get("opened_at"))),
+        resolved_at=_float(str(newest.get("resolved_at"))),
+        report=str(report) if _quietly_a_file(report) else None,
+    )
+
+
+def _reported(state_dir: Path, unreadable: list[str]) -> Iterable[dict[str, Any]]:
+    """The incidents of the newest report files (``reports/<id>.json``)."""
+    folder = state_dir / REPORTS_DIR
+    try:
+        entries = [(entry.stat().st_mtime, entry.path) for entry in os.scandir(folder)]
+    except (FileNotFoundError, NotADirectoryError) as error:
+        if isinstance(error, NotADirectoryError) and _quietly_exists(folder):
+            unreadable.append(f"{REPORTS_DIR}/: not a directory")
+        return []
+    except OSError as error:
+        unreadable.append(f"{REPORTS_DIR}/: {_why(error)}")
+        return []
+    newest = sorted((e for e in entries if e[1].endswith(".json")), reverse=True)
+    found, bad = [], []
+    for _, path in newest[:MAX_REPORTS_READ]:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as error:
+            bad.append(f"{REPORTS_DIR}/{Path(path).name}: {_why(error)}")
+            continue
+        except ValueError:  # not UTF-8, or not JSON
+            bad.append(f"{REPORTS_DIR}/{Path(path).name}: not an incident report")
+            continue
+        if isinstance(data, dict) and "id" in data and "rule" in data:
+            found.append(data)
+        else:
+            bad.append(f"{REPORTS_DIR}/{Path(path).name}: not an incident report")
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        unreadable.append(bad[0] + more)
+    return found
+
+
+def _remembered(kv: dict[str, str], unreadable: list[str]) -> list[dict[str, Any]]:
+    """The open incidents in what sentinel last saved of the run."""
+    text = kv.get(MEMORY_KEY)
+    if not text:
+        return []
+    try:
+        memory = json.loads(text)
+        incidents = memory["incidents"]
+        return [data for data in incidents if isinstance(data, dict) and "id" in data]
+    except (ValueError, TypeError, KeyError) as error:
+        unreadable.append(f"{STATE_DB} {MEMORY_KEY}: {_why(error)}")
+        return []
+
+
+def _quietly_a_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _quietly_exists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except OSError:
+        return False
+    return True
+
+
+def _disk(directory: str | Path | None, unreadable: list[str]) -> DiskUse | None:
     if directory is None or not Path(directory).is_dir():
         return None
-    return disk_use(Path(directory))
+    try:
+        return disk_use(Path(directory))
+    except OSError as error:
+        unreadable.append(f"checkpoint dir {directory}: {_why(error)}")
+        return None
 
 
 def _kv(conn: sqlite3.Connection) -> dict[str, str]:
@@ -225,3 +481,10 @@ def _float(value: str | None) -> float | None:
         return None if value is None else float(value)
     except ValueError:
         return None
+
+
+def _int(value: str | None) -> int:
+    try:
+        return 0 if value is None else int(value)
+    except ValueError:
+        return 0

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sentinel.evidence.report import clock
+from sentinel.evidence.report import clock, report_path
 from sentinel.model.incidents import Incident
+from sentinel.model.untrusted import printable
 from sentinel.store.verdict import EXIT_GIVE_UP, EXIT_NODE_FAULT, EXIT_ROLLED_BACK
 
 
@@ -25,10 +26,10 @@ def timeline(incidents: Sequence[Incident]) -> list[str]:
         ]
         events += incident.actions
         for at, text in sorted(events, key=lambda event: event[0]):
-            lines.append(f"  {clock(at)}  {text}")
+            lines.append(f"  {clock(at)}  {printable(text)}")  # it may quote the job
         if incident.diagnosis is not None and incident.severity == "critical":
             lines.append("  diagnosis:")
-            lines.extend(f"    {line}" for line in incident.diagnosis.lines())
+            lines.extend(f"    {printable(line)}" for line in incident.diagnosis.lines())
     return lines
 
 
@@ -63,13 +64,13 @@ def summary(
     lines += timeline(incidents) or ["  nothing happened: no alert"]
     lines += ["", result_line(status, restarts, elapsed_s, relaunches=relaunches)]
     for number, where in enumerate(resumed_from, start=1):
-        lines.append(f"  restart {number} resumed from {where}")
+        lines.append(f"  restart {number} resumed from {printable(where)}")
     reports = [
-        state_dir / "reports" / f"{incident.id}.md"
+        report_path(state_dir, incident.id)
         for incident in incidents
-        if (state_dir / "reports" / f"{incident.id}.md").is_file()
+        if report_path(state_dir, incident.id).is_file()
     ]
     lines.append("")
-    lines += [f"Report: {path}" for path in reports]
-    lines.append(f"Alert journal: {state_dir / 'alerts.jsonl'}")
+    lines += [f"Report: {printable(str(path))}" for path in reports]
+    lines.append(f"Alert journal: {printable(str(state_dir / 'alerts.jsonl'))}")
     return "\n".join(lines) + "\n"

@@ -524,7 +524,7 @@ def test_every_dashboard_and_alert_query_names_an_exported_series() -> None:
     # What the dashboard is for: step, loss, grad-norm, tokens/s, incidents, attempts, spend.
     wanted = {"sentinel_training_step", "sentinel_loss", "sentinel_grad_norm",
               "sentinel_tokens_per_second", "sentinel_incidents_total", "sentinel_job_attempt",
-              "sentinel_spend"}  # fmt: skip
+              "sentinel_spend_currency_units"}  # fmt: skip
     assert wanted <= set().union(*map(_series_in, queries["dashboard"]))
     alerts = {r["alert"] for r in rules}
     assert {"SentinelDown", "TrainingStalled", "TrainingNonFinite",

@@ -41,6 +41,8 @@ def test_the_rules_count_the_skipped_steps_and_metrics_show_them() -> None:
     assert skipped_steps([]) == 0
 
     metrics = Metrics()
+    assert b"sentinel_fp16_skipped_steps" not in metrics.exposition()  # nothing counted yet
+    metrics.fp16_skipped_steps(0)
     assert gauge(metrics, "sentinel_fp16_skipped_steps") == 0
     metrics.fp16_skipped_steps(skipped_steps([nan_inf, loss_scale]))
     assert gauge(metrics, "sentinel_fp16_skipped_steps") == 2

@@ -74,4 +74,41 @@ def test_a_run_exports_incidents_notifications_garbled_lines_and_spend(
     assert samples[("sentinel_log_lines_garbled_total", ())] == 1
     assert samples[("sentinel_outbox_pending", ())] == 0
     assert samples[("sentinel_nonfinite_values_total", (("metric", "loss"),))] >= 1
-    assert samples[("sentinel_spend", ())] > 2.0  # 2 GPUs, over a second at $1 a GPU-second
+    # 2 GPUs, over a second at $1 a GPU-second
+    assert samples[("sentinel_spend_currency_units", ())] > 2.0
+
+
+LOSS_ONLY_JOB = textwrap.dedent(
+    """
+    import json, time
+    for step in range(1, 25):
+        print(json.dumps({"step": step, "loss": 2.0 - step / 100}), flush=True)
+        time.sleep(0.1)
+    """
+)
+
+
+def test_a_job_that_logs_only_loss_exports_no_grad_norm_throughput_or_spend(
+    tmp_path: Path,
+) -> None:
+    """Series nobody logged are absent from the textfile, not a made-up 0.0."""
+    job, textfile = tmp_path / "job.py", tmp_path / "sentinel.prom"
+    job.write_text(LOSS_ONLY_JOB)
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(tmp_path / "state"),
+         "--metrics-textfile", str(textfile), "--", sys.executable, str(job)],
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text = textfile.read_text()
+    names = {name for name, _ in _samples(textfile)}
+    for absent in ("sentinel_grad_norm", "sentinel_tokens_per_second",
+                   "sentinel_spend_currency_units", "sentinel_spend"):  # fmt: skip
+        assert absent not in names, text
+        assert f"# TYPE {absent} " not in text
+    samples = _samples(textfile)
+    step = samples[("sentinel_training_step", ())]  # as of the last tick
+    assert 1 <= step <= 24
+    assert samples[("sentinel_loss", ())] == pytest.approx(2.0 - step / 100)
+    assert samples[("sentinel_last_progress_timestamp_seconds", ())] > 0
+    assert samples[("sentinel_job_attempt", ())] == 1

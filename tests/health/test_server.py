@@ -150,10 +150,17 @@ def test_a_scrape_reports_what_the_loop_told_it(metrics: Metrics, server: Health
     assert value(families, "sentinel_notification_failures_total", scheme="mailtos") == 1
     assert "hunter2" not in get(server.url + "/metrics")[2]
     assert value(families, "sentinel_outbox_pending") == 4
-    assert value(families, "sentinel_spend") == 412.5
+    assert value(families, "sentinel_spend_currency_units") == 412.5
 
 
-def test_series_follow_prometheus_naming(server: HealthServer) -> None:
+def test_series_follow_prometheus_naming(metrics: Metrics, server: HealthServer) -> None:
+    metrics.attempt_started(1)
+    for name in ("loss", "grad_norm", "tokens_per_sec"):
+        metrics.sample(name, 1.0, step=3)
+    metrics.loop_turned()
+    metrics.outbox_depth(0)
+    metrics.spend(1.0)
+    metrics.fp16_skipped_steps(0)
     families = scrape(server)
     assert len(families) >= 20
     for name, family in families.items():
@@ -166,6 +173,23 @@ def test_series_follow_prometheus_naming(server: HealthServer) -> None:
             assert not name.endswith("_total"), name
         if "timestamp" in name:
             assert name.endswith("_timestamp_seconds"), name
+
+
+def test_a_gauge_nobody_set_is_absent_not_zero(metrics: Metrics, server: HealthServer) -> None:
+    """A job that logs no grad-norm has no ``sentinel_grad_norm``, not a made-up 0.0."""
+    unset = {"sentinel_job_attempt", "sentinel_training_step",
+             "sentinel_last_progress_timestamp_seconds",
+             "sentinel_loop_last_success_timestamp_seconds", "sentinel_outbox_pending",
+             "sentinel_spend_currency_units", "sentinel_fp16_skipped_steps", "sentinel_loss",
+             "sentinel_grad_norm", "sentinel_tokens_per_second"}  # fmt: skip
+    body = get(server.url + "/metrics")[2]
+    assert not unset & set(scrape(server)), body
+    assert value(scrape(server), "sentinel_target_up") == 0  # true: nothing observed yet
+    metrics.sample("loss", 0.0, step=1, now=5.0)
+    families = scrape(server)
+    assert value(families, "sentinel_loss") == 0.0  # a real zero is exported as such
+    assert value(families, "sentinel_training_step") == 1
+    assert "sentinel_grad_norm" not in families
 
 
 def test_each_metrics_has_a_registry_of_its_own(clock: Clock) -> None:

@@ -1,6 +1,8 @@
 """``sentinel checkpoints DIR``: the checkpoints, their status and the resume pointers.
 
 With ``--restore INCIDENT``, it undoes a rollback: the quarantine goes back where it came from.
+Names are shown with their control characters escaped (a folder named with a newline or an
+escape sequence stays one row); ``--json`` gives them as they are.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from sentinel.cli.options import add_shared
 from sentinel.cli.verbs.common import usage_error
+from sentinel.model.untrusted import printable
 
 if TYPE_CHECKING:
     from sentinel.checkpoints.pointer_find import Pointer
@@ -82,21 +85,22 @@ def handle(args: argparse.Namespace) -> int:
         )
         return 0
     if said:
-        print(said)
+        print(printable(said))
     if not found:
-        print(f"no checkpoints in {args.directory}")
+        print(f"no checkpoints in {printable(str(args.directory))}")
         _print_pointers(pointers)
         return 0
     print(f"{'step':>8}  {'status':<11} {'checkpoint':<32} {'layout':<11} reason")
     for c in found:
         place = "-" if c.epoch is None else f"epoch={c.epoch}"
         place = place if c.step is None else str(c.step)
-        notes = [c.reason] if c.reason else []
+        notes = [printable(c.reason)] if c.reason else []
         if c.placed_by != "name":
             notes.append(f"placed by {c.placed_by}")
         if clean is not None and c.path == clean.path:
             notes.append("<- last clean: a rollback resumes here")
-        print(f"{place:>8}  {c.status!s:<11} {c.path.name:<32} {c.layout:<11} {'; '.join(notes)}")
+        name = printable(c.path.name)  # a folder's name may hold a newline or an escape
+        print(f"{place:>8}  {c.status!s:<11} {name:<32} {c.layout:<11} {'; '.join(notes)}")
     if clean is None:
         print("no clean checkpoint: a rollback would have nothing to resume from")
     _print_pointers(pointers)
@@ -126,7 +130,7 @@ def _last_onset(state_dir: Path) -> tuple[Onset | None, str]:
 def _print_pointers(pointers: Sequence[Pointer]) -> None:
     """Each framework's resume pointer and what it names (a job restarted by others reads it)."""
     for pointer in pointers:
-        print(f"{'pointer':>8}  {pointer.describe()}")
+        print(f"{'pointer':>8}  {printable(pointer.describe())}")
 
 
 def _restore(args: argparse.Namespace) -> int:
@@ -144,6 +148,7 @@ def _restore(args: argparse.Namespace) -> int:
         print(json.dumps({"restored": restored}, indent=2))
         return 0
     for move in moves:
-        print(f"restored {move.destination} (from {move.source.parent})")
+        source = printable(str(move.source.parent))
+        print(f"restored {printable(str(move.destination))} (from {source})")
     print(f"{len(moves)} item(s) back from the quarantine")
     return 0

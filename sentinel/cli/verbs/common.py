@@ -8,6 +8,7 @@ from typing import Any
 
 from sentinel.cli.options import EXIT_USAGE
 from sentinel.config import CLI_FIELDS, Settings, load_settings
+from sentinel.model.untrusted import printable
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -18,5 +19,5 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 def usage_error(where: str, problem: object) -> int:
     """Say ``where: problem`` on stderr; the usage exit status."""
-    print(f"{where}: {problem}", file=sys.stderr)
+    print(printable(f"{where}: {problem}"), file=sys.stderr)  # one line, whatever it quotes
     return EXIT_USAGE

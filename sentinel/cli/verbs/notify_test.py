@@ -7,6 +7,7 @@ import json
 
 from sentinel.cli.options import add_shared
 from sentinel.cli.verbs.common import settings_of, usage_error
+from sentinel.model.untrusted import printable
 
 VERB = "notify-test"
 
@@ -45,7 +46,7 @@ def handle(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"name": target.name, "ok": error is None, "error": error}))
         elif error is None:
-            print(f"ok      {target.name}")
+            print(f"ok      {printable(target.name)}")
         else:
-            print(f"FAILED  {target.name}: {error}")
+            print(printable(f"FAILED  {target.name}: {error}"))  # the error may quote a server
     return 1 if any(error is not None for _, error in results) else 0

@@ -13,6 +13,7 @@ from sentinel.cli.options import add_shared
 from sentinel.cli.verbs.common import settings_of, usage_error
 from sentinel.config import Settings
 from sentinel.model.records import Severity
+from sentinel.model.untrusted import printable
 from sentinel.parsing.tensorboard import MissingExtra
 
 if TYPE_CHECKING:
@@ -114,9 +115,11 @@ def _print_replay_table(result: ReplayResult, settings: Settings) -> None:
         )
     for alert in result.alerts:
         if not alert.resolves:
-            print(f"  step {alert.step}: {alert.severity} {alert.rule}: {alert.message}")
+            message = printable(alert.message)  # it may quote the log: one line, no escapes
+            print(f"  step {alert.step}: {alert.severity} {alert.rule}: {message}")
             diagnosis = alert.details.get("diagnosis")
             if diagnosis:
-                print(f"    diagnosis: {diagnosis['cause']}: {diagnosis['advice']}")
+                reading = printable(f"{diagnosis['cause']}: {diagnosis['advice']}")
+                print(f"    diagnosis: {reading}")
                 if diagnosis["sparkline"]:
                     print(f"    {diagnosis['sparkline']}")

@@ -1,4 +1,5 @@
-"""``sentinel status``: the last run, the job, pending messages, each target's last delivery."""
+"""``sentinel status``: the last run, the job, the last incident, the verdict, pending messages,
+each target's last delivery."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ VERB = "status"
 
 def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = verbs.add_parser(
-        VERB, help="the last run, the job, pending messages, each target's last delivery"
+        VERB,
+        help="the last run, the job, the last incident and its report, the verdict, pending"
+        " messages, each target's last delivery",
+        description="Read the state dir (never write it) and show what it holds. What cannot"
+        " be read is named in one line and the rest is shown; the exit status is then 1.",
     )
     add_shared(
         status,
@@ -40,4 +45,4 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps(status.to_json(), indent=2))
     else:
         print("\n".join(status.lines()))
-    return 0
+    return 1 if status.unreadable else 0
