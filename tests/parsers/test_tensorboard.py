@@ -276,6 +276,7 @@ def test_every_committed_event_file_reads_as_tensorboard_decodes_it(path: Path) 
 
 def test_the_event_fixtures_are_all_found() -> None:
     assert {str(p.relative_to(FIXTURES).parent) for p in EVENT_FIXTURES} == {
+        "lightning/defaults",
         "run_files",
         "tb/diverge",
         "torch/spikes/tb",
