@@ -90,6 +90,15 @@ def test_diverging_run_warns_before_the_first_non_finite_step() -> None:
     assert nan.details["diagnosis"]["sparkline"].startswith("grad_norm ")
 
 
+def test_lightning_at_its_defaults_is_critical_at_its_nan_step() -> None:
+    """Lightning's own TensorBoard file, read without tensorboard: the NaN at its step."""
+    truth = expected("lightning/defaults")
+    result = replay([FIXTURES / "lightning" / "defaults"], defaults())
+    assert (result.samples, result.garbled) == (truth["n_scalars"], 0)
+    critical = [a for a in result.alerts if a.severity is Severity.CRITICAL]
+    assert [(a.rule, a.step) for a in critical] == [("nan_inf", truth["first_nonfinite_step"])]
+
+
 @pytest.mark.parametrize("artifact", ["train.log", "train.unbuffered.log", "trainer_state.json"])
 def test_hf_nan_run_grad_norm_run_fires_before_the_exact_nan_step(artifact: str) -> None:
     truth = expected("hf/nan")

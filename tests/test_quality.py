@@ -28,7 +28,7 @@ def _tool(name: str) -> str:
 
 def test_ruff_check() -> None:
     result = subprocess.run(
-        [_tool("ruff"), "check", "sentinel", "tests", "bench"],
+        [_tool("ruff"), "check", "sentinel", "tests", "bench", "examples"],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -37,7 +37,7 @@ def test_ruff_check() -> None:
 def test_ruff_format() -> None:
     """One format, so that a diff shows what changed, not who formatted it."""
     result = subprocess.run(
-        [_tool("ruff"), "format", "--check", "sentinel", "tests", "bench"],
+        [_tool("ruff"), "format", "--check", "sentinel", "tests", "bench", "examples"],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

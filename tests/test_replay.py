@@ -181,3 +181,25 @@ def test_a_failure_in_these_line_forms_is_critical_at_its_step(
     assert result.returncode == 1, result.stderr
     criticals = [a for a in alerts_of(result.stdout) if a["severity"] == "critical"]
     assert [(a["rule"], a["step"]) for a in criticals] == [("nan_inf", bad)]
+
+
+def test_event_files_are_read_with_neither_tensorboard_nor_protobuf(tmp_path: Path) -> None:
+    """The base install reads TensorBoard event files: sentinel decodes them itself."""
+    events = Path(__file__).resolve().parent / "fixtures" / "tb" / "diverge"
+    blocked = (  # an import of either raises ImportError
+        "import sys; sys.modules.update(dict.fromkeys(['tensorboard', 'google.protobuf']))\n"
+        "from sentinel.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    )
+    without = subprocess.run(
+        [sys.executable, "-c", blocked, "replay", "--json", str(events)],
+        cwd=Path(__file__).resolve().parents[1],
+        env=without_settings(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert without.returncode == 0, without.stderr
+    alerts = alerts_of(without.stdout)
+    assert ("nan_inf", 126) in [(alert["rule"], alert["step"]) for alert in alerts]
+    assert without.stdout == sentinel("replay", "--json", events, cwd=tmp_path).stdout

@@ -1,6 +1,7 @@
 """Checkpoints: found and judged, kept, set aside, pointed at, restored.
 
-``scan`` lists a checkpoint dir and judges each checkpoint (``names``, ``files``,
+``scan`` lists a checkpoint dir (Lightning's ``lightning_logs``: every version's
+``checkpoints/``) and judges each checkpoint (``names``, ``files``,
 ``layouts``, ``torch_pickle``: read without unpickling); ``keep`` keeps clean copies of
 files the job overwrites (``clone``: reflink, link or copy); ``rollback`` moves what came
 after the last clean one into ``quarantine`` and sets the resume ``pointers``

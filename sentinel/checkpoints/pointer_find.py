@@ -2,9 +2,10 @@
 
 DeepSpeed's ``latest``/``latest_universal`` (a tag, the folder beside it), Megatron's
 ``latest_checkpointed_iteration.txt`` (``40`` names ``iter_0000040``, or ``release``),
-Lightning's ``last*.ckpt`` (a symlink or a copy, the newest mtime wins) and on SLURM its
-``hpc_ckpt_N.ckpt`` with the highest N (a save counter, not a step), HF's ``checkpoint-N``
-with the highest N. Setting them right after a rollback is ``actions/pointers.py``'s.
+Lightning's ``last*.ckpt`` (a symlink or a copy, the newest mtime wins; one in each
+version's ``checkpoints/`` of ``lightning_logs``) and on SLURM its ``hpc_ckpt_N.ckpt`` with
+the highest N (a save counter, not a step), HF's ``checkpoint-N`` with the highest N.
+Setting them right after a rollback is ``actions/pointers.py``'s.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from sentinel.checkpoints.scan import Checkpoint, CheckpointStatus
+from sentinel.checkpoints.scan import Checkpoint, CheckpointStatus, checkpoint_folders
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +74,18 @@ class Pointer:
     says: str
     target: Path | None
 
-    def describe(self) -> str:
-        """One line: the pointer, what it names, and whether that is there."""
+    def describe(self, directory: Path) -> str:
+        """One line: the pointer, what it names, and whether that is there; each by its path
+        in ``directory``, the checkpoint dir (``version_1/checkpoints/last.ckpt``)."""
+        name = _shown(self.path, directory)
         if self.form is Form.HIGHEST:
-            return f"{self.kind}: {self.path.name} (highest number)"
+            return f"{self.kind}: {name} (highest number)"
         if self.form is Form.COPY:
-            return f"{self.kind}: {self.path.name} is a copy (a checkpoint of its own)"
+            return f"{self.kind}: {name} is a copy (a checkpoint of its own)"
         if self.target is None:
-            return f"{self.kind}: {self.path.name} holds {self.says!r}, which names nothing"
+            return f"{self.kind}: {name} holds {self.says!r}, which names nothing"
         there = "" if os.path.lexists(self.target) else " (missing)"
-        return f"{self.kind}: {self.path.name} -> {_shown(self.target, self.path)}{there}"
+        return f"{self.kind}: {name} -> {_shown(self.target, directory)}{there}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,8 +99,16 @@ class Pointer:
 
 
 def find_pointers(directory: Path) -> list[Pointer]:
-    """The resume pointers directly inside ``directory``, as each framework reads them."""
-    root = Path(os.path.abspath(directory))
+    """The resume pointers of ``directory``, as each framework reads them: those directly in
+    each of its ``checkpoint_folders`` (a ``last.ckpt`` in each Lightning version's)."""
+    found: list[Pointer] = []
+    for folder in checkpoint_folders(directory):
+        found += _folder_pointers(folder)
+    return found
+
+
+def _folder_pointers(root: Path) -> list[Pointer]:
+    """The resume pointers directly inside ``root``."""
     try:
         with os.scandir(root) as listing:
             entries = sorted(listing, key=lambda e: e.name)
@@ -222,5 +233,7 @@ def _is_file(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def _shown(target: Path, pointer: Path) -> str:
-    return target.name if target.parent == pointer.parent else str(target)
+def _shown(path: Path, directory: Path) -> str:
+    """``path`` as from ``directory`` when it is in it, else in full."""
+    relative = os.path.relpath(path, os.path.abspath(directory))
+    return str(path) if relative.split(os.sep, 1)[0] == os.pardir else relative

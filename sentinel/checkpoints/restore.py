@@ -5,7 +5,9 @@ For the false alarm that stopped a healthy run. The folder's manifest (written b
 is taken, nothing moves. Nothing leaves the checkpoint dir either: an origin is refused
 when it lies outside the dir (or names ``..``), or when a folder on its way from the dir
 is a symbolic link (whoever can write the checkpoint dir could point one anywhere, and a
-restore may run as root); so is a quarantine folder that is itself a link. The one file
+restore may run as root); so is a quarantine folder that is itself a link. A pointer goes
+back only into a folder of the dir's own (``scan.checkpoint_folders``: the dir, or a
+Lightning version's ``checkpoints/`` in it). The one file
 that may stand in the way is sentinel's own: the kept version a rollback put back, which
 goes (the kept copy stays) when it is still exactly that version.
 
@@ -27,7 +29,7 @@ from sentinel.checkpoints.cross_device import move_across
 from sentinel.checkpoints.pointer_find import Form, read_pointer
 from sentinel.checkpoints.pointers import PointerChange
 from sentinel.checkpoints.quarantine import MANIFEST, read_manifest
-from sentinel.checkpoints.scan import QUARANTINE_DIR
+from sentinel.checkpoints.scan import QUARANTINE_DIR, checkpoint_folders
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +133,7 @@ def _pointer_changes(folder: Path, manifest: dict[str, Any]) -> list[PointerChan
         change = PointerChange.from_json(record)
         if change is None or Path(change.set_aside).name != change.set_aside:
             raise RestoreRefused(f"{folder / MANIFEST}: a pointer record unreadable: {record!r}")
-        if Path(change.path).parent != folder.parent.parent:
+        if Path(change.path).parent not in checkpoint_folders(folder.parent.parent):
             raise RestoreRefused(f"{folder / MANIFEST}: a pointer outside its dir: {change.path}")
         problem = _undo_problem(change, folder)
         if problem:

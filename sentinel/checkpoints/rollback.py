@@ -88,8 +88,9 @@ class RollbackPlan:
 def plan_rollback(directory: Path, onset: Onset | int | None) -> RollbackPlan:
     """Plan a rollback: restore the last clean checkpoint, quarantine every newer one.
 
-    The kept versions of overwritten files are candidates beside ``scan(directory)``.
-    An int ``onset`` is an onset step.
+    The candidates are ``scan(directory)``'s (in ``lightning_logs``, those of every
+    version's ``checkpoints/``: a clean one in an older version than the newest is found)
+    and the kept versions of overwritten files. An int ``onset`` is an onset step.
     """
     if not isinstance(onset, Onset):
         onset = Onset(step=onset)
@@ -184,7 +185,8 @@ def _unscanned(path: Path, version: KeptVersion) -> list[Checkpoint]:
 def apply_rollback(
     plan: RollbackPlan, directory: Path, *, label: str, dry_run: bool = False
 ) -> list[Path]:
-    """Move the plan's quarantined checkpoints to ``<directory>/quarantine/<label>/``.
+    """Move the plan's quarantined checkpoints to ``<directory>/quarantine/<label>/`` (from
+    whichever of its ``checkpoint_folders`` each is in).
 
     Then put the plan's kept version back and rewrite the resume pointers that named a
     quarantined checkpoint. The folder's manifest records the whole plan before anything

@@ -6,6 +6,12 @@ whose name carries a step or epoch (``checkpoint-40``, ``global_step40``,
 ``iter_0000040``) or that directly holds weights or DCP metadata. Hidden entries,
 ``quarantine`` and temporary names (``tmp-checkpoint-40``) never are.
 
+Lightning's default layout is one pool: in ``lightning_logs/`` each start of the job
+writes to a new ``version_<N>/checkpoints/``, so after a restart the last clean
+checkpoint is in an older version's folder than the newest ones. Where the checkpoint
+directory holds such folders, the checkpoints of every one of them are its checkpoints
+(``checkpoint_folders``).
+
 Its place in training comes from its name (:mod:`checkpoint_names`), else from its
 content read without executing it (:mod:`checkpoint_files`), else from its
 modification time. Its status comes from what it holds (:mod:`checkpoint_layouts`).
@@ -17,7 +23,8 @@ import functools
 import logging
 import math
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,12 +49,14 @@ from sentinel.checkpoints.names import (
 )
 
 __all__ = [
+    "LIGHTNING_CHECKPOINTS",
     "QUARANTINE_DIR",
     "WEIGHT_SUFFIXES",
     "Checkpoint",
     "CheckpointStatus",
     "Onset",
     "check_weights",
+    "checkpoint_folders",
     "last_clean",
     "scan",
     "step_of",
@@ -56,6 +65,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 QUARANTINE_DIR = "quarantine"
+#: Where Lightning's ``ModelCheckpoint`` saves by default, in each logger version's folder.
+LIGHTNING_CHECKPOINTS = "checkpoints"
+# TensorBoardLogger and CSVLogger: version_<N>, N one more than the highest there at each start.
+_LIGHTNING_VERSION = re.compile(r"^version_(\d+)$")
 # The last suffix of a weights file's name (a ".pth.tar" file's Path.suffix is ".tar").
 WEIGHT_SUFFIXES = frozenset({"." + s.rsplit(".", 1)[-1] for s in CHECKPOINT_SUFFIXES})
 # Files a framework writes beside its checkpoints that hold no training state.
@@ -118,7 +131,8 @@ class Checkpoint:
 def scan(
     directory: Path, *, onset: Onset | None = None, onset_step: int | None = None
 ) -> list[Checkpoint]:
-    """List the checkpoints directly inside ``directory`` with a status each.
+    """List the checkpoints of ``directory`` (in each of its ``checkpoint_folders``) with a
+    status each.
 
     Sorted by step, then (those without) by epoch, then (those without either) by time.
 
@@ -127,7 +141,40 @@ def scan(
     """
     if onset is None and onset_step is not None:
         onset = Onset(step=onset_step)
+    folders = checkpoint_folders(directory)
+    # A link to a checkpoint in any of them is a pointer (Lightning's last.ckpt), not one more.
+    linked = {*folders, *(Path(os.path.realpath(folder)) for folder in folders)}
+    found: list[Checkpoint] = []
+    for folder in folders:
+        found += _scan_folder(folder, onset or Onset(), linked)
+    found.sort(key=_listing_order)
+    return found
+
+
+def checkpoint_folders(directory: Path) -> list[Path]:
+    """The folders whose checkpoints are ``directory``'s: itself and, in Lightning's default
+    layout (``lightning_logs``), each ``version_<N>/checkpoints/`` in it, by N.
+
+    A version folder reached through a symbolic link is not one of them: a restore would
+    refuse to put its checkpoints back through the link."""
     root = Path(os.path.abspath(directory))
+    try:
+        with os.scandir(root) as entries:
+            names = [entry.name for entry in entries]
+    except OSError:
+        names = []  # scan says why, of the directory itself
+    versions: list[tuple[int, Path]] = []
+    for name in names:
+        match = _LIGHTNING_VERSION.match(name)
+        folder = root / name / LIGHTNING_CHECKPOINTS
+        if match and folder.is_dir() and not (folder.is_symlink() or folder.parent.is_symlink()):
+            versions.append((int(match.group(1)), folder))
+    return [root, *(folder for _, folder in sorted(versions))]
+
+
+def _scan_folder(root: Path, onset: Onset, linked: Collection[Path]) -> list[Checkpoint]:
+    """The checkpoints directly inside ``root``, unsorted; a link to a checkpoint in one of
+    the ``linked`` folders is not one."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except (FileNotFoundError, NotADirectoryError):
@@ -142,16 +189,15 @@ def scan(
             continue
         path = root / name
         try:
-            if entry.is_symlink() and _points_to_sibling(path, root):
+            if entry.is_symlink() and _points_into(path, linked):
                 continue  # a pointer to another entry (Lightning's last.ckpt link)
-            checkpoint = _examine(path, entry.is_dir(), position_of(name), onset or Onset())
+            checkpoint = _examine(path, entry.is_dir(), position_of(name), onset)
         except FileNotFoundError:
             continue  # removed between listing and reading (the job's own rotation)
         except OSError as exc:
             checkpoint = _unreadable(path, exc)
         if checkpoint is not None:
             found.append(checkpoint)
-    found.sort(key=_listing_order)
     return found
 
 
@@ -276,9 +322,9 @@ def _examine(path: Path, is_dir: bool, position: NamePosition, onset: Onset) -> 
     return Checkpoint(path, step, status, reason, mtime, epoch, layout, placed_by)
 
 
-def _points_to_sibling(link: Path, root: Path) -> bool:
+def _points_into(link: Path, folders: Collection[Path]) -> bool:
     target = Path(os.path.realpath(link))
-    return target != link and target.parent == root and target.exists()
+    return target != link and target.parent in folders and target.exists()
 
 
 def _unreadable(path: Path, exc: OSError) -> Checkpoint | None:

@@ -18,7 +18,6 @@ from sentinel.model.records import Sample
 from sentinel.parsing import Garbled, LineParser
 from sentinel.parsing.files import iter_replay_batches, replay_plan
 from sentinel.parsing.hf_trainer import read_trainer_state
-from sentinel.parsing.tensorboard import MissingExtra
 
 STATE = "trainer_state.json"
 
@@ -46,7 +45,7 @@ def _load(path: Path, stamp: int) -> ReferenceCurve:
             samples = read_trainer_state(state.read_text(encoding="utf-8"))
         else:
             samples = _read_logs(path)
-    except (OSError, UnicodeDecodeError, Garbled, MissingExtra) as error:
+    except (OSError, UnicodeDecodeError, Garbled) as error:
         raise ReferenceError(f"{path}: {error}") from None
     series: dict[str, dict[int, float]] = {}
     for sample in samples:

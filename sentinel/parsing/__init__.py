@@ -17,7 +17,9 @@ read. A format that needs an earlier line (a header, an epoch line) is a
 module imports ``values`` (or ``file_format``), never the package. ``lines``
 splits a byte stream into text lines (for the followers of files and the job's
 output); ``files`` reads the metric files read as a whole (TensorBoard, MLflow,
-Lightning's CSV), each format a ``FileFormat`` (``file_format``).
+Lightning's CSV), each format a ``FileFormat`` (``file_format``). ``protowire`` (the
+protobuf wire format) and ``crc32c`` (the TFRecord checksum) let the TensorBoard format
+read event files with no package of tensorboard's.
 
 Pure: it imports only the model, never a library that does I/O nor the store.
 """

@@ -46,13 +46,14 @@ class FileFormat(ABC):
 
     def new_splitter(self, path: Path, max_line_bytes: int) -> Splitter:
         """What turns the file's bytes into lines for its reader, from its start. Never
-        raises: a file that cannot be read here gets a splitter that holds its bytes."""
+        raises."""
         del path
         return LineSplitter(max_line_bytes)
 
     def unreadable(self) -> str | None:
-        """Why files of this format cannot be read here (an extra is missing); None
-        when they can."""
+        """Why files of this format cannot be read here (a package it needs is missing);
+        None when they can. Every built-in format reads its files with sentinel's own
+        dependencies."""
         return None
 
     def group(self, path: PurePath, key: str) -> PurePath | None:

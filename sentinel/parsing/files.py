@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from sentinel.parsing.file_format import FileFormat, FileReader
 from sentinel.parsing.lines import LineSplitter, Splitter
 from sentinel.parsing.registry import FILE_FORMATS
-from sentinel.parsing.tensorboard import INSTALL_HINT, MissingExtra
 
 _CHUNK_BYTES = 1 << 20
 _DIGITS = re.compile(r"(\d+)")
@@ -80,20 +79,14 @@ class MetricsFile:
         return kind.new_reader(self.key)
 
     def new_splitter(self, max_line_bytes: int = 1 << 20) -> Splitter:
-        """What turns this file's bytes into lines for its reader, from its start.
-
-        Never raises: an event file while tensorboard is missing gets a splitter
-        that holds its bytes unread, and the missing extra is logged once per path
-        (``require_extras`` is the check that fails at start).
-        """
+        """What turns this file's bytes into lines for its reader, from its start."""
         kind = self.kind
         if kind is None:
             return LineSplitter(max_line_bytes)
         return kind.new_splitter(self.path, max_line_bytes)
 
     def unreadable(self) -> str | None:
-        """Why this file cannot be read here (its format's extra is missing); None
-        when it can."""
+        """Why this file cannot be read here (``FileFormat.unreadable``); None when it can."""
         kind = self.kind
         return None if kind is None else kind.unreadable()
 
@@ -118,19 +111,6 @@ def reader_for(path: str) -> FileReader | None:
     return classify(path).new_reader()
 
 
-def require_extras(paths: Iterable[str | PurePath]) -> None:
-    """Raise ``MissingExtra`` when a path (or glob) names a format whose extra is missing.
-
-    For the start of ``watch``/``replay``: a glob that does not name its format
-    (``tfevents``) cannot be checked until its files appear; those are then held
-    unread, with an error logged (see ``MetricsFile.new_splitter``).
-    """
-    for path in paths:
-        reason = classify(path).unreadable()
-        if reason is not None:
-            raise MissingExtra(reason)
-
-
 #: What replay reads, in order: each group one file, or the metric files of one MLflow run.
 ReplayPlan = list[list[MetricsFile]]
 
@@ -143,8 +123,7 @@ def iter_replay(paths: Sequence[Path]) -> Iterator[tuple[str, str]]:
     (step, timestamp) order, each line with its own file as source; a
     TensorBoard file gives one JSON line per scalar record. Plain logs and
     event files are streamed; an MLflow run is read whole. Raises, before
-    the first line, ``FileNotFoundError`` for a folder without metric files
-    and ``MissingExtra`` for event files without tensorboard.
+    the first line, ``FileNotFoundError`` for a folder without metric files.
     """
     for source, lines in iter_replay_batches(replay_plan(paths)):
         for line in lines:
@@ -176,8 +155,7 @@ def replay_plan(paths: Sequence[Path]) -> ReplayPlan:
     in a folder are not read. The metric files of one MLflow run form one
     group, in the place of the first of them. A file named twice is read once.
 
-    Raises ``FileNotFoundError`` for a folder without metric files and
-    ``MissingExtra`` for event files without tensorboard.
+    Raises ``FileNotFoundError`` for a folder without metric files.
     """
     files: list[MetricsFile] = []
     for path in paths:
@@ -206,7 +184,6 @@ def replay_plan(paths: Sequence[Path]) -> ReplayPlan:
         else:
             runs[run] = [file]
             plan.append(runs[run])
-    require_extras(file.path for file in files)
     return plan
 
 
@@ -262,11 +239,9 @@ def _file_batches(file: MetricsFile) -> Iterator[tuple[str, list[str]]]:
 
 
 __all__ = [
-    "INSTALL_HINT",
     "FileFormat",
     "FileReader",
     "MetricsFile",
-    "MissingExtra",
     "ReplayPlan",
     "Splitter",
     "classify",
@@ -275,5 +250,4 @@ __all__ = [
     "iter_replay_batches",
     "reader_for",
     "replay_plan",
-    "require_extras",
 ]

@@ -24,28 +24,45 @@ line per broken stretch), and a torn record at the end of a finished file.
 Records longer than ``max(max_line_bytes, 64 KiB)`` are skipped unread:
 scalars are a few dozen bytes; the rest are images and the like.
 
-Decoding needs the ``tensorboard`` package (the ``tensorboard`` extra); the
-framing and the reader do not.
+Records are read here, without the ``tensorboard`` package: the framing and its
+checksums (``crc32c``), and of each ``Event`` (tensorboard's ``event.proto``,
+``summary.proto``, ``tensor.proto``) only the fields that carry scalars, from the wire
+format (``protowire``), read as protobuf's own parser reads them. The CRC is pure
+Python (about 0.1 s a MiB): a record's length is always checked, its data when the
+record is at most 64 KiB or carries scalars, so an image or histogram over 64 KiB,
+which no rule reads, is not checksummed.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import struct
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path, PurePath
 from typing import Any
 
 from sentinel.model.records import Sample
+from sentinel.parsing.crc32c import masked_crc32c
 from sentinel.parsing.file_format import FileFormat
+from sentinel.parsing.protowire import (
+    I32,
+    I64,
+    LEN,
+    VARINT,
+    Field,
+    WireError,
+    double,
+    elements,
+    fields,
+    int32,
+    int64,
+    single,
+    text,
+    uint32,
+)
 from sentinel.parsing.values import Garbled, normalise_name
 
-logger = logging.getLogger(__name__)
-
-INSTALL_HINT = "reading TensorBoard event files needs: pip install 'sentinel-watchdog[tensorboard]'"
 #: What a file name contains to be read as an event file.
 NAME_MARK = "tfevents"
 
@@ -54,45 +71,22 @@ _CRC = struct.Struct("<I")
 _HEADER_BYTES = _HEADER.size
 _FOOTER_BYTES = _CRC.size
 #: Records up to this size always have their data CRC checked; longer ones only
-#: when they carry scalars (the pure-Python CRC costs about 0.25 s per MiB).
+#: when they carry scalars.
 _ALWAYS_CHECKED_BYTES = 64 * 1024
 
-
-class MissingExtra(RuntimeError):
-    """An optional dependency a file format needs is not installed."""
-
-
-class _Codec:
-    """What decoding needs from tensorboard, imported on first use."""
-
-    def __init__(self) -> None:
-        try:
-            from tensorboard.compat.proto import (  # type: ignore[import-untyped, import-not-found, unused-ignore]
-                event_pb2,
-                types_pb2,
-            )
-            from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import (  # type: ignore[import-untyped, import-not-found, unused-ignore]
-                masked_crc32c,
-            )
-        except ImportError as error:
-            raise MissingExtra(INSTALL_HINT) from error
-        self.parse_event: Callable[[bytes], Any] = event_pb2.Event.FromString
-        self.masked_crc: Callable[[bytes], int] = masked_crc32c
-        # dtype -> (repeated field of the value, struct format of tensor_content, decode)
-        self.dtypes: dict[int, tuple[str, str, Callable[[Any], float]]] = {
-            types_pb2.DT_FLOAT: ("float_val", "<f", float),
-            types_pb2.DT_DOUBLE: ("double_val", "<d", float),
-            types_pb2.DT_HALF: ("half_val", "<H", _half_bits),
-            types_pb2.DT_BFLOAT16: ("half_val", "<H", _bfloat16_bits),
-            types_pb2.DT_INT8: ("int_val", "<b", float),
-            types_pb2.DT_UINT8: ("int_val", "<B", float),
-            types_pb2.DT_INT16: ("int_val", "<h", float),
-            types_pb2.DT_UINT16: ("int_val", "<H", float),
-            types_pb2.DT_INT32: ("int_val", "<i", float),
-            types_pb2.DT_INT64: ("int64_val", "<q", float),
-            types_pb2.DT_UINT32: ("uint32_val", "<I", float),
-            types_pb2.DT_UINT64: ("uint64_val", "<Q", float),
-        }
+# The field numbers read, from tensorboard/compat/proto/*.proto.
+_EVENT_WALL_TIME, _EVENT_STEP, _EVENT_SUMMARY = 1, 2, 5
+#: ``Event``'s oneof ``what``, all length-delimited: file_version ... meta_graph_def.
+_EVENT_WHAT = frozenset(range(3, 10))
+_SUMMARY_VALUE = 1
+_VALUE_TAG, _VALUE_SIMPLE, _VALUE_NODE_NAME, _VALUE_TENSOR, _VALUE_METADATA = 1, 2, 7, 8, 9
+#: ``Summary.Value``'s oneof ``value``, each member's wire type: simple_value,
+#: obsolete_old_style_histogram, image, histo, audio, tensor.
+_VALUE_KINDS = {2: I32, 3: LEN, 4: LEN, 5: LEN, 6: LEN, 8: LEN}
+_METADATA_PLUGIN_DATA = 1
+_PLUGIN_NAME = 1
+_TENSOR_DTYPE, _TENSOR_SHAPE, _TENSOR_CONTENT = 1, 2, 4
+_SHAPE_DIM = 2
 
 
 def _half_bits(bits: int) -> float:
@@ -103,19 +97,34 @@ def _bfloat16_bits(bits: int) -> float:
     return float(struct.unpack("<f", struct.pack("<I", (bits & 0xFFFF) << 16))[0])
 
 
-@cache
-def codec() -> _Codec:
-    """tensorboard's protobufs and CRC; ``MissingExtra`` when it is not installed."""
-    return _Codec()
-
-
-def available() -> bool:
-    """Whether event files can be decoded here (the ``tensorboard`` extra is installed)."""
-    try:
-        codec()
-    except MissingExtra:
-        return False
-    return True
+#: ``TensorProto``'s repeated fields read: its number -> the wire type of its values, and
+#: a value as the field's type (float_val, double_val, int_val, int64_val, half_val,
+#: uint32_val, uint64_val).
+_REPEATED: dict[int, tuple[int, Callable[[Field], float]]] = {
+    5: (I32, lambda field: single(field[3])),
+    6: (I64, lambda field: double(field[3])),
+    7: (VARINT, lambda field: int32(field[2])),
+    10: (VARINT, lambda field: int64(field[2])),
+    13: (VARINT, lambda field: int32(field[2])),
+    16: (VARINT, lambda field: uint32(field[2])),
+    17: (VARINT, lambda field: field[2]),
+}
+#: A dtype (``types.proto``) -> its repeated field, the struct format of its
+#: tensor_content, and the number either holds.
+_DTYPES: dict[int, tuple[int, str, Callable[[Any], float]]] = {
+    1: (5, "<f", float),  # DT_FLOAT
+    2: (6, "<d", float),  # DT_DOUBLE
+    19: (13, "<H", _half_bits),  # DT_HALF, as its bits (in half_val, or tensor_content)
+    14: (13, "<H", _bfloat16_bits),  # DT_BFLOAT16, the same
+    6: (7, "<b", float),  # DT_INT8
+    4: (7, "<B", float),  # DT_UINT8
+    5: (7, "<h", float),  # DT_INT16
+    17: (7, "<H", float),  # DT_UINT16
+    3: (7, "<i", float),  # DT_INT32
+    9: (10, "<q", float),  # DT_INT64
+    22: (16, "<I", float),  # DT_UINT32
+    23: (17, "<Q", float),  # DT_UINT64
+}
 
 
 class RecordSplitter:
@@ -128,7 +137,6 @@ class RecordSplitter:
     """
 
     def __init__(self, max_line_bytes: int = 1 << 20) -> None:
-        self._codec = codec()
         self._max_record_bytes = max(max_line_bytes, _ALWAYS_CHECKED_BYTES)
         self._buffer = bytearray()
         # An oversized record being skipped: bytes still to skip, bytes skipped so far.
@@ -164,7 +172,7 @@ class RecordSplitter:
         try:
             while len(buffer) - position >= _HEADER_BYTES:
                 length, length_crc = _HEADER.unpack_from(buffer, position)
-                if self._codec.masked_crc(bytes(view[position : position + 8])) != length_crc:
+                if masked_crc32c(bytes(view[position : position + 8])) != length_crc:
                     if not self._lost:
                         self._lost = True
                         lines.append(self._broken("record length fails its CRC"))
@@ -207,81 +215,25 @@ class RecordSplitter:
 
     def _line(self, record: bytes, data_crc: int) -> str | None:
         checked = len(record) <= _ALWAYS_CHECKED_BYTES
-        if checked and self._codec.masked_crc(record) != data_crc:
+        if checked and masked_crc32c(record) != data_crc:
             return self._broken("record data fails its CRC")
         try:
-            event = self._codec.parse_event(record)
-        except Exception:  # protobuf's DecodeError, or worse on garbage
+            step, wall_time, summary = _event(record)
+            scalars = {} if summary is None else _scalars(summary)
+        except WireError:
             return self._broken("record is not an Event")
-        scalars = self._scalars(event)
         if not scalars:
             return None
-        if not checked and self._codec.masked_crc(record) != data_crc:
+        if not checked and masked_crc32c(record) != data_crc:
             return self._broken("record data fails its CRC")
         return json.dumps(
-            {"step": int(event.step), "wall_time": float(event.wall_time), "scalars": scalars},
+            {"step": step, "wall_time": wall_time, "scalars": scalars},
             separators=(",", ":"),
         )
-
-    def _scalars(self, event: Any) -> dict[str, float]:
-        scalars: dict[str, float] = {}
-        if not event.HasField("summary"):
-            return scalars
-        for value in event.summary.value:
-            kind = value.WhichOneof("value")
-            tag = value.tag or value.node_name
-            if kind == "simple_value":
-                scalars[tag] = float(value.simple_value)
-            elif kind == "tensor" and value.metadata.plugin_data.plugin_name in ("", "scalars"):
-                number = self._tensor_scalar(value.tensor)
-                if number is not None:
-                    scalars[tag] = number
-        return scalars
-
-    def _tensor_scalar(self, tensor: Any) -> float | None:
-        """The value of a rank-0 numeric tensor; None for anything else."""
-        if tensor.tensor_shape.dim:
-            return None
-        kind = self._codec.dtypes.get(tensor.dtype)
-        if kind is None:
-            return None
-        field, content_format, decode = kind
-        values = getattr(tensor, field)
-        if values:
-            return decode(values[0])
-        content = tensor.tensor_content
-        if len(content) != struct.calcsize(content_format):
-            return None
-        # Like half_val, tensor_content holds a half or bfloat16 as its bits.
-        (raw,) = struct.unpack(content_format, content)
-        return decode(raw)
 
     def _broken(self, reason: str) -> str:
         self.garbled += 1
         return json.dumps({"garbled": f"TensorBoard {reason}"})
-
-
-class HeldSplitter:
-    """Stands in for ``RecordSplitter`` when tensorboard is missing: reads nothing.
-
-    Every byte stays pending, so a follower's committed offset stays at 0 and
-    the file is read in full once the extra is installed and sentinel restarted.
-    """
-
-    def __init__(self) -> None:
-        self._held = 0
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._held
-
-    def feed(self, data: bytes) -> list[str]:
-        self._held += len(data)
-        return []
-
-    def flush(self) -> list[str]:
-        self._held = 0
-        return []
 
 
 class TensorBoardReader:
@@ -312,13 +264,8 @@ class TensorBoardReader:
         ]
 
 
-@cache
-def _report_unreadable(path: str, reason: str) -> None:
-    logger.error("%s is not read: %s", path, reason)
-
-
 class TensorBoardFiles(FileFormat):
-    """A file whose name contains ``tfevents``; read only with the ``tensorboard`` extra."""
+    """A file whose name contains ``tfevents``."""
 
     def match(self, path: PurePath) -> str | None:
         return "" if NAME_MARK in path.name else None
@@ -326,18 +273,129 @@ class TensorBoardFiles(FileFormat):
     def new_reader(self, key: str) -> TensorBoardReader:
         return TensorBoardReader()
 
-    def new_splitter(self, path: Path, max_line_bytes: int) -> RecordSplitter | HeldSplitter:
-        """Records as JSON lines; while tensorboard is missing, a splitter that holds the
-        bytes unread, the missing extra logged once per path (``files.require_extras``
-        is the check that fails at start)."""
-        try:
-            return RecordSplitter(max_line_bytes)
-        except MissingExtra as error:
-            _report_unreadable(str(path), str(error))
-            return HeldSplitter()
-
-    def unreadable(self) -> str | None:
-        return None if available() else INSTALL_HINT
+    def new_splitter(self, path: Path, max_line_bytes: int) -> RecordSplitter:
+        """Records as JSON lines."""
+        del path
+        return RecordSplitter(max_line_bytes)
 
 
 FORMAT = TensorBoardFiles()
+
+
+def _event(record: bytes) -> tuple[int, float, bytes | None]:
+    """An ``Event``'s step, wall time and summary (its pieces joined); None when the
+    event holds something else (the file version, a graph, a log message).
+
+    ``WireError`` where it is not an ``Event``."""
+    wall_time, step = 0.0, 0
+    what = 0  # the member of the oneof seen last
+    summary: list[bytes] = []
+    for field in fields(record):
+        number, wire, integer, payload = field
+        if number == _EVENT_WALL_TIME and wire == I64:
+            wall_time = double(payload)
+        elif number == _EVENT_STEP and wire == VARINT:
+            step = int64(integer)
+        elif number in _EVENT_WHAT and wire == LEN:
+            if number != what:  # another member replaces the one set before
+                what, summary = number, []
+            if number == _EVENT_SUMMARY:
+                summary.append(payload)
+    return step, wall_time, b"".join(summary) if what == _EVENT_SUMMARY else None
+
+
+def _scalars(summary: bytes) -> dict[str, float]:
+    """The scalars of a ``Summary``, by tag (a tag given twice: its last value)."""
+    scalars: dict[str, float] = {}
+    for number, wire, _, payload in fields(summary):
+        if number == _SUMMARY_VALUE and wire == LEN:
+            scalar = _value_scalar(payload)
+            if scalar is not None:
+                scalars[scalar[0]] = scalar[1]
+    return scalars
+
+
+def _value_scalar(value: bytes) -> tuple[str, float] | None:
+    """A ``Summary.Value``'s tag (else its node name) and scalar: its ``simple_value``, or
+    its rank-0 numeric tensor when no plugin other than ``scalars`` owns it. None for
+    anything else (images, histograms, text, vectors)."""
+    tag = node_name = b""
+    kind = 0  # the member of the oneof seen last
+    simple = b""
+    tensor: list[bytes] = []
+    metadata: list[bytes] = []
+    for number, wire, _, payload in fields(value):
+        if number == _VALUE_TAG and wire == LEN:
+            tag = payload
+        elif number == _VALUE_NODE_NAME and wire == LEN:
+            node_name = payload
+        elif number == _VALUE_METADATA and wire == LEN:
+            metadata.append(payload)
+        elif _VALUE_KINDS.get(number) == wire:
+            if number != kind:
+                kind, tensor = number, []
+            if number == _VALUE_SIMPLE:
+                simple = payload
+            elif number == _VALUE_TENSOR:
+                tensor.append(payload)
+    name = text(tag) or text(node_name)
+    if kind == _VALUE_SIMPLE:
+        return name, single(simple)
+    if kind == _VALUE_TENSOR and _plugin_name(b"".join(metadata)) in ("", "scalars"):
+        scalar = _tensor_scalar(b"".join(tensor))
+        if scalar is not None:
+            return name, scalar
+    return None
+
+
+def _plugin_name(metadata: bytes) -> str:
+    """``SummaryMetadata.plugin_data.plugin_name``."""
+    plugin_data = [
+        payload
+        for number, wire, _, payload in fields(metadata)
+        if number == _METADATA_PLUGIN_DATA and wire == LEN
+    ]
+    name = b""
+    for number, wire, _, payload in fields(b"".join(plugin_data)):
+        if number == _PLUGIN_NAME and wire == LEN:
+            name = payload
+    return text(name)
+
+
+def _tensor_scalar(tensor: bytes) -> float | None:
+    """The value of a rank-0 numeric ``TensorProto``; None for anything else."""
+    dtype, has_dims, content = 0, False, b""
+    first: dict[int, Field] = {}  # a repeated field's first value
+    for field in fields(tensor):
+        number, wire, integer, payload = field
+        if number == _TENSOR_DTYPE and wire == VARINT:
+            dtype = int32(integer)
+        elif number == _TENSOR_SHAPE and wire == LEN:
+            has_dims = _has_dims(payload) or has_dims
+        elif number == _TENSOR_CONTENT and wire == LEN:
+            content = payload
+        elif number in _REPEATED:
+            values = elements(field, _REPEATED[number][0])
+            if values and number not in first:
+                first[number] = values[0]
+    if has_dims:
+        return None
+    kind = _DTYPES.get(dtype)
+    if kind is None:
+        return None
+    repeated, content_format, decode = kind
+    if repeated in first:
+        return decode(_REPEATED[repeated][1](first[repeated]))
+    if len(content) != struct.calcsize(content_format):
+        return None
+    # Like half_val, tensor_content holds a half or bfloat16 as its bits.
+    (raw,) = struct.unpack(content_format, content)
+    return decode(raw)
+
+
+def _has_dims(shape: bytes) -> bool:
+    """Whether a ``TensorShapeProto`` has a dimension (a rank-0 tensor has none)."""
+    dims = False
+    for number, wire, _, _ in fields(shape):
+        dims = dims or (number == _SHAPE_DIM and wire == LEN)
+    return dims

@@ -3,37 +3,41 @@
 The files are written with ``EventFileWriter``, the writer under
 ``torch.utils.tensorboard.SummaryWriter``; scalars take the forms writers use:
 ``simple_value`` (TF1, torch), a ``float_val`` tensor (torch ``new_style``),
-``tensor_content`` bytes (TF2) and a ``double_val`` tensor.
+``tensor_content`` bytes (TF2) and a ``double_val`` tensor. sentinel reads them without
+tensorboard; tensorboard's own decoder (``LegacyEventFileLoader``, ``make_ndarray``) is
+the reference its lines are checked against, for every committed event file too.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import struct
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+pytest.importorskip(
+    "tensorboard", reason="writes and decodes with tensorboard's own code: pip install '.[test]'"
+)
+
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.util import tensor_util
 
 from sentinel.engine.core import Engine
 from sentinel.model.records import Alert, Line, Sample
 from sentinel.parsing import Garbled, LineParser
 from sentinel.parsing import tensorboard as tb
-from sentinel.parsing.files import (
-    INSTALL_HINT,
-    MissingExtra,
-    iter_replay,
-    reader_for,
-    require_extras,
-)
+from sentinel.parsing.files import iter_replay
 from sentinel.rules import BaseDetector, RuleConfig
-from sentinel.supervisor.metric_files import splitting
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+EVENT_FIXTURES = sorted(FIXTURES.rglob("*tfevents*"))
 T0 = 1_700_000_000.5
 Span = tuple[int, int]
 Summary = summary_pb2.Summary
@@ -193,6 +197,131 @@ def test_reader_raises_garbled_for_a_broken_record_line() -> None:
         )
 
 
+# -- against tensorboard's own decoder -------------------------------------------------------
+
+
+def tensor_of(tag: str, dtype: str, **fields: Any) -> Summary:
+    """A rank-0 tensor of ``dtype``, its value in the ``fields`` given, no plugin named."""
+    tensor = tensor_pb2.TensorProto(dtype=dtype, **fields)
+    return Summary(value=[Summary.Value(tag=tag, tensor=tensor)])
+
+
+#: Scalar tensors of every numeric dtype tensorboard's ``make_ndarray`` decodes, in their
+#: repeated fields and as ``tensor_content``, with values at the edges of their types.
+EVERY_DTYPE: list[tuple[int, Summary | None]] = [
+    (1, tensor_of("f", "DT_FLOAT", float_val=[-0.0])),
+    (2, tensor_of("d", "DT_DOUBLE", double_val=[1e300])),
+    (3, tensor_of("h", "DT_HALF", half_val=[0x7BFF])),  # 65504, the largest half
+    (4, tensor_of("h_bytes", "DT_HALF", tensor_content=struct.pack("<e", -2.5))),
+    (5, tensor_of("i8", "DT_INT8", int_val=[-128])),
+    (6, tensor_of("u8", "DT_UINT8", tensor_content=b"\xff")),
+    (7, tensor_of("i16", "DT_INT16", int_val=[-32768])),
+    (8, tensor_of("u16", "DT_UINT16", int_val=[65535])),
+    (9, tensor_of("i32", "DT_INT32", int_val=[-(2**31)])),
+    (10, tensor_of("i32_bytes", "DT_INT32", tensor_content=struct.pack("<i", -7))),
+    (11, tensor_of("i64", "DT_INT64", int64_val=[-(2**63)])),
+    (12, tensor_of("u32_bytes", "DT_UINT32", tensor_content=struct.pack("<I", 2**32 - 1))),
+    (13, tensor_of("u64_bytes", "DT_UINT64", tensor_content=struct.pack("<Q", 2**63 + 1))),
+    (14, tensor_of("d_bytes", "DT_DOUBLE", tensor_content=struct.pack("<d", math.pi))),
+]
+
+
+def tensorboard_lines(path: Path) -> list[str]:
+    """What ``RecordSplitter`` must make of ``path``, byte for byte, from tensorboard's own
+    decoding: each record's simple values and rank-0 numeric tensors no other plugin owns."""
+    lines = []
+    for event in LegacyEventFileLoader(str(path)).Load():
+        scalars: dict[str, float] = {}
+        for value in event.summary.value:
+            tag = value.tag or value.node_name
+            kind = value.WhichOneof("value")
+            if kind == "simple_value":
+                scalars[tag] = float(value.simple_value)
+            elif kind == "tensor" and value.metadata.plugin_data.plugin_name in ("", "scalars"):
+                array = tensor_util.make_ndarray(value.tensor)
+                if array.ndim == 0 and array.dtype.kind in "fiu":
+                    scalars[tag] = float(array)
+        if scalars:
+            record = {"step": event.step, "wall_time": event.wall_time, "scalars": scalars}
+            lines.append(json.dumps(record, separators=(",", ":")))
+    return lines
+
+
+def framed(data: bytes) -> bytes:
+    """``data`` as one TFRecord, its checksums made by tensorboard's own CRC."""
+    header = struct.pack("<Q", len(data))
+    return (
+        header
+        + struct.pack("<I", masked_crc32c(header))
+        + data
+        + struct.pack("<I", masked_crc32c(data))
+    )
+
+
+def sentinel_lines(path: Path) -> list[str]:
+    splitter = tb.RecordSplitter()
+    lines = splitter.feed(path.read_bytes()) + splitter.flush()
+    assert splitter.garbled == 0
+    return lines
+
+
+@pytest.mark.parametrize(
+    "path", EVENT_FIXTURES, ids=[str(p.relative_to(FIXTURES)) for p in EVENT_FIXTURES]
+)
+def test_every_committed_event_file_reads_as_tensorboard_decodes_it(path: Path) -> None:
+    expected = tensorboard_lines(path)
+    assert len(expected) >= 390  # every scalar of the run, not an empty agreement
+    assert sentinel_lines(path) == expected
+
+
+def test_the_event_fixtures_are_all_found() -> None:
+    assert {str(p.relative_to(FIXTURES).parent) for p in EVENT_FIXTURES} == {
+        "lightning/defaults",
+        "run_files",
+        "tb/diverge",
+        "torch/spikes/tb",
+    }
+
+
+@pytest.mark.parametrize(
+    ("events", "scalar_records"),
+    [
+        # All but the histogram, the vector, the text and the hparams tensor.
+        pytest.param(MIXED_RUN, 6, id="the-forms-writers-use"),
+        pytest.param(EVERY_DTYPE, 14, id="every-numeric-dtype"),
+    ],
+)
+def test_every_form_of_scalar_reads_as_tensorboard_decodes_it(
+    tmp_path: Path, events: list[tuple[int, Summary | None]], scalar_records: int
+) -> None:
+    path = write_events(tmp_path, events)
+    expected = tensorboard_lines(path)
+    assert len(expected) == scalar_records
+    assert sentinel_lines(path) == expected
+
+
+@pytest.mark.parametrize(
+    ("summary", "value"),
+    [
+        pytest.param(tensor_of("x", "DT_BFLOAT16", half_val=[0x3FC0]), 1.5, id="bfloat16"),
+        pytest.param(
+            tensor_of("x", "DT_BFLOAT16", tensor_content=struct.pack("<H", 0xC100)),
+            -8.0,
+            id="bfloat16-bytes",
+        ),
+        pytest.param(tensor_of("x", "DT_UINT32", uint32_val=[2**32 - 1]), 2**32 - 1, id="uint32"),
+        pytest.param(tensor_of("x", "DT_UINT64", uint64_val=[2**64 - 1]), 2**64 - 1, id="uint64"),
+        pytest.param(tensor_of("x", "DT_FLOAT", float_val=[0.5, 7.0]), 0.5, id="two-values"),
+    ],
+)
+def test_forms_tensorboard_cannot_decode_are_read_by_hand(summary: Summary, value: float) -> None:
+    """numpy has no bfloat16, and ``make_ndarray`` reads no uint32_val, uint64_val, nor a
+    rank-0 tensor given two values (protobuf's first is taken): their values by hand."""
+    data = event_pb2.Event(wall_time=T0, step=1, summary=summary).SerializeToString()
+    (line,) = tb.RecordSplitter().feed(framed(data))
+    assert json.loads(line)["scalars"] == {"x": float(value)}
+
+
 # -- the record splitter: real bytes fed as a tailer would feed them -------------------------
 
 
@@ -285,6 +414,30 @@ def test_a_corrupt_record_is_skipped_and_counted(
     assert parser.stats.garbled == 1
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"\x2a\x05\x0a\x03", id="a-field-past-its-end"),
+        pytest.param(b"\x2a\x02\x0a\x80", id="a-varint-cut"),
+        pytest.param(b"\x0f", id="wire-type-7"),
+        pytest.param(b"\x2a\x05\x0a\x03\x0a\x01\xff", id="a-tag-not-utf8"),
+    ],
+)
+def test_a_record_whose_checksum_holds_but_is_no_event_is_garbled(
+    event_bytes: bytes, data: bytes
+) -> None:
+    spans = records_of(event_bytes)
+    fed = event_bytes[: spans[2][0]] + framed(data) + event_bytes[spans[2][0] :]
+    splitter = tb.RecordSplitter()
+    lines = splitter.feed(fed) + splitter.flush()
+    assert [json.loads(line).get("garbled", "ok") for line in lines] == [
+        "ok",
+        "TensorBoard record is not an Event",
+        "ok",
+        "ok",
+    ]
+
+
 def test_a_torn_last_record_is_garbled_when_the_file_is_finished(event_bytes: bytes) -> None:
     splitter = tb.RecordSplitter()
     lines = splitter.feed(event_bytes[:-3])
@@ -308,48 +461,3 @@ def test_an_oversized_record_streams_past_without_being_held(tmp_path: Path) -> 
         assert fed - splitter.pending_bytes in boundaries
     assert [json.loads(line)["scalars"] for line in lines] == [{"loss": 0.5}]
     assert (splitter.oversized, splitter.pending_bytes) == (1, 0)
-
-
-# -- without the extra ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tensorboard_missing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Imports of tensorboard's protobufs fail, as without the extra installed."""
-    monkeypatch.setitem(sys.modules, "tensorboard.compat.proto", None)
-    tb.codec.cache_clear()
-    yield
-    tb.codec.cache_clear()
-
-
-@pytest.mark.usefixtures("tensorboard_missing")
-def test_without_tensorboard_replay_fails_before_any_line(tmp_path: Path) -> None:
-    log = tmp_path / "train.log"
-    log.write_text('{"loss": 1.0}\n')
-    event_file = tmp_path / "events.out.tfevents.1.host"
-    event_file.write_bytes(b"")
-    lines = iter_replay([log, event_file])
-    with pytest.raises(MissingExtra) as raised:
-        next(lines)
-    assert str(raised.value) == INSTALL_HINT
-    assert "pip install 'sentinel-watchdog[tensorboard]'" in INSTALL_HINT
-    with pytest.raises(MissingExtra):
-        require_extras(["runs/*/events.out.tfevents.*"])
-    require_extras(["train.log", "runs/**/*"])  # nothing says tfevents: nothing to check
-
-
-@pytest.mark.usefixtures("tensorboard_missing")
-def test_without_tensorboard_a_followed_event_file_is_held_unread(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    path = str(tmp_path / "events.out.tfevents.9.host")
-    with caplog.at_level(logging.ERROR, logger="sentinel.parsing.files"):
-        # What a follower of the path does (metric_files.splitting, at 1 MiB lines).
-        splitter = splitting(path)(1 << 20)
-        splitting(path)(1 << 20)  # the follower makes a new one after a truncation: no new error
-    assert [record.getMessage() for record in caplog.records] == [
-        f"{path} is not read: {INSTALL_HINT}"
-    ]
-    assert splitter.feed(b"\x01" * 100) == []
-    assert splitter.pending_bytes == 100  # a follower's offset stays at 0
-    assert isinstance(reader_for(path), tb.TensorBoardReader)

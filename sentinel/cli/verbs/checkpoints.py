@@ -1,5 +1,8 @@
 """``sentinel checkpoints DIR``: the checkpoints, their status and the resume pointers.
 
+In Lightning's ``lightning_logs`` they are those of every ``version_N/checkpoints/``, each
+shown by its path in DIR.
+
 With ``--restore INCIDENT``, it undoes a rollback: the quarantine goes back where it came from.
 Names are shown with their control characters escaped (a folder named with a newline or an
 escape sequence stays one row); ``--json`` gives them as they are.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,9 +92,13 @@ def handle(args: argparse.Namespace) -> int:
         print(printable(said))
     if not found:
         print(f"no checkpoints in {printable(str(args.directory))}")
-        _print_pointers(pointers)
+        _print_pointers(pointers, args.directory)
         return 0
-    print(f"{'step':>8}  {'status':<11} {'checkpoint':<32} {'layout':<11} reason")
+    root = os.path.abspath(args.directory)
+    # A checkpoint by its name, or in lightning_logs by its path there (version_1/...).
+    names = {c.path: printable(os.path.relpath(c.path, root)) for c in found}
+    width = max(32, *map(len, names.values()))
+    print(f"{'step':>8}  {'status':<11} {'checkpoint':<{width}} {'layout':<11} reason")
     for c in found:
         place = "-" if c.epoch is None else f"epoch={c.epoch}"
         place = place if c.step is None else str(c.step)
@@ -99,11 +107,11 @@ def handle(args: argparse.Namespace) -> int:
             notes.append(f"placed by {c.placed_by}")
         if clean is not None and c.path == clean.path:
             notes.append("<- last clean: a rollback resumes here")
-        name = printable(c.path.name)  # a folder's name may hold a newline or an escape
-        print(f"{place:>8}  {c.status!s:<11} {name:<32} {c.layout:<11} {'; '.join(notes)}")
+        name = names[c.path]  # escaped: a folder's name may hold a newline or an escape
+        print(f"{place:>8}  {c.status!s:<11} {name:<{width}} {c.layout:<11} {'; '.join(notes)}")
     if clean is None:
         print("no clean checkpoint: a rollback would have nothing to resume from")
-    _print_pointers(pointers)
+    _print_pointers(pointers, args.directory)
     return 0
 
 
@@ -127,10 +135,10 @@ def _last_onset(state_dir: Path) -> tuple[Onset | None, str]:
     return onset, said
 
 
-def _print_pointers(pointers: Sequence[Pointer]) -> None:
+def _print_pointers(pointers: Sequence[Pointer], directory: Path) -> None:
     """Each framework's resume pointer and what it names (a job restarted by others reads it)."""
     for pointer in pointers:
-        print(f"{'pointer':>8}  {printable(pointer.describe())}")
+        print(f"{'pointer':>8}  {printable(pointer.describe(directory))}")
 
 
 def _restore(args: argparse.Namespace) -> int:

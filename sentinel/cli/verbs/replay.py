@@ -14,7 +14,6 @@ from sentinel.cli.verbs.common import settings_of, usage_error
 from sentinel.config import Settings
 from sentinel.model.records import Severity
 from sentinel.model.untrusted import printable
-from sentinel.parsing.tensorboard import MissingExtra
 
 if TYPE_CHECKING:
     from sentinel.engine.replay import ReplayResult
@@ -60,7 +59,7 @@ def handle(args: argparse.Namespace) -> int:
         return usage_error("sentinel replay", f"no such file: {', '.join(missing)}")
     try:
         result = replay(paths, settings)
-    except (MissingExtra, FileNotFoundError) as error:
+    except FileNotFoundError as error:
         return usage_error("sentinel replay", error)
     if args.json:
         for alert in result.alerts:

@@ -7,8 +7,6 @@ import argparse
 from sentinel.cli import options as cli_options
 from sentinel.cli.options import add_shared
 from sentinel.cli.verbs.common import settings_of, usage_error
-from sentinel.parsing.files import require_extras
-from sentinel.parsing.tensorboard import MissingExtra
 from sentinel.store import lock as state_lock
 
 VERB = "run"
@@ -59,10 +57,6 @@ def handle(args: argparse.Namespace) -> int:
     if not command:
         return usage_error("sentinel run", "give the job's command after --")
     settings = settings_of(args)
-    try:
-        require_extras(settings.logs)
-    except MissingExtra as error:
-        return usage_error("sentinel run", error)
     preflight(settings, command)
     with state_lock.acquire(settings.state_dir):  # one sentinel per state dir, for life
         return Supervisor(settings, command, reload=lambda: settings_of(args)).run()

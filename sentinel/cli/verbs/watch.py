@@ -7,8 +7,6 @@ import argparse
 from sentinel.cli import options as cli_options
 from sentinel.cli.options import add_shared
 from sentinel.cli.verbs.common import settings_of, usage_error
-from sentinel.parsing.files import require_extras
-from sentinel.parsing.tensorboard import MissingExtra
 from sentinel.store import lock as state_lock
 
 VERB = "watch"
@@ -40,8 +38,7 @@ def handle(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     try:
         target = target_of(settings)
-        require_extras(settings.logs)
-    except (ValueError, MissingExtra) as error:
+    except ValueError as error:
         return usage_error("sentinel watch", error)
     preflight(settings, [])
     with state_lock.acquire(settings.state_dir):  # one sentinel per state dir, for life
