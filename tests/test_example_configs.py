@@ -51,8 +51,9 @@ def test_every_example_is_checked() -> None:
 
 def test_readme_config_reference_is_valid(tmp_path: Path) -> None:
     """The TOML block in the README's Configuration section loads as it stands."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Configuration") :]
+    from tests.helpers.manual import section as manual_section
+
+    section = manual_section("Configuration")
     block = section[
         section.index("```toml") + len("```toml") : section.index(
             "```", section.index("```toml") + 7

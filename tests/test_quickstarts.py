@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _command_of(section: str) -> str:
     """The one command block of the README's section ``section``."""
-    text = (ROOT / "README.md").read_text()
-    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    from tests.helpers.manual import section as manual_section
+
+    body = manual_section(section)
     blocks = re.findall(r"```\n(.*?)\n```", body, flags=re.S)
     assert len(blocks) == 1, blocks
     return blocks[0].strip()

@@ -1,4 +1,4 @@
-"""sentinel's Lightning quickstart (README.md): a Lightning job at its defaults."""
+"""sentinel's Lightning quickstart (docs/quickstarts.md): a Lightning job at its defaults."""
 
 import os
 

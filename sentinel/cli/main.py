@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _exit_codes() -> str:
-    """The exit-code table of ``sentinel --help`` (a contract: README, "Commands")."""
+    """The exit-code table of ``sentinel --help`` (a contract: the manual (docs/), "Commands")."""
     rows = [
         ("0", "run: the job finished (after restarts, if any); watch: stopped"),
         ("1", "replay --fail-on: an alert that severe; verdict: no verdict and no --job-status"),

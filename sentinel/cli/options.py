@@ -97,7 +97,10 @@ SHARED: tuple[SharedOption, ...] = (
     SharedOption(
         ("--stop-signal",),
         "job control",
-        {"metavar": "SIG", "help": "first signal to the job's tree (SIGTERM; SIGKILL: see README)"},
+        {
+            "metavar": "SIG",
+            "help": "first signal to the job's tree (SIGTERM; SIGKILL: docs/rollback.md)",
+        },
     ),
     SharedOption(
         ("--pid",),

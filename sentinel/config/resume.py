@@ -19,7 +19,7 @@ PLACEHOLDERS = ("checkpoint", "step")
 #: What a placeholder looks like; ``{"a": 1}`` is not one and stays literal.
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
-#: Variables sentinel sets for the job it restarts (README, "What it does when it acts").
+#: Variables sentinel sets for the job it restarts (docs/rollback.md, "Restart protocol").
 RESUME_FROM = "SENTINEL_RESUME_FROM"
 RESUME_STEP = "SENTINEL_RESUME_STEP"
 RESTART = "SENTINEL_RESTART"

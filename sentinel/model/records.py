@@ -101,7 +101,7 @@ def json_number(value: float | None) -> float | str | None:
 
 @dataclass(frozen=True, slots=True)
 class Alert:
-    """What a detector reports. ``to_json`` is the public alert schema (README, "What you get").
+    """What a detector reports. ``to_json`` is the public alert schema (docs/outputs.md).
 
     ``onset_step`` is the first step of the evidence (where rollback must go
     back before); ``resolves`` marks the all-clear of an earlier alert of the

@@ -1,6 +1,6 @@
 """nan_inf: a non-finite loss stops the job, a grad-norm when it is no skipped fp16 step.
 
-Which non-finite values stop the job (README, "Non-finite values"):
+Which non-finite values stop the job (the manual (docs/), "Non-finite values"):
 
 - a loss (training or evaluation: ``loss``, ``eval_loss``, ``lm_loss``...) and any metric
   named in ``stop_metrics``: critical at once;

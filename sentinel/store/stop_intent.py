@@ -2,7 +2,7 @@
 middle of carrying it out is followed by one that finishes it.
 
 The record rides in ``verdict.json`` (``verdict.py``) as its ``"stop"`` object, through
-three phases (README, "A stop survives sentinel's own death"):
+three phases (the manual (docs/), "A stop survives sentinel's own death"):
 
 - ``stopping``: with the "deciding" mark, right before the first signal: the incident
   and its onset, the job's pid and start time, the signal and its grace. Best effort and

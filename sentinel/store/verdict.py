@@ -1,6 +1,6 @@
 """What sentinel decided about a job, for the orchestrator: exit codes and ``verdict.json``.
 
-Two phases (README, "Verdicts: what the orchestrator hears"). Before its first signal sentinel marks
+Two phases (docs/watch.md, "Verdicts"). Before its first signal sentinel marks
 ``<state-dir>/verdict.json`` ``"state": "deciding"`` (``mark_deciding``: best
 effort, it never raises and does not sync, so the signal is not held up);
 once the job is gone and the rollback is done, or has failed, it writes the

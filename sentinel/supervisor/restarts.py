@@ -1,7 +1,7 @@
 """After sentinel stopped a job: restart it from a clean checkpoint, or give up and say why.
 
 The decision is made in one place, data in and a decision out, so that the loop
-only carries it out. It gives up (exit 90, README "Verdicts") on the same failure at the
+only carries it out. It gives up (exit 90, docs/watch.md, "Verdicts") on the same failure at the
 same step twice, when restarts are spent, when nothing clean is left to resume
 from (unless ``[job] restart_without_checkpoint = "scratch"``), and when the
 rollback could not set the poisoned checkpoints aside: resuming over them would
@@ -30,7 +30,7 @@ from sentinel.model.incidents import Incident
 from sentinel.service.http import parse_http_address
 from sentinel.store import verdict
 from sentinel.store.verdict import (
-    EXIT_GIVE_UP as EXIT_GIVE_UP,  # run gives up (README, "Verdicts")
+    EXIT_GIVE_UP as EXIT_GIVE_UP,  # run gives up (the manual (docs/), "Verdicts")
 )
 from sentinel.supervisor.stop_journal import StopJournal
 

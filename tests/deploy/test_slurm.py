@@ -212,8 +212,9 @@ def test_the_script_is_shellcheck_clean() -> None:
 
 def _readme_secrets(tmp_path: Path) -> str:
     """The README's Slurm step 1, run as written (HOME in ``tmp_path``): the file it writes."""
-    readme = (SCRIPT.parents[2] / "README.md").read_text()
-    section = readme[readme.index("### On Slurm") :]
+    from tests.helpers.manual import section as manual_section
+
+    section = manual_section("On Slurm")
     lines = re.findall(r"^   ((?:mkdir|echo) .*)$", section[: section.index("\n2. ")], re.M)
     assert len(lines) == 2, lines
     home = tmp_path / "home"

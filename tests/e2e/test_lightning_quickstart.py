@@ -42,9 +42,9 @@ def _has_lightning() -> bool:
 
 def quickstart() -> str:
     """The README's section "Quickstart: a Lightning script"."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = readme.index("## Quickstart: a Lightning script")
-    return readme[start : readme.index("\n## ", start + 1)]
+    from tests.helpers.manual import section
+
+    return section("Quickstart: a Lightning script")
 
 
 def commands() -> list[str]:
