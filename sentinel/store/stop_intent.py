@@ -27,7 +27,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sentinel.model.incidents import Incident, alert_memory, incident_from_memory
+from sentinel.model.incidents import (
+    Incident,
+    alert_memory,
+    incident_from_memory,
+    incident_memory,
+)
 from sentinel.store import verdict
 
 log = logging.getLogger(__name__)
@@ -156,30 +161,31 @@ class StopIntent:
 
 def compact_incident(incident: Incident) -> dict[str, Any]:
     """What the record keeps of ``incident``: who it is, its onset, its first alert."""
+    first = [_json_safe(alert_memory(incident.first))] if incident.alerts else []
+    return {**incident_memory(incident), "alerts": first, "actions": [], "open_rules": []}
+
+
+def _deciding(intent: StopIntent) -> dict[str, Any]:
+    """The "deciding" record's fields for ``intent``: the rule, the step of its first alert,
+    the attempt, when it was signalled, and the stop itself."""
+    first = intent.incident.get("alerts") or [{}]
     return {
-        "id": incident.id,
-        "rule": incident.rule,
-        "severity": str(incident.severity),
-        "opened_at": incident.opened_at,
-        "onset_step": incident.onset_step,
-        "onset_time": incident.onset_time,
-        "alerts": [_json_safe(alert_memory(incident.first))] if incident.alerts else [],
-        "actions": [],
-        "open_rules": [],
+        "rule": intent.rule,
+        "step": first[0].get("step"),
+        "attempt": intent.attempt,
+        "time": intent.signalled_at,
+        "stop": intent.to_json(),
     }
 
 
 def mark_stopping(state_dir: Path, intent: StopIntent) -> bool:
     """Before the first signal: the "deciding" mark, holding ``intent`` (best effort)."""
-    first = intent.incident.get("alerts") or [{}]
-    return verdict.mark_deciding(
-        state_dir,
-        rule=intent.rule,
-        step=first[0].get("step"),
-        attempt=intent.attempt,
-        time=intent.signalled_at,
-        stop=intent.to_json(),
-    )
+    return verdict.mark_deciding(state_dir, **_deciding(intent))
+
+
+def mark_ended(state_dir: Path, intent: StopIntent) -> bool:
+    """A stop that no verdict follows: the "deciding" mark, keeping no stop to finish."""
+    return verdict.mark_deciding(state_dir, **{**_deciding(intent), "stop": None})
 
 
 def write(state_dir: Path, intent: StopIntent) -> None:
@@ -190,15 +196,7 @@ def write(state_dir: Path, intent: StopIntent) -> None:
         except verdict.VerdictUnreadable as error:
             raise OSError(str(error)) from None
         return
-    first = intent.incident.get("alerts") or [{}]
-    verdict.write_deciding(
-        state_dir,
-        rule=intent.rule,
-        step=first[0].get("step"),
-        attempt=intent.attempt,
-        time=intent.signalled_at,
-        stop=intent.to_json(),
-    )
+    verdict.write_deciding(state_dir, **_deciding(intent))
 
 
 def pending(state_dir: Path, *, last_attempt: int | None, relaunches: bool) -> StopIntent | None:

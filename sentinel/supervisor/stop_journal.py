@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sentinel.model.incidents import Incident
 from sentinel.process.identity import ProcessIdentity
-from sentinel.store import stop_intent, verdict
+from sentinel.store import stop_intent
 from sentinel.store.stop_intent import StopIntent
 
 log = logging.getLogger(__name__)
@@ -90,13 +90,7 @@ class StopJournal:
         intent, self.intent = self.intent, None
         if intent is None:
             return
-        verdict.mark_deciding(
-            self.state_dir,
-            rule=intent.rule,
-            step=(intent.incident.get("alerts") or [{}])[0].get("step"),
-            attempt=intent.attempt,
-            time=intent.signalled_at,
-        )
+        stop_intent.mark_ended(self.state_dir, intent)
 
     def _write(self, what: str) -> None:
         assert self.intent is not None
