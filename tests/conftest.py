@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 os.environ.setdefault("SENTINEL_EVIDENCE__CHART", "false")
 for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
@@ -31,12 +29,3 @@ for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 def pytest_xdist_auto_num_workers(config: object) -> int:
     """``-n auto``: a worker per core, and at least 3 (see the module's docstring)."""
     return max(3, os.cpu_count() or 1)
-
-
-#: The longest tests (real frameworks, real pods and jobs: 10-50 s each) start first, so that
-#: none of them begins near the end of the run and keeps one worker busy alone after the rest.
-_LONG_FIRST = ("tests/e2e/", "tests/test_wheel.py", "tests/test_quickstarts.py")
-
-
-def pytest_collection_modifyitems(config: object, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(_LONG_FIRST))
