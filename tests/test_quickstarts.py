@@ -47,8 +47,11 @@ def test_the_plain_loop_quickstart_as_written(tmp_path: Path) -> None:
         timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    aside = sorted(p.name for p in (tmp_path / "ckpt" / "quarantine").glob("*/*.pt"))
-    assert "step_30.pt" in aside and "step_20.pt" not in aside, aside
+    # What the loop saved from step 30 on (before the stop reached it) is set aside; the
+    # checkpoints before the NaN stay.
+    aside = [p.name for p in (tmp_path / "ckpt" / "quarantine").glob("*/*.pt")]
+    assert all(int(name[5:-3]) >= 30 for name in aside), aside
+    assert (tmp_path / "ckpt" / "step_20.pt").is_file()
     assert "resumed from" in result.stderr and "step_20.pt (step 20)" in result.stderr
     assert "recovered" in result.stderr
     report = re.search(r"^Report: (.+\.md)$", result.stderr, flags=re.M)

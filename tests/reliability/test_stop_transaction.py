@@ -57,7 +57,8 @@ JOB = textwrap.dedent(
         signal.signal(signal.SIGTERM, late_exit)
     for step in range(start + 1, 61):
         nan = resume is None and step >= NAN_AT
-        print(f"step {step} loss {'nan' if nan else 2.0 / step}", flush=True)
+        # DeepSpeed's order: the save, then `latest`, then the step's log line (so that the
+        # stop never races the save of the NaN's own step).
         if step % 5 == 0:
             tag = f"global_step{step}"
             shutil.copytree(os.path.join(fixture, "global_step40"), os.path.join(ck, tag))
@@ -65,6 +66,7 @@ JOB = textwrap.dedent(
                 pointer.write(tag)
             with open(record, "a") as out:
                 out.write(json.dumps({"pid": os.getpid(), "saved": tag}) + "\\n")
+        print(f"step {step} loss {'nan' if nan else 2.0 / step}", flush=True)
         time.sleep(0.05)
     while resume is None and on_term == "ignore":
         time.sleep(1)  # hung after its NaN: it runs until it is killed
