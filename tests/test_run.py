@@ -281,3 +281,25 @@ def test_job_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -
     assert result.returncode == 128 + signal.SIGKILL, result.stderr
     (report,) = (state / "reports").glob("*.md")
     assert "SIGKILL" in report.read_text()
+
+
+@pytest.mark.slow
+def test_each_alert_line_says_its_level_once(tmp_path: Path) -> None:
+    """The log line's level is the alert's severity; a critical (logged as ERROR) says so."""
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import json, time\n"
+        "for step in range(1, 40):\n"
+        "    loss = 1.0 if step < 30 else (50.0 if step < 35 else float('nan'))\n"
+        "    print(json.dumps({'step': step, 'loss': loss}), flush=True)\n"
+        "    time.sleep(0.01)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(tmp_path / "state"),
+         "--max-restarts", "0", "--", sys.executable, str(job)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    lines = result.stderr.splitlines()
+    assert any("] WARNING loss_spike step=30: " in line for line in lines), result.stderr
+    assert any("] ERROR CRITICAL nan_inf step=35: " in line for line in lines), result.stderr
+    assert not [line for line in lines if "WARNING WARNING" in line or "INFO INFO" in line]

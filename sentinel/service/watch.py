@@ -129,14 +129,12 @@ class Watch:
                     samples_per_step=self.engine.facts.samples_per_step,
                 )
             self.safely("the alert journal", self.journal.append, alert)
-            log.log(
-                _LEVELS[alert.severity],
-                "%s %s step=%s: %s",
-                alert.severity.upper(),
-                alert.rule,
-                alert.step,
-                alert.message,
-            )
+            level = _LEVELS[alert.severity]
+            said = alert.severity.upper()
+            # The line's level says the severity, but for a critical (logged as ERROR): never
+            # "WARNING WARNING".
+            named = "" if logging.getLevelName(level) == said else f"{said} "
+            log.log(level, "%s%s step=%s: %s", named, alert.rule, alert.step, alert.message)
             if change is None:
                 # An alert may ask for an action of its own on an incident already critical
                 # (cost_overrun's kill_fraction: stop the job).
