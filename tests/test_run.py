@@ -245,7 +245,10 @@ def test_stall_soft_warns_then_hard_stops(tmp_path: Path) -> None:
     assert "process tree CPU" in stall[1]["message"]
 
 
-def test_sigterm_to_sentinel_stops_the_job_and_exits_with_its_status(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_sigterm_to_sentinel_stops_the_job_and_exits_with_its_status(
+    tmp_path: Path, signum: int
+) -> None:
     slow = tmp_path / "slow.py"
     slow.write_text(
         "import time\nfor i in range(1000):\n"
@@ -260,8 +263,11 @@ def test_sigterm_to_sentinel_stops_the_job_and_exits_with_its_status(tmp_path: P
         assert proc.stdout is not None
         first = proc.stdout.readline()  # the job's first line, passed through: it is running
         assert json.loads(first)["step"] == 0
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        proc.send_signal(signum)
+        # As a program that signal ended: 143, or 130 for Ctrl-C (never FATAL).
+        assert proc.wait(timeout=20) == 128 + signum
+        assert proc.stderr is not None
+        assert "-> FATAL" not in proc.stderr.read()
     finally:
         proc.kill()
         proc.communicate()

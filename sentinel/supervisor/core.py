@@ -404,7 +404,13 @@ class Supervisor:
         incident = stop.incident
         if incident is not None:
             incident.record(now, f"job stopped: {said} after {now - stop.started_at:.1f} s")
-        if not stop.restart or stops.shutdown_signals:
+        if stops.shutdown_signum is not None:
+            # Asked to stop (Ctrl-C, SIGTERM): exit as a program that signal ended, whatever
+            # the job made of its own stop signal.
+            self._journal.ended()
+            attempts.attempt_over(exit_status(-stops.shutdown_signum), JobState.EXITED, incident)
+            return
+        if not stop.restart:
             self._journal.ended()
             self._ready()
             attempts.attempt_over(

@@ -83,8 +83,10 @@ class JobStops:
         self._put = put
         #: The stop under way, until the job's exit is handled; None when there is none.
         self.current: Stop | None = None
-        #: SIGTERM and SIGINT received so far (the second forces).
+        #: SIGTERM and SIGINT received so far (the second forces), and the first of them:
+        #: ``run`` then exits as a program killed by it would (130 for Ctrl-C, 143).
         self.shutdown_signals = 0
+        self.shutdown_signum: int | None = None
 
     def act(self, incident: Incident) -> None:
         """A critical incident opened or escalated: stop the job if its rule says so."""
@@ -158,6 +160,8 @@ class JobStops:
     def shutdown(self, signum: int) -> None:
         """SIGTERM or SIGINT: ``run`` stops its job (a second forces), ``watch`` only itself."""
         self.shutdown_signals += 1
+        if self.shutdown_signum is None:
+            self.shutdown_signum = signum
         name = signal.Signals(signum).name
         owner = self.owner
         job = owner.job
