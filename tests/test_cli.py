@@ -100,6 +100,8 @@ def test_demo_diverges_rolls_back_restarts_and_finishes(tmp_path: Path) -> None:
     assert "not searched" not in result.stderr
     tmp_path = tmp_path / "demo"
     assert "after 1 restart(s)" in result.stdout
+    # Kept: the paths it names are there.
+    assert f"Alert journal: {tmp_path / 'state' / 'alerts.jsonl'}" in result.stdout
     assert "diagnosis:" in result.stdout
     journal = (tmp_path / "state" / "alerts.jsonl").read_text().splitlines()
     alerts = [json.loads(line) for line in journal]
@@ -146,3 +148,11 @@ def test_run_never_prints_a_target_token_even_with_debug_logging(tmp_path: Path)
     for output in (result.stdout, result.stderr, check.stdout, check.stderr):
         assert token not in output and query_token not in output
     assert "****" in check.stdout
+
+
+@pytest.mark.slow
+def test_a_demo_not_kept_names_no_file_it_deletes(tmp_path: Path) -> None:
+    result = sentinel("demo", timeout=60, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Alert journal:" not in result.stdout and "Incident reports:" not in result.stdout
+    assert "sentinel demo --keep DIR` keeps them" in result.stdout

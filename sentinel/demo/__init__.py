@@ -18,12 +18,12 @@ def run_demo(keep: Path | None, *, out: TextIO) -> int:
     """Run the toy job under ``sentinel run``; print what happened; the run's exit status."""
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
-        return _run(keep.resolve(), out)
+        return _run(keep.resolve(), out, kept=True)
     with tempfile.TemporaryDirectory(prefix="sentinel-demo-") as work:
-        return _run(Path(work), out)
+        return _run(Path(work), out, kept=False)
 
 
-def _run(work: Path, out: TextIO) -> int:
+def _run(work: Path, out: TextIO, *, kept: bool) -> int:
     from sentinel.supervisor.core import Supervisor
 
     job_out = work / "run"
@@ -68,8 +68,14 @@ def _run(work: Path, out: TextIO) -> int:
     if quarantine.is_dir():
         for moved in sorted(quarantine.glob("*/*")):
             out.write(f"  quarantine/{moved.parent.name}/{moved.name}\n")
-    out.write(
-        f"\nAlert journal: {settings.state_dir / 'alerts.jsonl'}\n"
-        f"Incident reports: {settings.state_dir / 'reports'}\n"
-    )
+    if kept:
+        out.write(
+            f"\nAlert journal: {settings.state_dir / 'alerts.jsonl'}\n"
+            f"Incident reports: {settings.state_dir / 'reports'}\n"
+        )
+    else:  # the work dir goes with the demo: no path to a file that is gone
+        out.write(
+            "\nThe demo's folder, its journal and its incident report are deleted as it ends:"
+            " `sentinel demo --keep DIR` keeps them.\n"
+        )
     return status
