@@ -151,8 +151,8 @@ class LineParser:
         self._no_step_yet = False
         logger.warning(
             "metrics on a line that names no step (%r): they are read at the last step"
-            " a progress bar showed, or at no step; a [parsers] regexes pattern with a (?P<step>...)"
-            " group, or a step field in the log, gives them theirs",
+            " a progress bar showed, or at no step; a [parsers] regexes pattern with a"
+            " (?P<step>...) group, or a step field in the log, gives them theirs",
             text[:120],
         )
 
