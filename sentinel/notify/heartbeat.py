@@ -121,13 +121,13 @@ class Heartbeat:
                 logger.info("heartbeat ping to %s succeeded again", self.masked_url)
             self._failing = False
             self.last_ok_at = now
-            self._record(LAST_OK_KEY, repr(now))
+            self._record({LAST_OK_KEY: repr(now)})
             logger.debug("heartbeat ping to %s ok", self.masked_url)
             return
         error = secrets.mask(error.replace(self.url, self.masked_url))
         self.last_error, self._failing = error, True
-        self._record(LAST_ERROR_KEY, error)
-        self._record(LAST_ERROR_AT_KEY, repr(now))
+        # One write: a reader never sees the error without its time.
+        self._record({LAST_ERROR_KEY: error, LAST_ERROR_AT_KEY: repr(now)})
         logger.warning(
             "heartbeat ping to %s failed, next try in %.0fs: %s",
             self.masked_url,
@@ -135,10 +135,10 @@ class Heartbeat:
             error,
         )
 
-    def _record(self, key: str, value: str) -> None:
+    def _record(self, values: dict[str, str]) -> None:
         if self._store is None:
             return
         try:
-            self._store.put(key, value)
+            self._store.put_many(values)
         except Exception as exc:  # a closed or locked DB must not end the heartbeat
-            logger.warning("heartbeat: cannot record %s: %s", key, exc)
+            logger.warning("heartbeat: cannot record %s: %s", ", ".join(values), exc)
