@@ -15,11 +15,22 @@ the suite starts runs torch single-threaded (they inherit the environment).
 Most of the suite's time is real child processes waiting on real timeouts, not CPU: on a
 2-core machine a third worker cut the suite from 6 min 28 s to 5 min 50 s (``-n auto``
 means at least 3 workers here; ``pytest -n 0`` runs it in one process).
+
+The README installs the test environment with ``pip install --no-compile``: byte-compiling
+all of torch and transformers at install was 100 s of CI's 160 s install, and the suite
+imports a small part of them. Python compiles a module when it is first imported and keeps
+the result, unless PYTHONDONTWRITEBYTECODE is set; then every job and every sentinel the
+suite starts (a few hundred, several importing torch) would compile again from source. The
+suite writes the byte code, in this process and in what it starts.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 os.environ.setdefault("SENTINEL_EVIDENCE__CHART", "false")
 for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
