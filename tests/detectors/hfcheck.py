@@ -9,6 +9,7 @@ line; ``tests.detectors.blockcheck.run`` feeds it.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import random
@@ -44,8 +45,15 @@ def troubled_hf(
     text, a cut-off dict, 4.x bare ``nan``, ints, the end-of-training summary).
     ``strings``: values printed as strings (transformers 5.x) or as floats (4.x).
     Everything goes to one stream, as a job's stdout and stderr do to one log (tqdm
-    writes its bars to stderr, the Trainer its dicts to stdout).
+    writes its bars to stderr, the Trainer its dicts to stdout). Drawing one takes about
+    1.5 s, and many cases read the same one: each is drawn once per worker.
     """
+    return list(_draw(seed, steps, logging_steps, strings))
+
+
+@functools.lru_cache(maxsize=8)
+def _draw(seed: int, steps: int, logging_steps: int, strings: bool) -> tuple[str, ...]:
+    """What ``troubled_hf`` returns, drawn once per worker for each set of arguments."""
     rng = random.Random(seed)
     stream = io.StringIO()
     # What HF's ProgressCallback opens; mininterval=0 redraws every step (as a slow step
@@ -94,7 +102,7 @@ def troubled_hf(
             bar.write(_printed(evaluation, strings), file=stream)
     bar.close()
     splitter = LineSplitter()
-    return splitter.feed(stream.getvalue().encode()) + splitter.flush()
+    return tuple(splitter.feed(stream.getvalue().encode()) + splitter.flush())
 
 
 def _evaluate(stream: io.StringIO, batches: int) -> None:
