@@ -1,6 +1,7 @@
 """A plain PyTorch DDP job, as users write one, for the rollback tests (run under torchrun).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 ddp_job.py LAYOUT CKPT RECORD
+    python ddp_job.py LAYOUT CKPT RECORD    # one process: a process group of one, no torchrun
 
 LAYOUT is how it saves every ``SAVE_EVERY`` steps (rank 0 saves, as DDP scripts do):
 
@@ -42,7 +43,10 @@ def checkpoint_path(layout: str, directory: Path, step: int) -> Path:
 
 def main() -> None:
     layout, directory, record = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    dist.init_process_group("gloo")
+    if "RANK" in os.environ:  # under torchrun
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     rank = dist.get_rank()
     restart = int(os.environ.get("SENTINEL_RESTART") or 0)
     torch.manual_seed(0)
