@@ -21,6 +21,10 @@ Every attempt's outcome is stored per target (``actions.target_results``:
 last success, last failure, last error) and logged, so ``sentinel status``
 shows them after sentinel is gone.
 
+apprise and ``requests`` (about a quarter of a second to import) are imported by the first
+message sent: a run with no target, and every ``sentinel`` command that sends nothing,
+never pays for them.
+
 Target URLs carry secrets. The DB stores only a hash and a name (the target's
 own, or its URL masked); logs and stored errors only ever show masked URLs.
 """
@@ -36,16 +40,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-import apprise
-
 from sentinel.model import secrets
 from sentinel.model.records import Alert, Severity
 from sentinel.model.secrets import mask_url, scrub, url_secrets, validate_url
-from sentinel.notify.apprise_message import apprise_call
 from sentinel.notify.notices import Envelope, JobInfo, Notice, NoticeKind
 from sentinel.notify.outbox import Outbox, Target, target_hash
 from sentinel.notify.outbox_delivery import DeliveryError, Retries, SendFn, TargetWorker, backoff_s
-from sentinel.notify.retry_after import observe_responses
 from sentinel.notify.target_results import TargetResult, read_results
 
 __all__ = [
@@ -66,12 +66,18 @@ logger = logging.getLogger(__name__)
 
 def send_envelope(target: str, envelope: Envelope, timeout_s: float) -> None:
     """Send ``envelope`` to one apprise URL, rendered for its kind; raise DeliveryError."""
+    from sentinel.notify.apprise_message import apprise_call  # imports apprise (docstring)
+
     url, arguments = apprise_call(target, envelope)
     _notify(target, url, arguments, timeout_s)
 
 
 def _notify(target: str, url: str, arguments: dict[str, Any], timeout_s: float) -> None:
     """One ``Apprise.notify`` to ``url`` (made from ``target``); errors name ``target`` masked."""
+    import apprise
+
+    from sentinel.notify.retry_after import observe_responses  # imports requests
+
     plugin = secrets.apprise_plugin(url)
     if plugin is None:
         raise DeliveryError(f"unsupported or malformed notification URL {mask_url(target)}")

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from sentinel.config import Settings
 from sentinel.follow.discover import WHOLE_FILES, MetricFileFinder
-from sentinel.notify.heartbeat import Heartbeat
 from sentinel.notify.notifier import Notifier, Outbox
 from sentinel.store.state import StateStore
 from sentinel.supervisor.events import OutputLines, Put, TrainerStateRead
@@ -28,6 +27,7 @@ from sentinel.supervisor.metric_files import is_metric_file, splitting, unreadab
 
 if TYPE_CHECKING:
     from sentinel.follow.tailer import LogTailer
+    from sentinel.notify.heartbeat import Heartbeat
 
 #: ``watch``: a metric file written this recently is the attached job's.
 WATCH_RECENT_S = 600.0
@@ -76,6 +76,8 @@ class Workers:
             )
         self.heartbeat: Heartbeat | None = None
         if settings.notify.heartbeat_url is not None:
+            from sentinel.notify.heartbeat import Heartbeat  # imports requests: only when used
+
             self.heartbeat = Heartbeat(
                 settings.notify.heartbeat_url.get_secret_value(),
                 settings.notify.heartbeat_interval_s,
