@@ -34,19 +34,20 @@ def _every_rule() -> Sequence[BaseDetector]:
     return build_detectors(Settings())
 
 
-#: The fast loop has one case a rule (seed 1, stamped and bare lines by turns); the full
-#: run (``-m slow`` or no ``-m``) has every rule with both seeds, stamped and bare.
+#: Every rule with stamped and with bare lines, the two logs' seeds by turns (each seed
+#: meets every rule: a second seed for each case doubled the time and found nothing more
+#: than the every-rule test's three seeds do). The fast loop has one case a rule.
 CASES = [
     pytest.param(
         rule,
         seed,
         stamps,
         id=f"{rule}-seed{seed}-{'stamped' if stamps else 'bare'}",
-        marks=() if seed == 1 and stamps == (index % 2 == 0) else pytest.mark.slow,
+        marks=() if seed == 1 else pytest.mark.slow,
     )
     for index, rule in enumerate(BLOCK_RULES)
-    for seed in (1, 2)
     for stamps in (True, False)
+    for seed in [1 + (index + stamps) % 2]
 ]
 
 
