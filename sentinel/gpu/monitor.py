@@ -56,6 +56,7 @@ class GpuMonitor:
         interval_s: float,
         on_samples: OnSamples,
         job_pids: Callable[[], frozenset[int]],
+        job_devices: Callable[[], frozenset[str] | None] = lambda: None,
         on_reading: OnReading | None = None,
         attribution: Attribution = "auto",
         xid_events: bool = True,
@@ -77,6 +78,7 @@ class GpuMonitor:
         self._on_samples = on_samples
         self._on_reading = on_reading
         self._job_pids = job_pids
+        self._job_devices = job_devices
         self._attribution: Attribution = attribution
         self._xid_events = xid_events
         self._visible_devices = visible_devices
@@ -116,7 +118,11 @@ class GpuMonitor:
             return False
         self._gpus = gpus
         self._reader = GpuReader(
-            probe, gpus, attribution=self._attribution, job_pids=self._job_pids
+            probe,
+            gpus,
+            attribution=self._attribution,
+            job_pids=self._job_pids,
+            job_devices=self._job_devices,
         )
         self._opened = self.available = True
         return True

@@ -68,18 +68,35 @@ class GpuProbe(Protocol):
 
 
 def attribute(
-    mode: str, pids: dict[int, frozenset[int] | None], job: frozenset[int]
+    mode: str,
+    pids: dict[int, frozenset[int] | None],
+    job: frozenset[int],
+    named: frozenset[int] | None = None,
 ) -> dict[int, bool]:
     """Which GPUs are the job's (``[gpu] attribution``), from the pids on each (None: unknown)
-    and the job's pids ``job``."""
+    and the job's pids ``job``; ``named``: the GPUs the job's environment names (its
+    ``NVIDIA_VISIBLE_DEVICES``), None when it names none."""
     if mode == "all":
         return dict.fromkeys(pids, True)
     owned = {index: bool(on_gpu and on_gpu & job) for index, on_gpu in pids.items()}
     if mode == "auto" and not any(owned.values()):
-        # A container's own PID namespace hides the job's pids from NVML: the GPUs this
-        # sidecar sees are then the job's.
+        # A container's own PID namespace hides the job's pids from NVML: the GPUs the
+        # container runtime gave the job, by UUID, else every GPU this sidecar sees.
+        if named is not None:
+            return {index: index in named for index in pids}
         return dict.fromkeys(pids, True)
     return owned
+
+
+def runtime_devices(value: str | None) -> frozenset[str] | None:
+    """The GPU UUIDs an ``NVIDIA_VISIBLE_DEVICES`` value names; None for ``all``, ``none``,
+    ``void``, indexes (the node's numbering, not NVML's here) or no value."""
+    if not value:
+        return None
+    entries = [entry.strip() for entry in value.split(",") if entry.strip()]
+    if not entries or not all(entry.startswith("GPU-") for entry in entries):
+        return None
+    return frozenset(entries)
 
 
 def shutdown(probe: GpuProbe) -> None:

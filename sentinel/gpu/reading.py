@@ -74,6 +74,8 @@ class WatchedGpu:
     #: The last enforced power limit read (watts), and when (epoch seconds).
     power_limit_w: float | None = None
     power_limit_read_at: float = 0.0
+    #: NVML's UUID of the GPU, read the first time a job names GPUs by UUID ("" unread).
+    uuid: str = ""
 
 
 def open_gpus(probe: GpuProbe, visible_devices: str | None) -> list[WatchedGpu] | None:
@@ -131,11 +133,15 @@ class GpuReader:
         *,
         attribution: Attribution,
         job_pids: Callable[[], frozenset[int]],
+        job_devices: Callable[[], frozenset[str] | None] = lambda: None,
     ) -> None:
+        """``job_devices``: the GPU UUIDs the job's environment names (``NVIDIA_VISIBLE_DEVICES``,
+        what a container runtime gave it), None when it names none."""
         self.gpus = gpus
         self._probe = probe
         self._attribution: Attribution = attribution
         self._job_pids = job_pids
+        self._job_devices = job_devices
         self._scalars = _scalar_calls(probe, ClockEventsCall(probe))
         self._log_limited = LimitedLog(log, REPEAT_LOG_S)
         self._job_gpus: frozenset[int] | None = None
@@ -228,7 +234,8 @@ class GpuReader:
     def _attribute(self, pids: dict[int, frozenset[int] | None]) -> dict[int, bool]:
         """Which GPUs are the job's, from the pids on each (None: unknown)."""
         job = frozenset[int]() if self._attribution == "all" else self._job_pids()
-        owned = attribute(self._attribution, pids, job)
+        named = self._named_gpus() if self._attribution == "auto" else None
+        owned = attribute(self._attribution, pids, job, named)
         job_gpus = frozenset(index for index, is_job in owned.items() if is_job)
         if job_gpus != self._job_gpus:
             self._job_gpus = job_gpus
@@ -238,6 +245,23 @@ class GpuReader:
                 ", ".join(gpu_source(i) for i in sorted(job_gpus)) or "none",
             )
         return owned
+
+    def _named_gpus(self) -> frozenset[int] | None:
+        """The watched GPUs whose UUID the job's environment names; None when it names none."""
+        uuids = self._job_devices()
+        if uuids is None:
+            return None
+        named: set[int] = set()
+        for gpu in self.gpus:
+            if not gpu.uuid:
+                try:
+                    gpu.uuid = str(self._probe.nvmlDeviceGetUUID(gpu.handle))
+                except self._probe.NVMLError as exc:
+                    log.warning("%s: NVML cannot tell its UUID (%s)", gpu.source, exc)
+                    continue
+            if gpu.uuid in uuids:
+                named.add(gpu.index)
+        return frozenset(named)
 
 
 def _scalar_calls(probe: GpuProbe, clock_events: ClockEventsCall) -> list[_Scalar]:

@@ -7,15 +7,21 @@ callback (the supervisor's queue). Without NVML the GPU source is simply absent:
 
 from __future__ import annotations
 
+import logging
 import os
 
+import psutil
+
 from sentinel.gpu.monitor import GpuMonitor, OnReading
+from sentinel.gpu.nvml import runtime_devices
 from sentinel.gpu.settings import GpuConfig
 from sentinel.model.machine import OnSamples
 from sentinel.model.records import Sample
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.proctree import ProcessMonitor
 from sentinel.process.settings import ProcessConfig
+
+log = logging.getLogger(__name__)
 
 
 class SystemSources:
@@ -40,6 +46,8 @@ class SystemSources:
         self.processes: ProcessMonitor | None = None
         self.gpus: GpuMonitor | None = None
         self._job: ProcessIdentity | None = None
+        #: The GPUs the job's environment names, read once per attempt.
+        self._job_devices: tuple[ProcessIdentity, frozenset[str] | None] | None = None
 
     def start(self) -> None:
         if self.process_settings.enabled:
@@ -55,6 +63,7 @@ class SystemSources:
                 on_samples=self.on_samples,
                 on_reading=self.on_reading,
                 job_pids=self.job_pids,
+                job_devices=self.job_devices,
                 attribution=gpu.attribution,
                 xid_events=gpu.xid_events,
                 # The job inherits sentinel's environment: watch the GPUs it can use.
@@ -85,6 +94,29 @@ class SystemSources:
             return self.processes.pids()
         job = self._job
         return frozenset() if job is None else frozenset({job.pid})
+
+    def job_devices(self) -> frozenset[str] | None:
+        """The GPU UUIDs the job's ``NVIDIA_VISIBLE_DEVICES`` names: the GPUs a container
+        runtime gave the job's container. A sidecar that sees every GPU of the node (it asks
+        the runtime for all, requesting none) watches these as the job's. None when the
+        variable names none (unset, ``all``, indexes) or the environment cannot be read."""
+        job = self._job
+        if job is None:
+            return None
+        cached = self._job_devices
+        if cached is not None and cached[0] == job:
+            return cached[1]
+        try:
+            value = psutil.Process(job.pid).environ().get("NVIDIA_VISIBLE_DEVICES")
+        except psutil.Error as exc:
+            # Another user's job without CAP_SYS_PTRACE, or gone: NVML's view stands.
+            log.info("cannot read the job's environment for its GPUs: %s", exc)
+            value = None
+        devices = runtime_devices(value)
+        if devices is not None:
+            log.info("the job's GPUs, by its NVIDIA_VISIBLE_DEVICES: %s", ",".join(sorted(devices)))
+        self._job_devices = (job, devices)
+        return devices
 
     def alive(self) -> bool:
         """Whether every started source's thread still runs (a dead one watches nothing)."""

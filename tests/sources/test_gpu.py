@@ -15,7 +15,9 @@ import pynvml
 import pytest
 
 from sentinel.gpu.monitor import GpuMonitor
+from sentinel.gpu.nvml import runtime_devices
 from sentinel.gpu.reading import REPEAT_LOG_S, Attribution
+from sentinel.gpu.settings import GpuConfig
 from sentinel.model.machine import (
     CLOCK_EVENTS_THERMAL,
     GPU_CLOCK_EVENTS,
@@ -33,6 +35,9 @@ from sentinel.model.machine import (
     gpu_source,
 )
 from sentinel.model.records import Sample
+from sentinel.process.identity import ProcessIdentity
+from sentinel.process.settings import ProcessConfig
+from sentinel.process.system import SystemSources
 from tests.helpers.nvml import FakeNvml, real_nvml_or_skip
 
 NOW = 1_700_000_000.0
@@ -440,6 +445,87 @@ def test_attribution(
     finally:
         gpus.stop()
     assert [values(reading[gpu_source(i)])[GPU_JOB] for i in range(2)] == expected
+
+
+@pytest.mark.parametrize(
+    ("named", "by_pid", "expected"),
+    [
+        ([1, 2], None, [0.0, 1.0, 1.0, 0.0]),
+        ([3], None, [0.0, 0.0, 0.0, 1.0]),
+        # NVML shows the job's pid on a GPU (one PID namespace): the pids decide.
+        ([1, 2], 0, [1.0, 0.0, 0.0, 0.0]),
+        # No UUID named (NVIDIA_VISIBLE_DEVICES unset, all, indexes): every GPU seen.
+        (None, None, [1.0, 1.0, 1.0, 1.0]),
+    ],
+    ids=["two-named", "one-named", "pids-first", "none-named-takes-all"],
+)
+def test_a_sidecar_that_sees_every_gpu_takes_those_the_jobs_environment_names(
+    named: list[int] | None,
+    by_pid: int | None,
+    expected: list[float],
+    child: subprocess.Popen[bytes],
+) -> None:
+    """A Kubernetes sidecar asks the runtime for every GPU of the node (it requests none)
+    and sees the job's pids as NVML never does (another PID namespace): the job's GPUs are
+    then those whose UUIDs its NVIDIA_VISIBLE_DEVICES names, not the node's every GPU."""
+    fake = FakeNvml(gpus=4)
+    if by_pid is not None:
+        fake.gpus[by_pid].processes[child.pid] = 2**30
+    uuids = None if named is None else frozenset(fake.gpus[i].uuid for i in named)
+    gpus = monitor(
+        fake, job_pids=frozenset({child.pid}), attribution="auto", job_devices=lambda: uuids
+    )
+    assert gpus.open()
+    try:
+        reading = gpus.read_once(NOW)
+    finally:
+        gpus.stop()
+    assert [values(reading[gpu_source(i)])[GPU_JOB] for i in range(4)] == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("GPU-aa,GPU-bb", {"GPU-aa", "GPU-bb"}),
+        (" GPU-aa ", {"GPU-aa"}),
+        ("all", None),
+        ("none", None),
+        ("void", None),
+        ("0,1", None),  # the node's numbering: not NVML's in another container
+        ("GPU-aa,1", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_runtime_devices_reads_only_uuids(value: str | None, expected: set[str] | None) -> None:
+    assert runtime_devices(value) == (None if expected is None else frozenset(expected))
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-1111,GPU-2222"}, {"GPU-1111", "GPU-2222"}),
+        ({"NVIDIA_VISIBLE_DEVICES": "all"}, None),
+        ({}, None),
+    ],
+    ids=["uuids", "all", "unset"],
+)
+def test_the_jobs_gpus_are_read_from_its_own_environment(
+    environment: dict[str, str], expected: set[str] | None
+) -> None:
+    """A real job with its own environment (not sentinel's): what the runtime gave it."""
+    env = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+    job = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=env | environment
+    )
+    try:
+        sources = SystemSources(GpuConfig(enabled=False), ProcessConfig(enabled=False), print)
+        assert sources.job_devices() is None  # no job yet
+        sources.set_job(ProcessIdentity.of(job.pid))
+        assert sources.job_devices() == (None if expected is None else frozenset(expected))
+    finally:
+        job.kill()
+        job.wait()
 
 
 # --- threads -----------------------------------------------------------------------------
