@@ -244,11 +244,12 @@ def test_image_builds_and_runs_as_uid_1000() -> None:
 
 @pytest.mark.slow
 def test_file_caps_let_a_non_root_sidecar_run_py_spy_on_another_users_job() -> None:
-    """The image's file capabilities, written by its own program onto copies of a Python and
-    py-spy, hand CAP_SYS_PTRACE to py-spy in a container's setting (uid 1000, drop ALL, add
-    SYS_PTRACE, allowPrivilegeEscalation false): it reads the stack of another user's job.
-    Without SYS_PTRACE in the bounding set py-spy cannot start; a py-spy without the file
-    capability is refused by the kernel."""
+    """The image's own program, run on copies of a Python, py-spy and a ``sentinel`` script,
+    gives the capability to an interpreter copy that only ``sentinel`` runs on, and to py-spy;
+    the image's interpreter holds none. In a container's setting (uid 1000, drop ALL, add
+    SYS_PTRACE, allowPrivilegeEscalation false) ``sentinel``'s py-spy reads the stack of
+    another user's job, and one started from the plain interpreter is refused it. Without SYS_PTRACE in the
+    bounding set py-spy cannot start; a py-spy without the file capability is refused."""
     reason = ptrace_probe.skip_reason()
     if reason:
         pytest.skip(reason)
@@ -262,9 +263,12 @@ def test_file_caps_let_a_non_root_sidecar_run_py_spy_on_another_users_job() -> N
         (image / "python").symlink_to("python3.11")
         shutil.copy2(ptrace_probe.py_spy(), image / "py-spy")
         shutil.copy2(ptrace_probe.py_spy(), image / "py-spy-plain")
-        stand_in = image / "sentinel"  # a console script, as pip writes it
-        stand_in.write_text(f"#!{image / 'python'}\n{ptrace_probe.STAND_IN}")
-        stand_in.chmod(0o755)
+        script = image / "sentinel"  # a console script, as pip writes it
+        script.write_text(f"#!{image / 'python'}\n{ptrace_probe.STAND_IN}")
+        script.chmod(0o755)
+        plain = image / "plain"  # any other program of the image, on its interpreter
+        plain.write_text(script.read_text())
+        plain.chmod(0o755)
         try:
             subprocess.run(
                 [str(image / "python"), "-c", _file_caps_program()],
@@ -272,20 +276,31 @@ def test_file_caps_let_a_non_root_sidecar_run_py_spy_on_another_users_job() -> N
             )  # fmt: skip
         except subprocess.CalledProcessError as error:
             pytest.skip(f"file capabilities cannot be written here: {error.stderr.decode()}")
+        copy = image / "sentinel-python3.11"
+        assert script.read_text().splitlines()[0] == f"#!{copy}"
+        assert os.getxattr(copy, "security.capability")
+        with pytest.raises(OSError):
+            os.getxattr(python, "security.capability")
         if shutil.which("getcap"):
             said = subprocess.run(
-                ["getcap", str(python), str(image / "py-spy")],
+                ["getcap", str(python), str(copy), str(image / "py-spy")],
                 capture_output=True, text=True, check=True, timeout=30,
             ).stdout  # fmt: skip
-            assert f"{python} cap_sys_ptrace=p" in said
+            assert f"{copy} cap_sys_ptrace=p" in said
             assert f"{image / 'py-spy'} cap_sys_ptrace=ep" in said
+            assert str(python) not in said
 
-        sidecar = ptrace_probe.as_user(1000, [str(stand_in)], bounding="-all,+sys_ptrace")
-        no_ptrace = ptrace_probe.as_user(1000, [str(stand_in)], bounding="-all")
+        sidecar = ptrace_probe.as_user(1000, [str(script)], bounding="-all,+sys_ptrace")
+        other = ptrace_probe.as_user(1000, [str(plain)], bounding="-all,+sys_ptrace")
+        no_ptrace = ptrace_probe.as_user(1000, [str(script)], bounding="-all")
         with ptrace_probe.stuck_job() as pid:
             taken = ptrace_probe.dump(sidecar, image / "py-spy", pid)
             assert taken["rc"] == 0, taken
             assert ptrace_probe.STUCK_IN in str(taken["out"])
+            # The image's interpreter holds nothing to hand on: under no_new_privs py-spy
+            # starts without the capability, and the job's stack is refused to it.
+            elsewhere = ptrace_probe.dump(other, image / "py-spy", pid)
+            assert elsewhere["rc"] != 0 and "permission denied" in str(elsewhere["err"]).lower()
             cannot_start = ptrace_probe.dump(no_ptrace, image / "py-spy", pid)
             assert cannot_start == {"oserror": errno.EPERM}
             refused = ptrace_probe.dump(sidecar, image / "py-spy-plain", pid)
