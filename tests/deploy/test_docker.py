@@ -248,8 +248,9 @@ def test_file_caps_let_a_non_root_sidecar_run_py_spy_on_another_users_job() -> N
     gives the capability to an interpreter copy that only ``sentinel`` runs on, and to py-spy;
     the image's interpreter holds none. In a container's setting (uid 1000, drop ALL, add
     SYS_PTRACE, allowPrivilegeEscalation false) ``sentinel``'s py-spy reads the stack of
-    another user's job, and one started from the plain interpreter is refused it. Without SYS_PTRACE in the
-    bounding set py-spy cannot start; a py-spy without the file capability is refused."""
+    another user's job, and one started from the plain interpreter is refused it. Without
+    SYS_PTRACE in the bounding set py-spy cannot start; one without the file capability is
+    refused."""
     reason = ptrace_probe.skip_reason()
     if reason:
         pytest.skip(reason)

@@ -52,6 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sentinel.config import load_settings
 from sentinel.service.http import HealthServer
 from sentinel.service.metrics import GRAD_NORM, LOSS, TOKENS_PER_SEC, Metrics
+from tests.deploy import pod_security
 from tests.deploy.standin import TRAIN_PY
 from tests.helpers.env import clean_env
 
@@ -68,6 +69,7 @@ OVERLAYS = {
     "overlays/sidecar": K8S_VERSION,
     "overlays/in-place-restart": IN_PLACE_VERSION,
     "overlays/wrapper": K8S_VERSION,
+    "overlays/stacks": K8S_VERSION,
     "examples": K8S_VERSION,
 }
 CORE_KINDS = {"Job", "PersistentVolumeClaim"}
@@ -166,6 +168,7 @@ def test_kustomize_renders_every_overlay(overlay: str) -> None:
         "overlays/in-place-restart": ["Job", "PersistentVolumeClaim", "PodMonitor",
                                       "PrometheusRule"],
         "overlays/wrapper": ["Job", "PersistentVolumeClaim", "PodMonitor", "PrometheusRule"],
+        "overlays/stacks": ["Job", "PersistentVolumeClaim", "PodMonitor", "PrometheusRule"],
         "examples": ["JobSet", "PyTorchJob"],
     }  # fmt: skip
     assert kinds == expected[overlay]
@@ -308,30 +311,109 @@ def test_probes_and_ports_are_the_http_address(where: str) -> None:
 
 @pytest.mark.parametrize("where", ["overlays/sidecar", "overlays/in-place-restart",
                                    "examples/jobset", "examples/pytorchjob"])  # fmt: skip
-def test_sidecar_runs_as_the_trainer_with_only_sys_ptrace(where: str) -> None:
+def test_sidecar_runs_as_the_trainer_with_no_capability(where: str) -> None:
     pod, _job = _pod_specs()[where]
     sidecar, trainer = _sidecar(pod), _trainer(pod)
     assert _run_as(pod, sidecar) == _run_as(pod, trainer) is not None
     context = sidecar["securityContext"]
-    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert context["capabilities"] == {"drop": ["ALL"]}
     assert context["allowPrivilegeEscalation"] is False
     assert trainer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
-def _watching_sentinels(doc: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(pod spec, container) for every ``sentinel watch`` container anywhere in ``doc``."""
-    found: list[tuple[dict[str, Any], dict[str, Any]]] = []
+def _pods(doc: Any) -> list[dict[str, Any]]:
+    """Every pod spec anywhere in ``doc`` (a Job's, a JobSet's child Job's, a PyTorchJob's)."""
+    found: list[dict[str, Any]] = []
     if isinstance(doc, list):
         for item in doc:
-            found += _watching_sentinels(item)
+            found += _pods(item)
     elif isinstance(doc, dict):
         if isinstance(doc.get("containers"), list):
-            for container in doc.get("initContainers", []) + doc["containers"]:
-                if container.get("args", [None])[0] == "watch":
-                    found.append((doc, container))
+            found.append(doc)
         for value in doc.values():
-            found += _watching_sentinels(value)
+            found += _pods(value)
     return found
+
+
+@pytest.mark.parametrize(
+    ("overlay", "level"),
+    [
+        ("overlays/sidecar", "restricted"),
+        ("overlays/in-place-restart", "restricted"),
+        ("overlays/wrapper", "restricted"),
+        ("examples", "restricted"),
+        ("overlays/stacks", "privileged"),
+    ],
+)
+def test_every_pod_passes_pod_security_restricted_but_the_stacks_overlay(
+    overlay: str, level: str
+) -> None:
+    """The recipe and its variants pass Pod Security ``restricted`` (so ``baseline``); the
+    opt-in stacks overlay adds SYS_PTRACE, which ``baseline`` refuses, and says so."""
+    pods = _pods(list(_render(overlay)))
+    assert pods
+    for pod in pods:
+        if level == "restricted":
+            assert pod_security.violations(pod, "restricted") == []
+        else:
+            assert pod_security.violations(pod, "baseline") == ["sentinel: adds ['SYS_PTRACE']"]
+    text = (K8S / overlay / "kustomization.yaml").read_text()
+    assert (level == "privileged") == ("privileged" in text), "the overlay names its level"
+
+
+@pytest.mark.parametrize(
+    ("change", "found"),
+    [
+        (lambda pod: pod.update(hostPID=True), "hostPID: true"),
+        (lambda pod: pod["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+         "volume h: hostPath"),
+        (lambda pod: pod["initContainers"][0]["securityContext"].update(privileged=True),
+         "sentinel: privileged"),
+    ],
+    ids=["host-pid", "host-path", "privileged"],
+)  # fmt: skip
+def test_the_pod_security_check_can_fail(change: Any, found: str) -> None:
+    pod = copy.deepcopy(_one(_render("overlays/sidecar"), "Job")["spec"]["template"]["spec"])
+    change(pod)
+    assert found in pod_security.violations(pod, "baseline")
+
+
+@pytest.mark.parametrize("where", ["overlays/sidecar", "overlays/in-place-restart",
+                                   "examples/jobset", "examples/pytorchjob"])  # fmt: skip
+def test_the_sidecar_asks_the_runtime_for_the_gpus_and_requests_none(where: str) -> None:
+    """The NVIDIA runtime hands a container that requests no GPU the devices its
+    NVIDIA_VISIBLE_DEVICES names, with NVML; a nvidia.com/gpu request would allocate others."""
+    pod, _job = _pod_specs()[where]
+    sidecar = _sidecar(pod)
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
+    resources = sidecar.get("resources", {})
+    for kind in ("requests", "limits"):
+        assert not any("gpu" in name for name in resources.get(kind, {})), resources
+
+
+@pytest.mark.parametrize("where", ["overlays/sidecar", "overlays/in-place-restart",
+                                   "examples/jobset", "examples/pytorchjob"])  # fmt: skip
+def test_the_checkpoint_volume_is_not_chowned_at_each_start_and_the_grace_fits_a_save(
+    where: str,
+) -> None:
+    pod, _job = _pod_specs()[where]
+    context = pod["securityContext"]
+    assert context["fsGroupChangePolicy"] == "OnRootMismatch"
+    drain = float(_options(_sidecar(pod)["args"])["drain-timeout"])
+    # Minutes for the trainer's final save, then the sidecar's drain.
+    assert pod["terminationGracePeriodSeconds"] >= 240 + drain
+
+
+def _watching_sentinels(doc: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, container) for every ``sentinel watch`` container anywhere in ``doc``."""
+    return [
+        (pod, container)
+        for pod in _pods(doc)
+        for container in pod.get("initContainers", []) + pod["containers"]
+        if container.get("args", [None])[0] == "watch"
+    ]
 
 
 def _ptrace_gaps(docs: tuple[dict[str, Any], ...]) -> list[str]:
@@ -351,22 +433,26 @@ def _ptrace_gaps(docs: tuple[dict[str, Any], ...]) -> list[str]:
     return gaps
 
 
-@pytest.mark.parametrize("overlay", ["overlays/sidecar", "overlays/in-place-restart", "examples"])
-def test_every_watching_sentinel_may_ptrace_the_job_for_its_stacks(overlay: str) -> None:
-    docs = _render(overlay)
+def test_the_stacks_overlay_lets_the_watching_sentinel_ptrace_the_job() -> None:
+    docs = _render("overlays/stacks")
     sentinels = _watching_sentinels(list(docs))
-    assert len(sentinels) == (2 if overlay == "examples" else 1)
-    for _pod, container in sentinels:
-        assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert len(sentinels) == 1
+    [(_pod, container)] = sentinels
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert _ptrace_gaps(docs) == []
+    # Everything else is the sidecar recipe's.
+    stacked = copy.deepcopy(_one(docs, "Job"))
+    del stacked["spec"]["template"]["spec"]["initContainers"][0]["securityContext"]["capabilities"][
+        "add"
+    ]
+    assert stacked == _one(_render("overlays/sidecar"), "Job")
 
 
 def test_the_ptrace_check_can_fail() -> None:
-    """A sidecar whose restrictive securityContext forgets SYS_PTRACE is reported."""
+    """The default recipe's sidecar, which drops every capability, is reported; so is a pod
+    that does not share its process namespace."""
     job = copy.deepcopy(_one(_render("overlays/sidecar"), "Job"))
     pod = job["spec"]["template"]["spec"]
-    [sidecar] = [c for c in pod["initContainers"] if c["name"] == "sentinel"]
-    del sidecar["securityContext"]["capabilities"]["add"]
     pod["shareProcessNamespace"] = False
     assert _ptrace_gaps((job,)) == [
         "sentinel: the pod does not share its process namespace",
