@@ -7,7 +7,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from sentinel.checkpoints.scan import (
     scan,
     step_of,
 )
+from tests.helpers.cli import sentinel_here
 from tests.helpers.env import clean_env
 
 CLEAN = CheckpointStatus.CLEAN
@@ -564,11 +564,10 @@ def test_onset_step_keyword_still_works(tmp_path: Path) -> None:
 
 
 def sentinel(*args: str) -> subprocess.CompletedProcess[str]:
-    env = clean_env()
-    return subprocess.run(
-        [sys.executable, "-m", "sentinel", *args], capture_output=True, text=True, env=env,
-        timeout=60, check=True,
-    )  # fmt: skip
+    """``sentinel ARGS`` by ``main`` in this process (``tests.helpers.cli``); exit 0 or raise."""
+    result = sentinel_here(*args, env=clean_env())
+    result.check_returncode()
+    return result
 
 
 def every_layout(directory: Path) -> None:

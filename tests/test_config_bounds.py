@@ -22,10 +22,15 @@ from pydantic import BaseModel, ValidationError
 
 from sentinel.config import Settings
 from sentinel.config.addresses import parse_http_address
+from tests.helpers.cli import STARTS_THINGS, sentinel_here
 from tests.helpers.env import clean_env
 
 
 def sentinel(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``sentinel ARGS``: ``run`` as a process of its own, the verbs that start nothing by
+    ``main`` in this process (``tests.helpers.cli``)."""
+    if args[0] not in STARTS_THINGS:
+        return sentinel_here(*args, env=clean_env(**(env or {})))
     return subprocess.run(
         [sys.executable, "-m", "sentinel", *args],
         capture_output=True, text=True, env=clean_env(**(env or {})), timeout=60,

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.cli import sentinel_here
 from tests.helpers.env import without_settings
 
-# Each case starts a real ``python -m sentinel`` (about a second of imports).
+# ``replay`` starts nothing: its cases run ``main`` in this process (``tests.helpers.cli``),
+# but the one that must not import what this process has (tensorboard).
 pytestmark = pytest.mark.slow
 
 T0 = 1_700_000_000
@@ -22,17 +24,8 @@ T0 = 1_700_000_000
 def sentinel(
     *args: str | Path, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m sentinel ARGS``, with only the ``SENTINEL_*`` variables given here."""
-    environ = without_settings()
-    return subprocess.run(
-        [sys.executable, "-m", "sentinel", *map(str, args)],
-        cwd=cwd,
-        env=environ | (env or {}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """``sentinel ARGS`` in ``cwd``, with only the ``SENTINEL_*`` variables given here."""
+    return sentinel_here(*args, cwd=cwd, env=without_settings() | (env or {}))
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]], extra: Sequence[str] = ()) -> Path:

@@ -19,6 +19,7 @@ from sentinel.notify.notifier import Notifier
 from sentinel.notify.outbox import Batching, Outbox, Target
 from sentinel.service.status import NoState, gather
 from sentinel.store.state import StateStore
+from tests.helpers.cli import STARTS_THINGS, sentinel_here
 from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 
@@ -26,7 +27,11 @@ T0 = 1_700_000_000.0
 
 
 def sentinel(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``sentinel ARGS``: ``run`` as a process of its own, ``status`` by ``main`` in this
+    process (``tests.helpers.cli``)."""
     clean = clean_env()
+    if args[0] not in STARTS_THINGS:
+        return sentinel_here(*args, env={**clean, **(env or {})})
     return subprocess.run(
         [sys.executable, "-m", "sentinel", *args],
         capture_output=True, text=True, env={**clean, **(env or {})}, timeout=60,

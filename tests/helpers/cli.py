@@ -1,0 +1,65 @@
+"""``sentinel ARGS`` run by the real ``main`` in this process, for the verbs that start nothing.
+
+Starting ``python -m sentinel`` costs about a second of CPU (the interpreter and sentinel's
+imports), and the suite ran a few hundred: most of CI's time. A verb that reads and prints
+(``replay``, ``check-config``, ``checkpoints``, ``status``, ``verdict`` without ``--wait``)
+runs here as it runs in its own process: the same ``main``, its arguments, the environment
+and working directory given, stdout and stderr captured, the exit status returned. What
+``main`` sets for the whole process (logging's handlers, the excepthooks) and the
+environment and working directory are put back afterwards. ``run``, ``watch`` and ``demo``
+start jobs, threads and signal handlers: their tests start a real process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from sentinel.cli.main import main
+
+#: Verbs that start a job, threads or signal handlers: never in the test's process.
+STARTS_THINGS = frozenset({"run", "watch", "demo"})
+
+
+def sentinel_here(
+    *args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``sentinel ARGS`` by ``main`` in this process; ``env`` replaces the environment for the
+    call (None: this process's), ``cwd`` the working directory."""
+    argv = [str(arg) for arg in args]
+    verb = next((arg for arg in argv if not arg.startswith("-")), "")
+    assert verb not in STARTS_THINGS, f"sentinel {verb} starts things: run it as a process"
+    loggers = [logging.getLogger(), logging.getLogger("sentinel"), logging.getLogger("apprise")]
+    saved_logging = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    saved_hooks = (sys.excepthook, threading.excepthook)
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exit_:  # argparse's usage errors and --help
+                code = (
+                    exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+                )
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.excepthook, threading.excepthook = saved_hooks
+        for logger, handlers, level, propagate in saved_logging:
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate
+    return subprocess.CompletedProcess(["sentinel", *argv], code, out.getvalue(), err.getvalue())
