@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from sentinel.checkpoints.keep import Keeper
 from sentinel.checkpoints.quarantine import MANIFEST
 from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
+from tests.helpers.cli import sentinel_here
 from tests.helpers.env import clean_env
 from tests.helpers.kept import digest, rewrite_in_place, settle, version_bytes
 
@@ -20,11 +20,8 @@ LABEL = "20261121T140600-loss_spike"
 
 
 def sentinel(*args: str) -> subprocess.CompletedProcess[str]:
-    clean = clean_env()
-    return subprocess.run(
-        [sys.executable, "-m", "sentinel", *args],
-        capture_output=True, text=True, env=clean, timeout=60,
-    )  # fmt: skip
+    """``sentinel ARGS`` by ``main`` in this process (``tests.helpers.cli``)."""
+    return sentinel_here(*args, env=clean_env())
 
 
 def rolled_back(directory: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sentinel.config import CLI_FIELDS, ConfigError, effective_config, load_settings
+from tests.helpers.cli import STARTS_THINGS, sentinel_here
 from tests.helpers.env import without_settings
 
 # apprise (which validates and masks notify URLs) imports the stdlib ``imghdr`` on 3.11.
@@ -437,8 +438,11 @@ def test_effective_config_is_plain_json_with_every_section() -> None:
 
 
 def sentinel(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m sentinel ARGS`` in ``cwd``, with no ``SENTINEL_*`` leaking in from outside."""
+    """``sentinel ARGS`` in ``cwd``, with no ``SENTINEL_*`` leaking in from outside: ``run`` as a
+    process of its own, the verbs that start nothing by ``main`` here (``tests.helpers.cli``)."""
     environ = without_settings()
+    if args[0] not in STARTS_THINGS:
+        return sentinel_here(*args, env=environ, cwd=cwd)
     return subprocess.run(
         [sys.executable, "-m", "sentinel", *args],
         cwd=cwd,
