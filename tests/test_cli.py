@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,64 @@ def test_a_demo_not_kept_names_no_file_it_deletes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "Alert journal:" not in result.stdout and "Incident reports:" not in result.stdout
     assert "sentinel demo --keep DIR` keeps them" in result.stdout
+
+
+#: A job that draws half a progress bar on its terminal (no newline, as tqdm and rich do
+#: between redraws), then writes a NaN to its metrics file: sentinel's CRITICAL comes while
+#: the bar is half drawn.
+_BAR_JOB = """\
+import json, sys, time
+sys.stderr.write("\\rtraining:  50%|#####     | 5/10 [00:05<00:05]")
+sys.stderr.flush()
+time.sleep(0.5)
+with open(sys.argv[1], "a") as log:
+    log.write(json.dumps({"step": 5, "loss": float("nan")}) + "\\n")
+time.sleep(30)
+"""
+
+
+def _read_terminal(fd: int, deadline_s: float) -> str:
+    """Everything written to the terminal whose master end is ``fd``, until it closes."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_a_log_line_on_a_terminal_never_lands_after_the_jobs_half_drawn_bar(
+    tmp_path: Path,
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.touch()
+    master, slave = pty.openpty()
+    try:
+        sentinel_run = subprocess.Popen(
+            [sys.executable, "-m", "sentinel", "run", "--state-dir", str(tmp_path / "state"),
+             "--log", str(metrics), "--max-restarts", "0", "--",
+             sys.executable, "-c", _BAR_JOB, str(metrics)],
+            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=clean_env(),
+            start_new_session=True, cwd=tmp_path,
+        )  # fmt: skip
+        os.close(slave)
+        text = _read_terminal(master, 60)
+        assert sentinel_run.wait(timeout=30) != 0
+    finally:
+        os.close(master)
+    lines = [line.replace("\r", "") for line in text.split("\n")]
+    # The bar keeps its line to itself, and the CRITICAL starts one of its own.
+    assert [line for line in lines if line.startswith("training:")] == [
+        "training:  50%|#####     | 5/10 [00:05<00:05]"
+    ], text
+    [critical] = [line for line in lines if "CRITICAL nan_inf step=5" in line]
+    assert critical.startswith("[sentinel "), text

@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sentinel.cli import main as cli
 from sentinel.cli import options as cli_options
 from sentinel.cli.verbs.common import settings_of
-from sentinel.config import effective_config
+from sentinel.config import Settings, effective_config
 from sentinel.process.target import SystemdUnitTarget
 from sentinel.store.lock import acquire
 from sentinel.store.state import StateStore
@@ -814,3 +814,17 @@ def test_positionals_have_help() -> None:
         for action in parser._actions:
             if not action.option_strings:
                 assert action.help, f"sentinel {verb}: {action.metavar or action.dest} has no help"
+
+
+def test_help_shows_each_settings_default_and_no_flags() -> None:
+    """``-h`` names the default of each option that has one: the setting's, as the settings
+    models have it (the option's own default is None, so that a config file's value stands)."""
+    defaults = Settings()
+    text = " ".join(verbs()["run"].format_help().split())
+    assert f"restarts before giving up (default: {defaults.job.max_restarts})" in text
+    assert f"(default: {defaults.state_dir})" in text
+    assert f"(default: {defaults.job.stop_signal})" in text
+    assert f"this long (default: {defaults.drain_timeout_s})" in text
+    # A flag, and an option without a default, say nothing of one.
+    assert "never signal, move or restart --stop-signal" in text
+    assert "apprise URL to alert (repeatable) job control" in text

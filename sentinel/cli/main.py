@@ -7,9 +7,11 @@ Each verb's options and handler are in its module of ``sentinel/cli/verbs/``. On
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TextIO
 
 from sentinel import __version__
 from sentinel.cli.options import EXIT_USAGE
@@ -25,9 +27,9 @@ from sentinel.cli.verbs import (
     verdict,
     watch,
 )
-from sentinel.config import ConfigError
+from sentinel.config import CLI_FIELDS, ConfigError, setting_default
 from sentinel.config.addresses import CannotListen
-from sentinel.model import secrets
+from sentinel.model import secrets, terminal
 from sentinel.model.untrusted import PrintableFilter, printable
 from sentinel.store import verdict as verdict_codes
 from sentinel.store.lock import StateDirLocked
@@ -66,7 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for command in COMMANDS.values():
         command.add_parser(verbs)
+    for verb in verbs.choices.values():
+        _say_defaults(verb)
     return parser
+
+
+def _say_defaults(parser: argparse.ArgumentParser) -> None:
+    """Each option's default at the end of its ``-h`` line: the setting's default for an
+    option that sets one (its argparse default is None, so that a config file's value
+    stands), else argparse's own. Flags, and options with no default, say nothing."""
+    for action in parser._actions:
+        if not action.option_strings or action.help in (None, argparse.SUPPRESS):
+            continue
+        if isinstance(action, argparse._StoreConstAction | argparse._HelpAction):
+            continue  # store_true/false, --help, --version: a flag has no value to show
+        path = CLI_FIELDS.get(action.dest)
+        default = setting_default(path) if path is not None else action.default
+        if default in (None, "", [], (), argparse.SUPPRESS) or isinstance(default, bool):
+            continue
+        action.help = f"{action.help} (default: {str(default).replace('%', '%%')})"
 
 
 def _exit_codes() -> str:
@@ -109,8 +129,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+class _LineStartHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes each record at the start of a line of the terminal, never after the job's
+    half-drawn progress bar (``sentinel.model.terminal``)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._to_terminal = terminal.is_terminal(stream)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._to_terminal and terminal.take_mid_line():
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.write("\n")
+        super().emit(record)
+
+
 def _setup_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _LineStartHandler(sys.stderr)
     handler.setFormatter(
         logging.Formatter("[sentinel %(asctime)s] %(levelname)s %(message)s", "%H:%M:%S")
     )

@@ -99,7 +99,7 @@ SHARED: tuple[SharedOption, ...] = (
         "job control",
         {
             "metavar": "SIG",
-            "help": "first signal to the job's tree (SIGTERM; SIGKILL: docs/rollback.md)",
+            "help": "first signal to the job's tree (SIGKILL: see docs/rollback.md)",
         },
     ),
     SharedOption(

@@ -25,6 +25,7 @@ from sentinel.config.models import (
     TailConfig,
     TrainingConfig,
     WatchConfig,
+    setting_default,
 )
 from sentinel.gpu.settings import GpuConfig
 from sentinel.notify.settings import NotifyConfig, NotifyTarget
@@ -51,4 +52,5 @@ __all__ = [
     "effective_config",
     "load_settings",
     "register_secrets",
+    "setting_default",
 ]

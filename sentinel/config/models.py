@@ -397,3 +397,11 @@ CLI_FIELDS: dict[str, tuple[str, ...]] = {
     "wait": ("watch", "wait_s"),
     "reference": ("reference", "path"),
 }
+
+
+def setting_default(path: tuple[str, ...]) -> Any:
+    """The default of the setting at ``path`` (``("job", "max_restarts")``), as the model has it."""
+    model: Any = Settings
+    for name in path[:-1]:
+        model = model.model_fields[name].annotation
+    return model.model_fields[path[-1]].get_default(call_default_factory=True)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from sentinel.follow.inotify import FileWatches
+from sentinel.model import terminal
 from sentinel.parsing.lines import BATCH_S, GATHER_SLICES, LineSplitter
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.launched import OnLines
@@ -59,6 +60,7 @@ class AdoptedJob:
         self._on_lines = on_lines
         self._on_exit = on_exit
         self._passthrough = {"stdout": stdout, "stderr": stderr}
+        self._to_terminal = {name: terminal.is_terminal(s) for name, s in self._passthrough.items()}
         self._max_line_bytes = max_line_bytes
         self._batch_s = batch_s
         self._ended = threading.Event()
@@ -150,6 +152,8 @@ class AdoptedJob:
                 with contextlib.suppress(OSError, ValueError):
                     passthrough.write(data)
                     passthrough.flush()
+                    if self._to_terminal[name]:
+                        terminal.job_wrote(data)
             lines = self._splitters[name].feed(data)
             if lines:
                 self._on_lines(name, lines, time.time())

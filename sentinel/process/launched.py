@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
 from sentinel.follow.gathering import LOOK_S, pump
+from sentinel.model import terminal
 from sentinel.parsing.lines import BATCH_S, LineSplitter
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.relayed import RelayedStart
@@ -78,6 +79,8 @@ class JobProcess:
         self._on_lines = on_lines
         self._on_exit = on_exit
         self._passthrough = {"stdout": stdout, "stderr": stderr}
+        #: Which passthrough is a terminal (whose cursor a log line must not find mid-line).
+        self._to_terminal = {name: terminal.is_terminal(s) for name, s in self._passthrough.items()}
         self._max_line_bytes = max_line_bytes
         self._batch_s = batch_s
         self._look_s = look_s
@@ -164,16 +167,17 @@ class JobProcess:
             return
         passthrough = self._passthrough[name]
         if passthrough is not None:
-            self._pass(passthrough, data)
+            self._pass(name, passthrough, data)
         lines = splitter.feed(data)
         if lines:
             self._on_lines(name, lines, time.time())
 
-    @staticmethod
-    def _pass(stream: BinaryIO, chunk: bytes) -> None:
+    def _pass(self, name: str, stream: BinaryIO, chunk: bytes) -> None:
         try:
             stream.write(chunk)
             stream.flush()
+            if self._to_terminal[name]:
+                terminal.job_wrote(chunk)
         except (OSError, ValueError):
             # Our own terminal went away; keep watching the job regardless.
             pass
