@@ -114,3 +114,20 @@ def test_a_job_being_stopped_is_only_skimmed_whatever_its_lag() -> None:
     lines = _batch(1000, suspect_at=3)
     assert shedder.skim(lines) == [lines[3], *lines[-KEEP_NEWEST:]]
     assert shedder.skipped == 1000 - KEEP_NEWEST - 1
+
+
+@pytest.mark.parametrize("through_pty", [True, False], ids=["pty", "pipes"])
+def test_falling_behind_a_job_on_a_terminal_names_no_pty_once(
+    through_pty: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job that floods its output runs slower through the terminal ``run`` gives it: the
+    first time the loop falls behind, the way out is said, once, and only when it applies."""
+    shedder = Shedder(through_pty=through_pty)
+    caplog.set_level("INFO", logger="sentinel.supervisor.shedding")
+    for _ in range(3):
+        shedder.keep(_batch(5000), lag_s=LAG_S * 2)  # behind
+        shedder.keep(_batch(10), lag_s=0.0)  # caught up
+    hints = [r.getMessage() for r in caplog.records if "--no-pty" in r.getMessage()]
+    assert len(hints) == (1 if through_pty else 0)
+    if through_pty:
+        assert "([job] pty = false) gives it pipes" in hints[0]

@@ -80,6 +80,8 @@ class Supervisor:
         block on stderr (``service.summary``)."""
         self._summary = summary
         self.settings = settings
+        #: The job's output comes through terminals of sentinel's making (``run``, --pty).
+        through_pty = holder is None and settings.job.pty
         if holder is None:
             assert command is not None, "a command or a holder"
             holder = Child(
@@ -91,7 +93,7 @@ class Supervisor:
         self.holder = holder
         self._reload = reload
         #: Sheds output the loop cannot keep up with; bounds the inbox's output too.
-        self._shedder = Shedder()
+        self._shedder = Shedder(through_pty=through_pty)
         self._events: Inbox[Event] = Inbox(self._shedder)
         self._loop = EventLoop(self._events, self, settings.tick_interval_s)
         self._journal = StopJournal(settings.state_dir)

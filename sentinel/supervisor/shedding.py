@@ -78,7 +78,10 @@ class Shedder:
 
     limit = HELD_LIMIT
 
-    def __init__(self) -> None:
+    def __init__(self, *, through_pty: bool = False) -> None:
+        """``through_pty``: the job writes to terminals sentinel made (``run``'s default);
+        the first time it falls behind, it says once that ``--no-pty`` is faster."""
+        self._pty_hint = through_pty
         self._skipped_late = 0
         self._skipped_held = 0  # changed under the inbox's lock only
         self._behind = False
@@ -114,6 +117,13 @@ class Shedder:
                     " (%d line(s) skipped so far)",
                     lag_s,
                     self.skipped,
+                )
+            if self._pty_hint:
+                self._pty_hint = False
+                log.warning(
+                    "the job's output comes through a terminal (run's default, for its progress"
+                    " bars): a job that floods its output runs slower through one; --no-pty"
+                    " ([job] pty = false) gives it pipes"
                 )
         return kept + newest
 
