@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,21 +31,46 @@ pytestmark = [
 JOB = Path(__file__).resolve().parents[1] / "fixtures" / "make_divergence_runs.py"
 
 
+#: The job as the README's HF quickstart has the user write it: a ``train.py`` whose Trainer
+#: resumes as its step 1 says (``make_divergence_runs.hf_child``, the lr_jump run).
+TRAIN_PY = f"""\
+import sys
+sys.path.insert(0, {str(JOB.parent)!r})
+from make_divergence_runs import hf_child
+hf_child("lr_jump", "out")
+"""
+
+
 def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Path) -> None:
-    out, state = tmp_path / "out", tmp_path / "state"
-    out.mkdir()
+    """The README's HF quickstart, word for word: its step 1 is the job's resume line, its
+    command runs in a folder holding ``train.py`` (its notification target answers nothing
+    here: the run goes on without it)."""
+    from tests.helpers.manual import section
+
+    quickstart = section("Quickstart: a Hugging Face Trainer script")
+    # Its two blocks, in a numbered list: step 1's Python, step 2's command.
+    [(_, step_1), (_, command)] = [
+        (kind, textwrap.dedent(body).strip())
+        for kind, body in re.findall(r"^[ ]*```(\w*)\n(.*?)\n[ ]*```", quickstart, re.M | re.S)
+    ]
+    resume_line = step_1.splitlines()[-1]
+    assert resume_line.startswith("trainer.train(") and resume_line in JOB.read_text()
+    assert command.startswith("sentinel run --checkpoints out ") and command.endswith(
+        "-- python train.py"
+    )
+    (tmp_path / "train.py").write_text(TRAIN_PY)
+    out, state = tmp_path / "out", tmp_path / ".sentinel"
     env = {
         **os.environ,
         "LR_JUMP_ONCE": "1",
         "HF_HUB_OFFLINE": "1",
         "CUDA_VISIBLE_DEVICES": "",
-        "SENTINEL_JOB__RESTART_BACKOFF_S": "0.1",
+        "SENTINEL_JOB__RESTART_BACKOFF_S": "0.1",  # the 5 s backoff, shortened
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "sentinel", "run", "--checkpoints", str(out),
-         "--state-dir", str(state), "--max-restarts", "1",
-         "--", sys.executable, "-u", str(JOB), "--child", "lr_jump", str(out)],
-        env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=900,
+        cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
 
