@@ -133,6 +133,11 @@ class Service:
             self.notifier.extend_timeout(drain_s + 5.0)
 
     def close(self) -> None:
+        path = self.settings.metrics_textfile
+        if path is not None:
+            # As the run ended: the job gone (target_up 0), its last attempt and incidents,
+            # not as of the last tick before the end.
+            self.metrics.write_textfile(str(path))
         if self.server is not None:
             self.server.stop()
         self.notifier.close()

@@ -112,3 +112,5 @@ def test_a_job_that_logs_only_loss_exports_no_grad_norm_throughput_or_spend(
     assert samples[("sentinel_loss", ())] == pytest.approx(2.0 - step / 100)
     assert samples[("sentinel_last_progress_timestamp_seconds", ())] > 0
     assert samples[("sentinel_job_attempt", ())] == 1
+    # Written once more as the run ended: the job is gone, not up as at the last tick.
+    assert samples[("sentinel_target_up", ())] == 0
