@@ -30,15 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tenacity import (
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_when_event_set,
-    wait_exponential,
-    wait_random,
-)
-
 from sentinel.model.secrets import scrub
 from sentinel.notify.notices import Envelope
 from sentinel.notify.outbox import REFUSED, Delivery, Outbox
@@ -112,6 +103,10 @@ class TargetWorker:
         self._outbox = outbox
         self._send = send
         self._retries = retries
+        # tenacity is imported by the first target's worker: a run with no target never
+        # pays for it (about 60 ms of every sentinel's start).
+        from tenacity import wait_exponential, wait_random
+
         # Equivalent to wait_exponential_jitter, whose ``initial`` is deprecated in tenacity 9
         # while its replacement ``multiplier`` does not exist in 8.x.
         self._try_wait = wait_exponential(
@@ -213,6 +208,8 @@ class TargetWorker:
                 return
 
     def _deliver(self, delivery: Delivery) -> None:
+        from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_when_event_set
+
         retries = self._retries
         retrying = Retrying(
             stop=stop_after_attempt(retries.tries) | stop_when_event_set(self._stopping),
