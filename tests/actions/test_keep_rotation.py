@@ -27,6 +27,8 @@ from sentinel.checkpoints.quarantine import MANIFEST
 from sentinel.checkpoints.restore import restore_quarantine
 from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
 from sentinel.checkpoints.scan import QUARANTINE_DIR
+from tests.helpers.cli import sentinel_here
+from tests.helpers.env import clean_env
 from tests.helpers.kept import settle, version_bytes
 
 pytestmark = [
@@ -355,3 +357,31 @@ def test_a_checkpoint_that_does_not_parse_is_not_kept(
     assert kept_versions(tmp_path) == []
     assert "not keeping" in caplog.text and "model_step10.pt" in caplog.text
     assert os.listdir(tmp_path / KEPT_DIR) == [], "its staging removed"
+
+
+def test_the_listing_shows_the_kept_copies_and_which_of_the_jobs_own_are_gone(
+    tmp_path: Path, start_job: Callable[[str], RotatingJob]
+) -> None:
+    """A person who resumes by hand sees what sentinel kept of the checkpoints the job
+    deleted, where it is, and that it is the only copy left."""
+    keeper = Keeper(tmp_path)
+    run(start_job("files"), keeper, (10, 20, 30))
+    keeper.close()
+    state = ["--state-dir", str(tmp_path / "no-state")]
+    listing = sentinel_here("checkpoints", str(tmp_path), *state, env=clean_env())
+    assert listing.returncode == 0, listing.stderr
+    rows = {
+        line.split()[1]: line
+        for line in listing.stdout.splitlines()
+        if KEPT_DIR in line and line.split()[0].isdigit()
+    }
+    assert sorted(rows) == ["model_step20.pt", "model_step30.pt"], listing.stdout
+    assert rows["model_step20.pt"].split()[0] == "20"
+    assert "the job's own is gone" in rows["model_step20.pt"]
+    assert "gone" not in rows["model_step30.pt"]
+    assert "kept by sentinel" in listing.stdout
+    as_json = json.loads(sentinel_here("checkpoints", "--json", str(tmp_path), *state).stdout)
+    assert [(k["step"], k["intact"], k["after_onset"]) for k in as_json["kept"]] == [
+        (20, True, False),
+        (30, True, False),
+    ]

@@ -22,6 +22,7 @@ from sentinel.cli.verbs.common import usage_error
 from sentinel.model.untrusted import printable
 
 if TYPE_CHECKING:
+    from sentinel.checkpoints.keep import KeptVersion
     from sentinel.checkpoints.pointer_find import Pointer
     from sentinel.checkpoints.scan import Onset
 
@@ -63,6 +64,7 @@ def handle(args: argparse.Namespace) -> int:
     found = scan(args.directory, onset=onset)
     clean = last_clean(found, onset)
     pointers = find_pointers(args.directory)
+    kept = _kept(args.directory, onset)
     if args.json:
         print(
             json.dumps(
@@ -83,6 +85,10 @@ def handle(args: argparse.Namespace) -> int:
                         for c in found
                     ],
                     "pointers": [p.to_json() for p in pointers],
+                    "kept": [
+                        {**version.to_json(), "intact": intact, "after_onset": after}
+                        for version, intact, after in kept
+                    ],
                 },
                 indent=2,
             )
@@ -92,6 +98,7 @@ def handle(args: argparse.Namespace) -> int:
         print(printable(said))
     if not found:
         print(f"no checkpoints in {printable(str(args.directory))}")
+        _print_kept(kept, args.directory)
         _print_pointers(pointers, args.directory)
         return 0
     root = os.path.abspath(args.directory)
@@ -109,10 +116,49 @@ def handle(args: argparse.Namespace) -> int:
             notes.append("<- last clean: a rollback resumes here")
         name = names[c.path]  # escaped: a folder's name may hold a newline or an escape
         print(f"{place:>8}  {c.status!s:<11} {name:<{width}} {c.layout:<11} {'; '.join(notes)}")
-    if clean is None:
+    if clean is None and not any(intact and not after for _, intact, after in kept):
         print("no clean checkpoint: a rollback would have nothing to resume from")
+    elif clean is None:
+        print("no clean checkpoint in place: a rollback would put a kept copy back (below)")
+    _print_kept(kept, args.directory)
     _print_pointers(pointers, args.directory)
     return 0
+
+
+def _kept(directory: Path, onset: Onset | None) -> list[tuple[KeptVersion, bool, bool]]:
+    """The versions sentinel kept of the job's checkpoints (``checkpoints.keep``), each with
+    whether it is still the version kept and whether it was written at or after ``onset``."""
+    from sentinel.checkpoints.keep import kept_versions
+
+    listed = []
+    for version in kept_versions(directory):
+        after = onset is not None and (
+            (onset.step is not None and version.step is not None and version.step >= onset.step)
+            or (onset.step is None and onset.time is not None and version.mtime >= onset.time)
+        )
+        listed.append((version, version.intact(), after))
+    return listed
+
+
+def _print_kept(kept: Sequence[tuple[KeptVersion, bool, bool]], directory: Path) -> None:
+    """What a person resuming by hand can take when the job deleted or rewrote its own."""
+    if not kept:
+        return
+    root = os.path.abspath(directory)
+    print(
+        "kept by sentinel (the job overwrites or deletes these; a rollback puts the newest"
+        " clean one back where the job wrote it):"
+    )
+    for version, intact, after in kept:
+        place = "-" if version.step is None else str(version.step)
+        notes = [] if version.original.exists() else ["the job's own is gone"]
+        if not intact:
+            notes.append("changed since it was kept: not used")
+        if after:
+            notes.append("written at or after the last stop's onset: not clean")
+        name = printable(version.original.name)
+        copy = printable(os.path.relpath(version.path, root))
+        print(f"{place:>8}  {name:<24} {copy}  {'; '.join(notes)}".rstrip())
 
 
 def _last_onset(state_dir: Path) -> tuple[Onset | None, str]:
