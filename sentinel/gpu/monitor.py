@@ -205,5 +205,13 @@ class GpuMonitor:
             self._gpus,
             stop=self._stop,
             wait_ms=self._xid_wait_ms,
-            deliver=self._deliver,
+            deliver=self._deliver_xid,
         )
+
+    def _deliver_xid(self, source: str, samples: list[Sample], now: float) -> None:
+        """An XID, unless it is of a GPU the job's environment does not name."""
+        reader = self._reader  # not under the read lock: a hung poll must not hold an XID
+        if reader is None or reader.judged(source):
+            self._deliver(source, samples, now)
+        else:
+            log.info("%s: XID of a GPU that is not the job's, not judged: %s", source, samples)

@@ -68,22 +68,16 @@ class GpuProbe(Protocol):
 
 
 def attribute(
-    mode: str,
-    pids: dict[int, frozenset[int] | None],
-    job: frozenset[int],
-    named: frozenset[int] | None = None,
+    mode: str, pids: dict[int, frozenset[int] | None], job: frozenset[int]
 ) -> dict[int, bool]:
     """Which GPUs are the job's (``[gpu] attribution``), from the pids on each (None: unknown)
-    and the job's pids ``job``; ``named``: the GPUs the job's environment names (its
-    ``NVIDIA_VISIBLE_DEVICES``), None when it names none."""
+    and the job's pids ``job``."""
     if mode == "all":
         return dict.fromkeys(pids, True)
     owned = {index: bool(on_gpu and on_gpu & job) for index, on_gpu in pids.items()}
     if mode == "auto" and not any(owned.values()):
-        # A container's own PID namespace hides the job's pids from NVML: the GPUs the
-        # container runtime gave the job, by UUID, else every GPU this sidecar sees.
-        if named is not None:
-            return {index: index in named for index in pids}
+        # A container's own PID namespace hides the job's pids from NVML: the GPUs this
+        # sidecar reads are then the job's (those its environment names, when it does).
         return dict.fromkeys(pids, True)
     return owned
 

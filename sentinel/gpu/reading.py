@@ -136,12 +136,15 @@ class GpuReader:
         job_devices: Callable[[], frozenset[str] | None] = lambda: None,
     ) -> None:
         """``job_devices``: the GPU UUIDs the job's environment names (``NVIDIA_VISIBLE_DEVICES``,
-        what a container runtime gave it), None when it names none."""
+        what a container runtime gave it), None when it names none. When it names some,
+        only those are read (as ``CUDA_VISIBLE_DEVICES`` narrows the GPUs opened): a sidecar
+        the runtime shows every GPU of the node never judges another job's."""
         self.gpus = gpus
         self._probe = probe
         self._attribution: Attribution = attribution
         self._job_pids = job_pids
         self._job_devices = job_devices
+        self._named: frozenset[int] | None = None
         self._scalars = _scalar_calls(probe, ClockEventsCall(probe))
         self._log_limited = LimitedLog(log, REPEAT_LOG_S)
         self._job_gpus: frozenset[int] | None = None
@@ -150,8 +153,9 @@ class GpuReader:
         """One reading of every GPU: source -> samples; ``now`` paces the repeated logs."""
         readings: dict[str, list[Sample]] = {}
         pids: dict[int, frozenset[int] | None] = {}
+        named = self._named_gpus()
         for gpu in self.gpus:
-            if gpu.lost:
+            if gpu.lost or (named is not None and gpu.index not in named):
                 continue
             try:
                 readings[gpu.source], pids[gpu.index] = self._read_gpu(gpu, now)
@@ -234,8 +238,7 @@ class GpuReader:
     def _attribute(self, pids: dict[int, frozenset[int] | None]) -> dict[int, bool]:
         """Which GPUs are the job's, from the pids on each (None: unknown)."""
         job = frozenset[int]() if self._attribution == "all" else self._job_pids()
-        named = self._named_gpus() if self._attribution == "auto" else None
-        owned = attribute(self._attribution, pids, job, named)
+        owned = attribute(self._attribution, pids, job)
         job_gpus = frozenset(index for index, is_job in owned.items() if is_job)
         if job_gpus != self._job_gpus:
             self._job_gpus = job_gpus
@@ -245,6 +248,12 @@ class GpuReader:
                 ", ".join(gpu_source(i) for i in sorted(job_gpus)) or "none",
             )
         return owned
+
+    def judged(self, source: str) -> bool:
+        """Whether ``source``'s XIDs are the job's to judge: every GPU opened, or those the
+        job's environment names (see ``__init__``)."""
+        named = self._named_gpus()
+        return named is None or any(g.source == source and g.index in named for g in self.gpus)
 
     def _named_gpus(self) -> frozenset[int] | None:
         """The watched GPUs whose UUID the job's environment names; None when it names none."""
@@ -261,7 +270,13 @@ class GpuReader:
                     continue
             if gpu.uuid in uuids:
                 named.add(gpu.index)
-        return frozenset(named)
+        if frozenset(named) != self._named:
+            self._named = frozenset(named)
+            log.info(
+                "reading the job's GPUs, those its NVIDIA_VISIBLE_DEVICES names: %s",
+                ", ".join(gpu_source(i) for i in sorted(named)) or "none of those seen here",
+            )
+        return self._named
 
 
 def _scalar_calls(probe: GpuProbe, clock_events: ClockEventsCall) -> list[_Scalar]:

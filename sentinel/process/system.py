@@ -98,7 +98,7 @@ class SystemSources:
     def job_devices(self) -> frozenset[str] | None:
         """The GPU UUIDs the job's ``NVIDIA_VISIBLE_DEVICES`` names: the GPUs a container
         runtime gave the job's container. A sidecar that sees every GPU of the node (it asks
-        the runtime for all, requesting none) watches these as the job's. None when the
+        the runtime for all, requesting none) reads only these. None when the
         variable names none (unset, ``all``, indexes) or the environment cannot be read."""
         job = self._job
         if job is None:

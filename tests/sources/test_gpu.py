@@ -448,39 +448,39 @@ def test_attribution(
 
 
 @pytest.mark.parametrize(
-    ("named", "by_pid", "expected"),
-    [
-        ([1, 2], None, [0.0, 1.0, 1.0, 0.0]),
-        ([3], None, [0.0, 0.0, 0.0, 1.0]),
-        # NVML shows the job's pid on a GPU (one PID namespace): the pids decide.
-        ([1, 2], 0, [1.0, 0.0, 0.0, 0.0]),
-        # No UUID named (NVIDIA_VISIBLE_DEVICES unset, all, indexes): every GPU seen.
-        (None, None, [1.0, 1.0, 1.0, 1.0]),
-    ],
-    ids=["two-named", "one-named", "pids-first", "none-named-takes-all"],
+    ("named", "read"),
+    [([1, 2], [1, 2]), ([3], [3]), (None, [0, 1, 2, 3])],
+    ids=["two-named", "one-named", "none-named-reads-all"],
 )
-def test_a_sidecar_that_sees_every_gpu_takes_those_the_jobs_environment_names(
-    named: list[int] | None,
-    by_pid: int | None,
-    expected: list[float],
-    child: subprocess.Popen[bytes],
+def test_a_sidecar_that_sees_every_gpu_reads_only_those_the_jobs_environment_names(
+    named: list[int] | None, read: list[int], child: subprocess.Popen[bytes]
 ) -> None:
     """A Kubernetes sidecar asks the runtime for every GPU of the node (it requests none)
-    and sees the job's pids as NVML never does (another PID namespace): the job's GPUs are
-    then those whose UUIDs its NVIDIA_VISIBLE_DEVICES names, not the node's every GPU."""
+    and never sees the job's pids in NVML (another PID namespace): it reads, attributes to
+    the job and judges only the GPUs whose UUIDs the job's NVIDIA_VISIBLE_DEVICES names,
+    never another job's; their XIDs alone reach the rules."""
     fake = FakeNvml(gpus=4)
-    if by_pid is not None:
-        fake.gpus[by_pid].processes[child.pid] = 2**30
     uuids = None if named is None else frozenset(fake.gpus[i].uuid for i in named)
+    received = Received()
     gpus = monitor(
-        fake, job_pids=frozenset({child.pid}), attribution="auto", job_devices=lambda: uuids
-    )
-    assert gpus.open()
+        fake, received, job_pids=frozenset({child.pid}), job_devices=lambda: uuids,
+        interval_s=3600.0, xid_wait_ms=20,
+    )  # fmt: skip
+    assert gpus.start()
     try:
         reading = gpus.read_once(NOW)
+        assert sorted(reading) == [gpu_source(i) for i in read]
+        assert all(values(reading[gpu_source(i)])[GPU_JOB] == 1.0 for i in read)
+        wait_until(lambda: fake.registered_event_types(3) != 0, "XID thread registered")
+        # In this order: before the first of the job's arrives, gpu:3's (another job's in
+        # the first case) has had its turn.
+        for index in (3, 2, 1, 0):
+            fake.inject_xid(index, 79)
+        received.wait_for(lambda: received.named(GPU_XID, gpu_source(read[0])) == [79.0], "XID")
     finally:
         gpus.stop()
-    assert [values(reading[gpu_source(i)])[GPU_JOB] for i in range(4)] == expected
+    judged = [i for i in range(4) if received.named(GPU_XID, gpu_source(i))]
+    assert judged == read
 
 
 @pytest.mark.parametrize(
