@@ -96,25 +96,33 @@ class SystemSources:
         return frozenset() if job is None else frozenset({job.pid})
 
     def job_devices(self) -> frozenset[str] | None:
-        """The GPU UUIDs the job's ``NVIDIA_VISIBLE_DEVICES`` names: the GPUs a container
-        runtime gave the job's container. A sidecar that sees every GPU of the node (it asks
-        the runtime for all, requesting none) reads only these. None when the
-        variable names none (unset, ``all``, indexes) or the environment cannot be read."""
+        """The GPUs to read, by UUID: those the job's ``NVIDIA_VISIBLE_DEVICES`` names, what a
+        container runtime gave the job's container; None: every GPU NVML shows sentinel.
+
+        A sidecar given every GPU of the node (its own ``NVIDIA_VISIBLE_DEVICES=all``; it
+        requests none) reads only the job's: none before the job is known, none for a job
+        the runtime gave no GPU (or whose environment it cannot read), every one for a job
+        given ``all``. Elsewhere a job that names none (unset, ``all``, indexes) leaves
+        every GPU sentinel sees, as before."""
+        sees_all = os.environ.get("NVIDIA_VISIBLE_DEVICES") == "all"
         job = self._job
         if job is None:
-            return None
+            return frozenset() if sees_all else None
         cached = self._job_devices
         if cached is not None and cached[0] == job:
             return cached[1]
         try:
             value = psutil.Process(job.pid).environ().get("NVIDIA_VISIBLE_DEVICES")
         except psutil.Error as exc:
-            # Another user's job without CAP_SYS_PTRACE, or gone: NVML's view stands.
+            # Another user's job without CAP_SYS_PTRACE, or gone.
             log.info("cannot read the job's environment for its GPUs: %s", exc)
             value = None
         devices = runtime_devices(value)
         if devices is not None:
             log.info("the job's GPUs, by its NVIDIA_VISIBLE_DEVICES: %s", ",".join(sorted(devices)))
+        elif sees_all and value != "all":
+            log.info("the job names no GPU of its own (NVIDIA_VISIBLE_DEVICES): none is read")
+            devices = frozenset()
         self._job_devices = (job, devices)
         return devices
 

@@ -502,25 +502,37 @@ def test_runtime_devices_reads_only_uuids(value: str | None, expected: set[str] 
 
 
 @pytest.mark.parametrize(
-    ("environment", "expected"),
+    ("sentinel_sees", "environment", "before", "expected"),
     [
-        ({"NVIDIA_VISIBLE_DEVICES": "GPU-1111,GPU-2222"}, {"GPU-1111", "GPU-2222"}),
-        ({"NVIDIA_VISIBLE_DEVICES": "all"}, None),
-        ({}, None),
+        (None, {"NVIDIA_VISIBLE_DEVICES": "GPU-1111,GPU-2222"}, None, {"GPU-1111", "GPU-2222"}),
+        (None, {"NVIDIA_VISIBLE_DEVICES": "all"}, None, None),
+        (None, {}, None, None),
+        # A sidecar given every GPU of the node: none until the job names its own.
+        ("all", {"NVIDIA_VISIBLE_DEVICES": "GPU-1111"}, set(), {"GPU-1111"}),
+        ("all", {}, set(), set()),
+        ("all", {"NVIDIA_VISIBLE_DEVICES": "all"}, set(), None),
     ],
-    ids=["uuids", "all", "unset"],
+    ids=["uuids", "all", "unset", "sidecar-uuids", "sidecar-job-without-gpu", "sidecar-job-all"],
 )
 def test_the_jobs_gpus_are_read_from_its_own_environment(
-    environment: dict[str, str], expected: set[str] | None
+    sentinel_sees: str | None,
+    environment: dict[str, str],
+    before: set[str] | None,
+    expected: set[str] | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A real job with its own environment (not sentinel's): what the runtime gave it."""
     env = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+    if sentinel_sees is None:
+        monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", sentinel_sees)
     job = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], env=env | environment
     )
     try:
         sources = SystemSources(GpuConfig(enabled=False), ProcessConfig(enabled=False), print)
-        assert sources.job_devices() is None  # no job yet
+        assert sources.job_devices() == (None if before is None else frozenset(before))
         sources.set_job(ProcessIdentity.of(job.pid))
         assert sources.job_devices() == (None if expected is None else frozenset(expected))
     finally:
