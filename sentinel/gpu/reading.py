@@ -74,7 +74,8 @@ class WatchedGpu:
     #: The last enforced power limit read (watts), and when (epoch seconds).
     power_limit_w: float | None = None
     power_limit_read_at: float = 0.0
-    #: NVML's UUID of the GPU, read the first time a job names GPUs by UUID ("" unread).
+    #: NVML's UUID of the GPU, read the first time a job names GPUs by UUID ("" unread,
+    #: "unknown" when NVML could not tell it).
     uuid: str = ""
 
 
@@ -266,7 +267,9 @@ class GpuReader:
                 try:
                     gpu.uuid = str(self._probe.nvmlDeviceGetUUID(gpu.handle))
                 except self._probe.NVMLError as exc:
-                    log.warning("%s: NVML cannot tell its UUID (%s)", gpu.source, exc)
+                    # Said once: a GPU whose UUID is unknown is never one the job names.
+                    log.warning("%s: NVML cannot tell its UUID (%s): not read", gpu.source, exc)
+                    gpu.uuid = "unknown"
                     continue
             if gpu.uuid in uuids:
                 named.add(gpu.index)

@@ -483,6 +483,23 @@ def test_a_sidecar_that_sees_every_gpu_reads_only_those_the_jobs_environment_nam
     assert judged == read
 
 
+def test_a_gpu_whose_uuid_nvml_cannot_tell_is_not_read_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeNvml(gpus=2)
+    fake.fail("nvmlDeviceGetUUID", pynvml.NVMLError_Unknown, gpu=0)
+    uuids = frozenset({fake.gpus[1].uuid})
+    gpus = monitor(fake, job_devices=lambda: uuids)
+    assert gpus.open()
+    try:
+        readings = [gpus.read_once(NOW + i) for i in range(3)]
+    finally:
+        gpus.stop()
+    assert all(sorted(reading) == ["gpu:1"] for reading in readings)
+    said = [r for r in caplog.records if "cannot tell its UUID" in r.getMessage()]
+    assert len(said) == 1 and said[0].getMessage().startswith("gpu:0")
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
