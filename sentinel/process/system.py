@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import psutil
 
@@ -22,6 +23,9 @@ from sentinel.process.proctree import ProcessMonitor
 from sentinel.process.settings import ProcessConfig
 
 log = logging.getLogger(__name__)
+
+#: A job younger than this may not have exec'd yet: an environment naming no GPU is read again.
+ENVIRON_SETTLE_S = 2.0
 
 
 class SystemSources:
@@ -121,8 +125,13 @@ class SystemSources:
         if devices is not None:
             log.info("the job's GPUs, by its NVIDIA_VISIBLE_DEVICES: %s", ",".join(sorted(devices)))
         elif sees_all and value != "all":
-            log.info("the job names no GPU of its own (NVIDIA_VISIBLE_DEVICES): none is read")
             devices = frozenset()
+        if devices is None or not devices:
+            if time.time() - job.create_time < ENVIRON_SETTLE_S:
+                # Forked, maybe not yet exec'd: /proc/PID/environ may still be its parent's.
+                return devices
+            if devices is not None:
+                log.info("the job names no GPU of its own (NVIDIA_VISIBLE_DEVICES): none is read")
         self._job_devices = (job, devices)
         return devices
 

@@ -1,9 +1,10 @@
 """``sentinel ARGS`` run by the real ``main`` in this process, for the verbs that start nothing.
 
 Starting ``python -m sentinel`` costs about a second of CPU (the interpreter and sentinel's
-imports), and the suite started about 220: a third of its CPU, on CI's 2 cores. A verb that reads and prints
-(``replay``, ``check-config``, ``checkpoints``, ``status``, ``verdict`` without ``--wait``)
-runs here as it runs in its own process: the same ``main``, its arguments, the environment
+imports), and the suite started about 220: a third of its CPU, on CI's 2 cores. A verb that
+reads and prints (``replay``, ``check-config``, ``checkpoints``, ``status``, ``verdict``
+without ``--wait``) runs here as it runs in its own process: the same ``main``, its
+arguments, the environment
 and working directory given, stdout and stderr captured, the exit status returned. What
 ``main`` sets for the whole process (logging's handlers, the excepthooks) and the
 environment and working directory are put back afterwards. ``run``, ``watch`` and ``demo``

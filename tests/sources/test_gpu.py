@@ -500,6 +500,28 @@ def test_a_gpu_whose_uuid_nvml_cannot_tell_is_not_read_and_said_once(
     assert len(said) == 1 and said[0].getMessage().startswith("gpu:0")
 
 
+def test_a_job_read_before_its_exec_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after a start the job may still be the shell that will exec it, whose
+    environment is not the job's: what it names then is not kept for the attempt."""
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    python = f"{sys.executable} -c 'print(\"ready\", flush=True); import time; time.sleep(60)'"
+    job = subprocess.Popen(
+        ["sh", "-c", f"sleep 0.5; exec env NVIDIA_VISIBLE_DEVICES=GPU-1111 {python}"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        sources = SystemSources(GpuConfig(enabled=False), ProcessConfig(enabled=False), print)
+        sources.set_job(ProcessIdentity.of(job.pid))
+        assert sources.job_devices() is None  # the shell's, before its exec
+        assert job.stdout is not None and job.stdout.readline() == "ready\n"
+        assert sources.job_devices() == frozenset({"GPU-1111"})
+    finally:
+        os.killpg(job.pid, 9)
+        job.wait()
+        if job.stdout is not None:
+            job.stdout.close()
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
@@ -545,9 +567,11 @@ def test_the_jobs_gpus_are_read_from_its_own_environment(
     else:
         monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", sentinel_sees)
     job = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], env=env | environment
-    )
+        [sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
+        env=env | environment, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
+        assert job.stdout is not None and job.stdout.readline() == "ready\n"  # exec'd
         sources = SystemSources(GpuConfig(enabled=False), ProcessConfig(enabled=False), print)
         assert sources.job_devices() == (None if before is None else frozenset(before))
         sources.set_job(ProcessIdentity.of(job.pid))
@@ -555,6 +579,8 @@ def test_the_jobs_gpus_are_read_from_its_own_environment(
     finally:
         job.kill()
         job.wait()
+        if job.stdout is not None:
+            job.stdout.close()
 
 
 # --- threads -----------------------------------------------------------------------------
