@@ -38,6 +38,7 @@ from sentinel.store.lock import acquire
 from sentinel.store.state import StateStore
 from sentinel.store.verdict import mark_deciding, write_final
 from sentinel.supervisor.holders import target_of
+from tests.helpers.cli import main_undone
 from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 
@@ -68,24 +69,18 @@ def sentinel(
         monkeypatch.delenv(name)
     monkeypatch.setenv("SENTINEL_EVIDENCE__CHART", "false")  # as clean_env() has it
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
-    loggers = [logging.getLogger(), logging.getLogger("sentinel"), logging.getLogger("apprise")]
-    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
 
     def run(*args: str | Path) -> Result:
         capsys.readouterr()
-        try:
-            code = cli.main([str(arg) for arg in args])
-        except SystemExit as exit_:
-            code = int(exit_.code or 0)
+        with main_undone():
+            try:
+                code = cli.main([str(arg) for arg in args])
+            except SystemExit as exit_:
+                code = int(exit_.code or 0)
         out, err = capsys.readouterr()
         return Result(code, out, err)
 
     yield run
-    for lg, handlers, level, propagate in saved:
-        lg.handlers[:] = handlers
-        lg.setLevel(level)
-        lg.propagate = propagate
 
 
 def verbs() -> dict[str, argparse.ArgumentParser]:

@@ -20,12 +20,30 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from sentinel.cli.main import main
 
 #: Verbs that start a job, threads or signal handlers: never in the test's process.
 STARTS_THINGS = frozenset({"run", "watch", "demo"})
+
+
+@contextlib.contextmanager
+def main_undone() -> Iterator[None]:
+    """Put back, afterwards, what ``main`` sets for the whole process: logging's handlers,
+    levels and propagation, and the excepthooks."""
+    loggers = [logging.getLogger(), logging.getLogger("sentinel"), logging.getLogger("apprise")]
+    saved_logging = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    saved_hooks = (sys.excepthook, threading.excepthook)
+    try:
+        yield
+    finally:
+        sys.excepthook, threading.excepthook = saved_hooks
+        for logger, handlers, level, propagate in saved_logging:
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate
 
 
 def sentinel_here(
@@ -36,9 +54,6 @@ def sentinel_here(
     argv = [str(arg) for arg in args]
     verb = next((arg for arg in argv if not arg.startswith("-")), "")
     assert verb not in STARTS_THINGS, f"sentinel {verb} starts things: run it as a process"
-    loggers = [logging.getLogger(), logging.getLogger("sentinel"), logging.getLogger("apprise")]
-    saved_logging = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
-    saved_hooks = (sys.excepthook, threading.excepthook)
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -47,20 +62,13 @@ def sentinel_here(
             os.environ.update(env)
         if cwd is not None:
             os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with main_undone(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(argv)
             except SystemExit as exit_:  # argparse's usage errors and --help
-                code = (
-                    exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-                )
+                code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     finally:
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
-        sys.excepthook, threading.excepthook = saved_hooks
-        for logger, handlers, level, propagate in saved_logging:
-            logger.handlers[:] = handlers
-            logger.setLevel(level)
-            logger.propagate = propagate
     return subprocess.CompletedProcess(["sentinel", *argv], code, out.getvalue(), err.getvalue())

@@ -57,9 +57,9 @@ def handle(args: argparse.Namespace) -> int:
         return _restore(args)
     if not args.directory.is_dir():
         return usage_error("sentinel checkpoints", f"not a directory: {args.directory}")
-    from sentinel.config import Settings
+    from sentinel.config import setting_default
 
-    default = Settings.model_fields["state_dir"].default  # run's and watch's, unless told
+    default = setting_default(("state_dir",))  # run's and watch's, unless told
     onset, said = _last_onset(Path(args.state_dir or default))
     found = scan(args.directory, onset=onset)
     clean = last_clean(found, onset)
