@@ -17,11 +17,12 @@ Most of the suite's time is real child processes waiting on real timeouts, not C
 means at least 3 workers here; ``pytest -n 0`` runs it in one process).
 
 The README installs the test environment with ``uv pip install``, which (like ``pip install
---no-compile``) does not byte-compile at install: compiling all of torch and transformers was
-100 s of CI's 160 s pip install, and the suite imports a small part of them. Python compiles a module when it is first imported and keeps
-the result, unless PYTHONDONTWRITEBYTECODE is set; then every job and every sentinel the
-suite starts (a few hundred, several importing torch) would compile again from source. The
-suite writes the byte code, in this process and in what it starts.
+--no-compile``) does not byte-compile at install: compiling all of torch and transformers
+was 100 s of CI's 160 s pip install, and the suite imports a small part of them. Python
+compiles a module when it is first imported and keeps the result, unless
+PYTHONDONTWRITEBYTECODE is set; then every job and every sentinel the suite starts (a few
+hundred, several importing torch) would compile again from source. The suite writes the byte
+code, in this process and in what it starts.
 """
 
 from __future__ import annotations
