@@ -65,16 +65,27 @@ def link_or_clone(source: Path, destination: Path, *, try_reflink: bool = False)
 _COST = (Method.LINK, Method.REFLINK, Method.COPY)
 
 
-def copy_tree(source: Path, destination: Path, *, link: bool, try_reflink: bool = True) -> Method:
+def copy_tree(
+    source: Path,
+    destination: Path,
+    *,
+    link: bool,
+    try_reflink: bool = True,
+    only_links: bool = False,
+) -> Method:
     """Make the new ``destination`` hold what ``source`` holds: the file, or each file of the
     folder at the same place below it (a symbolic link as a link).
 
     Each file is hard-linked (with ``link``), else reflinked (with ``try_reflink``), else
-    copied; a copy keeps its source's mtime. Returns the costliest method used (a folder
-    with no file: a link). ``FileNotFoundError`` when the source went while copied.
+    copied; a copy keeps its source's mtime. With ``only_links`` a file that cannot be
+    linked raises (OSError) instead: nothing is ever copied. Returns the costliest method
+    used (a folder with no file: a link). ``FileNotFoundError`` when the source went while
+    copied.
     """
+    if only_links:
+        link, try_reflink = True, False
     if not source.is_dir() or source.is_symlink():
-        return _copy_file(source, destination, link=link, try_reflink=try_reflink)
+        return _copy_file(source, destination, link=link, try_reflink=try_reflink, only=only_links)
     used = {Method.LINK}
     destination.mkdir()
     for folder, dirnames, filenames in os.walk(source):
@@ -89,11 +100,20 @@ def copy_tree(source: Path, destination: Path, *, link: bool, try_reflink: bool 
             if (here / name).is_symlink():
                 os.symlink(os.readlink(here / name), there / name)
                 continue
-            used.add(_copy_file(here / name, there / name, link=link, try_reflink=try_reflink))
+            used.add(
+                _copy_file(
+                    here / name, there / name, link=link, try_reflink=try_reflink, only=only_links
+                )
+            )
     return max(used, key=_COST.index)
 
 
-def _copy_file(source: Path, destination: Path, *, link: bool, try_reflink: bool) -> Method:
+def _copy_file(
+    source: Path, destination: Path, *, link: bool, try_reflink: bool, only: bool = False
+) -> Method:
+    if only:
+        os.link(source, destination)
+        return Method.LINK
     if link:
         method = link_or_clone(source, destination, try_reflink=try_reflink)
     else:

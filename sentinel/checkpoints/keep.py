@@ -17,7 +17,12 @@ named by its step: a hard link (of each file, for a folder, so that it survives 
 folder's deletion), which costs nothing until the job deletes its own name, else a
 reflink or a copy; the last ``versions`` checkpoints of the dir are kept. Never one:
 the checkpoint written after the onset is kept before sentinel knows it is poisoned,
-so the one before it must survive.
+so the one before it must survive. A job that saves more often than a version settles
+(a small model's Trainer with ``save_total_limit=1`` saving every second) deletes each
+checkpoint before it could be judged settled: so a new checkpoint named by its step is
+hard-linked (staged) at each look that finds it changed, and one the job deletes, or
+that leaves the newest, is kept from its staged links once they parse (the job has
+moved on to a later save, so the links hold the finished files).
 
 Keeping reads gigabytes, so it runs on a worker thread of its own: a look never
 waits for a copy, and the supervisor's loop never waits for either.
@@ -189,6 +194,8 @@ class _Tracked:
     #: The job replaced the file by rename at its last save (a new inode).
     replaces_by_rename: bool = False
     warned_too_big: bool = False
+    #: A checkpoint named by its step whose files a look linked (``Keeper._stage_now``).
+    staged: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,6 +205,9 @@ class _Job:
     link_ok: bool
     #: A checkpoint named by its step (kept by link where it can), not an overwritten file.
     stepped: bool = False
+    #: ``finish``: keep what the last look linked of a checkpoint the job deleted or that
+    #: left the newest (``Keeper._stage_now``), or the job's own where it is still there.
+    what: str = "keep"
 
 
 #: How a listing orders checkpoints named by their step: step, epoch, then mtime_ns.
@@ -241,11 +251,20 @@ class Keeper:
         #: Versions handed over and not yet done with, under ``_idle``.
         self._pending = 0
         self._idle = threading.Condition()
+        #: Whether a checkpoint named by its step is linked at each look (until a link
+        #: cannot be made here: then staging would copy gigabytes a look).
+        self._stage = True
+        #: ``poll`` (the loop's tick) and ``flush`` (a rollback's thread) both look.
+        self._looking = threading.Lock()
 
     def poll(self, now: float) -> None:
         """Look at the checkpoints once; hand each new, settled version to the worker."""
         if self.max_bytes <= 0:
             return
+        with self._looking:
+            self._poll(now)
+
+    def _poll(self, now: float) -> None:
         try:
             with os.scandir(self.directory) as listing:
                 entries = [(entry.name, _kind(entry)) for entry in listing]
@@ -275,7 +294,15 @@ class Keeper:
         return kept_versions(self.directory, Path(path).name)
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until every version handed over is kept; False if ``timeout_s`` ran out."""
+        """Wait until every version handed over is kept; False if ``timeout_s`` ran out.
+
+        A staged checkpoint the job deleted since the last look is handed over first: a
+        rollback right after the job's last save still finds it.
+        """
+        with self._looking:
+            for name, tracked in self._stepped.items():
+                if not os.path.lexists(self.directory / name):
+                    self._finish(name, tracked)
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
 
@@ -300,6 +327,9 @@ class Keeper:
             listed[name] = (step, -1 if position.epoch is None else position.epoch, mtime_ns)
         self._notice_rotation(listed)
         newest = sorted(listed, key=listed.__getitem__)[-self.versions_kept :]
+        for name, tracked in self._stepped.items():
+            if name not in newest:  # deleted by the job, or no longer among the newest
+                self._finish(name, tracked)
         self._stepped = {name: self._stepped.get(name) or _Tracked() for name in newest}
         for name, tracked in self._stepped.items():
             path = self.directory / name
@@ -362,11 +392,22 @@ class Keeper:
             return
         if seen != tracked.seen:
             tracked.seen, tracked.seen_since = seen, now
+            if stepped and self._stage and tracked.handled is None:
+                tracked.staged = self._stage_now(path) or tracked.staged
             return
         if now - tracked.seen_since < self.settle_s:
             return  # unchanged at two looks, but not for long enough: the write may go on
         self._handled(tracked, seen, stepped=stepped)
         self._submit(_Job(path, seen, link_ok and tracked.replaces_by_rename, stepped))
+
+    def _finish(self, name: str, tracked: _Tracked) -> None:
+        """Hand over a staged checkpoint that was never judged settled, once the job moved
+        on from it (deleted it, or saved newer ones)."""
+        if not tracked.staged or tracked.seen is None or tracked.handled == tracked.seen:
+            return
+        tracked.staged = False
+        self._handled(tracked, tracked.seen, stepped=True)
+        self._submit(_Job(self.directory / name, tracked.seen, True, True, what="finish"))
 
     def _handled(self, tracked: _Tracked, seen: tuple[int, int, int], *, stepped: bool) -> None:
         previous = tracked.handled
@@ -413,7 +454,9 @@ class Keeper:
             try:
                 if job is None:
                     return
-                if job.stepped:
+                if job.what == "finish":
+                    self._finish_stepped(job)
+                elif job.stepped:
                     self._keep_stepped(job)
                 else:
                     self._keep(job)
@@ -487,6 +530,71 @@ class Keeper:
         self._commit(staging, job, number, method, (step, epoch), inode)
         self._prune_stepped()
 
+    def _stage_now(self, path: Path) -> bool:
+        """Link a checkpoint named by its step as it is now, in the look itself (a link per
+        file: no data is read), so that a job that deletes it right after takes nothing
+        away. The staging of an earlier look is replaced once this one is whole; True when
+        it is staged."""
+        name = path.name
+        if kept_versions(self.directory, name):
+            return False  # kept already (or put back from a kept one)
+        staging = self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{1:06d}"
+        fresh = staging.with_name(staging.name + ".new")
+        try:
+            if fresh.exists():
+                shutil.rmtree(fresh)
+            fresh.mkdir(parents=True)
+            copy_tree(path, fresh / name, link=True, only_links=True)
+        except FileNotFoundError:
+            _discard(fresh)  # deleted since listed: an earlier look's staging stands
+            return staging.exists()
+        except OSError as error:
+            # No hard links here: staging would copy the checkpoint at every look.
+            self._stage = False
+            _discard(fresh)
+            log.info(
+                "cannot hard-link in %s (%s): a checkpoint is kept once it settled, and one"
+                " the job deletes sooner is lost",
+                self.directory,
+                error.strerror or error,
+            )
+            return False
+        if staging.exists():
+            shutil.rmtree(staging)
+        os.rename(fresh, staging)
+        return True
+
+    def _finish_stepped(self, job: _Job) -> None:
+        """Keep a staged checkpoint the job moved on from: the job's own where it is still
+        there (it is finished: newer ones followed), else the links of its last stage."""
+        name = job.path.name
+        now = version_of(job.path)
+        if now is not None:
+            self._keep_stepped(_Job(job.path, now, True, True))
+            return
+        staging = self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{1:06d}"
+        kept = staging / name
+        seen = version_of(kept)
+        if seen is None or kept_versions(self.directory, name):
+            log.info("not keeping %s: the job deleted it before it could be kept", job.path)
+            if staging.exists():
+                _discard(staging)
+            return
+        problem = checkpoint_problem(kept)
+        if problem:
+            log.info("not keeping %s (deleted by the job): %s", job.path, problem)
+            _discard(staging)
+            return
+        position = position_of(name)
+        step, epoch = position.step, position.epoch
+        if step is None and epoch is None:
+            step, epoch = _content_position(kept)
+        inode = seen[2] if not kept.is_dir() else 0
+        self._commit(
+            staging, _Job(job.path, seen, True, True), 1, Method.LINK, (step, epoch), inode
+        )
+        self._prune_stepped()
+
     def _staging(self, name: str, number: int) -> Path:
         staging = self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{number:06d}"
         if staging.exists():
@@ -556,8 +664,9 @@ class Keeper:
 
 
 def _discard(staging: Path) -> None:
-    """Remove a staging folder of ours, and its name's folder once it holds nothing."""
-    shutil.rmtree(staging)
+    """Remove a staging folder of ours (if it was made), and its name's folder once it holds
+    nothing."""
+    shutil.rmtree(staging, ignore_errors=True)
     with contextlib.suppress(OSError):
         staging.parent.rmdir()
 

@@ -315,19 +315,62 @@ def test_of_the_checkpoints_there_before_sentinel_only_the_newest_are_kept(
     assert [v.step for v in stepped(tmp_path)] == [30, 40]
 
 
-def test_a_checkpoint_the_job_deletes_before_it_settled_is_not_kept_and_no_error(
-    tmp_path: Path, start_job: Callable[[str], RotatingJob], caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("layout", ["files", "folders"])
+def test_a_checkpoint_the_job_deletes_before_it_settled_is_kept_from_the_links_of_its_look(
+    tmp_path: Path,
+    start_job: Callable[[str], RotatingJob],
+    layout: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A job that saves more often than a version settles (a small model's Trainer with
+    ``save_total_limit=1``): each checkpoint is gone before a second look."""
+    keeper = Keeper(tmp_path)
+    job = start_job(layout)
+    job.save(10)
+    keeper.poll(0.0)  # the one look that finds step 10
+    job.save(20)  # 10 is deleted before another look
+    with caplog.at_level(logging.INFO, logger="sentinel.checkpoints.keep"):
+        settle(keeper, 10.0)
+    keeper.close()
+    kept = {v.step: v for v in stepped(tmp_path)}
+    assert sorted(kept) == [10, 20]
+    assert not (tmp_path / kept[10].original.name).exists(), "the job deleted its own"
+    weights = kept[10].path if layout == "files" else kept[10].path / "model.pt"
+    assert torch_value(weights, "step") == 10
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_rollback_right_after_the_jobs_last_save_finds_the_one_it_deleted(
+    tmp_path: Path, start_job: Callable[[str], RotatingJob]
+) -> None:
+    """The job saved and deleted after the keeper's last look, then failed: the rollback's
+    flush hands the staged checkpoint over without waiting for a look."""
     keeper = Keeper(tmp_path)
     job = start_job("files")
     job.save(10)
     keeper.poll(0.0)
-    job.save(20)  # 10 is gone before a second look
+    job.save(20)
+    assert keeper.flush(timeout_s=10)
+    assert [v.step for v in stepped(tmp_path)] == [10]
+    keeper.close()
+
+
+def test_a_checkpoint_seen_half_written_then_deleted_is_not_kept_and_no_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    keeper = Keeper(tmp_path)
+    path = tmp_path / "model_step10.pt"
+    path.write_bytes(version_bytes(20)[:-100])  # the look finds the save half done
+    keeper.poll(0.0)
+    assert keeper.flush(timeout_s=10)
+    os.unlink(path)  # and the staged links hold no more than the half
     with caplog.at_level(logging.INFO, logger="sentinel.checkpoints.keep"):
         settle(keeper, 10.0)
     keeper.close()
-    assert [v.step for v in stepped(tmp_path)] == [20]
+    assert kept_versions(tmp_path) == []
+    assert "not keeping" in caplog.text and "deleted by the job" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert os.listdir(tmp_path / KEPT_DIR) == [], "its staging removed"
 
 
 def test_a_checkpoint_folder_still_being_written_waits_until_it_settles(tmp_path: Path) -> None:

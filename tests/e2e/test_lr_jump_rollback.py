@@ -1,6 +1,8 @@
 """Issue 21's done-when: a HF Trainer job whose LR jumps x120 and never recovers, under
 ``sentinel run``, is rolled back to the checkpoint before the jump and restarted; with the
-jump gone after the restart it finishes near the run without the jump.
+jump gone after the restart it finishes near the run without the jump. The quickstart's job
+keeps one checkpoint (``save_total_limit=1``, issue 31): the clean one comes back from
+sentinel's kept copy.
 
 The job is ``tests/fixtures/make_divergence_runs.py``'s ``lr_jump`` run (``LR_JUMP_ONCE``:
 the wrong LR is fixed for the restart). Needs torch and transformers (the fixtures'
@@ -63,6 +65,12 @@ def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Pat
     env = {
         **os.environ,
         "LR_JUMP_ONCE": "1",
+        # The Trainer keeps its newest checkpoint only: the clean one is gone from the job's
+        # folder by the time the jump is read, and sentinel's kept copy is what goes back.
+        "SAVE_TOTAL_LIMIT": "1",
+        # It saves every 20 steps, about 0.4 s apart here (a real job: minutes): sentinel's
+        # looks at its checkpoints come every 0.2 s, so that each is seen before it goes.
+        "SENTINEL_TICK_INTERVAL_S": "0.2",
         "HF_HUB_OFFLINE": "1",
         "CUDA_VISIBLE_DEVICES": "",
         "SENTINEL_JOB__RESTART_BACKOFF_S": "0.1",  # the 5 s backoff, shortened
@@ -79,10 +87,23 @@ def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Pat
     # The jump of the logged rate (x120 at step 155) acts once the loss rose with it.
     assert [a["rule"] for a in criticals] == ["lr_jump"], criticals
     assert criticals[0]["step"] <= 165, criticals
-    # Rolled back to the last checkpoint before the jump (step 151): the later ones set aside.
+    # The restart passed the step where the run had failed, back at its level: said so.
+    assert any(a["rule"] == "recovery" and "recovered" in a["message"] for a in alerts), [
+        (a["rule"], a["severity"], a["message"][:80]) for a in alerts
+    ]
+    # Rolled back to the last checkpoint before the jump (step 151), which the Trainer had
+    # deleted: sentinel's kept copy went back where the job wrote it; the later one set aside.
     quarantined = {p.name for p in (out / "quarantine").rglob("checkpoint-*")}
     assert "checkpoint-160" in quarantined and "checkpoint-140" not in quarantined
-    assert (out / "checkpoint-140").is_dir()
+    assert "checkpoint-120" not in quarantined
+    assert "kept by sentinel, put back in place" in result.stderr, result.stderr[-4000:]
+    resumed = re.search(r"resumed from \S*checkpoint-(\d+) \(step", result.stderr)
+    assert resumed, result.stderr[-4000:]
+    # The newest before the jump the keeper saw: this job saves every 0.4 s or so, the
+    # looks come every 0.2 s, so a save may fall between two looks under load.
+    assert int(resumed.group(1)) in (120, 140), result.stderr[-4000:]
+    # The restart saved on, deleting as it went: its newest alone is left.
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-300"]
 
     final = json.loads((out / "checkpoint-300" / "trainer_state.json").read_text())
     losses = {entry["step"]: entry["loss"] for entry in final["log_history"] if "loss" in entry}
