@@ -30,7 +30,7 @@ from sentinel.evidence.capture import EVIDENCE_FILE, incident_dir
 from sentinel.evidence.chart import CHART_PNG, CHART_SVG, sparkline
 from sentinel.model import secrets
 from sentinel.model.cost import UNKNOWN_COST, IncidentCost
-from sentinel.model.incidents import Incident
+from sentinel.model.incidents import Incident, alert_lines
 from sentinel.model.records import Alert, Sample, json_number
 from sentinel.model.untrusted import defang_urls, markdown_literal, printable
 from sentinel.store.state import open_private, private_dir
@@ -162,10 +162,7 @@ def render_markdown(
         if advice:
             lines.append(f"- diagnosis: {literal(str(advice))}")
     lines += ["", "## Timeline", ""]
-    events = [
-        (alert.time, f"{alert.severity} {alert.rule}: {alert.message}") for alert in incident.alerts
-    ]
-    events += incident.actions
+    events = alert_lines(incident.alerts, upper=False) + incident.actions
     for time, text in sorted(events, key=lambda event: event[0]):
         lines.append(f"- {clock(time)} {literal(text)}")
     if recent:

@@ -15,7 +15,8 @@ resolves when every rule in it has resolved.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -249,3 +250,62 @@ class IncidentTracker:
             del self.open[rule]
         self.closed.append(incident)
         return incident
+
+
+#: The rank a per-rank rule's alert names first in its text (``engine.ranks.with_rank``).
+_RANK_SAYS = re.compile(r"^rank \d+: ")
+
+
+def said_key(alert: Alert) -> tuple[str, str, int | None, str]:
+    """What an alert says, whichever rank says it: rule, severity, step and its text
+    without the rank. Ranks that fail at once (a NaN in every rank's log) say one thing."""
+    return alert.rule, str(alert.severity), alert.step, _RANK_SAYS.sub("", alert.message)
+
+
+def alert_rank(alert: Alert) -> int:
+    """The rank whose series raised ``alert`` (0: the first, which names none)."""
+    rank = alert.details.get("rank", 0)
+    return rank if isinstance(rank, int) else 0
+
+
+def fold_ranks(alerts: Sequence[Alert]) -> list[tuple[Alert, list[int]]]:
+    """``alerts`` in order, each other rank's copy of one folded into the first: each
+    first alert, with the other ranks that said the same (ascending)."""
+    folded: list[tuple[Alert, list[int]]] = []
+    first: dict[tuple[str, str, int | None, str], tuple[int, set[int]]] = {}
+    for alert in alerts:
+        key = said_key(alert)
+        rank = alert_rank(alert)
+        known = first.get(key)
+        if known is not None and rank not in known[1]:
+            known[1].add(rank)
+            folded[known[0]][1].append(rank)
+            continue
+        first[key] = (len(folded), {rank})
+        folded.append((alert, []))
+    return [(alert, sorted(others)) for alert, others in folded]
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``[1, 2, 3, 5]`` as "ranks 1-3, 5"; one as "rank 1"."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+
+
+def alert_lines(alerts: Sequence[Alert], *, upper: bool = True) -> list[tuple[float, str]]:
+    """An incident's alerts as timeline events: "CRITICAL nan_inf: ..." (``upper``; else
+    "critical"), one line for what several ranks said at once (" (the same on ranks 1-63)")."""
+    events = []
+    for alert, others in fold_ranks(alerts):
+        severity = alert.severity.upper() if upper else str(alert.severity)
+        text = f"{severity} {alert.rule}: {alert.message}"
+        if others:
+            text += f" (the same on {ranks_text(others)})"
+        events.append((alert.time, text))
+    return events

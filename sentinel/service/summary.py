@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sentinel.evidence.report import clock, report_path
-from sentinel.model.incidents import Incident
+from sentinel.model.incidents import Incident, alert_lines
 from sentinel.model.untrusted import printable
 from sentinel.store.verdict import EXIT_GIVE_UP, EXIT_NODE_FAULT, EXIT_ROLLED_BACK
 
@@ -20,11 +20,7 @@ def timeline(incidents: Sequence[Incident]) -> list[str]:
     """Each incident's alerts and actions in time order, with a critical one's diagnosis."""
     lines: list[str] = []
     for incident in incidents:
-        events = [
-            (alert.time, f"{alert.severity.upper()} {alert.rule}: {alert.message}")
-            for alert in incident.alerts
-        ]
-        events += incident.actions
+        events = alert_lines(incident.alerts) + incident.actions
         for at, text in sorted(events, key=lambda event: event[0]):
             lines.append(f"  {clock(at)}  {printable(text)}")  # it may quote the job
         if incident.diagnosis is not None and incident.severity == "critical":

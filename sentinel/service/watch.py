@@ -15,7 +15,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,13 @@ from sentinel.evidence.diagnosis import explain
 from sentinel.evidence.report import Journal, incident_files, write_report
 from sentinel.model.cost import incident_cost
 from sentinel.model.facts import Resumed
-from sentinel.model.incidents import Incident, IncidentEvent, IncidentTracker
+from sentinel.model.incidents import (
+    Incident,
+    IncidentEvent,
+    IncidentTracker,
+    alert_rank,
+    said_key,
+)
 from sentinel.model.records import Alert, Sample, Severity
 from sentinel.notify.dispatch import Dispatcher, Policy, routes
 from sentinel.notify.notices import JobInfo, NoticeKind, format_dashboard_url, incident_notice
@@ -39,6 +45,22 @@ from sentinel.store.run_verdict import resolve_run_id
 from sentinel.store.state import StateStore
 
 log = logging.getLogger(__name__)
+
+#: Within this long of a rank's alert, another rank's saying the same is said once more
+#: ("the same on rank N too"), and the rest only at debug.
+ECHO_S = 60.0
+#: What was said lately, at most this many before the old are dropped.
+_SAID_KEPT = 256
+
+
+@dataclass
+class _Said:
+    """An alert's text as first said: when, by which ranks, and whether "too" was said."""
+
+    at: float
+    ranks: set[int]
+    echoed: bool = False
+
 
 #: How long sentinel waits, when it ends, for the incident charts still being drawn.
 CHART_FLUSH_S = 20.0
@@ -105,6 +127,8 @@ class Watch:
         self.job = JobInfo(job_name, self.host, self.run_id, dashboard_url, shared_run_id)
         #: Incidents another node decided for the run (and paged for): not announced here.
         self._quiet: set[str] = set()
+        #: What the alerts said lately (``said_key``), to say a rank's echo once.
+        self._said: dict[tuple[str, str, int | None, str], _Said] = {}
         self.dispatcher = Dispatcher(
             notifier.outbox, routes(settings.notify), Policy.from_config(settings.notify), self.job
         )
@@ -134,7 +158,7 @@ class Watch:
             # The line's level says the severity, but for a critical (logged as ERROR): never
             # "WARNING WARNING".
             named = "" if logging.getLevelName(level) == said else f"{said} "
-            log.log(level, "%s%s step=%s: %s", named, alert.rule, alert.step, alert.message)
+            self._say(alert, level, named)
             if change is None:
                 # An alert may ask for an action of its own on an incident already critical
                 # (cost_overrun's kill_fraction: stop the job).
@@ -148,6 +172,35 @@ class Watch:
             if event is not IncidentEvent.RESOLVED and incident.severity is Severity.CRITICAL:
                 actionable.append(incident)  # the caller acts, then writes the report (update)
         return actionable
+
+    def _say(self, alert: Alert, level: int, named: str) -> None:
+        """Log an alert; what another rank said just before is said once more, "the same on
+        rank N too", and no more (64 ranks' NaN at one step: two lines, not 64)."""
+        key, rank, now = said_key(alert), alert_rank(alert), alert.time
+        said = self._said.get(key)
+        if said is not None and now - said.at > ECHO_S:
+            said = None  # said too long ago: said again
+        if alert.resolves or said is None or rank in said.ranks:
+            if said is None and not alert.resolves:
+                if len(self._said) >= _SAID_KEPT:
+                    self._said = {k: v for k, v in self._said.items() if now - v.at <= ECHO_S}
+                self._said[key] = _Said(now, {rank})
+            log.log(level, "%s%s step=%s: %s", named, alert.rule, alert.step, alert.message)
+            return
+        said.ranks.add(rank)
+        if said.echoed:
+            log.debug("%s%s step=%s: %s", named, alert.rule, alert.step, alert.message)
+            return
+        said.echoed = True
+        log.log(
+            level,
+            "%s%s step=%s: the same on rank %d too (alerts.jsonl has each rank's; the timeline"
+            " and the report list the ranks)",
+            named,
+            alert.rule,
+            alert.step,
+            rank,
+        )
 
     def update(
         self, incident: Incident, *, final: bool = False, force_notify: bool = False
