@@ -19,6 +19,10 @@ import time
 
 #: What each stream's file is called in the attempt's directory.
 STREAM_FILES = {"stdout": "stdout.log", "stderr": "stderr.log"}
+#: Both streams in one file, in the order sentinel was sent them: what ``sentinel replay``
+#: reads to see the attempt as ``run`` saw it live (a Trainer's dicts on stdout take their
+#: steps from its progress bars on stderr).
+BOTH_FILE = "output.log"
 #: Written once sentinel is gone: how far (bytes) it had read of each stream ("read"),
 #: and where one that takes over should read from ("resume": ``RESUME_S`` earlier).
 DETACHED = "detached.json"
@@ -75,7 +79,9 @@ class Relay:
         #: stream -> its file; a file that cannot be written (a full or read-only state
         #: dir) is dropped: the job and sentinel's copy matter more than the file.
         self.files: dict[str, int] = {}
-        for name, file_name in STREAM_FILES.items():
+        #: The stream whose last part, in the file of both, ended mid-line.
+        self._cut: str | None = None
+        for name, file_name in {**STREAM_FILES, BOTH_FILE: BOTH_FILE}.items():
             with contextlib.suppress(OSError):
                 self.files[name] = os.open(
                     os.path.join(directory, file_name),
@@ -89,7 +95,15 @@ class Relay:
         self.send(name, data)
 
     def keep(self, name: str, data: bytes) -> None:
-        """To the stream's file."""
+        """To the stream's file, and to the file of both (where the other stream's last
+        part ended mid-line, on a line of its own)."""
+        self._write(name, data)
+        if self._cut is not None and self._cut != name:
+            self._write(BOTH_FILE, b"\n")
+        self._write(BOTH_FILE, data)
+        self._cut = None if data[-1:] in (b"\n", b"\r") else name
+
+    def _write(self, name: str, data: bytes) -> None:
         file = self.files.get(name)
         if file is not None:
             try:

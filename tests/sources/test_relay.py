@@ -22,7 +22,7 @@ import pytest
 from sentinel.process.adopted import AdoptedJob
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.launched import JobProcess
-from sentinel.process.relay_copies import DETACHED, EXIT
+from sentinel.process.relay_copies import BOTH_FILE, DETACHED, EXIT
 from sentinel.process.relayed import JobRecord, RelayedStart
 
 #: The job's environment: no PYTHONUNBUFFERED, so Python buffers as a terminal makes it.
@@ -78,6 +78,35 @@ def test_the_job_writes_to_terminals_kept_apart_and_copied_to_files(tmp_path: Pa
     assert (attempt / "stderr.log").read_bytes() == b"stderr True\n"
     assert json.loads((attempt / EXIT).read_text())["returncode"] == 3
     assert not (attempt / DETACHED).exists(), "sentinel read to the end: nothing detached"
+
+
+@pytest.mark.parametrize("pty", [True, False], ids=["terminals", "pipes"])
+def test_both_streams_go_to_one_file_too_each_line_whole(tmp_path: Path, pty: bool) -> None:
+    """``output.log``: what ``replay`` reads to see the attempt as sentinel did. A part of a
+    line the other stream cut into ends on a line of its own."""
+    done = Captured(
+        tmp_path,
+        """
+        import sys, time
+        for step in range(40):
+            print(f"out {step}", flush=True)
+            print(f"err {step}", file=sys.stderr, flush=True)
+            if step % 10 == 0:
+                time.sleep(0.03)
+        sys.stdout.write("half a line"); sys.stdout.flush(); time.sleep(0.1)
+        print("err last", file=sys.stderr, flush=True)
+        """,
+        pty=pty,
+    ).run()
+    assert done.returncode == 0
+    both = (done.relay.directory / BOTH_FILE).read_bytes().decode().splitlines()
+    for stream in ("out", "err"):
+        mine = [line for line in both if line.startswith(stream)]
+        assert mine == [f"{stream} {step}" for step in range(40)] + (
+            [] if stream == "out" else ["err last"]
+        )
+    assert "half a line" in both, both[-3:]
+    assert sorted(both) == sorted(done.lines["stdout"] + done.lines["stderr"])
 
 
 @pytest.mark.slow
