@@ -517,18 +517,30 @@ class Keeper:
             log.info("not keeping %s: it changed while being kept", job.path)
             _discard(staging)
             return
+        inode = job.seen[2] if not kept.is_dir() else _inode(job.path)
+        self._commit_stepped(staging, job, number, method, inode)
+
+    def _commit_stepped(
+        self, staging: Path, job: _Job, number: int, method: Method, inode: int, why: str = ""
+    ) -> None:
+        """Keep the checkpoint staged in ``staging`` once it is clean as the scan judges it;
+        then drop the oldest beyond ``versions``."""
+        kept = staging / job.path.name
         problem = checkpoint_problem(kept)
         if problem:
-            log.info("not keeping %s: %s", job.path, problem)
+            log.info("not keeping %s%s: %s", job.path, why, problem)
             _discard(staging)
             return
-        position = position_of(name)
+        position = position_of(job.path.name)
         step, epoch = position.step, position.epoch
         if step is None and epoch is None:
             step, epoch = _content_position(kept)
-        inode = job.seen[2] if not kept.is_dir() else _inode(job.path)
         self._commit(staging, job, number, method, (step, epoch), inode)
         self._prune_stepped()
+
+    def _stepped_staging(self, name: str) -> Path:
+        """Where a checkpoint named by its step is staged: it is kept once (number 1)."""
+        return self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{1:06d}"
 
     def _stage_now(self, path: Path) -> bool:
         """Link a checkpoint named by its step as it is now, in the look itself (a link per
@@ -538,7 +550,7 @@ class Keeper:
         name = path.name
         if kept_versions(self.directory, name):
             return False  # kept already (or put back from a kept one)
-        staging = self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{1:06d}"
+        staging = self._stepped_staging(name)
         fresh = staging.with_name(staging.name + ".new")
         try:
             if fresh.exists():
@@ -572,28 +584,16 @@ class Keeper:
         if now is not None:
             self._keep_stepped(_Job(job.path, now, True, True))
             return
-        staging = self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{1:06d}"
-        kept = staging / name
-        seen = version_of(kept)
+        staging = self._stepped_staging(name)
+        seen = version_of(staging / name)
         if seen is None or kept_versions(self.directory, name):
             log.info("not keeping %s: the job deleted it before it could be kept", job.path)
             if staging.exists():
                 _discard(staging)
             return
-        problem = checkpoint_problem(kept)
-        if problem:
-            log.info("not keeping %s (deleted by the job): %s", job.path, problem)
-            _discard(staging)
-            return
-        position = position_of(name)
-        step, epoch = position.step, position.epoch
-        if step is None and epoch is None:
-            step, epoch = _content_position(kept)
-        inode = seen[2] if not kept.is_dir() else 0
-        self._commit(
-            staging, _Job(job.path, seen, True, True), 1, Method.LINK, (step, epoch), inode
-        )
-        self._prune_stepped()
+        inode = seen[2] if not (staging / name).is_dir() else 0
+        staged = _Job(job.path, seen, True, True)
+        self._commit_stepped(staging, staged, 1, Method.LINK, inode, " (deleted by the job)")
 
     def _staging(self, name: str, number: int) -> Path:
         staging = self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{number:06d}"
