@@ -389,6 +389,9 @@ class Keeper:
         if seen[0] > self.max_bytes:  # a write only adds: over now, over once settled
             self._handled(tracked, seen, stepped=stepped)
             self._too_big(path, seen[0], tracked, stepped=stepped)
+            if tracked.staged:  # linked while it was smaller: its links would hold the disk
+                tracked.staged = False
+                _discard(self._stepped_staging(path.name))
             return
         if seen != tracked.seen:
             tracked.seen, tracked.seen_since = seen, now
@@ -591,9 +594,37 @@ class Keeper:
             if staging.exists():
                 _discard(staging)
             return
+        missing = self._missing_files(staging / name)
+        if missing:
+            log.info(
+                "not keeping %s (deleted by the job): the look that linked it came mid-save"
+                " (it lacks %s, which the job's newest checkpoint holds)",
+                job.path,
+                ", ".join(missing[:3]),
+            )
+            _discard(staging)
+            return
         inode = seen[2] if not (staging / name).is_dir() else 0
         staged = _Job(job.path, seen, True, True)
         self._commit_stepped(staging, staged, 1, Method.LINK, inode, " (deleted by the job)")
+
+    def _missing_files(self, staged: Path) -> list[str]:
+        """What a staged checkpoint folder lacks of the files the job's newest checkpoint
+        folder holds (by their place in it): the same job saves the same files each time,
+        so a folder linked mid-save lacks some."""
+        if not staged.is_dir():
+            return []  # a file linked mid-save is cut short: it does not parse
+        folders = [
+            entry
+            for entry in _listdir(self.directory)
+            if (self.directory / entry).is_dir()
+            and is_stepped_checkpoint(entry, is_dir=True)
+            and _holds_checkpoint(self.directory / entry)
+        ]
+        if not folders:
+            return []
+        newest = max(folders, key=lambda entry: _mtime_ns(self.directory / entry))
+        return sorted(_relative_files(self.directory / newest) - _relative_files(staged))
 
     def _staging(self, name: str, number: int) -> Path:
         staging = self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{number:06d}"
@@ -729,6 +760,22 @@ def read_position(path: Path) -> tuple[int | None, int | None]:
     except OSError:
         return None, None
     return content.step, content.epoch
+
+
+def _relative_files(folder: Path) -> set[str]:
+    """The files below ``folder``, by their path relative to it."""
+    return {
+        os.path.relpath(os.path.join(root, name), folder)
+        for root, _dirs, names in os.walk(folder)
+        for name in names
+    }
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _listdir(path: Path) -> list[str]:

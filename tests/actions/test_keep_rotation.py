@@ -355,6 +355,48 @@ def test_a_rollback_right_after_the_jobs_last_save_finds_the_one_it_deleted(
     keeper.close()
 
 
+def test_a_checkpoint_that_grows_over_the_budget_drops_the_links_of_its_first_look(
+    tmp_path: Path,
+) -> None:
+    keeper = Keeper(tmp_path, max_bytes=len(version_bytes(20)) + 10)
+    path = tmp_path / "model_step10.pt"
+    path.write_bytes(version_bytes(20)[:-100])  # under the budget at the first look
+    keeper.poll(0.0)
+    assert (tmp_path / KEPT_DIR / path.name).is_dir(), "its files linked"
+    path.write_bytes(version_bytes(20) * 2)  # the save goes on, past it
+    keeper.poll(1.0)
+    os.unlink(path)
+    settle(keeper, 10.0)
+    keeper.close()
+    assert kept_versions(tmp_path) == []
+    assert not (tmp_path / KEPT_DIR / path.name).exists(), "no link left holding its disk"
+
+
+def test_a_folder_linked_mid_save_then_deleted_is_not_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The look came between the weights and the optimizer of checkpoint-10; before the next,
+    the job finished it, saved checkpoint-20 and deleted checkpoint-10. What the look linked
+    parses, but lacks what each of this job's checkpoints holds: a resume from it would
+    start without its optimizer."""
+    keeper = Keeper(tmp_path)
+    first = tmp_path / "checkpoint-10"
+    first.mkdir()
+    (first / "model.pt").write_bytes(version_bytes(20))
+    keeper.poll(0.0)
+    (first / "optimizer.pt").write_bytes(version_bytes(40))
+    second = tmp_path / "checkpoint-20"
+    second.mkdir()
+    (second / "model.pt").write_bytes(version_bytes(40))
+    (second / "optimizer.pt").write_bytes(version_bytes(60))
+    shutil.rmtree(first)
+    with caplog.at_level(logging.INFO, logger="sentinel.checkpoints.keep"):
+        settle(keeper, 1.0)
+    keeper.close()
+    assert [v.original.name for v in kept_versions(tmp_path)] == ["checkpoint-20"]
+    assert "lacks optimizer.pt" in caplog.text
+
+
 def test_a_checkpoint_seen_half_written_then_deleted_is_not_kept_and_no_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
