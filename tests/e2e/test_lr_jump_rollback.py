@@ -96,7 +96,11 @@ def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Pat
     quarantined = {p.name for p in (out / "quarantine").rglob("checkpoint-*")}
     assert "checkpoint-160" in quarantined and "checkpoint-140" not in quarantined
     assert "checkpoint-120" not in quarantined
-    assert "kept by sentinel, put back in place" in result.stderr, result.stderr[-4000:]
+    # Mostly the Trainer had deleted it by then, and sentinel's kept copy went back. It logs
+    # the jump's dict just before its save and rotation: a stop that lands between the save
+    # of checkpoint-160 and the deletion of checkpoint-140 finds the job's own still there.
+    if "kept by sentinel, put back in place" not in result.stderr:
+        assert "rolled back to checkpoint-140;" in result.stderr, result.stderr[-4000:]
     resumed = re.search(r"resumed from \S*checkpoint-(\d+) \(step", result.stderr)
     assert resumed, result.stderr[-4000:]
     # The newest before the jump the keeper saw: this job saves every 0.4 s or so, the
