@@ -6,7 +6,10 @@ One run measures, at 10, 100 and 1,000 metric lines a second:
   one-liner (the job started by the bench);
 - ``run --log``: ``sentinel run --log LOG -- JOB``, the job appending to LOG;
 - ``run``: ``sentinel run -- JOB``, the job printing its metrics (read from its stdout);
-- ``watch``: ``sentinel watch --pid PID --log LOG``, the job started by the bench.
+- ``watch``: ``sentinel watch --pid PID --log LOG``, the job started by the bench;
+- ``watch x64``: the same, the job writing each step to 64 files, one per rank
+  (``--log 'ranks/rank-*.log'``), its NaN in rank 7's: many files as fast as one? (Not in
+  the default set: ``--watchers watch,'watch x64'``.)
 
 Each trial starts the watcher and a job that waits on a FIFO. Once the watcher is ready
 (sentinel: ``READY=1`` on the ``$NOTIFY_SOCKET`` the bench listens on; the pipeline: half
@@ -53,6 +56,9 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 RATES = (10, 100, 1000)
 WATCHERS = ("tail|grep", "run --log", "run", "watch")
+#: Watchers run only when named; ``watch x64``'s job writes this many files.
+MORE_WATCHERS = ("watch x64",)
+RANK_FILES = 64
 #: Healthy lines for this long (plus up to half of it, at random) before the NaN.
 HEALTHY_S = 1.0
 READY_TIMEOUT_S = 30.0
@@ -84,7 +90,13 @@ with open(out + ".pid", "w") as f:
     f.write(str(os.getpid()))
 with open(go, "rb", buffering=0) as f:
     f.read(1)
-stream = sys.stdout if log == "-" else open(log, "a")
+if log == "-":
+    streams = [sys.stdout]
+elif log.endswith("/"):  # a folder: one file per rank, the NaN in rank 7's
+    streams = [open(f"{log}rank-{rank}.log", "a") for rank in range(int(sys.argv[6]))]
+else:
+    streams = [open(log, "a")]
+stream = streams[min(7, len(streams) - 1)]
 rng = random.Random(os.getpid())
 start = time.monotonic()
 step = 0
@@ -101,11 +113,13 @@ while True:
             f.write(repr(written))
         time.sleep(60)
         sys.exit(0)
-    stream.write(json.dumps({
-        "step": step, "loss": 2.0 + 0.01 * rng.random(), "grad_norm": 1.0 + 0.1 * rng.random(),
-        "lr": 3e-4, "tokens_per_sec": 15000 + 100 * rng.random(),
-    }) + "\n")
-    stream.flush()
+    for each in streams:
+        each.write(json.dumps({
+            "step": step, "loss": 2.0 + 0.01 * rng.random(),
+            "grad_norm": 1.0 + 0.1 * rng.random(), "lr": 3e-4,
+            "tokens_per_sec": 15000 + 100 * rng.random(),
+        }) + "\n")
+        each.flush()
     time.sleep(max(0.0, start + step / rate - time.monotonic()))
 """
 
@@ -136,14 +150,20 @@ class Trial:
         self._go_fd = os.open(go, os.O_RDWR)
         log = self.work / "train.jsonl"
         log.touch()
+        where = "-" if self.watcher == "run" else str(log)
+        if self.watcher == "watch x64":
+            (self.work / "ranks").mkdir()
+            where = f"{self.work / 'ranks'}/"
+            log = self.work / "ranks" / "rank-*.log"
         job = [
             sys.executable,
             str(self.work.parent / "job.py"),
             str(self.out),
-            "-" if self.watcher == "run" else str(log),
+            where,
             str(self.rate),
             str(self.healthy_s),
             str(go),
+            str(RANK_FILES),
         ]
         state = self.work / "state"
         stderr = (self.work / "watcher.err").open("wb")
@@ -154,7 +174,7 @@ class Trial:
         else:
             job_proc = subprocess.Popen(job, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
             self.procs.append(job_proc)
-            if self.watcher == "watch":
+            if self.watcher.startswith("watch"):
                 argv = [*sentinel_argv("watch", state), "--pid", str(job_proc.pid)]
                 self._spawn([*argv, "--log", str(log)], stderr, notify=True)
             else:
@@ -329,9 +349,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--json", type=Path, help="also write every sample here")
     args = parser.parse_args()
-    unknown = set(args.watchers) - set(WATCHERS)
+    unknown = set(args.watchers) - set(WATCHERS) - set(MORE_WATCHERS)
     if unknown or args.trials < 0:
-        parser.error(f"--watchers from {', '.join(WATCHERS)}; --trials 0 or more")
+        parser.error(f"--watchers from {', '.join(WATCHERS + MORE_WATCHERS)}; --trials 0 or more")
     if shutil.which("tail") is None or shutil.which("grep") is None:
         parser.error("tail and grep must be on PATH")
 
