@@ -15,7 +15,6 @@ resolves when every rule in it has resolved.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -252,14 +251,15 @@ class IncidentTracker:
         return incident
 
 
-#: The rank a per-rank rule's alert names first in its text (``engine.ranks.with_rank``).
-_RANK_SAYS = re.compile(r"^rank \d+: ")
+#: Within this long of a rank's alert, another rank's alert of the same rule and severity
+#: is its echo: one failure (a NaN, a slowdown) reaching every rank, told once.
+ECHO_S = 60.0
 
 
-def said_key(alert: Alert) -> tuple[str, str, int | None, str]:
-    """What an alert says, whichever rank says it: rule, severity, step and its text
-    without the rank. Ranks that fail at once (a NaN in every rank's log) say one thing."""
-    return alert.rule, str(alert.severity), alert.step, _RANK_SAYS.sub("", alert.message)
+def said_key(alert: Alert) -> tuple[str, str]:
+    """What an alert is an echo of when another rank raises it soon after: its rule and
+    severity (the ranks' numbers differ; their story is one)."""
+    return alert.rule, str(alert.severity)
 
 
 def alert_rank(alert: Alert) -> int:
@@ -269,19 +269,24 @@ def alert_rank(alert: Alert) -> int:
 
 
 def fold_ranks(alerts: Sequence[Alert]) -> list[tuple[Alert, list[int]]]:
-    """``alerts`` in order, each other rank's copy of one folded into the first: each
-    first alert, with the other ranks that said the same (ascending)."""
+    """``alerts`` in order, each with the other ranks whose alert of the same rule and
+    severity came within ``ECHO_S`` of it (ascending), those alerts folded into it."""
     folded: list[tuple[Alert, list[int]]] = []
-    first: dict[tuple[str, str, int | None, str], tuple[int, set[int]]] = {}
+    first: dict[tuple[str, str], tuple[int, float, set[int]]] = {}
     for alert in alerts:
-        key = said_key(alert)
-        rank = alert_rank(alert)
+        key, rank = said_key(alert), alert_rank(alert)
         known = first.get(key)
-        if known is not None and rank not in known[1]:
-            known[1].add(rank)
+        if (
+            not alert.resolves
+            and known is not None
+            and rank not in known[2]
+            and alert.time - known[1] <= ECHO_S
+        ):
+            known[2].add(rank)
             folded[known[0]][1].append(rank)
             continue
-        first[key] = (len(folded), {rank})
+        if not alert.resolves:
+            first[key] = (len(folded), alert.time, {rank})
         folded.append((alert, []))
     return [(alert, sorted(others)) for alert, others in folded]
 
@@ -300,12 +305,13 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 def alert_lines(alerts: Sequence[Alert], *, upper: bool = True) -> list[tuple[float, str]]:
     """An incident's alerts as timeline events: "CRITICAL nan_inf: ..." (``upper``; else
-    "critical"), one line for what several ranks said at once (" (the same on ranks 1-63)")."""
+    "critical"), one line for what several ranks raised at once (" (also on ranks 1-63)";
+    ``alerts.jsonl`` has each rank's own)."""
     events = []
     for alert, others in fold_ranks(alerts):
         severity = alert.severity.upper() if upper else str(alert.severity)
         text = f"{severity} {alert.rule}: {alert.message}"
         if others:
-            text += f" (the same on {ranks_text(others)})"
+            text += f" (also on {ranks_text(others)})"
         events.append((alert.time, text))
     return events

@@ -28,6 +28,7 @@ from sentinel.evidence.report import Journal, incident_files, write_report
 from sentinel.model.cost import incident_cost
 from sentinel.model.facts import Resumed
 from sentinel.model.incidents import (
+    ECHO_S,
     Incident,
     IncidentEvent,
     IncidentTracker,
@@ -46,16 +47,14 @@ from sentinel.store.state import StateStore
 
 log = logging.getLogger(__name__)
 
-#: Within this long of a rank's alert, another rank's saying the same is said once more
-#: ("the same on rank N too"), and the rest only at debug.
-ECHO_S = 60.0
 #: What was said lately, at most this many before the old are dropped.
 _SAID_KEPT = 256
 
 
 @dataclass
 class _Said:
-    """An alert's text as first said: when, by which ranks, and whether "too" was said."""
+    """An alert's rule and severity as first said: when, by which ranks, and whether "also"
+    was said."""
 
     at: float
     ranks: set[int]
@@ -128,7 +127,7 @@ class Watch:
         #: Incidents another node decided for the run (and paged for): not announced here.
         self._quiet: set[str] = set()
         #: What the alerts said lately (``said_key``), to say a rank's echo once.
-        self._said: dict[tuple[str, str, int | None, str], _Said] = {}
+        self._said: dict[tuple[str, str], _Said] = {}
         self.dispatcher = Dispatcher(
             notifier.outbox, routes(settings.notify), Policy.from_config(settings.notify), self.job
         )
@@ -174,8 +173,8 @@ class Watch:
         return actionable
 
     def _say(self, alert: Alert, level: int, named: str) -> None:
-        """Log an alert; what another rank said just before is said once more, "the same on
-        rank N too", and no more (64 ranks' NaN at one step: two lines, not 64)."""
+        """Log an alert; another rank's alert of the same rule and severity soon after is
+        said once more, "also on rank N", and no more (64 ranks' NaN: two lines, not 64)."""
         key, rank, now = said_key(alert), alert_rank(alert), alert.time
         said = self._said.get(key)
         if said is not None and now - said.at > ECHO_S:
@@ -194,12 +193,13 @@ class Watch:
         said.echoed = True
         log.log(
             level,
-            "%s%s step=%s: the same on rank %d too (alerts.jsonl has each rank's; the timeline"
+            "%s%s step=%s: also on rank %d (%s; alerts.jsonl has each rank's, the timeline"
             " and the report list the ranks)",
             named,
             alert.rule,
             alert.step,
             rank,
+            alert.message.removeprefix(f"rank {rank}: "),
         )
 
     def update(
