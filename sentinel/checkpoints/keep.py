@@ -205,9 +205,9 @@ class _Job:
     link_ok: bool
     #: A checkpoint named by its step (kept by link where it can), not an overwritten file.
     stepped: bool = False
-    #: ``finish``: keep what the last look linked of a checkpoint the job deleted or that
-    #: left the newest (``Keeper._stage_now``), or the job's own where it is still there.
-    what: str = "keep"
+    #: Keep what the last look linked of a checkpoint the job deleted or that left the
+    #: newest (``Keeper._stage_now``), or the job's own where it is still there.
+    finish: bool = False
 
 
 #: How a listing orders checkpoints named by their step: step, epoch, then mtime_ns.
@@ -410,7 +410,7 @@ class Keeper:
             return
         tracked.staged = False
         self._handled(tracked, tracked.seen, stepped=True)
-        self._submit(_Job(self.directory / name, tracked.seen, True, True, what="finish"))
+        self._submit(_Job(self.directory / name, tracked.seen, True, True, finish=True))
 
     def _handled(self, tracked: _Tracked, seen: tuple[int, int, int], *, stepped: bool) -> None:
         previous = tracked.handled
@@ -457,7 +457,7 @@ class Keeper:
             try:
                 if job is None:
                     return
-                if job.what == "finish":
+                if job.finish:
                     self._finish_stepped(job)
                 elif job.stepped:
                     self._keep_stepped(job)
@@ -614,16 +614,11 @@ class Keeper:
         so a folder linked mid-save lacks some."""
         if not staged.is_dir():
             return []  # a file linked mid-save is cut short: it does not parse
-        folders = [
-            entry
-            for entry in _listdir(self.directory)
-            if (self.directory / entry).is_dir()
-            and is_stepped_checkpoint(entry, is_dir=True)
-            and _holds_checkpoint(self.directory / entry)
-        ]
+        listed = self._listed  # the last look's checkpoints named by their step, in order
+        folders = [name for name in listed if _holds_checkpoint(self.directory / name)]
         if not folders:
             return []
-        newest = max(folders, key=lambda entry: _mtime_ns(self.directory / entry))
+        newest = max(folders, key=listed.__getitem__)
         return sorted(_relative_files(self.directory / newest) - _relative_files(staged))
 
     def _staging(self, name: str, number: int) -> Path:
@@ -769,13 +764,6 @@ def _relative_files(folder: Path) -> set[str]:
         for root, _dirs, names in os.walk(folder)
         for name in names
     }
-
-
-def _mtime_ns(path: Path) -> int:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return 0
 
 
 def _listdir(path: Path) -> list[str]:
