@@ -135,7 +135,12 @@ def test_a_killed_sentinel_leaves_the_job_running_and_the_next_one_adopts_it(wor
     # had read (what the first had not handed on yet is read again), none lost between.
     def steps(name: str) -> list[int]:
         text = (work / name).read_text().replace("\x1b[32m", "").replace("\x1b[0m", "")
-        return [int(line.split()[1]) for line in text.splitlines() if line.startswith("step")]
+        # The job's terminal is one for both streams: its "step N done" on stderr is there too.
+        return [
+            int(line.split()[1])
+            for line in text.splitlines()
+            if line.startswith("step") and "| loss" in line
+        ]
 
     first, second_steps = steps("first.out"), steps("second.out")
     assert second_steps[0] <= first[-1] + 1

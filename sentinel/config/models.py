@@ -63,9 +63,9 @@ class JobConfig(SettingsTable):
     restart_backoff_max_s: float = Field(default=300.0, ge=0)
     #: A job that lives this long counts as started (Supervisor's ``startsecs``).
     min_uptime_s: float = Field(default=10.0, ge=0)
-    #: Give the job a pseudo-terminal for its stdout and one for its stderr (``run``), so
-    #: progress bars (tqdm, rich) draw live and Python buffers by line, as at a terminal;
-    #: off (``--no-pty``): pipes.
+    #: Give the job one pseudo-terminal for its stdout and stderr (``run``), so progress
+    #: bars (tqdm, rich) draw live, Python buffers by line and both streams arrive in the
+    #: order written, as at a terminal; off (``--no-pty``): two pipes.
     pty: bool = True
     #: Without a terminal (``pty = false``), set PYTHONUNBUFFERED=1 for the job, so its
     #: printed metrics arrive as written.

@@ -4,11 +4,12 @@
 library only: nothing of sentinel's package is imported, its two helpers beside it,
 ``gathering.py`` and ``relay_copies.py``, are loaded by their paths) and the relay
 starts the job. The
-job's stdout and stderr are each a pseudo-terminal (``--pty``: rich and tqdm draw as
-for a person, Python buffers by line, so a line is one write and two ranks' lines
-never glue) or a pipe. The relay owns their other ends and copies every byte to a
-file per stream in the attempt's directory and to sentinel through the relay's own
-stdout and stderr (``sentinel.process.relay_copies``).
+job's stdout and stderr are one pseudo-terminal (``--pty``: rich and tqdm draw as for
+a person, Python buffers by line, so a line is one write and two ranks' lines never
+glue; both streams in the order written, as in a shell) or a pipe each. The relay owns
+their other ends and copies every byte to a file per stream in the attempt's directory
+and to sentinel through the relay's own stdout and stderr
+(``sentinel.process.relay_copies``).
 
 When sentinel dies (a crash, ``kill -9``) its ends of those pipes close; the relay
 sees it at once (``POLLERR``), notes in ``detached.json`` how far sentinel had read
@@ -327,17 +328,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    out = Relay(args.dir, channels={"stdout": 1, "stderr": 2}, control=args.control)
+    # A terminal is one for both streams, as in a person's shell: what the job writes to
+    # either reaches sentinel in the order it was written (tqdm redraws its bar on stderr
+    # right after ``tqdm.write`` prints a Trainer's dict on stdout: that bar is the dict's
+    # step). Two pipes keep the streams apart and lose their order.
+    out = Relay(
+        args.dir, channels={"stdout": 1, "stderr": 2}, control=args.control, one_stream=args.pty
+    )
     ends: dict[str, tuple[int, int]] = {}
-    for name in STREAM_FILES:
-        ends[name] = open_terminal(args.columns, args.rows) if args.pty else _pipe()
+    if args.pty:
+        ends["stdout"] = open_terminal(args.columns, args.rows)
+    else:
+        for name in STREAM_FILES:
+            ends[name] = _pipe()
+    job_stderr = ends["stdout" if args.pty else "stderr"][1]
     _become_subreaper()
     try:
         job = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
             stdout=ends["stdout"][1],
-            stderr=ends["stderr"][1],
+            stderr=job_stderr,
             start_new_session=True,
         )
     except OSError as error:

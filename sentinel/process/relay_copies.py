@@ -66,7 +66,9 @@ def _unread(fd: int) -> int:
 class Relay:
     """Copies the job's streams to their files and to sentinel, until the job is done."""
 
-    def __init__(self, directory: str, *, channels: dict[str, int], control: int) -> None:
+    def __init__(
+        self, directory: str, *, channels: dict[str, int], control: int, one_stream: bool = False
+    ) -> None:
         self.directory = directory
         #: stream -> the fd sentinel reads it from; gone once sentinel is.
         self.channels = dict(channels)
@@ -81,12 +83,21 @@ class Relay:
         self.files: dict[str, int] = {}
         #: The stream whose last part, in the file of both, ended mid-line.
         self._cut: str | None = None
-        for name, file_name in {**STREAM_FILES, BOTH_FILE: BOTH_FILE}.items():
+        files = dict(STREAM_FILES) if one_stream else {**STREAM_FILES, BOTH_FILE: BOTH_FILE}
+        for name, file_name in files.items():
             with contextlib.suppress(OSError):
                 self.files[name] = os.open(
                     os.path.join(directory, file_name),
                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
                     0o600,
+                )
+        if one_stream:
+            # One terminal for both: stdout.log is the output in the order written; the
+            # file of both is the same file (a link: the output is not kept twice).
+            with contextlib.suppress(OSError):
+                os.link(
+                    os.path.join(directory, STREAM_FILES["stdout"]),
+                    os.path.join(directory, BOTH_FILE),
                 )
 
     def copy(self, name: str, data: bytes) -> None:

@@ -47,6 +47,8 @@ def terminal_size() -> tuple[int, int]:
         size = os.get_terminal_size(sys.__stdout__.fileno() if sys.__stdout__ else 1)
     except (OSError, ValueError):
         return DEFAULT_COLUMNS, DEFAULT_ROWS
+    if size.columns <= 0 or size.lines <= 0:  # a terminal that gives no size (``script``)
+        return DEFAULT_COLUMNS, DEFAULT_ROWS
     return size.columns, size.lines
 
 

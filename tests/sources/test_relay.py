@@ -57,7 +57,7 @@ class Captured:
         return self
 
 
-def test_the_job_writes_to_terminals_kept_apart_and_copied_to_files(tmp_path: Path) -> None:
+def test_the_job_writes_to_one_terminal_for_both_streams_copied_to_a_file(tmp_path: Path) -> None:
     done = Captured(
         tmp_path,
         """
@@ -71,19 +71,22 @@ def test_the_job_writes_to_terminals_kept_apart_and_copied_to_files(tmp_path: Pa
     ).run()
     assert done.returncode == 3
     assert done.lines["stdout"][0].startswith("stdout True True ")
-    assert done.lines["stdout"][1:] == ["loss 1.5", "loss 1.4"]  # \r ends a line
-    assert done.lines["stderr"] == ["stderr True"]
+    # As in a shell: stderr is the same terminal, its line in the order it was written.
+    assert done.lines["stdout"][1:] == ["stderr True", "loss 1.5", "loss 1.4"]  # \r ends a line
+    assert done.lines["stderr"] == []
     attempt = done.relay.directory
-    assert (attempt / "stdout.log").read_bytes().endswith(b"loss 1.5\rloss 1.4\n")  # no \r\n
-    assert (attempt / "stderr.log").read_bytes() == b"stderr True\n"
+    kept = (attempt / "stdout.log").read_bytes()
+    assert kept.endswith(b"stderr True\nloss 1.5\rloss 1.4\n")  # no \r\n
+    assert (attempt / "stderr.log").read_bytes() == b""
+    assert (attempt / BOTH_FILE).samefile(attempt / "stdout.log"), "kept once"
     assert json.loads((attempt / EXIT).read_text())["returncode"] == 3
     assert not (attempt / DETACHED).exists(), "sentinel read to the end: nothing detached"
 
 
 @pytest.mark.parametrize("pty", [True, False], ids=["terminals", "pipes"])
 def test_both_streams_go_to_one_file_too_each_line_whole(tmp_path: Path, pty: bool) -> None:
-    """``output.log``: what ``replay`` reads to see the attempt as sentinel did. A part of a
-    line the other stream cut into ends on a line of its own."""
+    """``output.log``: what ``replay`` reads to see the attempt as sentinel did. From two
+    pipes, a part of a line the other stream cut into ends on a line of its own."""
     done = Captured(
         tmp_path,
         """
@@ -100,6 +103,11 @@ def test_both_streams_go_to_one_file_too_each_line_whole(tmp_path: Path, pty: bo
     ).run()
     assert done.returncode == 0
     both = (done.relay.directory / BOTH_FILE).read_bytes().decode().splitlines()
+    if pty:  # one terminal: the order written, and a half line is glued as on a screen
+        written = [f"{stream} {step}" for step in range(40) for stream in ("out", "err")]
+        assert both == [*written, "half a lineerr last"]
+        assert done.lines["stdout"] == both
+        return
     for stream in ("out", "err"):
         mine = [line for line in both if line.startswith(stream)]
         assert mine == [f"{stream} {step}" for step in range(40)] + (
@@ -140,9 +148,9 @@ def test_files_that_cannot_be_written_cost_the_job_nothing(tmp_path: Path) -> No
         """,
     ).run()
     assert done.returncode == 0
-    assert done.lines == {
-        "stdout": [f"step {n}" for n in range(50)],
-        "stderr": [f"warn {n}" for n in range(50)],
+    assert done.lines == {  # one terminal for both streams
+        "stdout": [line for n in range(50) for line in (f"step {n}", f"warn {n}")],
+        "stderr": [],
     }
 
 
