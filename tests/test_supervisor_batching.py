@@ -73,8 +73,9 @@ def metric_line(step: int, grad_norm: str = "1.0") -> bytes:
 def test_a_chatty_job_is_passed_through_exactly_and_every_line_read(tmp_path: Path) -> None:
     code, supervisor, out, err = run(tmp_path, "400", "0")
     assert code == 0
-    assert out == b"".join(metric_line(step) for step in range(1, 401))
-    assert err == b"done\n"
+    # One terminal for both streams: the stderr line follows the stdout lines it came after.
+    assert out == b"".join(metric_line(step) for step in range(1, 401)) + b"done\n"
+    assert err == b""
     stats = supervisor.watch.engine.parser.stats
     assert (stats.lines, stats.parsed) == (401, 400)
 

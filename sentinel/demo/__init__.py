@@ -44,6 +44,9 @@ def _run(work: Path, out: TextIO, *, kept: bool) -> int:
     # Metric files are looked for where the toy job writes, not in whatever folder the demo
     # was started from (a home directory holds more folders than are searched).
     settings.tail.discover_dir = job_out
+    # Two pipes, not one terminal: its stdout (JSON metric lines) is read but not shown, its
+    # stderr (what it says it does) is shown.
+    settings.job.pty = False
     out.write(
         "sentinel demo: a toy job trains with a learning-rate schedule that jumps too high at\n"
         "step 30, so it will diverge. sentinel watches its output and checkpoints.\n"
