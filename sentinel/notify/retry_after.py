@@ -145,9 +145,12 @@ def _plugin_modules(plugin: object) -> list[ModuleType]:
         cls.__module__ for cls in type(plugin).__mro__ if cls.__module__.startswith("apprise.")
     }
     packages = {name.rpartition(".")[0] for name in names} - {"apprise", "apprise.plugins"}
+    # ``copy`` is one step under the GIL; listing the items builds a tuple each, and a
+    # collection then may run Python code that lets another thread import a module:
+    # "dictionary changed size during iteration" (seen when two targets sent at once).
     return [
         module
-        for name, module in list(sys.modules.items())
+        for name, module in sys.modules.copy().items()
         if isinstance(module, ModuleType)
         and (name in names or name.rpartition(".")[0] in packages)
         and module.__dict__.get("requests") in (requests, _stand_in)
