@@ -6,16 +6,16 @@ and restart (91), or giving up (90); and it writes the verdict, this node's, or 
 run's when several nodes' sentinels share one (``run_verdict``: the first node to
 decide wins; the others take its verdict, stop their ranks and say nothing more).
 
-It owns the restart budget (``Restarts``) and the run's shared verdict; the attempt
-itself (its state, when the next one starts) stays its owner's, the supervisor, which
-it asks through the ``Attempts`` protocol.
+It owns the restart budget (``Restarts``) and the run's shared verdict. It changes no
+phase of the job's life: it returns an ``Outcome`` (the attempt ends, or a restart follows;
+what to escalate) that the machine (``machine``) carries out.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from dataclasses import dataclass
 
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Severity
@@ -24,39 +24,25 @@ from sentinel.service.health import Service
 from sentinel.service.watch import Watch
 from sentinel.store import run_verdict, verdict
 from sentinel.store.state import StateStore
-from sentinel.supervisor.job_state import JobState
 from sentinel.supervisor.restarts import Restarts
 
 log = logging.getLogger(__name__)
 
 
-class Attempts(Protocol):
-    """What the aftermath asks of the owner of the job's attempts."""
+@dataclass(frozen=True)
+class Outcome:
+    """What follows a stop, as the aftermath decided it; the machine carries it out."""
 
-    @property
-    def attempt(self) -> int:
-        """The current attempt's number (1 for the first)."""
-        ...
-
-    def attempt_over(self, status: int, state: JobState, incident: Incident | None) -> None:
-        """``run`` ends with its job; ``watch`` waits for the next attempt."""
-        ...
-
-    def back_off(self, delay_s: float) -> None:
-        """``run``: relaunch the job in ``delay_s`` seconds."""
-        ...
-
-    def wait_for_next(self) -> None:
-        """``watch``: look for the next attempt, which someone else starts."""
-        ...
-
-    def gave_up(self) -> None:
-        """The run is over for good: sentinel exits 90."""
-        ...
-
-    def handle(self, alerts: list[Alert]) -> None:
-        """Handle alerts sentinel raises itself, as any rule's."""
-        ...
+    #: The attempt's exit status as sentinel reports it (``run`` exits with it).
+    status: int
+    #: A restart follows: ``run`` relaunches the job after this long, ``watch`` waits for
+    #: the attempt whoever started the job starts. None: the attempt ends for good (FATAL).
+    restart_in_s: float | None = None
+    #: What sentinel could not do, said as a critical to every target (``escalation``)
+    #: before the attempt ends.
+    escalation: str | None = None
+    #: The run is over for good: sentinel exits 90 (unless the attempt's end says otherwise).
+    gave_up: bool = False
 
 
 class Aftermath:
@@ -64,67 +50,65 @@ class Aftermath:
 
     def __init__(
         self,
-        owner: Attempts,
         restarts: Restarts,
         run: run_verdict.RunVerdict | None,
         *,
         watch: Watch,
         service: Service,
         relaunches: bool,
+        store: StateStore,
     ) -> None:
-        self.owner = owner
         self.restarts = restarts
         #: The run's verdict shared with the other nodes' sentinels (None: this node alone).
         self.run = run
         self.watch = watch
         self.service = service
         self.relaunches = relaunches
-        self.store: StateStore | None = None
+        self.store = store
 
-    def plan_restart(self, incident: Incident, status: int) -> None:
-        """The job was stopped for ``incident`` and exited with ``status``: what now."""
+    def after_stop(self, incident: Incident, status: int, attempt: int) -> Outcome:
+        """The job was stopped for ``incident`` and exited with ``status``: roll back, write
+        the verdict, and say what follows."""
         rule = DETECTORS.get(incident.rule)
         if rule is not None and rule.node_fault:  # the node, not the run: retry elsewhere
-            self.verdict(verdict.EXIT_NODE_FAULT, incident)
-            self.escalate(incident, "hardware fault: not restarting here (verdict 92)")
-            self.owner.attempt_over(verdict.EXIT_NODE_FAULT, JobState.FATAL, incident)
-            return
-        decided = self.run.peek() if self.run is not None else None
+            gave_up = self.verdict(verdict.EXIT_NODE_FAULT, incident, attempt)
+            return Outcome(
+                verdict.EXIT_NODE_FAULT,
+                escalation="hardware fault: not restarting here (verdict 92)",
+                gave_up=gave_up,
+            )
+        decided = self.decided_elsewhere()
         if decided is not None:  # another node rolled back and decided: no second rollback
-            self.joined(decided, incident)
-            return
+            return self.joined(decided, attempt, incident)
         decision = self.restarts.decide(incident)
         self.save_restarts()
         for note in decision.notes:
             incident.record(time.time(), note)
         if decision.give_up is not None:
-            self.give_up(incident, decision.give_up)
-            return
+            return self.give_up(incident, decision.give_up, attempt)
         if decision.resume is None:
             # max_restarts 0: the run is over here, and whoever waits on the verdict must
             # not relaunch it (sentinel marked "deciding" before its signal).
-            self.verdict(verdict.EXIT_GIVE_UP, incident)
-            self.owner.attempt_over(status, JobState.FATAL, incident)
-            return
+            return Outcome(status, gave_up=self.verdict(verdict.EXIT_GIVE_UP, incident, attempt))
         self.service.metrics.restarted()
-        self.verdict(verdict.EXIT_ROLLED_BACK, incident, decision.resume.checkpoint or None)
+        gave_up = self.verdict(
+            verdict.EXIT_ROLLED_BACK, incident, attempt, decision.resume.checkpoint or None
+        )
         self.watch.update(incident, final=True)
-        if not self.relaunches:
-            self.owner.wait_for_next()
-            return
-        self.owner.back_off(decision.backoff_s)
+        return Outcome(status, restart_in_s=decision.backoff_s, gave_up=gave_up)
 
-    def give_up(self, incident: Incident, text: str) -> None:
-        """The final word on a failure: say why, everywhere, and exit 90 (``watch``: the
-        verdict says 90, and it waits on for an attempt nobody should start)."""
-        self.verdict(verdict.EXIT_GIVE_UP, incident)  # first: another node may have spoken
-        self.escalate(incident, text)
-        self.owner.attempt_over(verdict.EXIT_GIVE_UP, JobState.FATAL, incident)
-        self.owner.gave_up()
+    def give_up(self, incident: Incident, text: str, attempt: int) -> Outcome:
+        """The final word on a failure: the verdict 90, and ``text`` said everywhere (``watch``:
+        the verdict says 90, and it waits on for an attempt nobody should start)."""
+        self.verdict(verdict.EXIT_GIVE_UP, incident, attempt)  # first: another node may have spoken
+        return Outcome(verdict.EXIT_GIVE_UP, escalation=text, gave_up=True)
 
-    def verdict(self, code: int, incident: Incident, resume_from: str | None = None) -> None:
+    def verdict(
+        self, code: int, incident: Incident, attempt: int, resume_from: str | None = None
+    ) -> bool:
         """The final verdict, once the job is gone and the rollback done or failed; with
-        other nodes, the run's, if this node decided first (else theirs, and quiet)."""
+        other nodes, the run's, if this node decided first (else theirs, and quiet). True
+        when the run's verdict, another node's, gives up (90)."""
         if self.run is not None:
             try:
                 record, won = self.run.claim(
@@ -134,20 +118,20 @@ class Aftermath:
                 log.error("could not write the run's verdict (deciding alone): %s", error)
             else:
                 if not won:
-                    self.joined(record, incident, over=False)
-                    return
-        if not self.restarts.write_verdict(code, incident, self.owner.attempt, resume_from):
+                    return self.joined(record, attempt, incident).gave_up
+        if not self.restarts.write_verdict(code, incident, attempt, resume_from):
             self.service.metrics.action("verdict", ok=False)
+        return False
 
     def decided_elsewhere(self) -> run_verdict.RunRecord | None:
         """Another node's verdict for the run, if one has decided it."""
         return self.run.peek() if self.run is not None else None
 
     def joined(
-        self, record: run_verdict.RunRecord, incident: Incident | None = None, *, over: bool = True
-    ) -> None:
+        self, record: run_verdict.RunRecord, attempt: int, incident: Incident | None = None
+    ) -> Outcome:
         """Take the run's verdict as this node's (its code, its record); another node paged,
-        so this one says nothing more of ``incident``. ``over``: this attempt ends here."""
+        so this one says nothing more of ``incident``. The attempt ends with its code."""
         assert self.run is not None
         if record.number == self.run.number:
             self.run.adopted()
@@ -159,32 +143,26 @@ class Aftermath:
         if not run_verdict.write_adopted(
             record,
             settings.state_dir,
-            attempt=self.owner.attempt,
+            attempt=attempt,
             verdict_file=settings.verdict_file,
         ):
             self.service.metrics.action("verdict", ok=False)
-        if record.code == verdict.EXIT_GIVE_UP:
-            self.owner.gave_up()
-        if over:
-            self.owner.attempt_over(record.code, JobState.FATAL, incident)
+        return Outcome(record.code, gave_up=record.code == verdict.EXIT_GIVE_UP)
 
     def save_restarts(self) -> None:
         """``watch``: the restart budget outlives sentinel (and its pod)."""
-        if not self.relaunches and self.store is not None:
+        if not self.relaunches:
             self.watch.safely("the restart budget", self.store.put_many, self.restarts.to_state())
 
-    def escalate(self, incident: Incident, text: str) -> None:
-        """A critical that says what sentinel could not do, to every target its route picks."""
-        log.error("%s", text)
-        incident.record(time.time(), text)
-        alert = Alert(
-            rule=incident.rule,
-            severity=Severity.CRITICAL,
-            message=text,
-            time=time.time(),
-            source="sentinel",
-            step=incident.first.step,
-            details={"escalation": True},
-        )
-        self.owner.handle([alert])
-        self.watch.update(incident, final=True, force_notify=True)
+
+def escalation(incident: Incident, text: str) -> Alert:
+    """A critical that says what sentinel could not do, as sentinel's own alert."""
+    return Alert(
+        rule=incident.rule,
+        severity=Severity.CRITICAL,
+        message=text,
+        time=time.time(),
+        source="sentinel",
+        step=incident.first.step,
+        details={"escalation": True},
+    )

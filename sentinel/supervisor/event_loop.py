@@ -37,8 +37,11 @@ TICK_EARLY_FRACTION = 0.25
 class Handlers(Protocol):
     """What the loop calls; every call is on the loop's thread."""
 
-    #: Set once the run is over: the loop ends after the current turn.
-    finished: bool
+    @property
+    def finished(self) -> bool:
+        """Set once the run is over: the loop ends after the current turn."""
+        ...
+
     #: When a restart is due (monotonic), or None.
     restart_at: float | None
 

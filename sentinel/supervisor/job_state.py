@@ -1,4 +1,5 @@
-"""The job's life as the supervisor sees it.
+"""The job's state as ``sentinel status`` and the log say it: Supervisor's process states,
+read off the machine's phase (``machine.REPORTED``).
 
 WAITING (``watch``: for the job to appear), STARTING (launched or found, younger than
 ``min_uptime_s``), RUNNING, STOPPING (sentinel asked it to stop), BACKOFF (waiting to

@@ -1,9 +1,10 @@
 """The stop under way, written down as it goes, so that a sentinel that dies in the middle
 of it is followed by one that finishes it (the record: ``store.stop_intent``).
 
-``JobStops`` opens the record before the first signal; ``Restarts`` writes the plan once
-the job is gone and before the first move; the final verdict closes it. A sentinel that
-starts on a record left open takes it up (``take_up``) before it reports ready.
+The machine (``machine``) opens the record as it enters STOPPING, before the first
+signal; in SETTLING, ``Restarts`` writes the plan once the job is gone and before the first
+move, and the final verdict closes it. A sentinel that starts on a record left open takes
+it up (``take_up``), entering the machine where it says, before it reports ready.
 """
 
 from __future__ import annotations
