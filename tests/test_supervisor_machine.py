@@ -38,7 +38,14 @@ from sentinel.supervisor.attempts import JobAttempts
 from sentinel.supervisor.events import Event, StopDone
 from sentinel.supervisor.job_state import JobState
 from sentinel.supervisor.job_status import JobStatus
-from sentinel.supervisor.machine import FINAL, LEGAL, IllegalTransition, JobMachine, Phase
+from sentinel.supervisor.machine import (
+    FINAL,
+    LEGAL,
+    IllegalTransition,
+    JobMachine,
+    Phase,
+    entry,
+)
 from sentinel.supervisor.restarts import Restarts
 from sentinel.supervisor.shedding import Shedder
 from sentinel.supervisor.stop_journal import StopJournal
@@ -345,6 +352,18 @@ def test_a_critical_stops_the_job_writing_the_plan_first_then_settles_and_backs_
     )
 
 
+def test_a_dry_run_stops_nothing_and_writes_no_plan(made: list[Parts], tmp_path: Path) -> None:
+    parts = build(made, tmp_path, Holder(Job(None)))
+    machine = parts.machine
+    machine.settings = machine.settings.model_copy(update={"dry_run": True})
+    machine.begin(None)
+    machine.alerts([nan_at(30)])
+    assert (machine.phase, machine.stop) == (Phase.STARTING, None)
+    assert verdict.read(tmp_path / "state") is None
+    [incident] = parts.watch.incidents()
+    assert any(text.startswith("dry run: would send SIGTERM") for _, text in incident.actions)
+
+
 def test_a_stop_that_gives_up_escalates_and_exits_90(
     made: list[Parts], tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
@@ -395,6 +414,23 @@ def left_plan(
     (tmp_path / "state").mkdir(parents=True, exist_ok=True)
     stop_intent.write(tmp_path / "state", intent)
     return intent
+
+
+def test_a_plan_left_unfinished_is_entered_where_it_says(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    job = the_job(sleeper).identity
+    assert job is not None
+    running = left_plan(tmp_path, job=(job.pid, job.create_time))
+    assert entry(running) is Phase.STOPPING
+    gone = replace(running, job=(job.pid, job.create_time - 10.0))  # the pid, reused
+    assert entry(gone) is Phase.SETTLING
+    assert entry(replace(running, job=None)) is Phase.SETTLING
+    planned = running.planned("label", "/ck/global_step25", 25)
+    assert entry(planned) is Phase.STOPPING, "planned, but its job still runs: stop it first"
+    assert entry(replace(planned, job=None)) is Phase.SETTLING
+    assert entry(replace(planned, phase=stop_intent.RESTARTING)) is Phase.BACKOFF
+    assert entry(replace(running, tries=MAX_TRIES)) is Phase.SETTLING, "to give up"
 
 
 def test_taking_up_a_stop_whose_job_still_runs_enters_stopping_with_the_rest_of_the_grace(

@@ -137,6 +137,26 @@ REPORTED: dict[Phase, JobState | None] = {
 }
 
 
+def entry(intent: StopIntent) -> Phase:
+    """Where a sentinel that starts on ``intent``, left unfinished, enters the job's life:
+    BACKOFF when only the restart is left (the plan says "restarting"); STOPPING while the
+    stopped job still runs (the same pid and start time): the rest of its grace; SETTLING
+    once it is gone, to finish the rollback, and to give up after ``MAX_TRIES`` sentinels."""
+    if intent.tries >= MAX_TRIES:
+        return Phase.SETTLING
+    if intent.phase == stop_intent.RESTARTING:
+        return Phase.BACKOFF
+    stopped = stopped_job(intent)
+    if stopped is not None and stopped.running():
+        return Phase.STOPPING
+    return Phase.SETTLING
+
+
+def stopped_job(intent: StopIntent) -> ProcessIdentity | None:
+    """The job ``intent`` stopped (its pid and start time), where it was known."""
+    return None if intent.job is None else ProcessIdentity(*intent.job)
+
+
 class IllegalTransition(RuntimeError):
     """A move ``LEGAL`` does not list: a bug in the machine, never the job's doing."""
 
@@ -170,8 +190,7 @@ class JobMachine:
         self.phase = Phase.NEW
         #: What ``sentinel status`` says of the job (``REPORTED``).
         self.state = JobState.STARTING
-        #: Set once the run is over: sentinel exits with ``exit_code``.
-        self.finished = False
+        #: What sentinel exits with once the run is over (``finished``).
         self.exit_code = 0
         #: When the next attempt is due (monotonic), in BACKOFF.
         self.restart_at: float | None = None
@@ -187,14 +206,12 @@ class JobMachine:
     # -- the moves ------------------------------------------------------------
 
     def _enter(self, phase: Phase, *, say: bool = True) -> None:
-        """Move to ``phase``, refusing a move ``LEGAL`` does not list; ``say``: tell
-        ``sentinel status`` (and the log, when what it says changes)."""
+        """Move to ``phase`` (or stay), refusing a move ``LEGAL`` does not list; ``say``:
+        tell ``sentinel status`` (and the log, when what it says changes)."""
         if phase is not self.phase and phase not in LEGAL[self.phase]:
             raise IllegalTransition(f"the job's life cannot go from {self.phase} to {phase}")
         log.debug("phase %s -> %s", self.phase, phase)
         self.phase = phase
-        if phase in FINAL:
-            self.finished = True
         if not say:
             return
         state = REPORTED[phase] or self.state
@@ -202,6 +219,11 @@ class JobMachine:
             log.info("job state %s -> %s", self.state, state)
             self.state = state
         self.attempts.publish(self.state)
+
+    @property
+    def finished(self) -> bool:
+        """The run is over (a final phase): sentinel exits with ``exit_code``."""
+        return self.phase in FINAL
 
     def _ready(self) -> None:
         """Ready (sd_notify, ``/readyz``): once no stop of an earlier sentinel is left undone."""
@@ -221,15 +243,16 @@ class JobMachine:
 
     def take_up(self, intent: StopIntent) -> None:
         """Finish the stop the last sentinel on this state dir decided and died during,
-        entering where its plan says: STOPPING while the stopped job still runs (the rest of
-        its grace, then SIGKILL), SETTLING once it is gone (roll back as planned, restart
-        from the planned checkpoint; never from scratch while the plan names one), BACKOFF
-        when only the restart is left. Ready once the job is stopped and the rollback done;
-        after ``MAX_TRIES`` sentinels, it gives up (90)."""
+        entering where its plan says (``entry``): STOPPING while the stopped job still runs
+        (adopted or found first: the rest of its grace, then SIGKILL), SETTLING once it is
+        gone (roll back as planned, restart from the planned checkpoint; never from scratch
+        while the plan names one), BACKOFF when only the restart is left. Ready once the job
+        is stopped and the rollback done; after ``MAX_TRIES`` sentinels, it gives up (90)."""
         incident = intent.the_incident()
         first = incident.first.step if incident.alerts else None
+        where = entry(intent)
         if intent.tries >= MAX_TRIES:
-            self._enter(Phase.SETTLING, say=False)
+            self._enter(where, say=False)
             self._carry_out(
                 self.after.give_up(
                     incident,
@@ -251,7 +274,7 @@ class JobMachine:
         )  # fmt: skip
         self.restarts.from_state(intent.restarts)
         attempts = self.attempts
-        if intent.phase == stop_intent.RESTARTING:
+        if where is Phase.BACKOFF:
             # Rolled back, verdict written: only the restart is left.
             self.journal.closing(intent.restarts)
             attempts.attempt = intent.attempt
@@ -259,8 +282,8 @@ class JobMachine:
             self._ready()
             self._back_off(0.0)
             return
-        stopped = None if intent.job is None else ProcessIdentity(*intent.job)
-        if stopped is not None and stopped.running():
+        stopped = stopped_job(intent)
+        if where is Phase.STOPPING and stopped is not None:
             self._start()  # adopts it (run) or finds it (watch)
             if self.finished:
                 return  # it could not be started: the run is over (127)
