@@ -9,7 +9,9 @@ real checkpoint dir, real processes stopped by real signals. Only the holder is 
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -27,6 +29,7 @@ from sentinel.model.records import Alert, Severity
 from sentinel.notify.notifier import Notifier
 from sentinel.notify.outbox import Outbox
 from sentinel.process.identity import ProcessIdentity
+from sentinel.process.relayed import JobRecord
 from sentinel.process.system import SystemSources
 from sentinel.service.health import Service
 from sentinel.service.watch import Watch
@@ -36,6 +39,7 @@ from sentinel.store.stop_intent import MAX_TRIES, StopIntent
 from sentinel.supervisor.aftermath import Aftermath
 from sentinel.supervisor.attempts import JobAttempts
 from sentinel.supervisor.events import Event, StopDone
+from sentinel.supervisor.holders import Child
 from sentinel.supervisor.job_state import JobState
 from sentinel.supervisor.job_status import JobStatus
 from sentinel.supervisor.machine import (
@@ -98,6 +102,11 @@ class Holder:
 
     def forget_orphan(self) -> None:
         self.forgot = True
+
+    def adopts(self, job: ProcessIdentity) -> bool:
+        """As ``Child``: the next ``begin`` holds ``job`` only where it is the job listed."""
+        first = self.found[0] if self.found else None
+        return isinstance(first, Job) and first.identity == job
 
     def describe(self) -> str:
         return "the test job"
@@ -458,6 +467,26 @@ def test_taking_up_a_stop_whose_job_still_runs_enters_stopping_with_the_rest_of_
     assert parts.readies == ["ready"]
 
 
+def test_taking_up_a_stop_whose_job_runs_unrecorded_stops_it_and_starts_no_copy_beside_it(
+    made: list[Parts], tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """``run`` with no record to adopt the stopped job by would start the command again
+    beside it: instead the job is stopped by its identity, and only the restart starts."""
+    stopped = the_job(sleeper).identity
+    assert stopped is not None
+    intent = left_plan(tmp_path, job=(stopped.pid, stopped.create_time), signalled_s_ago=4.7)
+    fresh = Job(ProcessIdentity(os.getpid(), stopped.create_time - 100.0))  # what begin gives
+    holder = Holder(fresh)
+    parts = build(made, tmp_path, holder, restart_without_checkpoint="scratch")
+    machine = parts.machine
+    machine.begin(intent)
+    assert sleeper.wait(DEADLINE_S) == -signal.SIGKILL, "the rest of its grace, then SIGKILL"
+    assert holder.found == [fresh], "nothing started beside the stopped job"
+    assert machine.phase is Phase.BACKOFF and parts.readies == ["ready"]
+    machine.restart_due()
+    assert holder.found == [] and machine.phase is Phase.STARTING, "the restart, after"
+
+
 def test_taking_up_a_stop_whose_job_is_gone_settles_the_plan_and_resumes_from_its_checkpoint(
     made: list[Parts], tmp_path: Path
 ) -> None:
@@ -516,3 +545,17 @@ def test_taking_up_a_plan_three_sentinels_could_not_finish_gives_up_with_90(
     assert parts.readies == ["ready"]
     final = json.loads((tmp_path / "state" / "verdict.json").read_text())
     assert final["code"] == verdict.EXIT_GIVE_UP
+
+
+def test_run_adopts_only_the_job_it_has_a_record_of(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    job = the_job(sleeper).identity
+    assert job is not None
+    settings = Settings(state_dir=tmp_path / "state")
+    child = Child(["job"], settings, stdout=io.BytesIO(), stderr=io.BytesIO())
+    assert not child.adopts(job), "no record: begin would start the command"
+    (tmp_path / "state" / "job").mkdir(parents=True)
+    JobRecord(1, tmp_path, job, job, ["job"], time.time()).save(settings.state_dir)
+    assert child.adopts(job)
+    assert not child.adopts(ProcessIdentity(job.pid, job.create_time - 100.0)), "pid reused"

@@ -87,6 +87,11 @@ class Holder(Protocol):
         """The job an earlier sentinel started is not to be adopted: it is gone."""
         ...
 
+    def adopts(self, job: ProcessIdentity) -> bool:
+        """Whether the next ``begin`` holds ``job`` (a process an earlier sentinel stopped)
+        rather than start the command again."""
+        ...
+
     def describe(self) -> str:
         """The job in words: its command, or the target sentinel looks for."""
         ...
@@ -198,6 +203,14 @@ class Child:
 
         return on_lines
 
+    def adopts(self, job: ProcessIdentity) -> bool:
+        """Only a job recorded for adoption (``JobRecord``) is adopted; any other, ``begin``
+        would start the command beside."""
+        if self._looked_for_orphan:
+            return False
+        record = JobRecord.load(self.settings.state_dir)
+        return record is not None and record.job == job
+
     def _adopt(self, attempt: int, restarts: Restarts, put: Put) -> Handle | None:
         """The job an earlier ``sentinel run`` on this state dir left running, adopted, with
         the restart budget and memory it was started under; None when there is none.
@@ -298,6 +311,9 @@ class Attached:
 
     def members(self) -> list[ProcessIdentity]:
         return self.target.members()
+
+    def adopts(self, job: ProcessIdentity) -> bool:
+        return True  # it starts nothing: whatever it finds is the job
 
     def last_attempt(self) -> int | None:
         return None  # whoever starts the job numbers its attempts

@@ -45,6 +45,7 @@ from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.launched import exit_status
+from sentinel.process.signal_tree import stop_tree
 from sentinel.rules.job_crash import describe_exit
 from sentinel.service.health import Service
 from sentinel.service.watch import Watch
@@ -283,7 +284,11 @@ class JobMachine:
             self._back_off(0.0)
             return
         stopped = stopped_job(intent)
-        if where is Phase.STOPPING and stopped is not None:
+        if where is Phase.STOPPING and stopped is not None and not self.holder.adopts(stopped):
+            # run has no record to adopt it by: started again, the command would run from
+            # scratch beside it. Stopped here, by its identity, then the plan as planned.
+            self._stop_unheld(intent, stopped)
+        elif where is Phase.STOPPING and stopped is not None:
             self._start()  # adopts it (run) or finds it (watch)
             if self.finished:
                 return  # it could not be started: the run is over (127)
@@ -502,6 +507,26 @@ class JobMachine:
         self._enter(Phase.STOPPING)
         self.stops.resume(stopped, self.stop, self.settings, left_s)
         return True
+
+    def _stop_unheld(self, intent: StopIntent, stopped: ProcessIdentity) -> None:
+        """A job a dead sentinel stopped that this one cannot hold: the rest of its grace,
+        then SIGKILL to what still runs (pid and start time matched), waited for here."""
+        left_s = max(0.0, intent.grace_s - (time.time() - intent.signalled_at))
+        log.warning(
+            "the job the last sentinel stopped (pid %d) still runs and there is no record to"
+            " adopt it by: not starting the command beside it; the rest of its grace (%.1f"
+            " s), then SIGKILL",
+            stopped.pid, left_s,
+        )  # fmt: skip
+        result = stop_tree(
+            stopped, grace_s=left_s, members=self.holder.members, already_sent=True,
+            dry_run=self.settings.dry_run,
+        )  # fmt: skip
+        log.warning(
+            "the job the last sentinel stopped: %s after %.1f s%s",
+            "killed" if result.killed else "gone", result.elapsed_s,
+            f" ({len(result.survivors)} still running after SIGKILL)" if result.survivors else "",
+        )  # fmt: skip
 
     def _join(self, record: run_verdict.RunRecord) -> None:
         """Nothing here to stop: another node's verdict is this node's too."""
