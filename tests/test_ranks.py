@@ -15,9 +15,10 @@ import pytest
 
 from sentinel.config import Settings
 from sentinel.engine.core import Engine, build_detectors
+from sentinel.engine.ranks import RunSeries
 from sentinel.engine.replay import replay
 from sentinel.model.incidents import IncidentTracker
-from sentinel.model.records import Alert, Line
+from sentinel.model.records import PROGRESS, Alert, Line, Sample
 from sentinel.parsing import LineParser
 from sentinel.parsing.ranks import split_rank
 from sentinel.rules import STORIES
@@ -271,3 +272,41 @@ def test_ranked_stdout_and_each_ranks_file_read_late_are_one_view() -> None:
         ("nan_inf", 60, 1)
     ]
     assert eng.samples_seen == 80  # rank 0's series: stdout's, its file's copies dropped
+
+
+BARS = Path(__file__).parent / "fixtures" / "lightning_bars"
+
+
+@pytest.mark.parametrize("name", ["tqdm.txt", "rich_120.txt", "rich_80.txt"])
+def test_lightnings_bar_as_the_terminal_got_it_is_one_series_stopped_at_its_nan(
+    name: str,
+) -> None:
+    """A real run's bars as the terminal received them (``fixtures/lightning_bars``, what
+    ``run`` keeps in output.log): escapes read out as ``run`` reads them live, and a bar
+    redrawn at the count it just moved to, its postfix caught up, is one series, not a
+    second rank (Lightning's tqdm bar moves, then shows the step's loss)."""
+    expected = json.loads((BARS / "expected.json").read_text())
+    result = replay([BARS / name], Settings())
+    nans = [alert for alert in result.alerts if alert.rule == "nan_inf"]
+    assert nans, [alert.message for alert in result.alerts]
+    nan_from = expected["nan_from_step"]
+    assert nans[0].step is not None and nan_from <= nans[0].step < nan_from + 10, nans[0]
+    assert [alert.message for alert in result.alerts if "rank" in alert.details] == []
+
+
+def test_a_bar_moving_before_its_postfix_is_one_series_and_lockstep_ranks_two() -> None:
+    series = RunSeries()
+
+    def ranks(lines: list[tuple[int, float]]) -> list[int | None]:
+        return [
+            series.admit([Sample(PROGRESS, step, step), Sample("loss", loss, step)], "out")[1]
+            for step, loss in lines
+        ]
+
+    # Lightning: each count drawn first with the last step's loss, then with its own.
+    moving = [(1, 2.0), (2, 2.0), (2, 1.9), (3, 1.9), (3, 1.8), (4, 1.8), (4, 1.7)]
+    assert ranks(moving) == [None] * len(moving)
+    series.restart()
+    # Two ranks in lockstep, their losses apart: each step twice, the second another rank.
+    lockstep = [(5, 2.0), (5, 3.0), (6, 1.9), (6, 2.9), (7, 1.8), (7, 2.8), (8, 1.7), (8, 2.7)]
+    assert 1 in ranks(lockstep)

@@ -86,10 +86,14 @@ class _Slot:
 class _Stream:
     """The series of one kind of line (one source, one set of stepped metric names)."""
 
-    __slots__ = ("back_at", "lines", "one_writer", "recent", "slots")
+    __slots__ = ("back_at", "before", "last", "lines", "one_writer", "recent", "slots")
 
     def __init__(self, step: int, values: tuple[float, ...], *, one_writer: bool = False) -> None:
         self.slots = [_Slot(step, values)]
+        #: The last line placed (its step, values and series), and the values of the line
+        #: before it: a progress bar that moved before its postfix did.
+        self.last: tuple[int, tuple[float, ...], int] = (step, values, 0)
+        self.before: tuple[float, ...] | None = None
         self.recent: deque[int] = deque([step], maxlen=RANK_WINDOW)
         #: A file one logger writes (a CSV, TensorBoard events): a step again is a resume.
         self.one_writer = one_writer
@@ -104,8 +108,17 @@ class _Stream:
         this step: it goes to no series, which stays open for the line that is its own."""
         slots = self.slots
         self.lines += 1
+        last_step, last_values, last_index = self.last
         if len(slots) == 1 and step > slots[0].step:
             index = 0
+        elif (
+            step == last_step
+            and last_index < len(slots)
+            and self._moved_before_postfix(last_values, values)
+        ):
+            # A bar redrawn at the count it just moved to, its postfix caught up (Lightning's
+            # bar moves, then shows the step's metrics): the same series, not another rank.
+            index = last_index
         else:
             open_slots = [index for index, slot in enumerate(slots) if slot.step < step]
             if len(open_slots) > 1 and not math.isfinite(values[0]):
@@ -124,9 +137,18 @@ class _Stream:
                 index = 0
                 self.back_at = self.lines
         slots[index].move(step, values)
+        self.before, self.last = last_values, (step, values, index)
         if step not in self.recent:
             self.recent.append(step)
         return index
+
+    def _moved_before_postfix(
+        self, last_values: tuple[float, ...], values: tuple[float, ...]
+    ) -> bool:
+        """Whether the last line showed the values of the line before it at a new step (a
+        bar whose count moved with the last step's postfix) and this one shows new ones."""
+        before = self.before
+        return before is not None and _same(last_values, before) and not _same(values, last_values)
 
     def _interleaves(self) -> bool:
         """Whether the stream went back, with no series open for its step, a few lines ago

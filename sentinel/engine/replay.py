@@ -33,6 +33,7 @@ from pathlib import Path
 from sentinel.config import Settings
 from sentinel.engine.core import Engine, build_detectors
 from sentinel.evidence.diagnosis import explain
+from sentinel.follow.terminal_text import TerminalLines
 from sentinel.model.incidents import IncidentTracker
 from sentinel.model.records import PROGRESS, Alert, Severity
 from sentinel.parsing import Garbled, LineParser
@@ -166,7 +167,17 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         for file in group:
             engine.open_source(file.source, file.new_reader())
     feed_texts = engine.feed_texts
+    # What a terminal received (``run``'s own output.log, a ``script`` capture) is read as
+    # ``run`` read it live: escapes out, a redraw that says nothing new dropped.
+    terminals: dict[str, TerminalLines] = {}
     for source, texts in run_batches(plan, settings.parsers.regexes):
+        cleaner = terminals.get(source)
+        if cleaner is None and any("\x1b" in text for text in texts):
+            cleaner = terminals[source] = TerminalLines()
+        if cleaner is not None:
+            texts = cleaner.clean(texts)
+            if not texts:
+                continue
         alerts = feed_texts(source, texts, 0.0)  # 0.0: the engine keeps the data's own clock
         if alerts:
             keep(alerts)
