@@ -223,6 +223,25 @@ def test_killed_during_the_grace_the_next_sentinel_stops_rolls_back_and_resumes(
         assert "SIGKILL" in err, err
 
 
+def test_killed_during_the_grace_with_the_jobs_record_lost_no_copy_starts_beside_it(
+    work: Path,
+) -> None:
+    """The record ``run`` adopts a job by is gone (a state dir restored from a backup, a
+    write that failed): the next sentinel cannot adopt the job it finds stopping, and
+    must not start the command beside it from scratch. It stops it by its pid and start
+    time, then rolls back and resumes as planned."""
+    first = _sentinel(work, "first", JOB_ON_TERM="ignore", grace="3")
+    _wait_for("the stop", lambda: "stop" in _verdict(work))
+    _killed(first)
+    stopped = _records(work)[0]["pid"]
+    assert _running(stopped), "the job should still run in its grace"
+    (work / "state" / "job" / "current.json").unlink()
+
+    second = _sentinel(work, "second", JOB_ON_TERM="ignore", grace="3")
+    _assert_finished_as_without_the_kill(work, second)
+    assert "no record to adopt it by" in (work / "second.err").read_text()
+
+
 @pytest.mark.parametrize("killpoint", ["after-first-move", "before-pointer"])
 def test_killed_in_the_middle_of_the_rollback_the_next_sentinel_finishes_it(
     work: Path, killpoint: str
