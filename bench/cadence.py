@@ -402,6 +402,10 @@ class Cell:
     early_values: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     rules: dict[str, int] = field(default_factory=dict)
+    #: Cases whose failure stands apart from the run before it (``stands_apart``), and
+    #: how many of them were found.
+    apart: int = 0
+    apart_found: int = 0
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -442,6 +446,8 @@ def run_cell(cell: Cell, runs: Sequence[Run], settings: Settings) -> Cell:
         onset_line = len(lines(logged, first, before))
         alerts = feed(texts, settings)
         cell.cases += 1
+        apart = stands_apart(logged.records[first:before], logged.records[before:last])
+        cell.apart += apart
         cell.early_values += before - first
         cell.early_alerts += sum(1 for index, _ in alerts if index < onset_line)
         late = [
@@ -451,6 +457,7 @@ def run_cell(cell: Cell, runs: Sequence[Run], settings: Settings) -> Cell:
         ]
         if late:
             cell.found += 1
+            cell.apart_found += apart
             values = _values_between(texts, onset_line, late[0][0])
             cell.to_warning.append(values)
             rule = late[0][1].rule
@@ -460,6 +467,24 @@ def run_cell(cell: Cell, runs: Sequence[Run], settings: Settings) -> Cell:
             cell.criticals += 1
             cell.to_critical.append(_values_between(texts, onset_line, critical[0]))
     return cell
+
+
+#: Training losses after the onset whose median ``stands_apart`` compares.
+APART_VALUES = 5
+
+
+def stands_apart(before: Sequence[Record], after: Sequence[Record]) -> bool:
+    """Whether a failure can be told from the run's own course: two training losses or
+    more after the onset, the median of the first ``APART_VALUES`` of them above the
+    highest logged before it. Where it stays under (a loss still falling fast early in a
+    run: x2 of a loss that fell 4x in the values before is still under them), or one value
+    is all there is (a spike and a shift look alike), no rule can tell it from a healthy
+    run with the values it has."""
+    losses_before = [r["loss"] for r in before if "loss" in r]
+    losses_after = [r["loss"] for r in after if "loss" in r][:APART_VALUES]
+    if not losses_before or len(losses_after) < 2:
+        return False
+    return statistics.median(losses_after) > max(losses_before)
 
 
 def _values_between(texts: list[str], onset_line: int, line: int) -> int:
@@ -528,7 +553,8 @@ def cell_rows(cells: Sequence[Cell]) -> list[list[object]]:
         rows.append([
             c.shape, c.cadence, c.pre, c.cases, _pct(c.recall), _median(c.to_warning),
             f"{c.criticals}/{c.cases}" if c.cases else "-", _median(c.to_critical),
-            "-" if early is None else f"{early:.1f}", rules, skipped,
+            "-" if early is None else f"{early:.1f}", f"{c.apart_found}/{c.apart}", rules,
+            skipped,
         ])  # fmt: skip
     return rows
 
@@ -574,6 +600,13 @@ def targets(cells: Sequence[Cell], healthy: Sequence[Healthy], every_step: str) 
         "LR jumps of x30 or more and shifts of x1.5 or more found with 5 values before them",
         [where(c) for c in cells if c.shape in big_jumps + shifts and c.pre == 5 and c.cases
          and c.found < c.cases],
+    ))  # fmt: skip
+    out.append(check(
+        "the same, of the cases that stand apart from the run before them (the median of"
+        f" the first {APART_VALUES} losses after the onset above the highest before it, 2"
+        " values or more after)",
+        [f"{where(c)}: {c.apart_found} of {c.apart}" for c in cells
+         if c.shape in big_jumps + shifts and c.pre == 5 and c.apart_found < c.apart],
     ))  # fmt: skip
     out.append(check(
         "a corroborated blow-up of x100 or more critical on its first value",
@@ -645,11 +678,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         "Values to warning and to critical: logged values from the onset's (0) to the"
         " first alert, the median over the cases. False alarms: alerts before the onset"
-        " per 1,000 values fed before it.\n"
+        " per 1,000 values fed before it. Found / stands apart: of the cases whose loss after"
+        f" the onset (the median of its first {APART_VALUES} values, 2 or more) rises above"
+        " the highest before it, how many were found: the others stay within what the run"
+        " showed before the onset (a loss still falling fast), and no rule can tell them"
+        " from a healthy run.\n"
     )
     print(markdown(
         ["shape", "cadence", "pre", "cases", "recall", "values to warning", "critical",
-         "values to critical", "false /1,000", "first rule", "skipped"],
+         "values to critical", "false /1,000", "found / stands apart", "first rule",
+         "skipped"],
         cell_rows(cells),
     ))  # fmt: skip
     if args.json:

@@ -50,3 +50,15 @@ def test_a_target_a_cell_misses_says_not_met_and_names_the_cell() -> None:
     assert lines[0].startswith("- met: NaN")
     assert lines[1].startswith("- NOT met: LR jumps") and "shift_x2 @100 pre 5" in lines[1]
     assert math.isclose(missed.recall or 0, 0.75)
+
+
+def test_a_failure_stands_apart_only_above_the_run_before_it_with_two_values_after() -> None:
+    before = [{"loss": loss} for loss in (8.0, 4.0, 2.0, 1.0)]
+    assert cadence.stands_apart(before, [{"loss": 9.0}, {"loss": 9.5}])
+    # x2 of a loss still falling fast stays under what it showed before: no rule can tell.
+    assert not cadence.stands_apart(before, [{"loss": 1.8}, {"loss": 1.6}, {"loss": 1.5}])
+    assert not cadence.stands_apart(before, [{"loss": 9.0}]), "one value: spike or shift"
+    missed = cadence.Cell("shift_x2", 100, 5, cases=4, found=3, apart=2, apart_found=1)
+    lines = cadence.targets([missed], [], "hf-every-step")
+    assert lines[2].startswith("- NOT met: the same, of the cases that stand apart")
+    assert "shift_x2 @100 pre 5: 1 of 2" in lines[2]

@@ -27,7 +27,9 @@ before the failure): once the history holds ``early_history`` values and until i
 in a run still falls fast: a median of them lags above it), the noise is taken from one
 value to the next (the trend left out), the envelope is not used, and a value that
 continues a climb (the last ``early_level`` values each above the one before: a
-rhythm's rising half) opens no shift: a few values show no rhythm, only steps. With so
+rhythm's rising half) opens no shift: a few values show no rhythm, only steps; unless it
+rises past the highest value before the climb by ``rise`` (with ``early_history`` values
+or more before it), where no rhythm is coming back. With so
 little known such a shift is ``early_severity`` (a warning) unless the logged learning
 rate jumped within its evidence to above anything it had been (no schedule's restart or
 cycle does), when it is ``severity``; it is confirmed by ``early_patience`` values (a run
@@ -55,9 +57,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import pairwise
+from itertools import islice, pairwise
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -190,10 +193,27 @@ def opens_shift(
     level = min(latest) if early else sorted_median(sorted(latest))
     if level <= 0 or value <= rise_bar(level, settings.rise):
         return None
-    if early and len(latest) > 1 and all(b > a for a, b in pairwise(latest)):
-        return None  # a climb under way (a rhythm's rising half), not a step up
+    if (
+        early
+        and len(latest) > 1
+        and all(b > a for a, b in pairwise(latest))
+        and value <= rise_bar(_before_climb(history.values, settings.early_history), settings.rise)
+    ):
+        # A climb under way (a rhythm's rising half), not a step up; but one past anything
+        # the run showed before the climb by the rise is no rhythm coming back: judged.
+        return None
     current = (early_bars if early else bars)(history, recent, settings)
     return current if value > current.shift else None
+
+
+def _before_climb(values: Sequence[float], least: int) -> float:
+    """The highest of ``values`` before the climb they end on (the values that rise one
+    after another up to the last); infinite when fewer than ``least`` come before it
+    (too little to judge a climb by)."""
+    start = len(values) - 1
+    while start > 0 and values[start - 1] < values[start]:
+        start -= 1
+    return max(islice(values, start)) if start >= least else math.inf
 
 
 def never_opens(values: list[float], least: float, start: int, settings: DivergenceConfig) -> bool:
