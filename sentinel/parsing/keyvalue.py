@@ -19,6 +19,8 @@ loop; ``Step [200/2983]`` alone is step 200) and fairseq's older ``| epoch 002:
 A message that says what a metric is, as JVM trainers print it, is read too: ``Loss is
 1.26``, ``Loss is Infinity``, and Deeplearning4j's ``Score at iteration 1500 is 1.26``
 (the score is its loss) at step 1500; only for a known metric name, so prose stays prose.
+It takes the step the line names otherwise (``Step 1500: Loss is 1.26``) and goes beside
+its other pairs (``Epoch 3 Iteration 1500: Loss is nan``).
 """
 
 from __future__ import annotations
@@ -140,8 +142,14 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if fairseq is not None:
             epoch, batch, per_epoch = map(int, fairseq.groups())
             step = max(epoch - 1, 0) * per_epoch + batch
-    if not pairs and " is " in text:
-        return _is_form(text)
+    if " is " in text:
+        # ``Step 1500: Loss is 1.26``, ``Epoch 1 Iteration 100: Loss is nan``: the message
+        # form beside the pairs and the step the line names otherwise.
+        said, said_step = _is_form(text)
+        named = {name for name, _ in pairs}
+        pairs += [pair for pair in said if pair[0] not in named]
+        if step is None:
+            step = said_step
     return pairs, step
 
 

@@ -34,6 +34,19 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             [Sample("loss", 1.26, 1500)],
             id="dl4j-score-at-iteration",
         ),
+        pytest.param(
+            "Step 1500: Loss is 1.26", [Sample("loss", 1.26, 1500)], id="loss-is-after-its-step"
+        ),
+        pytest.param(
+            "[Iteration 1500] Loss is Infinity",
+            [Sample("loss", INF, 1500)],
+            id="loss-is-after-its-iteration",
+        ),
+        pytest.param(
+            "Epoch 3 Iteration 1500: Loss is nan",
+            [Sample("epoch", 3.0, 1500), Sample("loss", NAN, 1500)],
+            id="loss-is-beside-other-pairs",
+        ),
         pytest.param("The mean wait is 3 s", None, id="prose-with-is-stays-prose"),
         pytest.param(
             "| epoch 002:   7000 / 331737 loss=3.012, nll_loss=1.2",
