@@ -10,7 +10,9 @@ workers``). Values are numbers or nan/inf, signed, any case. A leading
 
 The step comes from any name a log gives it: ``step 120``, ``steps 8400``,
 ``iter 50``, ``iteration 100/ 500``, ``Global Step: 20``, ``num_updates 5000``,
-``updates 10``; and ``| epoch 2 | 200/ 2983 batches`` (PyTorch's
+``updates 10``; timm's ``Train: 2 [ 130/1251 (  8%)]`` is step ``2 x 1251 + 130``, and so
+is PyTorch's ImageNet example's ``Epoch: [2][ 130/1251]``; and
+``| epoch 2 | 200/ 2983 batches`` (PyTorch's
 word_language_model) is step ``2983 + 200``, counting the batches of the epochs
 before; so is ``Epoch [2/5], Step [200/2983], Loss: 1.26`` (the PyTorch tutorials'
 loop; ``Step [200/2983]`` alone is step 200) and fairseq's older ``| epoch 002:
@@ -81,6 +83,12 @@ _STEP_BRACKETS = re.compile(
     r"(?:\bepoch\s*\[\s*(\d+)\s*/\s*\d+\s*\]\W{1,4})?\bstep\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]",
     re.IGNORECASE,
 )
+#: PyTorch's ImageNet example (its ``ProgressMeter``): ``Epoch: [2][ 130/500]`` (from 0).
+_EPOCH_BATCH_BRACKETS = re.compile(
+    r"\bepoch:\s*\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]", re.IGNORECASE
+)
+#: timm's ``Train: 2 [ 130/1251 (  8%)]  Loss: 6.91 (6.93)`` (epochs from 0).
+_TIMM_TRAIN = re.compile(r"\btrain:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
 #: fairseq's older progress: ``| epoch 002:   200 / 2983 loss=...`` (epochs from 1).
 _FAIRSEQ_EPOCH = re.compile(r"\|\s*epoch\s+(\d+)\s*:?\s+(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
 #: ``Loss is 1.26``; Deeplearning4j's ``Score at iteration 1500 is 1.26``.
@@ -126,10 +134,15 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if batches is not None:
             epoch, batch, per_epoch = map(int, batches.groups())
             step = max(epoch - 1, 0) * per_epoch + batch
-    if step is None and "batch" in text:
+    if step is None and "atch" in text:  # batch, Batch
         counted = _EPOCH_BATCH.search(text)
         if counted is not None:
             epoch, batch, per_epoch = map(int, counted.groups())
+            step = epoch * per_epoch + batch
+    if step is None and "][" in text:
+        meter = _EPOCH_BATCH_BRACKETS.search(text)
+        if meter is not None:
+            epoch, batch, per_epoch = map(int, meter.groups())
             step = epoch * per_epoch + batch
     if step is None and "[" in text:
         bracketed = _STEP_BRACKETS.search(text)
@@ -137,6 +150,12 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             epoch_text, batch_text, per_epoch_text = bracketed.groups()
             epoch = int(epoch_text) if epoch_text is not None else 1
             step = max(epoch - 1, 0) * int(per_epoch_text) + int(batch_text)
+    if step is None and "[" in text and pairs and pairs[0][0] == "train":
+        timm = _TIMM_TRAIN.search(text)
+        if timm is not None:
+            epoch, batch, per_epoch = map(int, timm.groups())
+            step = epoch * per_epoch + batch
+            del pairs[0]  # "Train: 2" is the epoch, not a metric
     if step is None and "|" in text and "/" in text:
         fairseq = _FAIRSEQ_EPOCH.search(text)
         if fairseq is not None:

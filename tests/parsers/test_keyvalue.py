@@ -47,6 +47,21 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             [Sample("epoch", 3.0, 1500), Sample("loss", NAN, 1500)],
             id="loss-is-beside-other-pairs",
         ),
+        pytest.param(
+            "Epoch 3 | Batch 130/400 | Loss nan",
+            [Sample("epoch", 3.0, 3 * 400 + 130), Sample("loss", NAN, 3 * 400 + 130)],
+            id="epoch-and-batch-capitalised",
+        ),
+        pytest.param(
+            "Train: 2 [ 130/1251 ( 10%)]  Loss: 6.91 (6.93)  Time: 0.512s,  250.1/s  LR: 1.000e-04",
+            [Sample("loss", 6.91, 2 * 1251 + 130), Sample("lr", 1e-4, 2 * 1251 + 130)],
+            id="timm-train-epoch-and-batch",
+        ),
+        pytest.param(
+            "Epoch: [2][ 130/500]\tTime  0.100 ( 0.100)\tLoss 6.9100e+00 (6.9300e+00)",
+            [Sample("loss", 6.91, 2 * 500 + 130)],
+            id="pytorch-imagenet-progress-meter",
+        ),
         pytest.param("The mean wait is 3 s", None, id="prose-with-is-stays-prose"),
         pytest.param(
             "| epoch 002:   7000 / 331737 loss=3.012, nll_loss=1.2",
