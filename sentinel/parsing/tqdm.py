@@ -5,7 +5,9 @@ none (the HF Trainer's log dicts). Only a training bar counts: one with no
 description (the HF Trainer's) or one described as training, steps or
 iterations. Other bars (``Loading checkpoint shards``, ``Map``, Lightning's
 per-epoch ``Epoch 0``, whose count restarts every epoch) are recognised and
-give no progress. ``key=value`` pairs in a bar's postfix become samples.
+give no progress. ``key=value`` pairs in a bar's postfix become samples, and so do the
+metrics a loop writes in its description (``loss: 2.31: 26%|...``); torchtune's
+``1|130|Loss: 2.31`` (epoch, global step, loss) is a training bar at its global step.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ _NOT_METRICS = frozenset({"v_num"})
 _TRAINING_DESCRIPTION = re.compile(
     r"(?:train(?:ing)?|steps?|iter(?:ation)?s?|global[ _]step)\b[^:]*:?", re.IGNORECASE
 )
+#: torchtune's description: ``1|130|Loss: 2.3145`` (epoch from 1, global step, loss), on a
+#: bar whose count is the step within the epoch.
+_EPOCH_STEP_DESCRIPTION = re.compile(r"(\d+)\|(\d+)\|")
+#: Description pairs that say where the bar is, not a metric.
+_NOT_DESCRIPTION_METRICS = frozenset({"epoch", "v_num"})
 
 
 def parse_tqdm(text: str) -> list[Sample] | None:
@@ -43,10 +50,23 @@ def parse_tqdm(text: str) -> list[Sample] | None:
     count = int(bar.group("count"))
     step = count if training else None
     samples: list[Sample] = []
+    said: list[tuple[str, float]] = []
+    if description and not training and any(char.isdigit() for char in description):
+        # Metrics a loop puts in the description (``pbar.set_description(f"loss {loss}")``):
+        # a NaN there is as much the job's as one in the postfix.
+        epoch_step = _EPOCH_STEP_DESCRIPTION.match(description)
+        if epoch_step is not None:
+            training, count = True, int(epoch_step.group(2))
+            step = count
+            description = description[epoch_step.end() :]
+        found, _ = find_pairs(description.rstrip(": "))
+        said = [pair for pair in found if pair[0] not in _NOT_DESCRIPTION_METRICS]
     rest = bar.group("rest")
     if rest and "=" in rest:
         pairs, _ = find_pairs(rest)
-        samples = [Sample(name, value, step) for name, value in pairs if name not in _NOT_METRICS]
+        said += [pair for pair in pairs if pair[0] not in _NOT_METRICS]
+    if said:
+        samples = [Sample(name, value, step) for name, value in said]
     if training:
         # tuple.__new__: the same Sample without a Python-level call (a bar is redrawn often).
         samples.append(_new_tuple(Sample, (PROGRESS, float(count), count, None, None)))

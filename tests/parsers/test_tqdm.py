@@ -53,6 +53,21 @@ from sentinel.parsing.tqdm import parse_tqdm
             [Sample(PROGRESS, 10.0, 10)],
             id="trailing-space-and-cr",
         ),
+        pytest.param(
+            "1|130|Loss: 2.3145:  26%|██▌       | 30/100 [00:10<00:30, 12.0it/s]",
+            [Sample("loss", 2.3145, 130), Sample(PROGRESS, 130.0, 130)],
+            id="torchtune-epoch-global-step-loss",
+        ),
+        pytest.param(
+            "loss 2.3145:  26%|██▌       | 13/50 [00:00<00:01, 35.52it/s]",
+            [Sample("loss", 2.3145)],
+            id="metric-in-the-description",
+        ),
+        pytest.param(
+            "Epoch 3/10 loss=0.5:  26%|██▌  | 13/50 [00:00<00:01, 35.52it/s, lr=1e-4]",
+            [Sample("loss", 0.5), Sample("lr", 1e-4)],
+            id="description-and-postfix-epoch-not-a-metric",
+        ),
         pytest.param("iter 50/1000 loss: 2.1", None, id="count-without-clock-not-mine"),
         pytest.param("[2024-05-01 12:00:01] step=5", None, id="bracket-not-a-bar"),
         pytest.param("loss=2.3", None, id="no-bracket"),
