@@ -11,7 +11,9 @@ workers``). Values are numbers or nan/inf, signed, any case. A leading
 The step comes from any name a log gives it: ``step 120``, ``steps 8400``,
 ``iter 50``, ``iteration 100/ 500``, ``Global Step: 20``, ``num_updates 5000``,
 ``updates 10``; timm's ``Train: 2 [ 130/1251 (  8%)]`` is step ``2 x 1251 + 130``, and so
-is PyTorch's ImageNet example's ``Epoch: [2][ 130/1251]``; and
+is PyTorch's ImageNet example's ``Epoch: [2][ 130/1251]`` and PyTorch-GAN's ``[Epoch 2/200]
+[Batch 130/1251]``; Ignite's ``Epoch[2] Iteration[1130]`` is step 1130 (``Iteration[130/500]``:
+the epoch's, 500 + 130); and
 ``| epoch 2 | 200/ 2983 batches`` (PyTorch's
 word_language_model) is step ``2983 + 200``, counting the batches of the epochs
 before; so is ``Epoch [2/5], Step [200/2983], Loss: 1.26`` (the PyTorch tutorials'
@@ -87,6 +89,15 @@ _STEP_BRACKETS = re.compile(
 _EPOCH_BATCH_BRACKETS = re.compile(
     r"\bepoch:\s*\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]", re.IGNORECASE
 )
+#: PyTorch-GAN's ``[Epoch 2/200] [Batch 130/938]`` (epochs from 0).
+_EPOCH_OF_BATCH_OF = re.compile(
+    r"\[\s*epoch\s+(\d+)\s*/\s*\d+\s*\]\s*\[\s*batch\s+(\d+)\s*/\s*(\d+)\s*\]", re.IGNORECASE
+)
+#: Ignite's ``Epoch[2] Iteration[1130]`` (the run's iteration), or ``Iteration[130/500]``
+#: (the epoch's, epochs from 1).
+_IGNITE = re.compile(
+    r"\bepoch\s*\[\s*(\d+)\s*\]\s*iteration\s*\[\s*(\d+)\s*(?:/\s*(\d+)\s*)?\]", re.IGNORECASE
+)
 #: timm's ``Train: 2 [ 130/1251 (  8%)]  Loss: 6.91 (6.93)`` (epochs from 0).
 _TIMM_TRAIN = re.compile(r"\btrain:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
 #: fairseq's older progress: ``| epoch 002:   200 / 2983 loss=...`` (epochs from 1).
@@ -139,11 +150,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if counted is not None:
             epoch, batch, per_epoch = map(int, counted.groups())
             step = epoch * per_epoch + batch
-    if step is None and "][" in text:
-        meter = _EPOCH_BATCH_BRACKETS.search(text)
-        if meter is not None:
-            epoch, batch, per_epoch = map(int, meter.groups())
-            step = epoch * per_epoch + batch
+    if step is None and "]" in text:
+        step = _bracketed_epoch_step(text)
     if step is None and "[" in text:
         bracketed = _STEP_BRACKETS.search(text)
         if bracketed is not None:
@@ -170,6 +178,23 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if step is None:
             step = said_step
     return pairs, step
+
+
+def _bracketed_epoch_step(text: str) -> int | None:
+    """The step of an epoch and a batch in brackets: PyTorch's ImageNet example, PyTorch-GAN
+    and Ignite (``_EPOCH_BATCH_BRACKETS``, ``_EPOCH_OF_BATCH_OF``, ``_IGNITE``)."""
+    for pattern in (_EPOCH_BATCH_BRACKETS, _EPOCH_OF_BATCH_OF):
+        found = pattern.search(text)
+        if found is not None:
+            epoch, batch, per_epoch = map(int, found.groups())
+            return epoch * per_epoch + batch
+    ignite = _IGNITE.search(text)
+    if ignite is None:
+        return None
+    epoch_text, iteration_text, per_epoch_text = ignite.groups()
+    if per_epoch_text is None:
+        return int(iteration_text)
+    return max(int(epoch_text) - 1, 0) * int(per_epoch_text) + int(iteration_text)
 
 
 def _is_form(text: str) -> tuple[list[tuple[str, float]], int | None]:

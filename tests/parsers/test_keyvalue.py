@@ -62,6 +62,25 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             [Sample("loss", 6.91, 2 * 500 + 130)],
             id="pytorch-imagenet-progress-meter",
         ),
+        pytest.param(
+            "[Epoch 2/200] [Batch 130/938] [D loss: 0.500000] [G loss: nan]",
+            [
+                Sample("epoch", 2.0, 2 * 938 + 130),
+                Sample("loss", 0.5, 2 * 938 + 130),
+                Sample("loss", NAN, 2 * 938 + 130),
+            ],
+            id="pytorch-gan-epoch-and-batch",
+        ),
+        pytest.param(
+            "Epoch[2] Iteration[1130] Loss: 0.12",
+            [Sample("loss", 0.12, 1130)],
+            id="ignite-run-iteration",
+        ),
+        pytest.param(
+            "Epoch[2] Iteration[130/500] Loss: 0.12",
+            [Sample("loss", 0.12, 500 + 130)],
+            id="ignite-epoch-iteration",
+        ),
         pytest.param("The mean wait is 3 s", None, id="prose-with-is-stays-prose"),
         pytest.param(
             "| epoch 002:   7000 / 331737 loss=3.012, nll_loss=1.2",
