@@ -6,11 +6,14 @@ Real relays, real jobs, real terminals; sentinel's death is its ends of the pipe
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import signal
+import struct
 import sys
+import termios
 import textwrap
 import threading
 import time
@@ -22,8 +25,9 @@ import pytest
 from sentinel.process.adopted import AdoptedJob
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.launched import JobProcess
+from sentinel.process.relay import DEFAULT_COLUMNS, DEFAULT_ROWS
 from sentinel.process.relay_copies import BOTH_FILE, DETACHED, EXIT
-from sentinel.process.relayed import JobRecord, RelayedStart
+from sentinel.process.relayed import JobRecord, RelayedStart, terminal_size
 
 #: The job's environment: no PYTHONUNBUFFERED, so Python buffers as a terminal makes it.
 ENV = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
@@ -296,3 +300,21 @@ def test_the_relay_sends_a_busy_job_a_window_at_a_time_and_a_nan_at_once(tmp_pat
     with_nan = next(read for read in reads if b"loss nan" in read)
     after = with_nan.split(b"loss nan\n", 1)[1]
     assert after.count(b"\n") < 100  # a window holds about 200
+
+
+@pytest.mark.parametrize(("columns", "rows"), [(0, 0), (132, 40)])
+def test_the_jobs_terminal_is_sentinels_size_or_the_default_when_it_has_none(
+    monkeypatch: pytest.MonkeyPatch, columns: int, rows: int
+) -> None:
+    """A terminal that reports no size (``script`` to a file: 0 x 0) would give the job a
+    0-column terminal, on which tqdm draws nothing."""
+    master, slave = os.openpty()
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        with os.fdopen(os.dup(slave), "w") as own:
+            monkeypatch.setattr(sys, "__stdout__", own)
+            size = terminal_size()
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert size == ((columns, rows) if columns else (DEFAULT_COLUMNS, DEFAULT_ROWS))
