@@ -249,6 +249,25 @@ def test_a_ranks_file_read_late_is_still_its_own_series() -> None:
     ]
 
 
+def test_a_ranks_file_read_after_the_runs_went_whole_is_still_its_own_series() -> None:
+    """The run's file read in one go, most of it taken whole by the rules (a block), then a
+    rank's: each of the rank's lines is its own observation, none a late copy, as when
+    both are read line by line."""
+    eng = engine()
+    alerts = eng.feed_texts("/run/rank-0.jsonl", rank_lines(0), T0)
+    assert eng.lines_absorbed >= 100
+    alerts += eng.feed_texts("/run/rank-1.jsonl", rank_lines(1, nan_at=390), T0 + 1)
+    raised = [alert for alert in alerts if not alert.resolves and alert.rule == "nan_inf"]
+    assert [(alert.step, alert.details.get("rank")) for alert in raised] == [(390, 1)]
+    assert eng._ranked[1].samples_seen == 400
+
+
+def rank_lines(rank: int, *, nan_at: int = 0) -> list[str]:
+    """A rank's own metrics file of 400 steps (``losses``)."""
+    values = losses(400, rank, nan_at=nan_at)
+    return [json.dumps({"step": s, "loss": values[s - 1]}) for s in range(1, 401)]
+
+
 def test_ranked_stdout_and_each_ranks_file_read_late_are_one_view() -> None:
     """Live: the ranks print ``[rank<r>] step ... | loss ...`` and each also writes its own
     ``metrics_rank<r>.jsonl``, read 20 steps at a time as its writer flushes. Each rank's

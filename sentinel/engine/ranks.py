@@ -32,7 +32,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from itertools import islice
+from itertools import islice, repeat
 from operator import lt
 from pathlib import PurePath
 
@@ -149,6 +149,29 @@ class _Stream:
         bar whose count moved with the last step's postfix) and this one shows new ones."""
         before = self.before
         return before is not None and _same(last_values, before) and not _same(values, last_values)
+
+    def rise(
+        self,
+        steps: list[int],
+        values: tuple[float, ...],
+        firsts: list[float],
+        previous: tuple[float, ...] | None = None,
+    ) -> None:
+        """``place`` for lines at ``steps``, rising past the step of the stream's one series,
+        the last line's values ``values``, each line's first value in ``firsts``, the values
+        of the line before the last in ``previous`` (None: the stream's last line was)."""
+        if not steps:
+            return
+        self.before = self.last[1] if previous is None else previous
+        self.last = (steps[-1], values, 0)
+        self.lines += len(steps)
+        slot = self.slots[0]
+        slot.step, slot.values = steps[-1], values
+        for value in reversed(firsts):
+            if math.isfinite(value):
+                slot.level = value
+                break
+        self.recent.extend(steps[-RANK_WINDOW:])
 
     def _interleaves(self) -> bool:
         """Whether the stream went back, with no series open for its step, a few lines ago
@@ -310,21 +333,59 @@ class RunSeries:
         return True
 
     def took_block(self, block: Block) -> None:
-        """Move past a block the rules took whole (``takes_block``)."""
+        """Move past a block the rules took whole (``takes_block``), as ``admit`` on each
+        line would: the stream's last line, each metric's newest step and recent values."""
         steps = block.steps
         if not steps:
             return
         step = steps[-1]
-        values = tuple([block.columns[name][-1] for name in block.names])
+        columns = [block.columns[name] for name in block.names]
+        values = tuple([column[-1] for column in columns])
+        firsts = columns[0] if columns else []
+        previous = tuple([column[-2] for column in columns]) if len(steps) > 1 else None
         key = (block.source, block.names)
         stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[key] = _Stream(step, values)
+            if len(self._streams) >= STREAMS_MAX:
+                self._streams.clear()  # as admit does
+            first = tuple([column[0] for column in columns])
+            stream = self._streams[key] = _Stream(
+                steps[0], first, one_writer=one_writer(block.source)
+            )
+            stream.rise(steps[1:], values, firsts[1:], previous)
         else:
-            stream.place(step, values)
-        last = self._last
+            stream.rise(steps, values, firsts, previous)
+        last, recent = self._last, self._recent
         for name, value in zip(block.names, values, strict=True):
             last[(name, None)] = (step, value, block.source)
+            kept = recent.get((name, None))
+            if kept is None:
+                kept = recent[(name, None)] = {}
+            _keep_recent(kept, steps, block.columns[name], block.source)
+
+
+def _keep_recent(
+    kept: dict[int, tuple[float, str]], steps: list[int], values: list[float], source: str
+) -> None:
+    """Keep each step's value and source in ``kept``, as ``admit`` does line by line: the
+    first value of a step stays, and past ``RECENT_KEPT`` steps the oldest goes first."""
+    if not kept.keys().isdisjoint(steps):
+        for step, value in zip(steps, values, strict=True):
+            if len(kept) >= RECENT_KEPT:
+                del kept[next(iter(kept))]
+            kept.setdefault(step, (value, source))
+        return
+    # New steps only: the oldest kept ones go, as many as pass the bound, then the new.
+    over = len(kept) + len(steps) - RECENT_KEPT
+    if over >= len(kept):
+        kept.clear()
+        start = len(steps) - RECENT_KEPT if len(steps) > RECENT_KEPT else 0
+        kept.update(zip(steps[start:], zip(values[start:], repeat(source)), strict=True))
+        return
+    if over > 0:
+        for step in list(islice(kept, over)):
+            del kept[step]
+    kept.update(zip(steps, zip(values, repeat(source)), strict=True))
 
 
 def one_writer(source: str) -> bool:
