@@ -7,6 +7,8 @@ for it (``BaseDetector.can_absorb``), and if all say so each takes it in one cal
 (``absorb``), which leaves exactly the state feeding it line by line leaves.
 Otherwise the block is halved, down to a few lines fed one by one (through the
 engine's own ``feed_text``), so the lines around an alert cost what they always did.
+A block of a rank's own file (``RunSeries.rank_of``) goes the same way to that rank's
+rules (``Engine._feed_rank_block``): 64 ranks' files cost what one file of their lines does.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ BLOCK_MIN_LINES = 16
 FeedText = Callable[[str, str, float], list[Alert]]
 #: The engine's way to take out a rule that raised: the alert that says so.
 Disable = Callable[[BaseDetector, Exception, float], Alert]
+#: The engine's way to show a block of a rank's own file (the rank, above 0) to that
+#: rank's rules whole: the alerts, or None where its lines must go one by one.
+FeedRankBlock = Callable[[int, Block], list[Alert] | None]
 
 
 class BlockFeeder:
@@ -51,6 +56,7 @@ class BlockFeeder:
         routes: Routes,
         series: RunSeries | None,
         feed_text: FeedText,
+        feed_rank_block: FeedRankBlock,
         disable: Disable,
     ) -> None:
         self.parser = parser
@@ -60,6 +66,7 @@ class BlockFeeder:
         #: The run's series (``engine_ranks``): a block goes whole only past what it has seen.
         self.series = series
         self._feed_text = feed_text
+        self._feed_rank_block = feed_rank_block
         self._disable = disable
         #: Lines the rules took as blocks rather than one by one.
         self.lines_absorbed = 0
@@ -270,22 +277,23 @@ class BlockFeeder:
             return alerts + self.feed_each(source, texts, now)
         block = self._block(source, texts, parsed, now)
         series = self.series
-        concerned = self.routes.block(block)
-        if (series is None or series.takes_block(block)) and all(
-            self._accepts(detector, block) for detector in concerned
-        ):
-            alerts += self._absorb(block, concerned)
-            if series is not None:
-                series.took_block(block)
-            if position.logging_steps is not None and not TRAINING_LOG_METRICS.isdisjoint(
-                block.names
+        rank = series.rank_of(source) if series is not None else None
+        if rank is not None:
+            # A rank's own file: its lines go to that rank's rules, whole where they take them.
+            taken = self._feed_rank_block(rank, block)
+            if taken is not None:
+                self.lines_absorbed += len(block)
+                return alerts + taken
+        else:
+            concerned = self.routes.block(block)
+            if (series is None or series.takes_block(block)) and all(
+                self._accepts(detector, block) for detector in concerned
             ):
-                # Training lines at their own steps: the cadence's count, as count_step.
-                logged = position.logged
-                for step in block.steps:
-                    logged = position.logged_at(step, logged)
-                position.logged = logged
-            return alerts
+                alerts += self._absorb(block, concerned)
+                if series is not None:
+                    series.took_block(block)
+                position.count_lines(block.names, block.steps)
+                return alerts
         if len(texts) < 2 * BLOCK_MIN_LINES:
             return alerts + self.feed_each(source, texts, now)
         middle = len(texts) // 2
@@ -323,6 +331,17 @@ class BlockFeeder:
             ticks=ticks,
             output=output,
         )
+
+    def accepting(self, block: Block) -> list[BaseDetector] | None:
+        """The rules ``block`` concerns, if each takes it whole (``can_absorb``); else None."""
+        concerned = self.routes.block(block)
+        if all(self._accepts(detector, block) for detector in concerned):
+            return concerned
+        return None
+
+    def absorb(self, block: Block, concerned: list[BaseDetector]) -> list[Alert]:
+        """The rules ``accepting`` gave take ``block``; the engine's state moves past it."""
+        return self._absorb(block, concerned)
 
     def _accepts(self, detector: BaseDetector, block: Block) -> bool:
         if block.progress is not None and detector.sees_progress and not detector.absorbs_progress:

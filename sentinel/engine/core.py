@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sentinel.engine.blocks import BLOCK_MIN_LINES, BlockFeeder
@@ -22,7 +23,7 @@ from sentinel.engine.routes import Routes
 from sentinel.engine.samples import SampleFeeder
 from sentinel.model.facts import Resumed, RunFacts
 from sentinel.model.machine import GPU_JOB
-from sentinel.model.records import Alert, Line, Sample
+from sentinel.model.records import Alert, Block, Line, Sample
 from sentinel.parsing import LineParser
 from sentinel.parsing.files import FileReader, reader_for
 from sentinel.rules import DETECTORS, BaseDetector
@@ -87,6 +88,7 @@ class Engine:
             routes=self.routes,
             series=self.series,
             feed_text=self.feed_text,
+            feed_rank_block=self._feed_rank_block,
             disable=self._hooks.disable,
         )
         self._samples = SampleFeeder(
@@ -289,6 +291,63 @@ class Engine:
         if run_step is not None and (own_step is None or own_step < run_step):
             ranked.position.current_step = run_step
         return with_rank(ranked.feed_samples(samples, source, now), rank)
+
+    def _feed_rank_block(self, rank: int, block: Block) -> list[Alert] | None:
+        """A block of rank ``rank``'s own file (above 0): what ``feed_text`` on each line
+        gives, with that rank's rules taking the lines whole; None where they would not,
+        or the rank's rules are not made yet (its first line makes them, one by one).
+
+        The rules that watch the job see each line as ``feed_text`` shows it them: its
+        tick, then its output; this engine's own series, step and history are untouched,
+        as they are by a line of a rank above 0."""
+        ranked = self._ranked.get(rank)
+        series = self.series
+        if ranked is None or series is None or not series.takes_rank_block(block, rank):
+            return None
+        # The rank's rules are shown samples only: no output, no tick.
+        own = replace(block, output=False, ticks=False)
+        concerned = ranked._blocks.accepting(own)
+        if concerned is None:
+            return None
+        alerts = self._job_hooks(block)
+        run_step, own_step = self.position.current_step, ranked.position.current_step
+        if run_step is not None and (own_step is None or own_step < run_step):
+            ranked.position.current_step = run_step
+        failed = ranked._blocks.absorb(own, concerned)
+        if failed:
+            alerts += with_rank(failed, rank)
+        series.took_rank_block(block, rank)
+        position = self.position
+        position.count_lines(block.names, block.steps)
+        if position.data_clock and block.start_clock is not None:
+            position.data_time = block.clock[-1]
+        return alerts
+
+    def _job_hooks(self, block: Block) -> list[Alert]:
+        """The tick and output hooks ``feed_text`` calls for each line of ``block``, one by
+        one: few rules have them, and those watch the job, not a rank's series."""
+        alerts: list[Alert] = []
+        if not block.output:
+            return alerts  # no clock yet: no tick, no output (see feed_text)
+        routes = self.routes
+        ticks = block.ticks
+        previous = block.start_clock
+        for text, now in zip(block.texts, block.clock, strict=True):
+            if ticks and previous is not None and now > previous:
+                previous = now
+                alerts += self._hooks.tick(now)
+            watching = routes.hooks.get("output")
+            if watching is None:
+                watching = routes.hooked("output")
+            for detector in watching:
+                try:
+                    found = detector.output_text(text, block.source, now)
+                except Exception as error:
+                    alerts.append(self._hooks.disable(detector, error, now))
+                    continue
+                if found:
+                    alerts += found
+        return alerts
 
     def tick(self, now: float) -> list[Alert]:
         return self._hooks.tick(now)

@@ -75,6 +75,16 @@ class RunPosition:
             for sample in samples
         ]
 
+    def count_lines(self, names: tuple[str, ...], steps: list[int]) -> None:
+        """``count_step`` for lines that each carry their own step (a block's): training
+        lines are the cadence's count."""
+        if self.logging_steps is None or TRAINING_LOG_METRICS.isdisjoint(names):
+            return
+        logged = self.logged
+        for step in steps:
+            logged = self.logged_at(step, logged)
+        self.logged = logged
+
     def logged_at(self, step: int, logged: int) -> int:
         """The count of logged lines after a training line at its own ``step`` (``logged``
         before it): the logging intervals from the attempt's start to that step; before

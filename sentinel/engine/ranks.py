@@ -332,6 +332,42 @@ class RunSeries:
                 return False
         return True
 
+    def rank_of(self, source: str) -> int | None:
+        """The rank whose own file ``source`` is (above 0), or None."""
+        return self._source_rank.get(source)
+
+    def takes_rank_block(self, block: Block, rank: int) -> bool:
+        """Whether a block of rank ``rank``'s own file (``rank_of``) may go to that rank's
+        rules whole: its values are finite and its steps rise, past every step its metrics
+        were seen at on that rank, so ``admit`` would keep every sample as it comes."""
+        steps = block.steps
+        if not all(map(lt, steps, islice(steps, 1, None))):
+            return False
+        first = steps[0]
+        last = self._last
+        for name in block.names:
+            seen = last.get((name, rank))
+            if seen is not None and seen[0] >= first:
+                return False
+            if not math.isfinite(sum(block.columns[name])):
+                return False  # a finite sum has no NaN or infinity in it
+        return True
+
+    def took_rank_block(self, block: Block, rank: int) -> None:
+        """Move past a block of a rank's own file its rules took whole (``takes_rank_block``),
+        as ``admit`` on each line would: the newest step and the recent values of each metric
+        on that rank."""
+        steps, source = block.steps, block.source
+        last, recent = self._last, self._recent
+        for name in block.names:
+            key = (name, rank)
+            values = block.columns[name]
+            last[key] = (steps[-1], values[-1], source)
+            kept = recent.get(key)
+            if kept is None:
+                kept = recent[key] = {}
+            _keep_recent(kept, steps, values, source)
+
     def took_block(self, block: Block) -> None:
         """Move past a block the rules took whole (``takes_block``), as ``admit`` on each
         line would: the stream's last line, each metric's newest step and recent values."""
