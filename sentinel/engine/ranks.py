@@ -315,7 +315,9 @@ class RunSeries:
 
     def takes_block(self, block: Block) -> bool:
         """Whether a block of one source's lines (unlabelled, each with its own step) may
-        go to the rules whole: its steps rise, past every step its metrics were seen at."""
+        go to the rules whole: its values are finite (a non-finite one is noted, and may be
+        another source's, line by line) and its steps rise, past every step its metrics
+        were seen at."""
         if block.source in self._source_rank:
             return False  # a rank's own file: its lines go to that rank's rules
         steps = block.steps
@@ -330,6 +332,8 @@ class RunSeries:
             seen = last.get((name, None))
             if seen is not None and seen[0] >= first:
                 return False
+            if not math.isfinite(sum(block.columns[name])):
+                return False  # a finite sum has no NaN or infinity in it
         return True
 
     def rank_of(self, source: str) -> int | None:

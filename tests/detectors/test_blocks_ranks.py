@@ -209,15 +209,20 @@ _RUNS = [
     list(range(1000, 1010)),  # back: a resume, line by line
     list(range(1010, 1500)),
     list(range(1500, 4000)),
+    list(range(4000, 4030)),  # a NaN at step 4010: line by line
+    list(range(4030, 4100)),
 ]
+#: A step whose value is NaN (in ``_RUNS``).
+_NAN_AT = 4010
 
 
 @pytest.mark.parametrize("ranked", [True, False], ids=["rank-file", "run-series"])
 def test_the_series_moves_past_a_block_as_past_its_lines(ranked: bool) -> None:
     """``took_rank_block`` (a rank's own file) and ``took_block`` (the run's series) leave
     ``RunSeries`` as ``admit`` on each line does: the newest step and value of each
-    metric, the recent values per step (the oldest forgotten past ``RECENT_KEPT``), and
-    the stream of the run's series."""
+    metric, the recent values per step (the oldest forgotten past ``RECENT_KEPT``), the
+    non-finite steps (a block with one goes line by line), and the stream of the run's
+    series."""
     rng = random.Random(0)
     source = "/job/rank-1.log" if ranked else "/job/rank-0.log"
     by_line, by_block = RunSeries(), RunSeries()
@@ -228,7 +233,10 @@ def test_the_series_moves_past_a_block_as_past_its_lines(ranked: bool) -> None:
     if ranked:
         assert by_block.rank_of(source) == 1
     for steps in _RUNS:
-        values = [rng.uniform(0.9, 1.1) * (5.0 if ranked else 1.0) for _ in steps]
+        values = [
+            math.nan if step == _NAN_AT else rng.uniform(0.9, 1.1) * (5.0 if ranked else 1.0)
+            for step in steps
+        ]
         _admit_each(by_line, source, steps, values)
         block = _block(source, steps, values)
         if ranked and by_block.takes_rank_block(block, 1):
@@ -236,6 +244,6 @@ def test_the_series_moves_past_a_block_as_past_its_lines(ranked: bool) -> None:
         elif not ranked and by_block.takes_block(block):
             by_block.took_block(block)
         else:
-            assert steps[0] == 1000  # only the resume goes line by line
+            assert steps[0] in (1000, 4000)  # only the resume and the NaN go line by line
             _admit_each(by_block, source, steps, values)
         assert snapshot(by_block) == snapshot(by_line)
