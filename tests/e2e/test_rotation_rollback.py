@@ -77,7 +77,10 @@ def test_a_job_that_keeps_only_its_newest_checkpoint_resumes_from_the_clean_one_
     manifest = json.loads((quarantine / MANIFEST).read_text())
     assert manifest["complete"] is True
     assert [r["path"] for r in manifest["put_back"]] == [str(ckpt / "model_step10.pt")]
-    # The kept clean copy stays kept; the restarted job saved on from step 10 as it does.
-    assert 10 in [v.step for v in kept_versions(ckpt) if v.intact()]
+    # The kept clean copy stays kept until the keeper holds its last ``versions`` (2) newer
+    # ones: the restarted job saves on from step 10 at full speed, and the keeper sees its
+    # saves of 20 and 30 or not, as the machine's load goes.
+    kept = sorted(v.step for v in kept_versions(ckpt) if v.intact() and v.step is not None)
+    assert 10 in kept or (len(kept) == 2 and kept[0] > 10), kept
     assert sorted(p.name for p in ckpt.glob("*.pt")) == ["model_step30.pt"]
     assert _torch_step(ckpt / "model_step30.pt") == 30
