@@ -32,7 +32,8 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         action="store_const",
         # A False would read as "not given": the setting takes the word.
         const="false",
-        help="give the job pipes, not terminals, for its stdout and stderr ([job] pty)",
+        help="give the job a pipe each for its stdout and stderr, not one terminal for both"
+        " (their order is lost) ([job] pty)",
     )
     run.add_argument(
         "command",
