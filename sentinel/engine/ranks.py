@@ -327,9 +327,14 @@ class RunSeries:
         stream = self._streams.get((block.source, block.names))
         if stream is not None and (len(stream.slots) > 1 or stream.slots[0].step >= first):
             return False
-        last = self._last
+        return self._finite_past_seen(block, None)
+
+    def _finite_past_seen(self, block: Block, rank: int | None) -> bool:
+        """Whether each of the block's metrics is finite throughout and starts past the
+        newest step it was seen at on ``rank`` (None: the run's own series)."""
+        first, last = block.steps[0], self._last
         for name in block.names:
-            seen = last.get((name, None))
+            seen = last.get((name, rank))
             if seen is not None and seen[0] >= first:
                 return False
             if not math.isfinite(sum(block.columns[name])):
@@ -347,15 +352,7 @@ class RunSeries:
         steps = block.steps
         if not all(map(lt, steps, islice(steps, 1, None))):
             return False
-        first = steps[0]
-        last = self._last
-        for name in block.names:
-            seen = last.get((name, rank))
-            if seen is not None and seen[0] >= first:
-                return False
-            if not math.isfinite(sum(block.columns[name])):
-                return False  # a finite sum has no NaN or infinity in it
-        return True
+        return self._finite_past_seen(block, rank)
 
     def took_rank_block(self, block: Block, rank: int) -> None:
         """Move past a block of a rank's own file its rules took whole (``takes_rank_block``),
