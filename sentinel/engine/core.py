@@ -219,18 +219,9 @@ class Engine:
                     return alerts + self._samples.feed(samples, source, UNCLOCKED, rank)
                 return alerts
             now = position.data_time
-        routes = self.routes
-        watching = routes.hooks.get("output")
-        if watching is None:
-            watching = routes.hooked("output")
-        for detector in watching:
-            try:
-                found = detector.output_text(text, source, now)
-            except Exception as error:
-                alerts.append(self._hooks.disable(detector, error, now))
-                continue
-            if found:
-                alerts += found
+        found = self._hooks.output(text, source, now)
+        if found:
+            alerts += found
         if samples:
             found = self._samples.feed(samples, source, now, rank)
             if found:
@@ -286,11 +277,15 @@ class Engine:
             ranked.series = None
             ranked.facts = self._facts
             ranked.job_started(now, self.position.start_step)
-        # A step-less line of the rank (an HF dict) is at the run's step, as on rank 0.
+        self._at_run_step(ranked)
+        return with_rank(ranked.feed_samples(samples, source, now), rank)
+
+    def _at_run_step(self, ranked: Engine) -> None:
+        """A rank's engine is at least at the run's step: a step-less line of the rank (an
+        HF dict) is at the run's step, as on rank 0."""
         run_step, own_step = self.position.current_step, ranked.position.current_step
         if run_step is not None and (own_step is None or own_step < run_step):
             ranked.position.current_step = run_step
-        return with_rank(ranked.feed_samples(samples, source, now), rank)
 
     def _feed_rank_block(self, rank: int, block: Block) -> list[Alert] | None:
         """A block of rank ``rank``'s own file (above 0): what ``feed_text`` on each line
@@ -310,9 +305,7 @@ class Engine:
         if concerned is None:
             return None
         alerts = self._job_hooks(block)
-        run_step, own_step = self.position.current_step, ranked.position.current_step
-        if run_step is not None and (own_step is None or own_step < run_step):
-            ranked.position.current_step = run_step
+        self._at_run_step(ranked)
         failed = ranked._blocks.absorb(own, concerned)
         if failed:
             alerts += with_rank(failed, rank)
@@ -329,24 +322,13 @@ class Engine:
         alerts: list[Alert] = []
         if not block.output:
             return alerts  # no clock yet: no tick, no output (see feed_text)
-        routes = self.routes
-        ticks = block.ticks
+        hooks, ticks = self._hooks, block.ticks
         previous = block.start_clock
         for text, now in zip(block.texts, block.clock, strict=True):
             if ticks and previous is not None and now > previous:
                 previous = now
-                alerts += self._hooks.tick(now)
-            watching = routes.hooks.get("output")
-            if watching is None:
-                watching = routes.hooked("output")
-            for detector in watching:
-                try:
-                    found = detector.output_text(text, block.source, now)
-                except Exception as error:
-                    alerts.append(self._hooks.disable(detector, error, now))
-                    continue
-                if found:
-                    alerts += found
+                alerts += hooks.tick(now)
+            alerts += hooks.output(text, block.source, now)
         return alerts
 
     def tick(self, now: float) -> list[Alert]:

@@ -46,6 +46,23 @@ class RuleHooks:
                 alerts += found
         return alerts
 
+    def output(self, text: str, source: str, now: float) -> list[Alert]:
+        """A line of output to the rules that watch it (``output_text``)."""
+        routes = self.routes
+        detectors = routes.hooks.get("output")
+        if detectors is None:
+            detectors = routes.hooked("output")
+        alerts: list[Alert] = []
+        for detector in detectors:
+            try:
+                found = detector.output_text(text, source, now)
+            except Exception as error:
+                alerts.append(self.disable(detector, error, now))
+                continue
+            if found:
+                alerts += found
+        return alerts
+
     def memory(self, now: float) -> dict[str, Any]:
         """Per rule, what it keeps across restarts of sentinel (``BaseDetector.memory``)."""
         kept: dict[str, Any] = {}

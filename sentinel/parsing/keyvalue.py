@@ -150,8 +150,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if counted is not None:
             epoch, batch, per_epoch = map(int, counted.groups())
             step = epoch * per_epoch + batch
-    if step is None and "]" in text:
-        step = _bracketed_epoch_step(text)
+    if step is None and "]" in text and ("poch" in text or "POCH" in text):
+        step = _bracketed_epoch_step(text)  # each of its forms names the epoch
     if step is None and "[" in text:
         bracketed = _STEP_BRACKETS.search(text)
         if bracketed is not None:
