@@ -168,11 +168,12 @@ def run(
         start += size
         turn += 1
         if states:
-            kept.append(_state(engine))
-    return Run([alert_key(alert) for alert in alerts], _state(engine), engine.lines_absorbed, kept)
+            kept.append(engine_state(engine))
+    keys = [alert_key(alert) for alert in alerts]
+    return Run(keys, engine_state(engine), engine.lines_absorbed, kept)
 
 
-def _state(engine: Engine) -> dict[str, Any]:
+def engine_state(engine: Engine) -> dict[str, Any]:
     """The engine's state and its rules', as plain data."""
     return {
         "engine": snapshot(

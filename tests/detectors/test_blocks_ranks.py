@@ -24,7 +24,7 @@ from sentinel.engine.core import Engine, build_detectors
 from sentinel.engine.ranks import RunSeries
 from sentinel.model.records import Alert, Block, Sample
 from sentinel.parsing import LineParser
-from tests.detectors.blockcheck import T0, alert_key, snapshot
+from tests.detectors.blockcheck import T0, alert_key, engine_state, snapshot
 
 RANKS = 4
 STEPS = 600
@@ -117,24 +117,9 @@ def feed(
 def state(engine: Engine) -> dict[str, Any]:
     """The engine's state, each rank's own rules' and the run's series, as plain data."""
 
-    def one(engine: Engine) -> dict[str, Any]:
-        return {
-            "engine": snapshot(
-                {
-                    "current_step": engine.current_step,
-                    "logged": engine.position.logged,
-                    "data_time": engine.data_time,
-                    "samples_seen": engine.samples_seen,
-                    "history": engine.history,
-                    "stats": engine.parser.stats,
-                }
-            ),
-            "rules": {detector.rule: snapshot(detector) for detector in engine.detectors},
-        }
-
     return {
-        **one(engine),
-        "ranks": {rank: one(ranked) for rank, ranked in engine._ranked.items()},
+        **engine_state(engine),
+        "ranks": {rank: engine_state(ranked) for rank, ranked in engine._ranked.items()},
         "series": snapshot(engine.series),
     }
 
