@@ -10,11 +10,13 @@ Per watched metric (``metrics``, default the train loss):
 
 - ``history``: the last ``window`` values that were not part of a shift (long enough
   to hold a per-epoch rhythm); ``level``: the median of the last ``level_window`` of them;
-  ``noise``: 1.4826 x the median absolute deviation of ``history`` (a robust standard
-  deviation), at least ``noise_floor`` x the level.
+  ``settled``: the history from its first value at or under the level on (a descent
+  before it, early in a run, is neither noise nor envelope); ``noise``: 1.4826 x the
+  median absolute deviation of ``settled`` (a robust standard deviation), at least
+  ``noise_floor`` x the level.
 - A value opens a candidate shift when it is above the bar: the highest of ``rise`` x the
-  level, the level plus ``noise_sigmas`` x the noise, and the ``envelope`` quantile of the
-  history (what the run shows at the top of its normal wobble or rhythm).
+  level, the level plus ``noise_sigmas`` x the noise, and the ``envelope`` quantile of
+  ``settled`` (what the run shows at the top of its normal wobble or rhythm).
 - The candidate recovers (is forgotten, its values learned as normal) at the first value
   at most the recovery bar: ``recover`` x the level, or the level plus the noise.
 - It is confirmed, critical, once ``patience`` values have come since its onset and the
@@ -104,9 +106,10 @@ class DivergenceConfig(MetricRuleConfig):
     early_patience: int = Field(default=3, ge=2)
     #: A shift is above this multiple of the level...
     rise: float = Field(default=1.3, gt=1.0)
-    #: ...and above the level plus this many robust standard deviations of the history...
+    #: ...and above the level plus this many robust standard deviations of the history
+    #: since it settled at its level (from its first value at or under it)...
     noise_sigmas: float = Field(default=4.0, gt=0)
-    #: ...and above this quantile of the history (the top of the run's normal wobble).
+    #: ...and above this quantile of that history (the top of the run's normal wobble).
     envelope: float = Field(default=0.9, ge=0.5, le=1.0)
     #: The noise is at least this fraction of the level (a flat loss has a MAD of 0).
     noise_floor: float = Field(default=0.01, ge=0)
@@ -153,9 +156,10 @@ def rise_bar(level: float, rise: float) -> float:
 
 
 def bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> Bars:
-    """The level (median of ``recent``), the noise of ``history``, the shift and recovery bars."""
+    """The level (median of ``recent``), the noise and envelope of the history ``settled``
+    at it, the shift and recovery bars."""
     level = sorted_median(sorted(recent))
-    ordered = history.ordered()
+    ordered = sorted(settled(history.values, level))
     noise = robust_sigma(ordered, level, settings.noise_floor)
     shift = max(
         settings.rise * level,
@@ -164,6 +168,16 @@ def bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> B
     )
     back = max(settings.recover * level, level + noise)
     return Bars(level, noise, shift, back)
+
+
+def settled(values: Sequence[float], level: float) -> list[float]:
+    """``values`` from the first at or under ``level`` on: the run at its level, with its
+    wobble and rhythm. The descent before it is no part of them: a loss still falling
+    when the history began (early in a run) would put the envelope at its first values,
+    and its spread would pass for noise; a rhythm or a noisy loss comes back under its
+    level each time round, and keeps its whole history."""
+    start = next((index for index, value in enumerate(values) if value <= level), 0)
+    return list(islice(values, start, None))
 
 
 def early_bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> Bars:

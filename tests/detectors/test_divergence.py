@@ -48,6 +48,20 @@ def test_a_shift_that_stays_up_is_critical_with_its_onset() -> None:
     assert "shifted up at step 41" in alerts[0].message
 
 
+@pytest.mark.parametrize("before", [20, 30, 45])
+def test_a_shift_after_a_fast_descent_is_judged_against_where_the_run_settled(
+    before: int,
+) -> None:
+    """The run fell fast before it settled (10 -> 2 in its first values): those values are
+    its descent, not the top of its wobble. A shift x2 that stays, under the first of them,
+    is still a shift from where the run is (a real CIFAR run shifted x2 after 20 epochs
+    went unreported when they set the bar)."""
+    descent = [10.0, 6.0, 4.0, 3.0, 2.5]
+    values = descent + noisy(1.9, before - len(descent)) + noisy(3.8, 15, seed=8)
+    assert max(values[before:]) < max(descent[:3])  # under the descent's top: no envelope
+    assert summary(feed(values)) == [(CRIT, before + 10, before + 1)]
+
+
 def test_a_spike_that_recovers_is_not_a_divergence() -> None:
     values = [*noisy(2.0, 40), 8.0, 6.0, 4.0, 2.1, *noisy(2.0, 30, seed=9)]
     assert feed(values) == []
