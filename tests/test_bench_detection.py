@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench import detection
 from sentinel.config import load_settings
 from sentinel.engine.replay import replay
 from sentinel.model.records import Severity
 
+ROOT = Path(__file__).resolve().parents[1]
 FAILED = "hf/nan/trainer_state.json"
 HEALTHY = "corpus/healthy/dnabert2-finetune"
 
@@ -58,3 +61,13 @@ def test_false_alarm_tables_count_the_replays_episodes() -> None:
     assert listed == {(HEALTHY, rule) for rule in warned | critical}
     table = detection.report(outcomes)
     assert "| hf/nan/trainer_state.json | 19 | nan_inf |" in table
+
+
+def test_the_published_tables_are_the_benchs_output_now() -> None:
+    """docs/benchmarks.md quotes the whole report between its markers: a change to what
+    the rules raise on any fixture or corpus run changes it, and the page with it."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text("utf-8")
+    start = "<!-- detection-tables: the output of the command above -->\n"
+    published = page[page.index(start) + len(start) : page.index("<!-- /detection-tables -->")]
+    outcomes = [detection.evaluate(case) for case in detection.all_cases()]
+    assert published == detection.report(outcomes) + "\n"
