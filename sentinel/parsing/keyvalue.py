@@ -8,9 +8,14 @@ metrics, and neither does ``key: value`` followed by a word (``workers: 4
 workers``). Values are numbers or nan/inf, signed, any case. A leading
 ``2024-05-01 12:00:01`` timestamp becomes the samples' time.
 
+Names of two words are read as one where a log writes them so: ``Grad Norm: 1.2``,
+``Gradient Norm``, ``Learning Rate``, ``Loss Scale``, ``Total Loss`` (detectron2's and
+YOLOX's ``total_loss`` is their loss), ``Val Loss``, ``Global Step``.
+
 The step comes from any name a log gives it: ``step 120``, ``steps 8400``,
 ``iter 50``, ``iteration 100/ 500``, ``Global Step: 20``, ``num_updates 5000``,
-``updates 10``; timm's ``Train: 2 [ 130/1251 (  8%)]`` is step ``2 x 1251 + 130``, and so
+``updates 10``, a number in brackets that starts a line of pairs (CLU's ``[130]
+train/loss=2.31``); timm's ``Train: 2 [ 130/1251 (  8%)]`` is step ``2 x 1251 + 130``, and so
 is PyTorch's ImageNet example's ``Epoch: [2][ 130/1251]`` and PyTorch-GAN's ``[Epoch 2/200]
 [Batch 130/1251]``; Ignite's ``Epoch[2] Iteration[1130]`` is step 1130 (``Iteration[130/500]``:
 the epoch's, 500 + 130); and
@@ -59,8 +64,8 @@ NOT_METRIC_KEYS: frozenset[str] = frozenset(
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?|nan|inf(?:inity)?)"
 _PAIR = re.compile(
     r"(?<![\w/.\-])"
-    r"(?P<key>(?:eval|val|valid|validation|test|train|training)\s+loss|global\s+step"
-    r"|[a-z_][\w/.\-]*)"
+    r"(?P<key>(?:eval|val|valid|validation|test|train|training|total)\s+loss|global\s+step"
+    r"|grad(?:ient)?\s+norm|learning\s+rate|loss\s+scale|[a-z_][\w/.\-]*)"
     r"(?P<sep>\s*=\s*|\s*:\s*|\s+)"
     rf"(?P<value>{_NUMBER})(?:\s*/\s*\d+(?!\.\d))?"
     # Not part of something longer: 12:00:01, 10.0.0.1, 100%, 1.5s/it, 1,000.
@@ -102,6 +107,9 @@ _IGNITE = re.compile(
 _TIMM_TRAIN = re.compile(r"\btrain:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
 #: fairseq's older progress: ``| epoch 002:   200 / 2983 loss=...`` (epochs from 1).
 _FAIRSEQ_EPOCH = re.compile(r"\|\s*epoch\s+(\d+)\s*:?\s+(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
+#: A step in brackets that starts the line, before its pairs: CLU's metric writer (JAX,
+#: Flax), ``[130] train/loss=2.31, train/learning_rate=0.001``.
+_LEADING_STEP = re.compile(r"\[\s*(\d+)\s*\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
 #: ``Loss is 1.26``; Deeplearning4j's ``Score at iteration 1500 is 1.26``.
 _IS_FORM = re.compile(
     r"\b(?P<key>[a-z][\w]*)(?:\s+at\s+(?:iteration|step)\s+(?P<step>\d+))?\s+is\s+"
@@ -169,6 +177,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if fairseq is not None:
             epoch, batch, per_epoch = map(int, fairseq.groups())
             step = max(epoch - 1, 0) * per_epoch + batch
+    if step is None and text[:1] == "[" and pairs:
+        leading = _LEADING_STEP.match(text)
+        if leading is not None:
+            step = int(leading.group(1))
     if " is " in text:
         # ``Step 1500: Loss is 1.26``, ``Epoch 1 Iteration 100: Loss is nan``: the message
         # form beside the pairs and the step the line names otherwise.

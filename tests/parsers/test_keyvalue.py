@@ -27,6 +27,34 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             [Sample("loss", 1.26, 1500)],
             id="step-in-brackets",
         ),
+        pytest.param(
+            "[11/28 12:00:00 d2.utils.events]:  eta: 1:23:45  iter: 99  total_loss: nan"
+            "  loss_cls: 0.51  lr: 0.001  max_mem: 1234M",
+            [Sample("loss", NAN, 99), Sample("loss_cls", 0.51, 99), Sample("lr", 0.001, 99)],
+            id="detectron2-total-loss-is-the-loss",
+        ),
+        pytest.param(
+            "Step 100 | Loss: 2.3456 | Learning Rate: 1.00e-04 | Grad Norm: 1.23"
+            " | Loss Scale: 1024",
+            [
+                Sample("loss", 2.3456, 100),
+                Sample("lr", 1e-4, 100),
+                Sample("grad_norm", 1.23, 100),
+                Sample("loss_scale", 1024.0, 100),
+            ],
+            id="two-word-names",
+        ),
+        pytest.param(
+            "step 100, Total Loss: 2.5, Gradient Norm: inf",
+            [Sample("loss", 2.5, 100), Sample("grad_norm", INF, 100)],
+            id="total-loss-and-gradient-norm-in-words",
+        ),
+        pytest.param(
+            "[130] train/loss=2.31, train/learning_rate=0.001",
+            [Sample("loss", 2.31, 130), Sample("lr", 0.001, 130)],
+            id="clu-metric-writer-step-in-brackets",
+        ),
+        pytest.param("[130] loading shard 2", None, id="a-bracketed-number-before-prose"),
         pytest.param("Loss is 1.26", [Sample("loss", 1.26)], id="jvm-loss-is"),
         pytest.param("Loss is Infinity", [Sample("loss", INF)], id="jvm-loss-is-infinity"),
         pytest.param(
