@@ -1,7 +1,9 @@
 """DeepSpeed's step line and the fp16 loss-scale messages, read as samples.
 
 ``[Rank 0] step=10, skipped=0, lr=[0.0001], mom=[...]`` (``lr`` and ``skipped_steps`` at
-step 10) and its fp16 loss-scale messages: ``OVERFLOW! ... Attempted loss scale: 65536,
+step 10, and the pairs a script appends to it, ``loss=2.31``), its throughput timer's
+``epoch=0/micro_step=100/global_step=100, ..., CurrSamplesPerSec=12.5`` (``samples_per_sec``
+at step 100) and its fp16 loss-scale messages: ``OVERFLOW! ... Attempted loss scale: 65536,
 reducing to 32768`` is a ``loss_scale`` of 32768, ``... but hysteresis is 2`` keeps the
 attempted scale, ``Current loss scale already at minimum`` is ``loss_scale_at_minimum`` 1
 (the same words from apex and Megatron's optimizers), and fairseq's ``overflow detected,
@@ -14,11 +16,13 @@ from __future__ import annotations
 import re
 
 from sentinel.model.records import Sample
+from sentinel.parsing.keyvalue import find_pairs
 from sentinel.parsing.values import as_float
 
 _DEEPSPEED_STEP = re.compile(
     r"(?:\[Rank \d+\] )?step=(\d+), skipped=(\d+), lr=\[([-+0-9.e]+)", re.IGNORECASE
 )
+_TIMER = re.compile(r"/global_step=(\d+),.*?\bCurrSamplesPerSec=([-+0-9.e]+|inf|nan)", re.I)
 _OVERFLOW = re.compile(
     r"Attempted loss scale: ([-+0-9.e]+),? (?:reducing to ([-+0-9.e]+)|but hysteresis)"
     r"|setting loss scale to: ()([-+0-9.e]+)",
@@ -38,6 +42,8 @@ def parse_deepspeed(text: str) -> list[Sample] | None:
         return None
     if "step=" not in text:
         return None
+    if "micro_step=" in text:
+        return _timer_line(text)
     found = _DEEPSPEED_STEP.search(text)
     if found is None:
         return None
@@ -46,4 +52,22 @@ def parse_deepspeed(text: str) -> list[Sample] | None:
     lr = as_float(found.group(3))
     if lr is not None:
         samples.append(Sample("lr", lr, step))
+    # A script that appends its own metrics to the line (``..., mom=[...], loss=2.31``).
+    rest = text[found.end() :]
+    rest = rest[rest.find("]") + 1 :]
+    named = {"lr", "skipped_steps", "mom"}
+    for name, value in find_pairs(rest)[0]:
+        if name not in named:
+            samples.append(Sample(name, value, step))
     return samples
+
+
+def _timer_line(text: str) -> list[Sample] | None:
+    """DeepSpeed's throughput timer: ``epoch=0/micro_step=100/global_step=100,
+    RunningAvgSamplesPerSec=12.3, CurrSamplesPerSec=12.5, ...``: the samples a second of the
+    step just done, at its global step."""
+    found = _TIMER.search(text)
+    if found is None:
+        return None
+    rate = as_float(found.group(2))
+    return [] if rate is None else [Sample("samples_per_sec", rate, int(found.group(1)))]

@@ -56,6 +56,40 @@ def test_deepspeed_loss_scale_collapse_is_a_loss_scale_series() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(
+            "[2024-05-01 12:00:01,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=100,"
+            " skipped=0, lr=[0.0001], mom=[(0.9, 0.999)], loss=nan, grad_norm=1.5",
+            [
+                ("skipped_steps", 100, 0.0),
+                ("lr", 100, 1e-4),
+                ("loss", 100, math.nan),
+                ("grad_norm", 100, 1.5),
+            ],
+            id="step-line-with-the-scripts-own-pairs",
+        ),
+        pytest.param(
+            "[Rank 0] step=7, skipped=1, lr=[0.001, 0.001], mom=[[0.9, 0.999], [0.9, 0.999]]",
+            [("skipped_steps", 7, 1.0), ("lr", 7, 1e-3)],
+            id="step-line-of-two-groups",
+        ),
+        pytest.param(
+            "[2024-05-01 12:00:01,000] [INFO] [timer.py:215:stop]"
+            " epoch=0/micro_step=400/global_step=100, RunningAvgSamplesPerSec=12.3,"
+            " CurrSamplesPerSec=12.5, MemAllocated=1.2GB, MaxMemAllocated=3.4GB",
+            [("samples_per_sec", 100, 12.5)],
+            id="throughput-timer-at-its-global-step",
+        ),
+    ],
+)
+def test_deepspeed_lines(line: str, expected: list[tuple[str, int, float]]) -> None:
+    found = [(s.name, s.step, s.value) for s in LineParser().parse(line)]
+    assert [(name, step) for name, step, _ in found] == [(n, s) for n, s, _ in expected]
+    assert [v for *_, v in found] == pytest.approx([v for *_, v in expected], nan_ok=True)
+
+
 def test_fairseq_overflow_sets_the_loss_scale() -> None:
     scales = [s.value for s in _samples("fairseq.log") if s.name == "loss_scale"]
     assert scales[-1] == 0.0625
