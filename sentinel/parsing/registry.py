@@ -23,6 +23,7 @@ from sentinel.parsing import (
     rich_bar,
     tensorboard,
     tqdm,
+    ultralytics,
 )
 from sentinel.parsing.file_format import FileFormat
 from sentinel.parsing.values import LineFormat, ParseFn
@@ -49,6 +50,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
 #: ``LineFormat`` class, one instance per parser, tried in this order after
 #: ``FRAMEWORK_LINES``.
 LINE_FORMATS: dict[str, type[LineFormat]] = {
+    "ultralytics": ultralytics.UltralyticsConsole,
     "header_csv": header_csv.HeaderCsv,
     "keras": keras.KerasProgress,
     "composer": composer.ComposerConsole,

@@ -1,0 +1,77 @@
+"""Ultralytics' console (YOLOv8, YOLO11): a header row names the columns of the progress
+rows drawn under it.
+
+::
+
+      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size
+      3/100      2.61G      1.202      1.612      1.238         42        640:  38%|███▊ | 3/8
+
+Its trainer writes the header as ``"%11s" * n % ("Epoch", "GPU_mem", *loss_names,
+"Instances", "Size")`` and each row as the bar's description: the epoch, the memory, the
+epoch's running mean of each loss term (``%11.4g``, so a NaN reads ``nan``), the batch's
+instances and image size; the bar counts the epoch's batches. A row is read at step
+``(epoch - 1) x batches + batch``: each loss term by its name (``box`` as ``box_loss``),
+and ``loss`` their sum (the loss the trainer minimises, as its ``results.csv`` is read;
+a classifier's one term is ``loss`` already). A row at batch 0 (no
+batch done yet) and the validation rows (``Class  Images  Instances  Box(P ...``, other
+columns) are not read. A ``LineFormat``: it keeps the header's names.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sentinel.model.records import Sample
+from sentinel.parsing.values import as_float
+
+#: A progress row: ``3/100  <cells>: 38%|...| 3/8``.
+_ROW = re.compile(r"(\d+)/\d+\s+(.*?):\s+\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)")
+
+
+class UltralyticsConsole:
+    """Reads the training header and the progress rows under it."""
+
+    __slots__ = ("_terms",)
+
+    def __init__(self) -> None:
+        #: The loss terms the header names, in its order; None before a header.
+        self._terms: tuple[str, ...] | None = None
+
+    def parse(self, text: str) -> list[Sample] | None:
+        """Samples of one stripped line; None for a line in another format."""
+        if text.startswith("Epoch "):
+            names = text.split()
+            if len(names) < 5 or names[1] != "GPU_mem" or names[-2:] != ["Instances", "Size"]:
+                return None  # Keras's "Epoch 3/10", and others
+            self._terms = tuple(map(_term_name, names[2:-2]))
+            return []
+        terms = self._terms
+        if terms is None or not text[:1].isdigit() or "%|" not in text:
+            return None
+        row = _ROW.match(text)
+        if row is None:
+            return None
+        cells = row.group(2).split()  # the memory, the terms, the instances and the size
+        if len(cells) != len(terms) + 3:
+            return None
+        batch, batches = int(row.group(3)), int(row.group(4))
+        if batch == 0:
+            return []
+        step = (int(row.group(1)) - 1) * batches + batch
+        samples = []
+        for name, cell in zip(terms, cells[1:], strict=False):
+            value = as_float(cell)
+            if value is None:
+                return None
+            samples.append(Sample(name, value, step))
+        if "loss" in terms:
+            return samples  # the classifier's one term is the loss
+        total = sum(sample.value for sample in samples)
+        return [Sample("loss", total, step), *samples]
+
+
+def _term_name(name: str) -> str:
+    """A loss term as the header names it, lower-cased, ending in ``_loss`` (``box`` in some
+    trainers' headers is ``box_loss``)."""
+    lowered = name.lower()
+    return lowered if lowered.endswith("loss") else f"{lowered}_loss"
