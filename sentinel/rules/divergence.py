@@ -35,7 +35,8 @@ or more before it), where no rhythm is coming back. With so
 little known such a shift is ``early_severity`` (a warning) unless the logged learning
 rate jumped within its evidence to above anything it had been (no schedule's restart or
 cycle does), when it is ``severity``; it is confirmed by ``early_patience`` values (a run
-that logs a few values in all has few after the onset).
+that logs a few values in all has few after the onset), or by ``CORROBORATED`` when an
+evaluation since the onset shows the eval loss rose with it (``eval_signal``).
 
 During warmup (configured steps, or the logged LR still rising: the loss may wobble up
 as the rate climbs) a shift is judged as from few values, a warning. Nothing is judged
@@ -70,6 +71,7 @@ from pydantic import Field, model_validator
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Block, Sample, Severity
 from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig, Reading, Recent
+from sentinel.rules.eval_signal import EVAL_METRIC, EvalSignal
 from sentinel.rules.lr_jumps import LrJumps
 from sentinel.rules.noise import robust_sigma, wobble
 from sentinel.rules.series import (
@@ -143,6 +145,11 @@ class Bars:
     noise: float
     shift: float
     back: float
+
+
+#: Values since the onset that confirm a shift judged from few values when the eval loss
+#: rose with it (a run that logs six values in all has two after a failure at its fourth).
+CORROBORATED = 2
 
 
 def quantile(ordered: list[float], fraction: float) -> float:
@@ -328,8 +335,11 @@ class DivergenceDetector(BaseDetector):
     def __init__(self, config: DivergenceConfig) -> None:
         super().__init__(config)
         self.settings = config
-        self.watches = frozenset({*config.metrics, "lr"})
+        self.watches = frozenset({*config.metrics, "lr", EVAL_METRIC})
         self._warmup = Warmup(config.warmup_steps)
+        #: The evaluations: a shift judged from few values that the eval loss rose with
+        #: is confirmed by ``CORROBORATED`` values.
+        self._evals = EvalSignal()
         self._series: dict[str, ShiftSeries] = {}
         #: The logged learning rate's last jump, which the diagnosis names.
         self._lr = LrJumps()
@@ -341,6 +351,7 @@ class DivergenceDetector(BaseDetector):
         the same step is caught again, at once."""
         self._warmup.reset()
         self._lr.reset()
+        self._evals.reset()
         for name in self.settings.metrics:
             series = self._series.setdefault(name, ShiftSeries(self.settings))
             series.shift = None
@@ -351,10 +362,31 @@ class DivergenceDetector(BaseDetector):
             self._warmup.observe(sample)
             self._lr.note(sample.step, sample.value)
             return []
+        alerts: list[Alert] = []
+        if sample.name == EVAL_METRIC:
+            self._evals.observe(sample.step, sample.value)
+            time = sample.time if sample.time is not None else now
+            for name, judged in self._series.items():
+                if judged.shift is not None:
+                    alerts += self._confirmed_by_eval(name, judged.shift, source, time)
         series = self._series.get(sample.name)
         if series is None or not math.isfinite(sample.value):
+            return alerts
+        return alerts + self._judge(series, sample, source, now)
+
+    def _confirmed_by_eval(self, name: str, shift: Shift, source: str, time: float) -> list[Alert]:
+        """A shift judged from few values, ``CORROBORATED`` values or more since its onset
+        and their median above the bar, that the eval loss rose with: confirmed."""
+        if shift.confirmed or not shift.early or len(shift.since) < CORROBORATED:
             return []
-        return self._judge(series, sample, source, now)
+        latest = sorted_median(sorted(value for _, value in shift.since))
+        rose = self._evals.rose_since(shift.onset_step)
+        if rose is None or latest <= shift.bars.shift:
+            return []
+        shift.confirmed = True
+        step, value = shift.since[-1]
+        last = Sample(name, value, step)
+        return [self._alert(shift, latest, last, source, time, corroboration=rose)]
 
     def _judge(self, series: ShiftSeries, sample: Sample, source: str, now: float) -> list[Alert]:
         _, value, step, stamp = sample[:4]
@@ -383,7 +415,7 @@ class DivergenceDetector(BaseDetector):
             return []
         patience = self.settings.early_patience if shift.early else self.settings.patience
         if len(shift.since) < patience:
-            return []
+            return self._confirmed_by_eval(sample.name, shift, source, time)
         latest = sorted_median(sorted(value for _, value in shift.since[-patience:]))
         if latest > shift.bars.shift:
             shift.confirmed = True
@@ -417,8 +449,17 @@ class DivergenceDetector(BaseDetector):
         ]
 
     def _alert(
-        self, shift: Shift, latest: float, sample: Sample, source: str, time: float
+        self,
+        shift: Shift,
+        latest: float,
+        sample: Sample,
+        source: str,
+        time: float,
+        *,
+        corroboration: str | None = None,
     ) -> Alert:
+        """The confirmed shift's alert; ``corroboration``: the eval loss's rise with it, by
+        which a shift judged from few values is confirmed sooner."""
         level = shift.bars.level
         count = len(shift.since)
         details = self._details("unrecovered", shift, sample, latest)
@@ -434,12 +475,13 @@ class DivergenceDetector(BaseDetector):
             if severity == Severity.CRITICAL
             else ""
         )
+        judged = self.settings.early_patience if shift.early else self.settings.patience
         message = (
             f"{sample.name} shifted up at step {shift.onset_step} and has not recovered:"
-            f" median {latest:.4g} over the last"
-            f" {self.settings.early_patience if shift.early else self.settings.patience} values"
+            f" median {latest:.4g} over the last {min(judged, count)} values"
             f" ({latest / level:.2f}x its level {level:.4g} before the shift{known}, above"
-            f" {shift.bars.shift:.4g}) for {count} values{act}"
+            f" {shift.bars.shift:.4g}) for {count} values"
+            f"{' ' + corroboration if corroboration else ''}{act}"
         )
         return self.sample_alert(
             sample,
@@ -497,6 +539,7 @@ class DivergenceDetector(BaseDetector):
         columns = block.columns
         self._warmup.extend(columns.get("lr"))
         self._lr.note_all(columns.get("lr"), block.steps)
+        self._evals.extend(columns.get(EVAL_METRIC), block.steps)
         for name, series in self._series.items():
             column = columns.get(name)
             if column is not None:

@@ -193,7 +193,49 @@ def test_an_eval_at_a_new_epoch_is_not_the_train_loss() -> None:
         if step % 20 == 0:  # an evaluation, well above the train loss
             alerts += detector.observe(Sample("eval_loss", 3.5, step), "log", NOW)
     assert alerts == []
-    assert detector.watches == frozenset({"loss", "lr"})
+    # The eval loss is read, as the second signal of a shift judged from few values only.
+    assert detector.watches == frozenset({"loss", "lr", "eval_loss"})
+
+
+def six_values(evals: Sequence[float]) -> list[Alert]:
+    """A fine-tune that logs five train losses and five evaluations in all (every 500
+    steps, each evaluation after the train loss of its step): the train loss climbs by half
+    at the fourth and stays, and ``evals`` are its evaluations."""
+    detector = DivergenceDetector(DivergenceConfig())
+    alerts: list[Alert] = []
+    for index, (loss, evaluation) in enumerate(zip([2.0, 1.6, 1.4, 2.2, 2.4], evals, strict=True)):
+        step = 500 * (index + 1)
+        alerts += detector.observe(Sample("loss", loss, step), "log", NOW)
+        alerts += detector.observe(Sample("eval_loss", evaluation, step), "log", NOW)
+    return alerts
+
+
+def test_a_short_runs_shift_is_confirmed_by_the_eval_loss_rising_with_it() -> None:
+    """Two values after the onset are all a run that logs six values has: with the eval
+    loss up with them (a real fine-tune's five entries, train and eval loss both up by half)
+    it warns, at the second."""
+    [alert] = six_values([1.5, 1.3, 1.25, 2.0, 2.2])
+    assert (alert.severity, alert.step, alert.onset_step) == (Severity.WARNING, 2500, 2000)
+    assert "eval_loss rose with it (1.25 before the onset, 2 at step 2000)" in alert.message
+
+
+def test_two_values_up_with_the_eval_loss_flat_are_not_enough() -> None:
+    assert six_values([1.5, 1.3, 1.25, 1.24, 1.22]) == []
+
+
+def test_a_final_evaluation_that_rose_confirms_the_shift_when_it_comes() -> None:
+    """The evaluation after the onset comes after the last train loss (the run's final
+    one): the shift is confirmed then."""
+    detector = DivergenceDetector(DivergenceConfig())
+    alerts: list[Alert] = []
+    for index, loss in enumerate([2.0, 1.6, 1.4, 2.2, 2.4]):
+        step = 500 * (index + 1)
+        if index == 2:
+            alerts += detector.observe(Sample("eval_loss", 1.25, step), "log", NOW)
+        alerts += detector.observe(Sample("loss", loss, step), "log", NOW)
+    assert alerts == []
+    alerts += detector.observe(Sample("eval_loss", 2.1, 2500), "log", NOW)
+    assert summary(alerts) == [(Severity.WARNING, 2500, 2000)]
 
 
 def test_an_early_shift_is_critical_when_the_rate_jumped_above_anything_it_had_been() -> None:
