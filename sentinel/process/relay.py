@@ -188,6 +188,41 @@ class _Held:
             out.keep(name, self._joined())
 
 
+def _keep_looking(
+    flowing: dict[int, str], held: dict[str, _Held], out: Relay, look_s: float, until: float
+) -> None:
+    """While output flows, read the streams that keep flowing every ``look_s``, without a poll
+    between, until ``until`` (the next poll, for the job's exit and sentinel's, or a held
+    stream's window): what each read takes is held, or sent as ``_Held.take`` says.
+
+    A look is most of what the relay does for a busy job (50 a second at 100 lines/s), so
+    it does no more than that; the main loop's round (the poll, the job's exit, a stream's
+    end, sentinel gone) comes after. Returns once a stream read nothing (the poll says
+    whether it ended), after a flood (the poll finds the rest at once) or a failed write
+    to sentinel, or at ``until``.
+    """
+    time.sleep(look_s)
+    while True:
+        for fd, name in flowing.items():
+            try:
+                data = os.read(fd, _READ_BYTES)
+            except OSError:  # nothing since (EAGAIN), or the end (EIO)
+                return
+            if not data:
+                return
+            if data[-1:] not in _LINE_ENDS:
+                data += _rest_of_line(fd)
+            now = time.monotonic()
+            stream = held[name]
+            if stream.take(data, now):
+                stream.send(name, out, now)
+            if len(data) >= _READ_BYTES or not out.channels:
+                return
+        time.sleep(look_s)  # the poll after ``until`` comes after a look's wait too
+        if now >= until:
+            return
+
+
 def relay(
     job: subprocess.Popen[bytes],
     sources: dict[str, int],
@@ -219,8 +254,6 @@ def relay(
     held = {name: _Held(batch_s, look_s) for name in sources}
     ended_at: float | None = None
     look_for_exit = True
-    looked: list[int] = []  # what the last round read, then waited a look: read, no poll
-    polled_at = 0.0
     while by_fd:
         now = time.monotonic()
         if ended_at is None and look_for_exit and job.poll() is not None:
@@ -230,19 +263,16 @@ def relay(
         look_for_exit = exited is None
         if ended_at is not None and now - ended_at >= DRAIN_S:
             break
-        if looked and now - polled_at < POLL_EVERY_S:
-            events = [(fd, select.POLLIN) for fd in looked if fd in by_fd]
-        else:
-            timeout_s = -1.0 if exited is not None else 0.5
-            if ended_at is not None:
-                timeout_s = DRAIN_S - (now - ended_at)
-            due = [stream.gathering.due() for stream in held.values() if stream.parts]
-            if due:
-                wait_s = max(0.0, min(due) - now)
-                timeout_s = wait_s if timeout_s < 0 else min(timeout_s, wait_s)
-            events = poller.poll(-1 if timeout_s < 0 else math.ceil(timeout_s * 1000))
-            polled_at = now = time.monotonic()
-        read: list[int] = []
+        timeout_s = -1.0 if exited is not None else 0.5
+        if ended_at is not None:
+            timeout_s = DRAIN_S - (now - ended_at)
+        due = [stream.gathering.due() for stream in held.values() if stream.parts]
+        if due:
+            wait_s = max(0.0, min(due) - now)
+            timeout_s = wait_s if timeout_s < 0 else min(timeout_s, wait_s)
+        events = poller.poll(-1 if timeout_s < 0 else math.ceil(timeout_s * 1000))
+        polled_at = now = time.monotonic()
+        read: dict[int, str] = {}
         flood = False
         for fd, _ in events:
             name = by_fd.get(fd)
@@ -262,7 +292,7 @@ def relay(
                         stream.keep(name, out)
                     elif stream.take(data, now):
                         stream.send(name, out, now)
-                    read.append(fd)
+                    read[fd] = name
                     flood = flood or len(data) >= _READ_BYTES
                     continue
                 if held[name].parts:
@@ -282,10 +312,16 @@ def relay(
             channels = []
             for name, stream in held.items():
                 stream.keep(name, out)
-        looked = read if not flood and look_s > 0 else []
-        if looked:
-            # Let the next lines gather: a busy job's lines come a few to a wake-up.
-            time.sleep(look_s)
+        if read and not flood and look_s > 0:
+            if out.channels:
+                # What a stream that stopped flowing holds is sent by this loop, at its due.
+                until = [polled_at + POLL_EVERY_S]
+                for name, stream in held.items():
+                    if stream.parts and name not in read.values():
+                        until.append(stream.gathering.due())
+                _keep_looking(read, held, out, look_s, min(until))
+            else:
+                time.sleep(look_s)  # sentinel is gone: to the files, still a few lines a read
     for name, stream in held.items():
         if stream.parts:
             stream.send(name, out, time.monotonic())

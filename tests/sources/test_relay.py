@@ -275,7 +275,10 @@ def test_the_job_outlives_its_reader_and_is_adopted_from_the_files(
 
 
 @pytest.mark.slow
-def test_the_relay_sends_a_busy_job_a_window_at_a_time_and_a_nan_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pty", [True, False], ids=["terminal", "pipes"])
+def test_the_relay_sends_a_busy_job_a_window_at_a_time_and_a_nan_at_once(
+    tmp_path: Path, pty: bool
+) -> None:
     """At 200 lines a second and one-second windows, sentinel gets a few reads, not a read
     a line; the read that holds the NaN ends a look after it, not at its window's end."""
     code = textwrap.dedent(
@@ -286,7 +289,7 @@ def test_the_relay_sends_a_busy_job_a_window_at_a_time_and_a_nan_at_once(tmp_pat
             time.sleep(0.005)
         """
     )
-    relay = RelayedStart(tmp_path / "attempt", pty=True)
+    relay = RelayedStart(tmp_path / "attempt", pty=pty)
     process = relay.start([sys.executable, "-c", code], ENV, batch_s=1.0, look_s=0.02)
     reads: list[bytes] = []
     while chunk := os.read(process.stdout.fileno(), 1 << 16):  # type: ignore[union-attr]
