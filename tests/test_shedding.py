@@ -13,6 +13,7 @@ from sentinel.supervisor.shedding import (
     MAX_SUSPECTS,
     Shedder,
     suspects,
+    suspects_first,
 )
 
 
@@ -131,3 +132,50 @@ def test_falling_behind_a_job_on_a_terminal_names_no_pty_once(
     assert len(hints) == (1 if through_pty else 0)
     if through_pty:
         assert "([job] pty = false) gives it pipes" in hints[0]
+
+
+def _output(source: str, *lines: str) -> OutputLines:
+    return OutputLines(source, list(lines), 0.0)
+
+
+def test_of_many_files_read_together_the_one_with_a_nan_is_read_first() -> None:
+    """64 rank files in one look: rank 7's NaN is read before the other 63, not after
+    ranks 0-6; the others keep their order."""
+    ranks = [_output(f"rank-{r}.log", f'{{"step": 9, "loss": {2 + r / 100}}}') for r in range(64)]
+    ranks[7] = _output("rank-7.log", '{"step": 9, "loss": 2.1}', '{"step": 10, "loss": NaN}')
+    ordered = suspects_first(ranks)
+    assert ordered[0] is ranks[7]
+    assert ordered[1:] == [output for output in ranks if output is not ranks[7]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"loss": Infinity}', "step 10 | loss nan", "loss=-inf", "loss: INF"],
+    ids=["json-infinity", "nan-word", "minus-inf", "upper-case"],
+)
+def test_every_spelling_of_a_non_finite_value_is_a_suspect(text: str) -> None:
+    events = [_output("a.log", "step 10 loss 2.0"), _output("b.log", text)]
+    assert [event.source for event in suspects_first(events)] == ["b.log", "a.log"]
+
+
+def test_words_holding_nan_or_inf_are_not_suspects() -> None:
+    events = [
+        _output("a.log", "INFO step 10 loss 2.0"),
+        _output("b.log", "inference on finance data: 3 docs, step 10"),
+    ]
+    assert suspects_first(events) == events
+
+
+def test_a_sources_output_keeps_its_order_and_other_events_their_place() -> None:
+    """A source twice in one run of output is left as it is (its later lines must not come
+    first); output never moves past an event of another kind."""
+    twice = [_output("a.log", "step 1 loss 2"), _output("b.log", "x"), _output("a.log", "nan")]
+    assert suspects_first(twice) == twice
+    exited = JobExited(1, 0)
+    events = [
+        _output("a.log", "step 1 loss 2"),
+        exited,
+        _output("b.log", "x"),
+        _output("c.log", "nan"),
+    ]
+    assert suspects_first(events) == [events[0], exited, events[3], events[2]]

@@ -1,9 +1,10 @@
 """The supervisor's one thread: events from an inbox, clock ticks on the beat, a due restart.
 
 Events that arrive while a turn is busy are taken together, so a chatty job costs
-a wake-up per batch, not per line. A clock tick due soon rides on a turn taken
-anyway (a wake-up of its own costs more than the tick); periodic readings put
-without waking wait for the next turn.
+a wake-up per batch, not per line; output of several files taken together is read
+with the files that may hold a non-finite value first (``shedding.suspects_first``).
+A clock tick due soon rides on a turn taken anyway (a wake-up of its own costs more
+than the tick); periodic readings put without waking wait for the next turn.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sentinel.supervisor.events import (
     TrainerStateRead,
 )
 from sentinel.supervisor.inbox import Inbox
+from sentinel.supervisor.shedding import suspects_first
 
 #: How long a thread waits for the interpreter's lock before the thread holding it must let
 #: go (Python's default is 5 ms). The stop's signal goes out from a thread of its own while
@@ -92,6 +94,8 @@ class EventLoop:
             deadline = next_tick if restart_at is None else min(next_tick, restart_at)
             events = self.inbox.take(max(0.0, deadline - time.monotonic()))
             now_mono = time.monotonic()
+            if len(events) > 1:
+                events = suspects_first(events)
             self.dispatch(events)
             if now_mono >= next_tick - early_s:
                 # On the beat, so that early ticks do not add up to more ticks; after a

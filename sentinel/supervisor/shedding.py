@@ -69,6 +69,38 @@ def suspects(lines: list[str], limit: int = MAX_SUSPECTS) -> list[str]:
     return [lines[index] for index in sorted(hits)[-limit:]]
 
 
+#: The needles of a non-finite value: output that holds one is read before other output
+#: that came with it (``suspects_first``).
+NON_FINITE = NEEDLES[:2]
+
+
+def suspects_first(events: list[Event]) -> list[Event]:
+    """``events`` with, in each run of output from different sources (one event a file,
+    64 rank files read in one look), the output that may hold a non-finite value first:
+    a NaN in the last file of 64 is read before the 63 others, not after them, so many
+    files stop the job as soon as one. A source's events keep their order (a run that
+    holds one source twice is left as it is), and so does every other event."""
+    out: list[Event] = []
+    run: list[OutputLines] = []
+    for event in [*events, None]:
+        if type(event) is OutputLines:
+            run.append(event)
+            continue
+        if len(run) > 1 and len({output.source for output in run}) == len(run):
+            run.sort(key=_clean)  # stable: the suspects, then the rest, each in order
+        out += run
+        run = []
+        if event is not None:
+            out.append(event)
+    return out
+
+
+def _clean(output: OutputLines) -> bool:
+    """Whether nothing in ``output`` looks like a non-finite value (sorts last)."""
+    text = "\n".join(output.lines).lower()
+    return not any(needle.search(text) for needle in NON_FINITE)
+
+
 class Shedder:
     """Decides which lines a loop that is behind still reads; counts those it skips.
 
