@@ -10,7 +10,9 @@ workers``). Values are numbers or nan/inf, signed, any case. A leading
 
 Names of two words are read as one where a log writes them so: ``Grad Norm: 1.2``,
 ``Gradient Norm``, ``Learning Rate``, ``Loss Scale``, ``Total Loss`` (detectron2's and
-YOLOX's ``total_loss`` is their loss), ``Val Loss``, ``Global Step``.
+YOLOX's ``total_loss`` is their loss), ``Val Loss``, ``Global Step``, and the other way
+round before a ``:`` or ``=``, ``Loss Train: 1.23 | Loss Val: 1.31`` (LitGPT's ``loss
+train:``), the train and the eval loss.
 
 The step comes from any name a log gives it: ``step 120``, ``steps 8400``,
 ``iter 50``, ``iteration 100/ 500``, ``Global Step: 20``, ``num_updates 5000``,
@@ -65,6 +67,7 @@ _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?|nan|inf(?:in
 _PAIR = re.compile(
     r"(?<![\w/.\-])"
     r"(?P<key>(?:eval|val|valid|validation|test|train|training|total)\s+loss|global\s+step"
+    r"|loss\s+(?:train(?:ing)?|val(?:id(?:ation)?)?|eval|test)(?=\s*[:=])"
     r"|grad(?:ient)?\s+norm|learning\s+rate|loss\s+scale|[a-z_][\w/.\-]*)"
     r"(?P<sep>\s*=\s*|\s*:\s*|\s+)"
     rf"(?P<value>{_NUMBER})(?:\s*/\s*\d+(?!\.\d))?"

@@ -38,7 +38,9 @@ ALIASES: dict[str, str] = {
     "train/loss": "loss",
     "training_loss": "loss",
     "loss/train": "loss",
-    "total_loss": "loss",  # detectron2, YOLOX: the sum of the loss terms they log beside it
+    "total_loss": "loss",
+    "loss_train": "loss",  # "Loss Train: 1.23", LitGPT's "loss train: 1.23"
+    "loss_training": "loss",  # detectron2, YOLOX: the sum of the loss terms they log beside it
     "grad_norm": "grad_norm",
     "grad-norm": "grad_norm",
     "gradnorm": "grad_norm",
@@ -63,6 +65,11 @@ ALIASES: dict[str, str] = {
     "validation_loss": "eval_loss",
     "val/loss": "eval_loss",
     "valid_loss": "eval_loss",
+    "loss_val": "eval_loss",
+    "loss_valid": "eval_loss",
+    "loss_validation": "eval_loss",
+    "loss_eval": "eval_loss",
+    "loss_test": "test_loss",
 }
 
 #: Field names (lower-cased) that carry the step rather than a metric, most specific first.

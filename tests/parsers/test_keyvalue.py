@@ -55,6 +55,21 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="clu-metric-writer-step-in-brackets",
         ),
         pytest.param("[130] loading shard 2", None, id="a-bracketed-number-before-prose"),
+        pytest.param(
+            "Step 300 | Loss Train: 1.2345 | Loss Val: nan | Loss Test: 1.3",
+            [
+                Sample("loss", 1.2345, 300),
+                Sample("eval_loss", NAN, 300),
+                Sample("test_loss", 1.3, 300),
+            ],
+            id="loss-then-which-loss",
+        ),
+        pytest.param(
+            "Epoch 0 | iter 100 step 25 | loss train: 3.525, val: n/a | iter time: 177.8 ms",
+            [Sample("epoch", 0.0, 100), Sample("loss", 3.525, 100)],
+            id="litgpt-loss-train",
+        ),
+        pytest.param("the loss train example is 5 lines", None, id="loss-train-in-prose"),
         pytest.param("Loss is 1.26", [Sample("loss", 1.26)], id="jvm-loss-is"),
         pytest.param("Loss is Infinity", [Sample("loss", INF)], id="jvm-loss-is-infinity"),
         pytest.param(
