@@ -3,18 +3,28 @@ rows drawn under it.
 
 ::
 
-      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size
-      3/100      2.61G      1.202      1.612      1.238         42        640:  38%|███▊ | 3/8
+    Epoch  GPU_mem  box_loss  cls_loss  dfl_loss  Instances  Size
+      2/3       0G     1.077    0.9391    0.6684         11    64: 25% ━━━───────── 2/8 2.6it/s 0.4s
+    3/100    2.61G     1.202     1.612     1.238         42   640:  38%|███▊      | 3/8 [00:01]
 
 Its trainer writes the header as ``"%11s" * n % ("Epoch", "GPU_mem", *loss_names,
 "Instances", "Size")`` and each row as the bar's description: the epoch, the memory, the
 epoch's running mean of each loss term (``%11.4g``, so a NaN reads ``nan``), the batch's
-instances and image size; the bar counts the epoch's batches. A row is read at step
-``(epoch - 1) x batches + batch``: each loss term by its name (``box`` as ``box_loss``),
-and ``loss`` their sum (the loss the trainer minimises, as its ``results.csv`` is read;
-a classifier's one term is ``loss`` already). A row at batch 0 (no
-batch done yet) and the validation rows (``Class  Images  Instances  Box(P ...``, other
-columns) are not read. A ``LineFormat``: it keeps the header's names.
+instances and image size (each cell 11 wide, narrowed above); the bar counts the epoch's
+batches. Ultralytics' own bar draws it (the first row, as 8.4 does), or tqdm's
+(``TQDM_BAR_FORMAT``, earlier releases: the second).
+
+The trainer sets a batch's description before the bar counts that batch: a row at count
+``k`` shows the means after batch ``k + 1`` (a row at 0 holds the first batch's), and the
+bar's last redraw, at the epoch's count, those after its last batch. A row is read at step
+``(epoch - 1) x batches + min(k + 1, batches)`` (a redraw after the count, where the
+drawing of the description was skipped, is read one step late): each loss term by its name
+(``box`` as ``box_loss``), and ``loss`` their sum (the loss the trainer minimises, as its
+``results.csv`` is read; a classifier's one term is ``loss`` already). Ultralytics' own
+bar fits a row to the terminal's width, cutting the description short with ``…``: the
+terms before the cut are read, ``loss`` only when none is cut (at 80 columns, only
+``box_loss`` or none is left). The validation rows (``Class  Images  Instances  Box(P
+...``, other columns) are not read. A ``LineFormat``: it keeps the header's names.
 """
 
 from __future__ import annotations
@@ -24,8 +34,11 @@ import re
 from sentinel.model.records import Sample
 from sentinel.parsing.values import as_float
 
-#: A progress row: ``3/100  <cells>: 38%|...| 3/8``.
-_ROW = re.compile(r"(\d+)/\d+\s+(.*?):\s+\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)")
+#: A progress row: ``3/100  <cells>: 38%`` and the bar, Ultralytics' (`` ━━━╸──── 3/8``)
+#: or tqdm's (``|███▊      | 3/8``), then the count.
+_ROW = re.compile(r"(\d+)/\d+\s+(.*?):\s+\d{1,3}%(?:\|[^|]*\||\s+[━╸─]*)\s*(\d+)/(\d+)")
+#: Where Ultralytics' bar cut a description to the terminal's width.
+_CUT = "…"
 
 
 class UltralyticsConsole:
@@ -46,26 +59,29 @@ class UltralyticsConsole:
             self._terms = tuple(map(_term_name, names[2:-2]))
             return []
         terms = self._terms
-        if terms is None or not text[:1].isdigit() or "%|" not in text:
+        if terms is None or not text[:1].isdigit() or "%" not in text:
             return None
         row = _ROW.match(text)
         if row is None:
             return None
         cells = row.group(2).split()  # the memory, the terms, the instances and the size
-        if len(cells) != len(terms) + 3:
+        cut = bool(cells) and cells[-1].endswith(_CUT)
+        if cut:
+            cells.pop()  # the cell the cut ended in; the ones before it are whole
+            if len(cells) > len(terms) + 2:
+                return None
+        elif len(cells) != len(terms) + 3:
             return None
         batch, batches = int(row.group(3)), int(row.group(4))
-        if batch == 0:
-            return []
-        step = (int(row.group(1)) - 1) * batches + batch
+        step = (int(row.group(1)) - 1) * batches + min(batch + 1, batches)
         samples = []
         for name, cell in zip(terms, cells[1:], strict=False):
             value = as_float(cell)
             if value is None:
                 return None
             samples.append(Sample(name, value, step))
-        if "loss" in terms:
-            return samples  # the classifier's one term is the loss
+        if "loss" in terms or len(samples) < len(terms):
+            return samples  # the classifier's one term is the loss; a cut row has no sum
         total = sum(sample.value for sample in samples)
         return [Sample("loss", total, step), *samples]
 
