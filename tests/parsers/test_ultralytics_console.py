@@ -1,13 +1,23 @@
-"""Ultralytics' training console: each row at the step whose running means it shows."""
+"""Ultralytics' training console as a terminal received it from a real run
+(``tests/fixtures/make_ultralytics_console.py``): each row at the step whose running means
+it shows, the NaN where the trainer computed it."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
+from sentinel.config import load_settings
+from sentinel.engine.replay import replay
+from sentinel.model.records import Sample, Severity
+from sentinel.parsing.lines import LineSplitter
+from sentinel.parsing.rich_bar import strip_escapes
 from sentinel.parsing.ultralytics import UltralyticsConsole
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ultralytics_console"
 HEADER = "Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size"
 
 
@@ -15,6 +25,11 @@ def _whole(step: int, box: float, cls: float, dfl: float) -> list[tuple[str, int
     """A whole row's samples: the loss, the sum of its terms, then each term."""
     terms = [("box_loss", step, box), ("cls_loss", step, cls), ("dfl_loss", step, dfl)]
     return [("loss", step, box + cls + dfl), *terms]
+
+
+def _expected(name: str) -> dict[str, object]:
+    data: dict[str, object] = json.loads((FIXTURES / name / "expected.json").read_text())
+    return data
 
 
 @pytest.mark.parametrize(
@@ -78,3 +93,93 @@ def test_rows(line: str, expected: list[tuple[str, int, float]] | None) -> None:
     assert found is not None
     assert [(s.name, s.step) for s in found] == [(name, step) for name, step, _ in expected]
     assert [s.value for s in found] == pytest.approx([v for *_, v in expected], nan_ok=True)
+
+
+def _terminal_lines(name: str) -> list[str]:
+    splitter = LineSplitter()
+    lines = splitter.feed((FIXTURES / name / "console.txt").read_bytes()) + splitter.flush()
+    return [strip_escapes(line).strip() for line in lines]
+
+
+def _passes(name: str) -> list[list[list[Sample]]]:
+    """The rows read from a capture, one list an epoch's pass (a header opens it)."""
+    console = UltralyticsConsole()
+    passes: list[list[list[Sample]]] = []
+    for line in _terminal_lines(name):
+        samples = console.parse(line)
+        if samples is None:
+            continue
+        if line.startswith("Epoch "):
+            passes.append([])
+        else:
+            passes[-1].append(samples)
+    return passes
+
+
+@pytest.mark.parametrize("name", ["nan", "healthy", "narrow"])
+def test_every_row_the_terminal_drew_is_read_once(name: str) -> None:
+    """One reading for each training row the generator matched to the trainer's means,
+    steps rising within a pass and ending at the run's last batch."""
+    expected = _expected(name)
+    passes = _passes(name)
+    rows = [row for one_pass in passes for row in one_pass]
+    assert len(rows) == expected["rows_drawn"]
+    batches = expected["steps_per_epoch"]
+    assert isinstance(batches, int)
+    for one_pass in passes:
+        steps = [row[0].step for row in one_pass if row]
+        assert steps == sorted(steps)
+    assert rows[-1][0].step == 3 * batches
+
+
+def test_the_healthy_run_reads_whole_losses_and_no_nan() -> None:
+    rows = [row for one_pass in _passes("healthy") for row in one_pass]
+    for row in rows:
+        by_name = {sample.name: sample.value for sample in row}
+        assert set(by_name) == {"loss", "box_loss", "cls_loss", "dfl_loss"}
+        assert all(math.isfinite(value) for value in by_name.values())
+        assert by_name["loss"] == pytest.approx(sum(v for k, v in by_name.items() if k != "loss"))
+
+
+@pytest.mark.parametrize(("name", "metric"), [("nan", "loss"), ("narrow", "box_loss")])
+def test_the_nan_is_read_at_the_step_the_trainer_computed_it(name: str, metric: str) -> None:
+    """Finite before the poisoned batch; the first NaN at the step whose means its row
+    shows (the generator's own reading), at most a few redraws after the trainer's NaN;
+    then Ultralytics' recovery trains the epoch again, clean, from its first step."""
+    expected = _expected(name)
+    nan_from, batches = expected["nan_from_step"], expected["steps_per_epoch"]
+    assert isinstance(nan_from, int) and isinstance(batches, int)
+    passes = _passes(name)
+    losses = [
+        [(s.step, s.value) for row in one_pass for s in row if s.name == metric]
+        for one_pass in passes
+    ]
+    flat = [loss for one_pass in losses for loss in one_pass]
+    first = next(index for index, (_, value) in enumerate(flat) if math.isnan(value))
+    step = flat[first][0]
+    assert step is not None
+    assert all(math.isfinite(value) for _, value in flat[:first])
+    assert step == expected["console_first_nan_step"]
+    epoch_end = (nan_from - 1) // batches * batches + batches
+    assert nan_from <= step <= epoch_end
+    poisoned, redone = losses[1], losses[2]  # epoch 2, then epoch 2 again
+    assert all(math.isnan(value) for s, value in poisoned if s is not None and s >= step)
+    assert redone[0][0] == batches + 1 and all(math.isfinite(value) for _, value in redone)
+
+
+@pytest.mark.parametrize("name", ["nan", "narrow"])
+def test_replay_raises_the_nan_critical_in_the_poisoned_epoch(name: str) -> None:
+    expected = _expected(name)
+    nan_from, batches = expected["nan_from_step"], expected["steps_per_epoch"]
+    assert isinstance(nan_from, int) and isinstance(batches, int)
+    result = replay([FIXTURES / name / "console.txt"], load_settings(None, environ={}))
+    alert = next(a for a in result.alerts if a.rule == "nan_inf" and not a.resolves)
+    assert alert.severity == Severity.CRITICAL
+    assert alert.step is not None
+    assert nan_from <= alert.step <= (nan_from - 1) // batches * batches + batches
+
+
+def test_replay_of_the_healthy_run_raises_nothing_critical() -> None:
+    result = replay([FIXTURES / "healthy" / "console.txt"], load_settings(None, environ={}))
+    assert result.samples > 0
+    assert not [a for a in result.alerts if a.severity == Severity.CRITICAL]
