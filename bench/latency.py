@@ -124,6 +124,14 @@ while True:
 """
 
 
+def _written(path: Path) -> bool:
+    """Whether the job has written ``path`` (it exists and holds a number's text)."""
+    try:
+        return bool(path.read_text().strip())
+    except FileNotFoundError:
+        return False
+
+
 def monotonic() -> float:
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
@@ -227,11 +235,11 @@ class Trial:
 
     def latency_s(self) -> float | None:
         deadline = monotonic() + self.healthy_s + TERM_TIMEOUT_S
-        term = self.out.with_suffix(".term")
-        while monotonic() < deadline and not term.exists():
+        term, nan = self.out.with_suffix(".term"), self.out.with_suffix(".nan")
+        # Each file exists from its open on, empty until its write: wait for the writes.
+        while monotonic() < deadline and not (_written(term) and _written(nan)):
             time.sleep(0.05)
-        nan = self.out.with_suffix(".nan")
-        if not term.exists() or not nan.exists():
+        if not (_written(term) and _written(nan)):
             return None
         return float(term.read_text()) - float(nan.read_text())
 
