@@ -27,6 +27,11 @@ before; so is ``Epoch [2/5], Step [200/2983], Loss: 1.26`` (the PyTorch tutorial
 loop; ``Step [200/2983]`` alone is step 200) and fairseq's older ``| epoch 002:
 200 / 2983 loss=...``.
 
+A job's settings printed as it starts are not metrics: a settings object's repr,
+``Namespace(lr=0.001, batch_size=32)``, ``TrainingArguments(...)``, and Ultralytics'
+``engine/trainer: lr0=0.01, ...`` line (an ``lr`` there is what was asked for, not a rate
+at a step).
+
 A message that says what a metric is, as JVM trainers print it, is read too: ``Loss is
 1.26``, ``Loss is Infinity``, and Deeplearning4j's ``Score at iteration 1500 is 1.26``
 (the score is its loss) at step 1500; only for a known metric name, so prose stays prose.
@@ -113,6 +118,14 @@ _FAIRSEQ_EPOCH = re.compile(r"\|\s*epoch\s+(\d+)\s*:?\s+(\d+)\s*/\s*(\d+)\b", re
 #: A step in brackets that starts the line, before its pairs: CLU's metric writer (JAX,
 #: Flax), ``[130] train/loss=2.31, train/learning_rate=0.001``.
 _LEADING_STEP = re.compile(r"\[\s*(\d+)\s*\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
+#: A job's settings as it prints them when it starts, not metrics: a settings object's repr
+#: (argparse's ``Namespace(lr=0.001, batch_size=32)``, ``TrainingArguments(...)``), the
+#: whole line, naming no step (``Metrics(step=5, loss=2.3)`` is a record); Ultralytics'
+#: ``engine/trainer: lr0=0.01, momentum=0.937, ...``, coloured or not.
+_SETTINGS = re.compile(
+    r"(?:\x1b\[[0-9;]*m)*(?:[A-Za-z_][\w.]*\((?!.*\b(?:step|global_step|iteration|iter)=)"
+    r"\w+=.*\)$|engine/trainer: )"
+)
 #: ``Loss is 1.26``; Deeplearning4j's ``Score at iteration 1500 is 1.26``.
 _IS_FORM = re.compile(
     r"\b(?P<key>[a-z][\w]*)(?:\s+at\s+(?:iteration|step)\s+(?P<step>\d+))?\s+is\s+"
@@ -227,7 +240,10 @@ def _is_form(text: str) -> tuple[list[tuple[str, float]], int | None]:
 
 
 def parse_keyvalue(text: str) -> list[Sample] | None:
-    """Samples of one human-written metric line; None when it has no metric (plain text)."""
+    """Samples of one human-written metric line; None when it has no metric (plain text),
+    or when it is a job's settings printed at its start (``_SETTINGS``)."""
+    if "=" in text and _SETTINGS.match(text) is not None:
+        return None
     pairs, step = find_pairs(text)
     if not pairs:
         return None

@@ -70,6 +70,26 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="litgpt-loss-train",
         ),
         pytest.param("the loss train example is 5 lines", None, id="loss-train-in-prose"),
+        pytest.param(
+            "Namespace(batch_size=32, epochs=10, lr=0.001, momentum=0.9, loss_scale=128)",
+            None,
+            id="argparse-settings-are-no-metrics",
+        ),
+        pytest.param(
+            "TrainingArguments(output_dir=out, learning_rate=5e-05, max_grad_norm=1.0)",
+            None,
+            id="settings-repr-are-no-metrics",
+        ),
+        pytest.param(
+            "\x1b[34m\x1b[1mengine/trainer: \x1b[0mbatch=4, epochs=3, lr0=0.01, momentum=0.937",
+            None,
+            id="ultralytics-settings-are-no-metrics",
+        ),
+        pytest.param(
+            "StepMetrics(step=5, loss=nan)",
+            [Sample("loss", NAN, 5)],
+            id="a-record-repr-naming-its-step-is-read",
+        ),
         pytest.param("Loss is 1.26", [Sample("loss", 1.26)], id="jvm-loss-is"),
         pytest.param("Loss is Infinity", [Sample("loss", INF)], id="jvm-loss-is-infinity"),
         pytest.param(
