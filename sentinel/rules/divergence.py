@@ -517,11 +517,14 @@ class DivergenceDetector(BaseDetector):
 
     def can_absorb(self, block: Block) -> bool:
         """Uneventful: no candidate shift, and no value that could open one
-        (``never_opens``), in warmup or not."""
+        (``never_opens``), in warmup or not; evaluations while no shift is open (one that
+        is may be confirmed by them)."""
         columns = block.columns
+        if EVAL_METRIC in columns and any(series.shift for series in self._series.values()):
+            return False
         judged = [name for name in self._series if name in columns]
         if not judged:
-            return True  # only learning rates
+            return True  # only learning rates and evaluations
         if any(self._series[name].shift or self._series[name].resumed for name in judged):
             return False
         settings = self.settings

@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from sentinel.model.records import Alert, Sample, Severity
+from sentinel.model.records import Alert, Block, Sample, Severity
 from sentinel.rules.divergence import DivergenceConfig, DivergenceDetector
 
 NOW = 1_700_000_000.0
@@ -217,6 +217,29 @@ def test_a_short_runs_shift_is_confirmed_by_the_eval_loss_rising_with_it() -> No
     [alert] = six_values([1.5, 1.3, 1.25, 2.0, 2.2])
     assert (alert.severity, alert.step, alert.onset_step) == (Severity.WARNING, 2500, 2000)
     assert "eval_loss rose with it (1.25 before the onset, 2 at step 2000)" in alert.message
+
+
+def test_an_evaluations_file_goes_line_by_line_while_a_shift_is_open() -> None:
+    """A block of evaluations alone (a file of its own) may confirm an open shift: the
+    rule refuses it then, and reads it line by line as ``observe``; with no shift open it
+    takes it whole."""
+    detector = DivergenceDetector(DivergenceConfig())
+    evals = Block(
+        source="eval.jsonl",
+        texts=['{"step": 1500, "eval_loss": 1.25}'],
+        names=("eval_loss",),
+        columns={"eval_loss": [1.25]},
+        steps=[1500],
+        times=None,
+        clock=[NOW],
+        start_clock=None,
+        ticks=False,
+        output=False,
+    )
+    assert detector.can_absorb(evals)
+    for index, loss in enumerate([2.0, 1.6, 1.4, 2.2]):
+        assert detector.observe(Sample("loss", loss, 500 * (index + 1)), "log", NOW) == []
+    assert not detector.can_absorb(evals)
 
 
 def test_two_values_up_with_the_eval_loss_flat_are_not_enough() -> None:
