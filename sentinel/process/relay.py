@@ -124,6 +124,15 @@ def open_terminal(columns: int, rows: int) -> tuple[int, int]:
     return master, slave
 
 
+def _read_lines(fd: int) -> bytes:
+    """A read of ``fd`` (``os.read``, its errors and all), with the rest of a line it ends
+    inside of (``_rest_of_line``); empty at the stream's end."""
+    data = os.read(fd, _READ_BYTES)
+    if data and data[-1:] not in _LINE_ENDS:
+        data += _rest_of_line(fd)
+    return data
+
+
 def _rest_of_line(fd: int) -> bytes:
     """The rest of a line the job writes in parts, if it comes within ``NAP_S``.
 
@@ -170,6 +179,11 @@ class _Held:
         small = len(data) <= gathering.LOOK_BYTES
         return small and gathering.may_be_urgent(data) and self.gathering.hand_on_now(True, now)
 
+    def hold(self, name: str, data: bytes, out: Relay, now: float) -> None:
+        """Hold ``data``, and send what is held if ``take`` says it is time."""
+        if self.take(data, now):
+            self.send(name, out, now)
+
     def _joined(self) -> bytes:
         data = b"".join(self.parts) if len(self.parts) > 1 else self.parts[0]
         self.parts = []
@@ -205,17 +219,13 @@ def _keep_looking(
     while True:
         for fd, name in flowing.items():
             try:
-                data = os.read(fd, _READ_BYTES)
+                data = _read_lines(fd)
             except OSError:  # nothing since (EAGAIN), or the end (EIO)
                 return
             if not data:
                 return
-            if data[-1:] not in _LINE_ENDS:
-                data += _rest_of_line(fd)
             now = time.monotonic()
-            stream = held[name]
-            if stream.take(data, now):
-                stream.send(name, out, now)
+            held[name].hold(name, data, out, now)
             if len(data) >= _READ_BYTES or not out.channels:
                 return
         time.sleep(look_s)  # the poll after ``until`` comes after a look's wait too
@@ -278,20 +288,18 @@ def relay(
             name = by_fd.get(fd)
             if name is not None:
                 try:
-                    data = os.read(fd, _READ_BYTES)
+                    data = _read_lines(fd)
                 except BlockingIOError:
                     continue  # nothing since the last read
                 except OSError:  # EIO: a terminal whose every slave end is closed
                     data = b""
-                if data and data[-1:] not in _LINE_ENDS:
-                    data += _rest_of_line(fd)
                 if data:
                     stream = held[name]
                     if not out.channels:
                         stream.parts.append(data)
                         stream.keep(name, out)
-                    elif stream.take(data, now):
-                        stream.send(name, out, now)
+                    else:
+                        stream.hold(name, data, out, now)
                     read[fd] = name
                     flood = flood or len(data) >= _READ_BYTES
                     continue
