@@ -44,7 +44,10 @@ A shape is injected into runs whose losses are all above 0 (a ratio of a loss at
 0 means nothing); the others are skipped and counted. ``pre`` is 2, 5, 20 and 200 values
 from the start of the run, and ``attached``: the onset after 200 values, with the watcher
 attached 5 values before it (it sees only those). After the onset 20 logged values are fed
-(fewer when the run ends first).
+(fewer when the run ends first); a shape that stays (the LR jump, the shift, the drift)
+needs 3 of them, the onset's and two more (that it stays shows only over values; a run
+that ends sooner is skipped and counted). A log whose steps start again (Keras'
+``CSVLogger(append=True)`` appends each run to one file) is one run per start.
 
 **Per cell** (shape x cadence x pre): cases; recall (a warning or critical at or after the
 onset, of a rule that judges more than evaluations: the shapes change no evaluation);
@@ -119,37 +122,50 @@ class Run:
         return bool(losses) and all(math.isfinite(v) and v > 0 for v in losses)
 
 
-def read_run(folder: Path, settings: Settings) -> Run | None:
-    """The run in ``folder`` as sentinel reads it: its samples grouped by step. None when
-    it logs no training loss at a step."""
-    by_step: dict[int, Record] = {}
-    evals: dict[int, Record] = {}
+def read_runs(folder: Path, settings: Settings) -> list[Run]:
+    """The runs in ``folder`` as sentinel reads them: their samples grouped by step, one
+    run per attempt (a log whose steps start again, as Keras' ``CSVLogger(append=True)``
+    appends each run to one file, holds one run per start: grouped by step together, the
+    later run's values would overwrite the earlier's at the same steps and make a run
+    that never was). Those with no training loss at two steps are left out."""
     paths = sorted(p for p in folder.iterdir() if p.is_file() and p.name not in NOT_LOGS)
-    samples = []
+    samples = []  # (attempt, sample)
     states = [p for p in paths if p.name == "trainer_state.json"]
     for state in states:
-        samples += read_trainer_state(state.read_text("utf-8"))
+        samples += [(0, sample) for sample in read_trainer_state(state.read_text("utf-8"))]
     logs = [p for p in paths if p not in states]
     if logs:
         parser = LineParser(logging_steps=settings.parsers.logging_steps)
         plan = replay_plan(logs)
         readers = {file.source: file.new_reader() for group in plan for file in group}
+        attempts: dict[str, tuple[int, int]] = {}  # source -> (attempt, its last loss step)
         for source, texts in iter_replay_batches(plan):
             reader = readers.get(source)
             for text in texts:
-                samples += parser.parse_with(reader, text) if reader else parser.parse(text)
-    for sample in samples:
+                for sample in parser.parse_with(reader, text) if reader else parser.parse(text):
+                    attempt, last = attempts.get(source, (0, -1))
+                    if sample.name == "loss" and sample.step is not None:
+                        if sample.step < last:
+                            attempt += 1  # the steps start again: the next run
+                        attempts[source] = attempt, sample.step
+                    samples.append((attempt, sample))
+    by_step: dict[int, dict[int, Record]] = {}
+    evals: dict[int, dict[int, Record]] = {}
+    for attempt, sample in samples:
         if sample.step is None:
             continue
         name = sample.name
         if name.startswith("eval_"):
-            evals.setdefault(sample.step, {})[name] = sample.value
+            evals.setdefault(attempt, {}).setdefault(sample.step, {})[name] = sample.value
         elif name in ("loss", "lr", "grad_norm", "loss_scale"):
-            by_step.setdefault(sample.step, {})[name] = sample.value
-    steps = sorted(step for step, record in by_step.items() if "loss" in record)
-    if len(steps) < 2:
-        return None
-    return Run(folder.name, steps, [by_step[step] for step in steps], evals)
+            by_step.setdefault(attempt, {}).setdefault(sample.step, {})[name] = sample.value
+    runs = []
+    for attempt, records in sorted(by_step.items()):
+        steps = sorted(step for step, record in records.items() if "loss" in record)
+        if len(steps) >= 2:
+            name = folder.name if len(by_step) == 1 else f"{folder.name}#{attempt + 1}"
+            runs.append(Run(name, steps, [records[step] for step in steps], evals.get(attempt, {})))
+    return runs
 
 
 def healthy_runs(settings: Settings) -> tuple[list[Run], list[str]]:
@@ -159,11 +175,10 @@ def healthy_runs(settings: Settings) -> tuple[list[Run], list[str]]:
         folders.append(EVERY_STEP)
     runs, unread = [], []
     for folder in folders:
-        run = read_run(folder, settings)
-        if run is None:
+        found = read_runs(folder, settings)
+        if not found:
             unread.append(folder.name)
-        else:
-            runs.append(run)
+        runs += found
     return runs, unread
 
 
@@ -436,6 +451,9 @@ def run_cell(cell: Cell, runs: Sequence[Run], settings: Settings) -> Cell:
         if windows < before + 1:
             cell.skip("too short")
             continue
+        if cell.shape.startswith(STAYING) and windows < before + STAYS:
+            cell.skip("too short to stay")
+            continue
         onset = before * per_window  # the first record of window ``before``
         shape = SHAPES[cell.shape](per_window * run.every)
         changed = shape(run.records, run.steps, onset)
@@ -468,6 +486,13 @@ def run_cell(cell: Cell, runs: Sequence[Run], settings: Settings) -> Cell:
             cell.to_critical.append(_values_between(texts, onset_line, critical[0]))
     return cell
 
+
+#: Shapes that stay (the learning rate's jump, the shift, the drift), and the logged values
+#: from the onset on a case of them needs: that a loss stays up shows only over values (one
+#: is a spike's, and two are one's that the averaging split over two windows); a run that
+#: ends sooner is skipped and counted ("too short to stay").
+STAYING = ("lr_jump", "shift", "drift")
+STAYS = 3
 
 #: Training losses after the onset whose median ``stands_apart`` compares.
 APART_VALUES = 5
