@@ -9,7 +9,9 @@ value of the shift, so the rollback goes back to a checkpoint before it.
 Per watched metric (``metrics``, default the train loss):
 
 - ``history``: the last ``window`` values that were not part of a shift (long enough
-  to hold a per-epoch rhythm); ``level``: the median of the last ``level_window`` of them;
+  to hold a per-epoch rhythm); ``level``: the median of the last ``level_window`` of them
+  (while the run still falls through them, the median of the last ``FALLING``: where the
+  run is now, not where it was);
   ``settled``: the history from its first value at or under the level on (a descent
   before it, early in a run, is neither noise nor envelope); ``noise``: 1.4826 x the
   median absolute deviation of ``settled`` (a robust standard deviation), at least
@@ -162,11 +164,28 @@ def rise_bar(level: float, rise: float) -> float:
     return rise * level
 
 
-def bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> Bars:
-    """The level (median of ``recent``), the noise and envelope of the history ``settled``
-    at it, the shift and recovery bars."""
+#: The latest values of ``recent`` that are the level while the run still falls through it.
+FALLING = 3
+
+
+def level_of(recent: list[float]) -> float:
+    """The level of a history judged with its noise: the median of ``recent``; while the run
+    still falls through it (the last ``FALLING`` values each under every one before them),
+    the median of those last ones, where the run now is (the median of all lags above it,
+    and a step back up to it would pass for the level)."""
     level = sorted_median(sorted(recent))
-    ordered = sorted(settled(history.values, level))
+    latest = recent[-FALLING:]
+    if len(recent) > FALLING and max(latest) < min(recent[:-FALLING]):
+        return sorted_median(sorted(latest))
+    return level
+
+
+def bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> Bars:
+    """The level (``level_of`` ``recent``), the noise and envelope of the history ``settled``
+    at the median of ``recent`` (a run still falling settles where it was: a rhythm's whole
+    swing stays in its envelope), the shift and recovery bars."""
+    level = level_of(recent)
+    ordered = sorted(settled(history.values, sorted_median(sorted(recent))))
     noise = robust_sigma(ordered, level, settings.noise_floor)
     shift = max(
         settings.rise * level,
@@ -211,7 +230,7 @@ def opens_shift(
     ``min_history`` values, or ``early`` (in warmup), ``early_bars``."""
     early = early or len(history) < settings.min_history
     latest = recent[-settings.early_level :] if early else recent
-    level = min(latest) if early else sorted_median(sorted(latest))
+    level = min(latest) if early else level_of(latest)
     if level <= 0 or value <= rise_bar(level, settings.rise):
         return None
     if (

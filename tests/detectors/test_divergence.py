@@ -100,6 +100,30 @@ def test_in_warmup_a_shift_is_judged_as_from_few_values_a_warning_at_most() -> N
     assert feed(values) and feed(values)[0].severity == CRIT, "out of warmup: critical"
 
 
+#: A real CIFAR CNN's train loss, one value an epoch (tests/corpus/healthy/cifar10-cnn-epochs):
+#: 20 epochs still falling, and the 15 after them.
+CIFAR = [
+    1.6279, 1.2434, 1.1221, 1.0465, 0.9993, 0.9583, 0.9241, 0.8957, 0.8695, 0.8487,
+    0.8262, 0.8007, 0.7802, 0.7655, 0.75, 0.7282, 0.716, 0.7, 0.6864, 0.6735,
+    0.6605, 0.6482, 0.6354, 0.6293, 0.6153, 0.6072, 0.6025, 0.5947, 0.5881, 0.5811,
+    0.5767, 0.5748, 0.5755, 0.5729, 0.572,
+]  # fmt: skip
+
+
+def test_a_step_up_of_a_run_still_falling_is_judged_from_where_it_now_is() -> None:
+    """A run still falling through its last values is at its latest, not at their median
+    (which lags above it): the same run x1.5 from its 21st epoch on, still falling at its
+    own pace, is a shift that stays (the median of the ten values before it put the bar at
+    the top of the step; the cadence benchmark's case)."""
+    shifted = CIFAR[:20] + [1.5 * value for value in CIFAR[20:]]
+    alerts = feed(shifted)
+    assert [(a.severity, a.onset_step) for a in alerts] == [(CRIT, 21)]
+    assert feed(CIFAR) == []
+    # A run that is not falling through its last values keeps the median: the same step
+    # on a flat, noisy run x1.2 is under the rise and says nothing.
+    assert feed(noisy(0.7, 20) + noisy(0.84, 15, seed=8)) == []
+
+
 def test_a_shift_before_min_history_warns_judged_by_the_values_it_has() -> None:
     """Ten values are enough to see a loss move 1.6x and stay; too few to stop the job on."""
     alerts = feed(noisy(2.0, 10) + noisy(3.2, 30, seed=8))
