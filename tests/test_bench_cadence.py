@@ -62,3 +62,23 @@ def test_a_failure_stands_apart_only_above_the_run_before_it_with_two_values_aft
     lines = cadence.targets([missed], [], "hf-every-step")
     assert lines[2].startswith("- NOT met: the same, of the cases that stand apart")
     assert "shift_x2 @100 pre 5: 1 of 2" in lines[2]
+
+
+def test_a_shape_that_stays_needs_three_values_from_its_onset() -> None:
+    settings = load_settings(None, environ={})
+    # 5 values before the onset and 2 from it: that a shift stays does not show yet.
+    cell = cadence.run_cell(cadence.Cell("shift_x2", 1, 5), [_run([2.0] * 7)], settings)
+    assert (cell.cases, cell.skipped) == (0, {"too short to stay": 1})
+    # A spike needs only its own value.
+    cell = cadence.run_cell(cadence.Cell("spike_x10", 1, 5), [_run([2.0] * 7)], settings)
+    assert (cell.cases, cell.skipped) == (1, {})
+
+
+def test_a_log_whose_steps_start_again_is_one_run_per_start() -> None:
+    """Keras' CSVLogger(append=True) appends each run to one file, each from epoch 0: the
+    real corpus file holds four runs (5, 4, 10 and 5 epochs)."""
+    folder = cadence.CORPUS / "keras-csvlogger-appended-runs"
+    runs = cadence.read_runs(folder, load_settings(None, environ={}))
+    assert [run.name for run in runs] == [f"keras-csvlogger-appended-runs#{i}" for i in range(1, 5)]
+    assert [len(run.records) for run in runs] == [5, 4, 10, 5]
+    assert all(run.steps == sorted(run.steps) for run in runs)
