@@ -41,10 +41,13 @@ that logs a few values in all has few after the onset), or by ``CORROBORATED`` w
 evaluation since the onset shows the eval loss rose with it (``eval_signal``).
 
 During warmup (configured steps, or the logged LR still rising: the loss may wobble up
-as the rate climbs) a shift is judged as from few values, a warning. Nothing is judged
-before the history holds ``early_history`` values, or while the level is <= 0 (a ratio
-to it means nothing). Non-finite values are ``nan_inf``'s business and are skipped. A confirmed
-shift resolves (info) when the metric comes back under the recovery bar.
+as the rate climbs) a shift is judged as from few values, a warning. With fewer than
+``early_history`` values, from ``SCANT_HISTORY``, only a value ``SCANT_RISE`` x the least of
+them opens a shift (confirmed, a warning, by ``early_patience`` values above ``rise`` x
+that least); nothing is judged with
+fewer, or while the level is <= 0 (a ratio to it means nothing). Non-finite values are
+``nan_inf``'s business and are skipped. A confirmed shift resolves (info) when the metric
+comes back under the recovery bar.
 
 ``details``: ``kind`` (``"unrecovered"`` or ``"recovered"``), ``metric``, ``level``,
 ``early`` (judged from fewer than ``min_history`` values),
@@ -149,6 +152,13 @@ class Bars:
     back: float
 
 
+#: From this many values known, before ``early_history``: a value ``SCANT_RISE`` x the least
+#: of them opens a shift judged from them alone (a LoRA run logging every 25 iterations whose
+#: loss more than doubles after its second value). So little known shows no noise: only a
+#: ratio that needs none says anything, and a smaller one is learned.
+SCANT_HISTORY = 2
+SCANT_RISE = 2.0
+
 #: Values since the onset that confirm a shift judged from few values when the eval loss
 #: rose with it (a run that logs six values in all has two after a failure at its fourth).
 CORROBORATED = 2
@@ -244,6 +254,19 @@ def opens_shift(
         return None
     current = (early_bars if early else bars)(history, recent, settings)
     return current if value > current.shift else None
+
+
+def scant_shift(value: float, history: Rolling, settings: DivergenceConfig) -> Bars | None:
+    """The bars of a shift ``value`` opens with fewer than ``early_history`` values known
+    (from ``SCANT_HISTORY``): it is above ``SCANT_RISE`` x the least of them, and stays a
+    shift while above ``rise`` x it (the shift bar its values are confirmed against, as
+    any shift's); None under it, or with a least <= 0 (a ratio to it means nothing)."""
+    if len(history) < SCANT_HISTORY:
+        return None
+    level = min(history.values)
+    if level <= 0 or value <= SCANT_RISE * level:
+        return None
+    return Bars(level, 0.0, rise_bar(level, settings.rise), settings.recover * level)
 
 
 def _before_climb(values: Sequence[float], least: int) -> float:
@@ -415,7 +438,11 @@ class DivergenceDetector(BaseDetector):
         if shift is None:
             settings = self.settings
             if len(series.history) < settings.early_history:
-                series.learn(step, value)
+                scant = scant_shift(value, series.history, settings)
+                if scant is None:
+                    series.learn(step, value)
+                    return []
+                series.shift = Shift(scant, step, list(series.recent), [(step, value)], early=True)
                 return []
             # In warmup the loss may wobble up as the rate climbs: judged as from few values.
             early = len(series.history) < settings.min_history or self._warmup.active(step)
@@ -551,7 +578,7 @@ class DivergenceDetector(BaseDetector):
             series = self._series[name]
             values = finite_values(columns[name])
             least = min((value for _, value in series.recent), default=math.inf)
-            filling = max(0, settings.early_history - len(series.history))
+            filling = max(0, SCANT_HISTORY - len(series.history))
             if not never_opens(values, least, filling, settings):
                 return False
         return True

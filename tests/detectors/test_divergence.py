@@ -141,6 +141,19 @@ def test_a_shift_seen_from_three_values_warns_and_two_say_nothing() -> None:
     assert feed([2.0, 1.9, *noisy(3.0, 12, seed=3)]) == []
 
 
+def test_a_loss_that_more_than_doubles_after_two_values_and_stays_warns_from_its_onset() -> None:
+    """Two values show no noise, but a loss more than twice the least of them that stays
+    up is a shift (a LoRA run logging every 25 iterations, its loss doubled after its second
+    value): a warning, its onset the first value of it. Once, or under twice: nothing."""
+    alerts = feed([1.35, 1.22, *noisy(2.9, 10, seed=3)])
+    assert [(a.severity, a.onset_step, a.step) for a in alerts] == [(Severity.WARNING, 3, 5)]
+    assert "judged from 2 values before it" in alerts[0].message
+    assert feed([1.35, 1.22, 2.9, *noisy(1.2, 10, seed=3)]) == []
+    assert feed([1.35, 1.22, *noisy(2.3, 10, seed=3)]) == []
+    # Stays up but well under twice after its first value: not confirmed.
+    assert feed([2.0, 1.9, 4.0, *noisy(2.3, 10, seed=3)]) == []
+
+
 def test_early_values_falling_fast_are_no_shift() -> None:
     """Early in a run the loss falls fast: its level is its last values', and the step
     from one value to the next is its trend, not its noise."""
