@@ -190,12 +190,12 @@ def level_of(recent: list[float]) -> float:
     return level
 
 
-def bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> Bars:
+def bars(history: Sequence[float], recent: list[float], settings: DivergenceConfig) -> Bars:
     """The level (``level_of`` ``recent``), the noise and envelope of the history ``settled``
     at the median of ``recent`` (a run still falling settles where it was: a rhythm's whole
     swing stays in its envelope), the shift and recovery bars."""
     level = level_of(recent)
-    ordered = sorted(settled(history.values, sorted_median(sorted(recent))))
+    ordered = sorted(settled(history, sorted_median(sorted(recent))))
     noise = robust_sigma(ordered, level, settings.noise_floor)
     shift = max(
         settings.rise * level,
@@ -216,11 +216,11 @@ def settled(values: Sequence[float], level: float) -> list[float]:
     return list(islice(values, start, None))
 
 
-def early_bars(history: Rolling, recent: list[float], settings: DivergenceConfig) -> Bars:
+def early_bars(history: Sequence[float], recent: list[float], settings: DivergenceConfig) -> Bars:
     """``bars`` from fewer than ``min_history`` values: the level is the least of the last
     ``early_level``, the noise is taken from one value to the next, no envelope."""
     level = min(recent[-settings.early_level :])
-    noise = max(wobble(history.values), settings.noise_floor * abs(level))
+    noise = max(wobble(history), settings.noise_floor * abs(level))
     shift = max(settings.rise * level, level + settings.noise_sigmas * noise)
     back = max(settings.recover * level, level + noise)
     return Bars(level, noise, shift, back)
@@ -252,7 +252,7 @@ def opens_shift(
         # A climb under way (a rhythm's rising half), not a step up; but one past anything
         # the run showed before the climb by the rise is no rhythm coming back: judged.
         return None
-    current = (early_bars if early else bars)(history, recent, settings)
+    current = (early_bars if early else bars)(history.values, recent, settings)
     return current if value > current.shift else None
 
 
@@ -279,6 +279,55 @@ def _before_climb(values: Sequence[float], least: int) -> float:
     return max(islice(values, start)) if start >= least else math.inf
 
 
+def crept(history: Sequence[float], settings: DivergenceConfig) -> tuple[Bars, int] | None:
+    """The bars the level crept past and the values since the run's best (the climb, its
+    onset the first of them), or None: the median of the last ``level_window``
+    values of ``history``, and the last of them, above the shift bar of the run at its
+    best before them (the window of ``level_window`` values with the least level, of those
+    with ``min_history`` values up to its end), its noise and envelope taken over the
+    values before them where the run settled at it (a rhythm's peaks, before the best or
+    after it, are in its envelope; so is a climb's start, which only delays the bar).
+
+    A climb of a few per cent a value never puts one value above the bar of a level that
+    follows it (each value is learned, the level with it); the run at its best, a moment
+    ago, has a bar the climb passes. A rhythm's rising half stays under it: its envelope
+    holds the rhythm's peaks before. Nothing is judged where a value before is <= 0 (a
+    ratio means nothing), nor when the last value is back under the bar (a spike's end,
+    not a climb)."""
+    size, count = settings.level_window, len(history)
+    if count < settings.min_history + size:
+        return None
+    values = list(history)
+    before, latest = values[:-size], values[-size:]
+    least = min(before)
+    now = min(sorted_median(sorted(latest)), latest[-1])
+    if least <= 0 or now <= rise_bar(least, settings.rise):
+        return None  # the cheap test: under every bar (a level is never under its least)
+    ends = range(max(size, settings.min_history), len(before) + 1)
+    end = min(ends, key=lambda end: level_of(before[end - size : end]))
+    current = bars(before, before[end - size : end], settings)
+    return (current, count - end) if now > current.shift else None
+
+
+def never_creeps(history: Sequence[float], values: list[float], settings: DivergenceConfig) -> bool:
+    """Block path: no value of a block ``values`` coming after ``history`` (the values
+    ``crept`` is given, ``window`` at most) ends a window ``crept`` judges: at each, its
+    cheap test (the median of the last ``level_window`` values, or the last, at most
+    ``rise`` x the least value before them in the history then, or that least <= 0)."""
+    size, window = settings.level_window, settings.window
+    tail = [*history, *values]
+    for end in range(len(tail) - len(values) + 1, len(tail) + 1):
+        start = max(0, end - window)  # the history as ``crept`` would be given it
+        if end - start < settings.min_history + size:
+            continue
+        least = min(tail[start : end - size])
+        latest = tail[end - size : end]
+        bar = rise_bar(least, settings.rise)
+        if least > 0 and latest[-1] > bar and sorted_median(sorted(latest)) > bar:
+            return False
+    return True
+
+
 def never_opens(values: list[float], least: float, start: int, settings: DivergenceConfig) -> bool:
     """Block path: no value from ``start`` on can open a shift, ``least`` the least of the
     values the level is taken over before them (``never_above`` with ``opens_shift``'s
@@ -299,6 +348,8 @@ class Shift:
     confirmed: bool = False
     #: Opened with fewer than ``min_history`` values known.
     early: bool = False
+    #: Seen in hindsight: the level crept past the bar of the level before it (``crept``).
+    crept: bool = False
 
 
 class ShiftSeries:
@@ -327,6 +378,18 @@ class ShiftSeries:
         self.steps.extend(steps)
         kept = self.recent.maxlen or len(values)
         self.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
+
+    def take_back(self, count: int) -> list[tuple[int | None, float]]:
+        """The last ``count`` values learned, out of the history again (a shift seen in
+        hindsight: they are its values, not the run's)."""
+        values, steps = list(self.history.values), list(self.steps)
+        taken = list(zip(steps[-count:], values[-count:], strict=True))
+        self.history.clear()
+        self.steps.clear()
+        self.recent.clear()
+        for step, value in zip(steps[:-count], values[:-count], strict=True):
+            self.learn(step, value)
+        return taken
 
     def forget_shift(self) -> None:
         """The candidate shift is over: its values are the run's own, learned."""
@@ -450,7 +513,7 @@ class DivergenceDetector(BaseDetector):
             current = opens_shift(value, series.history, recent, settings, early=early)
             if current is None:
                 series.learn(step, value)
-                return []
+                return [] if early else self._crept(series, sample, source, now)
             series.shift = Shift(current, step, list(series.recent), [(step, value)], early=early)
             return []
         time = stamp if stamp is not None else now
@@ -458,6 +521,8 @@ class DivergenceDetector(BaseDetector):
             return self._recovered(series, shift, sample, source, time)
         shift.since.append((step, value))
         if shift.confirmed:
+            if len(shift.since) > self.settings.window:
+                del shift.since[0]  # a run that goes on up there: its latest are enough
             return []
         patience = self.settings.early_patience if shift.early else self.settings.patience
         if len(shift.since) < patience:
@@ -469,6 +534,22 @@ class DivergenceDetector(BaseDetector):
         if len(shift.since) >= self.settings.window:
             series.forget_shift()  # neither back nor up: the run's new normal
         return []
+
+    def _crept(self, series: ShiftSeries, sample: Sample, source: str, now: float) -> list[Alert]:
+        """The level crept past the bar of the run at its best (``crept``): a shift seen in
+        hindsight, its onset the first value after that best, confirmed."""
+        found = crept(series.history.values, self.settings)
+        if found is None:
+            return []
+        current, climb = found
+        since = series.take_back(climb)
+        before = list(series.recent)
+        shift = Shift(current, since[0][0], before, since, confirmed=True, crept=True)
+        series.shift = shift
+        judged = since[-self.settings.level_window :]
+        latest = sorted_median(sorted(value for _, value in judged))
+        time = sample.time if sample.time is not None else now
+        return [self._alert(shift, latest, sample, source, time)]
 
     def _recovered(
         self, series: ShiftSeries, shift: Shift, sample: Sample, source: str, time: float
@@ -513,17 +594,23 @@ class DivergenceDetector(BaseDetector):
         known = ""
         evidence = [*shift.before, *shift.since]
         first = evidence[0][0] if evidence else None
-        if shift.early and not self._lr.unexplained_within(first, shift.onset_step):
+        unexplained = self._lr.unexplained_within(first, shift.onset_step)
+        if shift.early and not unexplained:
             severity = self.settings.early_severity
             known = f" (judged from {len(shift.before)} values before it)"
+        elif shift.crept and not unexplained:
+            severity = self.settings.early_severity  # a climb: no cause known to stop it for
         act = (
             f"; rolling back to before step {shift.onset_step}"
             if severity == Severity.CRITICAL
             else ""
         )
         judged = self.settings.early_patience if shift.early else self.settings.patience
+        if shift.crept:
+            judged = self.settings.level_window
+        moved = "crept up from" if shift.crept else "shifted up at"
         message = (
-            f"{sample.name} shifted up at step {shift.onset_step} and has not recovered:"
+            f"{sample.name} {moved} step {shift.onset_step} and has not recovered:"
             f" median {latest:.4g} over the last {min(judged, count)} values"
             f" ({latest / level:.2f}x its level {level:.4g} before the shift{known}, above"
             f" {shift.bars.shift:.4g}) for {count} values"
@@ -557,6 +644,7 @@ class DivergenceDetector(BaseDetector):
             "onset_step": shift.onset_step,
             "ratio": round(latest / bars_.level, 3),
             "early": shift.early,
+            "crept": shift.crept,
             "values": [value for _, value in evidence],
             "steps": [step for step, _ in evidence],
         }
@@ -580,6 +668,8 @@ class DivergenceDetector(BaseDetector):
             least = min((value for _, value in series.recent), default=math.inf)
             filling = max(0, SCANT_HISTORY - len(series.history))
             if not never_opens(values, least, filling, settings):
+                return False
+            if not never_creeps(series.history.values, values, settings):
                 return False
         return True
 

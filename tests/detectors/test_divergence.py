@@ -11,7 +11,7 @@ import pydantic
 import pytest
 
 from sentinel.model.records import Alert, Block, Sample, Severity
-from sentinel.rules.divergence import DivergenceConfig, DivergenceDetector
+from sentinel.rules.divergence import DivergenceConfig, DivergenceDetector, crept, never_creeps
 
 NOW = 1_700_000_000.0
 CRIT, INFO = Severity.CRITICAL, Severity.INFO
@@ -313,3 +313,60 @@ def test_an_early_shift_after_a_rate_back_at_its_old_peak_stays_a_warning() -> N
     (alert,) = feed(losses, lrs=restarted)
     assert alert.severity == Severity.WARNING
     assert alert.details["lr_jump"] is not None
+
+
+def climb(before: int, rate: float, count: int, seed: int = 3) -> list[float]:
+    """``before`` values at 2.0, then ``count`` climbing by ``rate`` of 2.0 a value."""
+    rng = random.Random(seed)
+    flat = [2.0 * (1 + 0.02 * rng.gauss(0, 1)) for _ in range(before)]
+    return flat + [2.0 * (1 + rate * k) * (1 + 0.02 * rng.gauss(0, 1)) for k in range(1, count)]
+
+
+@pytest.mark.parametrize(("rate", "count"), [(0.01, 60), (0.03, 30), (0.05, 30)])
+def test_a_loss_that_creeps_up_past_the_bar_of_its_level_before_warns(
+    rate: float, count: int
+) -> None:
+    """A climb of a few per cent a value never puts one value above the bar of a level that
+    follows it (each value is learned, the level with it); the run at its best before the
+    climb has a bar the climb passes. A warning (nothing known says why), its onset after
+    that best; it resolves when the loss comes back."""
+    values = climb(40, rate, count)
+    alerts = feed(values + [2.0] * 3)
+    assert [(a.severity, a.details["kind"], a.details["crept"]) for a in alerts] == [
+        (Severity.WARNING, "unrecovered", True),
+        (INFO, "recovered", True),
+    ]
+    first = alerts[0]
+    assert "crept up from step" in first.message and "over the last 10 values" in first.message
+    assert first.details["ratio"] >= 1.3
+    # The onset is after the run's best before the climb (from step 41; of the values its
+    # history still holds), not where the climb is seen: a rollback goes to before it.
+    assert first.onset_step is not None and 30 <= first.onset_step <= first.step - 15
+    # A loss that stays where it was, or comes back down after a few values up, does not.
+    assert feed(noisy(2.0, 70)) == []
+    assert feed(noisy(2.0, 40) + [4.6] * 7 + noisy(2.0, 20, seed=5)) == []
+
+
+def test_the_block_proof_of_no_creep_holds_wherever_a_window_creeps() -> None:
+    """``never_creeps`` says a block ends no window ``crept`` judges: on random runs that
+    climb, wherever it says so, no value of the block ends one."""
+    settings = DivergenceConfig()
+    rng = random.Random(11)
+    checked = creeping = 0
+    for _ in range(300):
+        rate = rng.choice([0.0, 0.01, 0.03, 0.06])
+        noise = rng.choice([0.005, 0.02, 0.1])
+        values = [
+            2.0 * (1 + rate * max(0, k - 30)) * (1 + noise * rng.gauss(0, 1)) for k in range(80)
+        ]
+        cut, size = rng.randint(25, 60), rng.randint(1, 20)
+        history, block = values[:cut][-settings.window :], values[cut : cut + size]
+        fired = any(
+            crept((history + block[:end])[-settings.window :], settings)
+            for end in range(1, len(block) + 1)
+        )
+        creeping += fired
+        if never_creeps(history, block, settings):
+            checked += 1
+            assert not fired
+    assert checked > 50 and creeping > 20

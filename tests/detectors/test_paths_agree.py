@@ -55,14 +55,20 @@ def agreement_test(test: Callable[[st.DataObject], None]) -> Callable[..., None]
 
 @st.composite
 def logs(
-    draw: st.DrawFn, bar: float, *, evals: bool = False, lr_jumps: bool = False
+    draw: st.DrawFn,
+    bar: float,
+    *,
+    evals: bool = False,
+    lr_jumps: bool = False,
+    climbs: bool = False,
 ) -> tuple[list[str], bool]:
     """A JSON-lines log with trouble in it, and whether to feed it as replay (data clock).
 
     Its bursts multiply the values by about ``bar`` (the rule's factor: just under,
     just over) or far more. Evaluation lines (another schema) come between the training
     lines now and then, or often with ``evals``. With ``lr_jumps`` the learning rate is
-    multiplied now and then, for good, by a factor under or over ``bar``.
+    multiplied now and then, for good, by a factor under or over ``bar``. With ``climbs``
+    the level may also rise a little every line, from a line on (a slow climb).
     """
     lines = draw(st.integers(min_value=40, max_value=200))
     noise = draw(st.sampled_from([0.002, 0.02, 0.1]))
@@ -77,6 +83,11 @@ def logs(
     replay = draw(st.booleans()) or not stamped
     level = draw(st.sampled_from([4.0, 1.0, 0.01]))
     decay = draw(st.sampled_from([1.0, 0.999, 0.99]))  # flat, slowly or quickly falling
+    # A climb of a few per cent a line from a line on (1.0: none).
+    climb, climb_from = 1.0, lines
+    if climbs:
+        climb = draw(st.sampled_from([1.0, 1.01, 1.03, 1.1]))
+        climb_from = draw(st.integers(min_value=0, max_value=lines))
     throughput = draw(st.booleans())  # tokens_per_sec logged, else only the steps' times
     silence_rate = draw(st.sampled_from([0.0, 0.01, 0.03]))  # a save, an eval, a hang
     # Lines between evaluations (0: none); a block is at least 16 lines of one schema.
@@ -99,7 +110,7 @@ def logs(
         now += rng.choice([0.5, 0.5, 0.6]) * hit  # a slow step
         if rng.random() < silence_rate:
             now += rng.choice([8.0, 40.0, 700.0])
-        level *= decay
+        level *= decay if index < climb_from else climb
         if rng.random() < 0.02:
             level *= rng.choice([0.3, 3.0])  # a level shift
         loss = level * (1 + noise * rng.gauss(0, 1)) * hit
@@ -213,7 +224,7 @@ def test_divergence_paths_agree(data: st.DataObject) -> None:
         warmup_steps=data.draw(st.sampled_from([0, 0, 10, 40])),
     )
     # With evaluations too: an evaluation may confirm a shift judged from few values.
-    texts, replay = data.draw(logs(config.rise, evals=data.draw(st.booleans())))
+    texts, replay = data.draw(logs(config.rise, evals=data.draw(st.booleans()), climbs=True))
     assert_paths_agree(DivergenceDetector, config, texts, replay)
 
 
