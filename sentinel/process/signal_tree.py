@@ -95,29 +95,82 @@ def stop_tree(
     sentinel that died in its grace; this one waits out what is left of it (``grace_s``) and
     SIGKILLs, without signalling twice (a second SIGTERM may cut a job's last save short).
     """
+    begun = begin_stop(
+        root, stop_signal=stop_signal, dry_run=dry_run, use_pidfd=use_pidfd,
+        already_sent=already_sent,
+    )  # fmt: skip
+    return begun.finish(grace_s=grace_s, kill_wait_s=kill_wait_s, members=members)
+
+
+def begin_stop(
+    root: ProcessIdentity,
+    *,
+    stop_signal: signal.Signals = signal.SIGTERM,
+    dry_run: bool = False,
+    use_pidfd: bool | None = None,
+    already_sent: bool = False,
+) -> StopBegun:
+    """The first part of ``stop_tree``, its arguments alike: the tree below ``root`` pinned,
+    each process checked against its identity, and ``stop_signal`` sent to it (none with
+    ``dry_run`` or ``already_sent``). It takes a few reads of /proc a process, so a caller
+    may make it on its own thread and leave ``StopBegun.finish`` (the job's other members,
+    the grace, SIGKILL) to another."""
     run = _Run(root, use_pidfd)
     try:
         run.collect(())
-        if dry_run:
+        if not (dry_run or already_sent):
+            run.signal_live(stop_signal)
+    except BaseException:
+        run.close()
+        raise
+    return StopBegun(run, stop_signal, dry_run=dry_run, already_sent=already_sent)
+
+
+class StopBegun:
+    """A stop whose tree below the root has its first signal (``begin_stop``); ``finish``
+    carries out the rest, once."""
+
+    def __init__(
+        self, run: _Run, stop_signal: signal.Signals, *, dry_run: bool, already_sent: bool
+    ) -> None:
+        self._run = run
+        self.stop_signal = stop_signal
+        self._dry_run = dry_run
+        self._first = None if dry_run or already_sent else stop_signal
+
+    @property
+    def sent(self) -> tuple[tuple[ProcessIdentity, signal.Signals], ...]:
+        """Each signal delivered so far, in order."""
+        return tuple(self._run.sent)
+
+    def finish(
+        self,
+        *,
+        grace_s: float,
+        kill_wait_s: float = KILL_WAIT_S,
+        members: Iterable[ProcessIdentity] | Callable[[], Iterable[ProcessIdentity]] = (),
+    ) -> TreeStop:
+        """The job's ``members`` outside the root's tree, found now and signalled; the
+        grace; SIGKILL to what still runs (``stop_tree``)."""
+        run, stop_signal, first = self._run, self.stop_signal, self._first
+        try:
+            if self._dry_run:
+                run.exclude_ancestors()
+                run.collect(members() if callable(members) else members)
+                return run.result(_dry_run_words(run, stop_signal, grace_s))
             run.exclude_ancestors()
             run.collect(members() if callable(members) else members)
-            return run.result(_dry_run_words(run, stop_signal, grace_s))
-        first = None if already_sent else stop_signal
-        if first is not None:
-            run.signal_live(first)
-        run.exclude_ancestors()
-        run.collect(members() if callable(members) else members)
-        if first is not None:
-            run.signal_live(first)  # the members not in the tree
-        if stop_signal != signal.SIGKILL:
-            run.wait_all(grace_s, stop_signal)
-            if run.live():
-                run.rescan(signal.SIGKILL)
-                run.signal_live(signal.SIGKILL)
-        run.wait_all(kill_wait_s, signal.SIGKILL)
-        return run.result(_words(run, stop_signal, grace_s))
-    finally:
-        run.close()
+            if first is not None:
+                run.signal_live(first)  # the members not in the tree
+            if stop_signal != signal.SIGKILL:
+                run.wait_all(grace_s, stop_signal)
+                if run.live():
+                    run.rescan(signal.SIGKILL)
+                    run.signal_live(signal.SIGKILL)
+            run.wait_all(kill_wait_s, signal.SIGKILL)
+            return run.result(_words(run, stop_signal, grace_s))
+        finally:
+            run.close()
 
 
 def _descendants(process: psutil.Process) -> list[psutil.Process]:

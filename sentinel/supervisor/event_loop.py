@@ -27,9 +27,10 @@ from sentinel.supervisor.inbox import Inbox
 from sentinel.supervisor.shedding import suspects_first
 
 #: How long a thread waits for the interpreter's lock before the thread holding it must let
-#: go (Python's default is 5 ms). The stop's signal goes out from a thread of its own while
-#: the loop goes on to the report: each of that thread's reads of /proc let the loop take the
-#: lock back for up to a whole slice. Only threads that run at the same time switch more.
+#: go (Python's default is 5 ms). A thread that has something for the loop (a reader's NaN,
+#: a stop's thread taking evidence before its signal) waits that long behind another that
+#: runs (the chart drawer, the stop's thread). Only threads that run at the same time
+#: switch more.
 SWITCH_INTERVAL_S = 0.0005
 #: A clock tick due within this fraction of the tick interval runs on the loop's turn
 #: now rather than on a wake-up of its own (a quarter: at most 250 ms early at 1 s).

@@ -479,13 +479,15 @@ class JobMachine:
 
     def _signal(self) -> None:
         """STOPPING: the stop signal to the job's tree, SIGKILL after the grace (``stops``).
-        A job already gone gets none, and STOPPING goes unsaid: its exit is on its way."""
+        A job already gone gets none, and STOPPING goes unsaid: its exit is on its way.
+        Said after the signal (the status is a write to the state store and a log line)."""
         job = self.attempts.job
         assert job is not None and self.stop is not None
         identity = job.identity
-        self._enter(Phase.STOPPING, say=identity is not None)
+        self._enter(Phase.STOPPING, say=False)
         if identity is not None:
             self.stops.signal(identity, self.stop, self.settings)
+            self._enter(Phase.STOPPING)
 
     def _resume_stop(
         self, incident: Incident, intent: StopIntent, stopped: ProcessIdentity

@@ -18,7 +18,7 @@ import pytest
 
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.pidfd import pidfds_work, pin
-from sentinel.process.signal_tree import stop_tree
+from sentinel.process.signal_tree import begin_stop, stop_tree
 from tests.helpers.detached import (
     launch_detached,
     reaped,
@@ -263,7 +263,7 @@ def test_a_job_that_is_sentinels_own_child_is_stopped_and_reaped_by_it(folder: P
 SENTINEL_BELOW_THE_ROOT = """
 import json, os, subprocess, sys, threading, time
 from pathlib import Path
-from sentinel.process.signal_tree import stop_tree
+from sentinel.process.signal_tree import begin_stop, stop_tree
 from sentinel.process.identity import ProcessIdentity
 folder = Path(sys.argv[1])
 saver_argv = json.loads(sys.argv[2])
@@ -395,3 +395,52 @@ def test_the_tree_has_the_signal_before_the_other_members_are_looked_for() -> No
         job.stdout.close()
     assert pending_when_asked == [True]
     assert result.got(identity) == [signal.SIGTERM, signal.SIGKILL]
+
+
+def sigterm_pending(pid: int) -> bool:
+    """Whether a SIGTERM waits in ``pid``'s shared pending set (it blocks the signal)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    pending = next(row for row in status.splitlines() if row.startswith("ShdPnd:"))
+    return int(pending.split()[1], 16) >> (signal.SIGTERM - 1) & 1 == 1
+
+
+@contextlib.contextmanager
+def blocking_sigterm() -> Iterator[ProcessIdentity]:
+    """A job that blocks SIGTERM, so a SIGTERM sent stays pending where /proc shows it."""
+    code = (
+        "import signal, sys, time\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert job.stdout is not None and job.stdout.readline() == b"ready\n"
+        yield ProcessIdentity.of(job.pid)
+    finally:
+        job.kill()
+        job.wait()
+        assert job.stdout is not None
+        job.stdout.close()
+
+
+@pytest.mark.slow
+def test_begin_stop_signals_the_tree_and_finish_does_the_rest() -> None:
+    with blocking_sigterm() as identity:
+        begun = begin_stop(identity)
+        assert sigterm_pending(identity.pid)
+        assert begun.sent == ((identity, signal.SIGTERM),)
+        result = begun.finish(grace_s=0.1)
+    assert result.got(identity) == [signal.SIGTERM, signal.SIGKILL]
+    assert result.killed == (identity,)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["dry_run", "already_sent"])
+def test_begin_stop_sends_nothing_on_a_dry_run_or_a_signal_already_sent(how: str) -> None:
+    with blocking_sigterm() as identity:
+        begun = begin_stop(identity, **{how: True})
+        assert not sigterm_pending(identity.pid)
+        assert begun.sent == ()
+        result = begun.finish(grace_s=0.1)
+    assert result.got(identity) == ([] if how == "dry_run" else [signal.SIGKILL])
