@@ -256,12 +256,19 @@ def opens_shift(
     return current if value > current.shift else None
 
 
-def scant_shift(value: float, history: Rolling, settings: DivergenceConfig) -> Bars | None:
+def scant_shift(
+    value: float, history: Rolling, steps: Sequence[int | None], settings: DivergenceConfig
+) -> Bars | None:
     """The bars of a shift ``value`` opens with fewer than ``early_history`` values known
     (from ``SCANT_HISTORY``): it is above ``SCANT_RISE`` x the least of them, and stays a
     shift while above ``rise`` x it (the shift bar its values are confirmed against, as
-    any shift's); None under it, or with a least <= 0 (a ratio to it means nothing)."""
+    any shift's); None under it, with a least <= 0 (a ratio to it means nothing), or when
+    two of them share a step (``steps``, theirs): not a run's course but two runs' values,
+    as ranks that print to one stream unlabelled show before they are told apart."""
     if len(history) < SCANT_HISTORY:
+        return None
+    known = [step for step in steps if step is not None]
+    if len(set(known)) < len(known):
         return None
     level = min(history.values)
     if level <= 0 or value <= SCANT_RISE * level:
@@ -501,7 +508,7 @@ class DivergenceDetector(BaseDetector):
         if shift is None:
             settings = self.settings
             if len(series.history) < settings.early_history:
-                scant = scant_shift(value, series.history, settings)
+                scant = scant_shift(value, series.history, series.steps, settings)
                 if scant is None:
                     series.learn(step, value)
                     return []

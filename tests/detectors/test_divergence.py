@@ -152,6 +152,14 @@ def test_a_loss_that_more_than_doubles_after_two_values_and_stays_warns_from_its
     assert feed([1.35, 1.22, *noisy(2.3, 10, seed=3)]) == []
     # Stays up but well under twice after its first value: not confirmed.
     assert feed([2.0, 1.9, 4.0, *noisy(2.3, 10, seed=3)]) == []
+    # Two values at one step are two runs' (ranks printing to one stream unlabelled), not
+    # a run's course: nothing is judged from them.
+    detector = DivergenceDetector(DivergenceConfig())
+    steps = [1, 1, *range(2, 12)]
+    values = [12.0, 1.2, *noisy(3.0, 10, seed=3)]
+    pairs = zip(values, steps, strict=True)
+    alerts = [detector.observe(Sample("loss", value, step), "log", NOW) for value, step in pairs]
+    assert [alert for batch in alerts for alert in batch] == []
 
 
 def test_early_values_falling_fast_are_no_shift() -> None:
