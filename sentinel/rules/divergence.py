@@ -78,7 +78,7 @@ from sentinel.model.records import Alert, Block, Sample, Severity
 from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig, Reading, Recent
 from sentinel.rules.eval_signal import EVAL_METRIC, EvalSignal
 from sentinel.rules.lr_jumps import LrJumps
-from sentinel.rules.noise import robust_sigma, wobble
+from sentinel.rules.noise import bend, robust_sigma, wobble
 from sentinel.rules.series import (
     Rolling,
     Warmup,
@@ -218,9 +218,14 @@ def settled(values: Sequence[float], level: float) -> list[float]:
 
 def early_bars(history: Sequence[float], recent: list[float], settings: DivergenceConfig) -> Bars:
     """``bars`` from fewer than ``min_history`` values: the level is the least of the last
-    ``early_level``, the noise is taken from one value to the next, no envelope."""
+    ``early_level``, the noise is taken from one value to the next (``wobble``), or, for a
+    history of 5 values or more each under the one before, where less, from how those
+    steps change (``bend``: a loss falling fast and ever slower early in a run, whose
+    shrinking steps ``wobble`` takes for noise), no envelope."""
     level = min(recent[-settings.early_level :])
     noise = max(wobble(history), settings.noise_floor * abs(level))
+    if len(history) >= 5 and all(b < a for a, b in pairwise(history)):
+        noise = max(min(noise, bend(history)), settings.noise_floor * abs(level))
     shift = max(settings.rise * level, level + settings.noise_sigmas * noise)
     back = max(settings.recover * level, level + noise)
     return Bars(level, noise, shift, back)

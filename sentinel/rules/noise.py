@@ -56,3 +56,22 @@ def wobble(values: Iterable[float]) -> float:
     middle = sorted_median(steps)
     deviation = sorted_median(sorted(abs(step - middle) for step in steps))
     return MAD_TO_SIGMA * deviation / math.sqrt(2)
+
+
+#: The variance of a second difference (a - 2b + c) of independent values is 6 of theirs.
+_SECOND_DIFFERENCE = math.sqrt(6)
+
+
+def bend(values: Iterable[float]) -> float:
+    """The robust standard deviation of ``values`` around a trend that bends smoothly: of
+    their second differences (1.4826 x their MAD, over sqrt 6), so a loss early in a run,
+    falling fast and ever slower (its step from one value to the next shrinking as it
+    goes), is not taken for noise as ``wobble`` takes it; 0 for fewer than 5 values."""
+    ordered = list(values)
+    if len(ordered) < 5:
+        return 0.0
+    steps = [b - a for a, b in pairwise(ordered)]
+    bends = sorted(b - a for a, b in pairwise(steps))
+    middle = sorted_median(bends)
+    deviation = sorted_median(sorted(abs(value - middle) for value in bends))
+    return MAD_TO_SIGMA * deviation / _SECOND_DIFFERENCE

@@ -169,6 +169,27 @@ def test_early_values_falling_fast_are_no_shift() -> None:
     assert feed(falling) == []
 
 
+#: A real Whisper fine-tune's train loss, every 100 steps (tests/corpus/healthy/
+#: whisper-bashkir-gradnorm, its logged values averaged by 4): falling fast, ever slower.
+WHISPER = [
+    7.672, 3.784, 2.304, 1.624, 1.6, 1.461, 1.338, 1.242, 1.195, 1.15,
+    1.223, 1.313, 1.068, 1.08, 1.023, 0.967, 0.98, 1.084, 1.214, 1.069,
+]  # fmt: skip
+
+
+def test_a_shift_after_a_descent_ever_slower_is_judged_by_the_bend_not_the_steps() -> None:
+    """Five values falling 7.7 -> 1.6, each step shorter than the one before: the steps
+    from one value to the next are the trend bending, not noise (taken for noise, they
+    put the bar at 4.6, over a shift x2 that stays). Their second differences leave it
+    out. The run as it was says nothing; x2 from its sixth value on warns."""
+    assert feed(WHISPER) == []
+    shifted = WHISPER[:5] + [2 * value for value in WHISPER[5:]]
+    alerts = feed(shifted)
+    assert [(a.severity, a.onset_step, a.details["early"]) for a in alerts] == [
+        (Severity.WARNING, 6, True)
+    ]
+
+
 def test_an_early_climb_past_anything_before_it_is_judged_and_one_within_it_is_not() -> None:
     """With few values a climb may be a rhythm's rising half, and opens no shift; but one
     past the highest value before it by the rise is no rhythm coming back. (A real nanoGPT
