@@ -368,31 +368,14 @@ def test_another_users_process_is_refused_and_said_so_up_front(folder: Path) -> 
 
 @pytest.mark.slow
 def test_the_tree_has_the_signal_before_the_other_members_are_looked_for() -> None:
-    # The job blocks SIGTERM, so a SIGTERM sent stays pending where /proc shows it.
-    code = (
-        "import signal, sys, time\n"
-        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    try:
-        assert job.stdout is not None and job.stdout.readline() == b"ready\n"
-        identity = ProcessIdentity.of(job.pid)
+    with blocking_sigterm() as identity:
         pending_when_asked: list[bool] = []
 
         def members() -> list[ProcessIdentity]:
-            status = Path(f"/proc/{job.pid}/status").read_text()
-            pending = next(row for row in status.splitlines() if row.startswith("ShdPnd:"))
-            pending_when_asked.append(int(pending.split()[1], 16) >> (signal.SIGTERM - 1) & 1 == 1)
+            pending_when_asked.append(sigterm_pending(identity.pid))
             return []
 
         result = stop_tree(identity, grace_s=0.1, members=members)
-    finally:
-        job.kill()
-        job.wait()
-        assert job.stdout is not None
-        job.stdout.close()
     assert pending_when_asked == [True]
     assert result.got(identity) == [signal.SIGTERM, signal.SIGKILL]
 
