@@ -328,6 +328,8 @@ def never_creeps(history: Sequence[float], values: list[float], settings: Diverg
     ``rise`` x the least value before them in the history then, or that least <= 0)."""
     size, window = settings.level_window, settings.window
     tail = [*history, *values]
+    if not values or max(values) <= rise_bar(min(tail), settings.rise):
+        return True  # each window's last value is the block's, each least at least this
     for end in range(len(tail) - len(values) + 1, len(tail) + 1):
         start = max(0, end - window)  # the history as ``crept`` would be given it
         if end - start < settings.min_history + size:
