@@ -11,6 +11,7 @@ import pytest
 
 from sentinel.config import Settings, load_settings
 from sentinel.engine.replay import replay
+from sentinel.parsing.hf_trainer import read_trainer_state_entries
 from tests.helpers.env import clean_env
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"
@@ -95,3 +96,29 @@ def test_a_trainer_state_beside_the_log_gives_each_printed_dict_its_exact_step(
 
     first = next(a for a in result.alerts if a.rule == "nan_inf")
     assert (truth[4], first.step) == (20, 20)  # the bar read alone says 24
+
+
+CORPUS = Path(__file__).resolve().parent / "corpus" / "healthy"
+
+
+def test_a_trainer_state_that_ends_with_the_runs_summary_is_judged_entry_by_entry(
+    tmp_path: Path,
+) -> None:
+    """A finished run's trainer_state.json ends with the Trainer's summary (train_runtime,
+    total_flos, the run's mean train_loss). Read as one record, the summary's names made the
+    whole history a summary, shown to no rule: a real Whisper run's file with a NaN loss
+    put in at step 2500 raised nothing. Each entry is its own record; the summary is none."""
+    state = json.loads((CORPUS / "whisper-small-hi" / "trainer_state.json").read_text())
+    history = state["log_history"]
+    assert "train_runtime" in history[-1]
+    nan_at = next(entry for entry in history if entry.get("step") == 2500 and "loss" in entry)
+    nan_at["loss"] = float("nan")
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps(state), encoding="utf-8")
+    result = replay([path], settings())
+    raised = [(alert.rule, alert.step) for alert in result.alerts if alert.rule == "nan_inf"]
+    assert raised[:1] == [("nan_inf", 2500)]
+    # The summary is no step: its mean train_loss is not a loss at the last step.
+    entries = read_trainer_state_entries(path.read_text(encoding="utf-8"))
+    assert len(entries) == len(history) - 1
+    assert {sample.step for sample in entries[-1]} == {history[-2]["step"]}

@@ -38,7 +38,7 @@ from sentinel.model.incidents import IncidentTracker
 from sentinel.model.records import PROGRESS, Alert, Severity
 from sentinel.parsing import Garbled, LineParser
 from sentinel.parsing.files import MetricsFile, ReplayPlan, iter_replay_batches, replay_plan
-from sentinel.parsing.hf_trainer import read_trainer_state, trainer_state_info
+from sentinel.parsing.hf_trainer import read_trainer_state_entries, trainer_state_info
 from sentinel.rules import DETECTORS, STORIES
 
 log = logging.getLogger(__name__)
@@ -182,8 +182,9 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         if alerts:
             keep(alerts)
     for path, text in states:
-        samples = read_trainer_state(text)
-        keep(engine.feed_samples(samples, str(path), engine.data_time or 0.0))
+        # Each entry is one logged record, as a line of the log is (a summary: none).
+        for entry in read_trainer_state_entries(text):
+            keep(engine.feed_samples(entry, str(path), engine.data_time or 0.0))
     result.lines = parser.stats.lines
     result.garbled += parser.stats.garbled
     result.samples = engine.samples_seen

@@ -10,26 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sentinel.model.records import PROGRESS, Block
+from sentinel.parsing.hf_trainer import SUMMARY_NAMES
 from sentinel.rules import BaseDetector
 
 #: Routes kept, of lines (one per tuple of sample names) and of blocks (one per kind of
 #: block): a log repeats a few.
 ROUTES_MAX = 4096
-
-#: Names that only an end-of-run summary carries (the HF Trainer's, TRL's: ``train_runtime``
-#: and its rates, ``total_flos``; ``test_``/``predict_`` for evaluate and predict). A record
-#: with one of them is a summary, not a step: its ``train_loss`` is the mean over the run and
-#: its rates are the run's averages, so no rule is shown any of its samples.
-SUMMARY_NAMES = frozenset(
-    {
-        "train_runtime",
-        "train_samples_per_second",
-        "train_steps_per_second",
-        "total_flos",
-        "test_runtime",
-        "predict_runtime",
-    }
-)
 
 #: Hooks whose detectors also include those that override the faster variant.
 _ALSO_HOOKED = {"output": ("output_text",)}
@@ -61,7 +47,8 @@ class Routes:
         """The detectors shown a line whose samples have these names, in registry order,
         each with whether the engine calls its ``observe`` sample by sample (a rule
         without its own ``observe_samples``). See ``BaseDetector.watches`` and
-        ``sees_progress``. A summary record (``SUMMARY_NAMES``) is shown to none."""
+        ``sees_progress``. A summary record (``SUMMARY_NAMES``: the run's means, not a
+        step, as the Trainer prints it at the end) is shown to none."""
         route = self.lines.get(names)
         if route is not None:
             return route

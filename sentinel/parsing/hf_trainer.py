@@ -29,6 +29,21 @@ _PAIR_SHAPE = re.sub(r"\?P<\w+>", "", _PAIR.pattern)
 _DICT_LINE = re.compile(r"\{\s*(?:" + _PAIR_SHAPE + r"\s*(?:,\s*" + _PAIR_SHAPE + r"\s*)*,?)?\s*\}")
 _CALL_FIRST_ARG = re.compile(r"\(\s*([^,()]*)")
 
+#: Names that only an end-of-run summary carries (the HF Trainer's, TRL's: ``train_runtime``
+#: and its rates, ``total_flos``; ``test_``/``predict_`` for evaluate and predict). A record
+#: with one of them is a summary, not a step: its ``train_loss`` is the mean over the run and
+#: its rates are the run's averages.
+SUMMARY_NAMES = frozenset(
+    {
+        "train_runtime",
+        "train_samples_per_second",
+        "train_steps_per_second",
+        "total_flos",
+        "test_runtime",
+        "predict_runtime",
+    }
+)
+
 #: Fields of ``trainer_state.json`` that ``trainer_state_info`` reports when present.
 STATE_INFO_KEYS: tuple[str, ...] = (
     "max_steps",
@@ -115,8 +130,11 @@ def _load_state(text: str) -> dict[str, object]:
     return state
 
 
-def read_trainer_state(text: str) -> list[Sample]:
-    """The samples of a ``trainer_state.json``'s ``log_history``, each at its entry's step.
+def read_trainer_state_entries(text: str) -> list[list[Sample]]:
+    """The samples of each entry of a ``trainer_state.json``'s ``log_history``, one list an
+    entry (what the Trainer logged at once: a step's training values, an evaluation), at
+    its step, in order. The end-of-run summary (an entry with one of ``SUMMARY_NAMES``) is
+    no step and is left out: its ``train_loss`` is the run's mean.
 
     Raises ``Garbled`` when the text is not a JSON object or ``log_history``
     is not a list.
@@ -124,11 +142,17 @@ def read_trainer_state(text: str) -> list[Sample]:
     history = _load_state(text).get("log_history", [])
     if not isinstance(history, list):
         raise Garbled("trainer_state.json: log_history is not a list")
-    samples: list[Sample] = []
-    for entry in history:
-        if isinstance(entry, dict):
-            samples.extend(samples_from_mapping(entry))
-    return samples
+    return [
+        samples_from_mapping(entry)
+        for entry in history
+        if isinstance(entry, dict) and SUMMARY_NAMES.isdisjoint(entry)
+    ]
+
+
+def read_trainer_state(text: str) -> list[Sample]:
+    """The samples of a ``trainer_state.json``'s ``log_history`` (``read_trainer_state_entries``,
+    one after another), each at its entry's step."""
+    return [sample for entry in read_trainer_state_entries(text) for sample in entry]
 
 
 def trainer_state_info(text: str) -> dict[str, int]:
