@@ -15,7 +15,7 @@ import pytest
 
 from sentinel.config import Settings
 from sentinel.engine.core import Engine, build_detectors
-from sentinel.engine.ranks import RunSeries
+from sentinel.engine.ranks import SLOTS_MAX, RunSeries
 from sentinel.engine.replay import replay
 from sentinel.model.incidents import IncidentTracker
 from sentinel.model.records import PROGRESS, Alert, Line, Sample
@@ -329,3 +329,29 @@ def test_a_bar_moving_before_its_postfix_is_one_series_and_lockstep_ranks_two() 
     # Two ranks in lockstep, their losses apart: each step twice, the second another rank.
     lockstep = [(5, 2.0), (5, 3.0), (6, 1.9), (6, 2.9), (7, 1.8), (7, 2.8), (8, 1.7), (8, 2.7)]
     assert 1 in ranks(lockstep)
+
+
+def batch_lines(epochs: int, per_epoch: int, *, nan_at: tuple[int, int] | None = None) -> list[str]:
+    """``Epoch E - Batch loss: x``, a batch's loss a line, its epoch the only counter (a real
+    T5 fine-tune's log: 388 lines an epoch)."""
+    rng = random.Random(4)
+    lines = []
+    for epoch in range(1, epochs + 1):
+        for batch in range(per_epoch):
+            loss = 2.0 / epoch * rng.uniform(0.5, 1.5)
+            if nan_at == (epoch, batch):
+                loss = math.nan
+            lines.append(f"Epoch {epoch} - Batch loss: {loss:.4f}")
+    return lines
+
+
+def test_more_lines_at_one_step_than_ranks_print_are_one_series() -> None:
+    """Read at its epoch, each batch's line repeats the step: up to ``SLOTS_MAX`` lines at
+    one step are ranks, more are one series that names its step many times. Each batch
+    had been a rank of its own (388 of them in the real log), each one value an epoch, and
+    a rank's series of unrelated batches raised divergence warnings."""
+    alerts = feed(engine(), batch_lines(6, SLOTS_MAX + 40))
+    assert [alert for alert in alerts if alert.details.get("rank")] == []
+    alerts = feed(engine(), batch_lines(6, SLOTS_MAX + 40, nan_at=(4, 90)))
+    raised = [(a.rule, a.step, a.details.get("rank")) for a in alerts if a.rule == "nan_inf"]
+    assert raised[:1] == [("nan_inf", 4, None)]

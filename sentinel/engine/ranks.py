@@ -48,6 +48,10 @@ RANK_WINDOW = 2
 #: another rank: ranks interleave (in lockstep every other line; a rank ``RANK_WINDOW``
 #: steps behind, every ``2 * RANK_WINDOW`` lines). Once back, a resumed job rises alone.
 INTERLEAVE_LINES = 4 * RANK_WINDOW
+#: Series an unlabelled stream may hold: more lines at one step than this are not ranks
+#: but one series that names the same step many times (``Epoch 2 - Batch loss: 0.83``, a
+#: batch's loss each, its epoch the only counter): the stream is one series from then on.
+SLOTS_MAX = 64
 #: ``_Stream.place``: a line no series can be told to own.
 UNPLACED = -1
 #: Hooks of a rule that watches the job, not a metric series: such a rule is not made per rank.
@@ -86,7 +90,7 @@ class _Slot:
 class _Stream:
     """The series of one kind of line (one source, one set of stepped metric names)."""
 
-    __slots__ = ("back_at", "before", "last", "lines", "one_writer", "recent", "slots")
+    __slots__ = ("back_at", "before", "flat", "last", "lines", "one_writer", "recent", "slots")
 
     def __init__(self, step: int, values: tuple[float, ...], *, one_writer: bool = False) -> None:
         self.slots = [_Slot(step, values)]
@@ -101,6 +105,8 @@ class _Stream:
         #: open for its step): a resume, or one more rank if it goes back again soon.
         self.lines = 0
         self.back_at = -INTERLEAVE_LINES - 1
+        #: More lines came at one step than ``SLOTS_MAX`` ranks print: one series, for good.
+        self.flat = False
 
     def place(self, step: int, values: tuple[float, ...]) -> int | None:
         """The index of the series a line at ``step`` continues; None for a repeat of a line;
@@ -128,8 +134,13 @@ class _Stream:
             elif any(slot.step == step and _same(slot.values, values) for slot in slots):
                 return None
             elif step in self.recent and self._interleaves():
-                index = len(slots)
-                slots.append(_Slot(step, values))
+                if len(slots) >= SLOTS_MAX or self.flat:
+                    self.flat = True  # no ranks: one series at the same step, line after line
+                    slots[:] = [_Slot(step, values)]
+                    index = 0
+                else:
+                    index = len(slots)
+                    slots.append(_Slot(step, values))
                 self.back_at = self.lines
             else:  # a resume (near or far behind), not another rank, until it interleaves
                 slots[:] = [_Slot(step, values)]
