@@ -245,17 +245,22 @@ def opens_shift(
     ``min_history`` values, or ``early`` (in warmup), ``early_bars``."""
     early = early or len(history) < settings.min_history
     latest = recent[-settings.early_level :] if early else recent
+    if early and len(latest) > 1 and all(b > a for a, b in pairwise(latest)):
+        # A climb under way (a rhythm's rising half), not a step up; but one past anything
+        # the run showed before the climb by the rise is no rhythm coming back: judged from
+        # where the climb began too (its own values are no level: it rose through them).
+        values = list(history.values)
+        start = _climb_start(values)
+        if start < settings.early_history or value <= rise_bar(max(values[:start]), settings.rise):
+            return None
+        trough = values[: start + 1]
+        if min(trough) > 0:
+            current = early_bars(trough, trough[-1:], settings)
+            if value > current.shift:
+                return current
+        # Or above the bars of the values it has, as any value.
     level = min(latest) if early else level_of(latest)
     if level <= 0 or value <= rise_bar(level, settings.rise):
-        return None
-    if (
-        early
-        and len(latest) > 1
-        and all(b > a for a, b in pairwise(latest))
-        and value <= rise_bar(_before_climb(history.values, settings.early_history), settings.rise)
-    ):
-        # A climb under way (a rhythm's rising half), not a step up; but one past anything
-        # the run showed before the climb by the rise is no rhythm coming back: judged.
         return None
     current = (early_bars if early else bars)(history.values, recent, settings)
     return current if value > current.shift else None
@@ -281,14 +286,13 @@ def scant_shift(
     return Bars(level, 0.0, rise_bar(level, settings.rise), settings.recover * level)
 
 
-def _before_climb(values: Sequence[float], least: int) -> float:
-    """The highest of ``values`` before the climb they end on (the values that rise one
-    after another up to the last); infinite when fewer than ``least`` come before it
-    (too little to judge a climb by)."""
+def _climb_start(values: Sequence[float]) -> int:
+    """The index where the climb ``values`` end on began: the first of the values that rise
+    one after another up to the last."""
     start = len(values) - 1
     while start > 0 and values[start - 1] < values[start]:
         start -= 1
-    return max(islice(values, start)) if start >= least else math.inf
+    return start
 
 
 def crept(history: Sequence[float], settings: DivergenceConfig) -> tuple[Bars, int] | None:
@@ -679,13 +683,29 @@ class DivergenceDetector(BaseDetector):
         for name in judged:
             series = self._series[name]
             values = finite_values(columns[name])
-            least = min((value for _, value in series.recent), default=math.inf)
+            # A climb in the early phase is judged from its trough, which may be older
+            # than ``recent``: the proof's least is then the whole history's.
+            early = self._may_judge_early(series, block)
+            pool = series.history.values if early else [value for _, value in series.recent]
+            least = min(pool, default=math.inf)
             filling = max(0, SCANT_HISTORY - len(series.history))
             if not never_opens(values, least, filling, settings):
                 return False
             if not never_creeps(series.history.values, values, settings):
                 return False
         return True
+
+    def _may_judge_early(self, series: ShiftSeries, block: Block) -> bool:
+        """Whether a value of ``block`` may be judged as from few values (``opens_shift``'s
+        ``early``): too little history, or a warmup that may be on (configured steps, or a
+        learning rate that rises or is not known yet to have stopped)."""
+        settings = self.settings
+        if len(series.history) < settings.min_history or self._warmup.lr_rising:
+            return True
+        if self._warmup.lr_rising is None and "lr" in block.columns:
+            return True
+        first = block.steps[0] if block.steps else None
+        return first is None or first < settings.warmup_steps
 
     def absorb(self, block: Block) -> None:
         """What ``observe`` does with values under every bar: learn them."""

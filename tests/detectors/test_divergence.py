@@ -204,6 +204,20 @@ def test_an_early_climb_past_anything_before_it_is_judged_and_one_within_it_is_n
     assert feed([5.0, 4.6, 4.0, 3.7, 3.8, 4.1, 4.4, 4.7, 5.0, 5.1, 4.9]) == []
 
 
+def test_a_long_early_climb_past_anything_before_it_is_judged_from_its_trough() -> None:
+    """A real minitorch run's first five epochs, falling, and its learning rate x30 from
+    the sixth on (cadence benchmark): the loss climbs ten values in a row, past its first
+    value. Its own last values are no level (it rose through them, and a climb never
+    clears 1.3x them); once past anything before the climb by the rise, it is judged from
+    where it began."""
+    before = [0.692, 0.681, 0.65, 0.619, 0.599]
+    climb = [0.651, 0.714, 0.738, 0.831, 0.851, 0.883, 0.992, 0.973, 1.065, 1.151]
+    alerts = feed(before + climb)
+    assert [(a.severity, a.details["early"]) for a in alerts] == [(Severity.WARNING, True)]
+    assert alerts[0].details["level"] == 0.599
+    assert feed([*before, 0.58, 0.57, 0.575, 0.56, 0.55]) == []
+
+
 def test_a_new_normal_that_neither_recovers_nor_confirms_is_learned() -> None:
     # Up past the bar once, then hovering between the recovery bar and the shift bar.
     values = [*noisy(2.0, 40), 3.0, *([2.4] * 60), *noisy(3.5, 12, seed=4)]
