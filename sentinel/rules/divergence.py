@@ -316,9 +316,12 @@ def crept(history: Sequence[float], settings: DivergenceConfig) -> tuple[Bars, i
     values = list(history)
     before, latest = values[:-size], values[-size:]
     least = min(before)
+    bar = rise_bar(least, settings.rise)
+    if least <= 0 or latest[-1] <= bar:
+        return None  # the cheap test, on the last value alone (most values end here)
     now = min(sorted_median(sorted(latest)), latest[-1])
-    if least <= 0 or now <= rise_bar(least, settings.rise):
-        return None  # the cheap test: under every bar (a level is never under its least)
+    if now <= bar:
+        return None  # under every bar: a level is never under its least
     ends = range(max(size, settings.min_history), len(before) + 1)
     end = min(ends, key=lambda end: level_of(before[end - size : end]))
     current = bars(before, before[end - size : end], settings)
