@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from sentinel.evidence.chart import sparkline
-from sentinel.evidence.diagnosis import Diagnosis, diagnose
+from sentinel.evidence.diagnosis import Diagnosis, diagnose, explain
 from sentinel.model.incidents import Incident, IncidentTracker
 from sentinel.model.records import Alert, Sample, Severity
 from sentinel.rules import STORIES
@@ -229,6 +229,41 @@ def test_a_rule_that_saw_the_jump_long_before_says_where() -> None:
     spike = alert("divergence", Severity.CRITICAL, 700, lr_jump=[500, 2e-5, 2.4e-3])
     diagnosis = diagnose(incident_of(spike), {})
     assert "jumped 120x at step 500" in diagnosis.cause
+
+
+def test_a_diagnosis_that_names_a_jump_moves_the_onset_to_the_last_step_at_the_old_rate() -> None:
+    """A NaN at step 60 after the rate jumped x120 (logged at 57, the old rate last at 56):
+    the rollback must go to a checkpoint saved before step 56, as the Trainer's checkpoint
+    of step 56 already holds the rate of step 57 (issue 29)."""
+    nan = alert("nan_inf", Severity.CRITICAL, 60, "loss")
+    incident = incident_of(nan)
+    recent = {
+        "lr": series("lr", [2e-5] * 4 + [2.4e-3] * 4, first_step=53),
+        "grad_norm": series("grad_norm", [1.0] * 5 + [9.0, 40.0], first_step=53),
+        "loss": series("loss", [2.0] * 7 + [NAN], first_step=53),
+    }
+    explain(incident, nan, recent)
+    assert incident.onset_step == 56
+    assert "saved before step 56, the last logged at the old rate" in incident.diagnosis.advice
+
+
+def test_a_rule_that_names_the_jump_it_saw_moves_the_onset_to_the_step_it_names() -> None:
+    shift = alert("divergence", Severity.CRITICAL, 700, lr_jump=[500, 2e-5, 2.4e-3])
+    shift.details["changed_after"] = 490
+    incident = incident_of(shift)
+    explain(incident, shift, {})
+    assert incident.onset_step == 490
+
+
+def test_a_nan_with_no_jump_before_it_keeps_its_onset() -> None:
+    nan = alert("nan_inf", Severity.CRITICAL, 8400, "grad_norm", finite_before=840)
+    incident = incident_of(nan)
+    recent = {
+        "lr": series("lr", [3e-5] * 8, first_step=8393),
+        "grad_norm": series("grad_norm", [0.4, 0.5, 0.45] * 2 + [NAN], first_step=8394),
+    }
+    explain(incident, nan, recent)
+    assert incident.onset_step == 8400
 
 
 def test_a_nan_late_in_a_log_that_begins_late_is_not_the_first_steps() -> None:

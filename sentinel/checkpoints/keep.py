@@ -306,6 +306,30 @@ class Keeper:
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
 
+    def set_aside(self, names: list[str], timeout_s: float | None = None) -> None:
+        """Forget the checkpoints named by their step that a rollback set aside (``names``,
+        in the keeper's dir): they were written after the onset. What a look staged of
+        one is never kept (its links would be kept as "deleted by the job" once it is gone
+        from its place), and the versions kept of them are dropped: counted among the last
+        ``versions``, they would push out the clean ones that a rollback further back (the
+        restart did not restore health) needs. The job's own are in the quarantine."""
+        with self._looking:
+            for name in names:
+                tracked = self._stepped.pop(name, None)
+                if tracked is not None and tracked.staged:
+                    _discard(self._stepped_staging(name))
+        with self._idle:  # a look before this one may have handed one over: let it finish
+            self._idle.wait_for(lambda: self._pending == 0, timeout_s)
+        for name in names:
+            for version in kept_versions(self.directory, name):
+                if version.stepped:
+                    shutil.rmtree(version.path.parent)  # sentinel's links, never the job's
+                    log.info(
+                        "dropped kept version %d of %s: set aside after the onset",
+                        version.number,
+                        version.original,
+                    )
+
     def close(self, timeout_s: float | None = None) -> None:
         """Finish the versions handed over, then stop the worker."""
         if self._worker is not None:

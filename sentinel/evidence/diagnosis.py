@@ -8,7 +8,10 @@ sparkline of the metric around onset (``grad_norm ▁▁▂▃▅▇█ nan``).
 The readings follow the field's runbooks:
 
 - a jump in the logged learning rate, or a warmup still rising, before a blow-up: the
-  schedule, named with the step where the LR changed, next to the grad-norm evidence;
+  schedule, named with the step where the LR changed, next to the grad-norm evidence. A
+  reading that names a jump moves the incident's onset back to the last step logged at the
+  old rate: the rollback goes to a checkpoint saved before it, as one saved at that step
+  may already hold the new rate (``explain``);
 - a grad-norm run or spike just before a NaN: an optimisation blow-up;
 - a NaN in the first steps with no divergence before it: the data;
 - a NaN out of the blue after a healthy stretch: a bad batch at that step, an fp16
@@ -26,7 +29,7 @@ from sentinel.evidence.chart import sparkline
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Sample
 from sentinel.rules import DETECTORS, Reading, Recent
-from sentinel.rules.lr_jumps import lr_evidence
+from sentinel.rules.lr_jumps import lr_evidence, named_jump
 
 #: Points of the sparkline around onset.
 SPARK_POINTS = 12
@@ -102,9 +105,26 @@ def explain(
     *,
     samples_per_step: int | None = None,
 ) -> None:
-    """Diagnose ``incident`` anew with ``alert`` just folded in; the alert carries it."""
+    """Diagnose ``incident`` anew with ``alert`` just folded in; the alert carries it.
+    When the reading names a jump of the logged rate, the incident's onset moves back to
+    the last step logged at the old rate (``rate_changed_after``)."""
     incident.diagnosis = diagnose(incident, recent, samples_per_step=samples_per_step)
     alert.details["diagnosis"] = incident.diagnosis.to_json()
+    changed = rate_changed_after(incident, recent, incident.diagnosis)
+    if changed is not None and (incident.onset_step is None or changed < incident.onset_step):
+        incident.onset_step = changed
+
+
+def rate_changed_after(incident: Incident, recent: Recent, diagnosis: Diagnosis) -> int | None:
+    """The step of the last rate logged before the jump ``diagnosis`` names, where it names
+    one (its cause says what ``lr_evidence`` said of it); None otherwise."""
+    jump = named_jump(incident, recent)
+    if jump is None or jump[3] is None:
+        return None
+    said = lr_evidence(incident, recent)
+    if said is None or said[0] not in diagnosis.cause:
+        return None
+    return jump[3]
 
 
 def _reading(incident: Incident, recent: Recent) -> Reading:

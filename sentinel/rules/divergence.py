@@ -54,7 +54,8 @@ comes back under the recovery bar.
 ``noise``, ``threshold`` (the bar), ``recover_threshold``, ``onset_step``, ``ratio``
 (median since onset / level), ``values``/``steps`` (the last ``level_window`` values
 before the onset and those since), ``lr_jump`` (``[step, before, after]`` of a jump of
-the logged learning rate within that evidence, else None).
+the logged learning rate within that evidence, else None), ``changed_after`` (the step of
+the rate logged before that jump: the diagnosis moves the incident's onset back to it).
 
 The settings and the decision (``opens_shift``, and ``never_opens``, replay's proof that a
 block holds no value it would open a shift on) are in ``divergence_shift``; the learning
@@ -654,8 +655,10 @@ class DivergenceDetector(BaseDetector):
         evidence = [*shift.before, *shift.since]
         bars_ = shift.bars
         first = evidence[0][0] if evidence else None
+        jump = self._lr.within(first, shift.onset_step)
         return {
-            "lr_jump": self._lr.within(first, shift.onset_step),
+            "lr_jump": jump,
+            "changed_after": None if jump is None else self._lr.changed_after,
             "kind": kind,
             "metric": sample.name,
             "level": bars_.level,

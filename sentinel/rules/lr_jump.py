@@ -18,10 +18,11 @@ robust standard deviations of the values before, once ``noise_values`` are known
 within ``loss_window`` values of the jump. A loss at or below 0 (preference, RL
 objectives) is not judged by a ratio: the jump then stays a warning.
 
-The onset is the step after the last rate logged before the jump: the rate changed
-somewhere after it, and a checkpoint saved at the jump's own step may already hold the
-new rate in its optimizer and scheduler state (the Trainer saves after the scheduler's
-step). The rollback goes to the newest checkpoint saved before the logged rate changed.
+The onset is the step of the last rate logged before the jump (``changed_after``): the
+rate changed after it, and a checkpoint saved at that very step may already hold the new
+rate in its optimizer and scheduler state. The Trainer (transformers 4.46 on) logs the rate
+a step ran at and saves after the scheduler's step: its checkpoint of step 100 holds the
+rate of step 101. The rollback goes to the newest checkpoint saved before that step.
 
 ``details``: ``kind`` (``"jump"`` alone, ``"with_loss"`` when it acts), ``lr_jump``
 (``[step, before, after]``, as the diagnosis reads it from any rule), ``ratio``,
@@ -126,12 +127,11 @@ class LrJumpDetector(BaseDetector):
             step, before, after = alert.details["lr_jump"]
             changed = alert.details.get("changed_after")
             at = f" at step {step}" if step is not None else ""
-            since = f", after step {changed}" if changed is not None else ""
             return (
                 f"the learning rate jumped {after / before:.3g}x{at} (from {before:.3g} to"
                 f" {after:.3g}) where no warmup, decay or restart of its schedule explains it",
-                "roll back to the checkpoint saved before the rate changed"
-                f"{since}; look at the scheduler: restarted or resumed with other"
+                f"roll back to {_before_change(changed)}; look at the scheduler: restarted"
+                " or resumed with other"
                 " settings, a wrong multiplier or unit",
                 alert.details.get("loss_metric") or "lr",
             )
@@ -188,7 +188,7 @@ class LrJumpDetector(BaseDetector):
         ):
             return []
         changed_after = last[0]
-        onset = changed_after + 1 if changed_after is not None else step
+        onset = changed_after if changed_after is not None else step
         before = [
             v for s, v in self._loss if changed_after is None or s is None or s <= changed_after
         ]
@@ -248,8 +248,8 @@ class LrJumpDetector(BaseDetector):
             f"the learning rate jumped {jump.after / jump.before:.3g}x at step {jump.step}"
             f" and {settings.metric} rose with it: median {latest:.4g} over its last"
             f" {settings.confirm} values, {latest / jump.level:.2f}x its level"
-            f" {jump.level:.4g} before the jump; rolling back to before the rate changed"
-            f" (after step {jump.changed_after})"
+            f" {jump.level:.4g} before the jump; rolling back to"
+            f" {_before_change(jump.changed_after)}"
         )
         return [
             self.sample_alert(
@@ -305,3 +305,14 @@ class LrJumpDetector(BaseDetector):
         if column is not None:
             values, steps = finite_with_steps(column, block.steps)
             self._loss.extend(zip(steps, values, strict=True))
+
+
+def _before_change(changed_after: int | None) -> str:
+    """Where the rollback goes: before the last step logged at the old rate, whose
+    checkpoint may already hold the new one."""
+    if changed_after is None:
+        return "the checkpoint saved before the rate changed"
+    return (
+        f"a checkpoint saved before step {changed_after}, the last logged at the old rate"
+        " (one saved at that step may already hold the new one)"
+    )

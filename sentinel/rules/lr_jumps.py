@@ -38,22 +38,24 @@ def unexplained_jump(
 
 class LrJumps:
     """The logged learning rate: its last (step, value), the ratio it last moved by, the
-    highest it has been, and its last jump (step, before, after) and whether that jump
-    went above anything the attempt had logged (``UNEXPLAINED``: no restart or cycle of a
-    schedule goes back above its own peak)."""
+    highest it has been, and its last jump (step, before, after), the step of the rate
+    logged before it (``changed_after``), and whether that jump went above anything the
+    attempt had logged (``UNEXPLAINED``: no restart or cycle of a schedule goes back above
+    its own peak)."""
 
-    __slots__ = ("highest", "jump", "last", "ratio", "unexplained")
+    __slots__ = ("changed_after", "highest", "jump", "last", "ratio", "unexplained")
 
     def __init__(self) -> None:
         self.last: tuple[int | None, float] | None = None
         self.ratio = 1.0
         self.highest = 0.0
         self.jump: tuple[int | None, float, float] | None = None
+        self.changed_after: int | None = None
         self.unexplained = False
 
     def reset(self) -> None:
         """A new attempt: nothing known of its rate."""
-        self.last, self.ratio, self.jump = None, 1.0, None
+        self.last, self.ratio, self.jump, self.changed_after = None, 1.0, None, None
         self.highest, self.unexplained = 0.0, False
 
     def note(self, step: int | None, value: float) -> None:
@@ -65,6 +67,7 @@ class LrJumps:
             ratio = value / last[1]
             if ratio >= LR_JUMP and ratio > 2 * self.ratio:
                 self.jump = (step, last[1], value)
+                self.changed_after = last[0]
                 self.unexplained = unexplained_jump(last[1], value, self.highest)
             self.ratio = ratio
         self.last = (step, value)
@@ -114,30 +117,10 @@ def lr_evidence(incident: Incident, recent: Recent) -> tuple[str, str] | None:
     A rule that saw the jump long before may say so itself (``details["lr_jump"]``:
     ``[step, before, after]``); else the recent ``lr`` samples tell.
     """
-    for alert in incident.alerts:
-        told = alert.details.get("lr_jump")
-        if isinstance(told, (list, tuple)) and len(told) == 3:
-            step, before, after = told
-            return _lr_jump(step, float(before), float(after))
-    steps = [alert.step for alert in incident.alerts if alert.step is not None]
-    latest = max(steps) if steps else None
-    values = [
-        (sample.step, sample.value)
-        for sample in recent.get("lr", ())
-        if math.isfinite(sample.value)
-        and sample.value > 0
-        and (latest is None or sample.step is None or sample.step <= latest)
-    ]
-    best: tuple[int | None, float, float] | None = None
-    for index in range(1, len(values)):
-        (step, after), before = values[index], values[index - 1][1]
-        ratio = after / before
-        # Warmup climbs by a steady factor (2x, 1.5x...): a jump is far above the step before.
-        prior = before / values[index - 2][1] if index >= 2 else 1.0
-        if ratio >= LR_JUMP and ratio > 2 * prior and (best is None or ratio > best[2] / best[1]):
-            best = (step, before, after)
-    if best is not None:
-        return _lr_jump(*best)
+    jump = named_jump(incident, recent)
+    if jump is not None:
+        return _lr_jump(*jump)
+    values = _rates(incident, recent)
     if len(values) >= 2 and values[-1][1] > values[-2][1] * (1 + 1e-6):
         return (
             f"the learning rate was still warming up (rising, {values[-1][1]:.3g} at step"
@@ -148,11 +131,55 @@ def lr_evidence(incident: Incident, recent: Recent) -> tuple[str, str] | None:
     return None
 
 
-def _lr_jump(step: int | None, before: float, after: float) -> tuple[str, str]:
+def named_jump(
+    incident: Incident, recent: Recent
+) -> tuple[int | None, float, float, int | None] | None:
+    """The jump of the logged rate ``lr_evidence`` names: (its step, the rate before, the
+    rate after, the step of the rate logged before it: ``changed_after``, None where
+    unknown); None when there is none."""
+    for alert in incident.alerts:
+        told = alert.details.get("lr_jump")
+        if isinstance(told, (list, tuple)) and len(told) == 3:
+            step, before, after = told
+            changed = alert.details.get("changed_after")
+            return step, float(before), float(after), changed if isinstance(changed, int) else None
+    values = _rates(incident, recent)
+    best: tuple[int | None, float, float, int | None] | None = None
+    for index in range(1, len(values)):
+        (step, after), (changed, before) = values[index], values[index - 1]
+        ratio = after / before
+        # Warmup climbs by a steady factor (2x, 1.5x...): a jump is far above the step before.
+        prior = before / values[index - 2][1] if index >= 2 else 1.0
+        if ratio >= LR_JUMP and ratio > 2 * prior and (best is None or ratio > best[2] / best[1]):
+            best = (step, before, after, changed)
+    return best
+
+
+def _rates(incident: Incident, recent: Recent) -> list[tuple[int | None, float]]:
+    """The recent logged rates up to the incident's latest step, finite and above 0."""
+    steps = [alert.step for alert in incident.alerts if alert.step is not None]
+    latest = max(steps) if steps else None
+    return [
+        (sample.step, sample.value)
+        for sample in recent.get("lr", ())
+        if math.isfinite(sample.value)
+        and sample.value > 0
+        and (latest is None or sample.step is None or sample.step <= latest)
+    ]
+
+
+def _lr_jump(
+    step: int | None, before: float, after: float, changed_after: int | None = None
+) -> tuple[str, str]:
     at = f" at step {step}" if step is not None else ""
+    back = (
+        f"a checkpoint saved before step {changed_after}, the last logged at the old rate"
+        if changed_after is not None
+        else "the checkpoint before it"
+    )
     return (
         f"the logged learning rate jumped {after / before:.3g}x{at} (from {before:.3g} to"
         f" {after:.3g})",
         f"look at the learning-rate schedule{at}: a scheduler restarted or resumed with other"
-        " settings, a wrong multiplier or unit; roll back to the checkpoint before it",
+        f" settings, a wrong multiplier or unit; roll back to {back}",
     )

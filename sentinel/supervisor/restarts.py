@@ -261,6 +261,16 @@ class Restarts:
                 give_up=f"rollback failed, not restarting: cannot quarantine in {directory}:"
                 f" {error.strerror or error}"
             )
+        if self.keeper is not None:
+            kept_here = str(self.keeper.directory)
+            self.keeper.set_aside(
+                [
+                    c.path.name
+                    for c in plan.quarantine
+                    if os.path.abspath(c.path.parent) == kept_here
+                ],
+                KEEP_FLUSH_S,
+            )
         text = f"rolled back to {plan.restore.path.name}" if plan.restore else ""
         if plan.put_back is not None and plan.restore is not None:
             at = plan.restore.step

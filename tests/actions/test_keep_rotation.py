@@ -355,6 +355,33 @@ def test_a_rollback_right_after_the_jobs_last_save_finds_the_one_it_deleted(
     keeper.close()
 
 
+def test_what_a_rollback_set_aside_is_not_kept_so_a_rollback_further_back_finds_its_copy(
+    tmp_path: Path, start_job: Callable[[str], RotatingJob]
+) -> None:
+    """The NaN came at step 25 and the job saved 30 (deleting 20) before the stop: the
+    rollback puts 20 back and sets 30 aside. The look that linked 30 must not keep it once
+    it is gone from its place (as if the job had deleted it), nor may its version kept
+    before the stop count among the last two: the restart from 20 failed before it passed
+    step 25, and the rollback further back needs the copy of 10."""
+    keeper = Keeper(tmp_path)
+    job = start_job("files")
+    run(job, keeper, (10, 20))
+    job.save(30)
+    keeper.poll(100.0)  # the one look that finds 30, before the stop: its files linked
+    assert keeper.flush(timeout_s=10)
+
+    plan = plan_rollback(tmp_path, 25)
+    assert plan.restore is not None and plan.restore.step == 20
+    apply_rollback(plan, tmp_path, label=LABEL)
+    keeper.set_aside([c.path.name for c in plan.quarantine], timeout_s=10)
+    settle(keeper, 200.0)  # the looks after the rollback: 30 is gone from its place
+    assert sorted(v.step for v in stepped(tmp_path)) == [10, 20]
+
+    further = plan_rollback(tmp_path, 20)
+    assert further.restore is not None and further.restore.step == 10
+    keeper.close()
+
+
 def test_a_checkpoint_that_grows_over_the_budget_drops_the_links_of_its_first_look(
     tmp_path: Path,
 ) -> None:

@@ -40,7 +40,7 @@ def _run(lrs: list[float], losses: list[float], every: int = 5, first: int = 5) 
 
 @pytest.mark.parametrize("every", [1, 5, 100, 500])
 @pytest.mark.parametrize("before", [2, 5, 30])
-def test_a_jump_that_the_loss_follows_acts_with_its_onset_after_the_last_rate_before(
+def test_a_jump_that_the_loss_follows_acts_with_its_onset_at_the_last_rate_before(
     every: int, before: int
 ) -> None:
     lrs = [1e-3] * before + [0.12] * 6
@@ -52,7 +52,9 @@ def test_a_jump_that_the_loss_follows_acts_with_its_onset_after_the_last_rate_be
     ]
     last_before = 5 + (before - 1) * every
     jump_step = last_before + every
-    assert all(a.onset_step == last_before + 1 for a in alerts)
+    # The onset is the last step logged at the old rate: a checkpoint saved there may
+    # already hold the new one (the Trainer saves after the scheduler's step).
+    assert all(a.onset_step == last_before for a in alerts)
     assert alerts[0].step == jump_step
     assert alerts[1].step == jump_step + every, "acts on the second loss value since the jump"
     assert alerts[0].details["lr_jump"] == [jump_step, 1e-3, 0.12]

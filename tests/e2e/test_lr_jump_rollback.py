@@ -1,12 +1,15 @@
-"""Issue 21's done-when: a HF Trainer job whose LR jumps x120 and never recovers, under
-``sentinel run``, is rolled back to the checkpoint before the jump and restarted; with the
-jump gone after the restart it finishes near the run without the jump. The quickstart's job
-keeps one checkpoint (``save_total_limit=1``, issue 31): the clean one comes back from
-sentinel's kept copy.
+"""Issue 29's done-when (issue 21's before it): a HF Trainer job whose LR jumps x120 and never
+recovers, logging every 5 steps, under ``sentinel run``, is rolled back and restarted; with the
+jump gone after the restart it finishes near the run without the jump. The jump comes at step
+100 from the schedule itself (a ``LambdaLR``), and the Trainer saves at step 100 too: that
+checkpoint already holds the new rate (its optimizer's and scheduler's state), so the rollback
+must go to the one before, checkpoint-80. The quickstart's job keeps one checkpoint
+(``save_total_limit=1``, issue 31): the clean one comes back from sentinel's kept copy.
 
 The job is ``tests/fixtures/make_divergence_runs.py``'s ``lr_jump`` run (``LR_JUMP_ONCE``:
-the wrong LR is fixed for the restart). Needs torch and transformers (the fixtures'
-generator venv); skipped without them.
+the wrong LR is fixed for the restart; ``LR_JUMP_STEP``, ``MAX_STEPS``: the jump at 100 in a
+run of 200 steps). Needs torch and transformers (the fixtures' generator venv); skipped
+without them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ pytestmark = [
 ]
 
 JOB = Path(__file__).resolve().parents[1] / "fixtures" / "make_divergence_runs.py"
+#: The jump at step 100, where the Trainer saves too, in a run of 200 steps.
+JUMP_AT_100 = {"LR_JUMP_STEP": "100", "MAX_STEPS": "200"}
 
 
 #: The job as the README's HF quickstart has the user write it: a ``train.py`` whose Trainer
@@ -65,6 +70,7 @@ def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Pat
     env = {
         **os.environ,
         "LR_JUMP_ONCE": "1",
+        **JUMP_AT_100,
         # The Trainer keeps its newest checkpoint only: the clean one is gone from the job's
         # folder by the time the jump is read, and sentinel's kept copy is what goes back.
         "SAVE_TOTAL_LIMIT": "1",
@@ -84,35 +90,37 @@ def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Pat
 
     alerts = [json.loads(line) for line in (state / "alerts.jsonl").read_text().splitlines()]
     criticals = [a for a in alerts if a["severity"] == "critical"]
-    # The jump of the logged rate (x120 at step 155) acts once the loss rose with it.
+    # The jump of the logged rate (x120, logged at step 100) acts once the loss rose with it.
     assert [a["rule"] for a in criticals] == ["lr_jump"], criticals
-    assert criticals[0]["step"] <= 165, criticals
+    assert 100 <= criticals[0]["step"] <= 115, criticals
     # The restart passed the step where the run had failed, back at its level: said so.
     assert any(a["rule"] == "recovery" and "recovered" in a["message"] for a in alerts), [
         (a["rule"], a["severity"], a["message"][:80]) for a in alerts
     ]
-    # Rolled back to the last checkpoint before the jump (step 151), which the Trainer had
-    # deleted: sentinel's kept copy went back where the job wrote it; the later one set aside.
+    # Rolled back to the last checkpoint saved before the logged rate changed (step 100):
+    # checkpoint-100, saved at the jump's own step, holds the new rate and is set aside with
+    # what came after. The Trainer had deleted checkpoint-80 by then: sentinel's kept copy
+    # went back where the job wrote it.
     quarantined = {p.name for p in (out / "quarantine").rglob("checkpoint-*")}
-    assert "checkpoint-160" in quarantined and "checkpoint-140" not in quarantined
-    assert "checkpoint-120" not in quarantined
-    # Mostly the Trainer had deleted it by then, and sentinel's kept copy went back. It logs
-    # the jump's dict just before its save and rotation: a stop that lands between the save
-    # of checkpoint-160 and the deletion of checkpoint-140 finds the job's own still there.
+    assert "checkpoint-100" in quarantined and "checkpoint-80" not in quarantined
+    assert "checkpoint-60" not in quarantined
+    # Mostly the Trainer had deleted it by then, and sentinel's kept copy went back. A stop
+    # that lands between the save of checkpoint-100 and the deletion of checkpoint-80 finds
+    # the job's own still there.
     if "kept by sentinel, put back in place" not in result.stderr:
-        assert "rolled back to checkpoint-140;" in result.stderr, result.stderr[-4000:]
+        assert "rolled back to checkpoint-80;" in result.stderr, result.stderr[-4000:]
     resumed = re.search(r"resumed from \S*checkpoint-(\d+) \(step", result.stderr)
     assert resumed, result.stderr[-4000:]
     # The newest before the jump the keeper saw: this job saves every 0.4 s or so, the
     # looks come every 0.2 s, so a save may fall between two looks under load.
-    assert int(resumed.group(1)) in (120, 140), result.stderr[-4000:]
+    assert int(resumed.group(1)) in (60, 80), result.stderr[-4000:]
     # The restart saved on, deleting as it went: its newest alone is left.
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-300"]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-200"]
 
-    final = json.loads((out / "checkpoint-300" / "trainer_state.json").read_text())
+    final = json.loads((out / "checkpoint-200" / "trainer_state.json").read_text())
     losses = {entry["step"]: entry["loss"] for entry in final["log_history"] if "loss" in entry}
-    before_jump = sorted(loss for step, loss in losses.items() if 100 <= step <= 150)
-    at_end = sorted(loss for step, loss in losses.items() if step > 250)
+    before_jump = sorted(loss for step, loss in losses.items() if 50 <= step <= 100)
+    at_end = sorted(loss for step, loss in losses.items() if step > 150)
     # The restarted run went on learning from its clean state (the jumped run ends ~3.3).
     assert at_end[len(at_end) // 2] < before_jump[len(before_jump) // 2]
 
@@ -120,7 +128,7 @@ def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Pat
 def test_a_jump_that_comes_back_at_the_same_step_gives_up_with_90(tmp_path: Path) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
     out.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **JUMP_AT_100}
     env["SENTINEL_JOB__RESTART_BACKOFF_S"] = "0.1"
     result = subprocess.run(
         [sys.executable, "-m", "sentinel", "run", "--checkpoints", str(out),
@@ -134,5 +142,5 @@ def test_a_jump_that_comes_back_at_the_same_step_gives_up_with_90(tmp_path: Path
     # Once, and again after the restart: the same failure at the same step, so 90.
     assert [a["rule"] for a in acted] == ["lr_jump", "lr_jump"], alerts
     assert len({a["step"] for a in acted}) == 1, acted
-    assert any("recurred at the same step (155)" in a["message"] for a in alerts), alerts
-    assert (out / "checkpoint-140").is_dir()
+    assert any("recurred at the same step (105)" in a["message"] for a in alerts), alerts
+    assert (out / "checkpoint-80").is_dir()
