@@ -155,6 +155,18 @@ def test_missing_file_exits_2(tmp_path: Path) -> None:
             id="dl4j-score",
         ),
         pytest.param(
+            "INFO  DistriOptimizer$:295 - [Epoch 1 0/99][Iteration {step}] Throughput is 408.4"
+            " records/second. Loss is {v:.4f}. Current learning rate is 0.0463.",
+            "INFO  DistriOptimizer$:295 - [Epoch 1 0/99][Iteration {step}] Throughput is 447.2"
+            " records/second. Loss is Infinity. Current learning rate is 0.0463.",
+            id="bigdl-loss-is",
+        ),
+        pytest.param(
+            "Epoch  1, {step}/999999; acc:   4.48; ppl: 35173.75; xent:  {v:.2f}; 3599 src tok/s;",
+            "Epoch  1, {step}/999999; acc:   1.89; ppl: inf; xent:  nan; 3599 src tok/s;",
+            id="opennmt-legacy-xent",
+        ),
+        pytest.param(
             "| epoch 001:   {step} / 99999 loss={v:.4f}, nll_loss=1.2",
             "| epoch 001:   {step} / 99999 loss=inf, nll_loss=inf",
             id="fairseq-older",

@@ -115,6 +115,8 @@ _IGNITE = re.compile(
 _TIMM_TRAIN = re.compile(r"\btrain:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
 #: fairseq's older progress: ``| epoch 002:   200 / 2983 loss=...`` (epochs from 1).
 _FAIRSEQ_EPOCH = re.compile(r"\|\s*epoch\s+(\d+)\s*:?\s+(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
+#: OpenNMT-py's legacy progress: ``Epoch  1, 13350/37527; acc: ...; xent: ...`` (from 1).
+_EPOCH_COMMA_BATCH = re.compile(r"\bepoch\s+(\d+)\s*,\s*(\d+)\s*/\s*(\d+)\s*;", re.IGNORECASE)
 #: A step in brackets that starts the line, before its pairs: CLU's metric writer (JAX,
 #: Flax), ``[130] train/loss=2.31, train/learning_rate=0.001``.
 _LEADING_STEP = re.compile(r"\[\s*(\d+)\s*\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
@@ -126,9 +128,11 @@ _SETTINGS = re.compile(
     r"(?:\x1b\[[0-9;]*m)*(?:[A-Za-z_][\w.]*\((?!.*\b(?:step|global_step|iteration|iter)=)"
     r"\w+=.*\)$|engine/trainer: )"
 )
-#: ``Loss is 1.26``; Deeplearning4j's ``Score at iteration 1500 is 1.26``.
+#: ``Loss is 1.26``; Deeplearning4j's ``Score at iteration 1500 is 1.26``; BigDL's
+#: ``Throughput is 408.4 records/second. Loss is 1.26. Current learning rate is 0.046.``
 _IS_FORM = re.compile(
-    r"\b(?P<key>[a-z][\w]*)(?:\s+at\s+(?:iteration|step)\s+(?P<step>\d+))?\s+is\s+"
+    r"\b(?P<key>learning\s+rate|[a-z][\w]*)(?:\s+at\s+(?:iteration|step)\s+(?P<step>\d+))?"
+    r"\s+is\s+"
     rf"(?P<value>{_NUMBER})(?![\w%]|[.:]\w)",
     re.IGNORECASE,
 )
@@ -193,6 +197,11 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if fairseq is not None:
             epoch, batch, per_epoch = map(int, fairseq.groups())
             step = max(epoch - 1, 0) * per_epoch + batch
+    if step is None and ";" in text and "/" in text:
+        opennmt = _EPOCH_COMMA_BATCH.search(text)
+        if opennmt is not None:
+            epoch, batch, per_epoch = map(int, opennmt.groups())
+            step = max(epoch - 1, 0) * per_epoch + batch
     if step is None and text[:1] == "[" and pairs:
         leading = _LEADING_STEP.match(text)
         if leading is not None:
@@ -226,17 +235,20 @@ def _bracketed_epoch_step(text: str) -> int | None:
 
 
 def _is_form(text: str) -> tuple[list[tuple[str, float]], int | None]:
-    """``Loss is 1.26``, ``Score at iteration 1500 is 1.26``: a known metric only."""
-    found = _IS_FORM.search(text)
-    if found is None:
-        return [], None
-    key = found.group("key").lower()
-    if key == "score":
-        key = "loss"  # Deeplearning4j's score is the loss it minimises
-    if key not in KNOWN_KEYS or key in _STEP_NAMES:
-        return [], None
-    step = found.group("step")
-    return [(normalise_name(key), float(found.group("value")))], None if step is None else int(step)
+    """``Loss is 1.26``, ``Score at iteration 1500 is 1.26``: known metrics only, each
+    message of the line (BigDL says throughput, loss and learning rate in one)."""
+    pairs: list[tuple[str, float]] = []
+    step: int | None = None
+    for found in _IS_FORM.finditer(text):
+        key = _SPACES.sub("_", found.group("key").lower())
+        if key == "score":
+            key = "loss"  # Deeplearning4j's score is the loss it minimises
+        if key not in KNOWN_KEYS or key in _STEP_NAMES:
+            continue
+        pairs.append((normalise_name(key), float(found.group("value"))))
+        if step is None and found.group("step") is not None:
+            step = int(found.group("step"))
+    return pairs, step
 
 
 def parse_keyvalue(text: str) -> list[Sample] | None:

@@ -40,6 +40,7 @@ ALIASES: dict[str, str] = {
     "loss/train": "loss",
     "total_loss": "loss",
     "loss_train": "loss",  # "Loss Train: 1.23", LitGPT's "loss train: 1.23"
+    "xent": "loss",  # OpenNMT-py: the cross-entropy it trains on, beside acc and ppl
     "loss_training": "loss",  # detectron2, YOLOX: the sum of the loss terms they log beside it
     "grad_norm": "grad_norm",
     "grad-norm": "grad_norm",

@@ -101,6 +101,40 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             "Step 1500: Loss is 1.26", [Sample("loss", 1.26, 1500)], id="loss-is-after-its-step"
         ),
         pytest.param(
+            "2017-08-20 16:11:46 INFO  DistriOptimizer$:295 - [Epoch 64 740096/1281167]"
+            "[Iteration 45459][Wall Clock 197340.7s] Train 1792 in 4.0seconds. Throughput is"
+            " 447.2 records/second. Loss is 1.2645824. Current learning rate is 0.0462."
+            " Current weight decay is 1.0E-4. Current momentum is 0.9.",
+            [
+                Sample("epoch", 64.0, 45459, 1503245506.0),
+                Sample("tokens_per_sec", 447.2, 45459, 1503245506.0),
+                Sample("loss", 1.2645824, 45459, 1503245506.0),
+                Sample("lr", 0.0462, 45459, 1503245506.0),
+            ],
+            id="bigdl-each-message-of-the-line",
+        ),
+        pytest.param(
+            "Epoch  1, 13350/37527; acc:   4.25; ppl: 16091.52; xent:   9.69; 3739 src tok/s;"
+            " 3831 tgt tok/s;  10192 s elapsed",
+            [
+                Sample("epoch", 1.0, 13350),
+                Sample("acc", 4.25, 13350),
+                Sample("ppl", 16091.52, 13350),
+                Sample("loss", 9.69, 13350),
+            ],
+            id="opennmt-legacy-epoch-batch-xent",
+        ),
+        pytest.param(
+            "Epoch  2, 50/37527; acc:   4.25; ppl: 16091.52; xent:   9.69;",
+            [
+                Sample("epoch", 2.0, 37527 + 50),
+                Sample("acc", 4.25, 37527 + 50),
+                Sample("ppl", 16091.52, 37527 + 50),
+                Sample("loss", 9.69, 37527 + 50),
+            ],
+            id="opennmt-legacy-second-epoch",
+        ),
+        pytest.param(
             "[Iteration 1500] Loss is Infinity",
             [Sample("loss", INF, 1500)],
             id="loss-is-after-its-iteration",
