@@ -13,6 +13,13 @@ Which non-finite values stop the job (the manual (docs/), "Non-finite values"):
   scaling, a loss of exactly 0.0 on consecutive values, which is what the filter leaves of an
   interval of NaN steps), else when it persists for ``persist`` logged values. The incident
   names the first non-finite step;
+- a training loss that falls to exactly 0 from a clear level (the value before it at least
+  ``ZERO_FROM``, the last 5 at least ``ZERO_FLOOR``): the HF Trainer's nan filter logs 0.0
+  for an interval whose every step's loss was NaN or Inf (an fp16 overflow that never let
+  go), and a loss that underflowed or whose every label was masked is 0 too. A warning on
+  the first such value, critical when the next logged value is 0 as well (its onset the
+  first). A run whose first 0 came after a loss near 0, or whose 0 came back up, has a
+  loss that may be 0 (a margin loss, an RL objective): its zeros are not judged;
 - any other metric (BLEU, perplexity, a best-so-far tracker, a setting): a warning naming it,
   and none for a metric that has been non-finite since its first value; but when
   ``together`` or more of them that were finite before turn non-finite on the same line,
@@ -52,6 +59,12 @@ GRAD_RUNAWAY = 100.0
 #: Finite grad-norms at the start whose least is the run's first level (a run can blow up
 #: at its second step).
 EARLY = 3
+#: A training loss of exactly 0 is judged where the value before it was at least
+#: ``ZERO_FROM`` and the last ``ZERO_LAST`` at least ``ZERO_FLOOR``: a loss that nears 0
+#: rounds to 0 (``0.0001`` -> ``0.0``) from values far below these.
+ZERO_FROM = 0.05
+ZERO_FLOOR = 0.01
+ZERO_LAST = 5
 
 Kind = Literal["loss", "grad_norm", "loss_scale", "other"]
 
@@ -169,6 +182,10 @@ class NanInfDetector(BaseDetector):
         # After calibration (a finite grad-norm seen): whether each logged one was skipped.
         self._calibrated = False
         self._skips: deque[bool] = deque(maxlen=self.settings.skip_window)
+        # A training loss at exactly 0: the step of the first of the zeros in a row, and
+        # whether this run's loss may be 0 (its first 0 came from near 0, or came back).
+        self._zero_start: int | None = None
+        self._zeros_normal = False
 
     def job_started(self, now: float) -> None:
         self.skipped_steps = 0
@@ -197,6 +214,9 @@ class NanInfDetector(BaseDetector):
         grads: list[int] = []
         others: list[int] = []
         line_loss: tuple[int | None, float] | None = None
+        # A training loss of exactly 0, judged after the line's grad-norm (a non-finite one
+        # beside it says more): its index, and the losses before it.
+        zero: tuple[int, list[float]] | None = None
         skipped_none = False
         kind_of_name = self._kind
         for index, sample in enumerate(samples):
@@ -211,6 +231,8 @@ class NanInfDetector(BaseDetector):
                 continue
             if name == "loss":
                 line_loss = (step, value)
+                if value == 0.0 and not self._zeros_normal:
+                    zero = (index, list(self._losses)[-ZERO_LAST:])
             elif name in SKIP_COUNTERS and value == 0:
                 skipped_none = True
             if math.isfinite(value):
@@ -235,16 +257,22 @@ class NanInfDetector(BaseDetector):
                 (index, alert)
                 for alert in self._grad_norm(sample, loss, source, now, skipped_none=skipped_none)
             ]
+        if zero is not None:
+            at, before = zero
+            found += [(at, alert) for alert in self._zero_loss(samples[at], before, source, now)]
         return found
 
     def _finite(self, sample: Sample, kind: Kind, source: str, now: float) -> list[Alert]:
         name, value = sample[0], sample[1]
         self._seen_finite.add(name)
         if name == "loss":
+            if value != 0.0 and self._zero_start is not None:
+                self._zero_start = None  # back above 0: this run's loss may be 0
+                self._zeros_normal = True
             self._losses.append(value)
             self._last_loss = (sample[2], value)
             self._healthy["loss"] += 1
-        elif kind == "loss_scale":
+        if kind == "loss_scale":
             self._loss_scale = value
         return self._count_finite(sample, source, now)
 
@@ -259,6 +287,44 @@ class NanInfDetector(BaseDetector):
                 episode.clear()
                 return [self._resolved(sample, source, now)]
         return []
+
+    def _zero_loss(
+        self, sample: Sample, before: list[float], source: str, now: float
+    ) -> list[Alert]:
+        """A training loss of exactly 0 (see the module docstring), ``before`` the last
+        values before it: the first after a clear level warns, the next in a row is
+        critical."""
+        step = sample[2]
+        if self._offending:
+            return []
+        if self._zero_start is not None:
+            onset = self._zero_start
+            message = (
+                f"loss has been exactly 0 since step {onset}: a loss that is 0 trains nothing"
+                " (the HF Trainer logs 0 for an interval whose every step's loss was NaN or"
+                " Inf; or the loss underflowed, or every label is masked)"
+            )
+            return self._critical(sample, source, now, onset_step=onset, message=message)
+        if not before or before[-1] < ZERO_FROM or min(before) < ZERO_FLOOR:
+            self._zeros_normal = True  # a loss that neared 0, or one that starts at it
+            return []
+        self._zero_start = step
+        self._warned["loss"] = 0
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.WARNING,
+                message=(
+                    f"loss is exactly 0 at step {step} after {before[-1]:.4g}: the HF Trainer"
+                    " logs 0 for an interval whose every step's loss was NaN or Inf (its nan"
+                    " filter), else the loss underflowed or every label is masked; critical"
+                    " if the next value is 0 too"
+                ),
+                time=_time(sample, now),
+                source=source,
+                details=self._details("zero_loss"),
+            )
+        ]
 
     # -- the grad-norm -----------------------------------------------------------------
 
@@ -362,6 +428,7 @@ class NanInfDetector(BaseDetector):
         onset_step: int | None = None,
         reasons: list[str] | None = None,
         together: str | None = None,
+        message: str | None = None,
     ) -> list[Alert]:
         """Open the critical episode (or join it); a warning open is closed first, so the
         incident's onset is this failure's, not the warning's. ``reasons``: what makes a
@@ -379,7 +446,10 @@ class NanInfDetector(BaseDetector):
             # A loss that follows a run of non-finite grad-norms: the run is the onset.
             onset_step = self._run_start if self._run and self._run_start is not None else step
         onset = onset_step
-        if together:
+        kind = "together" if together else "grad_norm" if reasons else "loss"
+        if message is not None:
+            kind = "zero_loss"
+        elif together:
             message = f"{name} is {value} at step {step}: {together}"
         elif reasons:
             since = f" (non-finite since step {onset})" if onset != step else ""
@@ -397,10 +467,7 @@ class NanInfDetector(BaseDetector):
                 time=_time(sample, now),
                 source=source,
                 onset_step=onset,
-                details=self._details(
-                    "together" if together else "grad_norm" if reasons else "loss",
-                    [together] if together else reasons,
-                ),
+                details=self._details(kind, [together] if together else reasons),
             )
         )
         return alerts
@@ -474,8 +541,11 @@ class NanInfDetector(BaseDetector):
     # -- replay blocks -------------------------------------------------------------
 
     def can_absorb(self, block: Block) -> bool:
-        """Outside an episode, a block of finite values raises nothing."""
+        """Outside an episode, a block of finite values raises nothing (nor does a loss
+        of exactly 0 in it, where this run's zeros are judged)."""
         if self._offending or self._warned:
+            return False
+        if not self._zeros_normal and 0.0 in block.columns.get("loss", ()):
             return False
         kind_of_name = self._kind
         for name in block.names:

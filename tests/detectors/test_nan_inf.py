@@ -387,3 +387,78 @@ def test_one_metric_alone_or_trackers_that_start_at_inf_only_warn() -> None:
     assert _line(detector, 1, {"best_bleu": INF, "best_ppl": INF, "bleu": 30.0}) == []
     (alert,) = _line(detector, 2, {"best_bleu": INF, "best_ppl": INF, "bleu": NAN})
     assert alert.severity is Severity.WARNING
+
+
+# -- a loss of exactly 0 --------------------------------------------------------------------
+
+
+def test_a_loss_that_falls_to_exactly_0_warns_then_is_critical_from_its_first_zero() -> None:
+    """LLaMA-Factory's trainer_log.jsonl of a real fp16 run: 2.7044 at step 4440, 0.0 at
+    4450 (the Trainer's nan filter logs 0 for an interval of NaN steps)."""
+    detector = NanInfDetector(NanInfConfig())
+    warning, *rest = feed(detector, steps("loss", [2.9, 2.8, 2.7044, 0.0], first_step=4410))
+    assert rest == []
+    assert (warning.severity, warning.step, warning.details["kind"]) == (
+        Severity.WARNING,
+        4413,
+        "zero_loss",
+    )
+    assert "exactly 0 at step 4413 after 2.704" in warning.message
+    superseded, critical = feed(detector, steps("loss", [0.0], first_step=4414))
+    assert superseded.resolves
+    assert (critical.severity, critical.step, critical.onset_step) == (
+        Severity.CRITICAL,
+        4414,
+        4413,
+    )
+    assert "exactly 0 since step 4413" in critical.message
+
+
+def test_a_zero_that_comes_back_up_warned_once_and_its_loss_may_be_0_from_then_on() -> None:
+    detector = NanInfDetector(NanInfConfig())
+    alerts = feed(detector, steps("loss", [0.5, 0.4, 0.0, 0.3] + [0.2] * 10 + [0.0, 0.0, 0.0]))
+    assert [(a.severity, a.resolves) for a in alerts] == [
+        (Severity.WARNING, False),
+        (Severity.INFO, True),
+    ]
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        pytest.param([0.02, 0.004, 0.0009, 0.0001, 0.0, 0.0], id="rounded-to-0-as-it-neared-0"),
+        pytest.param([0.0, 0.0, 0.0012, -0.03, 0.0, 0.0], id="an-rl-objective-that-starts-at-0"),
+        pytest.param([0.8, 0.3, 0.005, 0.3, 0.0, 0.0], id="a-value-near-0-among-the-last-5"),
+    ],
+)
+def test_a_loss_that_may_be_0_raises_nothing_at_0(losses: list[float]) -> None:
+    assert feed(NanInfDetector(NanInfConfig()), steps("loss", losses)) == []
+
+
+def test_a_block_of_lines_says_what_line_by_line_says_of_a_loss_at_0() -> None:
+    """A replayed metrics file in blocks: a block that holds a 0 loss is refused."""
+    import json
+
+    from sentinel.rules import DETECTORS
+    from tests.detectors.blockcheck import run
+
+    def records(losses: list[float]) -> list[str]:
+        return [json.dumps({"step": 10 * (i + 1), "loss": v}) for i, v in enumerate(losses)]
+
+    def only() -> list[NanInfDetector]:
+        return [DETECTORS["nan_inf"](NanInfConfig())]  # type: ignore[list-item]
+
+    falls = [2.0 - i / 1000 for i in range(300)] + [0.0, 0.0] + [1.5] * 40
+    nears = [1 / (i + 1) ** 2 for i in range(200)] + [0.0] * 40 + [2.0] * 20 + [0.0] * 3
+    said = []
+    for texts in (records(falls), records(nears)):
+        line_by_line = run(only, texts, blocks=False)
+        blocks = run(only, texts, blocks=True)
+        assert blocks.alerts == line_by_line.alerts
+        assert blocks.state == line_by_line.state
+        assert blocks.lines_absorbed > len(texts) // 2
+        said.append([(alert[1], alert[9]) for alert in blocks.alerts])
+    assert said == [
+        [("warning", False), ("info", True), ("critical", False), ("info", True)],
+        [],  # it neared 0 first: its zeros are its own
+    ]
