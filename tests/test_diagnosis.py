@@ -266,6 +266,13 @@ def test_a_nan_with_no_jump_before_it_keeps_its_onset() -> None:
     assert incident.onset_step == 8400
 
 
+def test_a_loss_fallen_to_exactly_0_is_read_as_the_nan_filters_zero() -> None:
+    zero = alert("nan_inf", Severity.WARNING, 4450, kind="zero_loss")
+    diagnosis = diagnose(incident_of(zero), {"loss": series("loss", [2.7044, 0.0], 4440)})
+    assert diagnosis.cause.startswith("the loss fell to exactly 0 at step 4450")
+    assert "bf16" in diagnosis.advice
+
+
 def test_a_nan_late_in_a_log_that_begins_late_is_not_the_first_steps() -> None:
     """An excerpt shows two values before a NaN at iteration 500 (logged every 50)."""
     incident = incident_of(alert("nan_inf", Severity.CRITICAL, 500, "loss"))

@@ -322,6 +322,7 @@ class NanInfDetector(BaseDetector):
                 ),
                 time=_time(sample, now),
                 source=source,
+                onset_step=step,
                 details=self._details("zero_loss"),
             )
         ]
@@ -607,6 +608,16 @@ def nan_reading(
     bad batch, an fp16 overflow or a numerics edge case at that step)."""
     nan_alert = next(alert for alert in incident.alerts if alert.rule == NanInfDetector.rule)
     metric, step = nan_alert.metric, nan_alert.step
+    if nan_alert.details.get("kind") == "zero_loss":
+        at = f" at step {nan_alert.onset_step}" if nan_alert.onset_step is not None else ""
+        return (
+            f"the loss fell to exactly 0{at}: what the HF Trainer logs for an interval whose"
+            " every step's loss was NaN or Inf (its nan filter), or a loss that underflowed,"
+            " or labels all masked",
+            "under fp16, train in bf16 or lower the learning rate and clip gradients at 1.0;"
+            " check that the batches still have labels (not all -100)",
+            metric,
+        )
     told = nan_alert.details.get("finite_before")
     before = (
         told if isinstance(told, int) else len(_finite_before(recent.get(metric or "", ()), step))

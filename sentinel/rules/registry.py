@@ -14,6 +14,7 @@ from sentinel.rules.gpu_idle import GpuIdleDetector
 from sentinel.rules.gpu_memory_creep import GpuMemoryCreepDetector
 from sentinel.rules.grad_norm_run import GradNormRunDetector
 from sentinel.rules.job_crash import JobCrashDetector
+from sentinel.rules.loss_frozen import LossFrozenDetector
 from sentinel.rules.loss_plateau import LossPlateauDetector
 from sentinel.rules.loss_scale import LossScaleDetector
 from sentinel.rules.loss_spike import LossSpikeDetector
@@ -36,6 +37,7 @@ DETECTORS: dict[str, type[BaseDetector]] = {
     "throughput_drop": ThroughputDropDetector,
     "eval_loss_rise": EvalLossRiseDetector,
     "loss_plateau": LossPlateauDetector,
+    "loss_frozen": LossFrozenDetector,
     "gpu_memory_creep": GpuMemoryCreepDetector,
     "gpu_health": GpuHealthDetector,
     "gpu_idle": GpuIdleDetector,

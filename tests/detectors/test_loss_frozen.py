@@ -1,0 +1,114 @@
+"""loss_frozen: a training loss that logs the very same value again and again."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from sentinel.model.records import Alert, Sample, Severity
+from sentinel.rules.loss_frozen import (
+    LossFrozenConfig,
+    LossFrozenDetector,
+    classes_of,
+    significant_digits,
+)
+from tests.detectors.blockcheck import run
+
+NOW = 1_700_000_000.0
+
+
+def feed(values: Sequence[float], *, first_step: int = 1, **config: int) -> list[Alert]:
+    detector = LossFrozenDetector(LossFrozenConfig(**config))
+    alerts: list[Alert] = []
+    for index, value in enumerate(values):
+        alerts += detector.observe(Sample("loss", value, first_step + index), "train.log", NOW)
+    return alerts
+
+
+def test_a_binary_classifier_stuck_at_ln_2_warns_at_its_tenth_value_naming_ln_2() -> None:
+    """A real TF run (its issue thread's log): 0.6931 from step 8 on."""
+    (alert,) = feed([0.68, 2.46, 1.2, 10.69, 3.1, 0.9, 0.71] + [0.6931] * 20)
+    assert (alert.severity, alert.step, alert.onset_step) == (Severity.WARNING, 17, 8)
+    assert alert.details == {"kind": "frozen", "repeats": 10, "since": 8, "classes": 2}
+    assert "exactly 0.6931 for 10 logged values" in alert.message
+    assert "ln 2" in alert.message
+
+
+def test_it_resolves_when_the_loss_moves_and_a_new_run_warns_again() -> None:
+    alerts = feed([2.3026] * 10 + [2.29] + [2.3026] * 10)
+    assert [(a.severity, a.resolves, a.step) for a in alerts] == [
+        (Severity.WARNING, False, 10),
+        (Severity.INFO, True, 11),
+        (Severity.WARNING, False, 21),
+    ]
+    assert alerts[0].details["classes"] == 10
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param([0.0002] * 30, id="a-loss-near-0-at-four-decimals"),
+        pytest.param([0.0] * 30, id="exactly-0-is-nan_ins"),
+        pytest.param([1.2345] * 9 + [1.2346], id="nine-in-a-row"),
+        pytest.param([2.0 + 0.0001 * math.sin(i) for i in range(40)], id="flat-but-moving"),
+        pytest.param([0.5, math.nan] * 20, id="a-nan-between-breaks-the-run"),
+    ],
+)
+def test_what_is_not_a_frozen_loss(values: list[float]) -> None:
+    assert feed(values) == []
+
+
+def test_repeats_and_min_digits_are_settings() -> None:
+    assert [a.step for a in feed([0.69] * 6, repeats=5, min_digits=2)] == [5]
+    assert feed([0.69] * 6, repeats=5) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "digits"),
+    [
+        (0.6931, 4),
+        (0.0002, 1),
+        (100.0, 1),
+        (0.0, 0),
+        (2.302585092994046, 7),
+        (1.5e-05, 2),
+        (0.1 + 0.2, 1),
+        (0.0002 * 1.3, 2),
+    ],
+)
+def test_significant_digits_as_logged(value: float, digits: int) -> None:
+    assert significant_digits(value) == digits
+
+
+@pytest.mark.parametrize(
+    ("value", "classes"),
+    [(0.6931, 2), (2.3026, 10), (6.9078, 1000), (10.8249, 50257), (1.5, None), (0.3, None)],
+)
+def test_ln_k_is_named_for_a_uniform_guess(value: float, classes: int | None) -> None:
+    assert classes_of(value) == classes
+
+
+def test_a_block_of_lines_says_what_line_by_line_says() -> None:
+    """Replay in blocks: a block that would complete a frozen run is refused; one that
+    continues a run, or holds repeats too coarse to judge, is taken whole."""
+    losses = (
+        [3.0 - i / 500 for i in range(300)] + [0.6931] * 30 + [0.65 - i / 1e4 for i in range(80)]
+    )
+    losses += [0.0002] * 100 + [1.1111] * 5 + [1.2] * 40
+    texts = [json.dumps({"step": i + 1, "loss": v}) for i, v in enumerate(losses)]
+
+    def only() -> list[LossFrozenDetector]:
+        return [LossFrozenDetector(LossFrozenConfig())]
+
+    line_by_line = run(only, texts, blocks=False)
+    blocks = run(only, texts, blocks=True)
+    assert blocks.alerts == line_by_line.alerts
+    assert blocks.state == line_by_line.state
+    assert blocks.lines_absorbed > len(texts) // 2
+    assert [(alert[1], alert[9]) for alert in blocks.alerts] == [
+        ("warning", False),
+        ("info", True),
+    ]
