@@ -205,6 +205,11 @@ class KeepConfig(SettingsTable):
     #: Versions kept per overwritten file, and checkpoints kept of those named by their step:
     #: the newest may be poisoned, so at least two.
     versions: int = Field(default=2, ge=2, le=100)
+    #: A version is kept once its size and modification time held this long (two looks
+    #: apart): a save still being written is not a version. Longer for a filesystem that
+    #: writes in long pauses (a network mount), shorter for a job that rewrites one file
+    #: more often than that.
+    settle_s: float = Field(default=2.0, gt=0, le=3600)
     #: ``sentinel status`` warns when the quarantine and the kept copies take more; unset: never.
     warn_disk_bytes: int | None = Field(default=None, ge=1)
 

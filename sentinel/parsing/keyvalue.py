@@ -65,6 +65,9 @@ NOT_METRIC_KEYS: frozenset[str] = frozenset(
         "code", "exit", "signal", "attempt", "retry", "retries", "version", "worker",
         "workers", "rank", "node", "host", "cuda", "device", "gpu", "file", "id", "to", "from",
         "at", "of", "in", "is", "by", "for", "with", "was", "be",
+        # a run's length as it starts ("Starting training..., iters: 2596"), no metric
+        "iters", "epochs", "max_iters", "max_steps", "max_epochs", "total_iters",
+        "total_steps", "total_epochs", "num_epochs", "num_train_epochs",
     }
 )  # fmt: skip
 

@@ -92,7 +92,12 @@ class Restarts:
         self.keeper = (
             None
             if checkpoints is None or keep.max_bytes == 0
-            else Keeper(checkpoints, max_bytes=keep.max_bytes, versions=keep.versions)
+            else Keeper(
+                checkpoints,
+                max_bytes=keep.max_bytes,
+                versions=keep.versions,
+                settle_s=keep.settle_s,
+            )
         )
         self.count = 0
         self._last_failure: tuple[str, int | None] | None = None

@@ -88,12 +88,18 @@ def test_a_ddp_job_that_goes_nan_after_a_save_resumes_every_rank_from_its_last_c
     job_args = [str(JOB), layout, str(ckpt), str(record)]
     launcher = TORCHRUN if ranks == 2 else [sys.executable]
     resume = " ".join(["env", f"RESUME_FROM={resume_arg}", *launcher, *job_args])
-    step_s = "0.2" if layout == "one-file" else "0.1"
+    # A kept version of the file rewritten in place must settle (0.5 s unchanged here, at
+    # looks every 0.25 s) before the next save, 20 steps on, rewrites it.
+    step_s = "0.08" if layout == "one-file" else "0.05"
     result = _sentinel(
         "--checkpoints", str(ckpt), "--state-dir", str(state), "--max-restarts", "2",
         "--resume-command", resume, "--", *launcher, *job_args,
-        # A kept version must settle (2 s unchanged) before the next save rewrites it.
-        env={"SENTINEL_JOB__GRACE_PERIOD_S": "10", "DDP_STEP_S": step_s},
+        env={
+            "SENTINEL_JOB__GRACE_PERIOD_S": "10",
+            "DDP_STEP_S": step_s,
+            "SENTINEL_KEEP__SETTLE_S": "0.5",
+            "SENTINEL_TICK_INTERVAL_S": "0.25",
+        },
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
 

@@ -90,6 +90,7 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             [Sample("loss", NAN, 5)],
             id="a-record-repr-naming-its-step-is-read",
         ),
+        pytest.param("Starting training..., iters: 2596", None, id="mlx-run-length-no-metric"),
         pytest.param("Loss is 1.26", [Sample("loss", 1.26)], id="jvm-loss-is"),
         pytest.param("Loss is Infinity", [Sample("loss", INF)], id="jvm-loss-is-infinity"),
         pytest.param(
