@@ -71,7 +71,8 @@ NOT_METRIC_KEYS: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 
-_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?|nan|inf(?:inity)?)"
+#: A value; PaddleOCR pads each to six characters with ``x`` (``{:x<6f}``): ``nanxxx``.
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?|nanx*|inf(?:inity|x*))"
 _PAIR = re.compile(
     r"(?<![\w/.\-])"
     r"(?P<key>(?:eval|val|valid|validation|test|train|training|total)\s+loss|global\s+step"
@@ -87,9 +88,20 @@ _LEADING_TIMESTAMP = re.compile(
     r"\[?(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)"
 )
 _SPACES = re.compile(r"\s+")
+#: Names that are the training loss on a human-written line (not in a metrics file, whose
+#: records may hold both): Mask R-CNN loops' ``losses``, nanotron's ``lm_loss``, DLLogger's
+#: ``step_loss``; and Kaldi-style ``ep=23`` is the epoch.
+_LINE_ALIASES = {"losses": "loss", "lm_loss": "loss", "step_loss": "loss", "ep": "epoch"}
+#: Names a line gives once: a second ``loss`` (a total beside its part, a validation loss
+#: after the training one, a GAN's second network) is not a second value of the training
+#: loss, and is read as ``loss#2``.
+_ONCE = frozenset({"loss", "grad_norm", "lr"})
+_QUOTED = re.compile(r"'([^'\s]*)'")
 _STEP_NAMES = frozenset(RECORD_STEP_KEYS)
 #: A word after a value: prose (``UserWarning: 4 workers``) unless it starts another pair.
-_WORD_AFTER = re.compile(r"[ \t]+[a-z][a-z_]*\b(?![ \t]*[:=]|[ \t]+[-+]?[\d.])", re.IGNORECASE)
+_WORD_AFTER = re.compile(
+    r"[ \t]+[a-z][a-z_]*\b(?![ \t]*[:=]|[ \t]+(?:[-+]?[\d.]|nan\b|inf))", re.IGNORECASE
+)
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches", re.IGNORECASE)
 #: ``Train epoch: 0, batch: 790/34799, loss: ...`` (a hand-written loop, epochs from 0).
@@ -101,6 +113,11 @@ _STEP_BRACKETS = re.compile(
     r"(?:\bepoch\s*\[\s*(\d+)\s*/\s*\d+\s*\]\W{1,4})?\bstep\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]",
     re.IGNORECASE,
 )
+#: An iteration of all in brackets: mmcv 1.x's ``Iter [1100/160000]``, ``Iter: [600/1348]``.
+_ITER_BRACKETS = re.compile(r"\biter(?:ation)?\s*:?\s*\[\s*(\d+)\s*/\s*\d+\s*\]", re.IGNORECASE)
+#: A name with a ``loss`` word and its value apart by spaces alone (``loss_total 116.117``):
+#: read though the name is no known one, as a loss is what such a line is about.
+_LOSS_WORD = re.compile(r"(?:^|_)loss(?:$|_)")
 #: PyTorch's ImageNet example (its ``ProgressMeter``): ``Epoch: [2][ 130/500]`` (from 0).
 _EPOCH_BATCH_BRACKETS = re.compile(
     r"\bepoch:\s*\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]", re.IGNORECASE
@@ -150,8 +167,16 @@ def reads_as_metric_name(key: str) -> bool:
     return lowered not in NOT_METRIC_KEYS and not lowered.endswith(("warning", "error"))
 
 
+def _float(value: str) -> float:
+    """A value as ``_NUMBER`` matched it: PaddleOCR's padding (``nanxxx``) dropped."""
+    return float(value.rstrip("xX")) if value[-1:] in "xX" else float(value)
+
+
 def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
     """The metric (name, value) pairs in a line, names normalised, and its step if any."""
+    if "': '" in text:
+        # PaddleDetection's ``'loss': '1.263390'``: the quotes around names and values go.
+        text = _QUOTED.sub(r"\1", text)
     pairs: list[tuple[str, float]] = []
     step: int | None = None
     for match in _PAIR.finditer(text):
@@ -162,7 +187,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         # Prose guard: an unknown key needs "=" or ": " (so not "cuda:0", "batch 8"), and
         # after ": " a name that reads as a metric's and no word after its value.
         if lowered not in KNOWN_KEYS and "=" not in separator:
-            if ":" not in separator or separator[-1] == ":" or not reads_as_metric_name(key):
+            spaced_loss = ":" not in separator and _LOSS_WORD.search(lowered) is not None
+            if not spaced_loss and (
+                ":" not in separator or separator[-1] == ":" or not reads_as_metric_name(key)
+            ):
                 continue
             if _WORD_AFTER.match(text, match.end()) is not None:
                 continue
@@ -170,7 +198,15 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             if step is None:
                 step = as_step(value)
             continue
-        pairs.append((normalise_name(key), float(value)))
+        name = _LINE_ALIASES.get(lowered) or normalise_name(key)
+        if name in _ONCE:
+            again = sum(1 for known, _ in pairs if known.split("#")[0] == name)
+            if again:
+                # The first is the line's ``loss``; another (a GAN's ``[D loss: ..] [G loss:
+                # ..]``, a validation loss after the training one) is ``loss#2``: still a
+                # loss to nan_inf, not a second value of the one series the others judge.
+                name = f"{name}#{again + 1}"
+        pairs.append((name, _float(value)))
     if step is None and "batches" in text:
         batches = _EPOCH_BATCHES.search(text)
         if batches is not None:
@@ -189,6 +225,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             epoch_text, batch_text, per_epoch_text = bracketed.groups()
             epoch = int(epoch_text) if epoch_text is not None else 1
             step = max(epoch - 1, 0) * int(per_epoch_text) + int(batch_text)
+    if step is None and "[" in text and ("ter" in text or "TER" in text):
+        iteration = _ITER_BRACKETS.search(text)
+        if iteration is not None:
+            step = int(iteration.group(1))
     if step is None and "[" in text and pairs and pairs[0][0] == "train":
         timm = _TIMM_TRAIN.search(text)
         if timm is not None:
@@ -248,7 +288,7 @@ def _is_form(text: str) -> tuple[list[tuple[str, float]], int | None]:
             key = "loss"  # Deeplearning4j's score is the loss it minimises
         if key not in KNOWN_KEYS or key in _STEP_NAMES:
             continue
-        pairs.append((normalise_name(key), float(found.group("value"))))
+        pairs.append((normalise_name(key), _float(found.group("value"))))
         if step is None and found.group("step") is not None:
             step = int(found.group("step"))
     return pairs, step

@@ -4,7 +4,10 @@
 16384.0 | grad norm: 2.918 | number of skipped iterations:   0 | number of nan iterations:
 0 |``; multi-word names read as ``loss``, ``lr``, ``grad_norm``, ``loss_scale``,
 ``skipped_iterations``, ``nan_iterations``, the rest lower-cased with ``_``
-(``consumed_samples``). Stateless, one line each (``ParseFn``).
+(``consumed_samples``); older Megatron's ``lm loss 6.75E+00 | loss scale 64.0`` (no colon)
+too. The evaluation's ``validation loss at iteration 1000 | LM loss: 4.5E+00 | LM PPL: ...``
+is ``eval_loss`` and ``eval_ppl`` at that iteration, never the training loss. Stateless, one
+line each (``ParseFn``).
 """
 
 from __future__ import annotations
@@ -15,9 +18,20 @@ from sentinel.model.records import Sample
 from sentinel.parsing.values import as_float, iso_to_epoch_seconds, normalise_name
 
 _MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
+#: The evaluation's line: `` validation loss at iteration 1000 | LM loss: 4.5E+00 | LM PPL:
+#: 90.3 |`` (older), ``... at iteration 100 on validation set | lm loss value: ... |``.
+_MEGATRON_VALIDATION = re.compile(r"\bvalidation loss at iteration\s+(\d+)\b[^|]*\|", re.I)
+#: ``name: value``, or ``name value`` as older Megatron writes it (``lm loss 6.75E+00``).
 _MEGATRON_FIELD = re.compile(
-    r"([A-Za-z][^|:]*?)\s*:\s*([-+]?(?:[\d.]+(?:e[-+]?\d+)?|nan|inf))\b", re.I
+    r"([A-Za-z][^|:]*?)(?:\s*:\s*|\s+)([-+]?(?:[\d.]+(?:e[-+]?\d+)?|nan|inf))\b", re.I
 )
+#: The evaluation's names, lower-cased, to sentinel's.
+_VALIDATION_NAMES = {
+    "lm loss": "eval_loss",
+    "lm loss value": "eval_loss",
+    "lm loss ppl": "eval_ppl",
+    "lm ppl": "eval_ppl",
+}
 _STAMP = re.compile(
     r"\[(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:[+-]\d{2}:?\d{2})?)\]"
 )
@@ -49,8 +63,12 @@ def parse_megatron(text: str) -> list[Sample] | None:
     if "iteration" not in text or "|" not in text:
         return None
     found = _MEGATRON_STEP.search(text)
+    evaluation = False
     if found is None:
-        return None
+        found = _MEGATRON_VALIDATION.search(text)
+        if found is None:
+            return None
+        evaluation = True
     step = int(found.group(1))
     stamp = _STAMP.search(text, 0, found.start())
     time = iso_to_epoch_seconds(stamp.group(1)) if stamp else None
@@ -60,6 +78,12 @@ def parse_megatron(text: str) -> list[Sample] | None:
         if pair is None:
             continue
         value = as_float(pair.group(2))
-        if value is not None:
-            samples.append(Sample(megatron_name(pair.group(1)), value, step, time))
+        if value is None:
+            continue
+        if evaluation:
+            lowered = " ".join(pair.group(1).lower().split())
+            name = _VALIDATION_NAMES.get(lowered) or f"eval_{megatron_name(pair.group(1))}"
+        else:
+            name = megatron_name(pair.group(1))
+        samples.append(Sample(name, value, step, time))
     return samples

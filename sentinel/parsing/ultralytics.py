@@ -1,5 +1,5 @@
-"""Ultralytics' console (YOLOv8, YOLO11): a header row names the columns of the progress
-rows drawn under it.
+"""Ultralytics' console (YOLOv8, YOLO11, and YOLOv5's): a header row names the columns of the
+progress rows drawn under it.
 
 ::
 
@@ -23,8 +23,11 @@ drawing of the description was skipped, is read one step late): each loss term b
 ``results.csv`` is read; a classifier's one term is ``loss`` already). Ultralytics' own
 bar fits a row to the terminal's width, cutting the description short with ``…``: the
 terms before the cut are read, ``loss`` only when none is cut (at 80 columns, only
-``box_loss`` or none is left). The validation rows (``Class  Images  Instances  Box(P
-...``, other columns) are not read. A ``LineFormat``: it keeps the header's names.
+``box_loss`` or none is left). YOLOv5's header is ``Epoch  gpu_mem  box  obj  cls  [total]
+labels  img_size`` (``total`` is the loss), and its rows count epochs from 0 (``0/99``), as
+its 7.0 does under the newer header: a row at epoch 0 says so. The validation rows
+(``Class  Images  Instances  Box(P ...``, other columns) are not read. A ``LineFormat``: it
+keeps the header's names.
 """
 
 from __future__ import annotations
@@ -39,24 +42,30 @@ from sentinel.parsing.values import as_float
 _ROW = re.compile(r"(\d+)/\d+\s+(.*?):\s+\d{1,3}%(?:\|[^|]*\||\s+[━╸─]*)\s*(\d+)/(\d+)")
 #: Where Ultralytics' bar cut a description to the terminal's width.
 _CUT = "…"
+#: The header's last two names: YOLOv8 and later (and YOLOv5 7.0), earlier YOLOv5.
+_YOLOV5_LAST = ["labels", "img_size"]
+_LAST = (["Instances", "Size"], _YOLOV5_LAST)
 
 
 class UltralyticsConsole:
     """Reads the training header and the progress rows under it."""
 
-    __slots__ = ("_terms",)
+    __slots__ = ("_from_zero", "_terms")
 
     def __init__(self) -> None:
         #: The loss terms the header names, in its order; None before a header.
         self._terms: tuple[str, ...] | None = None
+        #: Whether the rows count epochs from 0 (YOLOv5's ``0/99``), not from 1.
+        self._from_zero = False
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line; None for a line in another format."""
         if text.startswith("Epoch "):
             names = text.split()
-            if len(names) < 5 or names[1] != "GPU_mem" or names[-2:] != ["Instances", "Size"]:
+            if len(names) < 5 or names[1].lower() != "gpu_mem" or names[-2:] not in _LAST:
                 return None  # Keras's "Epoch 3/10", and others
             self._terms = tuple(map(_term_name, names[2:-2]))
+            self._from_zero = names[-2:] == _YOLOV5_LAST
             return []
         terms = self._terms
         if terms is None or not text[:1].isdigit() or "%" not in text:
@@ -73,7 +82,9 @@ class UltralyticsConsole:
         elif len(cells) != len(terms) + 3:
             return None
         batch, batches = int(row.group(3)), int(row.group(4))
-        step = (int(row.group(1)) - 1) * batches + min(batch + 1, batches)
+        epoch = int(row.group(1))
+        self._from_zero = self._from_zero or epoch == 0
+        step = (epoch - (not self._from_zero)) * batches + min(batch + 1, batches)
         samples = []
         for name, cell in zip(terms, cells[1:], strict=False):
             value = as_float(cell)
@@ -90,4 +101,6 @@ def _term_name(name: str) -> str:
     """A loss term as the header names it, lower-cased, ending in ``_loss`` (``box`` in some
     trainers' headers is ``box_loss``)."""
     lowered = name.lower()
+    if lowered == "total":
+        return "loss"  # YOLOv5's sum of the terms, beside them
     return lowered if lowered.endswith("loss") else f"{lowered}_loss"

@@ -91,6 +91,62 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="a-record-repr-naming-its-step-is-read",
         ),
         pytest.param("Starting training..., iters: 2596", None, id="mlx-run-length-no-metric"),
+        pytest.param(
+            "ep=22 lr=0.002 loss=0.671 err=0.214 valid=dev_clean loss=0.693 err=0.212",
+            [
+                Sample("epoch", 22.0),
+                Sample("lr", 0.002),
+                Sample("loss", 0.671),
+                Sample("err", 0.214),
+                Sample("loss#2", 0.693),
+                Sample("err", 0.212),
+            ],
+            id="a-second-loss-on-a-line-is-no-second-value-of-the-loss",
+        ),
+        pytest.param(
+            "  Iter: [1200/1348]   Freq 252.7   loss_source nan   loss_total nan   [2019-10-31"
+            " 09:14:49]",
+            [Sample("loss_source", NAN, 1200), Sample("loss_total", NAN, 1200)],
+            id="iter-in-brackets-and-loss-names-apart-by-spaces",
+        ),
+        pytest.param(
+            "2022-10-27 17:28:08,770 - mmseg - INFO - Iter [1100/160000]     lr: 4.366e-05,"
+            " decode.loss_ce: 0.0045, loss: 0.0045",
+            [
+                Sample("lr", 4.366e-05, 1100, 1666891688.77),
+                Sample("decode.loss_ce", 0.0045, 1100, 1666891688.77),
+                Sample("loss", 0.0045, 1100, 1666891688.77),
+            ],
+            id="mmcv-1-iter-based-runner",
+        ),
+        pytest.param("the loss_weight 2 was set", None, id="a-loss-word-in-prose-is-no-metric"),
+        pytest.param(
+            "iteration : 4, losses : 1266.863037109375",
+            [Sample("loss", 1266.863037109375, 4)],
+            id="mask-rcnn-losses-is-the-loss",
+        ),
+        pytest.param(
+            "12/05/2019 16:18:07 - INFO - DLL 2019-12-05 16:18:07.148 - Training Iteration: 2872"
+            "  step_loss : 0.695",
+            [Sample("loss", 0.695, 2872)],
+            id="dllogger-step-loss-is-the-loss",
+        ),
+        pytest.param(
+            "[2020/05/26 21:49:05] ppocr INFO: epoch: [1/2000], global_step: 174, lr: 0.000013,"
+            " loss: nanxxx, avg_reader_cost: 0.01411 s",
+            [Sample("lr", 1.3e-05, 174), Sample("loss", NAN, 174)],
+            id="paddleocr-padded-nan",
+        ),
+        pytest.param(
+            "2020-12-22 08:05:25,238-INFO: iter: 1240, lr: 0.019992, 'loss_cls': '0.736654',"
+            " 'loss': '1.263390', eta: 10:52:43",
+            [
+                Sample("lr", 0.019992, 1240, 1608624325.238),
+                Sample("loss_cls", 0.736654, 1240, 1608624325.238),
+                Sample("loss", 1.26339, 1240, 1608624325.238),
+            ],
+            id="paddledetection-quoted-values",
+        ),
         pytest.param("Loss is 1.26", [Sample("loss", 1.26)], id="jvm-loss-is"),
         pytest.param("Loss is Infinity", [Sample("loss", INF)], id="jvm-loss-is-infinity"),
         pytest.param(
@@ -165,7 +221,7 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             [
                 Sample("epoch", 2.0, 2 * 938 + 130),
                 Sample("loss", 0.5, 2 * 938 + 130),
-                Sample("loss", NAN, 2 * 938 + 130),
+                Sample("loss#2", NAN, 2 * 938 + 130),
             ],
             id="pytorch-gan-epoch-and-batch",
         ),

@@ -95,6 +95,44 @@ def test_rows(line: str, expected: list[tuple[str, int, float]] | None) -> None:
     assert [s.value for s in found] == pytest.approx([v for *_, v in expected], nan_ok=True)
 
 
+@pytest.mark.parametrize(
+    ("header", "row", "expected"),
+    [
+        pytest.param(
+            "Epoch   gpu_mem       box       obj       cls    labels  img_size",
+            "1/99     2.64G         nan       nan       nan         4       416: 100%|██████████|"
+            " 7/7 [00:15<00:00,  2.27s/it]",
+            [("loss", 14, math.nan), ("box_loss", 14, math.nan), ("obj_loss", 14, math.nan),
+             ("cls_loss", 14, math.nan)],
+            id="yolov5-its-second-epoch-from-0",
+        ),
+        pytest.param(
+            "Epoch   gpu_mem       box       obj       cls     total    labels  img_size",
+            "0/299     3.1G   0.07353   0.03166   0.02541    0.1306        37       640:  12%|█ "
+            "  | 31/254 [00:20<02:20,  1.59it/s]",
+            [("box_loss", 32, 0.07353), ("obj_loss", 32, 0.03166), ("cls_loss", 32, 0.02541),
+             ("loss", 32, 0.1306)],
+            id="yolov5-total-is-the-loss",
+        ),
+        pytest.param(
+            "Epoch    GPU_mem   box_loss   obj_loss   cls_loss  Instances       Size",
+            "0/99      3.62G    0.1115    0.07012    0.03868         81        640:  25%|██▌ "
+            "| 2/8 [00:01<00:03,  1.8it/s]",
+            [("loss", 3, 0.1115 + 0.07012 + 0.03868), ("box_loss", 3, 0.1115),
+             ("obj_loss", 3, 0.07012), ("cls_loss", 3, 0.03868)],
+            id="yolov5-7-the-new-header-from-0",
+        ),
+    ],
+)  # fmt: skip
+def test_yolov5_rows(header: str, row: str, expected: list[tuple[str, int, float]]) -> None:
+    console = UltralyticsConsole()
+    assert console.parse(header) == []
+    found = console.parse(row)
+    assert found is not None
+    assert [(s.name, s.step) for s in found] == [(name, step) for name, step, _ in expected]
+    assert [s.value for s in found] == pytest.approx([v for *_, v in expected], nan_ok=True)
+
+
 def _terminal_lines(name: str) -> list[str]:
     splitter = LineSplitter()
     lines = splitter.feed((FIXTURES / name / "console.txt").read_bytes()) + splitter.flush()
