@@ -32,7 +32,7 @@ from pathlib import Path
 
 from sentinel.config import Settings
 from sentinel.engine.core import Engine, build_detectors
-from sentinel.evidence.diagnosis import explain
+from sentinel.evidence.diagnosis import DIAGNOSIS_SAMPLES, explain
 from sentinel.follow.terminal_text import TerminalLines
 from sentinel.model.incidents import IncidentTracker
 from sentinel.model.records import PROGRESS, Alert, Severity
@@ -135,7 +135,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
                 explain(
                     tracker.open[alert.rule],
                     alert,
-                    engine.recent(None),
+                    engine.recent(alert.step, DIAGNOSIS_SAMPLES),
                     samples_per_step=engine.facts.samples_per_step,
                 )
             result.alerts.append(alert)

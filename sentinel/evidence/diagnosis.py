@@ -33,6 +33,11 @@ from sentinel.rules.lr_jumps import lr_evidence, named_jump
 
 #: Points of the sparkline around onset.
 SPARK_POINTS = 12
+#: Samples of each metric up to an alert's step that its incident is read from
+#: (``Engine.recent(alert.step, DIAGNOSIS_SAMPLES)``): the same whatever else the batch
+#: the alert came in held, and enough to hold a learning-rate jump a few values before
+#: the onset with the rate before it.
+DIAGNOSIS_SAMPLES = 16
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ def diagnose(
     """
     worst = incident.worst
     cause, advice, metric = _reading(incident, recent)
-    inspect = incident.onset_step
+    inspect = _evidence_onset(incident)
     return Diagnosis(
         cause=cause,
         advice=advice,
@@ -96,6 +101,18 @@ def diagnose(
         sample_range=_sample_range(inspect, samples_per_step),
         sparkline=_spark(metric or worst.metric, recent),
     )
+
+
+def _evidence_onset(incident: Incident) -> int | None:
+    """The first step of the rules' own evidence: the batch to look at (the incident's
+    onset may have moved back further, to before a jump of the logged rate)."""
+    steps = [
+        alert.onset_step if alert.onset_step is not None else alert.step
+        for alert in incident.alerts
+        if not alert.resolves
+    ]
+    known = [step for step in steps if step is not None]
+    return min(known) if known else incident.onset_step
 
 
 def explain(

@@ -23,7 +23,7 @@ from sentinel.config import Settings
 from sentinel.engine.core import Engine, build_detectors
 from sentinel.evidence.capture import incident_dir
 from sentinel.evidence.chart import ChartDrawer, picture
-from sentinel.evidence.diagnosis import explain
+from sentinel.evidence.diagnosis import DIAGNOSIS_SAMPLES, explain
 from sentinel.evidence.report import Journal, incident_files, write_report
 from sentinel.model.cost import incident_cost
 from sentinel.model.facts import Resumed
@@ -148,7 +148,7 @@ class Watch:
                 explain(
                     self.tracker.open[alert.rule],
                     alert,
-                    self.engine.recent(None),
+                    self.engine.recent(alert.step, DIAGNOSIS_SAMPLES),
                     samples_per_step=self.engine.facts.samples_per_step,
                 )
             self.safely("the alert journal", self.journal.append, alert)
