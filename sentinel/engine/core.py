@@ -363,3 +363,13 @@ class Engine:
     def recent(self, before_step: int | None, per_metric: int = 8) -> dict[str, list[Sample]]:
         """The last samples of each metric up to ``before_step`` (inclusive), for reports."""
         return self._history.recent(before_step, per_metric)
+
+    def recent_at(self, step: int | None, per_metric: int) -> dict[str, list[Sample]]:
+        """What a diagnosis of an alert at ``step`` reads: each metric's last ``per_metric``
+        samples up to it, the same whatever else the batch held; of a metric whose kept
+        samples all came after it (a replayed block read far past the step), its last."""
+        around = self._history.recent(step, per_metric)
+        if step is not None:
+            for name, samples in self._history.recent(None, per_metric).items():
+                around.setdefault(name, samples)
+        return around

@@ -54,9 +54,7 @@ class History:
             )
 
     def recent(self, before_step: int | None, per_metric: int = 8) -> dict[str, list[Sample]]:
-        """The last samples of each metric up to ``before_step`` (inclusive); of a metric
-        whose kept samples all came after it (a replayed block read far past the step), the
-        earliest kept."""
+        """The last samples of each metric up to ``before_step`` (inclusive)."""
         out: dict[str, list[Sample]] = {}
         for name, history in self.by_metric.items():
             kept = [
@@ -64,8 +62,6 @@ class History:
             ]
             if kept:
                 out[name] = kept[-per_metric:]
-            elif history:
-                out[name] = list(history)[:per_metric]
         return out
 
     def clear(self) -> None:

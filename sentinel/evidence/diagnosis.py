@@ -34,7 +34,7 @@ from sentinel.rules.lr_jumps import lr_evidence, named_jump
 #: Points of the sparkline around onset.
 SPARK_POINTS = 12
 #: Samples of each metric up to an alert's step that its incident is read from
-#: (``Engine.recent(alert.step, DIAGNOSIS_SAMPLES)``): the same whatever else the batch
+#: (``Engine.recent_at(alert.step, DIAGNOSIS_SAMPLES)``): the same whatever else the batch
 #: the alert came in held, and enough to hold a learning-rate jump a few values before
 #: the onset with the rate before it.
 DIAGNOSIS_SAMPLES = 16
