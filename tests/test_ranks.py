@@ -34,6 +34,11 @@ RANKS = Path(__file__).parent / "fixtures" / "ranks"
         pytest.param("[rank1] step 5 | loss 2.3", (1, "step 5 | loss 2.3", True), id="no-colon"),
         pytest.param("[Rank 1] step=5, skipped=0", (1, "step=5, skipped=0", True), id="deepspeed"),
         pytest.param("[default1]:step 5 loss 2.3", (1, "step 5 loss 2.3", True), id="torchrun-tee"),
+        pytest.param(
+            "[trainer0|0]:1|54|Loss: 1.096:  54%",
+            (0, "1|54|Loss: 1.096:  54%", True),
+            id="torchrun-template-with-the-local-rank",
+        ),
         pytest.param("[1]: step 5 loss 2.3", (1, "step 5 loss 2.3", True), id="torchrun-template"),
         pytest.param("1: step 5 | loss 2.3", (1, "step 5 | loss 2.3", False), id="srun-label"),
         pytest.param(" 3: step 5 | loss 2.3", (3, "step 5 | loss 2.3", False), id="srun-padded"),

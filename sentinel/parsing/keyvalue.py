@@ -199,6 +199,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
                 step = as_step(value)
             continue
         name = _LINE_ALIASES.get(lowered) or normalise_name(key)
+        if lowered == "val" and pairs and pairs[-1][0] == "loss":
+            name = "eval_loss"  # LitGPT's ``loss train: 2.846, val: 2.861``
         if name in _ONCE:
             again = sum(1 for known, _ in pairs if known.split("#")[0] == name)
             if again:

@@ -4,7 +4,8 @@ Launchers label the lines of each rank when they share one stream:
 
 - PyTorch's own ``[rank1]:`` (and DeepSpeed's ``[Rank 1]``), colon optional;
 - torchrun's ``--log-line-prefix-template`` (and ``--tee``'s default): ``[default1]:``,
-  ``[trainer1]:``, ``[1]:``: a role name, then the rank, then ``]:``;
+  ``[trainer1]:``, ``[1]:``: a role name, then the rank, then ``]:``; with the local rank
+  after it (``[trainer0|0]:``, a template's ``${role_name}${rank}|${local_rank}``);
 - ``srun --label``'s ``1: ``: a number, a colon and a space. A number at the start of a
   line is as often a step (``100: loss=2.3``), so this one is read as a rank only when the
   rest of the line names its own step (``1: step 5 | loss 2.3``);
@@ -25,7 +26,9 @@ from sentinel.model.records import PROGRESS, Sample
 #: What a line with a rank prefix starts with: cheap gate before the regex.
 _FIRST = frozenset("[0123456789 rR")
 #: ``[rank1]:``, ``[Rank 1]``, ``[default1]:``, ``[1]:``.
-_BRACKETED = re.compile(r"\[(?:(rank) ?|[A-Za-z_][\w-]*?)?(\d{1,6})\](:?) ?", re.IGNORECASE)
+_BRACKETED = re.compile(
+    r"\[(?:(rank) ?|[A-Za-z_][\w-]*?)?(\d{1,6})(?:\|\d{1,6})?\](:?) ?", re.IGNORECASE
+)
 #: ``rank 1:``, ``Rank1 |``, ``RANK 1 `` (the last one not sure).
 _NAMED = re.compile(r"rank ?(\d{1,6})(?: ?([:|]) ?| )", re.IGNORECASE)
 #: srun --label: ``1: `` (right-aligned to the widest task id).

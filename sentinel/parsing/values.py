@@ -84,6 +84,7 @@ RECORD_STEP_KEYS: tuple[str, ...] = (
     "current_steps",  # LLaMA-Factory's trainer_log.jsonl
     "steps",
     "global step",
+    "global_step/max_steps",  # ms-swift: "601/2161"
 )
 #: Field names (lower-cased) that carry the data's own timestamp.
 TIME_KEYS: tuple[str, ...] = ("time", "timestamp", "ts", "wall_time")
@@ -122,7 +123,9 @@ def as_float(value: object) -> float | None:
 
 
 def as_step(value: object) -> int | None:
-    """A step as an int: ints, integral floats and their strings, below 2**63; else None.
+    """A step as an int: ints, integral floats and their strings, below 2**63, and the
+    first of a string's ``N/M`` (ms-swift's ``"global_step/max_steps": "601/2161"``); else
+    None.
 
     The bound: no run counts that far, and orjson returns larger integers as
     floats, so without it a huge step would depend on the JSON library.
@@ -134,7 +137,9 @@ def as_step(value: object) -> int | None:
         try:
             return _bounded_step(int(value))  # type: ignore[call-overload]
         except ValueError:
-            pass
+            if "/" in value:  # type: ignore[operator]
+                done, _, _ = value.partition("/")  # type: ignore[attr-defined]
+                return as_step(done.strip()) if done.strip().isdigit() else None
     number = as_float(value)
     if number is None or not math.isfinite(number) or not number.is_integer():
         return None

@@ -106,7 +106,16 @@ def test_nan_and_infinity_literals_are_read_by_either_library() -> None:
         pytest.param(1.5, None, id="fraction"),
         pytest.param(math.inf, None, id="inf"),
         pytest.param(True, None, id="bool"),
+        pytest.param("601/2161", 601, id="done-of-all-ms-swift"),
+        pytest.param("a/2161", None, id="no-number-before-the-slash"),
     ],
 )
 def test_as_step(value: object, step: int | None) -> None:
     assert as_step(value) == step
+
+
+def test_ms_swifts_step_of_steps_is_the_step() -> None:
+    line = '{"loss": 1.2, "grad_norm": 0.8, "global_step/max_steps": "601/2161", "epoch": 0.28}'
+    samples = LineParser().parse(line)
+    assert {sample.step for sample in samples} == {601}
+    assert [sample.name for sample in samples] == ["loss", "grad_norm", "epoch"]

@@ -121,6 +121,15 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
         ),
         pytest.param("the loss_weight 2 was set", None, id="a-loss-word-in-prose-is-no-metric"),
         pytest.param(
+            "Epoch 34 | iter 3050700 step 610140 | loss train: 2.846, val: 2.861, val time: 20.81s",
+            [
+                Sample("epoch", 34.0, 3050700),
+                Sample("loss", 2.846, 3050700),
+                Sample("eval_loss", 2.861, 3050700),
+            ],
+            id="litgpt-val-after-the-loss-is-the-eval-loss",
+        ),
+        pytest.param(
             "iteration : 4, losses : 1266.863037109375",
             [Sample("loss", 1266.863037109375, 4)],
             id="mask-rcnn-losses-is-the-loss",
