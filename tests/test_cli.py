@@ -228,3 +228,26 @@ def test_a_log_line_on_a_terminal_never_lands_after_the_jobs_half_drawn_bar(
     ], text
     [critical] = [line for line in lines if "CRITICAL nan_inf step=5" in line]
     assert critical.startswith("[sentinel "), text
+
+
+_PRINT_SWITCH = "import os; print(os.environ.get('PYDANTIC_DISABLE_PLUGINS', 'unset'))"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("given", "seen"), [(None, "unset"), ("logfire", "logfire")])
+def test_the_job_gets_pydantics_plugin_switch_as_it_was(
+    tmp_path: Path, given: str | None, seen: str
+) -> None:
+    """sentinel turns pydantic's plugins off while it imports its models (a faster start,
+    ``sentinel.cli.startup``); the job it launches sees the environment it was given."""
+    env = clean_env()
+    env.pop("PYDANTIC_DISABLE_PLUGINS", None)
+    if given is not None:
+        env["PYDANTIC_DISABLE_PLUGINS"] = given
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(tmp_path / "st"),
+         "--", sys.executable, "-c", _PRINT_SWITCH],
+        capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [seen]

@@ -4,3 +4,7 @@
 The top of the house: only this package prints to the terminal or exits. It may import
 everything below it; nothing imports it.
 """
+
+from sentinel.cli import startup
+
+startup.hold()  # before any module below imports pydantic (``startup``)

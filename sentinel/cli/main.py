@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from sentinel import __version__
+from sentinel.cli import startup
 from sentinel.cli.options import EXIT_USAGE
 from sentinel.cli.verbs import (
     Command,
@@ -106,6 +107,7 @@ def _exit_codes() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    startup.release()  # the job sentinel launches gets the environment as it was
     parser = build_parser()
     args = parser.parse_args(argv)
     secrets.install_excepthooks()

@@ -8,8 +8,10 @@ must go to the one before, checkpoint-80. The quickstart's job keeps one checkpo
 
 The job is ``tests/fixtures/make_divergence_runs.py``'s ``lr_jump`` run (``LR_JUMP_ONCE``:
 the wrong LR is fixed for the restart; ``LR_JUMP_STEP``, ``MAX_STEPS``: the jump at 100 in a
-run of 200 steps). Needs torch and transformers (the fixtures' generator venv); skipped
-without them.
+run of 160 steps). Needs torch and transformers (the fixtures' generator venv); skipped
+without them. A failure that comes back at the same step after the restart gives up with 90
+whatever the rule (``tests/test_run.py``, ``tests/test_watch.py``): its Trainer run here cost
+the suite two more Trainer starts (CI's time).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ pytestmark = [
 ]
 
 JOB = Path(__file__).resolve().parents[1] / "fixtures" / "make_divergence_runs.py"
-#: The jump at step 100, where the Trainer saves too, in a run of 200 steps.
-JUMP_AT_100 = {"LR_JUMP_STEP": "100", "MAX_STEPS": "200"}
+#: The jump at step 100, where the Trainer saves too, in a run of 160 steps.
+JUMP_AT_100 = {"LR_JUMP_STEP": "100", "MAX_STEPS": "160"}
 
 
 #: The job as the README's HF quickstart has the user write it: a ``train.py`` whose Trainer
@@ -115,32 +117,11 @@ def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Pat
     # looks come every 0.2 s, so a save may fall between two looks under load.
     assert int(resumed.group(1)) in (60, 80), result.stderr[-4000:]
     # The restart saved on, deleting as it went: its newest alone is left.
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-200"]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-160"]
 
-    final = json.loads((out / "checkpoint-200" / "trainer_state.json").read_text())
+    final = json.loads((out / "checkpoint-160" / "trainer_state.json").read_text())
     losses = {entry["step"]: entry["loss"] for entry in final["log_history"] if "loss" in entry}
     before_jump = sorted(loss for step, loss in losses.items() if 50 <= step <= 100)
-    at_end = sorted(loss for step, loss in losses.items() if step > 150)
+    at_end = sorted(loss for step, loss in losses.items() if step > 130)
     # The restarted run went on learning from its clean state (the jumped run ends ~3.3).
     assert at_end[len(at_end) // 2] < before_jump[len(before_jump) // 2]
-
-
-def test_a_jump_that_comes_back_at_the_same_step_gives_up_with_90(tmp_path: Path) -> None:
-    out, state = tmp_path / "out", tmp_path / "state"
-    out.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **JUMP_AT_100}
-    env["SENTINEL_JOB__RESTART_BACKOFF_S"] = "0.1"
-    result = subprocess.run(
-        [sys.executable, "-m", "sentinel", "run", "--checkpoints", str(out),
-         "--state-dir", str(state), "--max-restarts", "3",
-         "--", sys.executable, "-u", str(JOB), "--child", "lr_jump", str(out)],
-        env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 90, result.stderr[-4000:]
-    alerts = [json.loads(line) for line in (state / "alerts.jsonl").read_text().splitlines()]
-    acted = [a for a in alerts if a["severity"] == "critical" and "rose with it" in a["message"]]
-    # Once, and again after the restart: the same failure at the same step, so 90.
-    assert [a["rule"] for a in acted] == ["lr_jump", "lr_jump"], alerts
-    assert len({a["step"] for a in acted}) == 1, acted
-    assert any("recurred at the same step (105)" in a["message"] for a in alerts), alerts
-    assert (out / "checkpoint-80").is_dir()
