@@ -140,8 +140,13 @@ class Watch:
             )
 
     def handle(self, alerts: list[Alert]) -> list[Incident]:
-        """Record and announce alerts; the critical incidents that just opened or escalated."""
+        """Record and announce alerts; the critical incidents that just opened or escalated.
+
+        A critical incident that alerts joined without changing it (another rank's NaN
+        after the first) has its report written again, once a call, so that its timeline
+        names them too: the caller writes the report only when it acts."""
         actionable = []
+        joined: dict[str, Incident] = {}
         for alert in alerts:
             change = self.tracker.observe(alert)
             if not alert.resolves and alert.rule in self.tracker.open:
@@ -163,6 +168,10 @@ class Watch:
                 # (cost_overrun's kill_fraction: stop the job).
                 if alert.details.get("on_critical") and alert.rule in self.tracker.open:
                     actionable.append(self.tracker.open[alert.rule])
+                elif not alert.resolves and alert.rule in self.tracker.open:
+                    joined_to = self.tracker.open[alert.rule]
+                    if joined_to.severity is Severity.CRITICAL:
+                        joined[joined_to.id] = joined_to
                 continue
             event, incident = change
             if self._on_incident is not None and event is not IncidentEvent.RESOLVED:
@@ -170,6 +179,9 @@ class Watch:
             self._announce(event, incident, alert)
             if event is not IncidentEvent.RESOLVED and incident.severity is Severity.CRITICAL:
                 actionable.append(incident)  # the caller acts, then writes the report (update)
+        for incident in joined.values():
+            if incident not in actionable:
+                self._report(incident, time.time())
         return actionable
 
     def _say(self, alert: Alert, level: int, named: str) -> None:
