@@ -65,6 +65,11 @@ EARLY = 3
 ZERO_FROM = 0.05
 ZERO_FLOOR = 0.01
 ZERO_LAST = 5
+#: What a training loss of exactly 0 means, as its alerts say it.
+_ZERO_WHY = (
+    "the HF Trainer logs 0 for an interval whose every step's loss was NaN or Inf (its nan"
+    " filter), else the loss underflowed or every label is masked"
+)
 
 Kind = Literal["loss", "grad_norm", "loss_scale", "other"]
 
@@ -272,7 +277,7 @@ class NanInfDetector(BaseDetector):
             self._losses.append(value)
             self._last_loss = (sample[2], value)
             self._healthy["loss"] += 1
-        if kind == "loss_scale":
+        elif kind == "loss_scale":
             self._loss_scale = value
         return self._count_finite(sample, source, now)
 
@@ -301,8 +306,7 @@ class NanInfDetector(BaseDetector):
             onset = self._zero_start
             message = (
                 f"loss has been exactly 0 since step {onset}: a loss that is 0 trains nothing"
-                " (the HF Trainer logs 0 for an interval whose every step's loss was NaN or"
-                " Inf; or the loss underflowed, or every label is masked)"
+                f" ({_ZERO_WHY})"
             )
             return self._critical(sample, source, now, onset_step=onset, message=message)
         if not before or before[-1] < ZERO_FROM or min(before) < ZERO_FLOOR:
@@ -315,10 +319,8 @@ class NanInfDetector(BaseDetector):
                 sample,
                 severity=Severity.WARNING,
                 message=(
-                    f"loss is exactly 0 at step {step} after {before[-1]:.4g}: the HF Trainer"
-                    " logs 0 for an interval whose every step's loss was NaN or Inf (its nan"
-                    " filter), else the loss underflowed or every label is masked; critical"
-                    " if the next value is 0 too"
+                    f"loss is exactly 0 at step {step} after {before[-1]:.4g}: {_ZERO_WHY};"
+                    " critical if the next value is 0 too"
                 ),
                 time=_time(sample, now),
                 source=source,
