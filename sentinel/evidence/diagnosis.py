@@ -29,7 +29,7 @@ from sentinel.evidence.chart import sparkline
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Sample
 from sentinel.rules import DETECTORS, Reading, Recent
-from sentinel.rules.lr_jumps import lr_evidence, named_jump
+from sentinel.rules.lr_jumps import jump_reading, lr_evidence, named_jump
 
 #: Points of the sparkline around onset.
 SPARK_POINTS = 12
@@ -134,12 +134,9 @@ def explain(
 
 def rate_changed_after(incident: Incident, recent: Recent, diagnosis: Diagnosis) -> int | None:
     """The step of the last rate logged before the jump ``diagnosis`` names, where it names
-    one (its cause says what ``lr_evidence`` said of it); None otherwise."""
+    one (its cause says what ``lr_evidence`` says of that jump); None otherwise."""
     jump = named_jump(incident, recent)
-    if jump is None or jump[3] is None:
-        return None
-    said = lr_evidence(incident, recent)
-    if said is None or said[0] not in diagnosis.cause:
+    if jump is None or jump[3] is None or jump_reading(*jump)[0] not in diagnosis.cause:
         return None
     return jump[3]
 

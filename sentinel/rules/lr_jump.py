@@ -42,7 +42,12 @@ from pydantic import Field, model_validator
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Block, Sample, Severity
 from sentinel.rules.base import BaseDetector, MetricRuleConfig, Reading, Recent
-from sentinel.rules.lr_jumps import UNEXPLAINED, UNEXPLAINED_RATIO, unexplained_jump
+from sentinel.rules.lr_jumps import (
+    UNEXPLAINED,
+    UNEXPLAINED_RATIO,
+    before_change,
+    unexplained_jump,
+)
 from sentinel.rules.noise import wobble
 from sentinel.rules.series import finite_with_steps, sorted_median
 
@@ -130,7 +135,7 @@ class LrJumpDetector(BaseDetector):
             return (
                 f"the learning rate jumped {after / before:.3g}x{at} (from {before:.3g} to"
                 f" {after:.3g}) where no warmup, decay or restart of its schedule explains it",
-                f"roll back to {_before_change(changed)}; look at the scheduler: restarted"
+                f"roll back to {before_change(changed)}; look at the scheduler: restarted"
                 " or resumed with other"
                 " settings, a wrong multiplier or unit",
                 alert.details.get("loss_metric") or "lr",
@@ -249,7 +254,7 @@ class LrJumpDetector(BaseDetector):
             f" and {settings.metric} rose with it: median {latest:.4g} over its last"
             f" {settings.confirm} values, {latest / jump.level:.2f}x its level"
             f" {jump.level:.4g} before the jump; rolling back to"
-            f" {_before_change(jump.changed_after)}"
+            f" {before_change(jump.changed_after)}"
         )
         return [
             self.sample_alert(
@@ -305,14 +310,3 @@ class LrJumpDetector(BaseDetector):
         if column is not None:
             values, steps = finite_with_steps(column, block.steps)
             self._loss.extend(zip(steps, values, strict=True))
-
-
-def _before_change(changed_after: int | None) -> str:
-    """Where the rollback goes: before the last step logged at the old rate, whose
-    checkpoint may already hold the new one."""
-    if changed_after is None:
-        return "the checkpoint saved before the rate changed"
-    return (
-        f"a checkpoint saved before step {changed_after}, the last logged at the old rate"
-        " (one saved at that step may already hold the new one)"
-    )

@@ -119,7 +119,7 @@ def lr_evidence(incident: Incident, recent: Recent) -> tuple[str, str] | None:
     """
     jump = named_jump(incident, recent)
     if jump is not None:
-        return _lr_jump(*jump)
+        return jump_reading(*jump)
     values = _rates(incident, recent)
     if len(values) >= 2 and values[-1][1] > values[-2][1] * (1 + 1e-6):
         return (
@@ -168,18 +168,25 @@ def _rates(incident: Incident, recent: Recent) -> list[tuple[int | None, float]]
     ]
 
 
-def _lr_jump(
+def before_change(changed_after: int | None) -> str:
+    """Where a rollback after a jump of the logged rate goes: before the last step logged
+    at the old rate, whose checkpoint may already hold the new one."""
+    if changed_after is None:
+        return "the checkpoint saved before the rate changed"
+    return (
+        f"a checkpoint saved before step {changed_after}, the last logged at the old rate"
+        " (one saved at that step may already hold the new one)"
+    )
+
+
+def jump_reading(
     step: int | None, before: float, after: float, changed_after: int | None = None
 ) -> tuple[str, str]:
+    """(what the logged rate did, advice) for a jump ``named_jump`` found."""
     at = f" at step {step}" if step is not None else ""
-    back = (
-        f"a checkpoint saved before step {changed_after}, the last logged at the old rate"
-        if changed_after is not None
-        else "the checkpoint before it"
-    )
     return (
         f"the logged learning rate jumped {after / before:.3g}x{at} (from {before:.3g} to"
         f" {after:.3g})",
         f"look at the learning-rate schedule{at}: a scheduler restarted or resumed with other"
-        f" settings, a wrong multiplier or unit; roll back to {back}",
+        f" settings, a wrong multiplier or unit; roll back to {before_change(changed_after)}",
     )

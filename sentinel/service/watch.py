@@ -179,8 +179,9 @@ class Watch:
             self._announce(event, incident, alert)
             if event is not IncidentEvent.RESOLVED and incident.severity is Severity.CRITICAL:
                 actionable.append(incident)  # the caller acts, then writes the report (update)
+        acting = {id(incident) for incident in actionable}
         for incident in joined.values():
-            if incident not in actionable:
+            if id(incident) not in acting:  # the caller writes those once it acted
                 self._report(incident, time.time())
         return actionable
 
