@@ -435,15 +435,18 @@ class ThroughputDropDetector(BaseDetector):
             self._low_run = continued + len(values) - start if lows[-1] == len(values) - 1 else 0
             bar = low_bar(self._baseline, self.settings.fraction)
             highs = list(compress(values, highs_among(values, bar)))
+            # The last low is a run of one (block_lows refuses longer runs): its evidence is
+            # its depth against the baseline after the highs before it, and stays so after
+            # highs (the next low starts the sum again).
+            last = lows[-1]
+            before = list(compress(values[:last], highs_among(values[:last], bar)))
+            at_low = self._recent.peak_median(before, self._baseline) if before else self._baseline
+            self._evidence = self._depth(values[last], at_low)
         else:
             self._low_run = 0
         if highs:
             self._baseline = self._recent.peak_median(highs, self._baseline)
             self._recent.extend(highs)
-        if self._low_run:
-            # A lone low at the end (block_lows refuses longer runs): judged against the
-            # baseline after the highs before it, which is the baseline now.
-            self._evidence = self._depth(values[-1], self._baseline)
 
     def _adopt(self, name: str, source: str, now: float) -> list[Alert]:
         """The job logs throughput after all: judge it from now on, not derived steps/sec."""
