@@ -14,6 +14,7 @@ rules (``Engine._feed_rank_block``): 64 ranks' files cost what one file of their
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from itertools import accumulate, groupby, repeat
 
@@ -30,9 +31,10 @@ from sentinel.rules import BaseDetector
 log = logging.getLogger(__name__)
 
 #: Lines shown to the rules as one block at most, and at least: fewer are fed line by
-#: line, where a block was refused or would not parse.
+#: line, where a block was refused or would not parse. With every rule on, a line fed
+#: alone costs about 70 us and a block of 4 to 25 lines 150-250 us (warm; bench/RESULTS.md).
 BLOCK_MAX_LINES = 4096
-BLOCK_MIN_LINES = 16
+BLOCK_MIN_LINES = 4
 
 #: The engine's ``feed_text``: one line of a source read at ``now``, its alerts.
 FeedText = Callable[[str, str, float], list[Alert]]
@@ -41,6 +43,17 @@ Disable = Callable[[BaseDetector, Exception, float], Alert]
 #: The engine's way to show a block of a rank's own file (the rank, above 0) to that
 #: rank's rules whole: the alerts, or None where its lines must go one by one.
 FeedRankBlock = Callable[[int, Block], list[Alert] | None]
+
+
+def first_non_finite(parsed: Columns) -> int | None:
+    """The index of the first line holding a NaN or an infinity, if any."""
+    first = None
+    for values in parsed.columns.values():
+        if not math.isfinite(sum(values)):  # a sum of finite values may overflow: a look more
+            index = next((i for i, value in enumerate(values) if not math.isfinite(value)), None)
+            if index is not None and (first is None or index < first):
+                first = index
+    return first
 
 
 class BlockFeeder:
@@ -294,9 +307,13 @@ class BlockFeeder:
                     series.took_block(block)
                 position.count_lines(block.names, block.steps)
                 return alerts
-        if len(texts) < 2 * BLOCK_MIN_LINES:
-            return alerts + self.feed_each(source, texts, now)
-        middle = len(texts) // 2
+        middle = first_non_finite(parsed)
+        if middle is None or middle < BLOCK_MIN_LINES:
+            if len(texts) < 2 * BLOCK_MIN_LINES:
+                return alerts + self.feed_each(source, texts, now)
+            middle = len(texts) // 2
+        # Else cut before the first NaN: the lines before it likely go whole, where halving
+        # fed a NaN's batch of 25 lines (a look's) one by one (1.5-2.5 ms before the stop).
         alerts += self._feed_columns(source, texts[:middle], parsed.slice(0, middle), now)
         return alerts + self._feed_columns(
             source, texts[middle:], parsed.slice(middle, len(parsed)), now

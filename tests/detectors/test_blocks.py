@@ -97,3 +97,23 @@ def test_live_batches_say_the_same_with_blocks(rule: str) -> None:
     assert blocks.alerts == line_by_line.alerts
     assert blocks.state == line_by_line.state
     assert blocks.lines_absorbed > 0
+
+
+def test_a_live_batch_ending_in_a_nan_has_the_lines_before_it_taken_whole() -> None:
+    """A look hands on the NaN with the lines read since the last batch (25 at 100 lines/s):
+    those go to the rules as one block, the NaN alone, with the alerts and state that line
+    by line gives. (Halved, the batch went line by line: 1.5 ms more before the stop.)"""
+    calm = [
+        f'{{"step": {step}, "loss": {2.0 + 0.01 * (step % 7)}, "grad_norm": 1.0, "lr": 0.0003}}'
+        for step in range(1, 325)
+    ]
+    texts = [*calm, '{"step": 325, "loss": NaN, "grad_norm": 1.0, "lr": 0.0003}']  # 13 x 25
+    line_by_line = run(_every_rule, texts, blocks=False, data_clock=False, batch_sizes=(25,))
+    blocks = run(_every_rule, texts, blocks=True, data_clock=False, batch_sizes=(25,))
+    assert blocks.alerts == line_by_line.alerts
+    assert blocks.state == line_by_line.state
+    assert [alert[0] for alert in blocks.alerts if alert[1] == "critical"] == ["nan_inf"]
+    # Every calm line of the last batch went whole, as every earlier batch (but the few at
+    # the start, where the rules' first values are set line by line).
+    before = run(_every_rule, calm[:300], blocks=True, data_clock=False, batch_sizes=(25,))
+    assert blocks.lines_absorbed - before.lines_absorbed == 24
