@@ -26,8 +26,10 @@ import pytest
 from sentinel.config import JobConfig, Settings
 from sentinel.model.incidents import Incident
 from sentinel.model.records import Alert, Severity
+from sentinel.notify.notices import NoticeKind
 from sentinel.notify.notifier import Notifier
 from sentinel.notify.outbox import Outbox
+from sentinel.notify.settings import NotifyConfig
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.relayed import JobRecord
 from sentinel.process.system import SystemSources
@@ -136,10 +138,16 @@ def build(
     holder: Holder,
     *,
     checkpoints: Path | None = None,
+    notify: tuple[str, ...] = (),
     **job: object,
 ) -> Parts:
-    """The machine and its parts as ``Supervisor.run`` wires them."""
-    settings = Settings(state_dir=tmp_path / "state", checkpoints=checkpoints, job=JobConfig(**job))
+    """The machine and its parts as ``Supervisor.run`` wires them (``notify``: target URLs)."""
+    settings = Settings(
+        state_dir=tmp_path / "state",
+        checkpoints=checkpoints,
+        job=JobConfig(**job),
+        notify=NotifyConfig(urls=list(notify)),
+    )
     store = StateStore(settings.state_dir)
     notifier = Notifier(Outbox(store), tries=1, retry_initial_s=0.05, retry_max_s=0.2)
     watch = Watch(settings, store=store, notifier=notifier, job_name="test")
@@ -534,6 +542,20 @@ def test_taking_up_a_stop_no_restart_follows_ends_fatal_with_the_plan_ended(
     assert (parts.machine.phase, parts.machine.exit_code) == (Phase.FATAL, 143)
     record = verdict.read(tmp_path / "state")
     assert record is not None and record.stop is None, "no stop left for a next sentinel"
+
+
+def test_what_a_taken_up_stop_did_is_told_to_every_target_told_of_it_or_not(
+    made: list[Parts], tmp_path: Path
+) -> None:
+    """A sentinel queues an incident's notices after the stop's signal (which cannot wait
+    for them) and may die in between: the one that takes the stop up tells every target
+    what was done, though no target is known to have been told of the incident."""
+    hook = "json://127.0.0.1:1/hook"
+    parts = build(made, tmp_path, Holder(), notify=(hook,))
+    parts.machine.begin(left_plan(tmp_path, restart=False))
+    assert parts.machine.phase is Phase.FATAL
+    notices = [n for m in parts.watch.notifier.outbox.messages(hook) for n in m.envelope.notices]
+    assert [(n.kind, n.incident_id) for n in notices] == [(NoticeKind.ACTIONS, "i-1")]
 
 
 def test_taking_up_a_plan_three_sentinels_could_not_finish_gives_up_with_90(

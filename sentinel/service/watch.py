@@ -128,6 +128,12 @@ class Watch:
         self._quiet: set[str] = set()
         #: What the alerts said lately (``said_key``), to say a rank's echo once.
         self._said: dict[tuple[str, str], _Said] = {}
+        #: The notices of a ``handle`` that returned incidents to act on, said at the next
+        #: ``update``: after the caller's action (the stop's signal), which cannot wait.
+        self._held: list[tuple[IncidentEvent, Incident, Alert]] = []
+        #: Incidents of a stop a dead sentinel left (``taken_up``): what was done is told to
+        #: every target, as whether any was told of the incident died with that sentinel.
+        self._taken_up: set[str] = set()
         self.dispatcher = Dispatcher(
             notifier.outbox, routes(settings.notify), Policy.from_config(settings.notify), self.job
         )
@@ -144,8 +150,13 @@ class Watch:
 
         A critical incident that alerts joined without changing it (another rank's NaN
         after the first) has its report written again, once a call, so that its timeline
-        names them too: the caller writes the report only when it acts."""
+        names them too: the caller writes the report only when it acts.
+
+        When incidents are returned, the call's notices wait for the caller's ``update``
+        (after it acted: rendering a notice and queueing it in the outbox took 1-3 ms
+        before the stop's signal); otherwise they are queued here."""
         actionable = []
+        notices: list[tuple[IncidentEvent, Incident, Alert]] = []
         joined: dict[str, Incident] = {}
         for alert in alerts:
             change = self.tracker.observe(alert)
@@ -176,9 +187,14 @@ class Watch:
             event, incident = change
             if self._on_incident is not None and event is not IncidentEvent.RESOLVED:
                 self._on_incident(incident.rule, str(incident.severity))
-            self._announce(event, incident, alert)
+            notices.append((event, incident, alert))
             if event is not IncidentEvent.RESOLVED and incident.severity is Severity.CRITICAL:
                 actionable.append(incident)  # the caller acts, then writes the report (update)
+        if actionable:
+            self._held += notices
+        else:
+            for notice in notices:
+                self._announce(*notice)
         acting = {id(incident) for incident in actionable}
         for incident in joined.values():
             if id(incident) not in acting:  # the caller writes those once it acted
@@ -218,13 +234,17 @@ class Watch:
     def update(
         self, incident: Incident, *, final: bool = False, force_notify: bool = False
     ) -> None:
-        """Rewrite the incident's report; when ``final``, tell people what sentinel did.
+        """Rewrite the incident's report, then queue the notices ``handle`` held; when
+        ``final``, tell people what sentinel did.
 
         What was done goes to the targets told of the incident; with ``force_notify``
         to every target its route picks (sentinel gave up: someone must hear).
         """
         now = time.time()
         self._report(incident, now)
+        held, self._held = self._held, []
+        for notice in held:
+            self._announce(*notice)
         if final and incident.actions:
             # The notice's alert says what was done, in the alert schema, for machines.
             summary = replace(
@@ -233,7 +253,14 @@ class Watch:
                 time=incident.actions[-1][0],
                 source="sentinel",
             )
-            self._notify(NoticeKind.ACTIONS, incident, summary, now, force=force_notify)
+            force = force_notify or incident.id in self._taken_up
+            self._notify(NoticeKind.ACTIONS, incident, summary, now, force=force)
+
+    def taken_up(self, incident: Incident) -> None:
+        """``incident``'s stop was decided by a sentinel that died during it: its notices
+        may never have been queued (they wait for the signal), so what this one does about
+        it goes to every target its route picks, told before or not."""
+        self._taken_up.add(incident.id)
 
     def tick(self, now: float) -> None:
         """Announce again each open critical incident whose ``repeat_interval_s`` has passed

@@ -250,6 +250,7 @@ class JobMachine:
         while the plan names one), BACKOFF when only the restart is left. Ready once the job
         is stopped and the rollback done; after ``MAX_TRIES`` sentinels, it gives up (90)."""
         incident = intent.the_incident()
+        self.watch.taken_up(incident)
         first = incident.first.step if incident.alerts else None
         where = entry(intent)
         if intent.tries >= MAX_TRIES:
@@ -273,6 +274,11 @@ class JobMachine:
             " what it decided (try %d of %d)",
             incident.rule, first, intent.phase, intent.tries, MAX_TRIES,
         )  # fmt: skip
+        incident.record(
+            time.time(),
+            f"the sentinel that stopped the job died during the stop; another finished what it"
+            f" decided (try {intent.tries} of {MAX_TRIES})",
+        )
         self.restarts.from_state(intent.restarts)
         attempts = self.attempts
         if where is Phase.BACKOFF:

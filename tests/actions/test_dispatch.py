@@ -253,7 +253,11 @@ def test_watch_repeats_an_open_critical_incident_on_tick(
 ) -> None:
     watch = make_watch(tmp_path, SLACK, group_wait_s=0, repeat_interval_s=600)
     watches.append(watch)
-    watch.handle([alert("nan_inf", Severity.CRITICAL, T0), alert("stall", Severity.WARNING, T0)])
+    (incident,) = watch.handle(
+        [alert("nan_inf", Severity.CRITICAL, T0), alert("stall", Severity.WARNING, T0)]
+    )
+    assert watch.notifier.outbox.messages(SLACK) == []  # held until the caller acted
+    watch.update(incident)
     opened_at = watch.notifier.outbox.messages(SLACK)[0].created_at
     watch.tick(opened_at + 599)
     watch.tick(opened_at + 600)
