@@ -260,8 +260,13 @@ class Trial:
             self.notify.close()
 
 
+#: ``--config``: a config file every sentinel watcher reads (None: the defaults).
+CONFIG: Path | None = None
+
+
 def sentinel_argv(verb: str, state: Path) -> list[str]:
-    return [sys.executable, "-m", "sentinel", verb, "--state-dir", str(state)] + (
+    config = ["--config", str(CONFIG)] if CONFIG is not None else []
+    return [sys.executable, "-m", "sentinel", verb, "--state-dir", str(state), *config] + (
         ["--max-restarts", "0"] if verb == "run" else []
     )
 
@@ -353,10 +358,15 @@ def main() -> int:
     parser.add_argument(
         "--overhead-s", type=float, default=30.0, help="steady window (0: no overhead)"
     )
+    parser.add_argument(
+        "--config", type=Path, help="a config file for every sentinel watcher (settings compared)"
+    )
     parser.add_argument("--dir", type=Path, help="work here (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--json", type=Path, help="also write every sample here")
     args = parser.parse_args()
+    global CONFIG
+    CONFIG = args.config.resolve() if args.config is not None else None
     unknown = set(args.watchers) - set(WATCHERS) - set(MORE_WATCHERS)
     if unknown or args.trials < 0:
         parser.error(f"--watchers from {', '.join(WATCHERS + MORE_WATCHERS)}; --trials 0 or more")
