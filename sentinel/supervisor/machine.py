@@ -276,8 +276,8 @@ class JobMachine:
         )  # fmt: skip
         incident.record(
             time.time(),
-            f"the sentinel that stopped the job died during the stop; another finished what it"
-            f" decided (try {intent.tries} of {MAX_TRIES})",
+            f"the sentinel that decided the stop died during it; another took it up (try"
+            f" {intent.tries} of {MAX_TRIES})",
         )
         self.restarts.from_state(intent.restarts)
         attempts = self.attempts
