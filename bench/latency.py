@@ -144,6 +144,8 @@ class Trial:
     watcher: str
     rate: float
     healthy_s: float
+    #: A config file the sentinel watchers read (``--config``; None: the defaults).
+    config: Path | None = None
     notify: socket.socket | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -176,14 +178,14 @@ class Trial:
         state = self.work / "state"
         stderr = (self.work / "watcher.err").open("wb")
         if self.watcher.startswith("run"):
-            argv = sentinel_argv("run", state)
+            argv = sentinel_argv("run", state, self.config)
             argv += ["--log", str(log)] if self.watcher == "run --log" else []
             self._spawn([*argv, "--", *job], stderr, notify=True)
         else:
             job_proc = subprocess.Popen(job, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
             self.procs.append(job_proc)
             if self.watcher.startswith("watch"):
-                argv = [*sentinel_argv("watch", state), "--pid", str(job_proc.pid)]
+                argv = [*sentinel_argv("watch", state, self.config), "--pid", str(job_proc.pid)]
                 self._spawn([*argv, "--log", str(log)], stderr, notify=True)
             else:
                 pipeline = (
@@ -260,19 +262,15 @@ class Trial:
             self.notify.close()
 
 
-#: ``--config``: a config file every sentinel watcher reads (None: the defaults).
-CONFIG: Path | None = None
-
-
-def sentinel_argv(verb: str, state: Path) -> list[str]:
-    config = ["--config", str(CONFIG)] if CONFIG is not None else []
-    return [sys.executable, "-m", "sentinel", verb, "--state-dir", str(state), *config] + (
+def sentinel_argv(verb: str, state: Path, config: Path | None) -> list[str]:
+    read = ["--config", str(config)] if config is not None else []
+    return [sys.executable, "-m", "sentinel", verb, "--state-dir", str(state), *read] + (
         ["--max-restarts", "0"] if verb == "run" else []
     )
 
 
-def run_trial(work: Path, watcher: str, rate: float) -> float | None:
-    trial = Trial(work, watcher, rate, HEALTHY_S * (1 + random.random() / 2))
+def run_trial(work: Path, watcher: str, rate: float, config: Path | None) -> float | None:
+    trial = Trial(work, watcher, rate, HEALTHY_S * (1 + random.random() / 2), config)
     work.mkdir()
     try:
         trial.start()
@@ -292,9 +290,9 @@ class Overhead:
     rss_end: int
 
 
-def overhead(work: Path, watcher: str, seconds: float) -> Overhead:
+def overhead(work: Path, watcher: str, seconds: float, config: Path | None) -> Overhead:
     """Sentinel's CPU and RSS while the job writes ``OVERHEAD_RATE`` lines a second."""
-    trial = Trial(work, watcher, OVERHEAD_RATE, -(WARM_UP_S + seconds + 5.0))
+    trial = Trial(work, watcher, OVERHEAD_RATE, -(WARM_UP_S + seconds + 5.0), config)
     work.mkdir()
     try:
         trial.start()
@@ -365,8 +363,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--json", type=Path, help="also write every sample here")
     args = parser.parse_args()
-    global CONFIG
-    CONFIG = args.config.resolve() if args.config is not None else None
+    config = args.config.resolve() if args.config is not None else None
     unknown = set(args.watchers) - set(WATCHERS) - set(MORE_WATCHERS)
     if unknown or args.trials < 0:
         parser.error(f"--watchers from {', '.join(WATCHERS + MORE_WATCHERS)}; --trials 0 or more")
@@ -388,7 +385,7 @@ def main() -> int:
                 for watcher in args.watchers:
                     count += 1
                     folder = work / f"{count:04d}-{watcher.replace(' ', '').replace('|', '-')}"
-                    latency = run_trial(folder, watcher, rate)
+                    latency = run_trial(folder, watcher, rate, config)
                     if latency is None:
                         missed[watcher] += 1
                         print(f"\nmissed: {watcher} at {rate:g}/s ({folder})", file=sys.stderr)
@@ -404,7 +401,9 @@ def main() -> int:
         print(file=sys.stderr)
         if args.overhead_s > 0:
             for watcher in ("run", "watch"):
-                costs[watcher] = overhead(work / f"overhead-{watcher}", watcher, args.overhead_s)
+                costs[watcher] = overhead(
+                    work / f"overhead-{watcher}", watcher, args.overhead_s, config
+                )
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
