@@ -220,7 +220,11 @@ class LogTailer:
             if may_be_urgent(new) and gathering.hand_on_now(True, now_s):
                 self._urgent_line = True
                 return True
-            time.sleep(min(gathering.look_s, max(0.0, gathering.due() - now_s)))
+            time.sleep(gathering.look_s)
+            if gathering.due() - now_s <= gathering.look_s:
+                # The window ended during this look's wait: hand on now, not after a wake-up
+                # of its own at the window's end (50 wake-ups a second at 100 lines/s, not 54).
+                return True
         return True
 
     def _peek(self) -> bytes:
