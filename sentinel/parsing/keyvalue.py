@@ -97,7 +97,10 @@ _LINE_ALIASES = {"losses": "loss", "lm_loss": "loss", "step_loss": "loss", "ep":
 #: loss, and is read as ``loss#2``.
 _ONCE = frozenset({"loss", "grad_norm", "lr"})
 _QUOTED = re.compile(r"'([^'\s]*)'")
-_STEP_NAMES = frozenset(RECORD_STEP_KEYS)
+#: A line's step names, by how specific each is (``RECORD_STEP_KEYS``' order): LitGPT's
+#: ``iter 400 step 100`` is at step 100, the optimizer's step its checkpoints are named by
+#: (``step-00000100``), not at the 400th micro-batch of a run accumulating 4.
+_STEP_NAMES = {name: rank for rank, name in enumerate(RECORD_STEP_KEYS)}
 #: A word after a value: prose (``UserWarning: 4 workers``) unless it starts another pair.
 _WORD_AFTER = re.compile(
     r"[ \t]+[a-z][a-z_]*\b(?![ \t]*[:=]|[ \t]+(?:[-+]?[\d.]|nan\b|inf))", re.IGNORECASE
@@ -179,6 +182,7 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         text = _QUOTED.sub(r"\1", text)
     pairs: list[tuple[str, float]] = []
     step: int | None = None
+    step_rank = len(_STEP_NAMES)
     for match in _PAIR.finditer(text):
         key, separator, value = match.group("key", "sep", "value")
         if " " in key or "\t" in key:
@@ -194,9 +198,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
                 continue
             if _WORD_AFTER.match(text, match.end()) is not None:
                 continue
-        if lowered in _STEP_NAMES:
-            if step is None:
-                step = as_step(value)
+        rank = _STEP_NAMES.get(lowered)
+        if rank is not None:
+            if rank < step_rank and (named := as_step(value)) is not None:
+                step, step_rank = named, rank
             continue
         name = _LINE_ALIASES.get(lowered) or normalise_name(key)
         if lowered == "val" and pairs and pairs[-1][0] == "loss":

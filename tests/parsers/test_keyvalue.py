@@ -66,8 +66,10 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
         ),
         pytest.param(
             "Epoch 0 | iter 100 step 25 | loss train: 3.525, val: n/a | iter time: 177.8 ms",
-            [Sample("epoch", 0.0, 100), Sample("loss", 3.525, 100)],
-            id="litgpt-loss-train",
+            # At the optimizer's step, which LitGPT names its checkpoints by (step-00000025),
+            # not at the iteration (the micro-batch: 4 a step when it accumulates 4).
+            [Sample("epoch", 0.0, 25), Sample("loss", 3.525, 25)],
+            id="litgpt-loss-train-at-its-step-not-its-iter",
         ),
         pytest.param("the loss train example is 5 lines", None, id="loss-train-in-prose"),
         pytest.param(
@@ -123,9 +125,9 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
         pytest.param(
             "Epoch 34 | iter 3050700 step 610140 | loss train: 2.846, val: 2.861, val time: 20.81s",
             [
-                Sample("epoch", 34.0, 3050700),
-                Sample("loss", 2.846, 3050700),
-                Sample("eval_loss", 2.861, 3050700),
+                Sample("epoch", 34.0, 610140),
+                Sample("loss", 2.846, 610140),
+                Sample("eval_loss", 2.861, 610140),
             ],
             id="litgpt-val-after-the-loss-is-the-eval-loss",
         ),
