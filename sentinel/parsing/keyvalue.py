@@ -200,8 +200,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
                 continue
         rank = _STEP_NAMES.get(lowered)
         if rank is not None:
-            if rank < step_rank and (named := as_step(value)) is not None:
-                step, step_rank = named, rank
+            if rank < step_rank and (stepped := as_step(value)) is not None:
+                step, step_rank = stepped, rank
             continue
         name = _LINE_ALIASES.get(lowered) or normalise_name(key)
         if lowered == "val" and pairs and pairs[-1][0] == "loss":
