@@ -27,6 +27,7 @@ job appending to a log).
 
     .venv/bin/python bench/latency.py                   # about 5 minutes
     .venv/bin/python bench/latency.py --trials 20 --overhead-s 60
+    .venv/bin/python bench/latency.py --trials 0 --rounds 5     # the overhead alone, 5 rounds
 """
 
 from __future__ import annotations
@@ -357,6 +358,13 @@ def main() -> int:
         "--overhead-s", type=float, default=30.0, help="steady window (0: no overhead)"
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="overhead windows of each watcher, in turns (the median is the figure; a shared"
+        " VM's cost per wake-up moves by the minute)",
+    )
+    parser.add_argument(
         "--config", type=Path, help="a config file for every sentinel watcher (settings compared)"
     )
     parser.add_argument("--dir", type=Path, help="work here (default: a temporary directory)")
@@ -365,8 +373,11 @@ def main() -> int:
     args = parser.parse_args()
     config = args.config.resolve() if args.config is not None else None
     unknown = set(args.watchers) - set(WATCHERS) - set(MORE_WATCHERS)
-    if unknown or args.trials < 0:
-        parser.error(f"--watchers from {', '.join(WATCHERS + MORE_WATCHERS)}; --trials 0 or more")
+    if unknown or args.trials < 0 or args.rounds < 1:
+        parser.error(
+            f"--watchers from {', '.join(WATCHERS + MORE_WATCHERS)}; --trials 0 or more;"
+            " --rounds 1 or more"
+        )
     if shutil.which("tail") is None or shutil.which("grep") is None:
         parser.error("tail and grep must be on PATH")
 
@@ -377,7 +388,7 @@ def main() -> int:
         w: {f"{r:g}": [] for r in args.rates} for w in args.watchers
     }
     missed: dict[str, int] = {w: 0 for w in args.watchers}
-    costs: dict[str, Overhead] = {}
+    costs: dict[str, list[Overhead]] = {"run": [], "watch": []}
     try:
         count = 0
         for index in range(args.trials):
@@ -400,10 +411,10 @@ def main() -> int:
                     )
         print(file=sys.stderr)
         if args.overhead_s > 0:
-            for watcher in ("run", "watch"):
-                costs[watcher] = overhead(
-                    work / f"overhead-{watcher}", watcher, args.overhead_s, config
-                )
+            for round_ in range(args.rounds):
+                for watcher in ("run", "watch"):
+                    folder = work / f"overhead-{watcher}-{round_ + 1}"
+                    costs[watcher].append(overhead(folder, watcher, args.overhead_s, config))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -421,18 +432,25 @@ def main() -> int:
         print(row)
     if any(missed.values()):
         print("missed: " + ", ".join(f"{w} {n}" for w, n in missed.items() if n))
-    for watcher, cost in costs.items():
-        print(
-            f"steady overhead, {watcher} at {OVERHEAD_RATE} lines/s over {args.overhead_s:g} s:"
-            f" {cost.cpu_percent:.2f}% of one core"
-            + (
-                f" (sentinel {cost.sentinel_cpu_percent:.2f}%, relay"
-                f" {cost.cpu_percent - cost.sentinel_cpu_percent:.2f}%)"
-                if cost.cpu_percent != cost.sentinel_cpu_percent
-                else ""
+    for watcher, rounds in costs.items():
+        for cost in rounds:
+            print(
+                f"steady overhead, {watcher} at {OVERHEAD_RATE} lines/s over"
+                f" {args.overhead_s:g} s: {cost.cpu_percent:.2f}% of one core"
+                + (
+                    f" (sentinel {cost.sentinel_cpu_percent:.2f}%, relay"
+                    f" {cost.cpu_percent - cost.sentinel_cpu_percent:.2f}%)"
+                    if cost.cpu_percent != cost.sentinel_cpu_percent
+                    else ""
+                )
+                + f", RSS {cost.rss_start / 2**20:.1f} -> {cost.rss_end / 2**20:.1f} MiB"
             )
-            + f", RSS {cost.rss_start / 2**20:.1f} -> {cost.rss_end / 2**20:.1f} MiB"
-        )
+        if len(rounds) > 1:
+            shares = [cost.cpu_percent for cost in rounds]
+            print(
+                f"steady overhead, {watcher}: median {statistics.median(shares):.2f}% of one"
+                f" core over {len(rounds)} rounds in turns ({min(shares):.2f}-{max(shares):.2f}%)"
+            )
     print(f"machine: {machine()}")
     print(f"command: {shlex.join(['python', 'bench/latency.py', *sys.argv[1:]])}")
     print(f"took {monotonic() - started:.0f} s" + (f"; kept {work}" if args.keep else ""))
@@ -440,7 +458,7 @@ def main() -> int:
         record = {
             "samples_ms": samples,
             "missed": missed,
-            "overhead": {w: vars(c) for w, c in costs.items()},
+            "overhead": {w: [vars(c) for c in rounds] for w, rounds in costs.items()},
             "machine": machine(),
         }
         args.json.write_text(json.dumps(record, indent=1))
