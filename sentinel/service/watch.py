@@ -153,7 +153,7 @@ class Watch:
         names them too: the caller writes the report only when it acts.
 
         When incidents are returned, the call's notices wait for the caller's ``update``
-        (after it acted: rendering a notice and queueing it in the outbox took 1-3 ms
+        (after it acted: rendering a notice and queueing it in the outbox took about 2 ms
         before the stop's signal); otherwise they are queued here."""
         actionable = []
         notices: list[tuple[IncidentEvent, Incident, Alert]] = []
