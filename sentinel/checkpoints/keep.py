@@ -17,12 +17,15 @@ named by its step: a hard link (of each file, for a folder, so that it survives 
 folder's deletion), which costs nothing until the job deletes its own name, else a
 reflink or a copy; the last ``versions`` checkpoints of the dir are kept. Never one:
 the checkpoint written after the onset is kept before sentinel knows it is poisoned,
-so the one before it must survive. A job that saves more often than a version settles
-(a small model's Trainer with ``save_total_limit=1`` saving every second) deletes each
-checkpoint before it could be judged settled: so a new checkpoint named by its step is
-hard-linked (staged) at each look that finds it changed, and one the job deletes, or
-that leaves the newest, is kept from its staged links once they parse (the job has
-moved on to a later save, so the links hold the finished files).
+so the one before it must survive. While a warning is open (``keep_before``), the newest
+version from before its onset is kept beyond ``versions`` too: a job that saves several
+times between the first warning and the stop would otherwise rotate out every version
+from before the onset, and leave nothing clean to roll back to. A job that saves more
+often than a version settles (a small model's Trainer with ``save_total_limit=1`` saving
+every second) deletes each checkpoint before it could be judged settled: so a new
+checkpoint named by its step is hard-linked (staged) at each look that finds it changed,
+and one the job deletes, or that leaves the newest, is kept from its staged links once
+they parse (the job has moved on to a later save, so the links hold the finished files).
 
 Keeping reads gigabytes, so it runs on a worker thread of its own: a look never
 waits for a copy, and the supervisor's loop never waits for either.
@@ -60,7 +63,7 @@ from sentinel.checkpoints.layouts import (
     judge_file,
 )
 from sentinel.checkpoints.names import checkpoint_suffix, is_in_progress, is_shard, position_of
-from sentinel.checkpoints.scan import QUARANTINE_DIR
+from sentinel.checkpoints.scan import QUARANTINE_DIR, Onset
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +259,14 @@ class Keeper:
         self._stage = True
         #: ``poll`` (the loop's tick) and ``flush`` (a rollback's thread) both look.
         self._looking = threading.Lock()
+        #: The onset of the earliest open warning (``keep_before``); read by the worker.
+        self._onset: Onset | None = None
+
+    def keep_before(self, onset: Onset | None) -> None:
+        """Keep the newest version from before ``onset`` (an open warning's) beyond the last
+        ``versions``, until it is lifted (None: no warning open). The rollback that may follow
+        goes to it."""
+        self._onset = onset
 
     def poll(self, now: float) -> None:
         """Look at the checkpoints once; hand each new, settled version to the worker."""
@@ -695,9 +706,19 @@ class Keeper:
             return link_or_clone(job.path, destination)
         return clone(job.path, destination, try_reflink=False)
 
+    def _beyond(self, versions: list[KeptVersion]) -> list[KeptVersion]:
+        """Of ``versions`` (oldest first), those to drop: all but the last ``versions``, and
+        the newest from before an open warning's onset when none of those is."""
+        cut = max(len(versions) - self.versions_kept, 0)
+        old, last = versions[:cut], versions[cut:]
+        onset = self._onset
+        if onset is None or any(_before(v, onset) for v in last):
+            return old
+        clean = [v for v in old if _before(v, onset)]
+        return [v for v in old if not clean or v is not clean[-1]]
+
     def _prune(self, name: str) -> None:
-        versions = kept_versions(self.directory, name)
-        for old in versions[: max(len(versions) - self.versions_kept, 0)]:
+        for old in self._beyond(kept_versions(self.directory, name)):
             # Only the keeper's own folder goes: a link's inode lives on in the job's file.
             shutil.rmtree(old.path.parent)
             log.debug("dropped kept version %d of %s", old.number, old.original)
@@ -706,11 +727,16 @@ class Keeper:
         """Keep the last ``versions`` checkpoints named by their step, in the order written."""
         versions = [v for v in kept_versions(self.directory) if v.stepped]
         versions.sort(key=lambda v: (v.mtime_ns, v.kept_at))  # copies may share an mtime
-        for old in versions[: max(len(versions) - self.versions_kept, 0)]:
+        for old in self._beyond(versions):
             shutil.rmtree(old.path.parent)  # sentinel's links or copies, never the job's names
             with contextlib.suppress(OSError):
                 old.path.parent.parent.rmdir()  # the name's folder, once it holds no version
             log.debug("dropped kept version %d of %s", old.number, old.original)
+
+
+def _before(version: KeptVersion, onset: Onset) -> bool:
+    """Whether ``version`` was surely written before ``onset`` (by its step, epoch or time)."""
+    return not onset.reaches(version.step, version.epoch, version.mtime)
 
 
 def _discard(staging: Path) -> None:

@@ -275,6 +275,15 @@ class Watch:
                 self._notify(NoticeKind.REPEAT, incident, incident.worst, now)
         self.save_memory(now)
 
+    def warned_since(self) -> tuple[int | None, float] | None:
+        """The onset (step, time) of the earliest open warning or critical incident; None
+        when none is open. The keeper keeps a checkpoint from before it."""
+        warned = [i for i in self.tracker.open.values() if i.severity >= Severity.WARNING]
+        if not warned:
+            return None
+        steps = [i.onset_step for i in warned if i.onset_step is not None]
+        return (min(steps) if steps else None), min(i.onset_time for i in warned)
+
     def save_memory(self, now: float) -> None:
         """Write what must outlive sentinel to the state dir, if it changed since last time."""
         self._memory.save(now, self.engine, self.tracker, self.dispatcher, self.safely)

@@ -282,7 +282,7 @@ class Supervisor:
     def on_tick(self) -> None:
         now = time.time()
         self.watch.tick(now)  # repeats of open critical incidents
-        self._restarts.look(now)
+        self._restarts.look(now, self.watch.warned_since())
         machine = self._machine
         machine.run_decided()
         machine.look_for_job()

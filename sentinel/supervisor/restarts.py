@@ -106,10 +106,16 @@ class Restarts:
         #: The failure the latest restart rolled back from: its rule and onset step.
         self.rolled_back_from: tuple[str, int | None] | None = None
 
-    def look(self, now: float) -> None:
+    def look(self, now: float, warned_since: tuple[int | None, float] | None = None) -> None:
         """Look at the checkpoint dir for new versions worth keeping, and for a typo in its
-        name (on the clock tick)."""
+        name (on the clock tick). ``warned_since``: the onset (step, time) of the earliest
+        open warning (``Watch.warned_since``), whose clean checkpoint the keeper keeps."""
         if self.keeper is not None:
+            if warned_since is None:
+                self.keeper.keep_before(None)
+            else:
+                step, time_ = warned_since
+                self.keeper.keep_before(Onset(step=step, time=time_))
             self.keeper.poll(now)
         said = self.empty.look(now) if self.empty is not None else ""
         if said:

@@ -12,8 +12,11 @@ import pytest
 
 from sentinel.checkpoints.clone import Method, clone, reflink
 from sentinel.checkpoints.keep import KEPT_DIR, SIDECAR, Keeper, is_overwritten_file, kept_versions
+from sentinel.checkpoints.rollback import plan_rollback
+from sentinel.checkpoints.scan import Onset
 from tests.helpers.kept import (
     digest,
+    fixture_position,
     mtime_ns,
     replace_by_rename,
     rewrite_in_place,
@@ -83,6 +86,52 @@ def test_only_the_last_versions_are_kept(tmp_path: Path) -> None:
         (3, mtime_ns(60)),
     ]
     assert sorted(os.listdir(tmp_path / KEPT_DIR / "ckpt.pt")) == ["000002", "000003"]
+
+
+def test_an_open_warning_keeps_the_newest_version_from_before_its_onset(tmp_path: Path) -> None:
+    """A warning opened at step 30: the job saves twice more before any stop, and the last
+    two versions (40, 60) are both after it; the one of step 20 stays for the rollback."""
+    keeper = Keeper(tmp_path, versions=2, position_reader=fixture_position)
+    ckpt = tmp_path / "ckpt.pt"
+    now = settle_version(keeper, ckpt, 20, 0.0)
+    keeper.keep_before(Onset(step=30))
+    for step in (40, 60):
+        now = settle_version(keeper, ckpt, step, now)
+    assert [v.step for v in kept_versions(tmp_path, "ckpt.pt")] == [20, 40, 60]
+
+    plan = plan_rollback(tmp_path, 30)
+    assert plan.restore is not None and plan.restore.step == 20
+    assert plan.put_back is not None
+
+    keeper.close()
+
+
+def test_a_closed_warning_keeps_nothing_more(tmp_path: Path) -> None:
+    keeper = Keeper(tmp_path, versions=2, position_reader=fixture_position)
+    ckpt = tmp_path / "ckpt.pt"
+    now = settle_version(keeper, ckpt, 20, 0.0)
+    keeper.keep_before(Onset(step=30))
+    now = settle_version(keeper, ckpt, 40, now)
+    keeper.keep_before(None)  # the warning resolved before the next save
+    settle_version(keeper, ckpt, 60, now)
+    keeper.close()
+    assert [v.step for v in kept_versions(tmp_path, "ckpt.pt")] == [40, 60]
+
+
+def test_a_version_from_before_the_onset_among_the_last_ones_is_enough(tmp_path: Path) -> None:
+    keeper = Keeper(tmp_path, versions=2, position_reader=fixture_position)
+    keeper.keep_before(Onset(step=50))  # 40 is before it, and among the last two
+    ckpt = tmp_path / "ckpt.pt"
+    now = 0.0
+    for step in (20, 40, 60):
+        now = settle_version(keeper, ckpt, step, now)
+    keeper.close()
+    assert [v.step for v in kept_versions(tmp_path, "ckpt.pt")] == [40, 60]
+
+
+def settle_version(keeper: Keeper, ckpt: Path, step: int, now: float) -> float:
+    rewrite_in_place(ckpt, step)
+    return settle(keeper, now)
 
 
 def test_a_write_in_progress_is_never_kept(tmp_path: Path, keeper: Keeper) -> None:

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from sentinel.checkpoints.pointer_find import PointerKind, find_pointers
 from sentinel.checkpoints.quarantine import MANIFEST
 from sentinel.checkpoints.restore import restore_quarantine
 from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
-from sentinel.checkpoints.scan import QUARANTINE_DIR
+from sentinel.checkpoints.scan import QUARANTINE_DIR, Onset
 from tests.helpers.cli import sentinel_here
 from tests.helpers.env import clean_env
 from tests.helpers.kept import settle, version_bytes
@@ -183,6 +184,26 @@ def test_a_deleted_checkpoint_folder_is_kept_file_by_file_and_goes_back_whole(
     hf = [p for p in find_pointers(tmp_path) if p.kind is PointerKind.HF_LAST]
     assert [p.path.name for p in hf] == ["checkpoint-20"]
     assert v20.intact(), "the kept copy stays kept"
+
+
+def test_a_job_saving_fast_after_a_warning_keeps_the_checkpoint_from_before_it(
+    tmp_path: Path, start_job: Callable[[str], RotatingJob]
+) -> None:
+    """The warning opens at step 25; the job saves three times more before the stop (a job
+    that saves every few seconds). The last two kept (40, 50) are both after the onset: the
+    checkpoint of step 20 is kept beside them, and the rollback puts it back."""
+    keeper = Keeper(tmp_path)
+    job = start_job("folders")
+    run(job, keeper, (10, 20))
+    keeper.keep_before(Onset(step=25, time=time.time()))
+    run(job, keeper, (30, 40, 50))
+    keeper.close()
+    assert [v.step for v in stepped(tmp_path)] == [20, 40, 50]
+
+    plan = plan_rollback(tmp_path, 25)
+    assert plan.restore is not None and plan.restore.path == tmp_path / "checkpoint-20"
+    apply_rollback(plan, tmp_path, label=LABEL)
+    assert torch_value(tmp_path / "checkpoint-20" / "model.pt", "step") == 20
 
 
 @pytest.mark.parametrize("layout", ["lightning", "lightning-link"])

@@ -84,3 +84,48 @@ def test_a_job_that_keeps_only_its_newest_checkpoint_resumes_from_the_clean_one_
     assert 10 in kept or (len(kept) == 2 and kept[0] > 10), kept
     assert sorted(p.name for p in ckpt.glob("*.pt")) == ["model_step30.pt"]
     assert _torch_step(ckpt / "model_step30.pt") == 30
+
+
+SHIFT_JOB = Path(__file__).with_name("shift_job.py")
+
+
+def test_a_warning_keeps_the_checkpoint_from_before_its_onset_through_fast_saves(
+    tmp_path: Path,
+) -> None:
+    """The loss shifts x3 at step 31 and stays: sentinel warns within a few values and stops
+    the job once the shift has held, some saves later. The job deleted each checkpoint as it
+    saved the next, and sentinel keeps its last 2 versions: all after the onset by then. The
+    open warning kept the one from before it (step 30), and the job resumes from there."""
+    ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
+    ckpt.mkdir()
+    argv = [
+        sys.executable, "-m", "sentinel", "run", "--checkpoints", str(ckpt),
+        "--state-dir", str(state), "--max-restarts", "1",
+        "--", sys.executable, str(SHIFT_JOB), str(ckpt), str(record),
+    ]  # fmt: skip
+    result = subprocess.run(
+        argv,
+        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1", SENTINEL_TICK_INTERVAL_S="0.1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    alerts = [json.loads(line) for line in (state / "alerts.jsonl").read_text().splitlines()]
+    critical = next(a for a in alerts if a["severity"] == "critical")
+    # A loss spike at the onset, a shift (divergence) once it held: one story, one incident.
+    warned = [a for a in alerts if a["severity"] == "warning"]
+    assert [(a["rule"], a["step"]) for a in warned] == [("loss_spike", 31)], alerts
+    assert (critical["rule"], warned[0]["time"] < critical["time"]) == ("divergence", True)
+    records = _records(record)
+    saved = [r["step"] for r in records if r["event"] == "saved" and r["restart"] == 0]
+    # Between the warning and the stop the job saved at least twice after the onset: the
+    # keeper's last 2 versions alone would have held nothing clean.
+    after = [step for step in saved if step > 31]
+    assert len(after) >= 2, (saved, critical["step"])
+    resumed = [r for r in records if r["event"] == "start" and r["restart"] == 1]
+    assert [(r["start"], r["resume_from"]) for r in resumed] == [
+        (30, str((ckpt / "model_step30.pt").resolve()))
+    ], result.stderr[-4000:]
+    assert [r["restart"] for r in records if r["event"] == "finished"] == [1]
