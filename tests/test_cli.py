@@ -251,3 +251,18 @@ def test_the_job_gets_pydantics_plugin_switch_as_it_was(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [seen]
+
+
+@pytest.mark.parametrize("given", [None, "logfire"])
+def test_importing_the_cli_leaves_pydantics_plugin_switch_as_it_was(given: str | None) -> None:
+    """A program that imports the CLI (its parser, for one) and never calls main()."""
+    env = clean_env()
+    env.pop("PYDANTIC_DISABLE_PLUGINS", None)
+    if given is not None:
+        env["PYDANTIC_DISABLE_PLUGINS"] = given
+    code = f"from sentinel.cli.main import build_parser; build_parser(); {_PRINT_SWITCH}"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [given or "unset"]

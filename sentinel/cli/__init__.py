@@ -8,3 +8,9 @@ everything below it; nothing imports it.
 from sentinel.cli import startup
 
 startup.hold()  # before any module below imports pydantic (``startup``)
+try:
+    import sentinel.cli.main  # noqa: F401  # the parser and the settings' models, built held
+finally:
+    # Given back once they are built: a program that imports sentinel.cli and never calls
+    # main() keeps its environment as it was.
+    startup.release()

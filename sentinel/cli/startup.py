@@ -8,8 +8,9 @@ start (0.77 -> 0.62 s of CPU for ``sentinel --help`` on the development VM), pai
 of the few hundred sentinels the test suite starts and by every short command (``status``,
 ``verdict``) a script runs. sentinel's models use no plugin. ``PYDANTIC_DISABLE_PLUGINS``,
 pydantic's own switch, is set while the command's modules are imported and taken away
-before the command runs (``release``), so the job sentinel launches inherits the
-environment as it was; one the user set is left alone.
+once they are (``sentinel/cli/__init__.py``), so the job sentinel launches, and a program
+that imports ``sentinel.cli``, keep the environment as it was; one the user set is left
+alone.
 """
 
 from __future__ import annotations
