@@ -1,10 +1,12 @@
 """The line formats tried on a human-written line before the generic ``keyvalue`` reader.
 
-``Formats.parse`` tries, in order: a line with terminal colours (torchtitan's
-``step:  1  loss:  8.1940 ...``), read without its escape sequences; the frameworks' own
-lines (``registry.FRAMEWORK_LINES``: a ``ParseFn`` module each); then the formats whose
-step or names an earlier line gave (``registry.LINE_FORMATS``: a ``LineFormat`` module
-each, one instance per ``Formats``, so per parser). It returns None for a line in none.
+``Formats.parse`` tries, in order: the frameworks' own lines (``registry.FRAMEWORK_LINES``:
+a ``ParseFn`` module each); then the formats whose step or names an earlier line gave
+(``registry.LINE_FORMATS``: a ``LineFormat`` module each, one instance per ``Formats``, so
+per parser). A line with terminal colours (torchtitan's ``step:  1  loss:  8.1940 ...``,
+RSL-RL's bold ``Learning iteration 2/1500``) is read without its escape sequences, and
+by the generic ``key: value`` reader when none of them takes it. It returns None for a
+line in none.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ class Formats:
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line in one of these formats; None for another line."""
-        if "\x1b" in text:
-            return parse_keyvalue(_ESCAPE.sub("", text))
+        plain = "\x1b" in text
+        if plain:
+            text = _ESCAPE.sub("", text).strip()
+            if not text:
+                return []
         for parse in self._parsers:
             found = parse(text)
             if found is not None:
                 return found
-        return None
+        return parse_keyvalue(text) if plain else None

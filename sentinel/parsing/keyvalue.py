@@ -145,10 +145,12 @@ _EPOCH_COMMA_BATCH = re.compile(r"\bepoch\s+(\d+)\s*,\s*(\d+)\s*/\s*(\d+)\s*;", 
 _LEADING_STEP = re.compile(r"\[\s*(\d+)\s*\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
 #: A job's settings as it prints them when it starts, not metrics: a settings object's repr
 #: (argparse's ``Namespace(lr=0.001, batch_size=32)``, ``TrainingArguments(...)``), the
-#: whole line, naming no step (``Metrics(step=5, loss=2.3)`` is a record); Ultralytics'
-#: ``engine/trainer: lr0=0.01, momentum=0.937, ...``, coloured or not.
+#: whole line, naming no step (``Metrics(step=5, loss=2.3)`` is a record), and a layer of
+#: a model's printed repr (``(0): Linear(in_features=2, out_features=32, bias=True)``);
+#: Ultralytics' ``engine/trainer: lr0=0.01, momentum=0.937, ...``, coloured or not.
 _SETTINGS = re.compile(
-    r"(?:\x1b\[[0-9;]*m)*(?:[A-Za-z_][\w.]*\((?!.*\b(?:step|global_step|iteration|iter)=)"
+    r"(?:\x1b\[[0-9;]*m)*(?:\(\w+\):\s*)?"
+    r"(?:[A-Za-z_][\w.]*\((?!.*\b(?:step|global_step|iteration|iter)=)"
     r"\w+=.*\)$|engine/trainer: )"
 )
 #: ``Loss is 1.26``; Deeplearning4j's ``Score at iteration 1500 is 1.26``; BigDL's

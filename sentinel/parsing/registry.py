@@ -21,6 +21,8 @@ from sentinel.parsing import (
     mlflow,
     mmengine,
     rich_bar,
+    rsl_rl,
+    sb3,
     tensorboard,
     tqdm,
     ultralytics,
@@ -54,6 +56,8 @@ LINE_FORMATS: dict[str, type[LineFormat]] = {
     "header_csv": header_csv.HeaderCsv,
     "keras": keras.KerasProgress,
     "composer": composer.ComposerConsole,
+    "sb3": sb3.Sb3Table,
+    "rsl_rl": rsl_rl.RslRlBlock,
 }
 
 #: Metrics formats read as a whole file, by name, in the order a path is tried against

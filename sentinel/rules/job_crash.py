@@ -45,6 +45,22 @@ CRASH_CLASSES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         re.compile(r"Minimum loss scale reached|loss scale already at minimum", re.IGNORECASE),
     ),
     (
+        "non_finite",
+        "the model's numbers went NaN or Inf (a distribution's parameters, sampling"
+        " probabilities or a checked tensor): a numerical blow-up; roll back to a checkpoint"
+        " from before it, lower the learning rate or clip gradients (RL: check the"
+        " environment's observations and rewards too)",
+        # torch.distributions' argument check (an RL policy's logits gone NaN: SB3's PPO
+        # ends so, tests/fixtures/sb3/ppo_nan), torch.multinomial, autograd's anomaly mode,
+        # RSL-RL's check of the environment's outputs, tf.debugging.check_numerics, numpy's
+        # and fairseq's FloatingPointError (its minimum loss scale is loss_scale's, above).
+        re.compile(
+            r"but found invalid values|probability tensor contains either"
+            r"|returned (?:nan|inf) values in its|contains? NaN values"
+            r"|Tensor had (?:NaN|Inf) values|\bFloatingPointError\b",
+        ),
+    ),
+    (
         "distributed",
         "distributed failure (NCCL/c10d): a rank died or a collective timed out; check"
         " the other ranks' logs and the network",

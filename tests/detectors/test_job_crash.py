@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -216,6 +218,39 @@ def test_only_the_last_tail_lines_are_kept() -> None:
         detector.output(Line("stdout", text, NOW))
     (alert,) = detector.job_exited(1, NOW, expected=False)
     assert alert.details["class"] == "other"
+
+
+#: What each library raises when NaN reaches it (the messages as their sources write them).
+NON_FINITE = {
+    "torch-multinomial": "RuntimeError: probability tensor contains either `inf`, `nan` or"
+    " element < 0",
+    "autograd-anomaly": "RuntimeError: Function 'DivBackward0' returned nan values in its 0th"
+    " output.",
+    "rsl-rl-check-nan": "ValueError: The rewards returned by the environment contain NaN values."
+    " This usually indicates a bug in the environment's reward computation.",
+    "tf-check-numerics": "tensorflow.python.framework.errors_impl.InvalidArgumentError:"
+    " gradients/loss : Tensor had NaN values",
+    "fairseq-gradients": "FloatingPointError: gradients are Nan/Inf",
+}
+
+
+@pytest.mark.parametrize("text", NON_FINITE.values(), ids=NON_FINITE.keys())
+def test_a_crash_on_a_nan_is_non_finite(text: str) -> None:
+    (alert,) = crashed(["Traceback (most recent call last):", text], 1)
+    assert (alert.details["class"], alert.details["evidence"]) == ("non_finite", text)
+
+
+def test_sb3_ppo_whose_policy_went_nan_ends_in_a_non_finite_crash() -> None:
+    """A real SB3 PPO run (tests/fixtures/sb3/ppo_nan): the value network NaN, the policy
+    NaN after one clipped step, torch's distribution check ends the run, its tensor of
+    NaN logits printed after the exception's line."""
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "sb3" / "ppo_nan"
+    lines = (folder / "console.txt").read_text().splitlines()
+    truth = json.loads((folder / "expected.json").read_text())
+    (alert,) = crashed(lines[-200:], 1)
+    assert alert.details["class"] == "non_finite"
+    assert alert.details["evidence"] == truth["crash"].strip()
+    assert "but found invalid values" in alert.details["evidence"]
 
 
 def test_classify_prefers_device_assert_over_bad_data() -> None:
