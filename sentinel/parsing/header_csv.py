@@ -8,6 +8,13 @@ only in parts (Ultralytics' ``train/box_loss``, ``train/cls_loss``..., and
 ``eval_loss``, beside each part; ``metrics/mAP50(B)`` and the like stay metrics of their
 own, ``lr/pg0`` is the learning rate. A ``LineFormat``: it keeps the last header's columns.
 (Lightning's ``metrics.csv`` is read as a whole file: ``lightning_csv``.)
+
+The same table separated by tabs is the HF Trainer's notebook table as text (a notebook's
+output saved or pasted: ``Step\tTraining Loss\tValidation Loss`` over ``500\t0.2213\t7.6976``;
+``Epoch\t...`` under ``eval_strategy="epoch"``), where a name may hold spaces (``Training
+Loss`` is ``training_loss``, so ``loss``; ``completions / mean_length`` is
+``completions/mean_length``) and a cell may read ``No log`` (no training loss logged yet by
+that step): a cell with no value, the rest of its row read.
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ from sentinel.parsing.values import RECORD_STEP_KEYS, as_float, normalise_name
 
 _HEADER_CELL = re.compile(r"[A-Za-z_][\w/.()\-]*")
 _STEP_COLUMNS = frozenset(RECORD_STEP_KEYS)
+#: In a tab-separated header, ``completions / mean_length`` and ``Training Loss``.
+_SLASH = re.compile(r"\s*/\s*")
+_SPACES = re.compile(r"\s+")
+#: The HF Trainer's notebook table before the first training loss is logged.
+_NO_LOG = "No log"
 
 
 class HeaderCsv:
@@ -35,14 +47,20 @@ class HeaderCsv:
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line; None for a line in another format."""
-        if "," not in text:
+        separator = "," if "," in text else "\t" if "\t" in text else None
+        if separator is None:
             return None
         if text[0].isalpha():
-            return self._header([cell.strip() for cell in text.split(",")])
+            cells = [cell.strip() for cell in text.split(separator)]
+            if separator == "\t":
+                cells = [_SPACES.sub("_", _SLASH.sub("/", cell)) for cell in cells]
+            return self._header(cells)
         columns = self._columns
         if columns is None:
             return None
-        cells = [cell.strip() for cell in text.split(",")]
+        cells = [cell.strip() for cell in text.split(separator)]
+        if separator == "\t":
+            cells = ["" if cell == _NO_LOG else cell for cell in cells]
         if len(cells) != len(columns):
             return None
         values = [as_float(cell) if cell else None for cell in cells]

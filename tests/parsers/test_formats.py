@@ -216,3 +216,45 @@ def test_a_whole_file_format_is_one_module_and_one_registry_line(name: str) -> N
     kind = FILE_FORMATS[name]
     assert type(kind).__module__ == f"sentinel.parsing.{name}"
     assert kind.match(Path("logs/train.log")) is None
+
+
+def test_the_hf_notebook_table_as_text_is_read_at_its_steps() -> None:
+    """The HF Trainer's notebook table as a saved or pasted notebook output holds it: tabs
+    between cells, names with spaces, ``nan`` where the loss was."""
+    parser = LineParser()
+    parser.parse(" [60/60 07:58, Epoch 0/1]")  # the bar above it
+    assert parser.parse("Step\tTraining Loss\tValidation Loss") == []
+    assert parser.parse("500\t0.221300\t7.697577") == [
+        Sample("loss", 0.2213, 500),
+        Sample("eval_loss", 7.697577, 500),
+    ]
+    (loss, eval_loss) = parser.parse("1000\tnan\t9.043961")
+    assert (loss.name, loss.step, math.isnan(loss.value)) == ("loss", 1000, True)
+    assert eval_loss == Sample("eval_loss", 9.043961, 1000)
+
+
+def test_an_epoch_table_with_no_training_loss_yet_reads_the_rest_of_its_row() -> None:
+    """``eval_strategy="epoch"``: the first rows say ``No log`` where the training loss was
+    not logged yet."""
+    parser = LineParser()
+    parser.parse("Epoch\tTraining Loss\tValidation Loss\tAccuracy")
+    assert parser.parse("1\tNo log\t0.693147\t0.500000") == [
+        Sample("eval_loss", 0.693147, 1),
+        Sample("accuracy", 0.5, 1),
+    ]
+    assert [s.name for s in parser.parse("2\t0.654300\t0.612000\t0.700000")] == [
+        "loss",
+        "eval_loss",
+        "accuracy",
+    ]
+
+
+def test_a_tab_table_names_with_slashes_keep_them() -> None:
+    """TRL's GRPO columns: ``completions / mean_length`` is ``completions/mean_length``."""
+    parser = LineParser()
+    parser.parse("Step\tTraining Loss\treward\tcompletions / mean_length")
+    assert parser.parse("10\t0.0123\t0.5\t187.2") == [
+        Sample("loss", 0.0123, 10),
+        Sample("reward", 0.5, 10),
+        Sample("completions/mean_length", 187.2, 10),
+    ]
