@@ -26,6 +26,7 @@ from sentinel.parsing import (
     tensorboard,
     tqdm,
     ultralytics,
+    verl,
 )
 from sentinel.parsing.file_format import FileFormat
 from sentinel.parsing.values import LineFormat, ParseFn
@@ -46,6 +47,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "mmengine": mmengine.parse_mmengine,
     "deepspeed": deepspeed.parse_deepspeed,
     "composer": composer.parse_composer_metric,
+    "verl": verl.parse_verl,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a

@@ -4,7 +4,9 @@ Lightning draws its training bar per epoch, so the count on it starts again at e
 epoch; the step a metric on it belongs to is the global one, ``epoch x batches per
 epoch + count - 1`` (the bar counts a batch once it is done; Lightning numbers the
 step of batch 0 as 0, as its ``metrics.csv`` does). That holds for one optimizer step
-a batch, Lightning's default; with ``accumulate_grad_batches`` it counts batches.
+a batch, Lightning's default; with ``accumulate_grad_batches`` it counts batches. A bar
+whose metrics name the global step (NeMo logs ``global_step=5.000`` to it) is at that
+step, which counts optimizer steps as the checkpoints' names do.
 
 - rich (``RichProgressBar``, picked once ``rich`` is installed), one line a redraw::
 
@@ -85,7 +87,9 @@ def parse_rich_bar(text: str) -> list[Sample] | None:
     if rest:
         if "." in rest:
             rest = _PADDED.sub(r"\1", rest)
-        pairs, _ = find_pairs(rest)
+        pairs, named = find_pairs(rest)
+        if named is not None:
+            step = named  # the trainer's own global step (NeMo logs it): accumulation counted
         samples = [Sample(name, value, step) for name, value in pairs if name not in _NOT_METRICS]
     if step is not None:
         samples.append(Sample(PROGRESS, float(step), step))

@@ -5,8 +5,10 @@ none (the HF Trainer's log dicts). Only a training bar counts: one with no
 description (the HF Trainer's) or one described as training, steps or
 iterations. Other bars (``Loading checkpoint shards``, ``Map``, Lightning's
 per-epoch ``Epoch 0``, whose count restarts every epoch) are recognised and
-give no progress. ``key=value`` pairs in a bar's postfix become samples, and so do the
-metrics a loop writes in its description (``loss: 2.31: 26%|...``); torchtune's
+give no progress, unless their postfix names the global step (NeMo's
+``global_step=5.000``): then that is their step. ``key=value`` pairs in a bar's postfix
+become samples, and so do the metrics a loop writes in its description
+(``loss: 2.31: 26%|...``); torchtune's
 ``1|130|Loss: 2.31`` (epoch, global step, loss) is a training bar at its global step.
 """
 
@@ -62,9 +64,15 @@ def parse_tqdm(text: str) -> list[Sample] | None:
         found, _ = find_pairs(description.rstrip(": "))
         said = [pair for pair in found if pair[0] not in _NOT_DESCRIPTION_METRICS]
     rest = bar.group("rest")
+    named = None
     if rest and "=" in rest:
-        pairs, _ = find_pairs(rest)
+        pairs, named = find_pairs(rest)
         said += [pair for pair in pairs if pair[0] not in _NOT_METRICS]
+    if not training and named is not None:
+        # A per-epoch bar whose postfix names the global step (NeMo's ``Epoch 0: :  47%|...|
+        # 7/15 [..., reduced_train_loss=11.50, global_step=5.000, ...]``): its step.
+        training, count = True, named
+        step = named
     if said:
         samples = [Sample(name, value, step) for name, value in said]
     if training:

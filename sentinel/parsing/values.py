@@ -39,6 +39,7 @@ ALIASES: dict[str, str] = {
     "training_loss": "loss",
     "loss/train": "loss",
     "total_loss": "loss",
+    "reduced_train_loss": "loss",  # NeMo: the step's loss, averaged over data-parallel ranks
     "loss_train": "loss",  # "Loss Train: 1.23", LitGPT's "loss train: 1.23"
     "xent": "loss",  # OpenNMT-py: the cross-entropy it trains on, beside acc and ppl
     "loss_training": "loss",  # detectron2, YOLOX: the sum of the loss terms they log beside it

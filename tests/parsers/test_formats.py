@@ -258,3 +258,74 @@ def test_a_tab_table_names_with_slashes_keep_them() -> None:
         Sample("reward", 0.5, 10),
         Sample("completions/mean_length", 187.2, 10),
     ]
+
+
+#: verl's console logger (``concat_dict_to_str``: ``step:N`` then `` - key:pformat(value)``),
+#: as a PPO run prints it: numpy 2's scalars as their repr, Ray's prefix before it.
+VERL = [
+    "(TaskRunner pid=2231) step:3 - actor/pg_loss:np.float64(-0.0123) - actor/entropy:"
+    "np.float32(0.456) - actor/grad_norm:np.float64(0.31) - critic/score/mean:0.5"
+    " - timing_s/gen:12.5",
+    "(TaskRunner pid=2231) step:4 - actor/pg_loss:np.float64(nan) - actor/entropy:nan"
+    " - critic/score/mean:0.5",
+]
+
+
+def test_verl_lines_are_read_at_their_step_under_their_own_names() -> None:
+    parser = LineParser()
+    first = {s.name: s for s in parser.parse(VERL[0])}
+    assert {s.step for s in first.values()} == {3}
+    assert {name: s.value for name, s in first.items()} == {
+        "actor/pg_loss": -0.0123,
+        "actor/entropy": 0.456,
+        "actor/grad_norm": 0.31,
+        "critic/score/mean": 0.5,
+        "timing_s/gen": 12.5,
+    }
+    second = {s.name: s for s in parser.parse(VERL[1])}
+    assert math.isnan(second["actor/pg_loss"].value) and second["actor/pg_loss"].step == 4
+    # The SFT trainer's loss is the training loss.
+    assert parser.parse("step:10 - train/loss:2.31 - train/lr(1e-3):0.1")[0] == Sample(
+        "loss", 2.31, 10
+    )
+    # A line that only starts like it is read as any other.
+    assert [s.name for s in parser.parse("step:10 - epoch 1 done - loss: 2.31")] == [
+        "epoch",
+        "loss",
+    ]
+
+
+#: NeMo's bars, as its docs and issues show them (the run's global step and
+#: ``reduced_train_loss`` in the postfix; ``Epoch 0: :`` where the bar has no total).
+NEMO = [
+    (
+        "Epoch 0: :  47%|████▋     | 7/15 [06:19<07:13, reduced_train_loss=11.50,"
+        " global_step=5.000, consumed_samples=12288.0, train_step_timing in s=49.50]",
+        5,
+        11.5,
+    ),
+    (
+        "Epoch 0:   5%|▏         | 3/62 [02:59<58:44,  0.02it/s, v_num=8-06,"
+        " reduced_train_loss=6.930, lr=2.73e-5, global_step=1.000, consumed_samples=32.00]",
+        1,
+        6.93,
+    ),
+    (
+        "Epoch 0: : 100%|██████████| 2000/2000 [43:24:54<00:00, reduced_train_loss=0.139,"
+        " global_step=2e+3, consumed_samples=2.56e+5, train_step_timing in s=68.70,"
+        " val_loss=0.212]",
+        2000,
+        0.139,
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "step", "loss"), NEMO)
+def test_a_nemo_bar_is_at_its_global_step_and_its_reduced_loss_is_the_loss(
+    line: str, step: int, loss: float
+) -> None:
+    """The global step counts optimizer steps (``accumulate_grad_batches`` counted), as
+    NeMo's checkpoints are named (``...-step=2175``); the bar's count does not."""
+    samples = {s.name: s for s in LineParser().parse(line)}
+    assert samples["loss"] == Sample("loss", loss, step)
+    assert {s.step for s in samples.values()} == {step}
