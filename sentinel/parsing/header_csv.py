@@ -14,7 +14,10 @@ output saved or pasted: ``Step\tTraining Loss\tValidation Loss`` over ``500\t0.2
 ``Epoch\t...`` under ``eval_strategy="epoch"``), where a name may hold spaces (``Training
 Loss`` is ``training_loss``, so ``loss``; ``completions / mean_length`` is
 ``completions/mean_length``) and a cell may read ``No log`` (no training loss logged yet by
-that step): a cell with no value, the rest of its row read.
+that step): a cell with no value, the rest of its row read. And apart by spaces, as
+fastai prints its table (``epoch     train_loss  valid_loss  accuracy  time`` over
+``0         0.123456    0.234567    0.923456  00:10``): a header that starts with
+``epoch`` or a step column, ``#na#`` (no validation set) and the epoch's time no values.
 """
 
 from __future__ import annotations
@@ -32,35 +35,70 @@ _SLASH = re.compile(r"\s*/\s*")
 _SPACES = re.compile(r"\s+")
 #: The HF Trainer's notebook table before the first training loss is logged.
 _NO_LOG = "No log"
+#: The first column of a table whose cells are apart by spaces: fastai's ``epoch``.
+_SPACED_FIRST = frozenset({"epoch", *RECORD_STEP_KEYS})
+#: fastai's missing value (no validation set), and its epoch's time (``00:10``, ``1:02:03``).
+_NA = "#na#"
+_CLOCK = re.compile(r"(?:\d+:)?\d+:\d{2}")
 
 
 class HeaderCsv:
     """Reads a header row and the rows of numbers under it."""
 
-    __slots__ = ("_columns", "_step_column", "_totals")
+    __slots__ = ("_columns", "_spaced", "_step_column", "_totals")
 
     def __init__(self) -> None:
         self._columns: tuple[str, ...] | None = None  # the metric name of each column
         self._step_column: int | None = None  # the step (or epoch) column
         # A loss logged only in parts: its name and the columns it is the sum of.
         self._totals: tuple[tuple[str, tuple[int, ...]], ...] = ()
+        #: The last header's cells were separated by spaces (fastai's table).
+        self._spaced = False
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line; None for a line in another format."""
         separator = "," if "," in text else "\t" if "\t" in text else None
         if separator is None:
-            return None
+            return self._spaced_line(text)
         if text[0].isalpha():
             cells = [cell.strip() for cell in text.split(separator)]
             if separator == "\t":
                 cells = [_SPACES.sub("_", _SLASH.sub("/", cell)) for cell in cells]
-            return self._header(cells)
-        columns = self._columns
-        if columns is None:
+            found = self._header(cells)
+            if found is not None:
+                self._spaced = False
+            return found
+        if self._spaced:
             return None
         cells = [cell.strip() for cell in text.split(separator)]
         if separator == "\t":
             cells = ["" if cell == _NO_LOG else cell for cell in cells]
+        return self._row(cells)
+
+    def _spaced_line(self, text: str) -> list[Sample] | None:
+        """fastai's table: a header that starts with ``epoch`` (or a step column), cells
+        apart by spaces, rows under it whose cells are numbers, ``#na#`` (no value) or the
+        epoch's time (``00:10``)."""
+        if text[0].isalpha():
+            if text.split(None, 1)[0].lower() not in _SPACED_FIRST:
+                return None
+            cells = text.split()
+            if len(cells) < 3:
+                return None
+            found = self._header(cells)
+            if found is not None:
+                self._spaced = True
+            return found
+        if not self._spaced or not text[0].isdigit():
+            return None
+        cells = ["" if cell == _NA or _CLOCK.fullmatch(cell) else cell for cell in text.split()]
+        return self._row(cells)
+
+    def _row(self, cells: list[str]) -> list[Sample] | None:
+        """The samples of a row of cells (an empty cell: no value); None for another line."""
+        columns = self._columns
+        if columns is None:
+            return None
         if len(cells) != len(columns):
             return None
         values = [as_float(cell) if cell else None for cell in cells]

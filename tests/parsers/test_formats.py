@@ -329,3 +329,36 @@ def test_a_nemo_bar_is_at_its_global_step_and_its_reduced_loss_is_the_loss(
     samples = {s.name: s for s in LineParser().parse(line)}
     assert samples["loss"] == Sample("loss", loss, step)
     assert {s.step for s in samples.values()} == {step}
+
+
+#: fastai's table as its ProgressCallback prints it to a terminal (cells padded with spaces,
+#: the epoch's time last; lines as people paste them from their runs).
+FASTAI = """\
+epoch     train_loss  valid_loss  accuracy  time
+0         4.346260    4.408598    0.370535  1:12:49
+1         4.253693    #na#        0.372354  1:12:40
+2         nan         4.288729    0.383211  00:03
+"""
+
+
+def test_fastais_table_is_read_at_its_epochs() -> None:
+    parser = LineParser()
+    rows = [parser.parse(line.strip()) for line in FASTAI.splitlines()]
+    assert rows[0] == []
+    assert rows[1] == [
+        Sample("loss", 4.34626, 0),
+        Sample("eval_loss", 4.408598, 0),
+        Sample("accuracy", 0.370535, 0),
+    ]
+    assert [s.name for s in rows[2]] == ["loss", "accuracy"]  # #na#: no validation value
+    assert rows[3][0].name == "loss" and math.isnan(rows[3][0].value) and rows[3][0].step == 2
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["Epoch 3 done in 12 s", "step loss", "epoch: 3 loss: 2.31", "step 100 loss 2.31 lr 0.1"],
+)
+def test_lines_that_start_like_a_spaced_header_are_not_one(line: str) -> None:
+    parser = LineParser()
+    parser.parse(line)
+    assert parser.parse("0         4.346260    4.408598") == []
