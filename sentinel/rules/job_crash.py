@@ -52,12 +52,14 @@ CRASH_CLASSES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         " environment's observations and rewards too)",
         # torch.distributions' argument check (an RL policy's logits gone NaN: SB3's PPO
         # ends so, tests/fixtures/sb3/ppo_nan), torch.normal's (RSL-RL's policy noise gone
-        # NaN: tests/fixtures/rsl_rl/nan), torch.multinomial, autograd's anomaly mode,
+        # NaN: tests/fixtures/rsl_rl/nan), binary_cross_entropy's (a sigmoid's output gone
+        # NaN: Keras on torch ends so), torch.multinomial, autograd's anomaly mode,
         # RSL-RL's check of the environment's outputs, tf.debugging.check_numerics, numpy's
         # and fairseq's FloatingPointError (its minimum loss scale is loss_scale's, above).
         re.compile(
             r"but found invalid values|probability tensor contains either"
             r"|normal expects all elements of std >= 0"
+            r"|all elements of input should be between 0 and 1"
             r"|returned (?:nan|inf) values in its|contains? NaN values"
             r"|Tensor had (?:NaN|Inf) values|\bFloatingPointError\b",
         ),

@@ -231,6 +231,7 @@ NON_FINITE = {
     "tf-check-numerics": "tensorflow.python.framework.errors_impl.InvalidArgumentError:"
     " gradients/loss : Tensor had NaN values",
     "fairseq-gradients": "FloatingPointError: gradients are Nan/Inf",
+    "torch-bce-on-nan": "RuntimeError: all elements of input should be between 0 and 1",
 }
 
 

@@ -1,0 +1,52 @@
+"""Keras 3's ``model.fit`` console from real runs (``tests/fixtures/make_keras_console.py``):
+``verbose=1``'s redrawn bar and ``verbose=2``'s line an epoch, each at its step."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing import LineParser
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "keras_console"
+
+
+def losses(run: str) -> tuple[list[Sample], dict[str, object]]:
+    folder = FIXTURES / run
+    parser = LineParser()
+    samples = [
+        sample
+        for line in (folder / "console.txt").read_text().splitlines()
+        for sample in parser.parse(line)
+        if sample.name == "loss"
+    ]
+    return samples, json.loads((folder / "expected.json").read_text())
+
+
+def test_verbose_2_is_read_at_each_epochs_last_step() -> None:
+    samples, truth = losses("verbose2")
+    batches = truth["batches_per_epoch"]
+    assert [s.step for s in samples] == [batches * epoch for epoch in range(1, 7)]
+    printed = [s.value if math.isfinite(s.value) else "nan" for s in samples]
+    assert printed == [float(v) if v != "nan" else "nan" for v in truth["epoch_losses"]]
+
+
+def test_verbose_1_reads_each_redraw_at_its_batch_and_the_nan_at_its_first_step() -> None:
+    """Keras redraws the bar at most every 50 ms: a fast epoch shows its first batch and
+    its last (twice: the last redraw, then with the validation metrics)."""
+    samples, truth = losses("verbose1")
+    first_nan = next(s for s in samples if math.isnan(s.value))
+    assert first_nan.step == truth["nan_from_step"]
+    steps = [s.step for s in samples]
+    assert steps == sorted(steps)
+    assert {12 * epoch for epoch in range(1, 7)} <= set(steps)
+
+
+def test_the_epoch_line_is_no_progress_and_no_metric() -> None:
+    parser = LineParser()
+    assert parser.parse("Epoch 4/6") == []
+    line = "12/12 - 0s - 3ms/step - loss: nan - mae: nan - val_loss: nan - val_mae: nan"
+    found = parser.parse(line)
+    assert {s.step for s in found if s.name != PROGRESS} == {48}
