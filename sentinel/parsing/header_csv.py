@@ -17,7 +17,11 @@ Loss`` is ``training_loss``, so ``loss``; ``completions / mean_length`` is
 that step): a cell with no value, the rest of its row read. And apart by spaces, as
 fastai prints its table (``epoch     train_loss  valid_loss  accuracy  time`` over
 ``0         0.123456    0.234567    0.923456  00:10``): a header that starts with
-``epoch`` or a step column, ``#na#`` (no validation set) and the epoch's time no values.
+``epoch`` or a step column, ``#na#`` (no validation set) and the epoch's time no values;
+spaCy's ``spacy train`` table (``E    #       LOSS TOK2VEC  LOSS NER  ENTS_F  ...  SCORE``,
+a rule of dashes, rows ``  0     200         21.97   2046.17   37.58 ...``) at its ``#``,
+the optimizer step, each ``LOSS X`` as ``loss_x``: a component's loss summed since the
+last evaluation (a NaN in it stops the job; as no training loss its shape is not judged).
 """
 
 from __future__ import annotations
@@ -40,6 +44,12 @@ _SPACED_FIRST = frozenset({"epoch", *RECORD_STEP_KEYS})
 #: fastai's missing value (no validation set), and its epoch's time (``00:10``, ``1:02:03``).
 _NA = "#na#"
 _CLOCK = re.compile(r"(?:\d+:)?\d+:\d{2}")
+#: spaCy's ``spacy train`` table: ``E    #       LOSS TOK2VEC  LOSS NER  ENTS_F ...``, its
+#: names apart by two spaces or more (one inside a name), a rule of dashes under it.
+_SPACY_HEAD = re.compile(r"E\s{2,}#\s{2,}")
+_SPACY_NAMES = {"E": "epoch", "#": "step"}
+_WIDE_GAP = re.compile(r"\s{2,}")
+_RULE = re.compile(r"-+(?:\s+-+)*")
 
 
 class HeaderCsv:
@@ -80,16 +90,25 @@ class HeaderCsv:
         apart by spaces, rows under it whose cells are numbers, ``#na#`` (no value) or the
         epoch's time (``00:10``)."""
         if text[0].isalpha():
-            if text.split(None, 1)[0].lower() not in _SPACED_FIRST:
+            first = text.split(None, 1)[0]
+            if first == "E" and _SPACY_HEAD.match(text):
+                cells = [_SPACY_NAMES.get(cell, cell) for cell in _WIDE_GAP.split(text)]
+                cells = [_SPACES.sub("_", cell.lower()) for cell in cells]
+            elif first.lower() in _SPACED_FIRST:
+                cells = text.split()
+            else:
                 return None
-            cells = text.split()
             if len(cells) < 3:
                 return None
             found = self._header(cells)
             if found is not None:
                 self._spaced = True
             return found
-        if not self._spaced or not text[0].isdigit():
+        if not self._spaced:
+            return None
+        if text[0] == "-" and _RULE.fullmatch(text):
+            return []  # spaCy's rule under its header
+        if not text[0].isdigit():
             return None
         cells = ["" if cell == _NA or _CLOCK.fullmatch(cell) else cell for cell in text.split()]
         return self._row(cells)

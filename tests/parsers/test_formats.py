@@ -362,3 +362,24 @@ def test_lines_that_start_like_a_spaced_header_are_not_one(line: str) -> None:
     parser = LineParser()
     parser.parse(line)
     assert parser.parse("0         4.346260    4.408598") == []
+
+
+def test_spacys_table_is_read_at_its_steps() -> None:
+    """A real ``spacy train`` run (tests/fixtures/make_spacy_console.py): each row at its
+    ``#``, each ``LOSS X`` as ``loss_x``, its colours and the lines around it no metrics."""
+    folder = FIXTURES.parent / "spacy_console" / "healthy"
+    truth = json.loads((folder / "expected.json").read_text())
+    parser = LineParser()
+    rows: dict[int | None, dict[str, float]] = {}
+    for line in (folder / "console.txt").read_text().splitlines():
+        for sample in parser.parse(line):
+            rows.setdefault(sample.step, {})[sample.name] = sample.value
+    before = rows.pop(None)  # "ℹ Initial learn rate: 0.001", before the table
+    assert not any("loss" in name for name in before)
+    assert list(rows) == [row["step"] for row in truth["rows"]]
+    for row in truth["rows"]:
+        read = rows[row["step"]]
+        assert read["epoch"] == row["epoch"]
+        assert read["loss_ner"] == float(row["loss_ner"])
+        assert read["loss_tok2vec"] == float(row["loss_tok2vec"])
+        assert "loss" not in read  # a component's loss summed since the last evaluation
