@@ -19,8 +19,11 @@ from sentinel.parsing.values import as_float, iso_to_epoch_seconds, normalise_na
 
 _MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
 #: The evaluation's line: `` validation loss at iteration 1000 | LM loss: 4.5E+00 | LM PPL:
-#: 90.3 |`` (older), ``... at iteration 100 on validation set | lm loss value: ... |``.
-_MEGATRON_VALIDATION = re.compile(r"\bvalidation loss at iteration\s+(\d+)\b[^|]*\|", re.I)
+#: 90.3 |`` (older), ``... at iteration 100 on validation set | lm loss value: ... |``;
+#: GPT-NeoX's ``validation results at iteration 100 | lm_loss value: 6.9E+00 | ...``.
+_MEGATRON_VALIDATION = re.compile(
+    r"\bvalidation (?:loss|results) at iteration\s+(\d+)\b[^|]*\|", re.I
+)
 #: ``name: value``, or ``name value`` as older Megatron writes it (``lm loss 6.75E+00``).
 _MEGATRON_FIELD = re.compile(
     r"([A-Za-z][^|:]*?)(?:\s*:\s*|\s+)([-+]?(?:[\d.]+(?:e[-+]?\d+)?|nan|inf))\b", re.I
@@ -31,6 +34,8 @@ _VALIDATION_NAMES = {
     "lm loss value": "eval_loss",
     "lm loss ppl": "eval_ppl",
     "lm ppl": "eval_ppl",
+    "lm_loss value": "eval_loss",
+    "lm_loss_ppl value": "eval_ppl",
 }
 _STAMP = re.compile(
     r"\[(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:[+-]\d{2}:?\d{2})?)\]"
@@ -38,6 +43,7 @@ _STAMP = re.compile(
 #: Megatron's multi-word names, lower-cased, to sentinel's.
 MEGATRON_NAMES: dict[str, str] = {
     "lm loss": "loss",
+    "lm_loss": "loss",  # GPT-NeoX's line, Megatron's with its names joined by "_"
     "learning rate": "lr",
     "grad norm": "grad_norm",
     "loss scale": "loss_scale",

@@ -17,6 +17,7 @@ from sentinel.parsing import (
     keras,
     keyvalue,
     lightning_csv,
+    marian,
     megatron,
     mlflow,
     mmengine,
@@ -48,6 +49,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "deepspeed": deepspeed.parse_deepspeed,
     "composer": composer.parse_composer_metric,
     "verl": verl.parse_verl,
+    "marian": marian.parse_marian,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a

@@ -383,3 +383,61 @@ def test_spacys_table_is_read_at_its_steps() -> None:
         assert read["loss_ner"] == float(row["loss_ner"])
         assert read["loss_tok2vec"] == float(row["loss_tok2vec"])
         assert "loss" not in read  # a component's loss summed since the last evaluation
+
+
+#: Marian's lines as its runs print them (``scheduler.h``; older and newer releases).
+MARIAN = [
+    (
+        "[2021-05-26 23:22:42] Ep. 1 : Up. 500 : Sen. 15,203 : Cost 6.01253986 * 414,436"
+        " after 414,436 : Time 609.91s : 679.50 words/s",
+        [Sample("loss", 6.01253986, 500), Sample("tokens_per_sec", 679.5, 500)],
+    ),
+    (
+        "[2019-03-25 14:51:54] Ep. 1 : Up. 1000 : Sen. 1,269,755 : Cost 7.95987511 :"
+        " Time 785.53s : 17289.59 words/s : L.r. 1.2500e-05",
+        [
+            Sample("loss", 7.95987511, 1000),
+            Sample("tokens_per_sec", 17289.59, 1000),
+            Sample("lr", 1.25e-05, 1000),
+        ],
+    ),
+    (
+        "[2019-03-25 16:37:33] [valid] Ep. 1 : Up. 5000 : ce-mean-words : 5.21277 : new best",
+        [Sample("eval_loss", 5.21277, 5000)],
+    ),
+    (
+        "[2019-04-10 13:18:39] [valid] Ep. 9 : Up. 775000 : perplexity : 4.24812 : stalled 4"
+        " times (last best: 4.24112)",
+        [Sample("eval_ppl", 4.24812, 775000)],
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), MARIAN)
+def test_marian_lines_are_read_at_their_update(line: str, expected: list[Sample]) -> None:
+    assert LineParser().parse(line) == expected
+
+
+def test_a_marian_nan_cost_is_a_nan_loss_at_its_update() -> None:
+    line = (
+        "[2022-01-01 00:00:00] Ep. 2 : Up. 7000 : Sen. 9,000 : Cost -nan * 1,000 @ 900 after"
+        " 9,000,000 : Time 10.00s : 5000.00 words/s : gNorm nan : L.r. 3.0000e-04"
+    )
+    samples = {s.name: s for s in LineParser().parse(line)}
+    assert math.isnan(samples["loss"].value) and samples["loss"].step == 7000
+    assert math.isnan(samples["grad_norm"].value)
+
+
+def test_gpt_neox_lines_read_their_loss_and_validation() -> None:
+    """GPT-NeoX's line is Megatron's with its names joined (``lm_loss``), its evaluation
+    ``validation results at iteration N``."""
+    parser = LineParser()
+    train = parser.parse(
+        " samples/sec: 51.234 | iteration       10/      50 | elapsed time per iteration (ms):"
+        " 9876.5 | learning rate: 1.234E-04 | approx flops per GPU: 150.3TFLOPS | lm_loss:"
+        " 7.123456E+00 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    assert Sample("loss", 7.123456, 10) in train
+    assert parser.parse(
+        " validation results at iteration 100 | lm_loss value: 6.9E+00 | lm_loss_ppl value: 990 |"
+    ) == [Sample("eval_loss", 6.9, 100), Sample("eval_ppl", 990.0, 100)]
