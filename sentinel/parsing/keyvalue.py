@@ -143,6 +143,9 @@ _EPOCH_COMMA_BATCH = re.compile(r"\bepoch\s+(\d+)\s*,\s*(\d+)\s*/\s*(\d+)\s*;", 
 #: A step in brackets that starts the line, before its pairs: CLU's metric writer (JAX,
 #: Flax), ``[130] train/loss=2.31, train/learning_rate=0.001``.
 _LEADING_STEP = re.compile(r"\[\s*(\d+)\s*\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
+#: The HF Flax examples' line: ``Step... (500 | Loss: 2.31, Learning Rate: 1e-4)``, also
+#: ``Step... (500/2000 | Training Loss: ...``, ``Step... (500 / 2000 | Loss: ...``.
+_FLAX_STEP = re.compile(r"Step\.\.\. \((\d+)(?:\s*/\s*\d+)?\s")
 #: A job's settings as it prints them when it starts, not metrics: a settings object's repr
 #: (argparse's ``Namespace(lr=0.001, batch_size=32)``, ``TrainingArguments(...)``), the
 #: whole line, naming no step (``Metrics(step=5, loss=2.3)`` is a record), and a layer of
@@ -254,6 +257,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if opennmt is not None:
             epoch, batch, per_epoch = map(int, opennmt.groups())
             step = max(epoch - 1, 0) * per_epoch + batch
+    if step is None and "Step... (" in text:
+        flax = _FLAX_STEP.search(text)
+        if flax is not None:
+            step = int(flax.group(1))
     if step is None and text[:1] == "[" and pairs:
         leading = _LEADING_STEP.match(text)
         if leading is not None:

@@ -441,3 +441,23 @@ def test_gpt_neox_lines_read_their_loss_and_validation() -> None:
     assert parser.parse(
         " validation results at iteration 100 | lm_loss value: 6.9E+00 | lm_loss_ppl value: 990 |"
     ) == [Sample("eval_loss", 6.9, 100), Sample("eval_ppl", 990.0, 100)]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "Step... (500 | Loss: 2.31, Learning Rate: 0.0001)",
+            [Sample("loss", 2.31, 500), Sample("lr", 0.0001, 500)],
+        ),
+        (
+            "Step... (500/2000 | Training Loss: 2.31, Learning Rate: 0.0001)",
+            [Sample("loss", 2.31, 500), Sample("lr", 0.0001, 500)],
+        ),
+        ("Step... (1000 | Eval Loss: 1.9)", [Sample("eval_loss", 1.9, 1000)]),
+    ],
+)
+def test_the_hf_flax_examples_line_is_read_at_its_step(line: str, expected: list[Sample]) -> None:
+    """``run_clm_flax.py`` and its siblings: ``epochs.write(f"Step... ({cur_step} | Loss:
+    ...")``."""
+    assert LineParser().parse(line) == expected
