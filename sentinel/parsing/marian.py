@@ -44,10 +44,10 @@ def parse_marian(text: str) -> list[Sample] | None:
         return None
     step = int(found.group(1))
     samples = []
-    for name, value in (("loss", found.group(2)), ("tokens_per_sec", found.group(3))):
-        number = as_float(value)
+    for metric, written in (("loss", found.group(2)), ("tokens_per_sec", found.group(3))):
+        number = as_float(written)
         if number is not None:
-            samples.append(Sample(name, number, step))
+            samples.append(Sample(metric, number, step))
     for extra in _EXTRA.finditer(found.group(4)):
         number = as_float(extra.group(2))
         if number is not None:
