@@ -15,13 +15,13 @@ appends what it did to RECORD (one JSON object a line).
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import time
 from pathlib import Path
 
 import torch
+from attempt import attempt  # this folder's, beside the job
 
 STEPS = 60
 SHIFT_AT = 31
@@ -32,13 +32,7 @@ STEP_S = (0.03, 0.35)
 
 def main() -> None:
     directory, record = Path(sys.argv[1]), Path(sys.argv[2])
-    restart = int(os.environ.get("SENTINEL_RESTART") or 0)
-    resume_from = os.environ.get("SENTINEL_RESUME_FROM") or ""
-
-    def note(**fields: object) -> None:
-        fields.update(pid=os.getpid(), restart=restart)
-        with record.open("a") as handle:
-            handle.write(json.dumps(fields) + "\n")
+    restart, resume_from, note = attempt(record)
 
     start = 0
     if resume_from:

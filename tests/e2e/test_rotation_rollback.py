@@ -30,10 +30,25 @@ pytestmark = [
 ]
 
 JOB = Path(__file__).with_name("newest_only_job.py")
+SHIFT_JOB = Path(__file__).with_name("shift_job.py")
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_job(
+    job: Path, ckpt: Path, state: Path, record: Path, *, max_restarts: int, tick_s: float
+) -> subprocess.CompletedProcess[str]:
+    """``sentinel run --checkpoints CKPT -- python JOB CKPT RECORD``, restarts 0.1 s apart."""
+    ckpt.mkdir()
+    argv = [
+        sys.executable, "-m", "sentinel", "run", "--checkpoints", str(ckpt),
+        "--state-dir", str(state), "--max-restarts", str(max_restarts),
+        "--", sys.executable, str(job), str(ckpt), str(record),
+    ]  # fmt: skip
+    env = clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1", SENTINEL_TICK_INTERVAL_S=str(tick_s))
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
 
 
 def _torch_step(path: Path) -> int | None:
@@ -46,19 +61,7 @@ def test_a_job_that_keeps_only_its_newest_checkpoint_resumes_from_the_clean_one_
     tmp_path: Path,
 ) -> None:
     ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
-    ckpt.mkdir()
-    argv = [
-        sys.executable, "-m", "sentinel", "run", "--checkpoints", str(ckpt),
-        "--state-dir", str(state), "--max-restarts", "2",
-        "--", sys.executable, str(JOB), str(ckpt), str(record),
-    ]  # fmt: skip
-    result = subprocess.run(
-        argv,
-        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1", SENTINEL_TICK_INTERVAL_S="0.25"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_job(JOB, ckpt, state, record, max_restarts=2, tick_s=0.25)
     assert result.returncode == 0, result.stderr[-4000:]
 
     records = _records(record)
@@ -86,9 +89,6 @@ def test_a_job_that_keeps_only_its_newest_checkpoint_resumes_from_the_clean_one_
     assert _torch_step(ckpt / "model_step30.pt") == 30
 
 
-SHIFT_JOB = Path(__file__).with_name("shift_job.py")
-
-
 def test_a_warning_keeps_the_checkpoint_from_before_its_onset_through_fast_saves(
     tmp_path: Path,
 ) -> None:
@@ -97,19 +97,7 @@ def test_a_warning_keeps_the_checkpoint_from_before_its_onset_through_fast_saves
     saved the next, and sentinel keeps its last 2 versions: all after the onset by then. The
     open warning kept the one from before it (step 30), and the job resumes from there."""
     ckpt, state, record = tmp_path / "ckpt", tmp_path / "state", tmp_path / "record.jsonl"
-    ckpt.mkdir()
-    argv = [
-        sys.executable, "-m", "sentinel", "run", "--checkpoints", str(ckpt),
-        "--state-dir", str(state), "--max-restarts", "1",
-        "--", sys.executable, str(SHIFT_JOB), str(ckpt), str(record),
-    ]  # fmt: skip
-    result = subprocess.run(
-        argv,
-        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1", SENTINEL_TICK_INTERVAL_S="0.1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_job(SHIFT_JOB, ckpt, state, record, max_restarts=1, tick_s=0.1)
     assert result.returncode == 0, result.stderr[-4000:]
 
     alerts = [json.loads(line) for line in (state / "alerts.jsonl").read_text().splitlines()]
