@@ -39,13 +39,10 @@ not known (``loss`` alone would be read as a training loss), but for the step's.
 from __future__ import annotations
 
 import math
-import re
 
 from sentinel.model.records import Sample
 from sentinel.parsing.values import as_float, as_step
 
-#: ``| key | value |``: the key maybe indented under its section, the value maybe empty.
-_ROW = re.compile(r"\|\s(\s*)([A-Za-z_][^|]*?)\s*\|\s*([^|]*?)\s*\|")
 #: The step the table is at: the environment steps taken so far.
 _STEP_KEY = "time/total_timesteps"
 #: Rows read under another name.
@@ -78,10 +75,13 @@ class Sb3Table:
         return None
 
     def _row(self, text: str) -> list[Sample] | None:
-        found = _ROW.fullmatch(text)
-        if found is None:
+        cells = text.split("|")
+        if len(cells) != 4 or cells[0] or cells[3]:
             return None
-        indent, key, value = found.groups()
+        key, value = cells[1].strip(), cells[2].strip()
+        if not key or not (key[0].isalpha() or key[0] == "_"):
+            return None
+        indent = cells[1][:3] == "   "  # "|    ep_rew_mean": under its section
         if not value:
             if not key.endswith("/"):
                 return None
