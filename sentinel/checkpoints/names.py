@@ -3,12 +3,14 @@
 A keyword before the number says what it counts: ``checkpoint-40``, ``global_step40``,
 ``model_step40.pt``, ``ckpt_40.pt``, ``iter_0000040`` (steps); ``epoch_3.pt``,
 ``epoch=3.ckpt`` (epochs, never read as a step); Lightning's ``epoch=2-step=4500.ckpt``
-(both). Lightning's SLURM saves (``hpc_ckpt_3.ckpt``) count saves, not steps: their
-place comes from what they hold. Without a keyword the last number that stands as its
-own token is the step (``model-1200.pt``), except shard numbers (``model-00001-of-00003``), version
-suffixes (``-v1``), dates (``20240501``, ``2024-05-01``) and the number after
-``rank``, ``shard``, ``seed`` and similar words. A number glued to letters
-(``resnet50.pth``, ``gpt2.pt``) is part of a model's name, not a step.
+(both); or after it, where none comes before it (ESPnet's ``3epoch.pth``,
+``model_1000_steps.pt``). Lightning's SLURM saves (``hpc_ckpt_3.ckpt``) count saves, not
+steps: their place comes from what they hold. Without a keyword the last number that
+stands as its own token is the step (``model-1200.pt``), except shard numbers
+(``model-00001-of-00003``), version suffixes (``-v1``), dates (``20240501``,
+``2024-05-01``) and the number after ``rank``, ``shard``, ``seed`` and similar words. A
+number glued to letters (``resnet50.pth``, ``gpt2.pt``) is part of a model's name, not a
+step.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ _STEP_KEYED = re.compile(
     r"(?<![a-z])(?:global[_-]?steps?|steps?|iter|iteration|checkpoint|ckpt)[-_=]?(\d+)(?![0-9a-z])"
 )
 _EPOCH_KEYED = re.compile(r"(?<![a-z])epochs?[-_=]?(\d+)(?![0-9a-z])")
+# The keyword after the number: ESPnet's ``3epoch.pth``, ``model_1000_steps.pt``.
+_STEP_AFTER = re.compile(r"(?<![0-9a-z])(\d+)[-_]?steps?(?![0-9a-z])")
+_EPOCH_AFTER = re.compile(r"(?<![0-9a-z])(\d+)[-_]?epochs?(?![0-9a-z])")
 _VERSION_SUFFIX = re.compile(r"[-_.]v\d+$")
 # Lightning's hpc_save numbers its saves 1, 2, 3...: a counter, not a training step.
 _SAVE_COUNTER = re.compile(r"^hpc_ckpt_\d+$")
@@ -75,7 +80,8 @@ def position_of(name: str) -> NamePosition:
         return NamePosition(keyed=True)  # the number is known, and known not to be a step
     stem = _VERSION_SUFFIX.sub("", stem.lower())
     steps = [s for s in _STEP_KEYED.findall(stem) if not _is_date_token(s)]
-    epochs = _EPOCH_KEYED.findall(stem)
+    steps = steps or _STEP_AFTER.findall(stem)
+    epochs = _EPOCH_KEYED.findall(stem) or _EPOCH_AFTER.findall(stem)
     if steps or epochs:
         return NamePosition(
             step=int(steps[-1]) if steps else None,

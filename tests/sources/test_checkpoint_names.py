@@ -29,6 +29,8 @@ STEP = {
     "date-then-step": ("model_2024-05-01_40.pt", 40),
     "keyword-beats-last-number": ("step_40_seed_7.pt", 40),
     "seed-is-not-a-step": ("seed_42_40.pt", 40),
+    "steps-after-number": ("model_1000_steps.pt", 1000),
+    "step-after-number-glued": ("1000steps.pth", 1000),
 }
 
 
@@ -47,6 +49,8 @@ EPOCH = {
     "lightning": ("epoch=2-step=4500.ckpt", NamePosition(step=4500, epoch=2, keyed=True)),
     "lightning-version": ("epoch=0-step=10-v1.ckpt", NamePosition(step=10, epoch=0, keyed=True)),
     "epoch-and-step": ("checkpoint_epoch3_step400.pth", NamePosition(400, 3, keyed=True)),
+    "espnet-epoch-after-number": ("3epoch.pth", NamePosition(epoch=3, keyed=True)),
+    "epoch-after-number": ("model_12_epochs.pt", NamePosition(epoch=12, keyed=True)),
 }
 
 
