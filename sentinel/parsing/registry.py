@@ -11,6 +11,7 @@ from __future__ import annotations
 from sentinel.parsing import (
     composer,
     deepspeed,
+    espnet,
     header_csv,
     hf_trainer,
     jsonl,
@@ -62,6 +63,7 @@ LINE_FORMATS: dict[str, type[LineFormat]] = {
     "composer": composer.ComposerConsole,
     "sb3": sb3.Sb3Table,
     "rsl_rl": rsl_rl.RslRlBlock,
+    "espnet": espnet.EspnetLog,
 }
 
 #: Metrics formats read as a whole file, by name, in the order a path is tried against

@@ -461,3 +461,53 @@ def test_the_hf_flax_examples_line_is_read_at_its_step(line: str, expected: list
     """``run_clm_flax.py`` and its siblings: ``epochs.write(f"Step... ({cur_step} | Loss:
     ...")``."""
     assert LineParser().parse(line) == expected
+
+
+#: ESPnet2's train.log (lines as its docs and users' logs show them; ``trainer.py``).
+ESPNET = [
+    "[host] 2020-04-05 16:34:54,278 (trainer:192) INFO: 1/40epoch started. Estimated time to"
+    " finish: 7 minutes and 58.63 seconds",
+    "[host] 2020-04-05 16:34:56,315 (trainer:453) INFO: 1epoch:train:1-10batch: iter_time=0.006,"
+    " forward_time=0.076, loss=50.873, loss_att=35.801, loss_ctc=65.945, acc=0.471,"
+    " backward_time=0.072, optim_step_time=0.006, lr_0=1.000, train_time=0.203",
+    "[host] 2020-04-05 16:34:58,046 (trainer:453) INFO: 1epoch:train:11-20batch:"
+    " iter_time=4.280e-05, forward_time=0.068, loss=45.1, acc=0.5, optim0_lr0=0.9,"
+    " train_time=0.2",
+    "[host] 2020-04-05 16:35:26,464 (trainer:243) INFO: 1epoch results: [train]"
+    " iter_time=0.164, loss=480.386, acc=1.022e-04, time=1 minute and 5.2 seconds,"
+    " total_count=500, gpu_max_cached_mem_GB=10.1, [valid] loss=55.6, acc=0.3, cer=0.5,"
+    " time=10.1 seconds, total_count=50, [att_plot] time=1.2, total_count=0",
+    "[host] 2020-04-05 16:35:28,315 (trainer:453) INFO: 2epoch:train:1-10batch:"
+    " iter_time=0.006, loss=nan, acc=0.471",
+]
+
+
+def test_espnet_lines_are_read_at_the_batches_since_the_start() -> None:
+    parser = LineParser()
+    read = [{s.name: s for s in parser.parse(line)} for line in ESPNET]
+    assert read[0] == {}
+    assert (read[1]["loss"].step, read[1]["lr"].value, read[1]["epoch"].value) == (10, 1.0, 0)
+    assert read[2]["loss"] == Sample("loss", 45.1, 20)
+    # The epoch's end: its [valid] values are evaluations; its [train] means are not re-read.
+    assert {name: s.value for name, s in read[3].items()} == {
+        "eval_loss": 55.6,
+        "eval_acc": 0.3,
+        "eval_cer": 0.5,
+        "epoch": 1.0,
+    }
+    assert {s.step for s in read[3].values()} == {20}
+    # The second epoch counts on from the first's 20 batches.
+    assert read[4]["loss"].step == 30 and math.isnan(read[4]["loss"].value)
+    assert read[4]["epoch"].value == 1.0
+
+
+def test_an_espnet_log_that_starts_late_names_no_step_and_funasr_names_its_updates() -> None:
+    parser = LineParser()
+    late = parser.parse(ESPNET[4])
+    assert {s.step for s in late} == {None}
+    funasr = parser.parse(
+        "[bach] 2023-04-23 18:59:48,924 (trainer:777) INFO: 2epoch:train:1-50batch:"
+        "50num_updates: iter_time=0.008, loss_att=0.186, acc=0.942, loss=0.192,"
+        " optim0_lr0=7.484e-06"
+    )
+    assert {s.step for s in funasr} == {50}
