@@ -143,6 +143,12 @@ _EPOCH_COMMA_BATCH = re.compile(r"\bepoch\s+(\d+)\s*,\s*(\d+)\s*/\s*(\d+)\s*;", 
 #: A step in brackets that starts the line, before its pairs: CLU's metric writer (JAX,
 #: Flax), ``[130] train/loss=2.31, train/learning_rate=0.001``.
 _LEADING_STEP = re.compile(r"\[\s*(\d+)\s*\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
+#: PyTorch's MNIST example, ``Train Epoch: 2 [6400/60000 (11%)]\tLoss: 0.1234`` (epochs
+#: from 1): the samples seen so far.
+_SAMPLES_SEEN = re.compile(r"\bepoch:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\s*\(\s*\d+%\)\]", re.I)
+#: A loop's evaluation line, ``Test set: Average loss: 0.0500, Accuracy: ...`` (PyTorch's
+#: MNIST example), ``Validation set: loss: ...``: its loss is no training loss.
+_EVALUATION_LINE = re.compile(r"(?:Test|Validation|Val|Eval(?:uation)?) set:", re.I)
 #: The HF Flax examples' line: ``Step... (500 | Loss: 2.31, Learning Rate: 1e-4)``, also
 #: ``Step... (500/2000 | Training Loss: ...``, ``Step... (500 / 2000 | Loss: ...``.
 _FLAX_STEP = re.compile(r"Step\.\.\. \((\d+)(?:\s*/\s*\d+)?\s")
@@ -257,6 +263,11 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if opennmt is not None:
             epoch, batch, per_epoch = map(int, opennmt.groups())
             step = max(epoch - 1, 0) * per_epoch + batch
+    if step is None and "[" in text and ("poch" in text or "POCH" in text):
+        seen = _SAMPLES_SEEN.search(text)
+        if seen is not None:
+            epoch, done, per_epoch = map(int, seen.groups())
+            step = max(epoch - 1, 0) * per_epoch + done  # in samples, as the line counts
     if step is None and "Step... (" in text:
         flax = _FLAX_STEP.search(text)
         if flax is not None:
@@ -274,6 +285,11 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if step is None:
             step = said_step
     return pairs, step
+
+
+def _as_evaluation(name: str) -> str:
+    """A metric of an evaluation line under its evaluation name: ``loss`` -> ``eval_loss``."""
+    return name if name.startswith(("eval_", "test_")) else f"eval_{name}"
 
 
 def _bracketed_epoch_step(text: str) -> int | None:
@@ -318,6 +334,8 @@ def parse_keyvalue(text: str) -> list[Sample] | None:
     pairs, step = find_pairs(text)
     if not pairs:
         return None
+    if text[:1] in "TVE" and _EVALUATION_LINE.match(text) is not None:
+        pairs = [(_as_evaluation(name), value) for name, value in pairs]
     time = None
     stamp = _LEADING_TIMESTAMP.match(text.lstrip())
     if stamp is not None:

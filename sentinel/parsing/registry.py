@@ -11,6 +11,7 @@ from __future__ import annotations
 from sentinel.parsing import (
     composer,
     deepspeed,
+    epoch_batch,
     espnet,
     header_csv,
     hf_trainer,
@@ -64,6 +65,7 @@ LINE_FORMATS: dict[str, type[LineFormat]] = {
     "sb3": sb3.Sb3Table,
     "rsl_rl": rsl_rl.RslRlBlock,
     "espnet": espnet.EspnetLog,
+    "epoch_batch": epoch_batch.EpochBatch,
 }
 
 #: Metrics formats read as a whole file, by name, in the order a path is tried against

@@ -511,3 +511,40 @@ def test_an_espnet_log_that_starts_late_names_no_step_and_funasr_names_its_updat
         " optim0_lr0=7.484e-06"
     )
     assert {s.step for s in funasr} == {50}
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [
+            "Epoch 1, Batch 100, Loss: 0.5",
+            "Epoch 1, Batch 200, Loss: 0.4",
+            "Epoch 2, Batch 100, Loss: 0.3",
+        ],
+        ["epoch 0 batch 100 loss 0.5", "epoch 0 batch 200 loss 0.4", "epoch 1 batch 100 loss 0.3"],
+        # PyTorch's CIFAR-10 tutorial: print(f'[{epoch + 1}, {i + 1:5d}] loss: ...')
+        ["[1,   100] loss: 0.500", "[1,   200] loss: 0.400", "[2,   100] loss: 0.300"],
+    ],
+    ids=["named", "lower-from-0", "cifar-tutorial"],
+)
+def test_an_epoch_and_its_batch_count_on_across_epochs(lines: list[str]) -> None:
+    """The batch restarts each epoch: the step is the batches before it plus the batch."""
+    parser = LineParser()
+    losses = [s for line in lines for s in parser.parse(line) if s.name == "loss"]
+    assert [(s.step, s.value) for s in losses] == [(100, 0.5), (200, 0.4), (300, 0.3)]
+
+
+def test_an_epoch_and_batch_log_that_starts_late_is_read_at_its_epochs() -> None:
+    parser = LineParser()
+    steps = [parser.parse(f"Epoch {e}, Batch 100, Loss: 0.5")[0].step for e in (5, 6)]
+    assert steps == [5, 6]
+
+
+def test_pytorchs_mnist_example_is_read_at_the_samples_seen_and_its_test_set_is_evaluation() -> (
+    None
+):
+    parser = LineParser()
+    first = parser.parse("Train Epoch: 2 [6400/60000 (11%)]\tLoss: 0.500000")
+    assert Sample("loss", 0.5, 66400) in first
+    test = parser.parse("Test set: Average loss: 0.0500, Accuracy: 9850/10000 (98%)")
+    assert [s.name for s in test] == ["eval_loss", "eval_accuracy"]

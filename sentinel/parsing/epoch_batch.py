@@ -1,0 +1,75 @@
+"""Hand-written loops that name the epoch and the batch within it, but not the batches an
+epoch has: ``Epoch 1, Batch 100, Loss: 0.5``, ``epoch 1 batch 100 loss 0.5``, ``[Epoch 1,
+Batch 100] loss: 0.5``, and PyTorch's CIFAR-10 tutorial, ``[1,  2000] loss: 2.192``
+(``print(f'[{epoch + 1}, {i + 1:5d}] loss: ...')``), which so many loops copy.
+
+Read as the epoch alone, every line of an epoch would share its step. The step here is the
+batches of the epochs before plus the line's batch, an epoch's batches taken from its last
+line (one whose batches are not a multiple of the print interval counts a few short: the
+step stays in order, a little behind). A log that starts after its first epoch (0 or 1:
+loops count from either) cannot tell the epochs before: its lines are read at the epoch.
+A line that names the batches an epoch has (``Batch 100/600``) is the key-value reader's,
+exactly. A ``LineFormat``: it keeps the epoch and the batches before it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sentinel.model.records import Sample
+from sentinel.parsing.keyvalue import find_pairs
+
+#: ``Epoch 1, Batch 100`` and the like, not followed by ``/600`` (those are exact).
+_NAMED = re.compile(
+    r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)(?!\s*/|\d)", re.IGNORECASE
+)
+#: The CIFAR-10 tutorial's ``[1,  2000] loss: 2.192``: epoch from 1, batch from 1.
+_TUTORIAL = re.compile(r"\[\s*(\d+),\s*(\d+)\]\s+(?=[a-z])", re.IGNORECASE)
+#: The names that place the line, not metrics.
+_PLACING = frozenset({"epoch", "batch"})
+
+
+class EpochBatch:
+    """Reads epoch-and-batch lines, keeping the epoch and the batches before it."""
+
+    __slots__ = ("_epoch", "_known", "_last", "_offset")
+
+    def __init__(self) -> None:
+        self._epoch: int | None = None
+        self._offset = 0  # the batches of the epochs before it
+        self._last = 0  # the last batch its lines reached
+        self._known = False  # whether the log began at its first epoch
+
+    def parse(self, text: str) -> list[Sample] | None:
+        """Samples of one stripped line; None for a line in another format."""
+        first = text[0]
+        if first == "[" and text[1:2] != "E" and text[1:2] != "e":
+            found = _TUTORIAL.match(text)
+            rest = text[found.end() :] if found is not None else ""
+        elif "atch" in text and ("poch" in text or "POCH" in text):
+            found = _NAMED.search(text)
+            rest = text
+        else:
+            return None
+        if found is None:
+            return None
+        pairs, named = find_pairs(rest)
+        pairs = [(name, value) for name, value in pairs if name not in _PLACING]
+        if not pairs:
+            return None
+        epoch, batch = int(found.group(1)), int(found.group(2))
+        step = named if named is not None else self._step(epoch, batch)
+        samples = [Sample(name, value, step) for name, value in pairs]
+        samples.append(Sample("epoch", float(epoch), step))
+        return samples
+
+    def _step(self, epoch: int, batch: int) -> int:
+        """The batches since the log's first epoch began; the epoch where that is unknown."""
+        if epoch != self._epoch:
+            if self._known and self._epoch is not None and epoch == self._epoch + 1:
+                self._offset += self._last
+            else:
+                self._known, self._offset = epoch <= 1, 0
+            self._epoch, self._last = epoch, 0
+        self._last = max(self._last, batch)
+        return self._offset + batch if self._known else epoch
