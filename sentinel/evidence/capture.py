@@ -108,6 +108,10 @@ def output_files(state_dir: Path, pids: Iterable[int], logs: Iterable[str]) -> l
     return found
 
 
+#: The section of the threads' states and kernel wait channels.
+_THREADS = "Threads (state, wait channel)"
+
+
 def take(
     pids: Iterable[int],
     folder: Path,
@@ -131,7 +135,7 @@ def take(
     named = list(leaves) or pids
     jobs: dict[str, Callable[[], Taken]] = {
         "Python stacks (py-spy dump)": lambda: _stacks(find_py_spy(), pids, named, deadline),
-        "Threads (state, wait channel)": lambda: Taken(_threads(pids)),
+        _THREADS: lambda: Taken(_threads(pids)),
         "GPU (nvidia-smi -q)": lambda: _nvidia_smi(deadline),
         "Kernel NVIDIA XID lines": lambda: _xid_lines(deadline),
         "Last lines of output": lambda: Taken(_tails(output_files)),
@@ -144,9 +148,13 @@ def take(
             log.exception("evidence: %s failed", title)
             results[title] = Taken("", [f"{title}: failed ({error!r})"])
 
+    # The threads' states first, from /proc (milliseconds): py-spy stops each thread while
+    # it reads it, and a state read meanwhile says "t, waiting in ptrace_stop": its doing.
+    run(_THREADS, jobs[_THREADS])
     threads = [
         threading.Thread(target=run, args=item, name="evidence", daemon=True)
         for item in jobs.items()
+        if item[0] != _THREADS
     ]
     for thread in threads:
         thread.start()
