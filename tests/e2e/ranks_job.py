@@ -50,6 +50,9 @@ def main() -> None:
         if jsonl_dir is not None:
             with open(os.path.join(jsonl_dir, f"metrics_rank{rank}.jsonl"), "a") as metrics:
                 metrics.write(json.dumps({"step": step, "loss": value}) + "\n")
+    # Both ranks done before either tears down: gloo's teardown while the other rank is
+    # still in its last collective fails the job now and then on a loaded machine.
+    dist.barrier()
     dist.destroy_process_group()
 
 
