@@ -169,6 +169,26 @@ def _check_safetensors(path: Path, size: int) -> str:
     return ""
 
 
+#: A zip's end-of-central-directory record: its signature, and its length without a comment.
+_END_RECORD = b"PK\x05\x06"
+_END_RECORD_SIZE = 22
+
+
+def _ends_with_its_directory(path: Path, size: int) -> bool:
+    """Whether the zip's last end record (and its comment) ends the file, as a whole
+    archive's does."""
+    with path.open("rb") as handle:
+        handle.seek(max(0, size - (_END_RECORD_SIZE + 0xFFFF)))
+        tail = handle.read()
+    at = tail.rfind(_END_RECORD)
+    while at >= 0:
+        comment = int.from_bytes(tail[at + 20 : at + 22], "little")
+        if at + _END_RECORD_SIZE + comment == len(tail):
+            return True
+        at = tail.rfind(_END_RECORD, 0, at)
+    return False
+
+
 def _check_torch(path: Path, size: int) -> str:
     with path.open("rb") as handle:
         magic = handle.read(4)
@@ -184,4 +204,8 @@ def _check_torch(path: Path, size: int) -> str:
                     return f"zip member {info.filename!r} extends past the end of the file"
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError) as exc:
         return f"torch zip archive unreadable: {exc}"
+    if not _ends_with_its_directory(path, size):
+        # A zip cut short may still open: a zip stored inside it (SB3 stores torch's
+        # ``policy.pth`` zips in its own) has an end record of its own that zipfile finds.
+        return "zip archive cut short: its end record is not at its end"
     return ""

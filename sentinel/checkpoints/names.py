@@ -19,8 +19,13 @@ import re
 from dataclasses import dataclass
 
 # Longest first: "x.pth.tar" is a torch file, not a ".tar".
-CHECKPOINT_SUFFIXES = (".safetensors", ".pth.tar", ".pt.tar", ".pt", ".pth", ".bin", ".ckpt")
+CHECKPOINT_SUFFIXES = (
+    ".safetensors", ".pth.tar", ".pt.tar", ".pt", ".pth", ".bin", ".ckpt", ".zip",
+)  # fmt: skip
 SAFETENSORS_SUFFIX = ".safetensors"
+#: A zip is a checkpoint only when its name carries a step: Stable-Baselines3's
+#: ``CheckpointCallback`` saves ``rl_model_512_steps.zip``; a ``dataset.zip`` is no checkpoint.
+_ZIP_SUFFIX = ".zip"
 
 _STEP_KEYED = re.compile(
     r"(?<![a-z])(?:global[_-]?steps?|steps?|iter|iteration|checkpoint|ckpt)[-_=]?(\d+)(?![0-9a-z])"
@@ -52,9 +57,15 @@ class NamePosition:
 
 
 def checkpoint_suffix(name: str) -> str:
-    """Return the checkpoint file suffix ``name`` ends with (e.g. ``.pt``), or ""."""
+    """Return the checkpoint file suffix ``name`` ends with (e.g. ``.pt``), or "" (a zip
+    whose name carries no step: see ``_ZIP_SUFFIX``)."""
     lowered = name.lower()
-    return next((s for s in CHECKPOINT_SUFFIXES if lowered.endswith(s)), "")
+    suffix = next((s for s in CHECKPOINT_SUFFIXES if lowered.endswith(s)), "")
+    if suffix == _ZIP_SUFFIX:
+        stem = lowered[: -len(suffix)]
+        if not (_STEP_KEYED.search(stem) or _STEP_AFTER.search(stem)):
+            return ""
+    return suffix
 
 
 def is_in_progress(name: str) -> bool:

@@ -17,7 +17,7 @@ from sentinel.checkpoints.keep import Keeper, kept_versions
 from sentinel.checkpoints.quarantine import MANIFEST, fresh_label, sanitize_label
 from sentinel.checkpoints.restore import RestoreRefused, restore_quarantine
 from sentinel.checkpoints.rollback import apply_rollback, plan_rollback
-from sentinel.checkpoints.scan import QUARANTINE_DIR, CheckpointStatus, Onset
+from sentinel.checkpoints.scan import QUARANTINE_DIR, CheckpointStatus, Onset, scan
 from tests.helpers.kept import (
     digest,
     fixture_position,
@@ -389,3 +389,34 @@ def test_quarantine_folders_and_manifest_take_the_dirs_owner_and_mode(
         stat = os.stat(path)
         assert (oct(stat.st_mode & 0o7777), stat.st_uid) == (oct(mode), owner.st_uid), path
         assert stat.st_gid == owner.st_gid, path
+
+
+SB3_CHECKPOINTS = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints" / "sb3"
+
+
+def test_stable_baselines3_checkpoints_are_scanned_and_rolled_back(tmp_path: Path) -> None:
+    """SB3's ``CheckpointCallback`` zips (tests/fixtures/checkpoints/make_sb3_checkpoints.py),
+    named by the environment steps its tables log: a NaN at 1200 rolls back to the one of
+    1024 and sets the one of 1536 aside; a zip named by no step is no checkpoint."""
+    for source in SB3_CHECKPOINTS.iterdir():
+        shutil.copy2(source, tmp_path / source.name)
+    (tmp_path / "dataset.zip").write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip
+    found = scan(tmp_path)
+    assert [(c.path.name, c.step, c.status) for c in found] == [
+        ("rl_model_512_steps.zip", 512, CheckpointStatus.CLEAN),
+        ("rl_model_1024_steps.zip", 1024, CheckpointStatus.CLEAN),
+        ("rl_model_1536_steps.zip", 1536, CheckpointStatus.CLEAN),
+    ]
+    plan = plan_rollback(tmp_path, 1200)
+    assert plan.restore is not None and plan.restore.path.name == "rl_model_1024_steps.zip"
+    assert [c.path.name for c in plan.quarantine] == ["rl_model_1536_steps.zip"]
+    apply_rollback(plan, tmp_path, label=LABEL)
+    assert (tmp_path / QUARANTINE_DIR / LABEL / "rl_model_1536_steps.zip").is_file()
+    assert (tmp_path / "dataset.zip").is_file()
+
+
+def test_a_truncated_sb3_checkpoint_is_corrupt(tmp_path: Path) -> None:
+    data = (SB3_CHECKPOINTS / "rl_model_512_steps.zip").read_bytes()
+    (tmp_path / "rl_model_512_steps.zip").write_bytes(data[: len(data) // 2])
+    (checkpoint,) = scan(tmp_path)
+    assert checkpoint.status is CheckpointStatus.CORRUPT
