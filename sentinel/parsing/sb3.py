@@ -32,8 +32,9 @@ its name), as does the objective's values turning non-finite together.
 (SB3's ``explained_variance`` returns NaN for targets with no variance: A2C's 5-step
 rollouts on CartPole, every reward 1 and the value they bootstrap from settled, log it ten
 times in a healthy run, ``tests/fixtures/sb3/a2c_healthy``), so a non-finite one is left
-out. Rows under a section row that an excerpt cut off are left out too: their names are
-not known (``loss`` alone would be read as a training loss), but for the step's.
+out. Rows under a section row that an excerpt cut off are read under ``sb3/``
+(``sb3/loss``): their section is not known, and ``loss`` alone would be read as a training
+loss; a NaN among them still stops the job.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from sentinel.parsing.values import as_float, as_step
 
 #: The step the table is at: the environment steps taken so far.
 _STEP_KEY = "time/total_timesteps"
+#: The section of rows whose section row an excerpt cut off.
+_UNKNOWN_SECTION = "sb3/"
 #: Rows read under another name.
 _NAMES = {"train/learning_rate": "lr"}
 #: Rows that are NaN by design at times (see the module docstring): left out when not finite.
@@ -87,14 +90,14 @@ class Sb3Table:
                 return None
             self._section = key  # a section row: ``| rollout/ |  |``
             return []
-        if indent and not self._section:
-            # Under a section row an excerpt cut off: its name is not known, but the step's.
-            if key == _STEP_KEY.partition("/")[2]:
-                self._rows.append((_STEP_KEY, value))
-            return []
+        section = self._section if indent else ""
+        if indent and not section:
+            # Under a section row an excerpt cut off: the step is known by its name, any
+            # other value read under ``sb3/`` (a NaN still seen, never the training loss).
+            section = "time/" if key == _STEP_KEY.partition("/")[2] else _UNKNOWN_SECTION
         if len(self._rows) >= _MAX_ROWS:
             self._rows.clear()
-        self._rows.append(((self._section if indent else "") + key, value))
+        self._rows.append((section + key, value))
         return []
 
     def _close(self) -> list[Sample]:

@@ -94,8 +94,8 @@ def test_the_loss_keeps_sb3s_name_and_a_nan_one_is_read() -> None:
 
 
 def test_a_table_cut_at_its_start_gives_the_rows_it_holds() -> None:
-    """An excerpt that begins inside a table: the rows after the cut under a section it
-    shows, at the step it names; the rows under a section row it cut off are not known."""
+    """An excerpt that begins inside a table: the rows after the cut at the step it names;
+    those under a section row it cut off under ``sb3/``, never as the training loss."""
     lines = (FIXTURES / "ppo_healthy" / "console.txt").read_text().splitlines()
     dashes = [i for i, line in enumerate(lines) if line and set(line) == {"-"}]
     first, last = dashes[4], dashes[5]  # the third table
@@ -103,11 +103,32 @@ def test_a_table_cut_at_its_start_gives_the_rows_it_holds() -> None:
     (table,) = tables("\n".join(lines[first : last + 1]))
     samples = read(lines[cut : last + 1])
     assert {s.step for s in samples} == {int(table["time/total_timesteps"])}
-    train = {key: value for key, value in table.items() if key.startswith("train/")}
-    assert {s.name: s.value for s in samples} == {
-        ("lr" if key == "train/learning_rate" else key): float(value)
-        for key, value in train.items()
+    shown = {key: value for key, value in table.items() if key.startswith("train/")}
+    # The rows of time/ after the cut (fps on): their section row was cut off.
+    cut_off = {
+        "sb3/" + key.removeprefix("time/"): value
+        for key, value in table.items()
+        if key.startswith("time/") and key != "time/total_timesteps"
     }
+    assert {s.name: s.value for s in samples} == {
+        **{("lr" if key == "train/learning_rate" else key): float(v) for key, v in shown.items()},
+        **{key: float(v) for key, v in cut_off.items()},
+    }
+
+
+def test_a_nan_loss_in_a_cut_table_is_read_under_sb3() -> None:
+    """The excerpt starts after the ``| train/ |`` row of the table whose loss is NaN."""
+    parser = LineParser()
+    read_back = [
+        sample
+        for line in [
+            "|    loss                 | nan         |",
+            "|    total_timesteps | 2048 |",
+            "-" * 41,
+        ]
+        for sample in parser.parse(line)
+    ]
+    assert [(s.name, s.step, math.isnan(s.value)) for s in read_back] == [("sb3/loss", 2048, True)]
 
 
 def test_rows_with_no_closing_dashes_are_bounded() -> None:
