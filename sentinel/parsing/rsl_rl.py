@@ -30,7 +30,8 @@ with the returns (a healthy run's value loss falls from hundreds to near 0 and j
 to hundreds as the policy finds new states: ``tests/fixtures/rsl_rl/healthy``), so the rules
 that judge a training loss's shape leave it alone, while a non-finite value of any of
 them stops the job (``nan_inf``: a loss by its name). Times (``Collection time``,
-``Iteration time``, ``Time elapsed``, ``ETA``) and the run's name are no metrics.
+``Iteration time``, ``Time elapsed``, ``ETA``) and the run's name are no metrics. An
+excerpt that starts inside a block reads its losses by these names too, at no step.
 A ``LineFormat``: it keeps the iteration of the block being read.
 """
 
@@ -44,6 +45,12 @@ from sentinel.parsing.values import as_float
 _ITERATION = re.compile(r"Learning iteration (\d+)/\d+")
 #: ``Name: value`` inside a block; the value's first word (``0.08s``, ``4466 steps/s ...``).
 _PAIR = re.compile(r"([A-Za-z][\w /.\-]*?):\s+(\S+)")
+#: RSL-RL's own names for its losses, read as such even outside a block.
+_LOSS_OUTSIDE = re.compile(
+    r"((?:Mean )?(?:value|value_function|value function|surrogate|entropy|rnd|symmetry)"
+    r" loss):\s+(\S+)",
+    re.IGNORECASE,
+)
 #: Lines of a block that carry no metric.
 _NOT_METRICS = frozenset(
     {
@@ -85,7 +92,13 @@ class RslRlBlock:
             return []
         iteration = self._iteration
         if iteration is None:
-            return None
+            # An excerpt that starts inside a block: its losses by their own names, at no
+            # step, never as the training loss (a NaN among them still stops the job).
+            found = _LOSS_OUTSIDE.fullmatch(text)
+            if found is None:
+                return None
+            value = as_float(found.group(2))
+            return [] if value is None else [Sample(_name(found.group(1).lower()), value)]
         found = _PAIR.fullmatch(text) or _PAIR.match(text)
         if found is None:
             return [] if text[0] in "-#" and len(set(text)) == 1 else None

@@ -119,3 +119,18 @@ def test_the_head_without_colours_is_read_too() -> None:
     parser = LineParser()
     assert parser.parse("Learning iteration 7/1500") == []
     assert parser.parse("Mean surrogate loss: 0.5") == [Sample("surrogate_loss", 0.5, 7)]
+
+
+def test_an_excerpt_that_starts_inside_a_block_reads_its_losses_by_their_names() -> None:
+    """The lines before the first head: no step yet, and never the training loss."""
+    lines = (FIXTURES / "healthy" / "console.txt").read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if "Learning iteration 5/" in line)
+    cut = next(i for i in range(head, len(lines)) if "Mean value loss" in lines[i])
+    parser = LineParser()
+    before = [s for line in lines[cut : cut + 3] for s in parser.parse(line)]
+    assert [(s.name, s.step) for s in before] == [
+        ("value_loss", None),
+        ("surrogate_loss", None),
+        ("entropy_loss", None),
+    ]
+    assert LineParser().parse("Mean train loss: 0.4") == [Sample("loss", 0.4, None)]
