@@ -90,12 +90,12 @@ class HeaderCsv:
         apart by spaces, rows under it whose cells are numbers, ``#na#`` (no value) or the
         epoch's time (``00:10``)."""
         if text[0].isalpha():
-            first = text.split(None, 1)[0]
+            first, _, rest = text.partition(" ")
             if first == "E" and _SPACY_HEAD.match(text):
                 cells = [_SPACY_NAMES.get(cell, cell) for cell in _WIDE_GAP.split(text)]
                 cells = [_SPACES.sub("_", cell.lower()) for cell in cells]
-            elif first.lower() in _SPACED_FIRST:
-                cells = text.split()
+            elif first.lower() in _SPACED_FIRST and not rest.lstrip()[:1].isdigit():
+                cells = text.split()  # a header names; "step 120 | loss ..." is a record
             else:
                 return None
             if len(cells) < 3:

@@ -94,7 +94,7 @@ class RslRlBlock:
         if iteration is None:
             # An excerpt that starts inside a block: its losses by their own names, at no
             # step, never as the training loss (a NaN among them still stops the job).
-            found = _LOSS_OUTSIDE.fullmatch(text)
+            found = _LOSS_OUTSIDE.fullmatch(text) if " loss:" in text else None
             if found is None:
                 return None
             value = as_float(found.group(2))
