@@ -4,12 +4,10 @@ Batch 100] loss: 0.5``, and PyTorch's CIFAR-10 tutorial, ``[1,  2000] loss: 2.19
 (``print(f'[{epoch + 1}, {i + 1:5d}] loss: ...')``), which so many loops copy.
 
 Read as the epoch alone, every line of an epoch would share its step. The step here is the
-batches of the epochs before plus the line's batch, an epoch's batches taken from its last
-line (one whose batches are not a multiple of the print interval counts a few short: the
-step stays in order, a little behind). A log that starts after its first epoch (0 or 1:
-loops count from either) cannot tell the epochs before: its lines are read at the epoch.
+batches since the first epoch began (``values.EpochBatches``); a log that starts after its
+first epoch cannot tell the epochs before: its lines are read at the epoch.
 A line that names the batches an epoch has (``Batch 100/600``) is the key-value reader's,
-exactly. A ``LineFormat``: it keeps the epoch and the batches before it.
+exactly. A ``LineFormat``: it counts the batches of its epochs.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import re
 
 from sentinel.model.records import Sample
 from sentinel.parsing.keyvalue import find_pairs
+from sentinel.parsing.values import EpochBatches
 
 #: ``Epoch 1, Batch 100`` and the like, not followed by ``/600`` (those are exact).
 _NAMED = re.compile(
@@ -30,15 +29,12 @@ _PLACING = frozenset({"epoch", "batch"})
 
 
 class EpochBatch:
-    """Reads epoch-and-batch lines, keeping the epoch and the batches before it."""
+    """Reads epoch-and-batch lines, counting the batches of their epochs."""
 
-    __slots__ = ("_epoch", "_known", "_last", "_offset")
+    __slots__ = ("_batches",)
 
     def __init__(self) -> None:
-        self._epoch: int | None = None
-        self._offset = 0  # the batches of the epochs before it
-        self._last = 0  # the last batch its lines reached
-        self._known = False  # whether the log began at its first epoch
+        self._batches = EpochBatches()
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line; None for a line in another format."""
@@ -58,18 +54,8 @@ class EpochBatch:
         if not pairs:
             return None
         epoch, batch = int(found.group(1)), int(found.group(2))
-        step = named if named is not None else self._step(epoch, batch)
+        counted = self._batches.step(epoch, batch)
+        step = named if named is not None else epoch if counted is None else counted
         samples = [Sample(name, value, step) for name, value in pairs]
         samples.append(Sample("epoch", float(epoch), step))
         return samples
-
-    def _step(self, epoch: int, batch: int) -> int:
-        """The batches since the log's first epoch began; the epoch where that is unknown."""
-        if epoch != self._epoch:
-            if self._known and self._epoch is not None and epoch == self._epoch + 1:
-                self._offset += self._last
-            else:
-                self._known, self._offset = epoch <= 1, 0
-            self._epoch, self._last = epoch, 0
-        self._last = max(self._last, batch)
-        return self._offset + batch if self._known else epoch

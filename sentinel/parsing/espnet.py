@@ -10,16 +10,14 @@ Each ``log_interval`` batches::
 ``2epoch results: [train] ... loss=..., [valid] loss=..., acc=..., [att_plot] ...``.
 
 The step: FunASR's ``num_updates`` where it prints it. ESPnet's own counts batches within
-the epoch, so the step is the batches of the epochs before plus the line's last batch, the
-batches of an epoch taken from its last line (an epoch whose batches are not a multiple of
-``log_interval`` counts a few short: the step stays in order, a little behind). A log that
-starts after the first epoch (an excerpt, a resumed run) cannot tell the epochs before:
-its lines name no step, and are read at the last step known. Each line also gives the
+the epoch, so the step is the batches since the first epoch began (``values.EpochBatches``);
+a log that starts after the first epoch (an excerpt, a resumed run) cannot tell the epochs
+before: its lines name no step, and are read at the last step known. Each line also gives the
 epochs done (``epoch``: 1 during the second epoch), which places an onset among ESPnet's
 checkpoints, named by epoch (``3epoch.pth``). The results line's ``[valid]`` values are
 evaluations (``loss`` is ``eval_loss``, ``acc`` ``eval_acc``), at the epoch's last step;
 its ``[train]`` values are the epoch's means of what the interval lines showed, not read
-again. A ``LineFormat``: it keeps the epoch and the batches before it.
+again. A ``LineFormat``: it counts the batches of its epochs.
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ from __future__ import annotations
 import re
 
 from sentinel.model.records import Sample
-from sentinel.parsing.keyvalue import find_pairs
+from sentinel.parsing.keyvalue import as_evaluation, find_pairs
+from sentinel.parsing.values import EpochBatches
 
 _INTERVAL = re.compile(r"(\d+)epoch:train:(\d+)-(\d+)batch(?::(\d+)num_updates)?:\s*(.*)$")
 _RESULTS = re.compile(r"(\d+)epoch results: (.*)$")
@@ -37,15 +36,12 @@ _LR = re.compile(r"(?:optim\d+_)?lr_?\d+")
 
 
 class EspnetLog:
-    """Reads ESPnet2's interval and results lines, keeping the epoch and its offset."""
+    """Reads ESPnet2's interval and results lines, counting the batches of its epochs."""
 
-    __slots__ = ("_epoch", "_known", "_last_end", "_offset")
+    __slots__ = ("_batches",)
 
     def __init__(self) -> None:
-        self._epoch: int | None = None  # the epoch the last interval line was in (from 1)
-        self._offset = 0  # the batches of the epochs before it
-        self._last_end = 0  # the last batch its lines reached
-        self._known = False  # whether the log began at the first epoch (the offset holds)
+        self._batches = EpochBatches()
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line; None for a line in another format."""
@@ -56,10 +52,9 @@ class EspnetLog:
             if found is None:
                 return None
             epoch, end = int(found.group(1)), int(found.group(3))
-            self._enter(epoch)
+            counted = self._batches.step(epoch, end)
             updates = found.group(4)
-            step = int(updates) if updates else self._offset + end if self._known else None
-            self._last_end = max(self._last_end, end)
+            step = int(updates) if updates else counted
             pairs, _ = find_pairs(found.group(5))
             samples = [Sample(_name(name), value, step) for name, value in pairs]
             return [*samples, Sample("epoch", float(epoch - 1), step)]
@@ -68,20 +63,9 @@ class EspnetLog:
             if found is None:
                 return None
             epoch = int(found.group(1))
-            known = self._known and epoch == self._epoch
-            step = self._offset + self._last_end if known else None
+            step = self._batches.epoch_end(epoch)
             return [*_valid(found.group(2), step), Sample("epoch", float(epoch), step)]
         return None
-
-    def _enter(self, epoch: int) -> None:
-        """The interval lines moved to ``epoch``: the batches before it, if they are known."""
-        if epoch == self._epoch:
-            return
-        if self._known and self._epoch is not None and epoch == self._epoch + 1:
-            self._offset += self._last_end
-        else:
-            self._known, self._offset = epoch == 1, 0
-        self._epoch, self._last_end = epoch, 0
 
 
 def _name(name: str) -> str:
@@ -99,6 +83,5 @@ def _valid(text: str, step: int | None) -> list[Sample]:
         for name, value in pairs:
             if name in ("total_count", "time") or name.startswith("gpu_"):
                 continue
-            metric = name if name.startswith("eval_") else f"eval_{name}"
-            samples.append(Sample(metric, value, step))
+            samples.append(Sample(as_evaluation(name), value, step))
     return samples

@@ -287,7 +287,7 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
     return pairs, step
 
 
-def _as_evaluation(name: str) -> str:
+def as_evaluation(name: str) -> str:
     """A metric of an evaluation line under its evaluation name: ``loss`` -> ``eval_loss``."""
     return name if name.startswith(("eval_", "test_")) else f"eval_{name}"
 
@@ -335,7 +335,7 @@ def parse_keyvalue(text: str) -> list[Sample] | None:
     if not pairs:
         return None
     if text[:1] in "TVE" and _EVALUATION_LINE.match(text) is not None:
-        pairs = [(_as_evaluation(name), value) for name, value in pairs]
+        pairs = [(as_evaluation(name), value) for name, value in pairs]
     time = None
     stamp = _LEADING_TIMESTAMP.match(text.lstrip())
     if stamp is not None:

@@ -181,3 +181,38 @@ def iso_to_epoch_seconds(text: str) -> float | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
+
+
+class EpochBatches:
+    """The step of a log that names the epoch and the batch within it, but not the batches
+    an epoch has (ESPnet's ``2epoch:train:1-10batch``, ``Epoch 1, Batch 100``): the batches
+    of the epochs before plus the line's batch.
+
+    An epoch's batches are taken from the last batch its lines reached (one whose batches
+    are not a multiple of the print interval counts a few short: the step stays in order, a
+    little behind). A log that starts after its first epoch (0 or 1: loops count from
+    either) cannot tell the epochs before: ``step`` is None there.
+    """
+
+    __slots__ = ("_epoch", "_known", "_last", "_offset")
+
+    def __init__(self) -> None:
+        self._epoch: int | None = None  # the epoch of the last line
+        self._offset = 0  # the batches of the epochs before it
+        self._last = 0  # the last batch its lines reached
+        self._known = False  # whether the log began at its first epoch
+
+    def step(self, epoch: int, batch: int) -> int | None:
+        """The step of ``batch`` in ``epoch``; None where the epochs before are unknown."""
+        if epoch != self._epoch:
+            if self._known and self._epoch is not None and epoch == self._epoch + 1:
+                self._offset += self._last
+            else:
+                self._known, self._offset = epoch <= 1, 0
+            self._epoch, self._last = epoch, 0
+        self._last = max(self._last, batch)
+        return self._offset + batch if self._known else None
+
+    def epoch_end(self, epoch: int) -> int | None:
+        """The step of ``epoch``'s last line so far; None for another epoch, or unknown."""
+        return self._offset + self._last if self._known and epoch == self._epoch else None
