@@ -127,3 +127,42 @@ def test_hf_overfit_run_raises_eval_loss_rise_near_the_minimum(
     # Three rising evaluations after the best one: the earliest the rule can be sure.
     assert alert.step == truth["eval_min_step"] + 3 * eval_steps
     assert alert.details["diagnosis"]["cause"].startswith("overfitting")
+
+
+def _windowed(folder: str, every: int, tmp_path: Path) -> Path:
+    """The run of ``folder``'s ``metrics.jsonl`` as a framework logging every ``every``
+    steps writes it: each window's losses averaged, its last rate and grad-norm."""
+    records = [
+        json.loads(line)
+        for line in (FIXTURES / folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    path = tmp_path / f"every{every}.jsonl"
+    with path.open("w", encoding="utf-8") as out:
+        for start in range(0, len(records) - every + 1, every):
+            window = records[start : start + every]
+            row = dict(window[-1])
+            row["loss"] = sum(r["loss"] for r in window) / every
+            out.write(json.dumps(row) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("every", [1, 10, 25])
+def test_a_loss_below_zero_is_judged_by_its_noise_at_any_cadence(
+    every: int, tmp_path: Path
+) -> None:
+    """A real Gaussian-NLL run (its loss near -2.4): healthy, nothing of the loss's rules;
+    its learning rate x30 at step 1000 is critical within two logged values, its onset
+    before the jump, where no ratio to a level below 0 could say it."""
+    loss_rules = {"divergence", "loss_spike", "lr_jump", "loss_plateau"}
+    healthy = replay([_windowed("negative_loss/healthy", every, tmp_path)], defaults())
+    assert healthy.samples > 100
+    assert [a for a in raised(healthy) if a.split()[0] in loss_rules] == []
+
+    truth = expected("negative_loss/lr_jump")
+    jumped = replay([_windowed("negative_loss/lr_jump", every, tmp_path)], defaults())
+    critical = [a for a in jumped.alerts if a.severity == Severity.CRITICAL and not a.resolves]
+    assert critical, raised(jumped)
+    first = critical[0]
+    assert first.rule in {"lr_jump", "divergence"}
+    assert first.step is not None and first.step <= truth["jump_step"] + 2 * every
+    assert first.onset_step is not None and first.onset_step <= truth["first_loss_after_jump"]

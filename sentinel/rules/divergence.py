@@ -261,10 +261,32 @@ def opens_shift(
                 return current
         # Or above the bars of the values it has, as any value.
     level = min(latest) if early else level_of(latest)
-    if level <= 0 or value <= rise_bar(level, settings.rise):
+    if level <= 0:
+        return None if early else below_zero_shift(value, history, recent, settings)
+    if value <= rise_bar(level, settings.rise):
         return None
     current = (early_bars if early else bars)(history.values, recent, settings)
     return current if value > current.shift else None
+
+
+def below_zero_shift(
+    value: float, history: Rolling, recent: list[float], settings: DivergenceConfig
+) -> Bars | None:
+    """``opens_shift`` for a level at or below 0 (a Gaussian or flow NLL, an RL or GAN
+    objective): no ratio means anything there, so the bars are the run's noise and
+    envelope alone (``bars``: ``rise`` x a level <= 0 is under it). Judged with
+    ``min_history`` values or more only (a few values show no noise), and never where
+    the history is flat (no noise: a loss stuck at exactly 0 is ``nan_inf``'s finding)."""
+    current = bars(history.values, recent, settings)
+    return current if current.noise > 0 and value > current.shift else None
+
+
+def _how_far(value: float, bars_: Bars) -> str:
+    """How far ``value`` is above the level of ``bars_``: a ratio above 0; below it (no
+    ratio means anything), in the run's noise ("robust standard deviations")."""
+    if bars_.level > 0:
+        return f"{value / bars_.level:.2f}x"
+    return f"{(value - bars_.level) / bars_.noise:.0f} noise deviations above"
 
 
 def scant_shift(
@@ -634,7 +656,8 @@ class DivergenceDetector(BaseDetector):
         message = (
             f"{sample.name} {moved} step {shift.onset_step} and has not recovered:"
             f" median {latest:.4g} over the last {min(judged, count)} values"
-            f" ({latest / level:.2f}x its level {level:.4g} before the shift{known}, above"
+            f" ({_how_far(latest, shift.bars)} its level {level:.4g} before the shift{known},"
+            " above"
             f" {shift.bars.shift:.4g}) for {count} values"
             f"{' ' + corroboration if corroboration else ''}{act}"
         )
@@ -666,7 +689,7 @@ class DivergenceDetector(BaseDetector):
             "threshold": bars_.shift,
             "recover_threshold": bars_.back,
             "onset_step": shift.onset_step,
-            "ratio": round(latest / bars_.level, 3),
+            "ratio": round(latest / bars_.level, 3) if bars_.level > 0 else None,
             "early": shift.early,
             "crept": shift.crept,
             "values": [value for _, value in evidence],

@@ -2,7 +2,8 @@
 
 Over the last ``window`` logged loss values (warmup excluded), the loss is flat
 when the median of the last ``edge_values`` is not below ``1 - min_improvement``
-times the median of the window's first ``edge_values``, and high when that recent
+times the median of the window's first ``edge_values`` (nor above ``max_rise`` times
+it: a loss that climbed is not flat), and high when that recent
 median is still at least ``high_fraction`` of the run's initial level (the median
 of its first ``edge_values`` values, warmup included: a loss that fell a lot and
 then flattened has converged, it is not stuck). Medians, so a noisy loss is judged
@@ -78,6 +79,9 @@ class LossPlateauConfig(MetricRuleConfig):
     min_improvement: float = Field(default=0.01, ge=0, lt=1)
     #: The loss is still high at or above this fraction of the run's initial level.
     high_fraction: float = Field(default=0.9, gt=0, le=1)
+    #: A window whose recent level is above this multiple of its start level rose: no
+    #: plateau (a loss that climbed is ``divergence``'s finding, not underfitting).
+    max_rise: float = Field(default=1.3, gt=1.0)
 
     @model_validator(mode="after")
     def _edges_fit(self) -> LossPlateauConfig:
@@ -98,12 +102,23 @@ still_high: Callable[[float, float], bool] = ge
 
 def is_plateau(start: float, recent: float, initial: float, settings: LossPlateauConfig) -> bool:
     """Whether a full window whose ends have the levels ``start`` and ``recent`` is a
-    plateau: ``start`` above 0, not improved by ``min_improvement``, and still high."""
+    plateau: ``start`` above 0, not improved by ``min_improvement``, not risen past
+    ``max_rise`` x ``start``, and still high."""
     if start <= 0:
         return False
     if recent < (1 - settings.min_improvement) * start:
         return False  # still improving
+    if recent > settings.max_rise * start:
+        return False  # climbed: not flat
     return still_high(recent, high_bar(initial, settings))  # flat, and not converged
+
+
+def _moved(improvement: float) -> str:
+    """How the window's level moved, in words: a negative improvement (past what its one
+    decimal shows) is a rise."""
+    if improvement < -0.0005:
+        return f"rose {-improvement:.1%}, improved by nothing"
+    return f"improved {improvement:.1%}"
 
 
 def resolve_bar(
@@ -339,7 +354,7 @@ class LossPlateauDetector(BaseDetector):
         since = f"step {self._onset_step}" + (", the start of the run" if from_start else "")
         message = (
             f"loss flat at {recent:.4g} over {settings.window} logged values since {since}"
-            f" (improved {improvement:.1%}, less than {settings.min_improvement:.0%};"
+            f" ({_moved(improvement)}, less than {settings.min_improvement:.0%};"
             f" {recent / initial:.0%} of its initial {initial:.4g})"
         )
         details = {

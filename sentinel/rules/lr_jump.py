@@ -15,8 +15,9 @@ their median is ``loss_rise`` (1.3) times or more the loss's level before it (th
 of its last ``level_values`` values: a loss early in a run still falls fast, and a median
 of them lags above it) and above that level's noise (``noise_sigmas``
 robust standard deviations of the values before, once ``noise_values`` are known),
-within ``loss_window`` values of the jump. A loss at or below 0 (preference, RL
-objectives) is not judged by a ratio: the jump then stays a warning.
+within ``loss_window`` values of the jump. A loss at or below 0 (a Gaussian or flow
+likelihood, an RL or GAN objective) is not judged by a ratio: its level's noise alone is
+the bar, once ``noise_values`` are known (with fewer, or none, the jump stays a warning).
 
 The onset is the step of the last rate logged before the jump (``changed_after``): the
 rate changed after it, and a checkpoint saved at that very step may already hold the new
@@ -107,6 +108,15 @@ class Jump:
     noise: float
     since: list[float] = field(default_factory=list)
     acted: bool = False
+
+
+def _above(value: float, jump: Jump) -> str:
+    """How far ``value`` is above the loss's level before ``jump``: a ratio above 0; at or
+    below it, in the noise of the values before."""
+    assert jump.level is not None
+    if jump.level > 0:
+        return f"{value / jump.level:.2f}x"
+    return f"{(value - jump.level) / jump.noise:.0f} noise deviations above"
 
 
 class LrJumpDetector(BaseDetector):
@@ -203,6 +213,9 @@ class LrJumpDetector(BaseDetector):
             level = min(before[-settings.level_values :])
             if len(before) >= settings.noise_values:
                 noise = wobble(before)
+        elif len(before) >= settings.noise_values and wobble(before) > 0:
+            # At or below 0 no ratio means anything: the level's noise alone is the bar.
+            level, noise = min(before[-settings.level_values :]), wobble(before)
         self._jump = Jump(step, last[1], value, highest, changed_after, onset, level, noise)
         # The loss logged with the rate at its own step already ran on the new rate.
         since = [
@@ -246,13 +259,13 @@ class LrJumpDetector(BaseDetector):
         details.update(
             loss_metric=settings.metric,
             loss_since=list(since),
-            loss_ratio=round(latest / jump.level, 3),
+            loss_ratio=round(latest / jump.level, 3) if jump.level > 0 else None,
             loss_threshold=bar,
         )
         message = (
             f"the learning rate jumped {jump.after / jump.before:.3g}x at step {jump.step}"
             f" and {settings.metric} rose with it: median {latest:.4g} over its last"
-            f" {settings.confirm} values, {latest / jump.level:.2f}x its level"
+            f" {settings.confirm} values, {_above(latest, jump)} its level"
             f" {jump.level:.4g} before the jump; rolling back to"
             f" {before_change(jump.changed_after)}"
         )

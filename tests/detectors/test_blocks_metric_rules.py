@@ -323,8 +323,8 @@ _FLAT = [2.3] * 160
         ({"window": 16, "edge_values": 5}, _FLAT, 17, [(16, "plateau")]),
         (_SMALL, [*_START, *[5.0] * 40, 20.0, 20.0, *[5.0] * 100], None, []),
         (
-            _SMALL,
-            [*_START, *[5.0] * 40, *[20.0] * 3, *[5.0] * 100],
+            {**_SMALL, "high_fraction": 0.5},
+            [*_START, *[4.8] * 40, *[6.0] * 3, *[4.8] * 100],
             None,
             [(48, "plateau"), (51, "recovered")],
         ),

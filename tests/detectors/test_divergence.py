@@ -90,6 +90,46 @@ def test_healthy_series_raise_nothing(values: list[float]) -> None:
     assert feed(values) == []
 
 
+def absolute_noise(level: float, count: int, sigma: float, seed: int = 7) -> list[float]:
+    rng = random.Random(seed)
+    return [level + rng.gauss(0, sigma) for _ in range(count)]
+
+
+@pytest.mark.parametrize("level", [-5.0, -0.02, 0.0])
+def test_a_loss_at_or_below_zero_is_judged_by_its_noise(level: float) -> None:
+    """A Gaussian NLL, a flow's or an RL objective sits at or below 0, where no ratio
+    means anything: a shift of many of its noise deviations that stays is critical, its
+    onset the shift's first value, and the message says how far in noise."""
+    values = absolute_noise(level, 40, 0.05) + absolute_noise(level + 1.0, 15, 0.05, seed=8)
+    alerts = feed(values)
+    assert summary(alerts) == [(CRIT, 50, 41)]
+    assert alerts[0].details["ratio"] is None
+    assert "noise deviations above its level" in alerts[0].message
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(absolute_noise(-2.4, 300, 0.08), id="noisy"),
+        pytest.param([-1.0 - 0.01 * i for i in range(200)], id="falling"),
+        pytest.param(
+            [-0.5 + 0.4 * math.sin(math.pi * (i % 24) / 24) ** 2 for i in range(240)],
+            id="per-epoch-rhythm",
+        ),
+    ],
+)
+def test_healthy_series_at_or_below_zero_raise_nothing(values: list[float]) -> None:
+    assert feed(values) == []
+
+
+def test_a_loss_below_zero_is_not_judged_from_few_values() -> None:
+    """With fewer than ``min_history`` values below 0 there is no noise to judge by and no
+    ratio: nothing, where a positive loss would have a warning."""
+    values = absolute_noise(-2.0, 8, 0.05) + absolute_noise(3.0, 8, 0.05, seed=8)
+    assert feed(values) == []
+    assert feed([v + 10.0 for v in values]) != []
+
+
 def test_in_warmup_a_shift_is_judged_as_from_few_values_a_warning_at_most() -> None:
     """While the logged rate still rises the loss may wobble up with it: a shift then is
     judged as from few values, a warning, never what stops the job."""

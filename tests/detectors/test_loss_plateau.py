@@ -81,6 +81,14 @@ def test_plateau_from_start_says_so() -> None:
     )
 
 
+def test_a_loss_that_climbed_over_the_window_is_no_plateau() -> None:
+    """A loss that rose past ``max_rise`` x where the window began has not flattened: it
+    climbed (``divergence``'s finding); one that rose less is flat, and says it rose."""
+    assert run([2.0 + 0.01 * i for i in range(400)]) == []
+    (alert,) = run([2.0] * 100 + [2.2] * 200)
+    assert "rose 10.0%, improved by nothing" in alert.message
+
+
 def test_plateau_after_progress_is_not_from_start() -> None:
     # 2.3 is 92% of the initial 2.5: still high. The window is flat as soon as most of
     # its first ten values are at the plateau: the window of steps 47-246.

@@ -75,6 +75,22 @@ def test_a_loss_at_or_below_zero_is_not_judged_by_a_ratio() -> None:
     assert [a.severity for a in alerts] == [Severity.WARNING]
 
 
+@pytest.mark.parametrize(("rise", "acts"), [(3.0, True), (0.02, False)])
+def test_a_loss_below_zero_is_judged_by_its_noise(rise: float, acts: bool) -> None:
+    """A Gaussian NLL near -2.4 (noise about 0.05 from one value to the next): a rise of
+    3 after the jump is far outside its noise and acts; one of 0.02 is within it and
+    the jump stays a warning. No ratio is taken of a level below 0."""
+    wobbles = [0.04 * math.sin(1.7 * i) for i in range(40)]
+    lrs = [1e-3] * 30 + [0.05] * 10
+    losses = [-2.4 + w for w in wobbles[:30]] + [-2.4 + rise + w for w in wobbles[30:]]
+    alerts = _alerts(_run(lrs, losses))
+    expected = [Severity.WARNING, Severity.CRITICAL] if acts else [Severity.WARNING]
+    assert [a.severity for a in alerts] == expected
+    if acts:
+        assert alerts[1].details["loss_ratio"] is None
+        assert "noise deviations above its level -2.4" in alerts[1].message
+
+
 def test_the_rise_needed_to_act_is_the_setting() -> None:
     lrs = [1e-3] * 10 + [0.05] * 10
     losses = [2.0] * 10 + [2.8] * 10  # 1.4x
