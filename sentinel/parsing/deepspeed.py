@@ -6,8 +6,9 @@ step 10, and the pairs a script appends to it, ``loss=2.31``), its throughput ti
 at step 100) and its fp16 loss-scale messages: ``OVERFLOW! ... Attempted loss scale: 65536,
 reducing to 32768`` is a ``loss_scale`` of 32768, ``... but hysteresis is 2`` keeps the
 attempted scale, ``Current loss scale already at minimum`` is ``loss_scale_at_minimum`` 1
-(the same words from apex and Megatron's optimizers), and fairseq's ``overflow detected,
-setting loss scale to: 0.5`` a ``loss_scale`` of 0.5. Stateless, one line each
+(the same words from apex and Megatron's optimizers), fairseq's ``overflow detected,
+setting loss scale to: 0.5`` a ``loss_scale`` of 0.5, and apex amp's ``Gradient overflow.
+Skipping step, loss scaler 0 reducing loss scale to 32768.0`` one of 32768. Stateless, one line each
 (``ParseFn``).
 """
 
@@ -25,7 +26,7 @@ _DEEPSPEED_STEP = re.compile(
 _TIMER = re.compile(r"/global_step=(\d+),.*?\bCurrSamplesPerSec=([-+0-9.e]+|inf|nan)", re.I)
 _OVERFLOW = re.compile(
     r"Attempted loss scale: ([-+0-9.e]+),? (?:reducing to ([-+0-9.e]+)|but hysteresis)"
-    r"|setting loss scale to: ()([-+0-9.e]+)",
+    r"|(?:setting|reducing) loss scale to:? ()([-+0-9.e]+)",
     re.I,
 )
 

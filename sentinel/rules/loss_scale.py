@@ -8,7 +8,9 @@ a failure:
 - the frameworks' own fatal errors: fairseq's ``FloatingPointError: Minimum loss scale
   reached (0.0001)``, DeepSpeed's ``Current loss scale already at minimum``;
 - an overflow that sets the scale at or below ``min_loss_scale`` (1e-3: fairseq's floor is
-  1e-4, and its healthy runs calibrate down to 4e-3), or a logged scale that falls there;
+  1e-4, and its healthy runs calibrate down to 4e-3), or a logged scale that falls there, or
+  falls further while there (a log that begins amid the cascade: a run that sets its scale
+  that low keeps it, it does not halve it);
 - Megatron's ``number of skipped iterations`` above 0 on ``skipped_intervals`` logged
   intervals in a row after a clean one (long after the start).
 
@@ -239,14 +241,24 @@ class LossScaleDetector(BaseDetector):
         ]
 
     def _level(self, scale: float, source: str, now: float) -> list[Alert]:
-        self._scale = scale
+        previous, self._scale = self._scale, scale
         highest = self._highest
         if highest is None or scale > highest:
             self._highest = scale
-        if highest is None or highest <= self.settings.min_loss_scale:
-            return []  # never above the minimum: a run that sets its scale there
         if scale > self.settings.min_loss_scale:
             return []
+        if highest is None or highest <= self.settings.min_loss_scale:
+            if previous is None or not scale < previous:
+                return []  # never above the minimum, and not falling: a run that sets it there
+            # Still halving down there (a log that begins amid the cascade): collapsed.
+            return self._collapse(
+                f"the fp16 loss scale fell to {scale:g} from {previous:g} (at or below"
+                f" {self.settings.min_loss_scale:g}): the gradients overflow even unscaled",
+                scale,
+                source,
+                now,
+                onset=self._last_overflow,
+            )
         return self._collapse(
             f"the fp16 loss scale fell to {scale:g} (at or below {self.settings.min_loss_scale:g},"
             f" from {highest:g})",

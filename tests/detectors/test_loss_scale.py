@@ -165,6 +165,30 @@ def test_megatron_counter_from_samples_when_the_line_is_not_seen() -> None:
     assert (alert.severity, alert.onset_step) == (Severity.CRITICAL, 20)
 
 
+def test_a_scale_still_halving_below_the_floor_from_the_first_value_is_critical() -> None:
+    """A log that begins amid the cascade (an excerpt, a watcher attached late): apex's
+    lines as a real maskrcnn-benchmark run printed them, their scale already 2e-25 and
+    halving, read as samples (replay shows no output line to the rules before a
+    timestamp). A scale set that low and kept there says nothing."""
+    from sentinel.parsing import LineParser
+
+    apex = "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {}"
+    parser = LineParser()
+    run = Run()
+    for scale in (2.0679515313825692e-25, 1.0339757656912846e-25):
+        (sample,) = parser.parse(apex.format(scale))
+        assert (sample.name, sample.value) == ("loss_scale", scale)
+        run.alerts += [a for _, a in run.detector.observe_samples([sample], "train.log", NOW)]
+    (alert,) = run.alerts
+    assert alert.severity is Severity.CRITICAL
+    assert "fell to 1.03398e-25 from 2.06795e-25" in alert.message
+
+    kept = Run()
+    for step in range(1, 20):
+        kept.step(step, Sample("loss_scale", 1e-4, step))
+    assert kept.alerts == []
+
+
 def test_a_run_that_keeps_its_scale_at_one_is_not_collapsing() -> None:
     run = Run()
     for step in range(1, 20):
