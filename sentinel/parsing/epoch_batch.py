@@ -5,7 +5,9 @@ Batch 100] loss: 0.5``, and PyTorch's CIFAR-10 tutorial, ``[1,  2000] loss: 2.19
 
 Read as the epoch alone, every line of an epoch would share its step. The step here is the
 batches since the first epoch began (``values.EpochBatches``); a log that starts after its
-first epoch cannot tell the epochs before: its lines are read at the epoch.
+first epoch (an excerpt, a rotated log) cannot tell the epochs before: its lines are read
+at the batches since the first epoch it shows began, in order and each at its own step
+(read at the epoch, an epoch's lines shared one step and were taken for ranks).
 A line that names the batches an epoch has (``Batch 100/600``) is the key-value reader's,
 exactly. A ``LineFormat``: it counts the batches of its epochs.
 """
@@ -34,7 +36,7 @@ class EpochBatch:
     __slots__ = ("_batches",)
 
     def __init__(self) -> None:
-        self._batches = EpochBatches()
+        self._batches = EpochBatches(from_any_epoch=True)
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line; None for a line in another format."""
@@ -55,7 +57,7 @@ class EpochBatch:
             return None
         epoch, batch = int(found.group(1)), int(found.group(2))
         counted = self._batches.step(epoch, batch)
-        step = named if named is not None else epoch if counted is None else counted
+        step = named if named is not None else counted
         samples = [Sample(name, value, step) for name, value in pairs]
         samples.append(Sample("epoch", float(epoch), step))
         return samples

@@ -111,9 +111,10 @@ _EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batc
 _EPOCH_BATCH = re.compile(
     r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
 )
-#: ``Epoch [2/5], Step [200/2983]`` (epochs from 1), or ``Step [200/2983]`` alone.
+#: ``Epoch [2/5], Step [200/2983]`` (epochs from 1), or ``Step [200/2983]`` alone; MindOCR's
+#: ``epoch: [1/3] step: [100/1000]``.
 _STEP_BRACKETS = re.compile(
-    r"(?:\bepoch\s*\[\s*(\d+)\s*/\s*\d+\s*\]\W{1,4})?\bstep\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]",
+    r"(?:\bepoch:?\s*\[\s*(\d+)\s*/\s*\d+\s*\]\W{1,4})?\bstep:?\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]",
     re.IGNORECASE,
 )
 #: An iteration of all in brackets: mmcv 1.x's ``Iter [1100/160000]``, ``Iter: [600/1348]``.

@@ -191,27 +191,32 @@ class EpochBatches:
     An epoch's batches are taken from the last batch its lines reached (one whose batches
     are not a multiple of the print interval counts a few short: the step stays in order, a
     little behind). A log that starts after its first epoch (0 or 1: loops count from
-    either) cannot tell the epochs before: ``step`` is None there.
+    either) cannot tell the epochs before: ``step`` is None there, or, ``from_any_epoch``,
+    the batches since the first epoch the log shows began (an excerpt's own count, in
+    order, under the run's: its lines each at a step of their own, not all at one).
     """
 
-    __slots__ = ("_epoch", "_known", "_last", "_offset")
+    __slots__ = ("_epoch", "_from_any", "_known", "_last", "_offset")
 
-    def __init__(self) -> None:
+    def __init__(self, *, from_any_epoch: bool = False) -> None:
         self._epoch: int | None = None  # the epoch of the last line
         self._offset = 0  # the batches of the epochs before it
         self._last = 0  # the last batch its lines reached
         self._known = False  # whether the log began at its first epoch
+        self._from_any = from_any_epoch
 
     def step(self, epoch: int, batch: int) -> int | None:
-        """The step of ``batch`` in ``epoch``; None where the epochs before are unknown."""
+        """The step of ``batch`` in ``epoch``; None where the epochs before are unknown
+        (unless ``from_any_epoch``)."""
         if epoch != self._epoch:
-            if self._known and self._epoch is not None and epoch == self._epoch + 1:
+            counting = self._known or self._from_any
+            if counting and self._epoch is not None and epoch == self._epoch + 1:
                 self._offset += self._last
             else:
                 self._known, self._offset = epoch <= 1, 0
             self._epoch, self._last = epoch, 0
         self._last = max(self._last, batch)
-        return self._offset + batch if self._known else None
+        return self._offset + batch if self._known or self._from_any else None
 
     def epoch_end(self, epoch: int) -> int | None:
         """The step of ``epoch``'s last line so far; None for another epoch, or unknown."""

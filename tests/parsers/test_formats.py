@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.config import load_settings
+from sentinel.engine.replay import replay
 from sentinel.model.records import Sample
 from sentinel.parsing import LineParser
 from sentinel.parsing.registry import FILE_FORMATS, FRAMEWORK_LINES, LINE_FORMATS
@@ -534,10 +536,34 @@ def test_an_epoch_and_its_batch_count_on_across_epochs(lines: list[str]) -> None
     assert [(s.step, s.value) for s in losses] == [(100, 0.5), (200, 0.4), (300, 0.3)]
 
 
-def test_an_epoch_and_batch_log_that_starts_late_is_read_at_its_epochs() -> None:
+def test_an_epoch_and_batch_log_that_starts_late_counts_from_the_first_epoch_it_shows() -> None:
+    """An excerpt from epoch 5 on cannot tell the epochs before: its lines are read at the
+    batches since epoch 5 began, each at its own step (read at the epoch, each epoch's
+    lines shared one step)."""
     parser = LineParser()
-    steps = [parser.parse(f"Epoch {e}, Batch 100, Loss: 0.5")[0].step for e in (5, 6)]
-    assert steps == [5, 6]
+    lines = [f"Epoch {e}, Batch {b}, Loss: 0.5" for e in (5, 6) for b in (100, 200)]
+    steps = [parser.parse(line)[0].step for line in lines]
+    assert steps == [100, 200, 300, 400]
+
+
+def test_an_excerpt_of_an_epoch_and_batch_log_keeps_every_value_and_its_nan_step(
+    tmp_path: Path,
+) -> None:
+    """Replayed, an excerpt that starts in epoch 5 keeps each line's values (at one step
+    an epoch, 28 of its 160 samples were left) and names the NaN's own step."""
+
+    def loss(epoch: int, batch: int) -> str:
+        return "nan" if (epoch, batch) >= (6, 300) else f"{0.5 + batch / 1e4:.4f}"
+
+    lines = [
+        f"Epoch {e}, Batch {b}, Loss: {loss(e, b)}" for e in (5, 6) for b in range(10, 410, 10)
+    ]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = replay([log], load_settings(None, environ={}))
+    assert result.samples == 2 * len(lines)
+    nan = [a for a in result.alerts if a.rule == "nan_inf"]
+    assert nan and nan[0].step == 400 + 300
 
 
 def test_pytorchs_mnist_example_is_read_at_the_samples_seen_and_its_test_set_is_evaluation() -> (

@@ -28,6 +28,12 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="step-in-brackets",
         ),
         pytest.param(
+            "mindocr.utils.callbacks INFO - epoch: [2/3] step: [100/1000],"
+            " loss: nan, lr: 0.000500, per_step_time: 265.84 ms",
+            [Sample("loss", NAN, 1100), Sample("lr", 0.0005, 1100)],
+            id="mindocr-epoch-and-step-in-brackets-after-colons",
+        ),
+        pytest.param(
             "[11/28 12:00:00 d2.utils.events]:  eta: 1:23:45  iter: 99  total_loss: nan"
             "  loss_cls: 0.51  lr: 0.001  max_mem: 1234M",
             [Sample("loss", NAN, 99), Sample("loss_cls", 0.51, 99), Sample("lr", 0.001, 99)],
