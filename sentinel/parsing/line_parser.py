@@ -77,6 +77,8 @@ class LineParser:
         )
         self._hf = hf_steps.HfSteps(bars_teach=logging_steps is None)
         self._formats = formats.Formats() if "keyvalue" in names else None
+        #: The lines so far of a dict ``pprint`` spread over several (``_printed_dict``).
+        self._dict_lines: list[str] | None = None
         self._no_step_yet = True
         #: Whether a line's leading integer ``epoch`` is its step (a loop that counts its
         #: iterations as epochs: ``epoch: 3451 loss: nan``): None until a line decides it;
@@ -167,7 +169,8 @@ class LineParser:
                 return ranked
         stats = self.stats
         stats.lines += 1
-        if self._brace_fast and text[:1] == "{":
+        # (Not a dict's first line of several, which ends with its first entry's comma.)
+        if self._brace_fast and text[:1] == "{" and text[-1:] != ",":
             fast_loads = self._fast_loads
             if fast_loads is not None and text[1:2] != "'":
                 # _parse_brace's orjson case inlined (a metrics file is all such lines):
@@ -266,6 +269,10 @@ class LineParser:
             found = parse_with_regexes(self._regexes, stripped)
             if found:
                 return found
+        if (self._dict_lines is not None or stripped[-1] == ",") and self._brace is not None:
+            printed = self._printed_dict(stripped)
+            if printed is not None:
+                return printed
         if stripped[0] == "{" and self._brace is not None:
             found = self._brace(stripped)
             if found is not None:
@@ -291,12 +298,44 @@ class LineParser:
                 return found
         return []
 
+    def _printed_dict(self, stripped: str) -> list[Sample] | None:
+        """A dict of metrics that ``pprint`` spread over lines, one entry each (the TF Object
+        Detection API's ``{'Loss/total_loss': nan,`` ... ``'learning_rate': 0.079}``, any
+        loop that pprints its metrics past 80 columns): its lines are held and read as one
+        dict at its closing line (the held ones read as nothing). None for a line that is
+        no part of one; a line that does not go on with a held dict reads the held lines
+        as far as they went first."""
+        held = self._dict_lines
+        if held is not None:
+            if stripped[0] == "'" and len(held) < _DICT_LINES:
+                held.append(stripped)
+                if stripped[-1] != "}":
+                    return []
+                self._dict_lines = None
+                return self._read_dict(" ".join(held))
+            self._dict_lines = None
+            found = self._read_dict(" ".join(held).rstrip(",") + "}")
+            return found + self._parse_segment(stripped) if found else None
+        start = stripped.find("{'")
+        if start < 0 or "}" in stripped:
+            return None
+        self._dict_lines = [stripped[start:]]
+        return []
+
+    def _read_dict(self, text: str) -> list[Sample]:
+        assert self._brace is not None
+        return self._brace(text) or []
+
     def _bug(self, text: str) -> None:
         """Count a parser's unexpected exception; log the first one's traceback."""
         self.stats.garbled += 1
         self.stats.errors += 1
         if self.stats.errors == 1:
             logger.exception("a parser failed on line %r (a bug; line skipped)", text[:200])
+
+
+#: The most lines of a printed dict held before it is given up (a dict of metrics is short).
+_DICT_LINES = 64
 
 
 def _has_number(text: str) -> bool:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import random
+from pathlib import Path
 
 import pytest
 
-from sentinel.model.records import PROGRESS, Sample
+from sentinel.config import load_settings
+from sentinel.engine.replay import replay
+from sentinel.model.records import PROGRESS, Sample, Severity
 from sentinel.parsing import PARSERS, LineParser, ParseStats
+
+INF = math.inf
 
 # Each test runs with the stdlib and with orjson (tests/parsers/conftest.py).
 pytestmark = pytest.mark.usefixtures("json_library")
@@ -157,3 +163,46 @@ def test_cut_and_spliced_lines_never_raise() -> None:
     assert stats.errors == 0
     assert stats.parsed > 1000
     assert stats.garbled > 100
+
+
+#: The TF Object Detection API's training log (``model_lib_v2.py``), as a real run printed
+#: it: the metrics dict ``pprint``ed past 80 columns, one entry a line.
+TFOD_NAN = [
+    "I0409 23:03:12.869635 140410452137792 model_lib_v2.py:708] {'Loss/classification_loss': nan,",
+    " 'Loss/localization_loss': nan,",
+    " 'Loss/regularization_loss': nan,",
+    " 'Loss/total_loss': nan,",
+    " 'learning_rate': 0.07922263}",
+]
+
+
+def test_a_dict_printed_over_several_lines_is_read_as_one_at_its_closing_line() -> None:
+    parser = LineParser()
+    read = [parser.parse(line) for line in TFOD_NAN]
+    assert read[:-1] == [[]] * 4
+    assert {s.name for s in read[-1]} == {
+        "loss/classification_loss",
+        "loss/localization_loss",
+        "loss/regularization_loss",
+        "loss/total_loss",
+        "lr",
+    }
+    assert all(math.isnan(s.value) for s in read[-1] if s.name != "lr")
+    assert parser.stats.garbled == 0
+
+
+def test_a_printed_dict_that_does_not_close_is_read_as_far_as_it_went() -> None:
+    """A dict's first line at the start of a line (no logging prefix, as ``{`` lines take a
+    fast path), its closing line never written: what it held is read at the next line."""
+    parser = LineParser()
+    assert parser.parse("{'loss': 2.0,") == []
+    assert parser.parse(" 'grad_norm': inf,") == []
+    read = parser.parse("step 7 loss 1.5")
+    assert [(s.name, s.value) for s in read] == [("loss", 2.0), ("grad_norm", INF), ("loss", 1.5)]
+
+
+def test_a_printed_dict_with_a_nan_stops_a_replay(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(TFOD_NAN) + "\n", encoding="utf-8")
+    result = replay([log], load_settings(None, environ={}))
+    assert [a.severity for a in result.alerts if a.rule == "nan_inf"][:1] == [Severity.CRITICAL]
