@@ -30,6 +30,7 @@ from sentinel.parsing import (
     tqdm,
     ultralytics,
     verl,
+    wenet,
 )
 from sentinel.parsing.file_format import FileFormat
 from sentinel.parsing.values import LineFormat, ParseFn
@@ -66,6 +67,7 @@ LINE_FORMATS: dict[str, type[LineFormat]] = {
     "rsl_rl": rsl_rl.RslRlBlock,
     "espnet": espnet.EspnetLog,
     "epoch_batch": epoch_batch.EpochBatch,
+    "wenet": wenet.WenetLog,
 }
 
 #: Metrics formats read as a whole file, by name, in the order a path is tried against

@@ -220,4 +220,5 @@ class EpochBatches:
 
     def epoch_end(self, epoch: int) -> int | None:
         """The step of ``epoch``'s last line so far; None for another epoch, or unknown."""
-        return self._offset + self._last if self._known and epoch == self._epoch else None
+        counting = self._known or self._from_any
+        return self._offset + self._last if counting and epoch == self._epoch else None

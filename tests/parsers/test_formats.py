@@ -574,3 +574,34 @@ def test_pytorchs_mnist_example_is_read_at_the_samples_seen_and_its_test_set_is_
     assert Sample("loss", 0.5, 66400) in first
     test = parser.parse("Test set: Average loss: 0.0500, Accuracy: 9850/10000 (98%)")
     assert [s.name for s in test] == ["eval_loss", "eval_accuracy"]
+
+
+#: WeNet's lines as a real 4-GPU run logged them (wenet-e2e/wenet issue 941): the epoch, the
+#: batch within it, the rank; a CV line at the epoch's end (its batch counts CV batches).
+WENET = [
+    "2023-01-30 18:47:07,107 DEBUG TRAIN Batch 4/203700 loss 12.646465 loss_att 10.921429"
+    " loss_ctc 16.671551 lr 0.00032621 rank 0",
+    "2023-01-30 18:47:16,614 DEBUG TRAIN Batch 4/203700 loss 16.885244 loss_att 13.554604"
+    " loss_ctc 24.656742 lr 0.00032621 rank 1",
+    "2023-01-30 18:48:22,438 DEBUG TRAIN Batch 4/203800 loss inf loss_att 20.509174"
+    " loss_ctc inf lr 0.00032621 rank 0",
+    "2023-01-30 18:49:55,773 DEBUG CV Batch 4/0 loss 28.517015 loss_att 24.142754"
+    " loss_ctc 38.723625 history loss 27.957858 rank 2",
+]
+
+
+def test_wenet_lines_are_read_at_their_batch_and_rank_and_its_cv_is_evaluation() -> None:
+    parser = LineParser()
+    read = [{s.name: s for s in parser.parse(line)} for line in WENET]
+    assert (read[0]["loss"].step, read[0]["loss"].rank, read[0]["lr"].value) == (
+        203700,
+        0,
+        0.00032621,
+    )
+    assert (read[1]["loss"].value, read[1]["loss"].rank) == (16.885244, 1)
+    assert read[2]["loss"].step == 203800 and math.isinf(read[2]["loss"].value)
+    # The CV line: its running mean is the evaluation, at the step training reached; its
+    # losses are no training loss (read so, they were 1.5x it: a divergence warning).
+    assert {name: (s.value, s.step, s.rank) for name, s in read[3].items()} == {
+        "eval_loss": (27.957858, 203800, 2)
+    }
