@@ -147,6 +147,11 @@ _LEADING_STEP = re.compile(r"\[\s*(\d+)\s*\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.I
 #: PyTorch's MNIST example, ``Train Epoch: 2 [6400/60000 (11%)]\tLoss: 0.1234`` (epochs
 #: from 1): the samples seen so far.
 _SAMPLES_SEEN = re.compile(r"\bepoch:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\s*\(\s*\d+%\)\]", re.I)
+#: An epoch of all in brackets, and no batch after it: ``Epoch [001/30] TrainLoss=1.87`` (a
+#: loop that logs once an epoch; ``Epoch 3/30`` is read as its ``epoch`` pair).
+_EPOCH_OF_ALL = re.compile(
+    r"\bepoch\s*:?\s*\[\s*(\d+)\s*/\s*\d+\s*\](?!\W{0,4}(?:\[|batch|step|iter))", re.I
+)
 #: A loop's evaluation line, ``Test set: Average loss: 0.0500, Accuracy: ...`` (PyTorch's
 #: MNIST example), ``Validation set: loss: ...``: its loss is no training loss.
 _EVALUATION_LINE = re.compile(r"(?:Test|Validation|Val|Eval(?:uation)?) set:", re.I)
@@ -269,6 +274,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if seen is not None:
             epoch, done, per_epoch = map(int, seen.groups())
             step = max(epoch - 1, 0) * per_epoch + done  # in samples, as the line counts
+    if step is None and "[" in text and ("poch" in text or "POCH" in text):
+        whole = _EPOCH_OF_ALL.search(text)
+        if whole is not None:
+            step = int(whole.group(1))
     if step is None and "Step... (" in text:
         flax = _FLAX_STEP.search(text)
         if flax is not None:

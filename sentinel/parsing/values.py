@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
@@ -98,13 +99,20 @@ _EPOCH_NS = 1e17
 MAX_STEP = 1 << 63
 
 
+#: Where a camel-case name's words meet (``TrainLoss``: before the ``L``).
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
 @functools.lru_cache(maxsize=4096)
 def normalise_name(name: str) -> str:
     """The canonical metric name for a name as logged: ``train/loss`` -> ``loss``."""
-    lowered = name.strip().lower()
+    stripped = name.strip()
+    lowered = stripped.lower()
     alias = ALIASES.get(lowered)
     if alias is not None:
         return alias
+    if lowered != stripped and (camel := _CAMEL_BOUNDARY.sub("_", stripped).lower()) in ALIASES:
+        return ALIASES[camel]  # ``TrainLoss``, ``ValLoss``, ``gradNorm``: as their snake case
     if lowered.startswith("train/") and len(lowered) > len("train/"):
         return lowered[len("train/") :]
     return lowered

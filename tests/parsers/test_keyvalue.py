@@ -34,6 +34,17 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="mindocr-epoch-and-step-in-brackets-after-colons",
         ),
         pytest.param(
+            "Epoch [001/30] TrainLoss=1.8695 TrainAcc=48.54% | ValLoss=1.3028 ValAcc=60.94% |"
+            " LR=1.00e-04 | Time=480.3s",
+            [Sample("loss", 1.8695, 1), Sample("eval_loss", 1.3028, 1), Sample("lr", 1e-4, 1)],
+            id="an-epoch-in-brackets-alone-and-camel-case-names",
+        ),
+        pytest.param(
+            "Epoch [2/30] [Batch 10/100] gradNorm=2.5",
+            [Sample("grad_norm", 2.5)],
+            id="an-epoch-in-brackets-before-its-batch-is-no-step",
+        ),
+        pytest.param(
             "[11/28 12:00:00 d2.utils.events]:  eta: 1:23:45  iter: 99  total_loss: nan"
             "  loss_cls: 0.51  lr: 0.001  max_mem: 1234M",
             [Sample("loss", NAN, 99), Sample("loss_cls", 0.51, 99), Sample("lr", 0.001, 99)],
