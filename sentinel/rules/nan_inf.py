@@ -67,8 +67,9 @@ ZERO_FLOOR = 0.01
 ZERO_LAST = 5
 #: What a training loss of exactly 0 means, as its alerts say it.
 _ZERO_WHY = (
-    "the HF Trainer logs 0 for an interval whose every step's loss was NaN or Inf (its nan"
-    " filter), else the loss underflowed or every label is masked"
+    "a trainer that drops a non-finite loss logs 0 for it (the HF Trainer for an interval"
+    " whose every step's loss was NaN or Inf, deepspeech.pytorch's 'received a nan loss,"
+    " setting loss value to 0'), else the loss underflowed or every label is masked"
 )
 
 Kind = Literal["loss", "grad_norm", "loss_scale", "other"]
@@ -613,9 +614,9 @@ def nan_reading(
     if nan_alert.details.get("kind") == "zero_loss":
         at = f" at step {nan_alert.onset_step}" if nan_alert.onset_step is not None else ""
         return (
-            f"the loss fell to exactly 0{at}: what the HF Trainer logs for an interval whose"
-            " every step's loss was NaN or Inf (its nan filter), or a loss that underflowed,"
-            " or labels all masked",
+            f"the loss fell to exactly 0{at}: what a trainer that drops a non-finite loss logs"
+            " for it (the HF Trainer's nan filter, deepspeech.pytorch's), or a loss that"
+            " underflowed, or labels all masked",
             "under fp16, train in bf16 or lower the learning rate and clip gradients at 1.0;"
             " check that the batches still have labels (not all -100)",
             metric,
