@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sentinel.parsing import (
     composer,
+    coqui,
     deepspeed,
     epoch_batch,
     espnet,
@@ -53,6 +54,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "composer": composer.parse_composer_metric,
     "verl": verl.parse_verl,
     "marian": marian.parse_marian,
+    "coqui": coqui.parse_coqui,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a

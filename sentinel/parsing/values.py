@@ -56,6 +56,9 @@ ALIASES: dict[str, str] = {
     "train/learning_rate": "lr",
     "train/lr": "lr",
     "lr/pg0": "lr",  # Ultralytics: the first parameter group's
+    "current_lr": "lr",  # Coqui's trainer
+    "current_lr_0": "lr",  # Coqui's trainer, its first optimizer's (a GAN's: two)
+    "amp_scaler": "loss_scale",  # Coqui's trainer: the fp16 GradScaler's scale
     "tokens_per_sec": "tokens_per_sec",
     "tok/s": "tokens_per_sec",
     "tokens/s": "tokens_per_sec",

@@ -15,7 +15,7 @@ import pytest
 
 from sentinel.config import load_settings
 from sentinel.engine.replay import replay
-from sentinel.model.records import Sample
+from sentinel.model.records import PROGRESS, Sample
 from sentinel.parsing import LineParser
 from sentinel.parsing.registry import FILE_FORMATS, FRAMEWORK_LINES, LINE_FORMATS
 
@@ -605,3 +605,28 @@ def test_wenet_lines_are_read_at_their_batch_and_rank_and_its_cv_is_evaluation()
     assert {name: (s.value, s.step, s.rank) for name, s in read[3].items()} == {
         "eval_loss": (27.957858, 203800, 2)
     }
+
+
+#: Coqui's trainer (Coqui TTS, VITS), as a real run's console printed it: the step header,
+#: then a value a line beside its running mean.
+COQUI = [
+    "   --> STEP: 49/377 -- GLOBAL_STEP: 370050",
+    "     | > loss_disc: 2.40120  (2.51074)",
+    "     | > amp_scaler: 128.00000  (1477.33333)",
+    "     | > current_lr_0: 0.00018 ",
+    "   --> TIME: 2023-03-01 10:00:00 -- STEP: 50/377 -- GLOBAL_STEP: 370051",
+    "     | > loss_1: nan  (30.49375)",
+]
+
+
+def test_coquis_step_header_is_progress_and_its_values_are_read_at_it(tmp_path: Path) -> None:
+    parser = LineParser()
+    header = parser.parse(COQUI[0])
+    assert [(s.name, s.step) for s in header] == [(PROGRESS, 370050)]
+    assert [(s.name, s.value) for s in parser.parse(COQUI[2])] == [("loss_scale", 128.0)]
+    assert [(s.name, s.value) for s in parser.parse(COQUI[3])] == [("lr", 0.00018)]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(COQUI) + "\n", encoding="utf-8")
+    result = replay([log], load_settings(None, environ={}))
+    (nan,) = [a for a in result.alerts if a.rule == "nan_inf"]
+    assert (nan.step, nan.metric) == (370051, "loss_1")
