@@ -28,6 +28,7 @@ from sentinel.parsing import (
     rsl_rl,
     sb3,
     tensorboard,
+    tfod,
     tqdm,
     ultralytics,
     verl,
@@ -55,6 +56,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "verl": verl.parse_verl,
     "marian": marian.parse_marian,
     "coqui": coqui.parse_coqui,
+    "tfod": tfod.parse_tfod,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a

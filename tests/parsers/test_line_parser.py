@@ -201,8 +201,16 @@ def test_a_printed_dict_that_does_not_close_is_read_as_far_as_it_went() -> None:
     assert [(s.name, s.value) for s in read] == [("loss", 2.0), ("grad_norm", INF), ("loss", 1.5)]
 
 
-def test_a_printed_dict_with_a_nan_stops_a_replay(tmp_path: Path) -> None:
+def test_a_printed_dict_with_a_nan_stops_a_replay_at_the_step_line_before_it(
+    tmp_path: Path,
+) -> None:
+    """The API's ``Step N per-step time`` line is progress: the dict after it is at N."""
+    step = (
+        "I0409 23:03:10.113085 140410452137792 model_lib_v2.py:705] Step 4100 per-step time 0.436s"
+    )
+    assert [(s.name, s.step) for s in LineParser().parse(step)] == [(PROGRESS, 4100)]
     log = tmp_path / "train.log"
-    log.write_text("\n".join(TFOD_NAN) + "\n", encoding="utf-8")
+    log.write_text("\n".join([step, *TFOD_NAN]) + "\n", encoding="utf-8")
     result = replay([log], load_settings(None, environ={}))
-    assert [a.severity for a in result.alerts if a.rule == "nan_inf"][:1] == [Severity.CRITICAL]
+    nan = [a for a in result.alerts if a.rule == "nan_inf"]
+    assert [(a.severity, a.step) for a in nan][:1] == [(Severity.CRITICAL, 4100)]
