@@ -12,6 +12,7 @@ from sentinel.parsing import (
     composer,
     coqui,
     deepspeed,
+    detectron2,
     epoch_batch,
     espnet,
     header_csv,
@@ -57,6 +58,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "marian": marian.parse_marian,
     "coqui": coqui.parse_coqui,
     "tfod": tfod.parse_tfod,
+    "detectron2": detectron2.parse_detectron2,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a

@@ -15,7 +15,7 @@ import pytest
 
 from sentinel.config import load_settings
 from sentinel.engine.replay import replay
-from sentinel.model.records import PROGRESS, Sample
+from sentinel.model.records import PROGRESS, Sample, Severity
 from sentinel.parsing import LineParser
 from sentinel.parsing.registry import FILE_FORMATS, FRAMEWORK_LINES, LINE_FORMATS
 
@@ -630,3 +630,21 @@ def test_coquis_step_header_is_progress_and_its_values_are_read_at_it(tmp_path: 
     result = replay([log], load_settings(None, environ={}))
     (nan,) = [a for a in result.alerts if a.rule == "nan_inf"]
     assert (nan.step, nan.metric) == (370051, "loss_1")
+
+
+def test_detectron2s_floating_point_error_is_the_loss_at_its_iteration(tmp_path: Path) -> None:
+    """As a real RegionCLIP run printed it: its last metrics at iteration 4299, then the
+    trainer's own check failing at 4311 (read at 4299 before: the step of the line above)."""
+    lines = [
+        "[07/12 01:10:03 d2.utils.events]:  eta: 1:41:36  iter: 4299  total_loss: 0.1065"
+        "  loss_cls: 0.02696  loss_box_reg: 0.07967  time: 1.2804  data_time: 0.0020"
+        "  lr: 0.002  max_mem: 15826M",
+        "FloatingPointError: Loss became infinite or NaN at iteration=4311!",
+        "loss_dict = {'loss_cls': nan, 'loss_box_reg': nan}",
+    ]
+    assert [(s.name, s.step) for s in LineParser().parse(lines[1])] == [("loss", 4311)]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = replay([log], load_settings(None, environ={}))
+    nan = [a for a in result.alerts if a.rule == "nan_inf"]
+    assert [(a.severity, a.step) for a in nan][:1] == [(Severity.CRITICAL, 4311)]
