@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,62 @@ def test_a_trainer_state_found_beside_the_checkpoints_gives_hf_dicts_their_step(
     assert result.returncode == 128 + signal.SIGTERM, result.stderr
     nan = [alert for alert in _alerts(tmp_path / "state") if alert["rule"] == "nan_inf"]
     assert [(alert["step"], alert["metric"]) for alert in nan][:1] == [(37, "loss")], nan
+
+
+#: A job found running by ``watch``: it writes its own metrics file a moment after it
+#: starts (its NaN at step 69 when told), then lives on for a few seconds.
+WATCHED = textwrap.dedent(
+    """
+    import os, sys, time
+    time.sleep(1.5)
+    folder = os.path.join("logs", "version_1")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "metrics.csv"), "w") as stream:
+        stream.write("epoch,step,train_loss\\n")
+        for step in range(9, 60, 10):
+            stream.write(f"{step // 50},{step},{1.0 / (step + 1)}\\n")
+        if sys.argv[1] == "nan":
+            stream.write("1,69,nan\\n")
+    time.sleep(4)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("own", ["nan", "healthy"])
+def test_watch_follows_the_jobs_own_files_not_an_earlier_runs(tmp_path: Path, own: str) -> None:
+    """An earlier run's metrics file, written a minute before the job found running began
+    (well within the ten minutes ``watch`` looks back), holds a NaN: it is not this job's,
+    and a healthy job runs to its end; the job's own file is followed, its NaN stops it."""
+    old = tmp_path / "logs" / "version_0" / "metrics.csv"
+    old.parent.mkdir(parents=True)
+    old.write_text("epoch,step,train_loss\n0,9,0.5\n0,19,nan\n")
+    minute_ago = time.time() - 60
+    os.utime(old, (minute_ago, minute_ago))
+    (tmp_path / "job.py").write_text(WATCHED)
+    job = subprocess.Popen([sys.executable, "job.py", own], cwd=tmp_path)
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "watch", "--pid", str(job.pid),
+         "--discover", str(tmp_path), "--state-dir", str(tmp_path / "state"),
+         "--max-restarts", "0"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        status = job.wait(timeout=30)
+    finally:
+        job.kill()
+        watcher.send_signal(signal.SIGTERM)
+        _, stderr = watcher.communicate(timeout=30)
+    followed = [line for line in stderr.splitlines() if "following" in line]
+    assert not [line for line in followed if "version_0" in line], stderr
+    nan = [alert for alert in _alerts(tmp_path / "state") if alert["rule"] == "nan_inf"]
+    if own == "healthy":
+        assert (status, nan) == (0, []), stderr
+    else:
+        assert status == -signal.SIGTERM, stderr
+        assert [(alert["step"], Path(alert["source"]).parent.name) for alert in nan][:1] == [
+            (69, "version_1")
+        ], stderr

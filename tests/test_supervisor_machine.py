@@ -105,6 +105,9 @@ class Holder:
     def forget_orphan(self) -> None:
         self.forgot = True
 
+    def found_started_at(self) -> float | None:
+        return None
+
     def adopts(self, job: ProcessIdentity) -> bool:
         """As ``Child``: the next ``begin`` holds ``job`` only where it is the job listed."""
         first = self.found[0] if self.found else None

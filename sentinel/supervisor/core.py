@@ -135,6 +135,7 @@ class Supervisor:
         workers = self._workers = Workers(
             settings, store, put=self._events.put, healthy=self._healthy,
             on_delivery=metrics.notified, mode=self.holder.mode,
+            job_started_at=self.holder.found_started_at(),
         )  # fmt: skip
         name = job_name(settings, self.holder)
         self.watch = Watch(

@@ -96,6 +96,11 @@ class Holder(Protocol):
         """The job in words: its command, or the target sentinel looks for."""
         ...
 
+    def found_started_at(self) -> float | None:
+        """When the job found running began (epoch seconds): what of its folder may be its
+        own; None where it is not known or not found (``run``: it begins now)."""
+        ...
+
 
 class Child:
     """``sentinel run``: the job is a child; its output is captured and passed through.
@@ -265,6 +270,9 @@ class Child:
     def forget_orphan(self) -> None:
         self._looked_for_orphan = True
 
+    def found_started_at(self) -> float | None:
+        return None  # sentinel starts it: now
+
     def members(self) -> list[ProcessIdentity]:
         """The process group sentinel made for the job, and whatever the relay adopted: a
         member that left the tree (its parent died), even into a session of its own (a
@@ -323,6 +331,10 @@ class Attached:
 
     def forget_orphan(self) -> None:
         pass  # nothing is adopted: the job is found
+
+    def found_started_at(self) -> float | None:
+        identity = self.target.find()
+        return None if identity is None else identity.create_time
 
     def describe(self) -> str:
         return self.target.describe()

@@ -29,8 +29,11 @@ if TYPE_CHECKING:
     from sentinel.follow.tailer import LogTailer
     from sentinel.notify.heartbeat import Heartbeat
 
-#: ``watch``: a metric file written this recently is the attached job's.
+#: ``watch``: a metric file written this recently is the attached job's...
 WATCH_RECENT_S = 600.0
+#: ...and not before the job began, less this (a process's start time is to the clock
+#: tick; a file's mtime to the filesystem's grain).
+STARTED_GRAIN_S = 1.0
 
 
 class Workers:
@@ -45,6 +48,7 @@ class Workers:
         healthy: Callable[[], bool],
         on_delivery: Callable[[str, bool], None] | None = None,
         mode: str = "run",
+        job_started_at: float | None = None,
     ) -> None:
         """``on_delivery(url, ok)``: each delivery's outcome, from the target's thread.
         ``mode``: ``run`` or ``watch``, where metric files are looked for (``discovery``)."""
@@ -61,7 +65,7 @@ class Workers:
         )
         self.tailer = self._tailer(store, put)
         self.finder: MetricFileFinder | None = None
-        found_in = discovery(settings, mode)
+        found_in = discovery(settings, mode, job_started_at)
         if found_in is not None:
             root, since = found_in
             self.finder = MetricFileFinder(
@@ -187,14 +191,19 @@ def _configured(path: str, patterns: list[str]) -> bool:
     return False
 
 
-def discovery(settings: Settings, mode: str) -> tuple[str, float] | None:
+def discovery(
+    settings: Settings, mode: str, job_started_at: float | None = None
+) -> tuple[str, float] | None:
     """The folder whose metric files are found and followed (``[tail] discover``), and the
     time since which a file must have been written to count; None: no finding.
 
     ``run``: the job's working directory (sentinel's own) unless ``discover_dir`` says,
     files written from now on (the job starts now). ``watch``: only ``discover_dir``, since
     the job it attaches to may run elsewhere, and files written in the last
-    ``WATCH_RECENT_S`` (a running job's files may be held open, unseen until written).
+    ``WATCH_RECENT_S`` (a running job's files may be held open, unseen until written), and
+    not before the job found running began (``job_started_at``, less a second of the
+    clocks' grain): a file last written before it is an earlier run's, whose NaN would
+    stop a healthy job.
     """
     tail = settings.tail
     if not tail.discover:
@@ -203,5 +212,8 @@ def discovery(settings: Settings, mode: str) -> tuple[str, float] | None:
     if mode == "watch":
         if tail.discover_dir is None:
             return None
-        return str(tail.discover_dir), now - WATCH_RECENT_S
+        since = now - WATCH_RECENT_S
+        if job_started_at is not None:
+            since = max(since, job_started_at - STARTED_GRAIN_S)
+        return str(tail.discover_dir), since
     return str(tail.discover_dir or os.getcwd()), now
