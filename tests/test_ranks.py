@@ -360,3 +360,27 @@ def test_more_lines_at_one_step_than_ranks_print_are_one_series() -> None:
     alerts = feed(engine(), batch_lines(6, SLOTS_MAX + 40, nan_at=(4, 90)))
     raised = [(a.rule, a.step, a.details.get("rank")) for a in alerts if a.rule == "nan_inf"]
     assert raised[:1] == [("nan_inf", 4, None)]
+
+
+def test_the_ddp_tutorials_gpu_label_and_two_prints_glued_on_one_line() -> None:
+    assert split_rank("[GPU1] step 5 | loss 2.3") == (1, "step 5 | loss 2.3", True)
+    read = LineParser().parse("[GPU1] step 6 | loss 6.0841[GPU0] step 6 | loss 1.8388")
+    assert [(s.name, s.value, s.step, s.rank) for s in read] == [
+        ("loss", 6.0841, 6, 1),
+        ("loss", 1.8388, 6, 0),
+    ]
+
+
+@pytest.mark.parametrize("log", ["gpu_prefix_healthy.log", "gpu_prefix_inf.log"])
+def test_a_real_ddp_log_labelled_gpu_raises_only_its_nan(log: str) -> None:
+    """Real DDP output (``fixtures/ranks``, ``gpu_prefix_job.py``): ``[GPU<r>]`` labels, a
+    fifth of the lines two ranks' prints glued together. Healthy, it raised criticals (its
+    ranks' values swapped between series); with rank 1's inf at step 400, that alone."""
+    result = replay([RANKS / log], Settings())
+    critical = [a for a in result.alerts if a.severity == "critical" and not a.resolves]
+    if log == "gpu_prefix_healthy.log":
+        assert critical == []
+    else:
+        assert [(a.rule, a.step, a.details.get("rank")) for a in critical][:1] == [
+            ("nan_inf", 400, 1)
+        ]

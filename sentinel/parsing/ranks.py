@@ -2,7 +2,8 @@
 
 Launchers label the lines of each rank when they share one stream:
 
-- PyTorch's own ``[rank1]:`` (and DeepSpeed's ``[Rank 1]``), colon optional;
+- PyTorch's own ``[rank1]:`` (and DeepSpeed's ``[Rank 1]``), colon optional; the DDP
+  tutorials' ``[GPU1]`` (the device's index, one process a GPU);
 - torchrun's ``--log-line-prefix-template`` (and ``--tee``'s default): ``[default1]:``,
   ``[trainer1]:``, ``[1]:``: a role name, then the rank, then ``]:``; with the local rank
   after it (``[trainer0|0]:``, a template's ``${role_name}${rank}|${local_rank}``);
@@ -13,7 +14,10 @@ Launchers label the lines of each rank when they share one stream:
   its own step.
 
 ``LineParser.parse`` hands a line that may carry one (``may_carry``) to ``parse_ranked``,
-which strips it, parses the rest once and sets each sample's ``rank``.
+which strips it, parses the rest once and sets each sample's ``rank``. Two ranks' prints
+glued on one line (``print`` writes its text and its newline apart, so another process's
+text can come between: ``[GPU1] step 6 | loss 6.08[GPU0] step 6 | loss 1.84``) are read
+as two lines, each at its rank.
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ from sentinel.model.records import PROGRESS, Sample
 
 #: What a line with a rank prefix starts with: cheap gate before the regex.
 _FIRST = frozenset("[0123456789 rR")
-#: ``[rank1]:``, ``[Rank 1]``, ``[default1]:``, ``[1]:``.
+#: ``[rank1]:``, ``[Rank 1]``, ``[GPU1]``, ``[default1]:``, ``[1]:``.
 _BRACKETED = re.compile(
-    r"\[(?:(rank) ?|[A-Za-z_][\w-]*?)?(\d{1,6})(?:\|\d{1,6})?\](:?) ?", re.IGNORECASE
+    r"\[(?:(rank|gpu) ?|[A-Za-z_][\w-]*?)?(\d{1,6})(?:\|\d{1,6})?\](:?) ?", re.IGNORECASE
+)
+#: A sure prefix inside a line: another rank's print glued on.
+_GLUED = re.compile(
+    r"\[(?:(?:rank|gpu) ?\d{1,6}\]:?|[A-Za-z_][\w-]*?\d{1,6}(?:\|\d{1,6})?\]:)", re.IGNORECASE
 )
 #: ``rank 1:``, ``Rank1 |``, ``RANK 1 `` (the last one not sure).
 _NAMED = re.compile(r"rank ?(\d{1,6})(?: ?([:|]) ?| )", re.IGNORECASE)
@@ -72,11 +80,20 @@ def parse_ranked(parse: Callable[[str], list[Sample]], text: str) -> list[Sample
     if found is None:
         return None
     rank, rest, sure = found
+    if sure and "[" in rest:
+        glued = _GLUED.search(rest, 1)
+        if glued is not None:  # another rank's print glued on: two lines
+            theirs = parse_ranked(parse, rest[glued.start() :]) or []
+            return [*_with_rank(parse(rest[: glued.start()]), rank), *theirs]
     samples = parse(rest)
     if not samples:
         return samples
     if not sure and not any(sample[2] is not None and sample[0] != PROGRESS for sample in samples):
         return samples
+    return _with_rank(samples, rank)
+
+
+def _with_rank(samples: list[Sample], rank: int) -> list[Sample]:
     return [_new_sample(Sample, (*sample[:4], rank)) for sample in samples]
 
 
