@@ -12,6 +12,8 @@ step, which counts optimizer steps as the checkpoints' names do.
 
       Epoch 1/4  ━━━━━━━━╸━━━━ 11/50 0:00:00 • 0:00:01 415.01it/s v_num: 0.000 train_loss: nan
 
+  (``Epoch 4/-2`` where the run sets no ``max_epochs``, only ``max_steps``.)
+
   On a narrow terminal its metrics wrap onto the next line (``train_loss: nan`` alone),
   which the key-value parser reads at the step this bar's progress sample set.
   ``Validation`` and ``Sanity Checking`` bars are recognised and give nothing.
@@ -39,7 +41,7 @@ from sentinel.parsing.keyvalue import find_pairs
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]")
 _CLOCK = r"(?:\d+:)?\d+:\d{2}"
 _RICH = re.compile(
-    r"(?P<description>[A-Z][\w ]*?(?:\s+(?P<epoch>\d+)(?:/\d+)?)?)\s+"
+    r"(?P<description>[A-Z][\w ]*?(?:\s+(?P<epoch>\d+)(?:/-?\d+)?)?)\s+"
     r"[━╸╺╾╼─\s]*?"  # the bar itself, absent when the terminal is narrow
     r"(?P<count>\d+)/(?P<total>\d+|\S+)\s+"
     rf"{_CLOCK}\s+•\s+(?:{_CLOCK}|-:--:--)\s+"

@@ -28,6 +28,16 @@ EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
             id="rich",
         ),
         pytest.param(
+            "Epoch 4/-2 ━━━━━━━━╺━━━━━━━ 101/200 0:00:01 • 0:00:01 95.12it/s v_num: 0 "
+            "train_loss: nan val_loss: 0.127",
+            [
+                Sample("loss", math.nan, 900),
+                Sample("eval_loss", 0.127, 900),
+                Sample(PROGRESS, 900.0, 900),
+            ],
+            id="rich-with-max-steps-and-no-max-epochs",
+        ),
+        pytest.param(
             "\x1b[2K\x1b[1A\x1b[2KEpoch 0/4  \x1b[38;5;56m━━\x1b[0m 24/50 \x1b[2m0:00:00 • "
             "0:00:01\x1b[0m \x1b[2;4m366.29it/s\x1b[0m \x1b[3mv_num: 0.000 train_loss: 2.069",
             [Sample("loss", 2.069, 23), Sample(PROGRESS, 23.0, 23)],
