@@ -117,6 +117,11 @@ _STEP_BRACKETS = re.compile(
     r"(?:\bepoch:?\s*\[\s*(\d+)\s*/\s*\d+\s*\]\W{1,4})?\bstep:?\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]",
     re.IGNORECASE,
 )
+#: ``Epoch 4 Step 200/500`` (epochs from 1, as the bracketed form): the step counts within
+#: the epoch, as its total says.
+_EPOCH_STEP_OF = re.compile(
+    r"\bepoch\s*:?\s*(\d+)(?:\s*/\s*\d+)?\W{1,4}step\s*:?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
+)
 #: An iteration of all in brackets: mmcv 1.x's ``Iter [1100/160000]``, ``Iter: [600/1348]``.
 _ITER_BRACKETS = re.compile(r"\biter(?:ation)?\s*:?\s*\[\s*(\d+)\s*/\s*\d+\s*\]", re.IGNORECASE)
 #: A name with a ``loss`` word and its value apart by spaces alone (``loss_total 116.117``):
@@ -231,6 +236,11 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
                 # loss to nan_inf, not a second value of the one series the others judge.
                 name = f"{name}#{again + 1}"
         pairs.append((name, _float(value)))
+    if step is not None and step_rank == 0 and "/" in text and ("poch" in text or "POCH" in text):
+        within = _EPOCH_STEP_OF.search(text)
+        if within is not None:
+            epoch, batch, per_epoch = map(int, within.groups())
+            step = max(epoch - 1, 0) * per_epoch + batch
     if step is None and "batches" in text:
         batches = _EPOCH_BATCHES.search(text)
         if batches is not None:

@@ -40,6 +40,11 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="an-epoch-in-brackets-alone-and-camel-case-names",
         ),
         pytest.param(
+            "2026-11-29 17:18:05,581 - INFO - Epoch 4 Step 200/500 Loss 44.5255 LR 1.0e-03",
+            [Sample("epoch", 4.0, 1700), Sample("loss", 44.5255, 1700), Sample("lr", 1e-3, 1700)],
+            id="an-epoch-and-its-step-of-all-without-brackets",
+        ),
+        pytest.param(
             "Epoch [2/30] [Batch 10/100] gradNorm=2.5",
             [Sample("grad_norm", 2.5)],
             id="an-epoch-in-brackets-before-its-batch-is-no-step",
