@@ -106,8 +106,27 @@ def classify(lines: list[str], exit_code: int) -> tuple[str, str, str]:
             " (check `dmesg`); lower host memory use (dataloader workers, pinned memory)",
             "",
         )
-    last = next((text.strip() for text in reversed(lines) if text.strip()), "")
-    return "other", "see the job's last output", last
+    return "other", "see the job's last output", _last_word(lines)
+
+
+#: A Python exception's own line: ``RuntimeError: corrupt record ...``, ``KeyError``.
+_EXCEPTION = re.compile(r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt)\b(?::|$)")
+#: A progress bar's redraw (tqdm, rich): what a job prints last as often as not.
+_BAR = re.compile(r"\d+%\||it/s\b|s/it\b")
+
+
+def _last_word(lines: list[str]) -> str:
+    """What the job said last about its end: the last exception it printed, else its last
+    line that is no progress bar (tqdm draws its bar again as it closes, after the
+    traceback), else its last line."""
+    stripped = [text.strip() for text in lines if text.strip()]
+    for text in reversed(stripped):
+        if _EXCEPTION.match(text):
+            return text
+    for text in reversed(stripped):
+        if not _BAR.search(text):
+            return text
+    return stripped[-1] if stripped else ""
 
 
 def describe_exit(exit_code: int) -> str:

@@ -184,6 +184,26 @@ def test_other_crash_evidence_is_last_output_line() -> None:
     assert alert.details["evidence"] == "ValueError: could not convert string to float: '3e-4x'"
 
 
+def test_other_crash_evidence_is_the_exception_not_the_bar_drawn_after_it() -> None:
+    """As a real accelerate job printed it: tqdm draws its bar again as it closes, after
+    the traceback; the evidence is the exception, not that bar."""
+    bar = "Training:  58%|█████▊    | 699/1200 [00:00<00:00, 799.21it/s, loss=1.28]"
+    lines = [
+        bar.replace("799.21", "950.89") + "Traceback (most recent call last):",
+        '  File "job.py", line 21, in <module>',
+        '    raise RuntimeError(f"corrupt record in shard 3 at offset 81920 (step {step})")',
+        "RuntimeError: corrupt record in shard 3 at offset 81920 (step 700)",
+        "",
+        bar,
+    ]
+    (alert,) = crashed(lines, 1)
+    assert alert.details["evidence"] == (
+        "RuntimeError: corrupt record in shard 3 at offset 81920 (step 700)"
+    )
+    (plain,) = crashed(["step 5 loss 2.1", "saving the last checkpoint", bar], 1)
+    assert plain.details["evidence"] == "saving the last checkpoint"
+
+
 def test_signal_is_named_in_message() -> None:
     (alert,) = crashed([], -signal.SIGKILL)
     assert "SIGKILL" in alert.message
