@@ -1,4 +1,9 @@
-"""job_crash: the job exited non-zero; classified from its last output."""
+"""job_crash: the job exited non-zero; classified from its last output.
+
+A job that exits 0 right after printing an exception (one it caught at its top and
+swallowed: loguru's ``@logger.catch``, a bare ``except``) warns: its training was cut
+short, and its orchestrator saw a success.
+"""
 
 from __future__ import annotations
 
@@ -86,6 +91,14 @@ CRASH_CLASSES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
 )
 
 
+#: What to do about a job that exited 0 after an error it swallowed.
+_SWALLOWED = (
+    "the job caught an exception at its top and exited 0 (loguru's @logger.catch, a bare"
+    " except): fix the error, and let it end the process non-zero (reraise=True) so the"
+    " orchestrator sees the failure"
+)
+
+
 class JobCrashConfig(RuleConfig):
     """``[rules.job_crash]``."""
 
@@ -127,6 +140,25 @@ def _last_word(lines: list[str]) -> str:
         if not _BAR.search(text):
             return text
     return stripped[-1] if stripped else ""
+
+
+def swallowed_error(lines: list[str]) -> str | None:
+    """The exception a job that exited 0 printed last, where it printed nothing after it: a
+    crash it caught at its top and swallowed (loguru's ``@logger.catch``, a bare
+    ``except: traceback.print_exc()``), its training cut short. None otherwise, and for
+    the interpreter's own ``Exception ignored in ...`` at shutdown (a ``__del__``'s)."""
+    stripped = [text.strip() for text in lines if text.strip()]
+    if not stripped or not _EXCEPTION.match(stripped[-1]):
+        return None
+    tracebacks = [
+        i for i, text in enumerate(stripped) if "Traceback (most recent call last)" in text
+    ]
+    if not tracebacks:
+        return None
+    after = stripped[max(0, tracebacks[-1] - 1) :]
+    if any(text.startswith("Exception ignored in") for text in after):
+        return None
+    return stripped[-1]
 
 
 def describe_exit(exit_code: int) -> str:
@@ -190,9 +222,33 @@ class JobCrashDetector(BaseDetector):
         if block.names:
             self._last_step = block.steps[-1]
 
-    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
-        if exit_code == 0 or expected:
+    def _swallowed(self, now: float) -> list[Alert]:
+        """A warning for a job that exited 0 right after printing an exception."""
+        evidence = swallowed_error(list(self._tail))
+        if evidence is None:
             return []
+        return [
+            Alert(
+                rule=self.rule,
+                severity=Severity.WARNING,
+                message=(
+                    "job exited with code 0 right after printing an error it caught, its"
+                    f" training likely cut short ({evidence[:300]})"
+                ),
+                time=now,
+                source="job",
+                step=self._last_step,
+                metric="exit_code",
+                value=0.0,
+                details={"class": "swallowed", "advice": _SWALLOWED, "evidence": evidence},
+            )
+        ]
+
+    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+        if expected:
+            return []
+        if exit_code == 0:
+            return self._swallowed(now)
         crash_class, advice, evidence = classify(list(self._tail), exit_code)
         message = f"job {describe_exit(exit_code)}: {crash_class}"
         if evidence:

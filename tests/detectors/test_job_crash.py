@@ -204,13 +204,44 @@ def test_other_crash_evidence_is_the_exception_not_the_bar_drawn_after_it() -> N
     assert plain.details["evidence"] == "saving the last checkpoint"
 
 
+#: The end of a real loop whose top-level ``@logger.catch`` (loguru) swallowed its crash at
+#: step 580 of 1500: the process exited 0.
+SWALLOWED = [
+    "2026-11-29 17:40:02.120 | INFO     | __main__:<module>:30 - step 580/1500 loss 0.4431",
+    "2026-11-29 17:40:02.125 | ERROR    | __main__:<module>:33 - An error has been caught in"
+    " function '<module>', process 'MainProcess' (2411), thread 'MainThread' (1400):",
+    "Traceback (most recent call last):",
+    '  File "job.py", line 27, in <module>',
+    "    loss = model(x).sum()",
+    "RuntimeError: mat1 and mat2 shapes cannot be multiplied (32x11 and 12x32)",
+]
+
+
+def test_a_job_that_exits_0_right_after_an_error_it_swallowed_warns() -> None:
+    (alert,) = crashed(SWALLOWED, 0)
+    assert (alert.severity, alert.details["class"]) == (Severity.WARNING, "swallowed")
+    assert "mat1 and mat2" in alert.details["evidence"]
+    assert crashed([*SWALLOWED, "training done: 1500 steps"], 0) == []
+    shutdown = [
+        "training done",
+        "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f>",
+        "Traceback (most recent call last):",
+        '  File "dataloader.py", line 1477, in __del__',
+        "TypeError: 'NoneType' object is not callable",
+    ]
+    assert crashed(shutdown, 0) == []
+
+
 def test_signal_is_named_in_message() -> None:
     (alert,) = crashed([], -signal.SIGKILL)
     assert "SIGKILL" in alert.message
 
 
-def test_exit_zero_raises_nothing() -> None:
-    assert crashed(CUDA_OOM, 0) == []
+def test_exit_zero_raises_nothing_after_a_clean_end() -> None:
+    assert crashed([*CUDA_OOM, "retrying with a smaller batch", "training done"], 0) == []
+    # The OOM the last thing it printed, then 0: swallowed, a warning, never a crash.
+    (alert,) = crashed(CUDA_OOM, 0)
+    assert (alert.severity, alert.details["class"]) == (Severity.WARNING, "swallowed")
 
 
 @pytest.mark.parametrize(
