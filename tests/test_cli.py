@@ -266,3 +266,28 @@ def test_importing_the_cli_leaves_pydantics_plugin_switch_as_it_was(given: str |
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [given or "unset"]
+
+
+def test_a_reader_that_goes_away_ends_replay_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sentinel replay --json log | head -1``: the pipe closes under sentinel's output.
+    A real pipe whose reader is gone: the verb ends with a shell's SIGPIPE status, and no
+    traceback."""
+    import signal
+
+    from sentinel.cli.main import main
+
+    log = tmp_path / "train.log"
+    log.write_text("".join(f'{{"step": {s}, "loss": NaN}}\n' for s in range(1, 50)))
+    read, write = os.pipe()
+    os.close(read)
+    stream = os.fdopen(write, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", stream)
+    try:
+        status = main(["replay", "--json", str(log)])
+    finally:
+        monkeypatch.undo()
+        stream.close()
+    assert status == 128 + signal.SIGPIPE
+    assert "Traceback" not in capsys.readouterr().err

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -126,6 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Whoever read stdout went away (``sentinel replay --json | head -1``): no traceback,
+        # and nothing more written to the closed pipe at exit; the status a shell gives a
+        # command SIGPIPE ended.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except Exception as error:  # the last word: its traceback may quote a URL's token
         secrets.print_exception(error)
         return 1

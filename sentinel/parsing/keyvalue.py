@@ -68,6 +68,8 @@ NOT_METRIC_KEYS: frozenset[str] = frozenset(
         # a run's length as it starts ("Starting training..., iters: 2596"), no metric
         "iters", "epochs", "max_iters", "max_steps", "max_epochs", "total_iters",
         "total_steps", "total_epochs", "num_epochs", "num_train_epochs",
+        # a model's summary as it starts (Lightning's "Non-trainable params: 0")
+        "params", "parameters",
     }
 )  # fmt: skip
 

@@ -77,6 +77,7 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="clu-metric-writer-step-in-brackets",
         ),
         pytest.param("[130] loading shard 2", None, id="a-bracketed-number-before-prose"),
+        pytest.param("Non-trainable params: 0", None, id="lightnings-model-summary"),
         pytest.param(
             "Step 300 | Loss Train: 1.2345 | Loss Val: nan | Loss Test: 1.3",
             [
