@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
+from sentinel.config import Settings
+from sentinel.engine.replay import replay
 from sentinel.evidence.chart import sparkline
 from sentinel.evidence.diagnosis import Diagnosis, diagnose, explain
 from sentinel.model.incidents import Incident, IncidentTracker
@@ -384,3 +388,23 @@ def test_a_nan_with_too_little_before_it_to_place_claims_no_healthy_stretch() ->
     cause = diagnose(incident, recent).cause
     assert "healthy stretch" not in cause and "first steps" not in cause
     assert "with only 0 finite values before it in the log (too few to judge the run)" in cause
+
+
+def test_each_incident_draws_the_values_of_its_own_time(tmp_path: Path) -> None:
+    """A run whose rate jumps x100 at step 800 and whose loss follows: replayed, the rate's
+    sparkline ends on the jump, the loss's on the rise, not on the file's last values (all
+    incidents drew those: replay reads a file in chunks)."""
+    log = tmp_path / "train.log"
+    rows = [
+        {
+            "step": step,
+            "loss": 0.1 if step < 810 else 2.0,
+            "learning_rate": 1e-3 if step < 800 else 0.1,
+        }
+        for step in range(10, 1510, 10)
+    ]
+    log.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = replay([log], Settings())
+    jump = next(a for a in result.alerts if a.rule == "lr_jump")
+    assert jump.details["diagnosis"]["sparkline"].startswith("lr ")
+    assert jump.details["diagnosis"]["sparkline"].endswith("▁█")

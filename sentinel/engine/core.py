@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 __all__ = ["HISTORY_LEN", "Engine", "build_detectors"]
 
 _UNSEEN = object()
+#: Alerts whose history is kept for their diagnosis (``recent_for``), newest last.
+RECENT_KEPT_ALERTS = 256
 
 
 def build_detectors(settings: Settings) -> list[BaseDetector]:
@@ -73,6 +75,8 @@ class Engine:
         self.position = RunPosition(data_clock=data_clock, logging_steps=logging_steps)
         self._hooks = RuleHooks(self.routes, self.position)
         self._history = History()
+        #: Per alert a line raised (by ``id``, with the alert): what its diagnosis reads.
+        self._recent_of: dict[int, tuple[Alert, dict[str, list[Sample]]]] = {}
         #: Each rank its own series, each observation once (``engine_ranks``); None in the
         #: engine of one rank's series (``_ranked``), whose lines were sorted already.
         self.series: RunSeries | None = RunSeries()
@@ -186,7 +190,34 @@ class Engine:
 
         The ``Line`` the rules see is made only when a rule watches output with
         ``output`` rather than ``output_text``: replay feeds every line of a log here.
+        What each alert's diagnosis reads is kept as it is now (``recent_for``).
         """
+        alerts = self._feed_text(source, text, now)
+        if alerts:
+            self._keep_recent(alerts)
+        return alerts
+
+    def _keep_recent(self, alerts: list[Alert]) -> None:
+        """Each alert's ``recent_at`` as the line that raised it left the history: by the
+        time the caller reads it, the rest of a batch or of a replayed chunk has moved on
+        (every incident of a replay drew the last values of its file)."""
+        kept = self._recent_of
+        for alert in alerts:
+            if not alert.resolves:
+                kept[id(alert)] = (alert, self.recent_at(alert.step, HISTORY_LEN))
+        while len(kept) > RECENT_KEPT_ALERTS:
+            del kept[next(iter(kept))]
+
+    def recent_for(self, alert: Alert, per_metric: int) -> dict[str, list[Sample]]:
+        """What a diagnosis of ``alert`` reads: each metric's last ``per_metric`` samples up
+        to its step, as they were when it was raised (``recent_at`` now, for an alert no
+        line raised: a tick's, a rank's)."""
+        found = self._recent_of.pop(id(alert), None)
+        if found is None or found[0] is not alert:
+            return self.recent_at(alert.step, per_metric)
+        return {name: samples[-per_metric:] for name, samples in found[1].items()}
+
+    def _feed_text(self, source: str, text: str, now: float) -> list[Alert]:
         reader = self._reader(source)
         if reader is None:
             samples = self.parser.parse(text)

@@ -135,7 +135,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
                 explain(
                     tracker.open[alert.rule],
                     alert,
-                    engine.recent_at(alert.step, DIAGNOSIS_SAMPLES),
+                    engine.recent_for(alert, DIAGNOSIS_SAMPLES),
                     samples_per_step=engine.facts.samples_per_step,
                 )
             result.alerts.append(alert)

@@ -164,7 +164,7 @@ class Watch:
                 explain(
                     self.tracker.open[alert.rule],
                     alert,
-                    self.engine.recent_at(alert.step, DIAGNOSIS_SAMPLES),
+                    self.engine.recent_for(alert, DIAGNOSIS_SAMPLES),
                     samples_per_step=self.engine.facts.samples_per_step,
                 )
             self.safely("the alert journal", self.journal.append, alert)
