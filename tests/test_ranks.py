@@ -384,3 +384,29 @@ def test_a_real_ddp_log_labelled_gpu_raises_only_its_nan(log: str) -> None:
         assert [(a.rule, a.step, a.details.get("rank")) for a in critical][:1] == [
             ("nan_inf", 400, 1)
         ]
+
+
+@pytest.mark.parametrize("csv_first", [False, True], ids=["output-first", "csv-first"])
+def test_a_one_process_jobs_csv_that_differs_from_its_bar_is_no_rank(
+    tmp_path: Path, csv_first: bool
+) -> None:
+    """Lightning writes its CSV (and TensorBoard files) from rank 0; the job's progress bar
+    draws a step's values a redraw late, so the two differ at the same steps. That is no
+    second rank: a one-process job's NaN was raised as "rank 1" and "rank 2", one a file."""
+    out = tmp_path / "out.log"
+    out.write_text(
+        "".join(
+            f"step {s} | loss {'nan' if s >= 55 else f'{2.0 - s / 100 + 0.003:.4f}'}\n"
+            for s in range(1, 61)
+        )
+    )
+    csv = tmp_path / "logs" / "csv" / "version_0" / "metrics.csv"
+    csv.parent.mkdir(parents=True)
+    csv.write_text(
+        "epoch,step,train_loss\n"
+        + "".join(f"0,{s},{'nan' if s >= 55 else 2.0 - s / 100}\n" for s in range(9, 60, 10))
+    )
+    result = replay([csv, out] if csv_first else [out, csv], Settings())
+    nan = [a for a in result.alerts if a.rule == "nan_inf" and not a.resolves]
+    assert nan, result.alerts
+    assert {a.details.get("rank") for a in nan} == {None}

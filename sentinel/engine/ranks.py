@@ -287,6 +287,8 @@ class RunSeries:
                     and not _same(values=(value,), other=(earlier[0],), close=True)
                     and series_rank is None
                     and labelled is None
+                    and may_be_a_ranks_file(source)
+                    and may_be_a_ranks_file(earlier[1])
                 ):
                     # Another series at the same steps, not a copy: a rank's own file.
                     self._source_rank[source] = self._rank_of(source)
@@ -309,7 +311,8 @@ class RunSeries:
         """The rank of a file whose series is its own: the one its name says (``rank1``),
         else the next after those known. Never 0: rank 0's rules have the first series."""
         taken = self._source_rank.values()
-        named = _RANK_IN_NAME.search(PurePath(source).name)
+        path = PurePath(source)
+        named = _RANK_IN_NAME.search(path.name) or _RANK_IN_NAME.search(str(path.parent))
         if named is not None and int(named.group(1)) > 0 and int(named.group(1)) not in taken:
             return int(named.group(1))
         return 1 + max(taken, default=0)
@@ -434,6 +437,16 @@ def _keep_recent(
         for step in list(islice(kept, over)):
             del kept[step]
     kept.update(zip(steps, zip(values, repeat(source)), strict=True))
+
+
+def may_be_a_ranks_file(source: str) -> bool:
+    """Whether ``source``, whose values differ from another source's at the same steps, may
+    be a rank's own file, or that other one another rank's: a file one logger writes only
+    where its path names a rank (``rank_1/events...``). Lightning writes its CSV and
+    TensorBoard files from rank 0, and their values differ from the job's progress bar,
+    which draws a step's values a redraw late: read as ranks, a one-process job had three
+    (its NaN raised on "ranks" 1 and 2), or its output was "rank 1" where the CSV came first."""
+    return not one_writer(source) or _RANK_IN_NAME.search(source) is not None
 
 
 def one_writer(source: str) -> bool:
