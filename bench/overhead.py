@@ -11,9 +11,9 @@ tokens/sec) for ``--seconds`` (60 by default). It runs twice:
   they are the machine's own.
 
 Every second the bench reads, with psutil, the CPU time (user + system) and
-RSS of sentinel's own process (its children, the job, are not counted) and of
-the job. It prints sentinel's CPU as a percent of one core over the run and
-over each third of it, its RSS at each third and its peak, beside the job's
+RSS of sentinel's own process, of its relay (which holds the job's terminals and
+copies its output: sentinel's cost too), and of the job. It prints sentinel's
+CPU as a percent of one core over the run and over each third of it, its RSS at each third and its peak, beside the job's
 own figures alone and watched (so a slowdown of the job would show).
 
     .venv/bin/python bench/overhead.py              # about 2 minutes
@@ -73,10 +73,10 @@ while True:
 #: The child that runs ``sentinel`` with a fake pynvml in place of the real one.
 SENTINEL_WITH_FAKE_NVML = r"""
 import sys
-from sentinel.model.machine import gpu
+from sentinel.gpu import monitor
 from tests.helpers.nvml import FakeNvml
 
-gpu.NVML_FACTORY = lambda: FakeNvml(gpus=int(sys.argv[1]))
+monitor.NVML_FACTORY = lambda: FakeNvml(gpus=int(sys.argv[1]))
 from sentinel.cli.main import main
 
 sys.exit(main(sys.argv[2:]))
@@ -127,16 +127,29 @@ class Trace:
         return self.rss_bytes[index]
 
 
-def find_job(sentinel: psutil.Process, timeout_s: float = 30.0) -> psutil.Process:
-    """The job sentinel started: its child running the job script."""
+def find_job(
+    sentinel: psutil.Process, job: Path, timeout_s: float = 30.0
+) -> tuple[psutil.Process, psutil.Process | None]:
+    """The process running the job script ``job``, and the relay that holds it (None where
+    sentinel is its parent). ``run`` starts the job under its relay, which outlives
+    sentinel (``sentinel.process.relay``): the job is looked for among sentinel's
+    descendants, then among every process."""
     deadline = time.monotonic() + timeout_s
+    wanted = str(job)
     while time.monotonic() < deadline:
-        for child in sentinel.children():
+        try:
+            candidates = [*sentinel.children(recursive=True), *psutil.process_iter()]
+        except psutil.NoSuchProcess:
+            break
+        for process in candidates:
             try:
-                if "job.py" in " ".join(child.cmdline()):
-                    return child
-            except psutil.NoSuchProcess:
+                if wanted not in process.cmdline()[1:2]:
+                    continue
+                parent = process.parent()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+            relay = parent if parent is not None and parent.pid != sentinel.pid else None
+            return process, relay
         time.sleep(0.05)
     raise RuntimeError("sentinel did not start the job")
 
@@ -193,8 +206,11 @@ def run_watched(
         argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=(work / "sentinel.err").open("wb")
     )
     sentinel = psutil.Process(popen.pid)
-    job_process = find_job(sentinel)
-    traces = trace({"sentinel": sentinel, "job": job_process}, popen)
+    job_process, relay = find_job(sentinel, job)
+    watched = {"sentinel": sentinel, "job": job_process}
+    if relay is not None:
+        watched["relay"] = relay
+    traces = trace(watched, popen)
     if popen.returncode != 0:
         sys.stderr.write((work / "sentinel.err").read_text(encoding="utf-8")[-3000:])
         raise RuntimeError(f"sentinel exited {popen.returncode}")
@@ -221,6 +237,13 @@ def report(seconds: float, alone: Trace, watched: dict[str, Trace], real_nvml: b
         f"{'sentinel (itself)':24}{sentinel.core_percent(0, end):>21.2f}%"
         f"{mib(max(sentinel.rss_bytes)):>14}"
     )
+    relay = watched.get("relay")
+    if relay is not None:
+        print(
+            f"{'its relay':24}{relay.core_percent(0, end):>21.2f}%{mib(max(relay.rss_bytes)):>14}"
+        )
+        both = sentinel.core_percent(0, end) + relay.core_percent(0, end)
+        print(f"{'sentinel + relay':24}{both:>21.2f}%")
     print()
     print("sentinel over time:")
     for start_s, end_s in thirds:
