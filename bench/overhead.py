@@ -13,8 +13,9 @@ tokens/sec) for ``--seconds`` (60 by default). It runs twice:
 Every second the bench reads, with psutil, the CPU time (user + system) and
 RSS of sentinel's own process, of its relay (which holds the job's terminals and
 copies its output: sentinel's cost too), and of the job. It prints sentinel's
-CPU as a percent of one core over the run and over each third of it, its RSS at each third and its peak, beside the job's
-own figures alone and watched (so a slowdown of the job would show).
+CPU as a percent of one core over the run and over each third of it, its RSS at
+each third and its peak, beside the job's own figures alone and watched (so a
+slowdown of the job would show).
 
     .venv/bin/python bench/overhead.py              # about 2 minutes
     .venv/bin/python bench/overhead.py --seconds 20
