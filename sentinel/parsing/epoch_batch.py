@@ -8,8 +8,10 @@ batches since the first epoch began (``values.EpochBatches``); a log that starts
 first epoch (an excerpt, a rotated log) cannot tell the epochs before: its lines are read
 at the batches since the first epoch it shows began, in order and each at its own step
 (read at the epoch, an epoch's lines shared one step and were taken for ranks).
-A line that names the batches an epoch has (``Batch 100/600``) is the key-value reader's,
-exactly. A ``LineFormat``: it counts the batches of its epochs.
+A line that names the batches an epoch has (``Batch 100/600``) is read at the epochs before
+it times those, plus its batch, its epochs counted from 0 where the first such line names
+epoch 0, else from 1 (``Epoch 1, Batch 1/500`` is step 1, not 501). A ``LineFormat``: it
+counts the batches of its epochs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from sentinel.parsing.values import EpochBatches
 _NAMED = re.compile(
     r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)(?!\s*/|\d)", re.IGNORECASE
 )
+#: ``Epoch 1, Batch 100/600``: the batches an epoch has on the line, the epoch counted from 0
+#: or from 1 (``_first_epoch``).
+_OF_ALL = re.compile(
+    r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
+)
+#: A word that names the line's own step (then its step is that).
+_OWN_STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)\b", re.IGNORECASE)
 #: The CIFAR-10 tutorial's ``[1,  2000] loss: 2.192``: epoch from 1, batch from 1.
 _TUTORIAL = re.compile(r"\[\s*(\d+),\s*(\d+)\]\s+(?=[a-z])", re.IGNORECASE)
 #: The names that place the line, not metrics.
@@ -33,10 +42,14 @@ _PLACING = frozenset({"epoch", "batch"})
 class EpochBatch:
     """Reads epoch-and-batch lines, counting the batches of their epochs."""
 
-    __slots__ = ("_batches",)
+    __slots__ = ("_batches", "_first_epoch")
 
     def __init__(self) -> None:
         self._batches = EpochBatches(from_any_epoch=True)
+        #: The first epoch a line with the batches an epoch has named: loops count epochs
+        #: from 0 or from 1, and the first says which (an excerpt's, after both: from 1,
+        #: which puts a step an epoch early, never late, so a rollback goes back far enough).
+        self._first_epoch: int | None = None
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line; None for a line in another format."""
@@ -47,6 +60,8 @@ class EpochBatch:
         elif "atch" in text and ("poch" in text or "POCH" in text):
             found = _NAMED.search(text)
             rest = text
+            if found is None:
+                return self._of_all(text)
         else:
             return None
         if found is None:
@@ -61,3 +76,20 @@ class EpochBatch:
         samples = [Sample(name, value, step) for name, value in pairs]
         samples.append(Sample("epoch", float(epoch), step))
         return samples
+
+    def _of_all(self, text: str) -> list[Sample] | None:
+        """A line that names the batches an epoch has (``Epoch 1, Batch 100/600``): at the
+        epochs before it times those, plus its batch, the epochs counted from the first
+        one such a line named (0, or else 1); None for a line that does not."""
+        found = _OF_ALL.search(text)
+        if found is None or _OWN_STEP.search(text) is not None:
+            return None
+        pairs, _ = find_pairs(text)
+        if not pairs:
+            return None
+        epoch, batch, per_epoch = map(int, found.groups())
+        if self._first_epoch is None:
+            self._first_epoch = epoch
+        base = 0 if self._first_epoch == 0 else 1
+        step = max(epoch - base, 0) * per_epoch + batch
+        return [Sample(name, value, step) for name, value in pairs]

@@ -536,6 +536,31 @@ def test_an_epoch_and_its_batch_count_on_across_epochs(lines: list[str]) -> None
     assert [(s.step, s.value) for s in losses] == [(100, 0.5), (200, 0.4), (300, 0.3)]
 
 
+@pytest.mark.parametrize(
+    ("lines", "steps"),
+    [
+        (["Epoch 1 Batch 1/500 Loss 0.5", "Epoch 2 Batch 1/500 Loss 0.4"], [1, 501]),
+        (
+            [
+                "Train epoch: 0, batch: 790/34799, loss: 2.1",
+                "Train epoch: 1, batch: 10/34799, loss: 2",
+            ],
+            [790, 34809],
+        ),
+        (["Epoch 5, Batch 10/100, step 510, loss 1"], [510]),
+    ],
+    ids=["epochs-from-1", "epochs-from-0", "its-own-step-first"],
+)
+def test_an_epoch_and_its_batch_of_all_count_epochs_from_the_first_one_named(
+    lines: list[str], steps: list[int]
+) -> None:
+    """A Python ``logging`` loop's ``Epoch 1 Batch 1/500`` counts epochs from 1 (it was read
+    at 501); PPASR's ``Train epoch: 0, batch: 790/34799`` from 0."""
+    parser = LineParser()
+    read = [next(s for s in parser.parse(line) if s.name == "loss") for line in lines]
+    assert [s.step for s in read] == steps
+
+
 def test_an_epoch_and_batch_log_that_starts_late_counts_from_the_first_epoch_it_shows() -> None:
     """An excerpt from epoch 5 on cannot tell the epochs before: its lines are read at the
     batches since epoch 5 began, each at its own step (read at the epoch, each epoch's
