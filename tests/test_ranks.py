@@ -42,6 +42,20 @@ RANKS = Path(__file__).parent / "fixtures" / "ranks"
         pytest.param("[1]: step 5 loss 2.3", (1, "step 5 loss 2.3", True), id="torchrun-template"),
         pytest.param("1: step 5 | loss 2.3", (1, "step 5 | loss 2.3", False), id="srun-label"),
         pytest.param(" 3: step 5 | loss 2.3", (3, "step 5 | loss 2.3", False), id="srun-padded"),
+        pytest.param(
+            "2022-10-23 14:53:29,354 INFO [train.py:907] (6/8) Epoch 3, batch 115350, loss 2.3",
+            (
+                6,
+                "2022-10-23 14:53:29,354 INFO [train.py:907] Epoch 3, batch 115350, loss 2.3",
+                True,
+            ),
+            id="icefall-after-its-loggers-head",
+        ),
+        pytest.param(
+            "2022-10-23 14:53:29,354 INFO [train.py:907] (9/8) loss 2.3",
+            None,
+            id="no-rank-past-the-world",
+        ),
         pytest.param("[1] loss 2.3", None, id="bare-brackets-are-no-rank"),
         pytest.param("[INFO] step 5 loss 2.3", None, id="log-level"),
         pytest.param("step 5 | loss 2.3", None, id="plain"),

@@ -11,7 +11,10 @@ Launchers label the lines of each rank when they share one stream:
   line is as often a step (``100: loss=2.3``), so this one is read as a rank only when the
   rest of the line names its own step (``1: step 5 | loss 2.3``);
 - a script's own ``rank 1: `` or ``Rank 1 | ``; a bare ``rank 1 `` only when the rest names
-  its own step.
+  its own step;
+- icefall's and k2's logging format, ``2022-10-23 14:53:29,352 INFO [train.py:907] (6/8)
+  Epoch 3, batch 115350, ...``: the rank and the world's size after the logger's head (the
+  line is read without them, its head and time kept).
 
 ``LineParser.parse`` hands a line that may carry one (``may_carry``) to ``parse_ranked``,
 which strips it, parses the rest once and sets each sample's ``rank``. Two ranks' prints
@@ -41,6 +44,8 @@ _GLUED = re.compile(
 _NAMED = re.compile(r"rank ?(\d{1,6})(?: ?([:|]) ?| )", re.IGNORECASE)
 #: srun --label: ``1: `` (right-aligned to the widest task id).
 _LABEL = re.compile(r" *(\d{1,5}): ")
+#: icefall's (k2's) head: ``<date> <time> <LEVEL> [<file>:<line>] (<rank>/<world>) ``.
+_ICEFALL = re.compile(r"[\d-]+ [\d:,.]+ [A-Z]+ \[[\w./-]+:\d+\] \((\d{1,6})/(\d{1,6})\) ")
 
 _new_sample = tuple.__new__
 
@@ -67,6 +72,11 @@ def split_rank(text: str) -> tuple[int, str, bool] | None:
     label = _LABEL.match(text)
     if label is not None:
         return int(label.group(1)), text[label.end() :], False
+    if "] (" in text:
+        icefall = _ICEFALL.match(text)
+        if icefall is not None and int(icefall.group(1)) < int(icefall.group(2)):
+            head = text[: icefall.start(1) - 1]
+            return int(icefall.group(1)), head + text[icefall.end() :], True
     return None
 
 
