@@ -162,6 +162,10 @@ class LrJumpDetector(BaseDetector):
         self._last: tuple[int | None, float] | None = None
         #: The loss's last finite values before now, (step, value).
         self._loss: deque[tuple[int | None, float]] = deque(maxlen=_BEFORE)
+        #: Losses appended in all, and how many had been at the last rate: those since it
+        #: are the jump's own where no step tells them apart (a log whose dicts name none).
+        self._appended = 0
+        self._appended_at_rate = 0
         self._jump: Jump | None = None
 
     def job_started(self, now: float) -> None:
@@ -170,6 +174,7 @@ class LrJumpDetector(BaseDetector):
         self._highest = 0.0
         self._last = None
         self._loss.clear()
+        self._appended = self._appended_at_rate = 0
         self._jump = None
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
@@ -180,6 +185,7 @@ class LrJumpDetector(BaseDetector):
             return self._rate(sample, source, now)
         jump = self._jump
         self._loss.append((sample.step, value))
+        self._appended += 1
         if jump is None or jump.acted or jump.level is None:
             return []
         jump.since.append(value)
@@ -191,6 +197,9 @@ class LrJumpDetector(BaseDetector):
             return []
         settings = self.settings
         last, highest = self._last, self._highest
+        # The losses since the last rate: the record of this one, and any between.
+        fresh = min(self._appended - self._appended_at_rate, len(self._loss))
+        self._appended_at_rate = self._appended
         self._count += 1
         self._last = (step, value)
         self._highest = max(highest, value)
@@ -204,9 +213,14 @@ class LrJumpDetector(BaseDetector):
             return []
         changed_after = last[0]
         onset = changed_after if changed_after is not None else step
-        before = [
-            v for s, v in self._loss if changed_after is None or s is None or s <= changed_after
-        ]
+        if changed_after is None:
+            # No step tells the losses apart: those since the last rate ran on the new one
+            # (the Trainer logs a record's loss and the rate it ran at together).
+            losses = [v for _, v in self._loss]
+            before, unstepped = losses[: len(losses) - fresh], losses[len(losses) - fresh :]
+        else:
+            before = [v for s, v in self._loss if s is None or s <= changed_after]
+            unstepped = []
         level = None
         noise = 0.0
         if before and min(before) > 0:
@@ -223,11 +237,13 @@ class LrJumpDetector(BaseDetector):
             for s, v in self._loss
             if s is not None and changed_after is not None and s > changed_after
         ]
-        self._jump.since.extend(since)
+        self._jump.since.extend(since or unstepped)
         ratio = value / last[1]
+        at = f" at step {step}" if step is not None else ""
+        when = f" (step {changed_after})" if changed_after is not None else ""
         message = (
-            f"learning rate {value:.3g} at step {step} is {ratio:.3g}x the {last[1]:.3g}"
-            f" logged before it (step {changed_after}) and above anything this attempt"
+            f"learning rate {value:.3g}{at} is {ratio:.3g}x the {last[1]:.3g}"
+            f" logged before it{when} and above anything this attempt"
             f" logged ({highest:.3g}): no warmup, decay or restart explains it"
         )
         alert = self.sample_alert(
@@ -263,7 +279,8 @@ class LrJumpDetector(BaseDetector):
             loss_threshold=bar,
         )
         message = (
-            f"the learning rate jumped {jump.after / jump.before:.3g}x at step {jump.step}"
+            f"the learning rate jumped {jump.after / jump.before:.3g}x"
+            f"{f' at step {jump.step}' if jump.step is not None else ''}"
             f" and {settings.metric} rose with it: median {latest:.4g} over its last"
             f" {settings.confirm} values, {_above(latest, jump)} its level"
             f" {jump.level:.4g} before the jump; rolling back to"
@@ -323,3 +340,6 @@ class LrJumpDetector(BaseDetector):
         if column is not None:
             values, steps = finite_with_steps(column, block.steps)
             self._loss.extend(zip(steps, values, strict=True))
+            self._appended += len(values)
+        if "lr" in block.columns:
+            self._appended_at_rate = self._appended  # none of them after the block's rates

@@ -168,3 +168,23 @@ def test_a_jump_is_read_the_same_line_by_line_and_in_blocks() -> None:
     texts = _run(lrs, losses, every=1)
     assert_paths_agree(LrJumpDetector, LrJumpConfig(), texts, replay=True)
     assert [a.severity for a in _alerts(texts)] == [Severity.WARNING, Severity.CRITICAL]
+
+
+def test_a_jump_in_records_that_name_no_step_acts_as_live() -> None:
+    """The Trainer's dicts with ``disable_tqdm`` and no ``trainer_state.json`` name no step
+    (a real run's, every 50 steps, its rate x100 at the 7th). The loss of the jump's own
+    record ran on the new rate, as a step would say: replay acts on the second value, as
+    the live run did (it had the steps), not a warning alone."""
+    losses = [3.417, 2.824, 2.343, 1.961, 1.673, 1.473, 2.13, 1.856, 1.699, 1.536]
+    texts = [
+        str({"loss": str(loss), "grad_norm": "0.7", "learning_rate": "0.05" if i >= 6 else "0.0005",
+             "epoch": str(round(0.2 * (i + 1), 1))})
+        for i, loss in enumerate(losses)
+    ]  # fmt: skip
+    alerts = _alerts(texts)
+    assert [(a.severity, a.details["kind"]) for a in alerts] == [
+        (Severity.WARNING, "jump"),
+        (Severity.CRITICAL, "with_loss"),
+    ]
+    assert alerts[1].details["loss_since"][:2] == [2.13, 1.856]
+    assert "step None" not in alerts[0].message + alerts[1].message
