@@ -408,3 +408,23 @@ def test_each_incident_draws_the_values_of_its_own_time(tmp_path: Path) -> None:
     jump = next(a for a in result.alerts if a.rule == "lr_jump")
     assert jump.details["diagnosis"]["sparkline"].startswith("lr ")
     assert jump.details["diagnosis"]["sparkline"].endswith("▁█")
+
+
+def test_the_onset_moves_back_to_just_after_the_last_healthy_value_logged() -> None:
+    """A run that logs every 10 steps: healthy at 320, NaN at 330. The fault began after
+    320; a checkpoint saved at 325 may hold it (a real plain loop resumed one and stayed
+    NaN): the rollback bound is 321, not 330."""
+    nan = alert("nan_inf", Severity.CRITICAL, 330)
+    incident = incident_of(nan)
+    recent = {
+        "loss": [
+            Sample("loss", v, s) for s, v in [(300, 0.5), (310, 0.49), (320, 0.48), (330, NAN)]
+        ]
+    }
+    explain(incident, nan, recent)
+    assert incident.onset_step == 321
+    # Logged every step, the bound is the onset itself.
+    nan = alert("nan_inf", Severity.CRITICAL, 321)
+    incident = incident_of(nan)
+    explain(incident, nan, {"loss": series("loss", [0.5, 0.5, NAN], first_step=319)})
+    assert incident.onset_step == 321

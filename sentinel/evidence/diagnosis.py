@@ -11,7 +11,9 @@ The readings follow the field's runbooks:
   schedule, named with the step where the LR changed, next to the grad-norm evidence. A
   reading that names a jump moves the incident's onset back to the last step logged at the
   old rate: the rollback goes to a checkpoint saved before it, as one saved at that step
-  may already hold the new rate (``explain``);
+  may already hold the new rate (``explain``); any other reading moves it back to just
+  after the last healthy value logged before it (``last_logged_before``): a checkpoint
+  saved between that value and the first bad one may hold the fault already;
 - a grad-norm run or spike just before a NaN: an optimisation blow-up;
 - a NaN in the first steps with no divergence before it: the data;
 - a NaN out of the blue after a healthy stretch: a bad batch at that step, an fp16
@@ -130,6 +132,26 @@ def explain(
     changed = rate_changed_after(incident, recent, incident.diagnosis)
     if changed is not None and (incident.onset_step is None or changed < incident.onset_step):
         incident.onset_step = changed
+    elif changed is None:
+        healthy = last_logged_before(incident, recent)
+        if healthy is not None and incident.onset_step is not None:
+            incident.onset_step = min(incident.onset_step, healthy + 1)
+
+
+def last_logged_before(incident: Incident, recent: Recent) -> int | None:
+    """The last step the incident's metric was logged at before its onset, where its onset
+    is the first bad value logged: the failure began after that step, somewhere up to the
+    onset. A run that logs every 10 steps and saves every 25 has a checkpoint between its
+    last healthy value and its first bad one (step 325 between 320 and 330) that may
+    already hold the fault: the rollback goes to one saved at or before the last healthy
+    step. None where nothing was logged before the onset, or where the onset is itself the
+    last healthy step (``lr_jump``'s: the last step logged at the old rate)."""
+    first = incident.first
+    onset = incident.onset_step
+    if onset is None or first.rule == "lr_jump" or first.metric is None:
+        return None
+    steps = [s.step for s in recent.get(first.metric, ()) if s.step is not None and s.step < onset]
+    return max(steps) if steps else None
 
 
 def rate_changed_after(incident: Incident, recent: Recent, diagnosis: Diagnosis) -> int | None:
