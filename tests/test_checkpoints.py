@@ -703,3 +703,33 @@ def test_a_checkpoint_dir_that_fills_is_no_typo(tmp_path: Path) -> None:
     write_hf_checkpoint(mine / "checkpoint-10")
     write_hf_checkpoint(other / "checkpoint-20")
     assert watch.look(2.0) == ""
+
+
+def test_accelerates_checkpoint_folders_count_saves_and_are_placed_by_time(tmp_path: Path) -> None:
+    """accelerate's ``save_state`` with ``automatic_checkpoint_naming``, run for real:
+    ``checkpoint_0``, ``_1``, ``_2`` number saves, not steps. Read as steps, save 2 (of step
+    200, say) sat before an onset at step 100 and was resumed; placed by time, the ones
+    written after the onset's time are after it."""
+    import time
+
+    torch = pytest.importorskip("torch")
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.utils import ProjectConfiguration
+
+    project = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    accelerator = accelerate.Accelerator(cpu=True, project_config=project)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    saved_at = []
+    for _ in range(3):
+        accelerator.save_state()
+        saved_at.append(time.time())
+        time.sleep(0.05)
+    del model
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == [f"checkpoint_{i}" for i in range(3)]
+    onset = Onset(step=1, time=(saved_at[0] + saved_at[1]) / 2)
+    found = {c.path.name: c for c in scan(folder, onset=onset)}
+    assert {name: c.step for name, c in found.items()} == dict.fromkeys(found, None)
+    assert found["checkpoint_0"].status == "clean"
+    assert {found["checkpoint_1"].status, found["checkpoint_2"].status} == {"after_onset"}
+    assert last_clean(list(found.values()), onset).path.name == "checkpoint_0"

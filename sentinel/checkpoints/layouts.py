@@ -115,6 +115,24 @@ def holds_checkpoint(path: Path) -> bool:
     )
 
 
+#: accelerate's ``save_state`` with ``automatic_checkpoint_naming``: ``checkpoint_<i>`` folders
+#: numbered by save (0, 1, 2...), never by step, each with the random states of its processes.
+ACCELERATE_SAVES = re.compile(r"checkpoint_\d+")
+
+
+def counts_saves(path: Path) -> bool:
+    """Whether the number in a checkpoint folder's name counts saves, not steps: accelerate's
+    ``checkpoint_<i>`` holding its ``random_states_<rank>.pkl``. Read as a step, save 7 (step
+    200 of a run that saves every 25) sorted before an onset at step 100 and was resumed."""
+    if ACCELERATE_SAVES.fullmatch(path.name) is None:
+        return False
+    try:
+        with os.scandir(path) as entries:
+            return any(entry.name.startswith("random_states_") for entry in entries)
+    except OSError:
+        return False
+
+
 def layout_of(path: Path) -> str:
     """Name the layout of a checkpoint without judging it (hf, dcp, torch, ...)."""
     if path.is_dir():

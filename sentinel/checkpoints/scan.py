@@ -31,6 +31,7 @@ from pathlib import Path
 from sentinel.checkpoints.files import Content, check_weights, read_content
 from sentinel.checkpoints.layouts import (
     CheckpointStatus,
+    counts_saves,
     dir_content,
     holds_checkpoint,
     judge_dir,
@@ -308,6 +309,8 @@ def _examine(path: Path, is_dir: bool, position: NamePosition, onset: Onset) -> 
             return None  # "latest", "notes.txt"
         mtime = path.stat().st_mtime
     step, epoch, placed_by = position.step, position.epoch, "name"
+    if is_dir and step is not None and counts_saves(path):
+        step, placed_by = None, "time"  # accelerate's checkpoint_<i>: the i-th save, no step
     content: Content | None = None
     if step is None and epoch is None:
         content = dir_content(path) if is_dir else read_content(path)
