@@ -36,7 +36,8 @@ rises past the highest value before the climb by ``rise`` (with ``early_history`
 or more before it), where no rhythm is coming back. With so
 little known such a shift is ``early_severity`` (a warning) unless the logged learning
 rate jumped within its evidence to above anything it had been (no schedule's restart or
-cycle does), when it is ``severity``; it is confirmed by ``early_patience`` values (a run
+cycle does), or its values stay ``ORDERS_OF_MAGNITUDE`` (100) times its level or more (no
+healthy loss does), when it is ``severity``; it is confirmed by ``early_patience`` values (a run
 that logs a few values in all has few after the onset), or by ``CORROBORATED`` when an
 evaluation since the onset shows the eval loss rose with it (``eval_signal``).
 
@@ -159,6 +160,11 @@ class Bars:
 #: ratio that needs none says anything, and a smaller one is learned.
 SCANT_HISTORY = 2
 SCANT_RISE = 2.0
+
+#: A shift judged from few values whose values stay this many times the level is critical:
+#: no healthy run's loss stays two orders of magnitude above where it was (a run that logs
+#: every 50 steps went from 4.9 to 1e27 and stayed, and only warned).
+ORDERS_OF_MAGNITUDE = 100.0
 
 #: Values since the onset that confirm a shift judged from few values when the eval loss
 #: rose with it (a run that logs six values in all has two after a failure at its fourth).
@@ -639,8 +645,11 @@ class DivergenceDetector(BaseDetector):
         evidence = [*shift.before, *shift.since]
         first = evidence[0][0] if evidence else None
         unexplained = self._lr.unexplained_within(first, shift.onset_step)
-        if shift.early and not unexplained:
+        orders = level > 0 and latest >= ORDERS_OF_MAGNITUDE * level
+        if shift.early and not unexplained and not orders:
             severity = self.settings.early_severity
+            known = f" (judged from {len(shift.before)} values before it)"
+        elif shift.early:
             known = f" (judged from {len(shift.before)} values before it)"
         elif shift.crept and not unexplained:
             severity = self.settings.early_severity  # a climb: no cause known to stop it for

@@ -453,3 +453,15 @@ def test_the_block_proof_of_no_creep_holds_wherever_a_window_creeps() -> None:
             checked += 1
             assert not fired
     assert checked > 50 and creeping > 20
+
+
+@pytest.mark.parametrize(("factor", "severity"), [(1e6, CRIT), (50.0, Severity.WARNING)])
+def test_a_shift_of_orders_of_magnitude_from_few_values_is_critical(
+    factor: float, severity: Severity
+) -> None:
+    """A run that logs every 50 steps went from 4.9 to 1e27 and stayed: judged from three
+    values it only warned. No healthy loss stays 100x above where it was; 50x is a warning
+    still, as any shift judged from few values."""
+    values = [4.9, 4.1, 3.5] + [3.5 * factor * (1 + 0.01 * i) for i in range(4)]
+    alerts = feed(values)
+    assert [(a.severity, a.onset_step) for a in alerts] == [(severity, 4)]
