@@ -291,7 +291,8 @@ def _how_far(value: float, bars_: Bars) -> str:
     """How far ``value`` is above the level of ``bars_``: a ratio above 0; below it (no
     ratio means anything), in the run's noise ("robust standard deviations")."""
     if bars_.level > 0:
-        return f"{value / bars_.level:.2f}x"
+        ratio = value / bars_.level
+        return f"{ratio:.2f}x" if ratio < 1000 else f"{ratio:.3g}x"
     return f"{(value - bars_.level) / bars_.noise:.0f} noise deviations above"
 
 
