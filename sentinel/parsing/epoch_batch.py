@@ -19,17 +19,12 @@ from __future__ import annotations
 import re
 
 from sentinel.model.records import Sample
-from sentinel.parsing.keyvalue import find_pairs
+from sentinel.parsing.keyvalue import EPOCH_BATCH_OF, find_pairs
 from sentinel.parsing.values import EpochBatches
 
 #: ``Epoch 1, Batch 100`` and the like, not followed by ``/600`` (those are exact).
 _NAMED = re.compile(
     r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)(?!\s*/|\d)", re.IGNORECASE
-)
-#: ``Epoch 1, Batch 100/600``: the batches an epoch has on the line, the epoch counted from 0
-#: or from 1 (``_first_epoch``).
-_OF_ALL = re.compile(
-    r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
 )
 #: A word that names the line's own step (then its step is that).
 _OWN_STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)\b", re.IGNORECASE)
@@ -81,7 +76,7 @@ class EpochBatch:
         """A line that names the batches an epoch has (``Epoch 1, Batch 100/600``): at the
         epochs before it times those, plus its batch, the epochs counted from the first
         one such a line named (0, or else 1); None for a line that does not."""
-        found = _OF_ALL.search(text)
+        found = EPOCH_BATCH_OF.search(text)  # its epoch counted from the first one named
         if found is None or _OWN_STEP.search(text) is not None:
             return None
         pairs, _ = find_pairs(text)

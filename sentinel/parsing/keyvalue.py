@@ -110,7 +110,7 @@ _WORD_AFTER = re.compile(
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches", re.IGNORECASE)
 #: ``Train epoch: 0, batch: 790/34799, loss: ...`` (a hand-written loop, epochs from 0).
-_EPOCH_BATCH = re.compile(
+EPOCH_BATCH_OF = re.compile(
     r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
 )
 #: ``Epoch [2/5], Step [200/2983]`` (epochs from 1), or ``Step [200/2983]`` alone; MindOCR's
@@ -249,7 +249,7 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             epoch, batch, per_epoch = map(int, batches.groups())
             step = max(epoch - 1, 0) * per_epoch + batch
     if step is None and "atch" in text:  # batch, Batch
-        counted = _EPOCH_BATCH.search(text)
+        counted = EPOCH_BATCH_OF.search(text)
         if counted is not None:
             epoch, batch, per_epoch = map(int, counted.groups())
             step = epoch * per_epoch + batch
