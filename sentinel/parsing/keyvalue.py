@@ -109,7 +109,8 @@ _WORD_AFTER = re.compile(
 )
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches", re.IGNORECASE)
-#: ``Train epoch: 0, batch: 790/34799, loss: ...`` (a hand-written loop, epochs from 0).
+#: ``Train epoch: 0, batch: 790/34799, loss: ...`` (a hand-written loop; epochs from 0 here,
+#: where the ``epoch_batch`` format, tried first, counts them from the first one it read).
 EPOCH_BATCH_OF = re.compile(
     r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
 )
