@@ -36,7 +36,7 @@ from sentinel.checkpoints.files import (
     lightning_problem,
     read_content,
 )
-from sentinel.checkpoints.names import SAFETENSORS_SUFFIX, checkpoint_suffix
+from sentinel.checkpoints.names import KERAS_SUFFIX, SAFETENSORS_SUFFIX, checkpoint_suffix
 from sentinel.checkpoints.torch_pickle import (
     STEP_KEYS,
     PickleWalkError,
@@ -138,6 +138,8 @@ def layout_of(path: Path) -> str:
     if path.is_dir():
         return _layout(path)
     suffix = checkpoint_suffix(path.name)
+    if suffix == KERAS_SUFFIX:
+        return "keras"
     return "safetensors" if suffix == SAFETENSORS_SUFFIX else "torch" if suffix else "unknown"
 
 

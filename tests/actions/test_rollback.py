@@ -420,3 +420,28 @@ def test_a_truncated_sb3_checkpoint_is_corrupt(tmp_path: Path) -> None:
     (tmp_path / "rl_model_512_steps.zip").write_bytes(data[: len(data) // 2])
     (checkpoint,) = scan(tmp_path)
     assert checkpoint.status is CheckpointStatus.CORRUPT
+
+
+KERAS_CHECKPOINTS = SB3_CHECKPOINTS.parent / "keras"
+
+
+def test_keras_checkpoints_are_epochs_placed_by_time_and_rolled_back(tmp_path: Path) -> None:
+    """Keras 3's own ``ModelCheckpoint("model_{epoch:02d}.keras")`` files
+    (tests/fixtures/checkpoints/make_keras_checkpoints.py): their number is Keras's epoch,
+    never a step; a rollback places them by time (a run gave up: "no checkpoint at all"
+    beside six of them, the last holding the NaN). One cut short is corrupt."""
+    for epoch, source in enumerate(sorted(KERAS_CHECKPOINTS.iterdir()), start=1):
+        shutil.copy2(source, tmp_path / source.name)
+        os.utime(tmp_path / source.name, (1_700_000_000 + 100 * epoch,) * 2)
+    found = scan(tmp_path)
+    assert [(c.path.name, c.step, c.epoch, c.status, c.layout) for c in found] == [
+        (f"model_0{e}.keras", None, e, CheckpointStatus.CLEAN, "keras") for e in (1, 2, 3)
+    ]
+    plan = plan_rollback(tmp_path, Onset(step=70, time=1_700_000_250))
+    assert plan.restore is not None and plan.restore.path.name == "model_02.keras"
+    assert [c.path.name for c in plan.quarantine] == ["model_03.keras"]
+    data = (KERAS_CHECKPOINTS / "model_01.keras").read_bytes()
+    (tmp_path / "model_01.keras").write_bytes(data[: len(data) // 2])
+    assert {c.path.name: c.status for c in scan(tmp_path)}[
+        "model_01.keras"
+    ] is CheckpointStatus.CORRUPT
