@@ -310,3 +310,16 @@ def test_progress_bar_steps_are_progress_for_stall(
         feed(eng, f"  1%|▏   | {step}/200 [00:01<00:19,  1.00it/s]", at=T0 + second)
         alerts += eng.tick(T0 + second)
     assert [a.severity for a in alerts] == expected
+
+
+def test_the_engine_says_when_it_first_saw_each_step() -> None:
+    """What a rollback placing checkpoints by time reads of the last healthy value: when
+    its step was first seen, not when a later line was."""
+    from sentinel.config import Settings
+    from sentinel.engine.core import Engine, build_detectors
+    from sentinel.parsing import LineParser
+
+    engine = Engine(build_detectors(Settings()), LineParser())
+    for index, step in enumerate((10, 20, 20, 30)):
+        engine.feed_texts("train.log", [f'{{"step": {step}, "loss": 1.0}}'], 100.0 + index)
+    assert [engine.seen_at(step) for step in (10, 20, 30, 40)] == [100.0, 101.0, 103.0, None]

@@ -387,6 +387,7 @@ class BlockFeeder:
         top = block.step_range()[1]
         if position.current_step is None or top > position.current_step:
             position.current_step = top
+            position.note_seen(top, block.clock[-1])
         count = len(steps)
         stats = self.parser.stats
         stats.lines += count

@@ -208,6 +208,10 @@ class Engine:
         while len(kept) > RECENT_KEPT_ALERTS:
             del kept[next(iter(kept))]
 
+    def seen_at(self, step: int) -> float | None:
+        """When the run's ``step`` was first seen (``RunPosition.seen_at``)."""
+        return self.position.seen_at(step)
+
     def recent_for(self, alert: Alert, per_metric: int) -> dict[str, list[Sample]]:
         """What a diagnosis of ``alert`` reads: each metric's last ``per_metric`` samples up
         to its step, as they were when it was raised (``recent_at`` now, for an alert no

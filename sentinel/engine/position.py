@@ -6,6 +6,8 @@ feeding the lines one by one would.
 
 from __future__ import annotations
 
+from collections import deque
+
 from sentinel.model.records import PROGRESS, Sample
 
 #: Metrics that mark a line as a training log line (as opposed to an eval line).
@@ -17,6 +19,10 @@ UNCLOCKED = 0.0
 _new_sample = tuple.__new__
 
 
+#: Steps whose first sight is kept (``RunPosition.seen``).
+SEEN_KEPT = 512
+
+
 class RunPosition:
     """The run's step and time as the engine has seen them.
 
@@ -25,7 +31,9 @@ class RunPosition:
     that many steps apart, counted from ``start_step``.
     """
 
-    __slots__ = ("current_step", "data_clock", "data_time", "logged", "logging_steps", "start_step")
+    __slots__ = (
+        "current_step", "data_clock", "data_time", "logged", "logging_steps", "seen", "start_step",
+    )  # fmt: skip
 
     def __init__(self, *, data_clock: bool = False, logging_steps: int | None = None) -> None:
         self.data_clock = data_clock
@@ -37,12 +45,31 @@ class RunPosition:
         self.current_step: int | None = None
         #: The data's own newest timestamp (replay's clock).
         self.data_time: float | None = None
+        #: When each of the latest steps was first seen (``note_seen``), oldest first.
+        self.seen: deque[tuple[int, float]] = deque(maxlen=SEEN_KEPT)
+
+    def note_seen(self, step: int, now: float) -> None:
+        """The run reached ``step`` at ``now`` (the caller's clock, or the data's)."""
+        self.seen.append((step, now))
+
+    def seen_at(self, step: int) -> float | None:
+        """When ``step`` was first seen, where it still is among the latest kept; None
+        otherwise. What a rollback that places checkpoints by time needs of the last
+        healthy value: the time of its line, not of the first bad one."""
+        found = None
+        for seen, at in reversed(self.seen):
+            if seen < step:
+                break
+            if seen == step:
+                found = at
+        return found
 
     def restart(self, start_step: int) -> None:
         """A new attempt: steps start again from its checkpoint."""
         self.start_step = start_step
         self.logged = 0
         self.current_step = None
+        self.seen.clear()
 
     def count_step(self, samples: list[Sample]) -> list[Sample]:
         """Give a step-less line the step its position implies: start + n x logging_steps.

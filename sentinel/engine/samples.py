@@ -78,6 +78,7 @@ class SampleFeeder:
                 sample = _new_sample(Sample, (name, value, current, stamp, None))
             elif current is None or step > current:
                 current = step
+                position.note_seen(step, now)
             metrics += 1
             kept = history.get(name)
             if kept is None:

@@ -23,7 +23,7 @@ The readings follow the field's runbooks:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,19 +123,29 @@ def explain(
     recent: Mapping[str, Sequence[Sample]],
     *,
     samples_per_step: int | None = None,
+    seen_at: Callable[[int], float | None] | None = None,
 ) -> None:
     """Diagnose ``incident`` anew with ``alert`` just folded in; the alert carries it.
     When the reading names a jump of the logged rate, the incident's onset moves back to
-    the last step logged at the old rate (``rate_changed_after``)."""
+    the last step logged at the old rate (``rate_changed_after``); otherwise to just after
+    the last healthy value logged before it (``last_logged_before``), and its onset time to
+    when that value was seen (``seen_at``: the engine's): a checkpoint placed by time
+    (Keras's ``model_06.keras``, whose epoch went NaN but showed it only at its end) is
+    after the onset when written after that value."""
     incident.diagnosis = diagnose(incident, recent, samples_per_step=samples_per_step)
     alert.details["diagnosis"] = incident.diagnosis.to_json()
     changed = rate_changed_after(incident, recent, incident.diagnosis)
-    if changed is not None and (incident.onset_step is None or changed < incident.onset_step):
-        incident.onset_step = changed
-    elif changed is None:
-        healthy = last_logged_before(incident, recent)
-        if healthy is not None and incident.onset_step is not None:
-            incident.onset_step = min(incident.onset_step, healthy + 1)
+    healthy = changed if changed is not None else last_logged_before(incident, recent)
+    if healthy is None:
+        return
+    if changed is not None:
+        if incident.onset_step is None or changed < incident.onset_step:
+            incident.onset_step = changed
+    elif incident.onset_step is not None:
+        incident.onset_step = min(incident.onset_step, healthy + 1)
+    seen = seen_at(healthy) if seen_at is not None else None
+    if seen is not None and seen < incident.onset_time:
+        incident.onset_time = seen
 
 
 def last_logged_before(incident: Incident, recent: Recent) -> int | None:
