@@ -80,7 +80,7 @@ from sentinel.model.records import Alert, Block, Sample, Severity
 from sentinel.rules.base import BaseDetector, MetricNames, MetricRuleConfig, Reading, Recent
 from sentinel.rules.eval_signal import EVAL_METRIC, EvalSignal
 from sentinel.rules.lr_jumps import LrJumps
-from sentinel.rules.noise import bend, robust_sigma, wobble
+from sentinel.rules.noise import bend, how_far_above, robust_sigma, wobble
 from sentinel.rules.series import (
     Rolling,
     Warmup,
@@ -285,15 +285,6 @@ def below_zero_shift(
     the history is flat (no noise: a loss stuck at exactly 0 is ``nan_inf``'s finding)."""
     current = bars(history.values, recent, settings)
     return current if current.noise > 0 and value > current.shift else None
-
-
-def _how_far(value: float, bars_: Bars) -> str:
-    """How far ``value`` is above the level of ``bars_``: a ratio above 0; below it (no
-    ratio means anything), in the run's noise ("robust standard deviations")."""
-    if bars_.level > 0:
-        ratio = value / bars_.level
-        return f"{ratio:.2f}x" if ratio < 1000 else f"{ratio:.3g}x"
-    return f"{(value - bars_.level) / bars_.noise:.0f} noise deviations above"
 
 
 def scant_shift(
@@ -666,8 +657,8 @@ class DivergenceDetector(BaseDetector):
         message = (
             f"{sample.name} {moved} step {shift.onset_step} and has not recovered:"
             f" median {latest:.4g} over the last {min(judged, count)} values"
-            f" ({_how_far(latest, shift.bars)} its level {level:.4g} before the shift{known},"
-            " above"
+            f" ({how_far_above(latest, level, shift.bars.noise)} its level {level:.4g}"
+            f" before the shift{known}, above"
             f" {shift.bars.shift:.4g}) for {count} values"
             f"{' ' + corroboration if corroboration else ''}{act}"
         )

@@ -49,7 +49,7 @@ from sentinel.rules.lr_jumps import (
     before_change,
     unexplained_jump,
 )
-from sentinel.rules.noise import wobble
+from sentinel.rules.noise import how_far_above, wobble
 from sentinel.rules.series import finite_with_steps, sorted_median
 
 
@@ -108,15 +108,6 @@ class Jump:
     noise: float
     since: list[float] = field(default_factory=list)
     acted: bool = False
-
-
-def _above(value: float, jump: Jump) -> str:
-    """How far ``value`` is above the loss's level before ``jump``: a ratio above 0; at or
-    below it, in the noise of the values before."""
-    assert jump.level is not None
-    if jump.level > 0:
-        return f"{value / jump.level:.2f}x"
-    return f"{(value - jump.level) / jump.noise:.0f} noise deviations above"
 
 
 class LrJumpDetector(BaseDetector):
@@ -282,7 +273,7 @@ class LrJumpDetector(BaseDetector):
             f"the learning rate jumped {jump.after / jump.before:.3g}x"
             f"{f' at step {jump.step}' if jump.step is not None else ''}"
             f" and {settings.metric} rose with it: median {latest:.4g} over its last"
-            f" {settings.confirm} values, {_above(latest, jump)} its level"
+            f" {settings.confirm} values, {how_far_above(latest, jump.level, jump.noise)} its level"
             f" {jump.level:.4g} before the jump; rolling back to"
             f" {before_change(jump.changed_after)}"
         )

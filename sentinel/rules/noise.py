@@ -75,3 +75,13 @@ def bend(values: Iterable[float]) -> float:
     middle = sorted_median(bends)
     deviation = sorted_median(sorted(abs(value - middle) for value in bends))
     return MAD_TO_SIGMA * deviation / _SECOND_DIFFERENCE
+
+
+def how_far_above(value: float, level: float, noise: float) -> str:
+    """How far ``value`` is above ``level``, in words: a ratio where the level is above 0
+    (three significant figures from a thousand on); at or below it, where no ratio means
+    anything, in ``noise`` (robust standard deviations of the run)."""
+    if level > 0:
+        ratio = value / level
+        return f"{ratio:.2f}x" if ratio < 1000 else f"{ratio:.3g}x"
+    return f"{(value - level) / noise:.0f} noise deviations above"
