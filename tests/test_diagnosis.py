@@ -421,10 +421,10 @@ def test_the_onset_moves_back_to_just_after_the_last_healthy_value_logged() -> N
             Sample("loss", v, s) for s, v in [(300, 0.5), (310, 0.49), (320, 0.48), (330, NAN)]
         ]
     }
-    explain(incident, nan, recent, seen_at={320: T0 + 200.0}.get)
+    explain(incident, nan, recent, written_after={320: T0 + 200.0}.get)
     assert incident.onset_step == 321
     # A checkpoint placed by time (Keras's model_33.keras) is after the onset when written
-    # after the healthy value's line was seen, not only after the bad one's.
+    # after the healthy value's line may have been, not only after the bad one's.
     assert incident.onset_time == T0 + 200.0
     # Logged every step, the bound is the onset itself.
     nan = alert("nan_inf", Severity.CRITICAL, 321)

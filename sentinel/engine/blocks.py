@@ -385,9 +385,16 @@ class BlockFeeder:
             return alerts  # progress bars alone (HF output): the caller moves the step
         position = self.position
         top = block.step_range()[1]
-        if position.current_step is None or top > position.current_step:
+        current = position.current_step
+        if current is None or top > current:
             position.current_step = top
-            position.note_seen(top, block.clock[-1])
+            # Each new step, as feeding line by line notes it: the last healthy value may
+            # be any line of the block, and on the data's clock each has its own time.
+            clock, note = block.clock, position.note_seen
+            for index, step in enumerate(steps):
+                if current is None or step > current:
+                    current = step
+                    note(step, clock[index])
         count = len(steps)
         stats = self.parser.stats
         stats.lines += count

@@ -105,6 +105,8 @@ class Engine:
         self._facts = RunFacts()
         # Per source: the reader of a structured file (CSV, MLflow...), or None for a log.
         self._readers: dict[str, FileReader | None] = {}
+        #: Each source's latest read (``feed_texts``'s ``now``).
+        self._read_at: dict[str, float] = {}
 
     @property
     def detectors(self) -> list[BaseDetector]:
@@ -162,15 +164,21 @@ class Engine:
         Trainer output replayed before any timestamp goes the same way, its dicts as
         the block's lines and its progress bars beside them (``Block.progress``).
         """
+        position = self.position
+        position.read_since = self._read_at.get(source)
+        self._read_at[source] = now
         parser = self.parser
-        if (
-            self.blocks
-            and len(texts) >= BLOCK_MIN_LINES
-            and (parser.reads_json_blocks or parser.reads_hf_blocks)
-            and self._reader(source) is None
-        ):
-            return self._blocks.feed(source, texts, now)
-        return self._blocks.feed_each(source, texts, now)
+        try:
+            if (
+                self.blocks
+                and len(texts) >= BLOCK_MIN_LINES
+                and (parser.reads_json_blocks or parser.reads_hf_blocks)
+                and self._reader(source) is None
+            ):
+                return self._blocks.feed(source, texts, now)
+            return self._blocks.feed_each(source, texts, now)
+        finally:
+            position.read_since = None
 
     def open_source(self, source: str, reader: FileReader | None) -> None:
         """Read the lines of ``source`` with ``reader`` (None: a plain log, line by line):
@@ -208,9 +216,10 @@ class Engine:
         while len(kept) > RECENT_KEPT_ALERTS:
             del kept[next(iter(kept))]
 
-    def seen_at(self, step: int) -> float | None:
-        """When the run's ``step`` was first seen (``RunPosition.seen_at``)."""
-        return self.position.seen_at(step)
+    def written_after(self, step: int) -> float | None:
+        """A time before which the run's ``step`` was not logged yet
+        (``RunPosition.written_after``)."""
+        return self.position.written_after(step)
 
     def recent_for(self, alert: Alert, per_metric: int) -> dict[str, list[Sample]]:
         """What a diagnosis of ``alert`` reads: each metric's last ``per_metric`` samples up

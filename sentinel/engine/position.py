@@ -32,7 +32,8 @@ class RunPosition:
     """
 
     __slots__ = (
-        "current_step", "data_clock", "data_time", "logged", "logging_steps", "seen", "start_step",
+        "current_step", "data_clock", "data_time", "logged", "logging_steps", "read_since", "seen",
+        "start_step",
     )  # fmt: skip
 
     def __init__(self, *, data_clock: bool = False, logging_steps: int | None = None) -> None:
@@ -45,17 +46,26 @@ class RunPosition:
         self.current_step: int | None = None
         #: The data's own newest timestamp (replay's clock).
         self.data_time: float | None = None
-        #: When each of the latest steps was first seen (``note_seen``), oldest first.
+        #: The caller's previous read of the lines being fed (``Engine.feed_texts``): they
+        #: were not there yet then. None before a source's first read, and with the data's clock.
+        self.read_since: float | None = None
+        #: When each of the latest steps was written at the earliest (``note_seen``), oldest first.
         self.seen: deque[tuple[int, float]] = deque(maxlen=SEEN_KEPT)
 
     def note_seen(self, step: int, now: float) -> None:
-        """The run reached ``step`` at ``now`` (the caller's clock, or the data's)."""
-        self.seen.append((step, now))
+        """The run reached ``step``, whose line was read at ``now`` (the caller's clock) or
+        stamped ``now`` (the data's): it was written after ``read_since``, else at ``now``."""
+        since = self.read_since
+        self.seen.append((step, now if since is None or self.data_clock else since))
 
-    def seen_at(self, step: int) -> float | None:
-        """When ``step`` was first seen, where it still is among the latest kept; None
-        otherwise. What a rollback that places checkpoints by time needs of the last
-        healthy value: the time of its line, not of the first bad one."""
+    def written_after(self, step: int) -> float | None:
+        """A time before which ``step``'s line was not written yet: the read before the one
+        that found it (its own timestamp, with the data's clock), where the step is still
+        among the latest kept; None otherwise. What a rollback that places checkpoints by
+        time needs of the last healthy value. Not when its line was read: a save between
+        it and the first bad value, read together with both, was written before that
+        (accelerate's ``checkpoint_6``, of step 35, holding the NaN of step 33, sat
+        before an onset time taken from the read of step 30 and was resumed)."""
         found = None
         for seen, at in reversed(self.seen):
             if seen < step:

@@ -137,7 +137,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
                     alert,
                     engine.recent_for(alert, DIAGNOSIS_SAMPLES),
                     samples_per_step=engine.facts.samples_per_step,
-                    seen_at=engine.seen_at,
+                    written_after=engine.written_after,
                 )
             result.alerts.append(alert)
             if alert.resolves:

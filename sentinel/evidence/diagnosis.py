@@ -123,15 +123,15 @@ def explain(
     recent: Mapping[str, Sequence[Sample]],
     *,
     samples_per_step: int | None = None,
-    seen_at: Callable[[int], float | None] | None = None,
+    written_after: Callable[[int], float | None] | None = None,
 ) -> None:
     """Diagnose ``incident`` anew with ``alert`` just folded in; the alert carries it.
     When the reading names a jump of the logged rate, the incident's onset moves back to
     the last step logged at the old rate (``rate_changed_after``); otherwise to just after
     the last healthy value logged before it (``last_logged_before``), and its onset time to
-    when that value was seen (``seen_at``: the engine's): a checkpoint placed by time
-    (Keras's ``model_06.keras``, whose epoch went NaN but showed it only at its end) is
-    after the onset when written after that value."""
+    a time before which that value was not logged yet (``written_after``: the engine's): a
+    checkpoint placed by time (Keras's ``model_06.keras``, whose epoch went NaN but showed
+    it only at its end) is after the onset when written after that value's line may have been."""
     incident.diagnosis = diagnose(incident, recent, samples_per_step=samples_per_step)
     alert.details["diagnosis"] = incident.diagnosis.to_json()
     changed = rate_changed_after(incident, recent, incident.diagnosis)
@@ -143,7 +143,7 @@ def explain(
             incident.onset_step = changed
     elif incident.onset_step is not None:
         incident.onset_step = min(incident.onset_step, healthy + 1)
-    seen = seen_at(healthy) if seen_at is not None else None
+    seen = written_after(healthy) if written_after is not None else None
     if seen is not None and seen < incident.onset_time:
         incident.onset_time = seen
 

@@ -166,7 +166,7 @@ class Watch:
                     alert,
                     self.engine.recent_for(alert, DIAGNOSIS_SAMPLES),
                     samples_per_step=self.engine.facts.samples_per_step,
-                    seen_at=self.engine.seen_at,
+                    written_after=self.engine.written_after,
                 )
             self.safely("the alert journal", self.journal.append, alert)
             level = _LEVELS[alert.severity]
