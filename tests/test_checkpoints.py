@@ -733,3 +733,24 @@ def test_accelerates_checkpoint_folders_count_saves_and_are_placed_by_time(tmp_p
     assert found["checkpoint_0"].status == "clean"
     assert {found["checkpoint_1"].status, found["checkpoint_2"].status} == {"after_onset"}
     assert last_clean(list(found.values()), onset).path.name == "checkpoint_0"
+
+
+def test_sentinels_own_folders_are_beside_a_dir_accelerate_lists_whole(tmp_path: Path) -> None:
+    """accelerate's automatic naming sorts every entry of ``checkpoints/`` by the number in
+    its name (a ``quarantine/`` there made its ``load_state()`` fail): sentinel's folders are
+    beside such a dir, and stay there once made; any other dir holds its own."""
+    from sentinel.checkpoints.scan import own_root
+
+    hf = tmp_path / "out"
+    write_hf_checkpoint(hf / "checkpoint-10")
+    assert own_root(hf) == hf
+    saves = tmp_path / "project" / "checkpoints"
+    (saves / "checkpoint_0").mkdir(parents=True)
+    assert own_root(saves) == saves  # no random_states_*.pkl: not accelerate's
+    (saves / "checkpoint_0" / "random_states_0.pkl").write_bytes(b"\x80\x04N.")
+    beside = tmp_path / "project" / "checkpoints.sentinel"
+    assert own_root(saves) == beside
+    beside.mkdir()
+    shutil.rmtree(saves / "checkpoint_0")  # a rollback set every one aside
+    assert own_root(saves) == beside
+    assert scan(tmp_path / "project") == []  # checkpoints.sentinel is no checkpoint

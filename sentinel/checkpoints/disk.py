@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sentinel.checkpoints.keep import KEPT_DIR
-from sentinel.checkpoints.scan import QUARANTINE_DIR
+from sentinel.checkpoints.scan import QUARANTINE_DIR, own_root
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,9 @@ class _Inode:
 def disk_use(directory: Path) -> DiskUse:
     """Measure ``directory``'s quarantine and kept copies (zero where they do not exist)."""
     root = Path(os.path.abspath(directory))
+    own = own_root(root)
     inodes: dict[tuple[int, int], _Inode] = {}
-    for folder, quarantined in ((root / QUARANTINE_DIR, True), (root / KEPT_DIR, False)):
+    for folder, quarantined in ((own / QUARANTINE_DIR, True), (own / KEPT_DIR, False)):
         for path in _files(folder):
             try:
                 stat = os.lstat(path)

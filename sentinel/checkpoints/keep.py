@@ -63,7 +63,7 @@ from sentinel.checkpoints.layouts import (
     judge_file,
 )
 from sentinel.checkpoints.names import checkpoint_suffix, is_in_progress, is_shard, position_of
-from sentinel.checkpoints.scan import QUARANTINE_DIR, Onset
+from sentinel.checkpoints.scan import QUARANTINE_DIR, Onset, own_root
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def kept_versions(directory: Path, name: str | None = None) -> list[KeptVersion]
     Only finished versions count: a staging folder or a sidecar that does not parse is
     skipped. A missing directory gives an empty list.
     """
-    root = Path(os.path.abspath(directory)) / KEPT_DIR
+    root = own_root(directory) / KEPT_DIR
     names = [name] if name is not None else _listdir(root)
     found: list[KeptVersion] = []
     for file_name in names:
@@ -403,7 +403,7 @@ class Keeper:
             " back where the job looks",
             what,
             self.versions_kept,
-            self.directory / KEPT_DIR,
+            own_root(self.directory) / KEPT_DIR,
         )
 
     def _look(
@@ -578,7 +578,7 @@ class Keeper:
 
     def _stepped_staging(self, name: str) -> Path:
         """Where a checkpoint named by its step is staged: it is kept once (number 1)."""
-        return self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{1:06d}"
+        return own_root(self.directory) / KEPT_DIR / name / f"{_STAGING_PREFIX}{1:06d}"
 
     def _stage_now(self, path: Path) -> bool:
         """Link a checkpoint named by its step as it is now, in the look itself (a link per
@@ -657,7 +657,7 @@ class Keeper:
         return sorted(_relative_files(self.directory / newest) - _relative_files(staged))
 
     def _staging(self, name: str, number: int) -> Path:
-        staging = self.directory / KEPT_DIR / name / f"{_STAGING_PREFIX}{number:06d}"
+        staging = own_root(self.directory) / KEPT_DIR / name / f"{_STAGING_PREFIX}{number:06d}"
         if staging.exists():
             shutil.rmtree(staging)  # a staging folder of ours left by a crash
         staging.mkdir(parents=True)

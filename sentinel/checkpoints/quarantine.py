@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.checkpoints.cross_device import move_across
-from sentinel.checkpoints.scan import QUARANTINE_DIR
+from sentinel.checkpoints.scan import QUARANTINE_DIR, own_root
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def fresh_label(directory: Path, label: str) -> str:
     of their own, so that each folder's manifest records one onset.
     """
     base = sanitize_label(label)
-    parent = Path(directory) / QUARANTINE_DIR
+    parent = own_root(directory) / QUARANTINE_DIR
     candidate, n = base, 1
     while os.path.lexists(parent / candidate):
         n += 1
@@ -48,17 +48,18 @@ def fresh_label(directory: Path, label: str) -> str:
     return candidate
 
 
-def make_folder(target_dir: Path) -> None:
-    """Make the quarantine folder ``target_dir`` (and ``quarantine/`` above it) where missing.
+def make_folder(target_dir: Path, directory: Path) -> None:
+    """Make the quarantine folder ``target_dir`` of the checkpoint dir ``directory`` where
+    missing, with ``quarantine/`` above it and that one's own root (:func:`own_root`).
 
     Each folder made takes the checkpoint dir's owner and mode (``like_checkpoint_dir``).
     """
-    for folder in (target_dir.parent, target_dir):
+    for folder in (target_dir.parent.parent, target_dir.parent, target_dir):
         try:
             os.mkdir(folder)
         except FileExistsError:
             continue
-        like_checkpoint_dir(folder, target_dir.parent.parent)
+        like_checkpoint_dir(folder, directory)
 
 
 def like_checkpoint_dir(path: Path, directory: Path) -> None:

@@ -29,7 +29,7 @@ from sentinel.checkpoints.cross_device import move_across
 from sentinel.checkpoints.pointer_find import Form, read_pointer
 from sentinel.checkpoints.pointers import PointerChange
 from sentinel.checkpoints.quarantine import MANIFEST, read_manifest
-from sentinel.checkpoints.scan import QUARANTINE_DIR, checkpoint_folders
+from sentinel.checkpoints.scan import QUARANTINE_DIR, checkpoint_folders, own_root
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def find_quarantine(directory: Path, incident: str) -> Path:
 
     ``incident`` may also be the folder's path, as the rollback message prints it.
     """
-    root = Path(os.path.abspath(directory)) / QUARANTINE_DIR
+    root = own_root(directory) / QUARANTINE_DIR
     if os.path.islink(root):
         raise RestoreRefused(f"{root} is a symbolic link, not sentinel's quarantine: nothing moved")
     incident = Path(incident).name if os.sep in incident else incident  # the folder, pasted

@@ -61,6 +61,7 @@ from sentinel.checkpoints.scan import (
     CheckpointStatus,
     Onset,
     last_clean,
+    own_root,
     scan,
 )
 
@@ -198,7 +199,7 @@ def apply_rollback(
     that vanished since the scan is logged and skipped; any other ``OSError`` propagates,
     so the caller does not restart over a half-done rollback.
     """
-    target_dir = Path(os.path.abspath(directory)) / QUARANTINE_DIR / sanitize_label(label)
+    target_dir = own_root(directory) / QUARANTINE_DIR / sanitize_label(label)
     # A last.ckpt copy is set aside by its rewrite, so that its name is never absent.
     by_rewrite = {
         r.pointer.path
@@ -212,7 +213,7 @@ def apply_rollback(
     moved: list[Path] = []
     if not to_move and not plan.rewrites and plan.put_back is None:
         return moved
-    manifest = _Manifest(target_dir, label, plan)
+    manifest = _Manifest(target_dir, label, plan, Path(os.path.abspath(directory)))
     planned = []
     for checkpoint in to_move:
         destination = free_destination(target_dir, checkpoint.path.name, taken)
@@ -366,9 +367,10 @@ class _Manifest:
     """A quarantine folder's manifest as a rollback writes it: the plan first, then each
     step as it is done, every write a synced temp file renamed over the last."""
 
-    def __init__(self, target_dir: Path, label: str, plan: RollbackPlan) -> None:
+    def __init__(self, target_dir: Path, label: str, plan: RollbackPlan, directory: Path) -> None:
         self.folder = target_dir
-        make_folder(target_dir)
+        self.directory = directory
+        make_folder(target_dir, directory)
         # A label used twice (a rollback taken up after a sentinel died) adds to its record.
         self.data = read_manifest(target_dir) or {
             "label": label,
@@ -429,10 +431,9 @@ class _Manifest:
     def _write(self) -> None:
         self.data["time"] = time.time()
         text = json.dumps(self.data, indent=2) + "\n"
-        checkpoint_dir = self.folder.parent.parent
 
         def create(temp: Path) -> None:
             atomic.new_file(temp, text, 0o644)
-            like_checkpoint_dir(temp, checkpoint_dir)
+            like_checkpoint_dir(temp, self.directory)
 
         atomic.replace(self.folder / MANIFEST, create)

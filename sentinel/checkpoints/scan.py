@@ -59,6 +59,7 @@ __all__ = [
     "check_weights",
     "checkpoint_folders",
     "last_clean",
+    "own_root",
     "scan",
     "step_of",
 ]
@@ -66,6 +67,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 QUARANTINE_DIR = "quarantine"
+#: The folder beside a checkpoint dir that holds sentinel's own folders where the dir cannot.
+OWN_SUFFIX = ".sentinel"
 #: Where Lightning's ``ModelCheckpoint`` saves by default, in each logger version's folder.
 LIGHTNING_CHECKPOINTS = "checkpoints"
 # TensorBoardLogger and CSVLogger: version_<N>, N one more than the highest there at each start.
@@ -173,6 +176,55 @@ def checkpoint_folders(directory: Path) -> list[Path]:
     return [root, *(folder for _, folder in sorted(versions))]
 
 
+def own_root(directory: Path) -> Path:
+    """Where sentinel's own folders (``quarantine/``, ``.sentinel-kept/``) are for the
+    checkpoint dir ``directory``: in it, or beside it in ``<dir>.sentinel/``.
+
+    In it, where every framework resumes by the names it knows and passes over any other.
+    Beside it where the framework takes every entry for a checkpoint of its own: accelerate's
+    automatic checkpoint naming sorts all of ``checkpoints/`` by the number in each name,
+    and a ``quarantine/`` or ``.sentinel-kept/`` there crashed the job's next ``save_state``
+    (with ``total_limit``) and ``load_state()`` on an IndexError. Once ``<dir>.sentinel/``
+    exists it is the place whatever the dir holds (a rollback may have moved out every
+    checkpoint). Not where ``directory`` is a mount point: a kept version is a hard link,
+    which cannot cross it, so the folders stay in it and a warning says what that breaks.
+    """
+    directory = Path(os.path.abspath(directory))
+    beside = directory.with_name(directory.name + OWN_SUFFIX)
+    if os.path.isdir(beside):
+        return beside
+    if not _counts_saves_inside(directory):
+        return directory
+    try:
+        mounted = os.stat(directory).st_dev != os.stat(directory.parent).st_dev
+    except OSError:
+        mounted = True  # cannot tell: stay where sentinel's folders always were
+    if mounted:
+        _warn_mounted(directory)
+        return directory
+    return beside
+
+
+def _counts_saves_inside(directory: Path) -> bool:
+    """Whether ``directory`` holds accelerate's ``checkpoint_<i>`` folders."""
+    try:
+        with os.scandir(directory) as entries:
+            return any(entry.is_dir() and counts_saves(Path(entry.path)) for entry in entries)
+    except OSError:
+        return False
+
+
+@functools.cache
+def _warn_mounted(directory: Path) -> None:
+    log.warning(
+        "%s is a mount point and holds accelerate's checkpoint_<i> folders: sentinel's"
+        " quarantine/ and .sentinel-kept/ must stay in it, where accelerate's load_state()"
+        " and save_state(total_limit) take them for checkpoints and fail; mount the folder"
+        " above it instead",
+        directory,
+    )
+
+
 def _scan_folder(root: Path, onset: Onset, linked: Collection[Path]) -> list[Checkpoint]:
     """The checkpoints directly inside ``root``, unsorted; a link to a checkpoint in one of
     the ``linked`` folders is not one."""
@@ -222,7 +274,7 @@ def elsewhere(directory: Path, limit: int = 3) -> list[Path]:
         except OSError:
             inner = []
         for candidate in (folder, *inner):
-            if candidate.name == QUARANTINE_DIR or looked >= ELSEWHERE_FOLDERS:
+            if _sentinels_own(candidate.name) or looked >= ELSEWHERE_FOLDERS:
                 continue
             looked += 1
             if scan(candidate):
@@ -231,6 +283,10 @@ def elsewhere(directory: Path, limit: int = 3) -> list[Path]:
         if len(found) >= limit:
             break
     return found
+
+
+def _sentinels_own(name: str) -> bool:
+    return name == QUARANTINE_DIR or name.startswith(".") or name.endswith(OWN_SUFFIX)
 
 
 class EmptyDir:
