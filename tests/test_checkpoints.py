@@ -733,6 +733,18 @@ def test_accelerates_checkpoint_folders_count_saves_and_are_placed_by_time(tmp_p
     assert found["checkpoint_0"].status == "clean"
     assert {found["checkpoint_1"].status, found["checkpoint_2"].status} == {"after_onset"}
     assert last_clean(list(found.values()), onset).path.name == "checkpoint_0"
+    assert {c.layout for c in found.values()} == {"accelerate"}
+    # A save the stop cut short: its weights, not yet its random states. Read by its name
+    # it was step 3, before an onset at step 100, and was resumed (FileNotFoundError on
+    # its optimizer.bin, three times, then a give-up).
+    cut = folder / "checkpoint_3"
+    cut.mkdir()
+    shutil.copy(folder / "checkpoint_2" / "model.safetensors", cut)
+    later = Onset(step=100, time=time.time() + 60)
+    found = {c.path.name: c for c in scan(folder, onset=later)}
+    assert (found["checkpoint_3"].step, found["checkpoint_3"].status) == (None, "incomplete")
+    assert "random_states" in found["checkpoint_3"].reason
+    assert last_clean(list(found.values()), later).path.name == "checkpoint_2"
 
 
 def test_sentinels_own_folders_are_beside_a_dir_accelerate_lists_whole(tmp_path: Path) -> None:

@@ -63,6 +63,21 @@ def check_weights(path: Path) -> str:
     return ""
 
 
+def says_whole(path: Path) -> bool:
+    """Whether a weights file's own format says it is whole: a torch zip whose end record
+    is at its end, a safetensors file exactly as long as its header says. A legacy pickle
+    or a format sentinel does not know cannot say (False), nor can a file it cannot read."""
+    try:
+        if check_weights(path):
+            return False
+        if checkpoint_suffix(path.name) == SAFETENSORS_SUFFIX:
+            return True
+        with path.open("rb") as handle:
+            return handle.read(2) == b"PK"
+    except OSError:
+        return False
+
+
 def read_content(path: Path) -> Content:
     """Return the step, epoch and top-level keys a weights file holds, as far as readable."""
     if checkpoint_suffix(path.name) == SAFETENSORS_SUFFIX:

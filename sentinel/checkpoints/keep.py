@@ -54,9 +54,10 @@ from sentinel.checkpoints.clone import (
     link_or_clone,
     reflink,
 )
-from sentinel.checkpoints.files import check_weights, read_content
+from sentinel.checkpoints.files import check_weights, read_content, says_whole
 from sentinel.checkpoints.layouts import (
     CheckpointStatus,
+    counts_saves,
     dir_content,
     holds_checkpoint,
     judge_dir,
@@ -71,7 +72,8 @@ KEPT_DIR = ".sentinel-kept"
 SIDECAR = "kept.json"
 DEFAULT_MAX_BYTES = 4 * 1024**3
 DEFAULT_VERSIONS = 2
-#: A version is complete once its size and mtime held this long (two looks apart).
+#: A version is complete once its size and mtime held this long (two looks apart), or at
+#: the second look that finds it unchanged where its format says it is whole.
 SETTLE_S = 2.0
 
 _STAGING_PREFIX = ".staging-"
@@ -433,8 +435,12 @@ class Keeper:
             if stepped and self._stage and tracked.handled is None:
                 tracked.staged = self._stage_now(path) or tracked.staged
             return
-        if now - tracked.seen_since < self.settle_s:
-            return  # unchanged at two looks, but not for long enough: the write may go on
+        if now - tracked.seen_since < self.settle_s and (stepped or not says_whole(path)):
+            # Unchanged at two looks, but not for long enough: the write may go on. A file
+            # whose format ends where it says (torch's zip end record, a safetensors length)
+            # is whole now: nanoGPT's ckpt.pt rewritten every 1.3 s never held 2 s, so no
+            # version was kept and a NaN left nothing clean to resume.
+            return
         self._handled(tracked, seen, stepped=stepped)
         self._submit(_Job(path, seen, link_ok and tracked.replaces_by_rename, stepped))
 
@@ -571,6 +577,8 @@ class Keeper:
             return
         position = position_of(job.path.name)
         step, epoch = position.step, position.epoch
+        if counts_saves(job.path) or counts_saves(kept):
+            step = None  # accelerate's checkpoint_<i>: the i-th save, placed by its time
         if step is None and epoch is None:
             step, epoch = _content_position(kept)
         self._commit(staging, job, number, method, (step, epoch), inode)

@@ -118,19 +118,49 @@ def holds_checkpoint(path: Path) -> bool:
 #: accelerate's ``save_state`` with ``automatic_checkpoint_naming``: ``checkpoint_<i>`` folders
 #: numbered by save (0, 1, 2...), never by step, each with the random states of its processes.
 ACCELERATE_SAVES = re.compile(r"checkpoint_\d+")
+#: What accelerate's ``save_state`` writes last but for the objects registered for it.
+RANDOM_STATES = "random_states_"
+
+
+#: Folders beside one that ``counts_saves`` looks into at most.
+SAVES_LOOKED = 4
 
 
 def counts_saves(path: Path) -> bool:
     """Whether the number in a checkpoint folder's name counts saves, not steps: accelerate's
-    ``checkpoint_<i>`` holding its ``random_states_<rank>.pkl``. Read as a step, save 7 (step
-    200 of a run that saves every 25) sorted before an onset at step 100 and was resumed."""
+    ``checkpoint_<i>`` holding its ``random_states_<rank>.pkl``, or, a save cut short before
+    that file, beside such folders. Read as a step, save 7 (step 200 of a run that saves
+    every 25) sorted before an onset at step 100 and was resumed; so was one the stop cut
+    short, with no ``random_states`` yet to tell it by."""
     if ACCELERATE_SAVES.fullmatch(path.name) is None:
         return False
+    return holds_random_states(path) or _beside_saves(path)
+
+
+def holds_random_states(path: Path) -> bool:
+    """Whether ``path`` holds accelerate's ``random_states_<rank>.pkl`` (its saves all do)."""
     try:
         with os.scandir(path) as entries:
-            return any(entry.name.startswith("random_states_") for entry in entries)
+            return any(entry.name.startswith(RANDOM_STATES) for entry in entries)
     except OSError:
         return False
+
+
+def _beside_saves(path: Path) -> bool:
+    looked = 0
+    try:
+        with os.scandir(path.parent) as entries:
+            for entry in entries:
+                if entry.name == path.name or not ACCELERATE_SAVES.fullmatch(entry.name):
+                    continue
+                if holds_random_states(Path(entry.path)):
+                    return True
+                looked += 1
+                if looked >= SAVES_LOOKED:
+                    return False
+    except OSError:
+        return False
+    return False
 
 
 def layout_of(path: Path) -> str:
@@ -212,6 +242,8 @@ def dir_content(path: Path) -> Content:
 def _layout(path: Path) -> str:
     with os.scandir(path) as entries:
         names = {entry.name for entry in entries}
+    if counts_saves(path):
+        return "accelerate"
     if DCP_METADATA in names or any(n.endswith(DCP_SUFFIX) for n in names):
         return "dcp"
     if _is_hf_trainer(path, names):
@@ -380,7 +412,22 @@ def _dcp_file(file: Path, relative: str, items: list[tuple[int, int, bool]]) -> 
     return None
 
 
-_LAYOUT_RULES = {"hf": _hf_rules, "deepspeed": _deepspeed_rules, "dcp": _dcp_rules}
+def _accelerate_rules(path: Path) -> _Finding | None:
+    if holds_random_states(path):
+        return None
+    return (
+        CheckpointStatus.INCOMPLETE,
+        f"no {RANDOM_STATES}<rank>.pkl: accelerate's save_state writes it last, so this save"
+        " was cut short",
+    )
+
+
+_LAYOUT_RULES = {
+    "hf": _hf_rules,
+    "deepspeed": _deepspeed_rules,
+    "dcp": _dcp_rules,
+    "accelerate": _accelerate_rules,
+}
 
 
 def _shard_names(index_path: Path) -> list[str] | None:

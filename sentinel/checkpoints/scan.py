@@ -30,10 +30,12 @@ from pathlib import Path
 
 from sentinel.checkpoints.files import Content, check_weights, read_content
 from sentinel.checkpoints.layouts import (
+    ACCELERATE_SAVES,
     CheckpointStatus,
     counts_saves,
     dir_content,
     holds_checkpoint,
+    holds_random_states,
     judge_dir,
     judge_file,
     layout_of,
@@ -209,7 +211,12 @@ def _counts_saves_inside(directory: Path) -> bool:
     """Whether ``directory`` holds accelerate's ``checkpoint_<i>`` folders."""
     try:
         with os.scandir(directory) as entries:
-            return any(entry.is_dir() and counts_saves(Path(entry.path)) for entry in entries)
+            return any(
+                entry.is_dir()
+                and ACCELERATE_SAVES.fullmatch(entry.name) is not None
+                and holds_random_states(Path(entry.path))
+                for entry in entries
+            )
     except OSError:
         return False
 
