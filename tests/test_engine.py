@@ -315,25 +315,29 @@ def test_progress_bar_steps_are_progress_for_stall(
 @pytest.mark.parametrize("lines_per_read", [1, 40])  # 40: the block path
 def test_the_engine_says_since_when_each_step_may_have_been_logged(lines_per_read: int) -> None:
     """What a rollback placing checkpoints by time reads of the last healthy value: a time
-    before which its line was not there yet, the read of its source before the one that
-    found it. Not when it was read: a save written after it and read with it (with the
-    first bad value after the save) would sit before the onset."""
+    before which its line was not there yet: the start of the window of the read that found
+    it (0.27 s before it is handed on), or the read of its source before that one where
+    later. Not when it was read: a save written after it and read with it (with the first
+    bad value after the save) would sit before the onset. Nor the source's read before,
+    which for a log line every minute is a minute early."""
     from sentinel.config import Settings
-    from sentinel.engine.core import Engine, build_detectors
+    from sentinel.engine.core import READ_WINDOW_S, Engine, build_detectors
     from sentinel.parsing import LineParser
 
     engine = Engine(build_detectors(Settings()), LineParser())
     step = 0
-    for at in (100.0, 101.0, 102.0, 103.0):
+    reads = (100.0, 160.0, 160.1, 220.0)
+    for at in reads:
         lines = []
         for _ in range(lines_per_read):
             step += 10
             lines.append(f'{{"step": {step}, "loss": 1.0}}')
         engine.feed_texts("train.log", lines, at)
-        engine.feed_texts("other.log", ['{"acc": 0.5}'], at + 0.5)  # another source's reads
+        engine.feed_texts("other.log", ['{"acc": 0.5}'], at + 0.05)  # another source's reads
     last_of = [lines_per_read * 10 * n for n in (1, 2, 3, 4)]
     first_of = [s - (lines_per_read - 1) * 10 for s in last_of]
-    # The first read has no read before it: its own time is all there is.
-    assert [engine.written_after(s) for s in first_of] == [100.0, 100.0, 101.0, 102.0]
-    assert [engine.written_after(s) for s in last_of] == [100.0, 100.0, 101.0, 102.0]
+    # 160.1 comes within the window of 160.0: nothing it holds was there at 160.0.
+    expected = [100.0 - READ_WINDOW_S, 160.0 - READ_WINDOW_S, 160.0, 220.0 - READ_WINDOW_S]
+    assert [engine.written_after(s) for s in first_of] == pytest.approx(expected)
+    assert [engine.written_after(s) for s in last_of] == pytest.approx(expected)
     assert engine.written_after(last_of[-1] + 10) is None

@@ -38,6 +38,9 @@ __all__ = ["HISTORY_LEN", "Engine", "build_detectors"]
 _UNSEEN = object()
 #: Alerts whose history is kept for their diagnosis (``recent_for``), newest last.
 RECENT_KEPT_ALERTS = 256
+#: How long before it is handed on a line may have been read: the readers' gathering window
+#: (``tail.batch_s``, 0.25 s) and one look (``tail.look_s``, 0.02 s).
+READ_WINDOW_S = 0.27
 
 
 def build_detectors(settings: Settings) -> list[BaseDetector]:
@@ -67,6 +70,7 @@ class Engine:
         data_clock: bool = False,
         logging_steps: int | None = None,
         blocks: bool = True,
+        read_window_s: float = READ_WINDOW_S,
     ) -> None:
         self.routes = Routes(detectors)
         for detector in self.routes.detectors:
@@ -107,6 +111,8 @@ class Engine:
         self._readers: dict[str, FileReader | None] = {}
         #: Each source's latest read (``feed_texts``'s ``now``).
         self._read_at: dict[str, float] = {}
+        #: How long before it is handed on a line may have been read (``read_since``).
+        self.read_window_s = read_window_s
 
     @property
     def detectors(self) -> list[BaseDetector]:
@@ -165,7 +171,9 @@ class Engine:
         the block's lines and its progress bars beside them (``Block.progress``).
         """
         position = self.position
-        position.read_since = self._read_at.get(source)
+        before = self._read_at.get(source)
+        since = now - self.read_window_s
+        position.read_since = since if before is None else max(before, since)
         self._read_at[source] = now
         parser = self.parser
         try:

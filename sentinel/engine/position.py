@@ -46,8 +46,9 @@ class RunPosition:
         self.current_step: int | None = None
         #: The data's own newest timestamp (replay's clock).
         self.data_time: float | None = None
-        #: The caller's previous read of the lines being fed (``Engine.feed_texts``): they
-        #: were not there yet then. None before a source's first read, and with the data's clock.
+        #: A time the lines being fed were not written yet (``Engine.feed_texts``): the
+        #: previous read of their source, or the start of their read's window if later.
+        #: None outside ``feed_texts``.
         self.read_since: float | None = None
         #: When each of the latest steps was written at the earliest (``note_seen``), oldest first.
         self.seen: deque[tuple[int, float]] = deque(maxlen=SEEN_KEPT)
@@ -59,9 +60,10 @@ class RunPosition:
         self.seen.append((step, now if since is None or self.data_clock else since))
 
     def written_after(self, step: int) -> float | None:
-        """A time before which ``step``'s line was not written yet: the read before the one
-        that found it (its own timestamp, with the data's clock), where the step is still
-        among the latest kept; None otherwise. What a rollback that places checkpoints by
+        """A time before which ``step``'s line was not written yet: the start of the window
+        of the read that found it, or the read of its source before that one if later (its
+        own timestamp, with the data's clock), where the step is still among the latest
+        kept; None otherwise. What a rollback that places checkpoints by
         time needs of the last healthy value. Not when its line was read: a save between
         it and the first bad value, read together with both, was written before that
         (accelerate's ``checkpoint_6``, of step 35, holding the NaN of step 33, sat

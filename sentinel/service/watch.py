@@ -335,6 +335,7 @@ class Watch:
                 regexes=settings.parsers.regexes, logging_steps=settings.parsers.logging_steps
             ),
             logging_steps=settings.parsers.logging_steps,
+            read_window_s=settings.tail.batch_s + settings.tail.look_s,
         )
         engine.facts = settings.run_facts()
         return engine
