@@ -432,15 +432,18 @@ class Keeper:
             return
         if seen != tracked.seen:
             tracked.seen, tracked.seen_since = seen, now
-            if stepped and self._stage and tracked.handled is None:
-                tracked.staged = self._stage_now(path) or tracked.staged
-            return
-        if now - tracked.seen_since < self.settle_s and (stepped or not says_whole(path)):
-            # Unchanged at two looks, but not for long enough: the write may go on. A file
-            # whose format ends where it says (torch's zip end record, a safetensors length)
-            # is whole now: nanoGPT's ckpt.pt rewritten every 1.3 s never held 2 s, so no
-            # version was kept and a NaN left nothing clean to resume.
-            return
+            if stepped:
+                if self._stage and tracked.handled is None:
+                    tracked.staged = self._stage_now(path) or tracked.staged
+                return
+            if not says_whole(path):
+                return
+            # A file whose format ends where it says (torch's zip end record, a safetensors
+            # length) is whole now: kept at once. nanoGPT's ckpt.pt rewritten every 0.8 s
+            # never held still between two looks, so no version was kept and a NaN left
+            # nothing clean to resume. A copy the job rewrites meanwhile is dropped.
+        elif now - tracked.seen_since < self.settle_s and (stepped or not says_whole(path)):
+            return  # unchanged at two looks, but not for long enough: the write may go on
         self._handled(tracked, seen, stepped=stepped)
         self._submit(_Job(path, seen, link_ok and tracked.replaces_by_rename, stepped))
 

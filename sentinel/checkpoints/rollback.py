@@ -348,7 +348,8 @@ def _put_back(version: KeptVersion, path: Path) -> bool:
         elif os.path.lexists(temp):
             os.unlink(temp)
         raise
-    log.info("put kept version %d of %s back (step %s)", version.number, path, version.step)
+    at = "" if version.step is None else f" (step {version.step})"
+    log.info("put kept version %d of %s back%s", version.number, path, at)
     return True
 
 
