@@ -32,7 +32,7 @@ from sentinel.model.records import Sample
 from sentinel.parsing.keyvalue import KNOWN_KEYS
 from sentinel.parsing.values import RECORD_STEP_KEYS, as_float, normalise_name
 
-_HEADER_CELL = re.compile(r"[A-Za-z_][\w/.()\-]*")
+_HEADER_CELL = re.compile(r"[A-Za-z_][\w/.()\-:]*")
 _STEP_COLUMNS = frozenset(RECORD_STEP_KEYS)
 #: In a tab-separated header, ``completions / mean_length`` and ``Training Loss``.
 _SLASH = re.compile(r"\s*/\s*")

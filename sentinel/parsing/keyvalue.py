@@ -104,8 +104,10 @@ _QUOTED = re.compile(r"'([^'\s]*)'")
 #: (``step-00000100``), not at the 400th micro-batch of a run accumulating 4.
 _STEP_NAMES = {name: rank for rank, name in enumerate(RECORD_STEP_KEYS)}
 #: A word after a value: prose (``UserWarning: 4 workers``) unless it starts another pair.
+#: A word after a value: prose (``time: 5 seconds``), not the next key (``layer_-1_loss: 0.17``,
+#: whose ``-`` once made ``layer_`` a word and lost the pair before it).
 _WORD_AFTER = re.compile(
-    r"[ \t]+[a-z][a-z_]*\b(?![ \t]*[:=]|[ \t]+(?:[-+]?[\d.]|nan\b|inf))", re.IGNORECASE
+    r"[ \t]+[a-z][\w/.\-]*+(?![ \t]*[:=]|[ \t]+(?:[-+]?[\d.]|nan\b|inf))", re.IGNORECASE
 )
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches", re.IGNORECASE)

@@ -380,6 +380,19 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
         ),
         pytest.param("num_updates 5000 loss nan", [Sample("loss", NAN, 5000)], id="num-updates"),
         pytest.param("updates 12 loss 1.0", [Sample("loss", 1.0, 12)], id="updates"),
+        pytest.param(
+            # mmdet3d BEVFusion: the "-" of the next key made its head a word after the value.
+            "step: 4650  grad_norm: 2.7639  loss: 3.1419  loss_heatmap: 1.1840"
+            "  layer_-1_loss_cls: 0.1752  layer_-1_loss_bbox: 1.7827",
+            [
+                Sample("grad_norm", 2.7639, 4650),
+                Sample("loss", 3.1419, 4650),
+                Sample("loss_heatmap", 1.184, 4650),
+                Sample("layer_-1_loss_cls", 0.1752, 4650),
+                Sample("layer_-1_loss_bbox", 1.7827, 4650),
+            ],
+            id="a-key-with-a-dash-after-a-pair",
+        ),
     ],
 )
 def test_parse_keyvalue(line: str, expected: list[Sample] | None) -> None:
