@@ -424,3 +424,28 @@ def test_a_one_process_jobs_csv_that_differs_from_its_bar_is_no_rank(
     nan = [a for a in result.alerts if a.rule == "nan_inf" and not a.resolves]
     assert nan, result.alerts
     assert {a.details.get("rank") for a in nan} == {None}
+
+
+GRAD_ACCUM = Path(__file__).parent / "fixtures" / "grad_accum" / "train.log"
+
+
+def test_micro_batch_lines_are_no_ranks_and_their_nan_is_the_steps(tmp_path: Path) -> None:
+    """A real run with gradient accumulation printing each micro-batch's loss
+    (``step 315 micro 0..3 loss ...``) before the step's own line (``make_grad_accum.py``):
+    the micro-batches are not four ranks (their noise's order was a critical ``divergence``
+    of "rank 1" while the step's loss was flat), and a micro-batch's NaN is still critical,
+    at its step, with no rank."""
+    healthy = replay([GRAD_ACCUM], Settings())
+    assert [a for a in healthy.alerts if not a.resolves] == []
+    lines = GRAD_ACCUM.read_text().splitlines()
+    poisoned = tmp_path / "train.log"
+    poisoned.write_text(
+        "\n".join(
+            "step 200 micro 2 loss nan scaled nan" if line.startswith("step 200 micro 2 ") else line
+            for line in lines
+        )
+        + "\n"
+    )
+    (nan,) = [a for a in replay([poisoned], Settings()).alerts if not a.resolves]
+    assert (nan.rule, nan.severity, nan.step) == ("nan_inf", "critical", 200)
+    assert nan.message == "micro_loss is nan at step 200"

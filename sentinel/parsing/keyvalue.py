@@ -98,6 +98,15 @@ _LINE_ALIASES = {"losses": "loss", "lm_loss": "loss", "step_loss": "loss", "ep":
 #: after the training one, a GAN's second network) is not a second value of the training
 #: loss, and is read as ``loss#2``.
 _ONCE = frozenset({"loss", "grad_norm", "lr"})
+#: A micro-batch's index (gradient accumulation): the line's loss is that micro-batch's, not
+#: the step's, and is read as ``micro_loss`` (still a loss to ``nan_inf``); the step's own
+#: line is the training loss. A loop printing ``step 315 micro 0..3 loss ...`` before
+#: ``step 315 loss ...`` had its micro-batches taken for four ranks, and the order of their
+#: noise for a critical ``divergence`` of "rank 1" while the step's loss was flat.
+_MICRO_KEYS = frozenset(
+    {"micro", "micro_step", "microstep", "micro_batch", "microbatch", "micro-batch",
+     "micro-step", "accum_step", "accumulation_step"}
+)  # fmt: skip
 _QUOTED = re.compile(r"'([^'\s]*)'")
 #: A line's step names, by how specific each is (``RECORD_STEP_KEYS``' order): LitGPT's
 #: ``iter 400 step 100`` is at step 100, the optimizer's step its checkpoints are named by
@@ -210,11 +219,15 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
     pairs: list[tuple[str, float]] = []
     step: int | None = None
     step_rank = len(_STEP_NAMES)
+    micro = False
     for match in _PAIR.finditer(text):
         key, separator, value = match.group("key", "sep", "value")
         if " " in key or "\t" in key:
             key = _SPACES.sub("_", key)
         lowered = key.lower()
+        if lowered in _MICRO_KEYS:
+            micro = True
+            continue
         # Prose guard: an unknown key needs "=" or ": " (so not "cuda:0", "batch 8"), and
         # after ": " a name that reads as a metric's and no word after its value.
         if lowered not in KNOWN_KEYS and "=" not in separator:
@@ -309,6 +322,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         pairs += [pair for pair in said if pair[0] not in named]
         if step is None:
             step = said_step
+    if micro:
+        pairs = [(f"micro_{name}" if name.startswith("loss") else name, v) for name, v in pairs]
     return pairs, step
 
 

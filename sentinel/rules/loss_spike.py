@@ -22,10 +22,11 @@ One episode of the rule, shared by every watched metric:
 - escalates once to ``sustain_severity`` when ``sustain`` consecutive logged
   values are spikes (``"persistent"``) and the evidence is more than one noisy
   signal: a value of the run beyond ``extreme_factor`` times the highest non-spike
-  value in the noise window, a spike of another metric (``corroborate``, the
-  grad-norm by default) from ``sustain`` values before the onset on, or the eval loss
-  risen at an evaluation since the onset (``eval_signal``). Then the job is
-  stopped and rolled back to before the episode's onset; else it stays a warning;
+  value of its last ``tail_window`` (500: the range the run has shown), a spike of
+  another metric (``corroborate``, the grad-norm by default) from ``sustain`` values
+  before the onset on, or the eval loss risen at an evaluation since the onset
+  (``eval_signal``). Then the job is stopped and rolled back to before the episode's
+  onset; else it stays a warning;
 - resolves after ``resolve_after`` consecutive values under the bar (``"recovered"``),
   so two spikes further apart than that are two episodes;
 - opens without a warning (and resolves without a word) when it is within the run's
@@ -265,6 +266,7 @@ class SpikeSeries:
         "offending",
         "recent",
         "run",
+        "seen",
         "spiked_at",
         "tail",
     )
@@ -277,6 +279,10 @@ class SpikeSeries:
         self.tail: deque[tuple[int, float]] = deque(maxlen=tail_window)
         #: The last non-spike values, whose spread is the run's own noise.
         self.noise = LazyRolling(noise_window)
+        #: The last ``tail_window`` non-spike values: the range the run has shown. A curriculum
+        #: step back up to 2.17 was "far beyond anything the run has shown (0.4244)", the
+        #: highest of the noise's 50, in a run that began at 2.83.
+        self.seen: deque[float] = deque(maxlen=tail_window)
         #: The least finite value of the attempt (the warmup's yardstick).
         self.least = math.inf
         #: The rule's count of judged values when this metric last spiked.
@@ -299,6 +305,7 @@ class SpikeSeries:
         """A value that is no spike: part of the baseline and the noise."""
         self.baseline.add(value)
         self.noise.add(value)
+        self.seen.append(value)
         self.least = min(self.least, value)
 
 
@@ -442,6 +449,7 @@ class SpikeEpisode:
         if series.episode and baseline > 0 and series.spiked_at is not None:
             series.tail.append((series.spiked_at, max(series.episode) / baseline))
         series.noise.extend(series.episode)
+        series.seen.extend(series.episode)
         series.episode.clear()
         if self._still_offending():
             return []
@@ -463,8 +471,8 @@ class SpikeEpisode:
         since the onset (``eval_signal``)."""
         settings = self.settings
         highest = max(value for _, value in series.run)
-        if beyond_seen(highest, series.noise.values, settings.extreme_factor):
-            return f"far beyond anything the run has shown ({max(series.noise.values):.4g})"
+        if beyond_seen(highest, series.seen, settings.extreme_factor):
+            return f"far beyond anything the run has shown ({max(series.seen):.4g})"
         since = self.onset_count - settings.sustain
         for name, other in self.series.items():
             if other is not series and other.spiked_at is not None and other.spiked_at >= since:
@@ -481,6 +489,7 @@ class SpikeEpisode:
         for _, value in series.run:
             series.baseline.add(value)
         series.noise.extend(series.episode)
+        series.seen.extend(series.episode)
         series.episode.clear()
         series.run.clear()
         series.offending = False
@@ -869,4 +878,5 @@ class LossSpikeDetector(BaseDetector):
             series.recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
             series.baseline.extend(values)
             series.noise.extend(values)
+            series.seen.extend(values)
             series.least = min(series.least, *values)

@@ -369,3 +369,24 @@ def test_an_isolated_spike_in_a_run_that_never_strays_warns_every_time() -> None
     values = [*calm, 8.0, *calm, 8.0, *calm, 8.0]
     opened = [a for a in run(values) if not a.resolves]
     assert [a.step for a in opened] == [61, 122, 183]
+
+
+def test_far_beyond_is_beyond_what_the_run_showed_not_its_last_50_values() -> None:
+    """A real curriculum step (``fixtures/make_curriculum.py``): the loss falls from 2.84 to
+    0.3 over 400 steps, jumps back to 2.17 when the data gets harder, and is under 1 again
+    within 4 steps. That is a spike the run's own range holds (it began higher), so a
+    warning: the second signal "far beyond anything the run has shown (0.4244)" had read
+    only the last 50 values, and stopped a healthy job."""
+    import json
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[1] / "fixtures" / "curriculum" / "metrics.jsonl"
+    detector = LossSpikeDetector(LossSpikeConfig())
+    alerts: list[Alert] = []
+    for line in run.read_text().splitlines():
+        record = json.loads(line)
+        sample = Sample("loss", record["loss"], record["step"], record["time"])
+        alerts += detector.observe(sample, "metrics.jsonl", record["time"])
+    opened = [(a.severity, a.step) for a in alerts if not a.resolves]
+    assert opened[0] == (Severity.WARNING, 401), opened
+    assert Severity.CRITICAL not in {severity for severity, _ in opened}

@@ -393,6 +393,16 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             ],
             id="a-key-with-a-dash-after-a-pair",
         ),
+        pytest.param(
+            "step 315 micro 2 loss 0.3259 scaled 0.0815",
+            [Sample("micro_loss", 0.3259, 315)],
+            id="a-micro-batch-loss-is-not-the-steps",
+        ),
+        pytest.param(
+            "step=12 micro_step=3 loss=nan",
+            [Sample("micro_loss", NAN, 12)],
+            id="a-micro-step-key",
+        ),
     ],
 )
 def test_parse_keyvalue(line: str, expected: list[Sample] | None) -> None:
