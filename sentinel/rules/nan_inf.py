@@ -219,6 +219,7 @@ class NanInfDetector(BaseDetector):
         found: list[tuple[int, Alert]] = []
         grads: list[int] = []
         others: list[int] = []
+        unseen: int | None = None  # a metric NaN before it was ever finite
         line_loss: tuple[int | None, float] | None = None
         # A training loss of exactly 0, judged after the line's grad-norm (a non-finite one
         # beside it says more): its index, and the losses before it.
@@ -247,6 +248,13 @@ class NanInfDetector(BaseDetector):
                 found += [(index, alert) for alert in self._critical(sample, source, now)]
             elif kind == "other" and name in self._seen_finite:
                 others.append(index)
+            elif kind == "other" and math.isnan(value) and unseen is None:
+                # NaN from its first value on: no tracker starts there (a best-so-far starts
+                # at inf). A real DPO run's eight rewards, log-probs and logits were NaN
+                # from its first line and raised nothing.
+                unseen = index
+        if unseen is not None and not others:
+            found += [(unseen, alert) for alert in self._warn_metric(samples[unseen], source, now)]
         if len(others) >= TOGETHER:
             found += [(others[0], alert) for alert in self._together(samples, others, source, now)]
         else:

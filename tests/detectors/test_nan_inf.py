@@ -389,6 +389,17 @@ def test_one_metric_alone_or_trackers_that_start_at_inf_only_warn() -> None:
     assert alert.severity is Severity.WARNING
 
 
+def test_metrics_nan_from_their_first_value_warn_once() -> None:
+    """A real DPO run (LLaMA-Factory) logged its rewards, log-probs and logits as NaN from
+    its first line on: no tracker starts at NaN (a best-so-far starts at inf), so it warns,
+    once for the line; its loss was 0.0, not NaN, so nothing stops the job."""
+    detector = NanInfDetector(NanInfConfig())
+    first = {"rewards/chosen": NAN, "rewards/rejected": NAN, "logps/chosen": NAN, "best": INF}
+    (alert,) = _line(detector, 1, first)
+    assert (alert.severity, alert.metric) == (Severity.WARNING, "rewards/chosen")
+    assert _line(detector, 2, first) == []
+
+
 # -- a loss of exactly 0 --------------------------------------------------------------------
 
 
