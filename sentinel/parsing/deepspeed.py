@@ -5,11 +5,12 @@ step 10, and the pairs a script appends to it, ``loss=2.31``), its throughput ti
 ``epoch=0/micro_step=100/global_step=100, ..., CurrSamplesPerSec=12.5`` (``samples_per_sec``
 at step 100) and its fp16 loss-scale messages: ``OVERFLOW! ... Attempted loss scale: 65536,
 reducing to 32768`` is a ``loss_scale`` of 32768, ``... but hysteresis is 2`` keeps the
-attempted scale, ``Current loss scale already at minimum`` is ``loss_scale_at_minimum`` 1
-(the same words from apex and Megatron's optimizers), fairseq's ``overflow detected,
-setting loss scale to: 0.5`` a ``loss_scale`` of 0.5, and apex amp's ``Gradient overflow.
-Skipping step, loss scaler 0 reducing loss scale to 32768.0`` one of 32768. Stateless, one line each
-(``ParseFn``).
+attempted scale, ``Attempted loss scale: 1, reducing to 1`` (the scaler at its floor, the
+step skipped all the same) is also ``loss_scale_at_floor`` 1, ``Current loss scale already
+at minimum`` is ``loss_scale_at_minimum`` 1 (the same words from apex and Megatron's
+optimizers), fairseq's ``overflow detected, setting loss scale to: 0.5`` a ``loss_scale`` of
+0.5, and apex amp's ``Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to
+32768.0`` one of 32768. Stateless, one line each (``ParseFn``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ def parse_deepspeed(text: str) -> list[Sample] | None:
         overflow = _OVERFLOW.search(text)
         if overflow is not None:
             scale = as_float(overflow.group(2) or overflow.group(1) or overflow.group(4))
-            return [] if scale is None else [Sample("loss_scale", scale)]
+            if scale is None:
+                return []
+            tried = as_float(overflow.group(1)) if overflow.group(2) else None
+            if tried is not None and scale >= tried:  # at the floor: the step skipped anyway
+                return [Sample("loss_scale", scale), Sample("loss_scale_at_floor", scale)]
+            return [Sample("loss_scale", scale)]
         if "already at minimum" in text:
             return [Sample("loss_scale_at_minimum", 1.0)]
         return None

@@ -40,6 +40,12 @@ OVERFLOW = re.compile(
     r"\s*(?P<scale>[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)?",
     re.IGNORECASE,
 )
+#: The sample a parser makes of an overflow that could not lower the scale (DeepSpeed's
+#: ``Attempted loss scale: 1, reducing to 1``): its value is the scale.
+AT_FLOOR = "loss_scale_at_floor"
+#: Overflows in a row that could not lower the scale (at the scaler's floor) that collapse
+#: it: no step is applied any more.
+STUCK_OVERFLOWS = 3
 #: A level in a progress line: Megatron's ``loss scale: 65536.0``.
 LEVEL = re.compile(r"loss scale:\s*(?P<scale>\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
 #: Megatron's count of the interval's skipped iterations, on the same line.
@@ -118,6 +124,11 @@ class LossScaleDetector(BaseDetector):
         self._cascade_from: int | None = None
         self._warned = False
         self._critical = False
+        # Overflows in a row that left the scale where it was (at its floor), and the step
+        # of the first of them.
+        self._stuck = 0
+        self._stuck_from: int | None = None
+        self._floor_at: int | None = None  # the step of the last of them
 
     def job_started(self, now: float) -> None:
         self._reset()
@@ -167,6 +178,8 @@ class LossScaleDetector(BaseDetector):
                 found += [(index, alert) for alert in self._level(value, source, now)]
             elif name in self._skipped_names and not self._skips_in_text:
                 found += [(index, alert) for alert in self._skipped(value, source, now)]
+            elif name == AT_FLOOR:
+                found += [(index, alert) for alert in self._at_floor(value, source, now)]
             elif name == AT_MINIMUM and value > 0:
                 alerts = self._collapse(
                     "the fp16 loss scale is at its minimum and the job says so",
@@ -191,8 +204,32 @@ class LossScaleDetector(BaseDetector):
             last = self._last_overflow
             if (last is None and previous is not None) or (last is not None and step > last):
                 self._calibrated = True
+            floor = self._floor_at
+            if previous is not None and (floor is None or floor < previous):
+                self._stuck = 0  # a step passed with no overflow at the floor: it trained
 
     # -- judging -------------------------------------------------------------------
+
+    def _at_floor(self, scale: float, source: str, now: float) -> list[Alert]:
+        """An overflow that could not lower the scale (DeepSpeed's ``Attempted loss scale:
+        1, reducing to 1``): at the scaler's floor, the step is skipped all the same.
+        ``STUCK_OVERFLOWS`` in a row: no step is applied any more. A real T5-11B fp16 run
+        skipped every step at scale 1 and raised nothing, DeepSpeed's floor (1) being far
+        above ``min_loss_scale``."""
+        if self._stuck == 0:
+            self._stuck_from = self._step
+        self._stuck += 1
+        self._floor_at = self._step
+        if self._stuck < STUCK_OVERFLOWS or self._critical:
+            return []
+        return self._collapse(
+            f"{self._stuck} fp16 overflows in a row with the loss scale at its floor ({scale:g}):"
+            " the scaler cannot lower it, so every step is skipped and nothing trains",
+            scale,
+            source,
+            now,
+            onset=self._stuck_from,
+        )
 
     def _overflow(self, scale: float | None, source: str, now: float) -> list[Alert]:
         self.overflows += 1
@@ -318,7 +355,7 @@ class LossScaleDetector(BaseDetector):
         names = block.names
         if not self._scale_names.isdisjoint(names) or not self._skipped_names.isdisjoint(names):
             return False
-        if AT_MINIMUM in names:
+        if AT_MINIMUM in names or AT_FLOOR in names:
             return False
         # One search in C over the joined block, not a Python test per line (replay's speed).
         return not (block.output and _MARK in "\n".join(block.texts))

@@ -196,6 +196,37 @@ def test_a_run_that_keeps_its_scale_at_one_is_not_collapsing() -> None:
     assert run.alerts == []
 
 
+def test_overflows_that_cannot_lower_a_scale_at_its_floor_are_critical() -> None:
+    """DeepSpeed at its floor (1): ``Attempted loss scale: 1, reducing to 1`` at every step.
+    Each step is skipped, nothing trains (a real T5-11B fp16 run), whatever ``min_loss_scale``
+    says; three in a row are critical, from the first. A step that passes between them
+    trained: the count starts again."""
+    from sentinel.parsing.deepspeed import parse_deepspeed
+
+    def overflow(run: Run, step: int) -> None:
+        samples = parse_deepspeed(DEEPSPEED.format(before=1, after=1)) or []
+        run.step(step, *(Sample(s.name, s.value, step) for s in samples))
+
+    run = Run()
+    for step in range(1, 101):
+        run.step(step)
+    overflow(run, 101)
+    overflow(run, 102)
+    run.step(103)  # trained
+    overflow(run, 104)
+    overflow(run, 105)
+    assert run.alerts == []
+    overflow(run, 106)
+    (alert,) = run.alerts
+    assert (alert.severity, alert.step, alert.onset_step) == (Severity.CRITICAL, 106, 104)
+    assert "at its floor (1)" in alert.message
+    halving = Run()  # a scale the overflow still lowers is calibration, not the floor
+    for step, before in enumerate((8, 4, 2), start=1):
+        samples = parse_deepspeed(DEEPSPEED.format(before=before, after=before // 2)) or []
+        halving.step(step, *(Sample(s.name, s.value, step) for s in samples))
+    assert halving.alerts == []
+
+
 def test_job_started_forgets_the_attempt() -> None:
     run = calibrated_deepspeed()
     run.line(DEEPSPEED_FATAL)
