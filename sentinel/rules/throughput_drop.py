@@ -108,6 +108,11 @@ def values_needed(depth: float, settings: ThroughputDropConfig) -> int:
     return count
 
 
+#: Derived steps/sec is measured over this many seconds at least: a run that logs every 3 ms
+#: with timestamps to the millisecond had rates quantised to 333, 250, 143 steps/sec, and
+#: a scheduler's hiccup of a few milliseconds was a drop under half.
+MIN_SPAN_S = 1.0
+
 #: Derived steps/sec: (time, highest step) of a time point, or None.
 Point = tuple[float, int] | None
 #: The rule's derived steps/sec state: ``_data_clock``, ``_previous``, ``_point``.
@@ -219,13 +224,18 @@ def derive_block(
     close_steps = list(map(steps.__getitem__, map(sub, closes, repeat(1))))
     close_times = [point_time, *map(times.__getitem__, closes[:-1])] if closes else []
     point = (times[closes[-1]] if closes else point_time, steps[-1])
-    if closes:
-        chain_steps, chain_times = close_steps, close_times
-        if previous is not None:
-            chain_steps, chain_times = [previous[1], *close_steps], [previous[0], *close_times]
-        previous = (close_times[-1], close_steps[-1])
-    else:
-        chain_steps, chain_times = [], []
+    chain_steps, chain_times = [], []
+    for close_time, close_step in zip(close_times, close_steps, strict=True):
+        # As ``_derive``: a rate once ``MIN_SPAN_S`` has passed since the point it is from.
+        if previous is None:
+            previous = (close_time, close_step)
+            chain_steps, chain_times = [close_step], [close_time]
+        elif close_time - previous[0] >= MIN_SPAN_S:
+            if not chain_steps:
+                chain_steps, chain_times = [previous[1]], [previous[0]]
+            chain_steps.append(close_step)
+            chain_times.append(close_time)
+            previous = (close_time, close_step)
     rates = list(
         map(
             truediv,
@@ -489,9 +499,13 @@ class ThroughputDropDetector(BaseDetector):
         if time <= point_time:
             self._point = (point_time, step)  # same burst: one time point
             return None
-        previous, self._previous, self._point = self._previous, point, (time, step)
+        previous, self._point = self._previous, (time, step)
         if previous is None:
+            self._previous = point
             return None  # the first time point: nothing before it to measure from
+        if point_time - previous[0] < MIN_SPAN_S:
+            return None  # measured from ``previous`` still, over ``MIN_SPAN_S`` at least
+        self._previous = point
         rate = (point_step - previous[1]) / (point_time - previous[0])
         return rate, point_step, point_time
 

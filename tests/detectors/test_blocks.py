@@ -117,3 +117,24 @@ def test_a_live_batch_ending_in_a_nan_has_the_lines_before_it_taken_whole() -> N
     # the start, where the rules' first values are set line by line).
     before = run(_every_rule, calm[:300], blocks=True, data_clock=False, batch_sizes=(25,))
     assert blocks.lines_absorbed - before.lines_absorbed == 24
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_derived_steps_per_sec_over_a_second_says_the_same_with_blocks(seed: int) -> None:
+    """Steps/sec derived from timestamps a few milliseconds apart, measured over a second
+    at least (``MIN_SPAN_S``), in bursts that share a time, with slow stretches: the block
+    path's rates are the line path's."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    texts, time = [], 1_700_000_000.0
+    for step in range(1, 8001):
+        slow = 3000 < step % 5000 < 4000
+        time += rng.choice((0.0, 0.003, 0.004, 0.011)) * (4 if slow else 1)
+        texts.append(json.dumps({"step": step, "loss": 2.0, "time": round(time, 3)}))
+    line_by_line = run(_only("throughput_drop"), texts, blocks=False)
+    blocks = run(_only("throughput_drop"), texts, blocks=True)
+    assert blocks.alerts == line_by_line.alerts
+    assert blocks.state == line_by_line.state
+    assert [a[0] for a in blocks.alerts].count("throughput_drop") >= 1

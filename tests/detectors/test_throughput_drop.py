@@ -343,3 +343,28 @@ def test_a_quarter_of_the_baseline_logged_every_10_steps_is_caught_within_20_ste
 def test_a_dip_that_is_shallow_or_short_does_not_page(dip: list[float]) -> None:
     values = [*BASELINE, *dip, *[1000.0] * 10]
     assert feed(detector(), steps("tokens_per_sec", values)) == []
+
+
+def _fast_run(seconds_per_step: list[float]) -> list[Sample]:
+    """A run that logs every step, its times to the millisecond (as a logger stamps them)."""
+    samples, time = [], T0
+    for step, spent in enumerate(seconds_per_step, start=1):
+        time += spent
+        samples.append(Sample("loss", 2.0, step, round(time, 3)))
+    return samples
+
+
+def test_derived_steps_per_sec_of_a_run_logging_every_3_ms_is_measured_over_a_second() -> None:
+    """Every 3 ms, stamped to the millisecond: from one line to the next the rate was 333,
+    250 or 143 steps/sec, and a hiccup of the scheduler a drop under half. Measured over a
+    second at least, it is about 330 throughout; a real slowdown to a third is caught."""
+    import random
+
+    jitter = random.Random(7)
+    healthy = [0.003 + jitter.choice((0.0, 0.0, 0.0, 0.004, 0.007)) for _ in range(6000)]
+    assert feed(detector(), _fast_run(healthy)) == []
+    slowed = healthy[:3000] + [3 * s for s in healthy[3000:]]
+    (alert,) = feed(detector(), _fast_run(slowed))
+    assert alert.metric == "steps_per_sec"
+    assert alert.value < 0.5 * alert.details["baseline"]
+    assert 3000 < alert.onset_step < 3000 + 600  # within about 5 s of the slowdown
