@@ -161,8 +161,11 @@ _FAIRSEQ_EPOCH = re.compile(r"\|\s*epoch\s+(\d+)\s*:?\s+(\d+)\s*/\s*(\d+)\b", re
 #: OpenNMT-py's legacy progress: ``Epoch  1, 13350/37527; acc: ...; xent: ...`` (from 1).
 _EPOCH_COMMA_BATCH = re.compile(r"\bepoch\s+(\d+)\s*,\s*(\d+)\s*/\s*(\d+)\s*;", re.IGNORECASE)
 #: A step in brackets that starts the line, before its pairs: CLU's metric writer (JAX,
-#: Flax), ``[130] train/loss=2.31, train/learning_rate=0.001``.
-_LEADING_STEP = re.compile(r"\[\s*(\d+)\s*\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
+#: Flax), ``[130] train/loss=2.31, train/learning_rate=0.001``, and a loop's own
+#: ``[100/900] level=0 loss=0.8160`` (the step of its total).
+_LEADING_STEP = re.compile(
+    r"\[\s*(\d+)\s*(?:/\s*\d+\s*)?\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE
+)
 #: PyTorch's MNIST example, ``Train Epoch: 2 [6400/60000 (11%)]\tLoss: 0.1234`` (epochs
 #: from 1): the samples seen so far.
 _SAMPLES_SEEN = re.compile(r"\bepoch:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\s*\(\s*\d+%\)\]", re.I)

@@ -27,6 +27,12 @@ _BAR = re.compile(
     r"(?P<count>\d+)(?:/(?:\d+|\?))?(?:it)?\s+"
     rf"\[{CLOCK}(?:<(?:{CLOCK}|\?))?(?:,\s*(?P<rest>[^\]]*))?\]\s*$"
 )
+#: Where a bar's bracket closes, with text glued after it (a logger's line after the bar,
+#: stdout and stderr sharing a terminal: ``75/6249 [08:38<11:33:05,  6.74s/it][INFO|...``).
+_BAR_END = re.compile(r"(?:it/s|s/it|it)(?:,[^\]]*)?\](?=\[[A-Za-z0-9])")
+#: Tags a log's own prefix puts before the bar: a line number, a time, a stream
+#: (``[1745] ``, ``[08:03:59] [STDERR] ``); not a word in brackets (``[Epoch 3]``).
+_PREFIX_TAGS = re.compile(r"^(?:\[(?:[\d:.,\-T ]+|[A-Z]+)\]\s*)+")
 #: Postfix fields that are not metrics (Lightning's logger version number).
 _NOT_METRICS = frozenset({"v_num"})
 _TRAINING_DESCRIPTION = re.compile(
@@ -46,8 +52,16 @@ def parse_tqdm(text: str) -> list[Sample] | None:
         return None
     bar = _BAR.search(text)
     if bar is None:
-        return None
+        glued = _BAR_END.search(text)
+        if glued is None:
+            return None
+        text = text[: glued.end()]
+        bar = _BAR.search(text)
+        if bar is None:
+            return None
     description = text[: bar.start()].strip()
+    if description[:1] == "[":
+        description = _PREFIX_TAGS.sub("", description)
     training = not description or _TRAINING_DESCRIPTION.fullmatch(description) is not None
     count = int(bar.group("count"))
     step = count if training else None

@@ -394,6 +394,11 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="a-key-with-a-dash-after-a-pair",
         ),
         pytest.param(
+            "[100/900] level=0 loss=0.8160 acc=0.703",
+            [Sample("level", 0.0, 100), Sample("loss", 0.816, 100), Sample("acc", 0.703, 100)],
+            id="a-leading-step-of-its-total-in-brackets",
+        ),
+        pytest.param(
             "step 315 micro 2 loss 0.3259 scaled 0.0815",
             [Sample("micro_loss", 0.3259, 315)],
             id="a-micro-batch-loss-is-not-the-steps",

@@ -29,6 +29,30 @@ from sentinel.parsing.tqdm import parse_tqdm
         ),
         pytest.param("10it [00:01,  9.81it/s]", [Sample(PROGRESS, 10.0, 10)], id="no-total"),
         pytest.param(
+            # LLaMA-Factory: its logger's line glued after the bar (stdout and stderr share
+            # a terminal); the bar's count was lost with it.
+            "  1%|█▍     | 75/6249 [08:38<11:33:05,  6.74s/it][INFO|2024-12-08 01:10:34]"
+            " llamafactory.train.callbacks:157 >> ",
+            [Sample(PROGRESS, 75.0, 75)],
+            id="a-logger-line-glued-after-the-bar",
+        ),
+        pytest.param(
+            "[1745]   1%|          | 10/1752 [00:29<1:22:01,  2.83s/it]",
+            [Sample(PROGRESS, 10.0, 10)],
+            id="a-line-number-before-the-bar",
+        ),
+        pytest.param(
+            "[08:03:59] [STDERR] steps:  39%|███▊      | 37/96 [13:19<21:14, 21.61s/it,"
+            " avr_loss=0.0853]",
+            [Sample("avr_loss", 0.0853, 37), Sample(PROGRESS, 37.0, 37)],
+            id="a-time-and-stream-tag-before-a-training-bar",
+        ),
+        pytest.param(
+            "[Epoch 3]  39%|███▊      | 37/96 [13:19<21:14, 21.61s/it, loss=0.0853]",
+            [Sample("loss", 0.0853)],
+            id="a-word-in-brackets-is-a-description",
+        ),
+        pytest.param(
             "Training:  45%|████▌     | 45/100 [00:01<00:02, 25.3it/s, loss=2.3, lr=1e-4]",
             [Sample("loss", 2.3, 45), Sample("lr", 1e-4, 45), Sample(PROGRESS, 45.0, 45)],
             id="training-bar-with-postfix",
