@@ -579,7 +579,9 @@ def watch_wait(run: Run, tmp_path: Path) -> None:
         guard.cancel()
     assert watch.returncode == 1, err
     assert f"pid {gone.pid} did not appear within 0.5 s" in err
-    assert 0.4 < waited < 2.0, err
+    # Unset, it waits for ever (the guard kills it at 30 s); the bound leaves room for a
+    # loaded machine's exit (2.02 s once).
+    assert 0.4 < waited < 10.0, err
 
 
 def verbose(verb: str) -> Callable[[Run, Path], None]:
