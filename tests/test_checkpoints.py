@@ -766,3 +766,32 @@ def test_sentinels_own_folders_are_beside_a_dir_accelerate_lists_whole(tmp_path:
     shutil.rmtree(saves / "checkpoint_0")  # a rollback set every one aside
     assert own_root(saves) == beside
     assert scan(tmp_path / "project") == []  # checkpoints.sentinel is no checkpoint
+
+
+def test_a_number_after_checkpoint_is_what_the_file_holds_an_epoch_here(tmp_path: Path) -> None:
+    """The PyTorch examples' style: ``checkpoint_{epoch}.pth`` holding ``{"epoch": epoch + 1,
+    "state_dict": ...}`` and no step. Read as step 3, the save written after the NaN sat
+    before an onset at step 160, was resumed, and was still listed as the last clean one
+    after the give-up. What it holds says epoch: it compares with the log's epoch, and its
+    own epoch's by time. HF's ``checkpoint-400`` (a trainer_state with its global step)
+    stays a step."""
+    import time
+
+    torch = pytest.importorskip("torch")
+    written = []
+    for epoch in range(4):
+        torch.save(
+            {"epoch": epoch + 1, "state_dict": {"w": torch.zeros(2)}},
+            tmp_path / f"checkpoint_{epoch}.pth",
+        )
+        written.append(time.time())
+        time.sleep(0.02)
+    onset = Onset(step=160, time=(written[2] + written[3]) / 2, epoch=4)
+    found = {c.path.name: c for c in scan(tmp_path, onset=onset)}
+    assert {n: (c.step, c.epoch) for n, c in found.items()} == {
+        f"checkpoint_{e}.pth": (None, e + 1) for e in range(4)
+    }
+    assert found["checkpoint_3.pth"].status == "after_onset"
+    assert last_clean(list(found.values()), onset).path.name == "checkpoint_2.pth"
+    hf = write_hf_checkpoint(tmp_path / "hf" / "checkpoint-400")
+    assert [c.step for c in scan(hf.parent)] == [400]

@@ -584,6 +584,12 @@ class Keeper:
             step = None  # accelerate's checkpoint_<i>: the i-th save, placed by its time
         if step is None and epoch is None:
             step, epoch = _content_position(kept)
+        elif not kept.is_dir() and (not position.keyed or position.generic):
+            # A file's bare number: its step, unless it holds an epoch and no step (as the
+            # scan).
+            held = _content_position(kept)
+            if held[0] is None and held[1] is not None:
+                step, epoch = held
         self._commit(staging, job, number, method, (step, epoch), inode)
         self._prune_stepped()
 

@@ -34,6 +34,8 @@ _ZIP_SUFFIX = ".zip"
 _STEP_KEYED = re.compile(
     r"(?<![a-z])(?:global[_-]?steps?|steps?|iter|iteration|checkpoint|ckpt)[-_=]?(\d+)(?![0-9a-z])"
 )
+#: Step keywords that say only that the file is a checkpoint (``NamePosition.generic``).
+_GENERIC_KEYS = ("checkpoint", "ckpt")
 _EPOCH_KEYED = re.compile(r"(?<![a-z])epochs?[-_=]?(\d+)(?![0-9a-z])")
 # The keyword after the number: ESPnet's ``3epoch.pth``, ``model_1000_steps.pt``.
 _STEP_AFTER = re.compile(r"(?<![0-9a-z])(\d+)[-_]?steps?(?![0-9a-z])")
@@ -58,6 +60,10 @@ class NamePosition:
     step: int | None = None
     epoch: int | None = None
     keyed: bool = False  # a keyword said what the number counts (not the last-number guess)
+    #: The keyword was ``checkpoint`` or ``ckpt``, which says it is a checkpoint, not what its
+    #: number counts: HF's ``checkpoint-400`` is a step, a loop's ``checkpoint_3.pth`` an
+    #: epoch. What it holds (a step, an epoch) tells, where it holds one.
+    generic: bool = False
 
 
 def checkpoint_suffix(name: str) -> str:
@@ -94,14 +100,16 @@ def position_of(name: str) -> NamePosition:
     if _SAVE_COUNTER.match(stem):
         return NamePosition(keyed=True)  # the number is known, and known not to be a step
     stem = _VERSION_SUFFIX.sub("", stem.lower())
-    steps = [s for s in _STEP_KEYED.findall(stem) if not _is_date_token(s)]
-    steps = steps or _STEP_AFTER.findall(stem)
+    keyed = [m for m in _STEP_KEYED.finditer(stem) if not _is_date_token(m.group(1))]
+    steps = [m.group(1) for m in keyed] or _STEP_AFTER.findall(stem)
     epochs = _EPOCH_KEYED.findall(stem) or _EPOCH_AFTER.findall(stem)
     if steps or epochs:
+        generic = bool(keyed) and not epochs and keyed[-1].group(0).startswith(_GENERIC_KEYS)
         return NamePosition(
             step=int(steps[-1]) if steps else None,
             epoch=int(epochs[-1]) if epochs else None,
             keyed=True,
+            generic=generic,
         )
     if suffix == KERAS_SUFFIX:
         return NamePosition(epoch=_last_number(stem))

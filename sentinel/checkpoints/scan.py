@@ -379,6 +379,15 @@ def _examine(path: Path, is_dir: bool, position: NamePosition, onset: Onset) -> 
         content = dir_content(path) if is_dir else read_content(path)
         step, epoch = content.step, content.epoch
         placed_by = f"content: {content.where}" if content.where else "time"
+    elif not is_dir and step is not None and (not position.keyed or position.generic):
+        # A file's bare number, or one after ``checkpoint``: its step, unless it holds an
+        # epoch and no step. A loop's checkpoint_3.pth holding {"epoch": 4} counts epochs:
+        # read as step 3, before an onset at step 160, its NaN weights were resumed (and it
+        # was listed as the last clean one after the give-up).
+        content = read_content(path)
+        if content.step is None and content.epoch is not None:
+            step, epoch = None, content.epoch
+            placed_by = f"content: {content.where}"
     after = onset.reaches(step, epoch, mtime)
     if after:
         status, reason, layout = CheckpointStatus.AFTER_ONSET, after, layout_of(path)
