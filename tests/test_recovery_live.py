@@ -89,3 +89,53 @@ def test_a_restart_that_did_not_restore_health_rolls_back_further_and_recovers(
     ]
     assert reports and all(Path(path).is_file() for path in reports), tail
     assert f"Alert journal: {state / 'alerts.jsonl'}" in tail
+
+
+POISONED_SAVE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    ckpt = Path(sys.argv[1]); ckpt.mkdir(exist_ok=True)
+    resume = os.environ.get("SENTINEL_RESUME_FROM")
+    fresh = {"step": 0, "bad": False}
+    state = json.loads((Path(resume) / "state.json").read_text()) if resume else fresh
+    first = not os.environ.get("SENTINEL_RESTART")
+    with open(sys.argv[2], "a") as record:
+        record.write(json.dumps({"resume_from": resume, "state": state}) + "\\n")
+    for step in range(state["step"] + 1, 161):
+        # The loss of a step is computed before its update; the update of step 130 is the
+        # first with NaN gradients, so the save of 130 holds NaN weights, and the first NaN
+        # loss is logged at 131 (from the first step of any attempt that loads them).
+        loss = float("nan") if state["bad"] else 2.0 / (1 + step / 50)
+        print(json.dumps({"step": step, "loss": loss}), flush=True)
+        if first and step == 130:
+            state["bad"] = True
+        if step % 10 == 0:
+            (ckpt / f"step_{step}").mkdir(exist_ok=True)
+            (ckpt / f"step_{step}" / "state.json").write_text(json.dumps({**state, "step": step}))
+        time.sleep(0.01)
+    """
+)
+
+
+def test_a_checkpoint_whose_first_logged_value_is_bad_is_rolled_back_past(tmp_path: Path) -> None:
+    """The save at the step just before the first NaN loss already holds NaN weights (its
+    update was the first with NaN gradients): it looks clean and is resumed, and the NaN
+    comes back at the very same step, from the attempt's first logged value. That is the
+    checkpoint's poison, not the step's: sentinel rolls back past it once (it gave up, exit
+    90, with a clean step_120 beside it), and the run finishes."""
+    job, ckpt, state = tmp_path / "job.py", tmp_path / "ckpt", tmp_path / "state"
+    record = tmp_path / "starts.jsonl"
+    job.write_text(POISONED_SAVE)
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--checkpoints", str(ckpt),
+         "--state-dir", str(state), "--max-restarts", "3",
+         "--", sys.executable, str(job), str(ckpt), str(record)],
+        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1"), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    starts = [json.loads(line) for line in record.read_text().splitlines()]
+    resumed = [Path(s["resume_from"]).name if s["resume_from"] else None for s in starts]
+    assert resumed == [None, "step_130", "step_120"], starts
+    assert "the checkpoint of step 130 may hold the cause; rolling back further" in result.stderr

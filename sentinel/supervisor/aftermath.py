@@ -80,7 +80,10 @@ class Aftermath:
         decided = self.decided_elsewhere()
         if decided is not None:  # another node rolled back and decided: no second rollback
             return self.joined(decided, attempt, incident)
-        decision = self.restarts.decide(incident)
+        step = incident.first.step
+        seen = self.watch.engine.position.seen
+        first_logged = step is not None and all(logged >= step for logged, _ in seen)
+        decision = self.restarts.decide(incident, first_logged=first_logged)
         self.save_restarts()
         for note in decision.notes:
             incident.record(time.time(), note)

@@ -101,6 +101,10 @@ class Restarts:
         )
         self.count = 0
         self._last_failure: tuple[str, int | None] | None = None
+        #: The failure a rollback went further back for, once: it recurred at its step.
+        self._further_for: tuple[str, int | None] | None = None
+        #: ``decide``'s ``first_logged``, for the rollback it plans.
+        self._first_logged = False
         #: Where the latest restart resumes from.
         self.resume = Resume()
         #: The failure the latest restart rolled back from: its rule and onset step.
@@ -125,20 +129,29 @@ class Restarts:
         if self.keeper is not None:
             self.keeper.close(KEEP_FLUSH_S)
 
-    def decide(self, incident: Incident) -> Decision:
+    def decide(self, incident: Incident, *, first_logged: bool = False) -> Decision:
         """Roll back and plan the restart after ``incident`` stopped the job.
 
         The rollback happens even when no restart follows, so that whoever resumes the
         run later (a person, an orchestrator that ignores the verdict) resumes clean.
+        ``first_logged``: the attempt logged nothing before the failure's step (its very
+        first values were bad: the checkpoint it resumed is).
         """
         job = self.job
         failure = (incident.rule, incident.first.step)
+        self._first_logged = first_logged
         stop = ""
         if failure == self._last_failure:
-            stop = (
-                f"{incident.rule} recurred at the same step ({incident.first.step})"
-                " after a restart: not restarting again"
-            )
+            if failure == self._further_for or not self._resumed_the_cause(incident):
+                stop = (
+                    f"{incident.rule} recurred at the same step ({incident.first.step})"
+                    " after a restart: not restarting again"
+                )
+            else:
+                # The attempt failed where the run had, right from the checkpoint it resumed:
+                # that checkpoint may hold the cause (NaN weights saved at step 130, the
+                # first NaN loss logged at 131). Once further back, not again.
+                self._further_for = failure
         elif self.count >= job.max_restarts and job.max_restarts > 0:
             stop = f"gave up after {self.count} restart(s) (max_restarts)"
         if stop or job.max_restarts == 0:
@@ -308,20 +321,38 @@ class Restarts:
         the attempt resumed from when it failed before it passed the onset it was rolled
         back from (the restart did not restore health: its checkpoint may hold the cause)."""
         onset = incident.onset_step
-        if not self.count or self.rolled_back_from is None or onset is None:
+        if not self._resumed_the_cause(incident):
             return onset
+        assert onset is not None and self.rolled_back_from is not None
         _, earlier = self.rolled_back_from
         resumed_at = self.resume.step
-        if resumed_at is None or earlier is None or not resumed_at <= onset < earlier:
-            return onset
+        where = (
+            "where the run had failed before"
+            if onset == earlier
+            else f"before it passed step {earlier} where the run had failed"
+        )
         text = (
-            f"the attempt resumed from step {resumed_at} failed at step {onset}, before it"
-            f" passed step {earlier} where the run had failed: the checkpoint of step"
-            f" {resumed_at} may hold the cause; rolling back further"
+            f"the attempt resumed from step {resumed_at} failed at step {onset}, {where}: the"
+            f" checkpoint of step {resumed_at} may hold the cause; rolling back further"
         )
         log.warning("%s", text)
         notes.append(text)
         return resumed_at
+
+    def _resumed_the_cause(self, incident: Incident) -> bool:
+        """Whether the checkpoint the attempt resumed may hold the cause: it failed before it
+        passed the onset it was rolled back from, or at that very onset with nothing logged
+        before it (its first values were bad). One that logged healthy values and failed
+        at the same step again failed on something of that step (its data): no further
+        back."""
+        onset = incident.onset_step
+        if not self.count or self.rolled_back_from is None or onset is None:
+            return False
+        _, earlier = self.rolled_back_from
+        resumed_at = self.resume.step
+        if resumed_at is None or earlier is None or resumed_at > onset:
+            return False
+        return onset < earlier or (onset == earlier and self._first_logged)
 
     def _without_checkpoint(self, notes: list[str], why: str) -> Decision:
         """Nothing clean to resume from: start over only where the user chose to."""
