@@ -5,18 +5,20 @@ the cause (the Trainer saves after ``lr_scheduler.step()``, so a checkpoint at a
 rate's jump holds the new rate), and the resumed run fails as before, only later or more
 slowly. The run's level before the onset is what the resumed attempt must get back to: the
 least of the loss's last ``level_values`` values before the onset (a loss still falling
-lags above its least), with the noise of those values. A resume without optimizer state
+lags above its least), with the noise of those values; the highest of its last
+``2 x level_values`` is the top of its band. A resume without optimizer state
 may bump and settle, so nothing is judged before the onset step.
 
 From the onset step on, once ``confirm`` values of the resumed attempt are in (fewer when
 the attempt ends first: a run that logs six values in all), their median is judged: at or
 under ``rise`` (1.5) times the level and the level plus ``noise_sigmas`` robust standard
-deviations of the values before, the restart restored health, said once (``info``: "attempt
-2 passed step 110 at loss 1.31: recovered"); above both, it did not: a critical alert whose
-onset is the step the attempt resumed from, so the rollback goes further back, to a
-checkpoint before the one that held the cause. It counts as a failure like any other: the
-same one again at the same step gives up (exit 90), and each rollback spends the restart
-budget. A loss at or below 0 is not judged by a ratio.
+deviations of the values before, or under the top of the band, the restart restored
+health, said once (``info``: "attempt 2 passed step 110 at loss 1.31: recovered"); above
+all three, it did not: a critical alert whose onset is the step the attempt resumed from,
+so the rollback goes further back, to a checkpoint before the one that held the cause. It
+counts as a failure like any other: the same one again at the same step gives up (exit
+90), and each rollback spends the restart budget. A loss at or below 0 is not judged by a
+ratio.
 
 The level is taken from what the rule saw of the attempts before (its ``memory`` keeps it
 across a restart of sentinel beside the same job); ``RunFacts.resumed`` says where the
@@ -121,13 +123,16 @@ class RecoveryDetector(BaseDetector):
         if level <= 0:
             return None  # not judged by a ratio
         noise = wobble(before[-_NOISE_VALUES:])
+        # The top of the band the run showed: a per-batch loss swinging 0.16-0.34 came back
+        # at 0.26, under its own top, and was called unrecovered against 1.5 x its least.
+        top = max(before[-2 * settings.level_values :])
         return Expectation(
             attempt=resumed.attempt,
             onset_step=resumed.onset_step,
             resumed_at=resumed.step,
             level=level,
             noise=noise,
-            bar=self._bar(level, noise),
+            bar=max(self._bar(level, noise), top),
             cause=resumed.cause,
             since=[],
         )

@@ -101,3 +101,23 @@ def test_within_the_runs_noise_is_recovered() -> None:
     _restart(engine, onset=110, resumed_at=100)
     said = _feed(engine, [110, 120], 1.55)
     assert [a.severity for a in said] == [Severity.INFO], said
+
+
+def test_back_within_the_band_a_per_batch_loss_showed_is_recovered() -> None:
+    """A real Lightning run's per-batch loss, read off its bar at 3 digits (each value
+    drawn twice by the bar, so its steps show little wobble): 0.17-0.34 before its NaN at
+    149. The attempt resumed at 140 came back at 0.26, in that band: recovered. It was
+    called unrecovered against 1.5 x the band's least (0.171), and rolled back 40 steps."""
+    values = [0.24, 0.24, 0.31, 0.31, 0.22, 0.22, 0.27, 0.27, 0.33, 0.33]
+    values += [0.25, 0.25, 0.34, 0.34, 0.171, 0.171, 0.30, 0.30, 0.26]
+    steps = list(range(130, 149))
+    engine = _engine()
+    _feed(engine, steps, lambda step: values[step - 130])
+    _restart(engine, onset=149, resumed_at=140)
+    said = _feed(engine, [149, 150], lambda step: 0.2632)
+    assert [a.severity for a in said] == [Severity.INFO], said
+    sick = _engine()
+    _feed(sick, steps, lambda step: values[step - 130])
+    _restart(sick, onset=149, resumed_at=140)
+    said = _feed(sick, [149, 150], lambda step: 0.9)
+    assert [a.severity for a in said] == [Severity.CRITICAL], said
