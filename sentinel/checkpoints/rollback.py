@@ -29,13 +29,20 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sentinel.checkpoints import atomic
 from sentinel.checkpoints.clone import copy_tree
-from sentinel.checkpoints.keep import KeptVersion, checkpoint_problem, kept_versions, version_of
+from sentinel.checkpoints.keep import (
+    KeptVersion,
+    checkpoint_problem,
+    is_overwritten_file,
+    kept_versions,
+    version_of,
+)
 from sentinel.checkpoints.pointer_find import Form, find_pointers, hpc_above_clean
 from sentinel.checkpoints.pointers import (
     PointerChange,
@@ -98,8 +105,11 @@ def plan_rollback(directory: Path, onset: Onset | int | None) -> RollbackPlan:
     checkpoints = scan(directory, onset=onset)
     restore = last_clean(checkpoints, onset)
     put_back: KeptVersion | None = None
-    kept = _newest_clean_kept(directory, onset)
-    if kept is not None and (restore is None or kept[1].is_newer_than(restore)):
+    clean = {c.path for c in checkpoints if c.status == CheckpointStatus.CLEAN}
+    kept = _newest_clean_kept(directory, onset, clean)
+    if kept is not None and (
+        restore is None or kept[1].is_newer_than(restore) or _same_save(kept[1], restore)
+    ):
         put_back, restore = kept
         if _in_place(put_back, restore.path):
             put_back = None  # the clean version is the file in place: nothing to put back
@@ -107,7 +117,7 @@ def plan_rollback(directory: Path, onset: Onset | int | None) -> RollbackPlan:
         c
         for c in checkpoints
         if restore is None
-        or c.is_newer_than(restore)
+        or (c.is_newer_than(restore) and not _same_clean_save(c, restore))
         or (put_back is not None and c.path == restore.path)
     ]
     if (
@@ -126,12 +136,36 @@ def plan_rollback(directory: Path, onset: Onset | int | None) -> RollbackPlan:
     return RollbackPlan(restore, quarantine, onset, put_back, tuple(rewrites))
 
 
-def _newest_clean_kept(directory: Path, onset: Onset) -> tuple[KeptVersion, Checkpoint] | None:
+def _same_save(kept: Checkpoint, restore: Checkpoint) -> bool:
+    """Whether a kept version and the last clean checkpoint on disk are two files the job
+    overwrites at the same place in training (the PyTorch ImageNet example's
+    ``checkpoint.pth.tar`` and its copy ``model_best.pth.tar``, both of epoch 3): the kept
+    one goes back, so the name the job resumes from holds it. The copy, a few milliseconds
+    newer, was resumed instead, and the job, finding no checkpoint.pth.tar, trained from
+    scratch."""
+    if not is_overwritten_file(restore.path.name) or kept.path == restore.path:
+        return False
+    if kept.step is not None or restore.step is not None:
+        return kept.step == restore.step
+    return kept.epoch is not None and kept.epoch == restore.epoch
+
+
+def _same_clean_save(checkpoint: Checkpoint, restore: Checkpoint) -> bool:
+    """A clean copy the job made of the restored save (``model_best.pth.tar`` beside the
+    ``checkpoint.pth.tar`` it copied, milliseconds later): no newer, so left in place."""
+    return checkpoint.status == CheckpointStatus.CLEAN and _same_save(restore, checkpoint)
+
+
+def _newest_clean_kept(
+    directory: Path, onset: Onset, clean: Collection[Path] = ()
+) -> tuple[KeptVersion, Checkpoint] | None:
     """The newest kept version that is intact, parses and was written before the onset.
 
     With it, the checkpoint it makes once put back at its original path. Of two at the
     same step, a checkpoint named by its step wins over a file the job overwrites (the
-    copy Lightning keeps as ``last.ckpt``): the job resumes from the name it wrote.
+    copy Lightning keeps as ``last.ckpt``): the job resumes from the name it wrote. Of two
+    files the job overwrites at the same save (``_same_save``), the one whose name holds no
+    clean checkpoint now (not in ``clean``) wins: its name is the one to fill.
     """
     root = Path(os.path.abspath(directory))
     best: tuple[KeptVersion, Checkpoint] | None = None
@@ -147,7 +181,7 @@ def _newest_clean_kept(directory: Path, onset: Onset) -> tuple[KeptVersion, Chec
             version.epoch,
             placed_by=f"kept version {version.number}",
         )
-        if best is not None and not _better(candidate, version, best):
+        if best is not None and not _better(candidate, version, best, clean):
             continue
         if not version.intact():
             log.warning("kept %s changed since it was kept: not resuming from it", version.path)
@@ -161,8 +195,13 @@ def _newest_clean_kept(directory: Path, onset: Onset) -> tuple[KeptVersion, Chec
 
 
 def _better(
-    candidate: Checkpoint, version: KeptVersion, best: tuple[KeptVersion, Checkpoint]
+    candidate: Checkpoint,
+    version: KeptVersion,
+    best: tuple[KeptVersion, Checkpoint],
+    clean: Collection[Path] = (),
 ) -> bool:
+    if _same_save(candidate, best[1]) and (candidate.path in clean) != (best[1].path in clean):
+        return best[1].path in clean  # the name that lost its clean checkpoint is filled
     if candidate.is_newer_than(best[1]):
         return True
     return not best[1].is_newer_than(candidate) and version.stepped and not best[0].stepped

@@ -445,3 +445,33 @@ def test_keras_checkpoints_are_epochs_placed_by_time_and_rolled_back(tmp_path: P
     assert {c.path.name: c.status for c in scan(tmp_path)}[
         "model_01.keras"
     ] is CheckpointStatus.CORRUPT
+
+
+def test_the_name_the_job_resumes_from_gets_its_clean_version_beside_a_best_copy(
+    tmp_path: Path,
+) -> None:
+    """The PyTorch ImageNet example: each epoch ``checkpoint.pth.tar`` is saved in place and,
+    when best, copied to ``model_best.pth.tar``; the job resumes from checkpoint.pth.tar.
+    The save after the fault is set aside and its clean version goes back: the copy of the
+    same epoch, a few milliseconds newer, had been resumed instead, and the job, finding
+    no checkpoint.pth.tar, trained from scratch. The copy stays where it is."""
+    torch = pytest.importorskip("torch")
+    resume, best = tmp_path / "checkpoint.pth.tar", tmp_path / "model_best.pth.tar"
+    keeper = Keeper(tmp_path)
+    t0 = 1_700_000_000
+    torch.save({"epoch": 3, "state_dict": {"w": torch.ones(2)}}, resume)
+    os.utime(resume, (t0, t0))
+    shutil.copyfile(resume, best)
+    os.utime(best, (t0 + 0.005, t0 + 0.005))
+    now = settle(keeper, 0.0)
+    torch.save({"epoch": 4, "state_dict": {"w": torch.full((2,), float("nan"))}}, resume)
+    os.utime(resume, (t0 + 30, t0 + 30))  # the epoch's end, after its NaN
+    settle(keeper, now)
+    keeper.close()
+    plan = plan_rollback(tmp_path, Onset(step=155, epoch=4, time=t0 + 20))
+    assert plan.restore is not None and plan.put_back is not None
+    assert plan.restore.path == resume
+    assert [c.path for c in plan.quarantine] == [resume]
+    apply_rollback(plan, tmp_path, label=LABEL)
+    assert torch.load(resume)["epoch"] == 3
+    assert best.exists()
