@@ -106,6 +106,13 @@ class JobCrashConfig(RuleConfig):
     tail_lines: int = Field(default=200, ge=1, le=100_000)
 
 
+#: Crash classes that leave the weights as the last step made them: the step that crashed
+#: applied no update (out of memory, a collective that failed, a batch that did not load, a
+#: kernel's index assert). A numerical blow-up (``non_finite``, ``loss_scale``) and an
+#: unknown crash (``other``) may have written bad numbers first.
+HARMLESS_TO_WEIGHTS = frozenset({"oom", "distributed", "bad_data", "device_assert"})
+
+
 def classify(lines: list[str], exit_code: int) -> tuple[str, str, str]:
     """(class, advice, evidence line) for a crash, from the job's last output lines."""
     for crash_class, advice, pattern in CRASH_CLASSES:
@@ -253,6 +260,11 @@ class JobCrashDetector(BaseDetector):
         message = f"job {describe_exit(exit_code)}: {crash_class}"
         if evidence:
             message += f" ({evidence[:300]})"
+        last = self._last_step
+        # A crash that corrupts no number began after the last step logged: a save of that
+        # step, written before the crash, is clean (a real Megatron-style job saved 125 and
+        # ran out of memory in 126; its save of 125 was set aside, 25 iterations lost).
+        onset = last + 1 if last is not None and crash_class in HARMLESS_TO_WEIGHTS else last
         return [
             Alert(
                 rule=self.rule,
@@ -263,6 +275,7 @@ class JobCrashDetector(BaseDetector):
                 step=self._last_step,
                 metric="exit_code",
                 value=float(exit_code),
+                onset_step=onset,
                 details={"class": crash_class, "advice": advice, "evidence": evidence},
             )
         ]

@@ -174,6 +174,27 @@ def test_crash_alert_is_critical_with_exit_code_and_last_step() -> None:
     assert "exited with code 1" in alert.message
 
 
+@pytest.mark.parametrize(
+    ("text", "onset"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", 126),
+        ("RuntimeError: NCCL communicator was aborted on rank 1.", 126),
+        ("ValueError: Expected parameter logits to satisfy the constraint: found nan", 125),
+        ("RuntimeError: something else went wrong", 125),
+    ],
+)
+def test_a_crash_that_corrupts_no_number_began_after_the_last_step(text: str, onset: int) -> None:
+    """A Megatron-style job logged and saved iteration 125, then ran out of memory in 126:
+    its save of 125 is clean (the onset is 126). A crash on a NaN, or one not told, may have
+    written bad numbers first: its onset stays the last step logged."""
+    detector = JobCrashDetector(JobCrashConfig())
+    detector.job_started(NOW)
+    detector.observe(Sample("loss", 2.0, 125), "stdout", NOW)
+    detector.output(Line("stderr", text, NOW))
+    (alert,) = detector.job_exited(1, NOW + 5, expected=False)
+    assert (alert.step, alert.onset_step) == (125, onset)
+
+
 def test_evidence_is_the_matching_line() -> None:
     (alert,) = crashed(CUDA_OOM, 1)
     assert alert.details["evidence"].startswith("torch.OutOfMemoryError: CUDA out of memory")
