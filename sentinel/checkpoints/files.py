@@ -20,7 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sentinel.checkpoints.names import SAFETENSORS_SUFFIX, checkpoint_suffix
+from sentinel.checkpoints.names import HDF5_SUFFIXES, SAFETENSORS_SUFFIX, checkpoint_suffix
 from sentinel.checkpoints.torch_pickle import (
     EPOCH_KEYS,
     STEP_KEYS,
@@ -58,8 +58,42 @@ def check_weights(path: Path) -> str:
     suffix = checkpoint_suffix(path.name)
     if suffix == SAFETENSORS_SUFFIX:
         return _check_safetensors(path, size)
+    if suffix in HDF5_SUFFIXES:
+        return _check_hdf5(path, size)
     if suffix:
         return _check_torch(path, size)
+    return ""
+
+
+#: HDF5's signature, at the start of a file without a user block.
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _check_hdf5(path: Path, size: int) -> str:
+    """An HDF5 file (Keras's ``.weights.h5``): its signature, and its superblock's end-of-file
+    address within the file (a write cut short ends before it). Only the superblock is read."""
+    with path.open("rb") as handle:
+        head = handle.read(96)
+    if not head.startswith(HDF5_SIGNATURE):
+        return "not an HDF5 file (no signature at its start)"
+    if len(head) < 16:
+        return "HDF5 superblock cut short"
+    version = head[8]
+    if version in (0, 1):
+        offsets, base_at = head[13], 24 if version == 0 else 28
+    elif version in (2, 3):
+        offsets, base_at = head[9], 12
+    else:
+        return ""  # a superblock sentinel does not know: nothing to check
+    if offsets not in (2, 4, 8):
+        return f"HDF5 superblock with {offsets}-byte offsets"
+    eof_at = base_at + 2 * offsets  # base address, then one more address, then end of file
+    if len(head) < eof_at + offsets:
+        return "HDF5 superblock cut short"
+    base = int.from_bytes(head[base_at : base_at + offsets], "little")
+    end = int.from_bytes(head[eof_at : eof_at + offsets], "little")
+    if base + end > size:
+        return f"HDF5 file cut short: {size} bytes of {base + end}"
     return ""
 
 

@@ -36,7 +36,12 @@ from sentinel.checkpoints.files import (
     lightning_problem,
     read_content,
 )
-from sentinel.checkpoints.names import KERAS_SUFFIX, SAFETENSORS_SUFFIX, checkpoint_suffix
+from sentinel.checkpoints.names import (
+    HDF5_SUFFIXES,
+    KERAS_SUFFIX,
+    SAFETENSORS_SUFFIX,
+    checkpoint_suffix,
+)
 from sentinel.checkpoints.torch_pickle import (
     STEP_KEYS,
     PickleWalkError,
@@ -170,6 +175,8 @@ def layout_of(path: Path) -> str:
     suffix = checkpoint_suffix(path.name)
     if suffix == KERAS_SUFFIX:
         return "keras"
+    if suffix in HDF5_SUFFIXES:
+        return "hdf5"
     return "safetensors" if suffix == SAFETENSORS_SUFFIX else "torch" if suffix else "unknown"
 
 

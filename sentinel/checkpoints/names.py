@@ -3,7 +3,7 @@
 A keyword before the number says what it counts: ``checkpoint-40``, ``global_step40``,
 ``model_step40.pt``, ``ckpt_40.pt``, ``iter_0000040`` (steps); ``epoch_3.pt``,
 ``epoch=3.ckpt`` (epochs, never read as a step; so is the number of Keras's
-``model_06.keras``, its ``{epoch}``); Lightning's ``epoch=2-step=4500.ckpt``
+``model_06.keras`` and ``w_06.weights.h5``, its ``{epoch}``); Lightning's ``epoch=2-step=4500.ckpt``
 (both); or after it, where none comes before it (ESPnet's ``3epoch.pth``,
 ``model_1000_steps.pt``). Lightning's SLURM saves (``hpc_ckpt_3.ckpt``) count saves, not
 steps: their place comes from what they hold. Without a keyword the last number that
@@ -22,10 +22,15 @@ from dataclasses import dataclass
 # Longest first: "x.pth.tar" is a torch file, not a ".tar".
 CHECKPOINT_SUFFIXES = (
     ".safetensors", ".pth.tar", ".pt.tar", ".pt", ".pth", ".bin", ".ckpt", ".zip", ".keras",
+    ".weights.h5", ".hdf5", ".h5",
 )  # fmt: skip
 #: Keras 3's whole-model file (a zip), which ``ModelCheckpoint`` names by its 1-based
 #: ``{epoch}`` (``model_06.keras``): a number with no keyword is its epoch, never a step.
 KERAS_SUFFIX = ".keras"
+#: Keras's HDF5 files (``ModelCheckpoint(save_weights_only=True)``'s ``w_06.weights.h5``,
+#: ``BackupAndRestore``'s ``latest.weights.h5``, Keras 2's ``.h5``/``.hdf5``): numbered by
+#: its ``{epoch}`` as a ``.keras`` file is.
+HDF5_SUFFIXES = (".weights.h5", ".hdf5", ".h5")
 SAFETENSORS_SUFFIX = ".safetensors"
 #: A zip is a checkpoint only when its name carries a step: Stable-Baselines3's
 #: ``CheckpointCallback`` saves ``rl_model_512_steps.zip``; a ``dataset.zip`` is no checkpoint.
@@ -111,7 +116,7 @@ def position_of(name: str) -> NamePosition:
             keyed=True,
             generic=generic,
         )
-    if suffix == KERAS_SUFFIX:
+    if suffix == KERAS_SUFFIX or suffix in HDF5_SUFFIXES:
         return NamePosition(epoch=_last_number(stem))
     return NamePosition(step=_last_number(stem))
 
