@@ -166,6 +166,8 @@ _EPOCH_COMMA_BATCH = re.compile(r"\bepoch\s+(\d+)\s*,\s*(\d+)\s*/\s*(\d+)\s*;", 
 _LEADING_STEP = re.compile(
     r"\[\s*(\d+)\s*(?:/\s*\d+\s*)?\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE
 )
+#: ``it`` for the iteration, starting the line before its pairs: ``it 130: loss=1.41 lr=0.01``.
+_LEADING_IT = re.compile(r"it\s+(\d+)\s*:?(?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
 #: PyTorch's MNIST example, ``Train Epoch: 2 [6400/60000 (11%)]\tLoss: 0.1234`` (epochs
 #: from 1): the samples seen so far.
 _SAMPLES_SEEN = re.compile(r"\bepoch:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\s*\(\s*\d+%\)\]", re.I)
@@ -315,6 +317,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             step = int(flax.group(1))
     if step is None and text[:1] == "[" and pairs:
         leading = _LEADING_STEP.match(text)
+        if leading is not None:
+            step = int(leading.group(1))
+    if step is None and text[:3].lower() == "it " and pairs:
+        leading = _LEADING_IT.match(text)
         if leading is not None:
             step = int(leading.group(1))
     if " is " in text:

@@ -394,6 +394,12 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="a-key-with-a-dash-after-a-pair",
         ),
         pytest.param(
+            "it 130: loss=1.40743 lr=0.01",
+            [Sample("loss", 1.40743, 130), Sample("lr", 0.01, 130)],
+            id="it-for-the-iteration-starts-the-line",
+        ),
+        pytest.param("it 653 loss=0.48736", [Sample("loss", 0.48736, 653)], id="it-no-colon"),
+        pytest.param(
             "[100/900] level=0 loss=0.8160 acc=0.703",
             [Sample("level", 0.0, 100), Sample("loss", 0.816, 100), Sample("acc", 0.703, 100)],
             id="a-leading-step-of-its-total-in-brackets",
