@@ -13,14 +13,13 @@ recovered, and finishes.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.env import clean_env
+from tests.helpers.cli import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -57,13 +56,7 @@ def test_a_restart_that_did_not_restore_health_rolls_back_further_and_recovers(
     job, ckpt, state = tmp_path / "job.py", tmp_path / "ckpt", tmp_path / "state"
     record = tmp_path / "starts.jsonl"
     job.write_text(JOB)
-    result = subprocess.run(
-        [sys.executable, "-m", "sentinel", "run", "--checkpoints", str(ckpt),
-         "--state-dir", str(state), "--max-restarts", "3",
-         "--", sys.executable, str(job), str(ckpt), str(record)],
-        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1"), capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
+    result = run_job(ckpt, state, sys.executable, job, ckpt, record)
     assert result.returncode == 0, result.stderr[-3000:]
     starts = [json.loads(line) for line in record.read_text().splitlines()]
     resumed = [Path(s["resume_from"]).name if s["resume_from"] else None for s in starts]
@@ -127,13 +120,7 @@ def test_a_checkpoint_whose_first_logged_value_is_bad_is_rolled_back_past(tmp_pa
     job, ckpt, state = tmp_path / "job.py", tmp_path / "ckpt", tmp_path / "state"
     record = tmp_path / "starts.jsonl"
     job.write_text(POISONED_SAVE)
-    result = subprocess.run(
-        [sys.executable, "-m", "sentinel", "run", "--checkpoints", str(ckpt),
-         "--state-dir", str(state), "--max-restarts", "3",
-         "--", sys.executable, str(job), str(ckpt), str(record)],
-        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1"), capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
+    result = run_job(ckpt, state, sys.executable, job, ckpt, record)
     assert result.returncode == 0, result.stderr[-3000:]
     starts = [json.loads(line) for line in record.read_text().splitlines()]
     resumed = [Path(s["resume_from"]).name if s["resume_from"] else None for s in starts]

@@ -11,7 +11,6 @@ are beside it, in ``checkpoints.sentinel/``.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 
 from sentinel.checkpoints.keep import KEPT_DIR
 from sentinel.checkpoints.scan import QUARANTINE_DIR
-from tests.helpers.env import clean_env
+from tests.helpers.cli import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +31,7 @@ def test_an_accelerate_job_resumes_its_clean_save_by_load_state_and_finishes(
     pytest.importorskip("accelerate")
     project, state, starts = tmp_path / "project", tmp_path / "state", tmp_path / "starts.jsonl"
     saves = project / "checkpoints"
-    result = subprocess.run(
-        [sys.executable, "-m", "sentinel", "run", "--checkpoints", str(saves),
-         "--state-dir", str(state), "--max-restarts", "2",
-         "--", sys.executable, str(JOB), str(project), str(starts)],
-        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1"), capture_output=True, text=True,
-        timeout=180,
-    )  # fmt: skip
+    result = run_job(saves, state, sys.executable, JOB, project, starts, max_restarts=2)
     assert result.returncode == 0, result.stderr[-3000:]
     begun = [json.loads(line) for line in starts.read_text().splitlines()]
     assert len(begun) == 2, begun

@@ -425,51 +425,36 @@ def test_a_truncated_sb3_checkpoint_is_corrupt(tmp_path: Path) -> None:
 KERAS_CHECKPOINTS = SB3_CHECKPOINTS.parent / "keras"
 
 
-def test_keras_checkpoints_are_epochs_placed_by_time_and_rolled_back(tmp_path: Path) -> None:
-    """Keras 3's own ``ModelCheckpoint("model_{epoch:02d}.keras")`` files
-    (tests/fixtures/checkpoints/make_keras_checkpoints.py): their number is Keras's epoch,
-    never a step; a rollback places them by time (a run gave up: "no checkpoint at all"
-    beside six of them, the last holding the NaN). One cut short is corrupt."""
-    for epoch, source in enumerate(sorted(KERAS_CHECKPOINTS.glob("*.keras")), start=1):
+@pytest.mark.parametrize(
+    ("pattern", "name", "layout", "cut_reason"),
+    [
+        ("*.keras", "model_0{}.keras", "keras", "torch zip archive unreadable"),
+        ("*.weights.h5", "w_0{}.weights.h5", "hdf5", "HDF5 file cut short"),
+    ],
+)
+def test_keras_checkpoints_are_epochs_placed_by_time_and_rolled_back(
+    tmp_path: Path, pattern: str, name: str, layout: str, cut_reason: str
+) -> None:
+    """Keras 3's own checkpoints (tests/fixtures/checkpoints/make_keras_checkpoints.py):
+    ``ModelCheckpoint("model_{epoch:02d}.keras")`` and, with ``save_weights_only=True``,
+    ``w_{epoch:02d}.weights.h5`` (HDF5, as ``BackupAndRestore`` writes). Their number is
+    Keras's epoch, never a step; a rollback places them by time (real runs gave up with "no
+    checkpoint at all" beside six and eight of them, the last holding the NaN). One cut
+    short is corrupt (an HDF5 file's superblock says where it ends)."""
+    for epoch, source in enumerate(sorted(KERAS_CHECKPOINTS.glob(pattern)), start=1):
         shutil.copy2(source, tmp_path / source.name)
         os.utime(tmp_path / source.name, (1_700_000_000 + 100 * epoch,) * 2)
     found = scan(tmp_path)
     assert [(c.path.name, c.step, c.epoch, c.status, c.layout) for c in found] == [
-        (f"model_0{e}.keras", None, e, CheckpointStatus.CLEAN, "keras") for e in (1, 2, 3)
+        (name.format(e), None, e, CheckpointStatus.CLEAN, layout) for e in (1, 2, 3)
     ]
     plan = plan_rollback(tmp_path, Onset(step=70, time=1_700_000_250))
-    assert plan.restore is not None and plan.restore.path.name == "model_02.keras"
-    assert [c.path.name for c in plan.quarantine] == ["model_03.keras"]
-    data = (KERAS_CHECKPOINTS / "model_01.keras").read_bytes()
-    (tmp_path / "model_01.keras").write_bytes(data[: len(data) // 2])
-    assert {c.path.name: c.status for c in scan(tmp_path)}[
-        "model_01.keras"
-    ] is CheckpointStatus.CORRUPT
-
-
-def test_keras_weights_h5_are_epochs_placed_by_time_and_rolled_back(tmp_path: Path) -> None:
-    """Keras 3's ``ModelCheckpoint("w_{epoch:02d}.weights.h5", save_weights_only=True)``
-    files (HDF5, as ``BackupAndRestore``'s ``latest.weights.h5``): a real run gave up with
-    "no checkpoint at all" beside eight of them, and left the NaN one where a restart
-    loaded it. Epochs, placed by time; one cut short (its superblock's end past the file's)
-    is corrupt."""
-    for epoch, source in enumerate(sorted(KERAS_CHECKPOINTS.glob("*.weights.h5")), start=1):
-        shutil.copy2(source, tmp_path / source.name)
-        os.utime(tmp_path / source.name, (1_700_000_000 + 100 * epoch,) * 2)
-    found = scan(tmp_path)
-    assert [(c.path.name, c.step, c.epoch, c.status, c.layout) for c in found] == [
-        (f"w_0{e}.weights.h5", None, e, CheckpointStatus.CLEAN, "hdf5") for e in (1, 2, 3)
-    ]
-    plan = plan_rollback(tmp_path, Onset(step=70, time=1_700_000_250))
-    assert plan.restore is not None and plan.restore.path.name == "w_02.weights.h5"
-    assert [c.path.name for c in plan.quarantine] == ["w_03.weights.h5"]
-    data = (KERAS_CHECKPOINTS / "w_01.weights.h5").read_bytes()
-    (tmp_path / "w_01.weights.h5").write_bytes(data[: len(data) // 2])
-    cut = {c.path.name: c for c in scan(tmp_path)}["w_01.weights.h5"]
-    assert (cut.status, cut.reason) == (
-        CheckpointStatus.CORRUPT,
-        f"w_01.weights.h5: HDF5 file cut short: {len(data) // 2} bytes of {len(data)}",
-    )
+    assert plan.restore is not None and plan.restore.path.name == name.format(2)
+    assert [c.path.name for c in plan.quarantine] == [name.format(3)]
+    data = (KERAS_CHECKPOINTS / name.format(1)).read_bytes()
+    (tmp_path / name.format(1)).write_bytes(data[: len(data) // 2])
+    cut = {c.path.name: c for c in scan(tmp_path)}[name.format(1)]
+    assert cut.status is CheckpointStatus.CORRUPT and cut_reason in cut.reason, cut.reason
 
 
 def test_the_name_the_job_resumes_from_gets_its_clean_version_beside_a_best_copy(

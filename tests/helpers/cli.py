@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sentinel.cli.main import main
+from tests.helpers.env import clean_env
 
 #: Verbs that start a job, threads or signal handlers: never in the test's process.
 STARTS_THINGS = frozenset({"run", "watch", "demo"})
@@ -72,3 +73,21 @@ def sentinel_here(
         os.environ.clear()
         os.environ.update(saved_env)
     return subprocess.CompletedProcess(["sentinel", *argv], code, out.getvalue(), err.getvalue())
+
+
+def run_job(
+    checkpoints: Path,
+    state: Path,
+    *command: str | Path,
+    max_restarts: int = 3,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess[str]:
+    """``sentinel run`` of ``command`` as a process, with ``checkpoints`` and ``state`` and
+    restarts 0.1 s apart (no backoff to wait out), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--checkpoints", str(checkpoints),
+         "--state-dir", str(state), "--max-restarts", str(max_restarts),
+         "--", *map(str, command)],
+        env=clean_env(SENTINEL_JOB__RESTART_BACKOFF_S="0.1"), capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
