@@ -180,3 +180,60 @@ def test_sigterm_stops_sentinel_and_never_the_job(tmp_path: Path) -> None:
     os.kill(pid, 0)  # still running: a watchdog being stopped leaves its job alone
     os.killpg(os.getpgid(pid), signal.SIGKILL)  # the job and its stand-in orchestrator
     assert "leaving the job alone" in err
+
+
+CRASHING = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    run = Path(sys.argv[1])
+    (run / "job.pid.tmp").write_text(str(os.getpid()))
+    os.replace(run / "job.pid.tmp", run / "job.pid")
+    for step in range(1, 1201):  # until the test says sentinel is watching
+        print(json.dumps({"step": step, "loss": 2.0 - step / 10000}), flush=True)
+        if (run / "crash").exists():
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        time.sleep(0.05)
+    """
+)
+
+
+def test_a_job_it_did_not_start_that_dies_on_a_traceback_is_reported(tmp_path: Path) -> None:
+    """The job runs as ``python train.py >> train.log 2>&1`` under a launcher that exits:
+    sentinel sees it vanish, never its exit status, and its log ends in a traceback. It says
+    so (a job_crash warning, classed oom), where it had said nothing."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "job.py").write_text(CRASHING)
+    command = f"exec {sys.executable} {tmp_path / 'job.py'} {run} >> {run / 'train.log'} 2>&1"
+    launcher = (
+        "import subprocess, sys; subprocess.Popen(['bash', '-c', sys.argv[1]],"
+        " start_new_session=True)"
+    )
+    subprocess.run([sys.executable, "-c", launcher, command], check=True, timeout=30)
+    watch = _watch(tmp_path, run)
+    alerts = tmp_path / "state" / "alerts.jsonl"
+    said: list[str] = []
+    assert watch.stderr is not None
+    reader = threading.Thread(target=lambda: said.extend(iter(watch.stderr.readline, "")))
+    reader.start()
+    try:
+        _wait_for(lambda: any("job found (attempt 1" in line for line in said))
+        (run / "crash").touch()  # sentinel is watching: now the job dies
+        _wait_for(lambda: alerts.exists() and "job_crash" in alerts.read_text())
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        watch.wait(timeout=30)
+        reader.join()
+        for pipe in (watch.stdout, watch.stderr):
+            assert pipe is not None
+            pipe.close()
+    err = "".join(said)
+    (crash,) = [
+        json.loads(line)
+        for line in alerts.read_text().splitlines()
+        if json.loads(line)["rule"] == "job_crash"
+    ]
+    assert crash["severity"] == "warning", crash
+    assert "exit status unknown" in crash["message"], err
+    assert "likely a crash, oom (RuntimeError: CUDA out of memory" in crash["message"], crash

@@ -399,7 +399,7 @@ class Engine:
         self._ranked.clear()
         self._hooks.each(lambda detector: detector.job_started(now), now)
 
-    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+    def job_exited(self, exit_code: int | None, now: float, *, expected: bool) -> list[Alert]:
         return self._hooks.each(
             lambda detector: detector.job_exited(exit_code, now, expected=expected), now
         )

@@ -128,8 +128,9 @@ class Detector(Protocol):
         """A new attempt of the job began: forget the previous attempt's episode."""
         ...
 
-    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
-        """The job exited; ``expected`` when sentinel itself stopped it."""
+    def job_exited(self, exit_code: int | None, now: float, *, expected: bool) -> list[Alert]:
+        """The job exited; ``expected`` when sentinel itself stopped it; ``exit_code`` None
+        when it cannot be known (a job sentinel did not start)."""
         ...
 
 
@@ -288,7 +289,7 @@ class BaseDetector:
     def job_started(self, now: float) -> None:
         return None
 
-    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+    def job_exited(self, exit_code: int | None, now: float, *, expected: bool) -> list[Alert]:
         return []
 
     def memory(self, now: float) -> dict[str, Any] | None:

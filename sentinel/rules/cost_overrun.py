@@ -326,7 +326,7 @@ class CostOverrunDetector(BaseDetector):
         self.state.progress.clear()
         self.state.first = None
 
-    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+    def job_exited(self, exit_code: int | None, now: float, *, expected: bool) -> list[Alert]:
         alerts = self._spend(now)
         self.state.since = None
         return alerts

@@ -79,7 +79,7 @@ class GpuIdleDetector(BaseDetector):
         self._alive = True
         self._reset()
 
-    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+    def job_exited(self, exit_code: int | None, now: float, *, expected: bool) -> list[Alert]:
         self._alive = False
         alerts = []
         if self._flagged:

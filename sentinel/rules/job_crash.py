@@ -229,6 +229,31 @@ class JobCrashDetector(BaseDetector):
         if block.names:
             self._last_step = block.steps[-1]
 
+    def _vanished(self, now: float) -> list[Alert]:
+        """A warning for a job whose exit status cannot be known (``watch`` beside a job it
+        did not start) that ended right after printing an exception: it likely crashed.
+        Not critical: a job may print one and exit 0, and nothing here says which."""
+        lines = list(self._tail)
+        evidence = swallowed_error(lines)
+        if evidence is None:
+            return []
+        crash_class, advice, _ = classify(lines, 1)
+        return [
+            Alert(
+                rule=self.rule,
+                severity=Severity.WARNING,
+                message=(
+                    "job ended right after an exception, its exit status unknown (sentinel did"
+                    f" not start it): likely a crash, {crash_class} ({evidence[:300]})"
+                ),
+                time=now,
+                source="job",
+                step=self._last_step,
+                metric="exit_code",
+                details={"class": crash_class, "advice": advice, "evidence": evidence},
+            )
+        ]
+
     def _swallowed(self, now: float) -> list[Alert]:
         """A warning for a job that exited 0 right after printing an exception."""
         evidence = swallowed_error(list(self._tail))
@@ -251,9 +276,11 @@ class JobCrashDetector(BaseDetector):
             )
         ]
 
-    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+    def job_exited(self, exit_code: int | None, now: float, *, expected: bool) -> list[Alert]:
         if expected:
             return []
+        if exit_code is None:
+            return self._vanished(now)
         if exit_code == 0:
             return self._swallowed(now)
         crash_class, advice, evidence = classify(list(self._tail), exit_code)

@@ -153,7 +153,7 @@ class RecoveryDetector(BaseDetector):
             return []
         return self._judge(sample, source, now)
 
-    def job_exited(self, exit_code: int, now: float, *, expected: bool) -> list[Alert]:
+    def job_exited(self, exit_code: int | None, now: float, *, expected: bool) -> list[Alert]:
         """An attempt that ends before ``confirm`` values past the onset is judged on those
         it logged: a run that logs rarely is judged all the same."""
         pending = self._expected

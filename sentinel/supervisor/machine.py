@@ -432,8 +432,7 @@ class JobMachine:
         relay_failed = held is not None and held.relay_failed
         said = "ended (exit status unknown)" if returncode is None else describe_exit(returncode)
         log.info("job (attempt %d) %s", attempt, said)
-        if returncode is not None:
-            self.alerts(self.watch.engine.job_exited(returncode, now, expected=stop is not None))
+        self.alerts(self.watch.engine.job_exited(returncode, now, expected=stop is not None))
         stop = self.stop  # a job_crash incident may have decided on a restart just now
         attempts.ended()
         status = 0 if returncode is None else exit_status(returncode)

@@ -195,6 +195,28 @@ def test_a_crash_that_corrupts_no_number_began_after_the_last_step(text: str, on
     assert (alert.step, alert.onset_step) == (125, onset)
 
 
+def test_a_job_whose_exit_status_cannot_be_known_warns_when_it_ended_on_an_exception() -> None:
+    """``watch`` beside a job it did not start sees it vanish, never its exit status: one that
+    printed a traceback last likely crashed (a warning, with its class); one that ended
+    quietly, or on the interpreter's ``Exception ignored in`` at shutdown, raises nothing."""
+    crashed = JobCrashDetector(JobCrashConfig())
+    crashed.job_started(NOW)
+    crashed.observe(Sample("loss", 2.0, 40), "train.log", NOW)
+    for text in [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 12, in <module>',
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    ]:
+        crashed.output(Line("train.log", text, NOW))
+    (alert,) = crashed.job_exited(None, NOW + 1, expected=False)
+    assert (alert.severity, alert.step, alert.details["class"]) == (Severity.WARNING, 40, "oom")
+    assert "exit status unknown" in alert.message
+    quiet = JobCrashDetector(JobCrashConfig())
+    quiet.job_started(NOW)
+    quiet.output(Line("train.log", "training done", NOW))
+    assert quiet.job_exited(None, NOW + 1, expected=False) == []
+
+
 def test_evidence_is_the_matching_line() -> None:
     (alert,) = crashed(CUDA_OOM, 1)
     assert alert.details["evidence"].startswith("torch.OutOfMemoryError: CUDA out of memory")
