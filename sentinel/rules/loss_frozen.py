@@ -19,6 +19,8 @@ of them; it resolves when the loss moves. The message names ln K where the value
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Iterable
 from itertools import islice
 from operator import eq
 from typing import Any
@@ -52,6 +54,32 @@ def significant_digits(value: float) -> int:
     computed (a sum of logged terms, ``0.30000000000000004``) is no precision."""
     mantissa = format(abs(value), ".6e").split("e")[0].replace(".", "")
     return len(mantissa.strip("0"))
+
+
+#: A run of this many equal values, or more, is remembered (``LossFrozenDetector._runs``).
+CREEP_RUN = 3
+#: Runs remembered: a new run at one of their values, or a printed digit from it, creeps.
+RUNS_KEPT = 4
+
+
+def quantum(value: float) -> float:
+    """The place of the last significant digit of ``value`` as logged (``0.0379``: 1e-4)."""
+    mantissa, exponent = format(abs(value), ".6e").split("e")
+    digits = len(mantissa.replace(".", "").rstrip("0"))
+    return 10.0 ** (int(exponent) - max(digits - 1, 0))
+
+
+def creeps(value: float, runs: Iterable[float]) -> bool:
+    """Whether a run of ``value`` comes after an earlier run (of ``CREEP_RUN`` or more) one
+    printed digit from it: a loss still moving under the precision it is printed at. A
+    converged full-batch run printed to 4 decimals logged 0.0379 ten times, then 0.0378 ten
+    times, 0.0377...: frozen to the eye, not to the optimizer. A frozen loss comes back to
+    its very value (ln 10 again after a blip): that is no creep."""
+    for before in runs:
+        step = min(quantum(value), quantum(before))
+        if math.isclose(abs(value - before), step, rel_tol=1e-6):
+            return True
+    return False
 
 
 def classes_of(value: float) -> int | None:
@@ -93,6 +121,8 @@ class LossFrozenDetector(BaseDetector):
         self._last: float | None = None
         self._count = 0
         self._since: int | None = None
+        #: The values of the last ``RUNS_KEPT`` runs of ``CREEP_RUN`` or more, ended.
+        self._runs: deque[float] = deque(maxlen=RUNS_KEPT)
         #: Whether the warning for the current run of values is open.
         self._open = False
 
@@ -111,6 +141,7 @@ class LossFrozenDetector(BaseDetector):
                 self._count == settings.repeats
                 and not self._open
                 and significant_digits(value) >= settings.min_digits
+                and not creeps(value, self._runs)
             ):
                 self._open = True
                 return [self._frozen(sample, source, time)]
@@ -128,6 +159,8 @@ class LossFrozenDetector(BaseDetector):
                     resolves=True,
                 )
             )
+        if self._last is not None and self._count >= CREEP_RUN:
+            self._runs.append(self._last)
         self._last = value if math.isfinite(value) else None
         self._count = 1
         self._since = step
@@ -188,6 +221,17 @@ class LossFrozenDetector(BaseDetector):
         if run == len(column) and value == self._last:
             self._count += run  # the run goes on from before the block
             return
+        # The runs the block ended, as line by line: the one going on from before it first.
+        last, count = self._last, self._count
+        for item in column[: len(column) - run]:
+            if item == last:
+                count += 1
+                continue
+            if last is not None and count >= CREEP_RUN:
+                self._runs.append(last)
+            last, count = (item if math.isfinite(item) else None), 1
+        if last is not None and count >= CREEP_RUN:
+            self._runs.append(last)
         self._last = value if math.isfinite(value) else None
         self._count = run
         self._since = block.steps[-run]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,28 @@ def test_a_block_of_lines_says_what_line_by_line_says() -> None:
         ("warning", False),
         ("info", True),
     ]
+
+
+FULLBATCH = Path(__file__).resolve().parents[1] / "fixtures" / "fullbatch" / "train.log"
+
+
+def test_a_converged_loss_creeping_under_its_printed_precision_is_not_frozen() -> None:
+    """A real converged full-batch run printed to 4 decimals (``make_fullbatch.py``): its
+    loss repeats ten times and more at 0.0379, then 0.0378, 0.0377, 0.0376, with bumps in
+    between. Each run one printed digit from an earlier one creeps: no warning (there were
+    four, "no longer depends on its input"). The same in blocks; and a loss that comes back
+    to its very value after a blip is still frozen (the ln 10 test above)."""
+    values = [
+        float(line.split("loss: ")[1].split()[0]) for line in FULLBATCH.read_text().splitlines()
+    ]
+    assert feed(values) == []
+    stairs = [0.0381, 0.0392] + [0.0380] * 12 + [0.0395] + [0.0379] * 12 + [0.0401] + [0.0378] * 12
+    assert feed(stairs) == []
+    texts = [json.dumps({"step": i + 1, "loss": v}) for i, v in enumerate(values * 3)]
+
+    def only() -> list[LossFrozenDetector]:
+        return [LossFrozenDetector(LossFrozenConfig())]
+
+    line_by_line = run(only, texts, blocks=False)
+    blocks = run(only, texts, blocks=True)
+    assert (blocks.alerts, blocks.state) == (line_by_line.alerts, line_by_line.state)
