@@ -34,6 +34,7 @@ from sentinel.parsing import (
     ultralytics,
     verl,
     wenet,
+    yolo_results,
 )
 from sentinel.parsing.file_format import FileFormat
 from sentinel.parsing.values import LineFormat, ParseFn
@@ -59,6 +60,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "coqui": coqui.parse_coqui,
     "tfod": tfod.parse_tfod,
     "detectron2": detectron2.parse_detectron2,
+    "yolo_results": yolo_results.parse_yolo_results,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a
