@@ -795,3 +795,24 @@ def test_a_number_after_checkpoint_is_what_the_file_holds_an_epoch_here(tmp_path
     assert last_clean(list(found.values()), onset).path.name == "checkpoint_2.pth"
     hf = write_hf_checkpoint(tmp_path / "hf" / "checkpoint-400")
     assert [c.step for c in scan(hf.parent)] == [400]
+
+
+def test_of_a_save_in_two_files_the_weights_are_resumed(tmp_path: Path) -> None:
+    """``model_{step:06d}.safetensors`` then ``optim_{step:06d}.pt`` each save: the resume
+    named the optimizer's half (``optim_000130.pt``, written last), which a job that loads
+    ``SENTINEL_RESUME_FROM`` as weights cannot use. The weights file is the one named."""
+    import time
+
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    for step in (120, 130):
+        safetensors_torch.save_file(
+            {"w": torch.zeros(2)}, tmp_path / f"model_{step:06d}.safetensors"
+        )
+        time.sleep(0.01)
+        torch.save({"state": {}, "param_groups": []}, tmp_path / f"optim_{step:06d}.pt")
+        time.sleep(0.01)
+    found = scan(tmp_path, onset=Onset(step=131))
+    clean = last_clean(found, Onset(step=131))
+    assert clean is not None and clean.path.name == "model_000130.safetensors"
+    assert last_clean(found, Onset(step=125)).path.name == "model_000120.safetensors"

@@ -261,6 +261,9 @@ def _scan_folder(root: Path, onset: Onset, linked: Collection[Path]) -> list[Che
     return found
 
 
+#: A file of a save that holds the optimizer's state, not the weights.
+_OPTIMIZER_STATE = re.compile(r"optim|scheduler|rng_state|random_states", re.IGNORECASE)
+
 #: Folders ``elsewhere`` looks into at most, so a give-up never waits on a huge tree.
 ELSEWHERE_FOLDERS = 64
 
@@ -357,7 +360,18 @@ def last_clean(
         for c in checkpoints
         if c.status is CheckpointStatus.CLEAN and not onset.reaches(c.step, c.epoch, c.mtime)
     ]
-    return max(candidates, key=functools.cmp_to_key(_compare), default=None)
+    best = max(candidates, key=functools.cmp_to_key(_compare), default=None)
+    if best is None or best.step is None or not _OPTIMIZER_STATE.search(best.path.name):
+        return best
+    # A save of several files at one step (``model_000130.safetensors`` and the optimizer's
+    # ``optim_000130.pt``, written after it): the weights are the one a resume names.
+    weights = [
+        c
+        for c in candidates
+        if c.step == best.step and c.epoch == best.epoch
+        and not _OPTIMIZER_STATE.search(c.path.name)
+    ]  # fmt: skip
+    return max(weights, key=functools.cmp_to_key(_compare), default=best)
 
 
 def _examine(path: Path, is_dir: bool, position: NamePosition, onset: Onset) -> Checkpoint | None:
