@@ -757,9 +757,11 @@ def test_sentinels_own_folders_are_beside_a_dir_accelerate_lists_whole(tmp_path:
     write_hf_checkpoint(hf / "checkpoint-10")
     assert own_root(hf) == hf
     saves = tmp_path / "project" / "checkpoints"
-    (saves / "checkpoint_0").mkdir(parents=True)
-    assert own_root(saves) == saves  # no random_states_*.pkl: not accelerate's
-    (saves / "checkpoint_0" / "random_states_0.pkl").write_bytes(b"\x80\x04N.")
+    (saves / "notes").mkdir(parents=True)
+    assert own_root(saves) == saves
+    # By its name: the keeper stages a save at its first look, before accelerate wrote its
+    # random_states_<rank>.pkl, and a .sentinel-kept/ made inside then would stay.
+    (saves / "checkpoint_0").mkdir()
     beside = tmp_path / "project" / "checkpoints.sentinel"
     assert own_root(saves) == beside
     beside.mkdir()

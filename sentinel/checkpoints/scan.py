@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,6 @@ from sentinel.checkpoints.layouts import (
     counts_saves,
     dir_content,
     holds_checkpoint,
-    holds_random_states,
     judge_dir,
     judge_file,
     layout_of,
@@ -207,14 +207,39 @@ def own_root(directory: Path) -> Path:
     return beside
 
 
+#: How old a dir's mtime must be before an answer given at it is trusted again.
+SETTLED_NS = 2_000_000_000
+#: ``_counts_saves_inside``'s answers, by dir, with the dir's mtime they were given at (the
+#: keeper asks at every look; a dir of many ``checkpoint_<i>`` folders is one scan each).
+_SAVES_INSIDE: dict[Path, tuple[int, bool]] = {}
+
+
 def _counts_saves_inside(directory: Path) -> bool:
-    """Whether ``directory`` holds accelerate's ``checkpoint_<i>`` folders."""
+    """Whether ``directory`` holds folders named as accelerate's ``checkpoint_<i>`` (a new
+    entry changes the dir's mtime, and the answer is looked for again)."""
+    try:
+        mtime = os.stat(directory).st_mtime_ns
+    except OSError:
+        return False
+    known = _SAVES_INSIDE.get(directory)
+    # An mtime of the last moments may not have moved yet for an entry made since (the
+    # clock a filesystem stamps with ticks every few ms): trusted once it is older.
+    if known is not None and known[0] == mtime and time.time_ns() - mtime > SETTLED_NS:
+        return known[1]
+    found = _scan_for_saves(directory)
+    if len(_SAVES_INSIDE) > 64:
+        _SAVES_INSIDE.clear()
+    _SAVES_INSIDE[directory] = (mtime, found)
+    return found
+
+
+def _scan_for_saves(directory: Path) -> bool:
+    """By the name alone: the keeper stages a new save at its first look, before accelerate
+    has written its ``random_states``, and a ``.sentinel-kept/`` made inside then stays."""
     try:
         with os.scandir(directory) as entries:
             return any(
-                entry.is_dir()
-                and ACCELERATE_SAVES.fullmatch(entry.name) is not None
-                and holds_random_states(Path(entry.path))
+                ACCELERATE_SAVES.fullmatch(entry.name) is not None and entry.is_dir()
                 for entry in entries
             )
     except OSError:
