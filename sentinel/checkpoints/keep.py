@@ -64,7 +64,7 @@ from sentinel.checkpoints.layouts import (
     judge_file,
 )
 from sentinel.checkpoints.names import checkpoint_suffix, is_in_progress, is_shard, position_of
-from sentinel.checkpoints.scan import QUARANTINE_DIR, Onset, own_root
+from sentinel.checkpoints.scan import QUARANTINE_DIR, Onset, checkpoint_folders, own_root
 
 log = logging.getLogger(__name__)
 
@@ -859,3 +859,50 @@ def _read_sidecar(folder: Path, name: str) -> KeptVersion | None:
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("skipping kept version %s: unreadable sidecar (%s)", folder, error)
         return None
+
+
+class FolderKeepers:
+    """A ``Keeper`` for each folder whose checkpoints are a dir's (``checkpoint_folders``):
+    the dir itself and, in Lightning's ``lightning_logs``, each ``version_<N>/checkpoints/``,
+    a keeper for a new version's from the first look that finds it. Lightning's default
+    ``save_top_k=1`` deletes each save as it writes the next; with ``--checkpoints
+    lightning_logs`` nothing was kept, and a blow-up whose one save came after its onset
+    gave up ("no clean checkpoint") with the clean one deleted by the job."""
+
+    def __init__(self, directory: Path, **settings: Any) -> None:
+        self.directory = Path(os.path.abspath(directory))
+        self._settings = settings
+        #: As each ``Keeper``'s: how long a version must hold still.
+        self.settle_s: float = settings.get("settle_s", SETTLE_S)
+        self._onset: Onset | None = None
+        self.keepers: dict[Path, Keeper] = {}
+        self._follow()
+
+    def _follow(self) -> None:
+        for folder in checkpoint_folders(self.directory):
+            if folder not in self.keepers:
+                keeper = self.keepers[folder] = Keeper(folder, **self._settings)
+                keeper.keep_before(self._onset)
+
+    def keep_before(self, onset: Onset | None) -> None:
+        self._onset = onset
+        for keeper in self.keepers.values():
+            keeper.keep_before(onset)
+
+    def poll(self, now: float) -> None:
+        self._follow()
+        for keeper in self.keepers.values():
+            keeper.poll(now)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        return all([keeper.flush(timeout_s) for keeper in self.keepers.values()])
+
+    def set_aside(self, paths: list[Path], timeout_s: float | None = None) -> None:
+        """``Keeper.set_aside`` for each quarantined checkpoint, by the folder it was in."""
+        for folder, keeper in self.keepers.items():
+            names = [p.name for p in paths if Path(os.path.abspath(p.parent)) == folder]
+            keeper.set_aside(names, timeout_s)
+
+    def close(self, timeout_s: float | None = None) -> None:
+        for keeper in self.keepers.values():
+            keeper.close(timeout_s)

@@ -67,6 +67,7 @@ from sentinel.checkpoints.scan import (
     Checkpoint,
     CheckpointStatus,
     Onset,
+    checkpoint_folders,
     last_clean,
     own_root,
     scan,
@@ -167,9 +168,13 @@ def _newest_clean_kept(
     files the job overwrites at the same save (``_same_save``), the one whose name holds no
     clean checkpoint now (not in ``clean``) wins: its name is the one to fill.
     """
-    root = Path(os.path.abspath(directory))
     best: tuple[KeptVersion, Checkpoint] | None = None
-    for version in reversed(kept_versions(directory)):
+    kept = [
+        (Path(os.path.abspath(folder)), version)
+        for folder in checkpoint_folders(directory)
+        for version in reversed(kept_versions(folder))
+    ]
+    for root, version in kept:
         if onset.reaches(version.step, version.epoch, version.mtime):
             continue
         candidate = Checkpoint(

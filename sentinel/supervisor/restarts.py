@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sentinel.checkpoints.keep import Keeper
+from sentinel.checkpoints.keep import FolderKeepers
 from sentinel.checkpoints.quarantine import fresh_label
 from sentinel.checkpoints.rollback import apply_rollback, plan_rollback, pointer_note
 from sentinel.checkpoints.scan import EmptyDir, Onset, elsewhere, scan
@@ -92,7 +92,7 @@ class Restarts:
         self.keeper = (
             None
             if checkpoints is None or keep.max_bytes == 0
-            else Keeper(
+            else FolderKeepers(
                 checkpoints,
                 max_bytes=keep.max_bytes,
                 versions=keep.versions,
@@ -286,15 +286,7 @@ class Restarts:
                 f" {error.strerror or error}"
             )
         if self.keeper is not None:
-            kept_here = str(self.keeper.directory)
-            self.keeper.set_aside(
-                [
-                    c.path.name
-                    for c in plan.quarantine
-                    if os.path.abspath(c.path.parent) == kept_here
-                ],
-                KEEP_FLUSH_S,
-            )
+            self.keeper.set_aside([c.path for c in plan.quarantine], KEEP_FLUSH_S)
         text = f"rolled back to {plan.restore.path.name}" if plan.restore else ""
         if plan.put_back is not None and plan.restore is not None:
             at = plan.restore.step

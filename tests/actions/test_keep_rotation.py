@@ -518,3 +518,40 @@ def test_the_listing_shows_the_kept_copies_and_which_of_the_jobs_own_are_gone(
         (20, True, False),
         (30, True, False),
     ]
+
+
+def test_lightning_logs_versions_are_kept_each_and_a_rollback_puts_one_back(
+    tmp_path: Path,
+) -> None:
+    """``--checkpoints lightning_logs``: Lightning's default ``save_top_k=1`` deletes each
+    ``epoch=..-step=...ckpt`` in ``version_0/checkpoints/`` as it writes the next. Only the
+    pool's top folder was kept, nothing under it: a real run whose one save came after its
+    onset gave up ("no clean checkpoint") with the clean one deleted. Each version's folder
+    has a keeper, and the rollback puts the clean save back where Lightning wrote it."""
+    import torch
+
+    from sentinel.checkpoints.keep import FolderKeepers
+
+    logs = tmp_path / "lightning_logs"
+    folder = logs / "version_0" / "checkpoints"
+    folder.mkdir(parents=True)
+    keepers = FolderKeepers(logs)
+
+    def save(step: int, previous: int | None) -> None:
+        state = {"state_dict": {"w": torch.zeros(2)}, "global_step": step, "epoch": 0}
+        state["pytorch-lightning_version"] = "2.6.6"
+        torch.save(state, folder / f"epoch=0-step={step}.ckpt")
+        if previous is not None:
+            (folder / f"epoch=0-step={previous}.ckpt").unlink()  # save_top_k=1
+
+    save(120, None)
+    now = settle(keepers, 0.0)
+    save(130, 120)  # written after the onset at 125; 120 is gone
+    settle(keepers, now)
+    keepers.close()
+    plan = plan_rollback(logs, Onset(step=125))
+    assert plan.restore is not None and plan.put_back is not None
+    assert plan.restore.path == folder / "epoch=0-step=120.ckpt"
+    apply_rollback(plan, logs, label="20261129T210000-loss_spike")
+    assert torch.load(folder / "epoch=0-step=120.ckpt")["global_step"] == 120
+    assert not (folder / "epoch=0-step=130.ckpt").exists()
