@@ -282,3 +282,17 @@ def test_a_verdict_taken_by_the_next_attempt_is_reported_as_such(tmp_path: Path)
     assert "sentinel's last one (91 rolled_back, nan_inf at step 40, attempt 1) was taken by" in (
         result.stderr
     )
+
+
+@pytest.mark.parametrize("recipe", [["--wait"], ["--wait", "--timeout", "5", "--job-status", "0"]])
+def test_the_docs_wrapper_line_without_state_dir_reads_the_default_one(
+    tmp_path: Path, recipe: list[str]
+) -> None:
+    """The wrappers of docs/watch.md call ``sentinel verdict --wait`` with no
+    ``--state-dir``: the verb's own ``--wait`` flag was read as ``watch --wait S`` ("must be
+    a number, not true"), exit 2, and every verdict was lost. It reads ``.sentinel``."""
+    from tests.helpers.cli import sentinel_here
+
+    write_final(tmp_path / ".sentinel", 91, None, "nan_inf", 40, None, 1, NOW)
+    result = sentinel_here("verdict", *recipe, cwd=tmp_path, env=clean_env())
+    assert (result.returncode, result.stdout.strip()) == (91, "91"), result.stderr

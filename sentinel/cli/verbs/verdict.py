@@ -54,7 +54,11 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.timeout is not None and not args.wait:
         return usage_error("sentinel verdict", "--timeout bounds --wait; give --wait too")
-    state_dir = Path(args.state_dir) if args.state_dir else settings_of(args).state_dir
+    # Its --wait is its own flag, never watch's --wait S: read as that, every wrapper of the
+    # docs (no --state-dir) failed with a config error, exit 2, and lost each verdict.
+    state_dir = (
+        Path(args.state_dir) if args.state_dir else settings_of(args, own=("wait",)).state_dir
+    )
     outcome = await_verdict(
         state_dir, wait=args.wait, timeout_s=args.timeout, job_status=args.job_status
     )
