@@ -237,3 +237,6 @@ def test_a_job_it_did_not_start_that_dies_on_a_traceback_is_reported(tmp_path: P
     assert crash["severity"] == "warning", crash
     assert "exit status unknown" in crash["message"], err
     assert "likely a crash, oom (RuntimeError: CUDA out of memory" in crash["message"], crash
+    # Its own exit, not the job's: it said "the job finished with exit status 0" here.
+    assert "Result: sentinel stopped watching (exit 0)" in err, err
+    assert "the job finished" not in err

@@ -40,6 +40,10 @@ def result_line(status: int, restarts: int, elapsed_s: float, *, relaunches: boo
         )
     if not relaunches and status == EXIT_NODE_FAULT:
         return f"Result: a hardware or node fault (exit {status}: retry elsewhere){after}."
+    if not relaunches:
+        # ``watch``'s own exit status, not the job's (which it often cannot know): it said
+        # "the job finished with exit status 0" under a job that had crashed.
+        return f"Result: sentinel stopped watching (exit {status}){after}."
     if status == 0:
         return f"Result: the job finished with exit status 0{after}."
     return f"Result: the job ended with exit status {status}{after}."
