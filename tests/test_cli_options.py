@@ -186,8 +186,8 @@ def run_takes(option: str, run: Run, tmp_path: Path) -> None:
 WATCH_TARGETS = {
     "--pid": ([], "pid 4242"),
     "--pidfile": ([], "pidfile job.pid"),
-    "--match": ([], "the oldest process matching 'train.py'"),
-    "--user": (["--match", "train"], "the oldest process of user root matching 'train'"),
+    "--match": ([], "the one process matching 'train.py'"),
+    "--user": (["--match", "train"], "the one process of user root matching 'train'"),
     "--systemd-unit": ([], "systemd unit train.service"),
 }
 

@@ -149,8 +149,10 @@ class PidfileTarget:
 
 
 class MatchTarget:
-    """``--match REGEX`` (``--user NAME``): the job's root, the oldest process whose
-    command line matches and whose parent's does not (workers below a launcher match too)."""
+    """``--match REGEX`` (``--user NAME``): the job's root, the process whose command line
+    matches and whose parent's does not (workers below a launcher match too). Where two or
+    more such roots match, none is taken until one is left: the oldest of an unrelated job
+    and the watched one was the unrelated one, which got the watched job's SIGTERM."""
 
     follows_restarts = True
 
@@ -162,6 +164,8 @@ class MatchTarget:
             raise ValueError(f"not a regular expression: {pattern!r} ({exc})") from exc
         self.user = user
         self.uid = None if user is None else _uid(user)
+        #: The pids of the roots last said to be too many (said once per set).
+        self._ambiguous: frozenset[int] = frozenset()
 
     def find(self) -> ProcessIdentity | None:
         me = psutil.Process()
@@ -188,7 +192,20 @@ class MatchTarget:
                 roots.append(ProcessIdentity(pid, process.create_time()))
             except _GONE:
                 continue
-        return min(roots, key=lambda who: (who.create_time, who.pid), default=None)
+        if len(roots) > 1:
+            pids = frozenset(who.pid for who in roots)
+            if pids != self._ambiguous:
+                self._ambiguous = pids
+                log.warning(
+                    "%d processes match %r (pids %s), none started by another: not guessing"
+                    " which is the job; give --pid, --pidfile or a narrower --match",
+                    len(roots),
+                    self.regex.pattern,
+                    ", ".join(str(pid) for pid in sorted(pids)),
+                )
+            return None
+        self._ambiguous = frozenset()
+        return roots[0] if roots else None
 
     def exit_status(self, identity: ProcessIdentity) -> int | None:
         return None
@@ -198,7 +215,7 @@ class MatchTarget:
 
     def describe(self) -> str:
         who = f" of user {self.user}" if self.user is not None else ""
-        return f"the oldest process{who} matching {self.regex.pattern!r}"
+        return f"the one process{who} matching {self.regex.pattern!r}"
 
 
 class SystemdUnitTarget:

@@ -242,6 +242,30 @@ def test_match_never_resolves_to_an_ancestor_of_sentinel(folder: Path) -> None:
 
 
 @pytest.mark.slow
+def test_match_takes_no_job_while_two_unrelated_ones_match(
+    folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unrelated job started first and the watched one both match: the oldest was taken,
+    the unrelated one, and it got the watched job's SIGTERM. None is taken (said once) until
+    one is left."""
+    launch_detached(role_argv(folder, "sleeper"))
+    other = wait_for_pid(folder, "sleeper")
+    launch_detached(role_argv(folder, "job"))
+    job = wait_for_pid(folder, "job")
+    target = MatchTarget(re.escape(str(folder)))
+    with caplog.at_level(logging.WARNING):
+        assert target.find() is None
+        assert target.find() is None
+    assert caplog.text.count("not guessing which is the job") == 1
+    assert f"pids {min(other.pid, job.pid)}, {max(other.pid, job.pid)}" in caplog.text
+    os.kill(other.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while target.find() != job:
+        assert time.monotonic() < deadline, "the one job left was not found"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
 def test_match_with_user(folder: Path) -> None:
     launch_detached(role_argv(folder, "job"))
     job = wait_for_pid(folder, "job")
