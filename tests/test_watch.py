@@ -103,6 +103,26 @@ def _watch(tmp_path: Path, run: Path, *extra: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def _read_stderr(watch: subprocess.Popen[str]) -> tuple[list[str], threading.Thread]:
+    """sentinel's stderr, line by line as it comes, into the list returned."""
+    said: list[str] = []
+    assert watch.stderr is not None
+    stderr = watch.stderr
+    reader = threading.Thread(target=lambda: said.extend(iter(stderr.readline, "")))
+    reader.start()
+    return said, reader
+
+
+def _stop(watch: subprocess.Popen[str], reader: threading.Thread) -> None:
+    """SIGTERM to sentinel, then its end and its pipes'."""
+    watch.send_signal(signal.SIGTERM)
+    watch.wait(timeout=30)
+    reader.join()
+    for pipe in (watch.stdout, watch.stderr):
+        assert pipe is not None
+        pipe.close()
+
+
 def _wait_for(predicate: Any, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -161,19 +181,11 @@ def test_watch_rolls_back_writes_91_follows_attempt_2_and_gives_up_with_90(
 def test_sigterm_stops_sentinel_and_never_the_job(tmp_path: Path) -> None:
     run = _launch_orchestrator(tmp_path, "never")
     watch = _watch(tmp_path, run)
-    said: list[str] = []
-    assert watch.stderr is not None
-    reader = threading.Thread(target=lambda: said.extend(iter(watch.stderr.readline, "")))
-    reader.start()
+    said, reader = _read_stderr(watch)
     try:
         _wait_for(lambda: any("job found (attempt 1" in line for line in said))
     finally:
-        watch.send_signal(signal.SIGTERM)
-        watch.wait(timeout=30)
-        reader.join()
-        for pipe in (watch.stdout, watch.stderr):
-            assert pipe is not None
-            pipe.close()
+        _stop(watch, reader)
     err = "".join(said)
     assert watch.returncode == 0, err
     pid = json.loads((run / "attempt-1").read_text())["pid"]
@@ -222,21 +234,13 @@ def test_a_job_it_did_not_start_that_dies_on_a_traceback_is_reported(tmp_path: P
     subprocess.run([sys.executable, "-c", launcher, command], check=True, timeout=30)
     watch = _watch(tmp_path, run)
     alerts = tmp_path / "state" / "alerts.jsonl"
-    said: list[str] = []
-    assert watch.stderr is not None
-    reader = threading.Thread(target=lambda: said.extend(iter(watch.stderr.readline, "")))
-    reader.start()
+    said, reader = _read_stderr(watch)
     try:
         _wait_for(lambda: any("job found (attempt 1" in line for line in said))
         (run / "crash").touch()  # sentinel is watching: now the job dies
         _wait_for(lambda: alerts.exists() and "job_crash" in alerts.read_text())
     finally:
-        watch.send_signal(signal.SIGTERM)
-        watch.wait(timeout=30)
-        reader.join()
-        for pipe in (watch.stdout, watch.stderr):
-            assert pipe is not None
-            pipe.close()
+        _stop(watch, reader)
     err = "".join(said)
     (crash,) = [
         json.loads(line)
