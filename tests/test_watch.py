@@ -204,16 +204,9 @@ CRASHING = textwrap.dedent(
     for step in range(1, 1201):  # until the test says sentinel is watching
         print(json.dumps({"step": step, "loss": 2.0 - step / 10000}), flush=True)
         if (run / "crash").exists():
-            # Its traceback, then its end a moment later: sentinel reads the log in windows
-            # of 0.25 s and may see the exit first (a race left open: the note of the change).
-            import traceback
-            try:
-                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            except RuntimeError:
-                traceback.print_exc()
-                sys.stderr.flush()
-                time.sleep(1.0)
-                os._exit(1)
+            # It dies as it writes its traceback: sentinel, reading the log in windows of
+            # 0.25 s, sees its end before its last lines, and waits for them.
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         time.sleep(0.05)
     """
 )

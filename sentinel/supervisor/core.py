@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -42,7 +43,7 @@ from sentinel.store.state import StateStore
 from sentinel.supervisor.aftermath import Aftermath
 from sentinel.supervisor.attempts import JobAttempts
 from sentinel.supervisor.event_loop import EventLoop
-from sentinel.supervisor.events import Event, Readings, SignalReceived, Stop
+from sentinel.supervisor.events import Event, JobExited, Readings, SignalReceived, Stop
 from sentinel.supervisor.holders import Child, Holder, job_name
 from sentinel.supervisor.inbox import Inbox
 from sentinel.supervisor.job_state import JobState
@@ -56,6 +57,10 @@ from sentinel.supervisor.stops import JobStops
 from sentinel.supervisor.workers import Workers
 
 log = logging.getLogger(__name__)
+
+#: How long ``watch`` waits before it judges the end of a job that ended by itself: the
+#: followers' window (``tail.batch_s``, 0.25 s) and a look, twice over, for its last lines.
+EXIT_SETTLE_S = 0.6
 
 
 class Supervisor:
@@ -303,8 +308,24 @@ class Supervisor:
     def on_evidence(self, stop: Stop | None, taken: Any) -> None:
         self._stops.evidence(stop, taken)
 
-    def on_exit(self, attempt: int, returncode: int | None) -> None:
-        """An attempt ended; ``returncode`` None when not knowable (a job started elsewhere)."""
+    def on_exit(self, attempt: int, returncode: int | None, *, settled: bool = False) -> None:
+        """An attempt ended; ``returncode`` None when not knowable (a job started elsewhere).
+
+        In ``watch``, a job that ended by itself is judged once its logs had time to be read
+        to their end (``EXIT_SETTLE_S``): a traceback written as it died reached the
+        followers after its end was seen, and the crash went unsaid."""
+        if (
+            returncode is None
+            and not settled
+            and not self.holder.relaunches
+            and self._machine.stop is None
+        ):
+            later = threading.Timer(
+                EXIT_SETTLE_S, self._events.put, (JobExited(attempt, None, settled=True),)
+            )
+            later.daemon = True
+            later.start()
+            return
         self._machine.job_exited(attempt, returncode)
 
     def on_signal(self, signum: int) -> None:

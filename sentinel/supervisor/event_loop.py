@@ -56,7 +56,7 @@ class Handlers(Protocol):
 
     def on_trainer_state(self, source: str, text: str, read_at: float) -> None: ...
 
-    def on_exit(self, attempt: int, returncode: int | None) -> None: ...
+    def on_exit(self, attempt: int, returncode: int | None, *, settled: bool) -> None: ...
 
     def on_signal(self, signum: int) -> None: ...
 
@@ -125,7 +125,7 @@ class EventLoop:
             elif type(event) is TrainerStateRead:
                 handlers.on_trainer_state(event.source, event.text, event.read_at)
             elif type(event) is JobExited:
-                handlers.on_exit(event.attempt, event.status)
+                handlers.on_exit(event.attempt, event.status, settled=event.settled)
             elif type(event) is SignalReceived:
                 handlers.on_signal(event.signum)
 

@@ -63,6 +63,8 @@ class JobExited:
 
     attempt: int
     status: int | None
+    #: Handed on again once the followed logs had time to be read to their end.
+    settled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
