@@ -73,3 +73,12 @@ def test_evidence_first_or_a_resumed_stop_leave_the_signal_to_the_thread(
         assert stop_done.result.got(identity) == [signal.SIGTERM, signal.SIGKILL]
     else:
         assert stop_done.result.got(identity) == [signal.SIGKILL]
+
+
+def test_a_dry_run_in_watch_says_it_would_ask_for_a_restart_not_restart() -> None:
+    """``watch`` relaunches nothing: its dry run said it would "restart it"."""
+    job = JobConfig()
+    assert stopping.dry_run_note(job, 42, "restart").endswith("roll back and restart it")
+    watched = stopping.dry_run_note(job, 42, "restart", relaunches=False)
+    assert watched.endswith("roll back and write verdict 91 (restart me) for whoever relaunches it")
+    assert stopping.dry_run_note(job, 42, "stop", relaunches=False).endswith("and not restart it")

@@ -360,7 +360,9 @@ class JobMachine:
             return
         settings = self.settings
         if settings.dry_run:
-            text = stopping.dry_run_note(settings.job, job.pid, policy)
+            text = stopping.dry_run_note(
+                settings.job, job.pid, policy, relaunches=self.holder.relaunches
+            )
             log.warning("%s", text)
             incident.record(time.time(), text)
             self.watch.update(incident)

@@ -29,9 +29,15 @@ from sentinel.supervisor.events import EvidenceTaken, Put, Stop, StopDone
 log = logging.getLogger(__name__)
 
 
-def dry_run_note(job: JobConfig, pid: int, policy: str) -> str:
-    """What ``--dry-run`` says instead of stopping the job."""
-    then = "roll back and restart it" if policy == "restart" else "and not restart it"
+def dry_run_note(job: JobConfig, pid: int, policy: str, *, relaunches: bool = True) -> str:
+    """What ``--dry-run`` says instead of stopping the job (``watch`` relaunches nothing: it
+    rolls back and asks whoever relaunches the job, verdict 91)."""
+    if policy != "restart":
+        then = "and not restart it"
+    elif relaunches:
+        then = "roll back and restart it"
+    else:
+        then = "roll back and write verdict 91 (restart me) for whoever relaunches it"
     return f"dry run: would send {job.stop_signal} to the job's tree (pid {pid}), {then}"
 
 
