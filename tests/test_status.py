@@ -99,6 +99,23 @@ def test_job_state_not_recorded_reads_unknown(tmp_path: Path) -> None:
     assert (status.last_run_id, status.pending_total, status.targets) == (None, 0, [])
 
 
+def test_a_state_dir_no_sentinel_holds_says_its_job_state_is_a_last_record(
+    tmp_path: Path,
+) -> None:
+    """A ``watch`` that ended while it waited left WAITING, and status showed it as if it
+    still waited. A sentinel holding the state dir (its lock) is running; none is not."""
+    from sentinel.store.lock import acquire
+
+    seed(tmp_path)
+    idle = gather(tmp_path)
+    assert idle.sentinel_running is False and idle.to_json()["sentinel_running"] is False
+    assert any("sentinel is not running (its last record)" in line for line in idle.lines())
+    with acquire(tmp_path):
+        held = gather(tmp_path)
+    assert held.sentinel_running is True
+    assert not any("not running" in line for line in held.lines())
+
+
 def test_gather_without_state_db_raises(tmp_path: Path) -> None:
     with pytest.raises(NoState, match=r"no state\.db"):
         gather(tmp_path)

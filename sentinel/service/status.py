@@ -34,6 +34,7 @@ from sentinel.model.untrusted import printable
 from sentinel.notify.outbox_store import read_pending
 from sentinel.notify.target_results import TargetResult, read_results
 from sentinel.service.memory import MEMORY_KEY
+from sentinel.store import lock
 from sentinel.store import verdict as verdicts
 from sentinel.store.verdict import Verdict, VerdictUnreadable
 
@@ -102,6 +103,9 @@ class Status:
     verdict_taken: Verdict | None = None
     #: What could not be read, each "what: why".
     unreadable: list[str] = field(default_factory=list)
+    #: Whether a sentinel holds the state dir now: if not, ``job.state`` is its last record
+    #: (a ``watch`` ended while it waited still read WAITING).
+    sentinel_running: bool = False
 
     @property
     def pending_total(self) -> int:
@@ -138,6 +142,7 @@ class Status:
             "verdict": None if self.verdict is None else self.verdict.to_json(),
             "verdict_taken": None if self.verdict_taken is None else self.verdict_taken.to_json(),
             "unreadable": self.unreadable,
+            "sentinel_running": self.sentinel_running,
         }
 
     def lines(self) -> list[str]:
@@ -146,6 +151,8 @@ class Status:
         restarts = "" if job.restarts == UNKNOWN else f", {job.restarts} restart(s)"
         pid = "" if job.pid == UNKNOWN else f", pid {job.pid}"
         updated = "" if job.updated_at is None else f", since {when(job.updated_at)}"
+        if not self.sentinel_running:
+            updated += "; sentinel is not running (its last record)"
         heartbeat = "never sent"
         if self.heartbeat_last_ok_at is not None:
             heartbeat = f"last ok {when(self.heartbeat_last_ok_at)}"
@@ -295,7 +302,16 @@ def gather(
         verdict=verdict,
         verdict_taken=taken,
         unreadable=unreadable,
+        sentinel_running=_held(state_dir),
     )
+
+
+def _held(state_dir: Path) -> bool:
+    """Whether a sentinel holds ``state_dir`` (its lock), without taking it for long."""
+    try:
+        return lock.holder(state_dir) is not None
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
