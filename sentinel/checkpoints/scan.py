@@ -287,7 +287,9 @@ def _scan_folder(root: Path, onset: Onset, linked: Collection[Path]) -> list[Che
 
 
 #: A file of a save that holds the optimizer's state, not the weights.
-_OPTIMIZER_STATE = re.compile(r"optim|scheduler|rng_state|random_states", re.IGNORECASE)
+_OPTIMIZER_STATE = re.compile(
+    r"(?<![a-z])(?:optim(?:izer)?|scheduler|rng_state|random_states)(?![a-z])", re.IGNORECASE
+)
 
 #: Folders ``elsewhere`` looks into at most, so a give-up never waits on a huge tree.
 ELSEWHERE_FOLDERS = 64
