@@ -818,7 +818,9 @@ def test_of_a_save_in_two_files_the_weights_are_resumed(tmp_path: Path) -> None:
     clean = last_clean(found, Onset(step=131))
     assert clean is not None and clean.path.name == "model_000130.safetensors"
     assert last_clean(found, Onset(step=125)).path.name == "model_000120.safetensors"
-    # A name that only contains "optim" is no optimizer's state.
+    # A name that only contains "optim" is no optimizer's state: the weights of its save.
     torch.save({"w": torch.zeros(2)}, tmp_path / "model_optimized_000140.pt")
+    time.sleep(0.01)
+    torch.save({"state": {}, "param_groups": []}, tmp_path / "optim_000140.pt")
     found = scan(tmp_path, onset=Onset(step=150))
     assert last_clean(found, Onset(step=150)).path.name == "model_optimized_000140.pt"
