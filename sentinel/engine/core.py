@@ -229,6 +229,10 @@ class Engine:
         (``RunPosition.written_after``)."""
         return self.position.written_after(step)
 
+    def logged_before(self, step: int) -> bool:
+        """Whether this attempt logged a step before ``step`` (``RunPosition.logged_before``)."""
+        return self.position.logged_before(step)
+
     def recent_for(self, alert: Alert, per_metric: int) -> dict[str, list[Sample]]:
         """What a diagnosis of ``alert`` reads: each metric's last ``per_metric`` samples up
         to its step, as they were when it was raised (``recent_at`` now, for an alert no

@@ -59,6 +59,11 @@ class RunPosition:
         since = self.read_since
         self.seen.append((step, now if since is None or self.data_clock else since))
 
+    def logged_before(self, step: int) -> bool:
+        """Whether this attempt logged a step before ``step`` (its first values were not
+        all at or after it)."""
+        return any(seen < step for seen, _ in self.seen)
+
     def written_after(self, step: int) -> float | None:
         """A time before which ``step``'s line was not written yet: the start of the window
         of the read that found it, or the read of its source before that one if later (its

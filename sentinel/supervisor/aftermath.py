@@ -81,8 +81,7 @@ class Aftermath:
         if decided is not None:  # another node rolled back and decided: no second rollback
             return self.joined(decided, attempt, incident)
         step = incident.first.step
-        seen = self.watch.engine.position.seen
-        first_logged = step is not None and all(logged >= step for logged, _ in seen)
+        first_logged = step is not None and not self.watch.engine.logged_before(step)
         decision = self.restarts.decide(incident, first_logged=first_logged)
         self.save_restarts()
         for note in decision.notes:
