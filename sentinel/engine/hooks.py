@@ -14,7 +14,7 @@ from typing import Any
 
 from sentinel.engine.position import RunPosition
 from sentinel.engine.routes import Routes
-from sentinel.model.records import Alert, Severity
+from sentinel.model.records import SENTINEL_SOURCE, Alert, Severity
 from sentinel.rules import BaseDetector
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,6 @@ class RuleHooks:
             severity=Severity.WARNING,
             message=f"rule {detector.rule} failed and was disabled: {error!r}",
             time=now,
-            source="sentinel",
+            source=SENTINEL_SOURCE,
             step=self.position.current_step,
         )

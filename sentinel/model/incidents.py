@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sentinel.model.records import Alert, Severity
+from sentinel.model.records import SENTINEL_SOURCE, Alert, Severity
 
 
 class IncidentEvent(StrEnum):
@@ -270,10 +270,16 @@ def alert_rank(alert: Alert) -> int:
 
 def fold_ranks(alerts: Sequence[Alert]) -> list[tuple[Alert, list[int]]]:
     """``alerts`` in order, each with the other ranks whose alert of the same rule and
-    severity came within ``ECHO_S`` of it (ascending), those alerts folded into it."""
+    severity came within ``ECHO_S`` of it (ascending), those alerts folded into it.
+
+    sentinel's own alerts (what it could not do: "giving up ...") are neither folded nor
+    folded into: the ranks' NaN that came after the give-up belong with the first rank's."""
     folded: list[tuple[Alert, list[int]]] = []
     first: dict[tuple[str, str], tuple[int, float, set[int]]] = {}
     for alert in alerts:
+        if alert.source == SENTINEL_SOURCE:
+            folded.append((alert, []))
+            continue
         key, rank = said_key(alert), alert_rank(alert)
         known = first.get(key)
         if (

@@ -99,6 +99,10 @@ def json_number(value: float | None) -> float | str | None:
     return "inf" if value > 0 else "-inf"
 
 
+#: The ``source`` of sentinel's own alerts (what it could not do, its state dir), not a log's.
+SENTINEL_SOURCE = "sentinel"
+
+
 @dataclass(frozen=True, slots=True)
 class Alert:
     """What a detector reports. ``to_json`` is the public alert schema (docs/outputs.md).

@@ -41,7 +41,7 @@ from dataclasses import replace
 from typing import Any
 
 from sentinel.model import secrets
-from sentinel.model.records import Alert, Severity
+from sentinel.model.records import SENTINEL_SOURCE, Alert, Severity
 from sentinel.model.secrets import mask_url, scrub, url_secrets, validate_url
 from sentinel.notify.notices import Envelope, JobInfo, Notice, NoticeKind
 from sentinel.notify.outbox import Outbox, Target, target_hash
@@ -228,7 +228,7 @@ def notify_test_envelope(job: JobInfo, now: float) -> Envelope:
         severity=Severity.INFO,
         message=f"test message from sentinel on {job.host}: this target is reachable",
         time=now,
-        source="sentinel",
+        source=SENTINEL_SOURCE,
     )
     notice = Notice(
         kind=NoticeKind.TEST,

@@ -35,7 +35,7 @@ from sentinel.model.incidents import (
     alert_rank,
     said_key,
 )
-from sentinel.model.records import Alert, Sample, Severity
+from sentinel.model.records import SENTINEL_SOURCE, Alert, Sample, Severity
 from sentinel.notify.dispatch import Dispatcher, Policy, routes
 from sentinel.notify.notices import JobInfo, NoticeKind, format_dashboard_url, incident_notice
 from sentinel.notify.notifier import Notifier
@@ -252,7 +252,7 @@ class Watch:
                 incident.first,
                 message="; ".join(text for _, text in incident.actions),
                 time=incident.actions[-1][0],
-                source="sentinel",
+                source=SENTINEL_SOURCE,
             )
             force = force_notify or incident.id in self._taken_up
             self._notify(NoticeKind.ACTIONS, incident, summary, now, force=force)
@@ -429,7 +429,7 @@ class Watch:
             severity=Severity.WARNING,
             message=message,
             time=time.time(),
-            source="sentinel",
+            source=SENTINEL_SOURCE,
             step=self.engine.position.current_step,
             resolves=resolves,
         )

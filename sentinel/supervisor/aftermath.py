@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from sentinel.model.incidents import Incident
-from sentinel.model.records import Alert, Severity
+from sentinel.model.records import SENTINEL_SOURCE, Alert, Severity
 from sentinel.rules import DETECTORS
 from sentinel.service.health import Service
 from sentinel.service.watch import Watch
@@ -164,7 +164,7 @@ def escalation(incident: Incident, text: str) -> Alert:
         severity=Severity.CRITICAL,
         message=text,
         time=time.time(),
-        source="sentinel",
+        source=SENTINEL_SOURCE,
         step=incident.first.step,
         details={"escalation": True},
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.model.incidents import alert_lines, fold_ranks, ranks_text
-from sentinel.model.records import Alert, Severity
+from sentinel.model.records import SENTINEL_SOURCE, Alert, Severity
 from tests.helpers.env import clean_env
 
 pytestmark = pytest.mark.slow
@@ -146,6 +146,22 @@ def test_what_several_ranks_raise_at_once_is_one_line_naming_them() -> None:
     [(_, first), (_, other)] = alert_lines(alerts)
     assert first == "CRITICAL nan_inf: loss is nan at step 30 (also on ranks 1-3, 5)"
     assert other == "CRITICAL nan_inf: rank 2: x"
+
+
+def test_the_ranks_read_after_sentinel_gave_up_fold_into_the_first_ranks_line() -> None:
+    """The give-up ("no checkpoint dir is configured: giving up ...") is a critical of the
+    incident's rule, rank 0's by its lack of one, journaled before the ranks read after the
+    stop: the ranks folded into it, and the NaN line said rank 0's alone (a CI failure)."""
+    gave_up = Alert(
+        "nan_inf", Severity.CRITICAL, "no checkpoint dir is configured: giving up", 1.05,
+        source=SENTINEL_SOURCE, step=30, details={"escalation": True},
+    )  # fmt: skip
+    alerts = [_alert(None), gave_up, _alert(1, at=1.03), _alert(2, at=1.03)]
+    folded = fold_ranks(alerts)
+    assert [(a.message, others) for a, others in folded] == [
+        ("loss is nan at step 30", [1, 2]),
+        ("no checkpoint dir is configured: giving up", []),
+    ]
 
 
 def test_one_rank_repeating_itself_is_not_folded() -> None:
