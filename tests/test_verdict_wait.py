@@ -296,3 +296,35 @@ def test_the_docs_wrapper_line_without_state_dir_reads_the_default_one(
     write_final(tmp_path / ".sentinel", 91, None, "nan_inf", 40, None, 1, NOW)
     result = sentinel_here("verdict", *recipe, cwd=tmp_path, env=clean_env())
     assert (result.returncode, result.stdout.strip()) == (91, "91"), result.stderr
+
+
+def test_a_91_handed_on_by_a_wait_is_not_handed_to_the_next_attempts_wrapper(
+    tmp_path: Path,
+) -> None:
+    """The wrapper's ``verdict --wait`` takes the 91 it hands on: the relaunch that follows
+    is the next attempt. A sentinel that cannot see that attempt (``watch --pid``, or none
+    left) left it in place, and the wrapper of the relaunch that finished got the same 91
+    and relaunched a finished job, again and again (an out-of-sample run, five times)."""
+    write_final(tmp_path, 91, None, "nan_inf", 40, None, 1, NOW)
+    assert await_verdict(tmp_path, wait=True, timeout_s=5, job_status=143).code == 91
+    after = await_verdict(tmp_path, wait=True, timeout_s=5, job_status=0)
+    assert (after.code, after.record) == (0, None)
+    assert "sentinel's last one (91 rolled_back, nan_inf at step 40, attempt 1) was taken" in (
+        after.reason
+    )
+
+
+@pytest.mark.parametrize("code", [90, 92])
+def test_a_give_up_or_node_fault_stays_after_a_wait_and_a_plain_read_takes_nothing(
+    tmp_path: Path, code: int
+) -> None:
+    """Nobody relaunches the job after a 90 or a 92 here, and ``sentinel checkpoints`` reads
+    the record for the saves the stop left poisoned: it stays. A read without ``--wait``
+    (a person, a script checking) takes no record, a 91 neither."""
+    write_final(tmp_path, code, None, "nan_inf", 40, None, 1, NOW)
+    for _ in range(2):
+        assert await_verdict(tmp_path, wait=True, timeout_s=5, job_status=0).code == code
+    write_final(tmp_path, 91, None, "nan_inf", 40, None, 1, NOW)
+    for _ in range(2):
+        assert await_verdict(tmp_path, wait=False, job_status=0).code == 91
+    assert (tmp_path / "verdict.json").is_file()

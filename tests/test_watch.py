@@ -69,11 +69,11 @@ ORCHESTRATOR = textwrap.dedent(
 )
 
 
-def _launch_orchestrator(tmp_path: Path, mode: str) -> Path:
+def _launch_orchestrator(tmp_path: Path, mode: str, job: str = JOB) -> Path:
     """Start the orchestrator through a launcher that exits: the job is nobody's child here."""
     run, state = tmp_path / "run", tmp_path / "state"
     run.mkdir()
-    (tmp_path / "job.py").write_text(JOB)
+    (tmp_path / "job.py").write_text(job)
     (tmp_path / "orchestrator.py").write_text(ORCHESTRATOR)
     args = [sys.executable, str(tmp_path / "orchestrator.py"), sys.executable,
             str(tmp_path / "job.py"), str(run), mode, str(state)]  # fmt: skip
@@ -176,6 +176,67 @@ def test_watch_rolls_back_writes_91_follows_attempt_2_and_gives_up_with_90(
         with pytest.raises(ProcessLookupError):
             os.kill(attempt["pid"], 0)
     assert "recurred at the same step (25)" in err
+
+
+def test_watch_pid_ends_after_its_rollback_and_the_relaunch_is_not_handed_a_stale_91(
+    tmp_path: Path,
+) -> None:
+    """``--pid`` names one process: after the rollback of its NaN, sentinel says that it
+    cannot follow the relaunch (naming the checkpoint it resumes from) and ends, exit 0.
+    The wrapper took the 91, so the relaunch that finished exits 0 and the loop ends. It
+    used to wait for ever for the dead pid, holding the state dir, and every later wrapper
+    got the same 91: a finished job relaunched until the orchestrator gave up."""
+    waits = "while not (run / 'go').exists(): time.sleep(0.05)\nsaved = sorted"
+    run = _launch_orchestrator(tmp_path, "once", JOB.replace("saved = sorted", waits, 1))
+    _wait_for(lambda: (run / "job.pid").is_file())
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "watch", "--pid", (run / "job.pid").read_text(),
+         "--log", str(run / "train.log"), "--checkpoints", str(run / "ckpt"),
+         "--state-dir", str(tmp_path / "state")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "SENTINEL_JOB__GRACE_PERIOD_S": "5"},
+    )  # fmt: skip
+    said, reader = _read_stderr(watch)
+    try:
+        _wait_for(lambda: any("job found (attempt 1" in line for line in said))
+        (run / "go").touch()
+        watch.wait(timeout=60)  # it ends by itself
+        _wait_for(lambda: (run / "codes.json").exists() and 0 in json.loads(
+            (run / "codes.json").read_text()))  # fmt: skip
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+        reader.join()
+        for pipe in (watch.stdout, watch.stderr):
+            assert pipe is not None
+            pipe.close()
+    err = "".join(said)
+    assert watch.returncode == 0, err
+    assert json.loads((run / "codes.json").read_text()) == [91, 0]
+    attempts = [json.loads((run / f"attempt-{n}").read_text()) for n in (1, 2)]
+    assert [a["start"] for a in attempts] == [0, 20], "the relaunch resumed from step_20"
+    ended = [line for line in err.splitlines() if "a bare --pid cannot follow" in line]
+    assert len(ended) == 1 and "resumes from" in ended[0] and "step_20" in ended[0], err
+    assert "Result: sentinel stopped watching (exit 0)" in err
+
+
+def test_watch_pid_ends_when_its_job_ends_by_itself(tmp_path: Path) -> None:
+    """Nothing can bring that process back: sentinel ends with it (exit 0), saying why,
+    rather than wait for ever for a pid that names no one."""
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "sentinel", "watch", "--pid", str(job.pid),
+             "--state-dir", str(tmp_path / "state")],
+            capture_output=True, text=True, timeout=60, env=os.environ.copy(),
+        )  # fmt: skip
+    finally:
+        job.kill()
+        job.wait()
+    assert result.returncode == 0, result.stderr
+    assert f"pid {job.pid} has ended; a relaunch is a new process" in result.stderr
+    assert "Result: sentinel stopped watching (exit 0)" in result.stderr
 
 
 def test_sigterm_stops_sentinel_and_never_the_job(tmp_path: Path) -> None:

@@ -105,7 +105,11 @@ SHARED: tuple[SharedOption, ...] = (
     SharedOption(
         ("--pid",),
         "target",
-        {"type": int, "metavar": "PID", "help": "the job's process (its tree is the job)"},
+        {
+            "type": int,
+            "metavar": "PID",
+            "help": "the job's process (its tree is the job); watching ends with it",
+        },
     ),
     SharedOption(
         ("--pidfile",),

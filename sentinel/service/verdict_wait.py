@@ -8,7 +8,8 @@ state dir any more (its lock is free) and none has come; or at the timeout. In
 the last two cases the answer is the job's own status when the wrapper gave
 it, else 1. A record that exists but cannot be read (another user's state dir, a
 corrupt file) is never passed off as the job's status: it is 94, and one line
-says what could not be read and why.
+says what could not be read and why. A 91 that a wait hands on is set aside as
+taken (the relaunch follows), so a later attempt's wrapper never gets it again.
 
 The record's appearance wakes the wait through a file event (inotify, read on
 the waiting thread); where there are none, it polls. The lock has no event, so
@@ -28,9 +29,11 @@ from sentinel.follow.inotify import IN_CREATE, IN_MOVED_TO, FileWatches
 from sentinel.store.lock import holder
 from sentinel.store.verdict import (
     CODES,
+    EXIT_ROLLED_BACK,
     EXIT_UNREADABLE,
     Verdict,
     VerdictUnreadable,
+    clear,
     consumed,
     read_strict,
 )
@@ -83,7 +86,7 @@ def _await(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     record = read_strict(state_dir)
     if record is not None and record.final:
-        return _final(record)
+        return _final(state_dir, record, taken=wait)
     if record is None:
         # The deciding mark is written before the first signal: without one, sentinel did
         # not stop this job, and no verdict is coming.
@@ -95,14 +98,14 @@ def _await(
         while True:
             record = read_strict(state_dir)
             if record is not None and record.final:
-                return _final(record)
+                return _final(state_dir, record, taken=True)
             now = time.monotonic()
             if now >= next_holder_check:
                 next_holder_check = now + HOLDER_CHECK_S
                 if _holder(state_dir) is None:
                     record = read_strict(state_dir)  # written just before that sentinel exited
                     if record is not None and record.final:
-                        return _final(record)
+                        return _final(state_dir, record, taken=True)
                     return _fallback(
                         job_status, f"no sentinel holds {state_dir} and no final verdict came"
                     )
@@ -138,8 +141,16 @@ def _no_verdict(state_dir: Path) -> str:
     )
 
 
-def _final(record: Verdict) -> Outcome:
+def _final(state_dir: Path, record: Verdict, *, taken: bool) -> Outcome:
+    """The record's code. A "rolled back" one that a wait hands on (``taken``: the
+    wrapper's, whose relaunch follows) is set aside as the next attempt's, as sentinel
+    does when it sees that attempt start: a sentinel that cannot see it (``watch --pid``,
+    or none left) left it in place, and every later wait returned that stale 91, so the
+    wrapper relaunched a job that had finished. A give-up or a node fault stays: nobody
+    relaunches here, and ``sentinel checkpoints`` reads which saves it left poisoned."""
     assert record.code is not None  # a final record has its code (verdict.read)
+    if taken and record.code == EXIT_ROLLED_BACK:
+        clear(state_dir)
     return Outcome(record.code, record)
 
 

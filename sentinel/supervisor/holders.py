@@ -65,6 +65,8 @@ class Holder(Protocol):
     mode: str
     #: Whether sentinel itself starts the next attempt after a rollback.
     relaunches: bool
+    #: Whether a later attempt can be found again (a bare ``--pid`` names one process only).
+    follows_restarts: bool
 
     def begin(self, attempt: int, restarts: Restarts, put: Put) -> Handle | None:
         """The attempt's handle; None when the job is not there (yet). OSError: it could
@@ -113,6 +115,7 @@ class Child:
 
     mode = "run"
     relaunches = True
+    follows_restarts = True
 
     def __init__(
         self,
@@ -304,6 +307,7 @@ class Attached:
 
     def __init__(self, target: Target) -> None:
         self.target = target
+        self.follows_restarts = target.follows_restarts
 
     def begin(self, attempt: int, restarts: Restarts, put: Put) -> Handle | None:
         identity = self.target.find()

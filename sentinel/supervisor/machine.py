@@ -202,6 +202,8 @@ class JobMachine:
         self.shutdown_signals = 0
         self.shutdown_signum: int | None = None
         self._waiting_since: float | None = None
+        #: An attempt was found (``watch``): a target that cannot follow a relaunch ends here.
+        self._found = False
         self._is_ready = False
 
     # -- the moves ------------------------------------------------------------
@@ -480,6 +482,7 @@ class JobMachine:
         if job is None:
             self._wait()
             return
+        self._found = True
         self._waiting_since = None
         self._enter(Phase.STARTING)
         attempts.announce(job)
@@ -572,6 +575,9 @@ class JobMachine:
     def _wait(self) -> None:
         """``watch``: WAITING, looking for the job on every tick until it appears, or
         ``wait_s`` runs out (FATAL)."""
+        if self._found and not self.holder.follows_restarts:
+            self._cannot_follow()
+            return
         now = time.monotonic()
         if self._waiting_since is None:
             self._waiting_since = now
@@ -584,6 +590,26 @@ class JobMachine:
         if wait_s is not None and now - self._waiting_since > wait_s:
             log.error("%s did not appear within %g s", self.holder.describe(), wait_s)
             self._finish(1, Phase.FATAL)
+
+    def _cannot_follow(self) -> None:
+        """``watch --pid``: the one process it names is gone, and a relaunch is another
+        process. Waiting for it would never end, and a relaunch would go unwatched in
+        silence (a second NaN resumed from, its poisoned saves kept): it ends, saying so."""
+        record = verdict.read(self.settings.state_dir)
+        relaunch = (
+            "a relaunch is a new process, which a bare --pid cannot follow: watch it with"
+            " `sentinel watch --pid NEW`, or start sentinel with --pidfile, --match or"
+            " --systemd-unit, which find each relaunch"
+        )
+        if record is not None and record.final and record.code == verdict.EXIT_ROLLED_BACK:
+            log.warning(
+                "%s has ended, rolled back: whoever started it relaunches it (it resumes from"
+                " %s); %s. sentinel stops watching",
+                self.holder.describe(), record.resume_from or "the clean checkpoint", relaunch,
+            )  # fmt: skip
+        else:
+            log.info("%s has ended; %s. sentinel stops watching", self.holder.describe(), relaunch)
+        self._finish(self.exit_code, Phase.FATAL if self.exit_code else Phase.EXITED)
 
     def _attempt_over(self, status: int, end: Phase, incident: Incident | None = None) -> None:
         """``run`` ends with its job (``end``); ``watch`` waits for the next attempt."""
