@@ -408,6 +408,11 @@ class Engine:
             lambda detector: detector.job_exited(exit_code, now, expected=expected), now
         )
 
+    def log_ended(self, now: float, tail: Sequence[str]) -> list[Alert]:
+        """A replayed log has no more lines, ``tail`` its last: what each rule makes of its
+        end (its output hooks did not see the lines before the data's first timestamp)."""
+        return self._hooks.each(lambda detector: detector.log_ended(now, tail), now)
+
     def memory(self, now: float) -> dict[str, Any]:
         """Per rule, what it keeps across restarts of sentinel (``BaseDetector.memory``)."""
         return self._hooks.memory(now)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import logging
 import re
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import count, groupby, repeat
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 _DIGITS = re.compile(r"(\d+)")
 #: Files are one run when their step ranges share at least this fraction of the shorter span.
 OVERLAP = 0.5
+#: The log's last lines kept for what its end says (``job_crash`` reads its ``tail_lines``
+#: of them, 200 by default).
+TAIL_LINES = 1_000
 
 
 @dataclass
@@ -171,6 +175,8 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
     # What a terminal received (``run``'s own output.log, a ``script`` capture) is read as
     # ``run`` read it live: escapes out, a redraw that says nothing new dropped.
     terminals: dict[str, TerminalLines] = {}
+    # The last lines read, for what the log's end says (a traceback: likely a crash).
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
     for source, texts in run_batches(plan, settings.parsers.regexes):
         cleaner = terminals.get(source)
         if cleaner is None and any("\x1b" in text for text in texts):
@@ -179,6 +185,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
             texts = cleaner.clean(texts)
             if not texts:
                 continue
+        tail.extend(texts[-TAIL_LINES:])
         alerts = feed_texts(source, texts, 0.0)  # 0.0: the engine keeps the data's own clock
         if alerts:
             keep(alerts)
@@ -186,6 +193,7 @@ def replay(paths: list[Path], settings: Settings) -> ReplayResult:
         # Each entry is one logged record, as a line of the log is (a summary: none).
         for entry in read_trainer_state_entries(text):
             keep(engine.feed_samples(entry, str(path), engine.data_time or 0.0))
+    keep(engine.log_ended(engine.data_time or 0.0, list(tail)))
     result.lines = parser.stats.lines
     result.garbled += parser.stats.garbled
     result.samples = engine.samples_seen

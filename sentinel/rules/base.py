@@ -133,6 +133,11 @@ class Detector(Protocol):
         when it cannot be known (a job sentinel did not start)."""
         ...
 
+    def log_ended(self, now: float, tail: Sequence[str]) -> list[Alert]:
+        """A replayed log has no more lines, ``tail`` its last: what its end says
+        (``sentinel replay``)."""
+        ...
+
 
 class BaseDetector:
     """A detector whose hooks do nothing; subclasses override what they need."""
@@ -290,6 +295,9 @@ class BaseDetector:
         return None
 
     def job_exited(self, exit_code: int | None, now: float, *, expected: bool) -> list[Alert]:
+        return []
+
+    def log_ended(self, now: float, tail: Sequence[str]) -> list[Alert]:
         return []
 
     def memory(self, now: float) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import signal
 from collections import deque
+from collections.abc import Sequence
 
 from pydantic import Field
 
@@ -168,6 +169,22 @@ def swallowed_error(lines: list[str]) -> str | None:
     return stripped[-1]
 
 
+#: NCCL's watchdog on a collective that timed out, as the job's last line (torch then
+#: tears the process down; a rank's own tag and a tqdm bar may come before it on the line).
+_WATCHDOG = re.compile(
+    r"(?:\[rank\d+\]:)?(?:\[E[^\]]*\]\s*)?(?:\[Rank \d+\]\s*)?"
+    r"Watchdog caught collective.*"
+)
+
+
+def watchdog_timeout(lines: list[str]) -> str | None:
+    """The NCCL watchdog's timeout a job's output ended on (no Python traceback follows
+    one: a real NeMo run hung 7 hours, then its log ended so), else None."""
+    stripped = [text.strip() for text in lines if text.strip()]
+    found = _WATCHDOG.search(stripped[-1]) if stripped else None
+    return None if found is None else found.group(0)
+
+
 def describe_exit(exit_code: int) -> str:
     if exit_code < 0:
         try:
@@ -229,12 +246,26 @@ class JobCrashDetector(BaseDetector):
         if block.names:
             self._last_step = block.steps[-1]
 
+    def log_ended(self, now: float, tail: Sequence[str]) -> list[Alert]:
+        """A replayed log that ends right after an exception (``tail``: its last lines): a
+        warning that the job likely crashed, as ``watch`` says of a job it did not start (a
+        log holds no exit status); one that ends on NCCL's watchdog timeout too. Three real
+        crash logs (an OOM, two NCCL timeouts) gave nothing."""
+        lines = list(tail)[-(self._tail.maxlen or len(tail)) :]
+        return self._ended_on_error(now, "the log ends on an error", lines)
+
     def _vanished(self, now: float) -> list[Alert]:
         """A warning for a job whose exit status cannot be known (``watch`` beside a job it
         did not start) that ended right after printing an exception: it likely crashed.
         Not critical: a job may print one and exit 0, and nothing here says which."""
-        lines = list(self._tail)
-        evidence = swallowed_error(lines)
+        return self._ended_on_error(
+            now,
+            "job ended right after an error, its exit status unknown (sentinel did not start it)",
+            list(self._tail),
+        )
+
+    def _ended_on_error(self, now: float, what: str, lines: list[str]) -> list[Alert]:
+        evidence = swallowed_error(lines) or watchdog_timeout(lines)
         if evidence is None:
             return []
         crash_class, advice, _ = classify(lines, 1)
@@ -242,10 +273,7 @@ class JobCrashDetector(BaseDetector):
             Alert(
                 rule=self.rule,
                 severity=Severity.WARNING,
-                message=(
-                    "job ended right after an exception, its exit status unknown (sentinel did"
-                    f" not start it): likely a crash, {crash_class} ({evidence[:300]})"
-                ),
+                message=f"{what}: likely a crash, {crash_class} ({evidence[:300]})",
                 time=now,
                 source="job",
                 step=self._last_step,

@@ -217,6 +217,29 @@ def test_a_job_whose_exit_status_cannot_be_known_warns_when_it_ended_on_an_excep
     assert quiet.job_exited(None, NOW + 1, expected=False) == []
 
 
+def test_a_job_that_vanished_on_the_nccl_watchdogs_timeout_likely_crashed() -> None:
+    """NCCL's watchdog prints no Python traceback before torch tears the process down: the
+    job's last line (here after a tqdm redraw and a rank's tag, as a real run printed it)
+    is the evidence, a ``distributed`` crash. The same line mid-run, training on after it,
+    is not the end."""
+    line = (
+        "  1%|▏         | 24/1752 [01:08<1:22:56,  2.88s/it][rank5]:[E602 11:17:52.185053341"
+        " ProcessGroupNCCL.cpp:632] [Rank 5] Watchdog caught collective operation timeout:"
+        " WorkNCCL(SeqNum=96120, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600012 ms"
+    )
+    vanished = JobCrashDetector(JobCrashConfig())
+    vanished.job_started(NOW)
+    vanished.output(Line("stderr", line, NOW))
+    (alert,) = vanished.job_exited(None, NOW + 1, expected=False)
+    assert (alert.severity, alert.details["class"]) == (Severity.WARNING, "distributed")
+    assert alert.details["evidence"].startswith("[rank5]:[E602 11:17:52")
+    went_on = JobCrashDetector(JobCrashConfig())
+    went_on.job_started(NOW)
+    went_on.output(Line("stderr", line, NOW))
+    went_on.output(Line("stderr", "step 25 loss 1.93", NOW))
+    assert went_on.job_exited(None, NOW + 1, expected=False) == []
+
+
 def test_evidence_is_the_matching_line() -> None:
     (alert,) = crashed(CUDA_OOM, 1)
     assert alert.details["evidence"].startswith("torch.OutOfMemoryError: CUDA out of memory")
