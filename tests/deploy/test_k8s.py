@@ -723,7 +723,10 @@ def test_simulated_pod_rolls_back_exits_91_and_resumes_from_the_clean_checkpoint
             timeout=120,
         )  # fmt: skip
         state = Path(pod.expand(sidecar, _options(sidecar["args"])["state-dir"]))
-        verdict = json.loads((state / "verdict.json").read_text())
+        # The wrapper took the 91 it handed on (the relaunch follows): set aside, not left
+        # for a later attempt's wrapper.
+        assert not (state / "verdict.json").exists()
+        verdict = json.loads((state / "verdict.consumed.json").read_text())
         ckpt = pod.volumes["data"] / "checkpoints"
         assert first.returncode == VERDICTS["rolled_back"], first.stderr
         assert (verdict["state"], verdict["code"], verdict["rule"]) == ("final", 91, "nan_inf")
