@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.service import verdict_wait
 from sentinel.service.verdict_wait import HOLDER_CHECK_S, await_verdict
 from sentinel.store.lock import acquire
 from sentinel.store.verdict import clear, mark_deciding, write_final
@@ -106,16 +107,36 @@ def test_wait_ends_at_the_timeout_with_the_job_status(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_wait_ends_when_no_sentinel_holds_the_state_dir(tmp_path: Path) -> None:
+def test_a_stop_left_deciding_is_given_the_grace_to_be_taken_up_then_the_job_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sentinel deciding died (its lock free, the record still "deciding"): the next
+    one is given ``TAKE_UP_GRACE_S`` to take the stop up before the wait gives up. It used
+    to end at once with the job's status: the wrapper relaunched the job from the checkpoint
+    the rollback was to set aside (a sentinel SIGKILLed during a stop, restarted 10 s
+    later)."""
+    monkeypatch.setattr(verdict_wait, "TAKE_UP_GRACE_S", 1.5)
     lock = acquire(tmp_path)
     mark_deciding(tmp_path, rule="nan_inf", step=40, attempt=1, time=NOW)
     timer = later(0.2, lock.release)
     start = time.monotonic()
     outcome = await_verdict(tmp_path, wait=True, timeout_s=30)
+    took = time.monotonic() - start
     timer.join()
     assert (outcome.code, outcome.record) == (1, None)
-    assert time.monotonic() - start < 0.2 + HOLDER_CHECK_S + 1.0
-    assert "no sentinel holds" in outcome.reason and "no job status given" in outcome.reason
+    assert 0.2 + 1.5 <= took < 0.2 + 1.5 + HOLDER_CHECK_S + 1.0
+    assert "is gone, and none took up its stop" in outcome.reason
+    assert "no job status given" in outcome.reason
+    # Taken up within the grace: the next sentinel's final record is the answer.
+    mark_deciding(tmp_path, rule="nan_inf", step=40, attempt=1, time=NOW)
+
+    def take_up() -> None:
+        with acquire(tmp_path):
+            write_final(tmp_path, 91, None, "nan_inf", 40, None, 1, NOW)
+
+    timer = later(1.0, take_up)
+    assert await_verdict(tmp_path, wait=True, timeout_s=30, job_status=143).code == 91
+    timer.join()
 
 
 @pytest.mark.slow
@@ -177,11 +198,12 @@ def test_the_verb_waits_for_a_real_writer_and_exits_with_its_code(tmp_path: Path
 
 @pytest.mark.slow
 def test_the_verb_after_kill_9_of_sentinel_exits_with_the_job_status(tmp_path: Path) -> None:
+    """No sentinel takes the stop up within the wait's bound: the job's own status."""
     process = writer(tmp_path / "st", "-", delay_s=60, linger_s=0)
     try:
         waiting = subprocess.Popen(
             [sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(tmp_path / "st"),
-             "--wait", "--job-status", "137"],
+             "--wait", "--timeout", "3", "--job-status", "137"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
         time.sleep(1.0)
@@ -192,9 +214,35 @@ def test_the_verb_after_kill_9_of_sentinel_exits_with_the_job_status(tmp_path: P
         end(process)
     assert (waiting.returncode, out) == (137, "")
     assert err == (
-        f"sentinel verdict: no sentinel holds {tmp_path / 'st'} and no final verdict came;"
-        " exit with the job's status 137\n"
+        f"sentinel verdict: the sentinel deciding on {tmp_path / 'st'} is gone, and none took"
+        " up its stop (the rollback may not be done); exit with the job's status 137\n"
     )
+
+
+@pytest.mark.slow
+def test_the_verb_waits_for_the_sentinel_that_takes_up_a_dead_ones_stop(tmp_path: Path) -> None:
+    """A sentinel SIGKILLed while deciding, another started a second later (systemd's
+    RestartSec): the wrapper waits for it and gets its 91, not the job's 143."""
+    first = writer(tmp_path / "st", "-", delay_s=60, linger_s=0)
+    second: subprocess.Popen[str] | None = None
+    try:
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(tmp_path / "st"),
+             "--wait", "--timeout", "60", "--job-status", "143"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        time.sleep(0.5)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        time.sleep(1.0 + HOLDER_CHECK_S)
+        assert waiting.poll() is None, "a dead sentinel's stop is waited for"
+        second = writer(tmp_path / "st", "91", delay_s=0.5, linger_s=2)
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        for process in (first, second):
+            if process is not None:
+                end(process)
+    assert (waiting.returncode, out) == (91, "91\n"), err
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ A wrapper runs it after the job exits (``python train.py; status=$?; exec
 sentinel verdict --wait --timeout 120 --job-status $status``), so that the
 orchestrator never hears "restart me" before the pointers name the clean
 checkpoint. The wait ends with the final record; or when no sentinel holds the
-state dir any more (its lock is free) and none has come; or at the timeout. In
+state dir any more (its lock is free) and none has come (a stop the dead one left
+"deciding": when none took it up within ``TAKE_UP_GRACE_S``); or at the timeout. In
 the last two cases the answer is the job's own status when the wrapper gave
 it, else 1. A record that exists but cannot be read (another user's state dir, a
 corrupt file) is never passed off as the job's status: it is 94, and one line
@@ -46,6 +47,11 @@ EXIT_NO_VERDICT = 1
 HOLDER_CHECK_S = 0.5
 #: How often it reads the record where there are no file events.
 POLL_S = 0.1
+#: How long a stop that a dead sentinel left "deciding" is given to be taken up by the
+#: next one (systemd restarts ``sentinel@`` after 5 s, the kubelet a sidecar after 10 s)
+#: before the wait ends with the job's status: a sentinel killed during a stop had the
+#: wrapper relaunch the job at once, from the checkpoint the rollback was to set aside.
+TAKE_UP_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,8 @@ def _await(
         return _fallback(job_status, f"no final verdict in {state_dir}: sentinel is still deciding")
     with _Changes(state_dir) as changes:
         next_holder_check = 0.0
+        #: Since when no sentinel holds the state dir while the record says "deciding".
+        orphaned_at: float | None = None
         while True:
             record = read_strict(state_dir)
             if record is not None and record.final:
@@ -102,18 +110,32 @@ def _await(
             now = time.monotonic()
             if now >= next_holder_check:
                 next_holder_check = now + HOLDER_CHECK_S
-                if _holder(state_dir) is None:
+                if _holder(state_dir) is not None:
+                    orphaned_at = None
+                else:
                     record = read_strict(state_dir)  # written just before that sentinel exited
                     if record is not None and record.final:
                         return _final(state_dir, record, taken=True)
-                    return _fallback(
-                        job_status, f"no sentinel holds {state_dir} and no final verdict came"
-                    )
+                    orphaned_at = now if orphaned_at is None else orphaned_at
+                    if record is None or now - orphaned_at >= TAKE_UP_GRACE_S:
+                        return _fallback(job_status, _gone(state_dir, record))
             if deadline is not None and now >= deadline:
                 why = f"no final verdict in {state_dir} within {timeout_s:g} s"
+                if orphaned_at is not None:
+                    why = _gone(state_dir, record)
                 return _fallback(job_status, why)
             until = next_holder_check if deadline is None else min(next_holder_check, deadline)
             changes.wait(max(0.0, until - now))
+
+
+def _gone(state_dir: Path, record: Verdict | None) -> str:
+    """Why the wait ends with no sentinel: none left, or none took up a stop left deciding."""
+    if record is None:
+        return f"no sentinel holds {state_dir} and no final verdict came"
+    return (
+        f"the sentinel deciding on {state_dir} is gone, and none took up its stop (the"
+        " rollback may not be done)"
+    )
 
 
 def _holder(state_dir: Path) -> int | None:
