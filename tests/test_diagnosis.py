@@ -319,7 +319,7 @@ def test_a_constant_loss_scale_of_one_is_no_fp16_overflow() -> None:
     assert "inspect the batch at step 5426, consumed samples 43400-43407 (" in diagnosis.advice
     assert not diagnosis.cause.startswith("fp16 overflow")
     assert "first steps" not in diagnosis.cause
-    assert "out of the blue at step 5426" in diagnosis.cause
+    assert "at step 5426, the first grad_norm the log shows (nothing before it" in diagnosis.cause
     assert "no dynamic loss scaling (bf16 or fp32): not an fp16 overflow" in diagnosis.cause
     assert "fp16" not in diagnosis.advice
 
@@ -370,8 +370,9 @@ def test_a_nan_with_no_grad_norm_logged_claims_no_flat_grad_norm() -> None:
     incident = incident_of(alert("nan_inf", Severity.CRITICAL, 1655, "loss", finite_before=0))
     recent = {"loss": series("loss", [NAN] * 3, first_step=1655)}
     cause = diagnose(incident, recent).cause
-    assert cause.startswith("NaN, out of the blue at step 1655")
+    assert cause.startswith("NaN at step 1655, the first loss the log shows (nothing before it")
     assert "grad-norm" not in cause
+    assert "healthy stretch" not in cause, "the log's first value follows no stretch at all"
 
 
 def test_a_nan_with_too_little_before_it_to_place_claims_no_healthy_stretch() -> None:

@@ -682,9 +682,14 @@ def nan_reading(
         )
     else:  # an excerpt that names no step and no epoch past the start: nothing says healthy
         seen = f"with only {before} finite values before it in the log (too few to judge the run)"
+    opening = f"{flat}, out of the blue{where} {seen}"
+    if before == 0 and placed:
+        # The log's first value, long past the start (an excerpt that begins at the
+        # failure): it said "after a healthy stretch" of none.
+        opening = f"{flat}{where}, the first {metric} the log shows (nothing before it to judge by)"
     if unscaled:
         return (
-            f"{flat}, out of the blue{where} {seen}: a bad batch or"
+            f"{opening}: a bad batch or"
             " a numerics edge case; the loss scale is 1.0 throughout, so the run has no"
             " dynamic loss scaling (bf16 or fp32): not an fp16 overflow",
             f"inspect the batch{where}{data} (the samples below); rerun that step under"
@@ -693,8 +698,7 @@ def nan_reading(
             metric,
         )
     return (
-        f"{flat}, out of the blue{where} {seen}: a bad batch, an"
-        " fp16 overflow or a numerics edge case",
+        f"{opening}: a bad batch, an fp16 overflow or a numerics edge case",
         f"inspect the batch{where}{data} (the samples below); rerun that step under"
         " torch.autograd.detect_anomaly() to find the layer; if the batch is fine, suspect an"
         " fp16 overflow (bf16, or a lower initial loss scale) or a log(0) or division by zero",
