@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.cli import sentinel_here
 from tests.helpers.webhook import WebhookReceiver
 
 pytestmark = pytest.mark.slow
@@ -195,6 +196,15 @@ def test_dry_run_never_signals_or_moves(job: Path, tmp_path: Path) -> None:
     assert not (ckpt / "quarantine").exists()
     assert _alerts(state)[0]["rule"] == "nan_inf"
     assert "dry run: would send SIGTERM to the job's tree" in result.stderr
+    # The saves from its onset on (step_5, written before the NaN's line, and after) were
+    # left in place: `sentinel checkpoints` calls none of them clean. It called the NaN
+    # run's last save "last clean: a rollback resumes here".
+    listed = sentinel_here("checkpoints", str(ckpt), "--state-dir", str(state), cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "a dry run would have stopped the job (nan_inf" in listed.stdout
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines() if "step_" in line}
+    assert sorted(rows, key=int) == ["5", "10"], listed.stdout
+    assert all("after_onset" in row and "last clean" not in row for row in rows.values())
 
 
 def test_crash_is_classified_from_the_jobs_last_output(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ three phases (the manual (docs/), "A stop survives sentinel's own death"):
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -238,6 +239,62 @@ def _number(value: Any) -> float | None:
     try:
         return float(value)
     except (TypeError, ValueError):
+        return None
+
+
+#: The stop a dry run would have made: its checkpoints from the onset on are not clean.
+DRY_RUN_NAME = "dry-run-stop.json"
+
+
+@dataclass(frozen=True)
+class DryRunStop:
+    """What ``note_dry_run`` kept: the rule, the onset, and when sentinel would have acted."""
+
+    rule: str
+    onset_step: int | None
+    onset_time: float | None
+    time: float
+
+
+def note_dry_run(state_dir: Path, incident: Incident, now: float) -> None:
+    """A dry run would have stopped the job for ``incident``: nothing was set aside, so
+    ``sentinel checkpoints`` must not call a save from its onset on clean (best effort)."""
+    record = {
+        "rule": incident.rule,
+        "onset_step": incident.onset_step,
+        "onset_time": incident.onset_time,
+        "time": now,
+    }
+    try:
+        verdict.replace_file(state_dir / DRY_RUN_NAME, json.dumps(_json_safe(record)) + "\n")
+    except OSError as error:
+        log.warning("could not note the dry run's stop in %s: %s", state_dir, error)
+
+
+def forget_dry_run(state_dir: Path) -> None:
+    """A real stop governs from now on: the dry run's record goes (best effort)."""
+    try:
+        (state_dir / DRY_RUN_NAME).unlink(missing_ok=True)
+    except OSError as error:
+        log.warning("could not remove %s: %s", state_dir / DRY_RUN_NAME, error)
+
+
+def dry_run_stop(state_dir: Path) -> DryRunStop | None:
+    """The last stop a dry run would have made on ``state_dir``; None when none (or it
+    cannot be read)."""
+    try:
+        data = json.loads((state_dir / DRY_RUN_NAME).read_text(encoding="utf-8"))
+        step = data.get("onset_step")
+        return DryRunStop(
+            rule=str(data["rule"]),
+            onset_step=step if isinstance(step, int) else None,
+            onset_time=_number(data.get("onset_time")),
+            time=float(data["time"]),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+        log.warning("%s is unreadable (%s): ignored", state_dir / DRY_RUN_NAME, error)
         return None
 
 

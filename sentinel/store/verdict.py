@@ -256,6 +256,11 @@ def _dumps(record: Verdict) -> str:
     return json.dumps(record.to_json(), allow_nan=False) + "\n"
 
 
+def replace_file(path: Path, text: str) -> None:
+    """``path`` holds ``text``, written whole (a temp file renamed over it), private."""
+    _replace(path, text, sync=False)
+
+
 def _replace(path: Path, text: str, *, sync: bool, private: bool = True) -> None:
     """Write ``text`` to a temp file beside ``path`` and rename it over ``path``."""
     if private:

@@ -366,7 +366,9 @@ class JobMachine:
                 settings.job, job.pid, policy, relaunches=self.holder.relaunches
             )
             log.warning("%s", text)
-            incident.record(time.time(), text)
+            now = time.time()
+            incident.record(now, text)
+            self.journal.dry_run(incident, now)
             self.watch.update(incident)
             return
         self.stop = Stop(incident, restart=policy == "restart")

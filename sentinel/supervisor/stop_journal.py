@@ -51,6 +51,11 @@ class StopJournal:
             restarts=restarts,
         )
         stop_intent.mark_stopping(self.state_dir, self.intent)
+        stop_intent.forget_dry_run(self.state_dir)
+
+    def dry_run(self, incident: Incident, now: float) -> None:
+        """A dry run would have stopped the job for ``incident`` (``stop_intent.note_dry_run``)."""
+        stop_intent.note_dry_run(self.state_dir, incident, now)
 
     def take_up(self, intent: StopIntent) -> StopIntent:
         """A stop the last sentinel left unfinished is this one's now (one more try, synced)."""

@@ -166,9 +166,20 @@ def _last_onset(state_dir: Path) -> tuple[Onset | None, str]:
     state dir's verdict record: an unfinished stop, a give-up), and a line that says so; a
     checkpoint written at or after it is never called clean."""
     from sentinel.checkpoints.scan import Onset
-    from sentinel.store.stop_intent import unresolved
+    from sentinel.store.stop_intent import DRY_RUN_NAME, dry_run_stop, unresolved
 
     intent = unresolved(state_dir)
+    dry = dry_run_stop(state_dir)
+    signalled = None if intent is None else intent.signalled_at
+    if dry is not None and (signalled is None or dry.time > signalled):
+        # A dry run acted on nothing: the saves it would have set aside are still there.
+        onset = Onset(step=dry.onset_step, time=dry.onset_time)
+        where = f"step {onset.step}" if onset.step is not None else "its time"
+        said = (
+            f"a dry run would have stopped the job ({dry.rule}, {state_dir / DRY_RUN_NAME})"
+            f" and set nothing aside: checkpoints from its onset ({where}) on are after_onset"
+        )
+        return onset, said
     if intent is None:
         return None, ""
     incident = intent.incident
