@@ -88,6 +88,8 @@ def test_a_restarted_watch_takes_back_the_open_incident_and_pages_nobody_twice(
         assert len(hook.accepted) == paged == 1, [r.json for r in hook.accepted]
     assert "took back what sentinel knew before it restarted (the same job)" in err, err
     assert "1 open incident(s)" in err
+    # The very process the first sentinel watched: its attempt still, not the next one.
+    assert "job found (attempt 1, pid" in err and "attempt 2" not in err, err
     assert "CRITICAL nan_inf" in err, "the restarted sentinel saw the NaN itself"
 
 

@@ -473,6 +473,8 @@ def test_taking_up_a_stop_whose_job_still_runs_enters_stopping_with_the_rest_of_
     done = wait_for_stop(parts)
     assert done.result.killed, "what still runs after the rest of the grace is killed"
     assert sleeper.wait(DEADLINE_S) == -9, "no second SIGTERM: the dead sentinel sent it"
+    # Said as such, not "SIGTERM sent to pid none".
+    assert done.result.detail.startswith("SIGTERM sent before (the stop taken up); "), done
     machine.job_exited(1, -9)
     assert machine.phase is Phase.BACKOFF
     assert parts.readies == ["ready"]

@@ -67,6 +67,15 @@ def _matches(fd: int, fingerprint: str, end: int | None) -> bool:
     return _fingerprint(os.pread(fd, length, start)) == fingerprint
 
 
+def _bytes_before(fd: int, offset: int) -> bytes:
+    """The last ``FINGERPRINT_BYTES`` (or fewer) bytes before ``offset``: never past it. Read
+    from 0 for a shorter offset, the tail ran past it, and the next look for a truncation
+    read at a negative offset: EINVAL on every read, a restarted sentinel blind to a log
+    of under 4 KiB."""
+    length = min(FINGERPRINT_BYTES, offset)
+    return os.pread(fd, length, offset - length)
+
+
 class FileFollower:
     """Follows one path (not one inode) through rotation, truncation and retargeting.
 
@@ -244,7 +253,7 @@ class FileFollower:
             return False
         if _matches(fd, saved.head_hash, None) and _matches(fd, saved.tail_hash, saved.offset):
             self._position = saved.offset
-            self._tail = os.pread(fd, FINGERPRINT_BYTES, max(0, saved.offset - FINGERPRINT_BYTES))
+            self._tail = _bytes_before(fd, saved.offset)
             logger.debug("resuming %s at byte %d", self.path, saved.offset)
             return True
         logger.info("%s is not the file read before (inode reused); reading from 0", self.path)
@@ -257,7 +266,7 @@ class FileFollower:
         offset = self._skip[2]
         if 0 < offset <= size and os.pread(fd, 1, offset - 1) == b"\n":
             self._position = offset
-            self._tail = os.pread(fd, FINGERPRINT_BYTES, max(0, offset - FINGERPRINT_BYTES))
+            self._tail = _bytes_before(fd, offset)
             logger.info("%s: reading from byte %d, what was written before the run skipped",
                         self.path, offset)  # fmt: skip
 

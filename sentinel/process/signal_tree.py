@@ -407,7 +407,10 @@ def _words(run: _Run, stop_signal: signal.Signals, grace_s: float) -> str:
         gone = run.root in run.gone
         words = f"pid {run.root.pid} " + ("had already exited" if gone else "is not the job")
         return words + "; nothing signalled"
-    parts = [f"{stop_signal.name} sent to pid {_pids(w for w, s in run.sent if s == stop_signal)}"]
+    termed = [who for who, sig in run.sent if sig == stop_signal]
+    # None here: a stop taken up after a dead sentinel's signal (the rest of its grace).
+    sent = f"sent to pid {_pids(termed)}" if termed else "sent before (the stop taken up)"
+    parts = [f"{stop_signal.name} {sent}"]
     late = run.late
     if late:
         parts.append(f"started during the grace: pid {_pids(late)}")

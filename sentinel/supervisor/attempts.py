@@ -70,15 +70,20 @@ class JobAttempts:
     def begin(self) -> Handle | None:
         """Launch the next attempt (``run``), or look for it (``watch``): its job, now the
         current one; None when it is not there (yet). ``OSError``: it could not be started."""
-        attempt = self.attempt + 1
+        same = self._last_sentinels_job()
+        attempt = self.attempt if same else self.attempt + 1
         job = self.holder.begin(attempt, self._restarts, self._put)
         if job is None:
             return None
         self.attempt = attempt
         self._status.attempt_started(job.started_at)
         self.job = job
-        if not self.holder.relaunches:
-            self.watch.safely("the attempt", self._store.put, "watch.attempt", str(attempt))
+        if not self.holder.relaunches and not same:
+            self.watch.safely(
+                "the attempt",
+                self._store.put_many,
+                {"watch.attempt": str(attempt), "watch.attempt_started_at": repr(job.started_at)},
+            )
             verdict.clear(self.settings.state_dir)  # the next attempt is under way
         self._system.set_job(job.identity)
         self.service.metrics.attempt_started(attempt)
@@ -91,6 +96,16 @@ class JobAttempts:
             self.watch.job_started(job.started_at, resumed_at or 0, identity, resumed)
         self._waiting_for_next = False
         return job
+
+    def _last_sentinels_job(self) -> bool:
+        """``watch`` restarted beside the very process the last sentinel watched (its start
+        time): the same attempt, not the next one. It was numbered one more, and the
+        record of the stop under way was set aside as though a new attempt had begun."""
+        if self.holder.relaunches or self.job is not None or self.attempt == 0:
+            return False
+        started = self._store.get("watch.attempt_started_at")
+        found = self.holder.found_started_at()
+        return started is not None and found is not None and float(started) == found
 
     def announce(self, job: Handle) -> None:
         """The log line of an attempt begun: started or found, and whence it resumed."""

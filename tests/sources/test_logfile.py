@@ -386,3 +386,20 @@ def test_a_log_written_in_whole_blocks_is_named_once_with_the_fix(
         assert "python -u, PYTHONUNBUFFERED=1, or stdbuf -oL" in said[0]
     else:
         assert said == []
+
+
+def test_a_restart_on_a_short_log_that_grew_meanwhile_reads_on(tail: Tail) -> None:
+    """Resumed at a saved offset under 4 KiB with lines written after it: the bytes kept to
+    tell a truncation took the file's first 4 KiB, past the offset, and every later read
+    failed on a negative offset (EINVAL): a restarted ``watch`` read nothing more of a
+    short log, whose NaN it then never saw."""
+    tail.append(b"a\nb\n")
+    tail.read()
+    tail.append(b"c\n")  # written while sentinel was down
+    tail.follower.close()
+    tail.restart()
+    assert tail.read() == ["c"]
+    tail.append(b"d\n")
+    assert tail.read() == ["d"]
+    tail.append(b"e\n")
+    assert tail.read() == ["e"]
