@@ -558,13 +558,11 @@ def watch_wait(run: Run, tmp_path: Path) -> None:
     """A job that has not appeared within --wait: exit 1 about that long after it began
     waiting, saying so. (A subprocess, killed if it outlives 30 s: a wait that never ends
     then fails the test rather than hanging it.)"""
-    gone = subprocess.Popen(["true"])
-    gone.wait()  # its pid names no process now
     (tmp_path / "fast.toml").write_text(FAST)
     env = clean_env()
     with subprocess.Popen(
         [sys.executable, "-m", "sentinel", "watch", "--config", "fast.toml", "--state-dir", "st",
-         "--wait", "0.5", "--pid", str(gone.pid)],
+         "--wait", "0.5", "--pidfile", "job.pid"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     ) as watch:  # fmt: skip
         guard = threading.Timer(30, watch.kill)
@@ -573,12 +571,12 @@ def watch_wait(run: Run, tmp_path: Path) -> None:
         err, waiting_at = "", None
         for line in watch.stderr:  # until sentinel exits
             err += line
-            if waiting_at is None and f"waiting for pid {gone.pid}" in line:
+            if waiting_at is None and "waiting for pidfile job.pid" in line:
                 waiting_at = time.monotonic()
         waited = time.monotonic() - (waiting_at or 0)
         guard.cancel()
     assert watch.returncode == 1, err
-    assert f"pid {gone.pid} did not appear within 0.5 s" in err
+    assert "pidfile job.pid did not appear within 0.5 s" in err
     # Unset, it waits for ever (the guard kills it at 30 s); the bound leaves room for a
     # loaded machine's exit (2.02 s once).
     assert 0.4 < waited < 10.0, err

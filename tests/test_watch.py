@@ -224,7 +224,7 @@ def test_watch_pid_ends_after_its_rollback_and_the_relaunch_is_not_handed_a_stal
 def test_watch_pid_ends_when_its_job_ends_by_itself(tmp_path: Path) -> None:
     """Nothing can bring that process back: sentinel ends with it (exit 0), saying why,
     rather than wait for ever for a pid that names no one."""
-    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
     try:
         result = subprocess.run(
             [sys.executable, "-m", "sentinel", "watch", "--pid", str(job.pid),
@@ -237,6 +237,20 @@ def test_watch_pid_ends_when_its_job_ends_by_itself(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert f"pid {job.pid} has ended; a relaunch is a new process" in result.stderr
     assert "Result: sentinel stopped watching (exit 0)" in result.stderr
+
+
+def test_watch_pid_of_no_running_process_ends_at_once(tmp_path: Path) -> None:
+    """A bare pid that names no process now never will: a later one that takes it is
+    someone else. It waited for ever."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "watch", "--pid", str(gone.pid),
+         "--state-dir", str(tmp_path / "state")],
+        capture_output=True, text=True, timeout=60, env=os.environ.copy(),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert f"pid {gone.pid} names no running process: nothing to watch" in result.stderr
 
 
 def test_sigterm_stops_sentinel_and_never_the_job(tmp_path: Path) -> None:

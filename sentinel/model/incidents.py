@@ -218,19 +218,41 @@ class IncidentTracker:
         return [incident_memory(incident) for incident in unique.values()]
 
     def remember(self, memory: list[dict[str, Any]]) -> list[Incident]:
-        """Reopen the incidents ``memory`` holds (the same job, under a restarted sentinel)."""
+        """Reopen the incidents ``memory`` holds (the same job, under a restarted sentinel).
+        One already open by its id (a stop taken up, ``adopt``) takes the remembered alerts
+        and actions it lacks instead."""
         restored = []
         for data in memory:
             incident = incident_from_memory(data)
+            held = self._open_by_id(incident.id)
+            if held is not None:
+                # By what each says and when (a NaN value is equal to nothing).
+                have = {(a.rule, a.time, a.message) for a in held.alerts}
+                held.alerts[:0] = [
+                    a for a in incident.alerts if (a.rule, a.time, a.message) not in have
+                ]
+                held.actions = sorted({*held.actions, *incident.actions}, key=lambda a: a[0])
+                incident = held
             for rule in incident.open_rules:
-                self.open[rule] = incident
+                self.open.setdefault(rule, incident)
             restored.append(incident)
         return restored
 
-    def close_all(self, now: float) -> list[Incident]:
-        """End every open episode (the job attempt they belong to is over)."""
-        incidents = list({id(incident): incident for incident in self.open.values()}.values())
-        return [self._close(incident, now) for incident in incidents]
+    def adopt(self, incident: Incident) -> None:
+        """Hold ``incident`` (a stop a dead sentinel left, taken up) open under its rule."""
+        if self._open_by_id(incident.id) is None:
+            incident.open_rules |= {incident.rule}
+            for rule in incident.open_rules:
+                self.open.setdefault(rule, incident)
+
+    def _open_by_id(self, incident_id: str) -> Incident | None:
+        return next((i for i in self.open.values() if i.id == incident_id), None)
+
+    def close_all(self, now: float, *, keep: frozenset[str] = frozenset()) -> list[Incident]:
+        """End every open episode (the job attempt they belong to is over), but those whose
+        id is in ``keep``."""
+        incidents = {id(incident): incident for incident in self.open.values()}.values()
+        return [self._close(incident, now) for incident in incidents if incident.id not in keep]
 
     def _peer(self, rule: str) -> Incident | None:
         """The open incident of another rule of ``rule``'s story, if any."""

@@ -134,6 +134,8 @@ class Watch:
         #: Incidents of a stop a dead sentinel left (``taken_up``): what was done is told to
         #: every target, as whether any was told of the incident died with that sentinel.
         self._taken_up: set[str] = set()
+        #: The incident of a stop taken up, kept open when its job is found (``job_started``).
+        self._stop_going_on: frozenset[str] = frozenset()
         self.dispatcher = Dispatcher(
             notifier.outbox, routes(settings.notify), Policy.from_config(settings.notify), self.job
         )
@@ -262,6 +264,10 @@ class Watch:
         may never have been queued (they wait for the signal), so what this one does about
         it goes to every target its route picks, told before or not."""
         self._taken_up.add(incident.id)
+        self._stop_going_on = frozenset({incident.id})
+        # Open here too: the rule's alerts from now on join it, and the summary and the
+        # report tell the whole stop (it went on a copy of its own, missing from both).
+        self.tracker.adopt(incident)
 
     def tick(self, now: float) -> None:
         """Announce again each open critical incident whose ``repeat_interval_s`` has passed
@@ -301,7 +307,9 @@ class Watch:
         ``identity`` (pid, start time) names the attempt's process, where known: a
         sentinel that restarts beside the same job takes back its open incidents.
         ``resumed``: where the attempt resumed after a rollback (the ``recovery`` rule)."""
-        for incident in self.tracker.close_all(now):
+        # A stop taken up is not over when its job is found again (the same attempt).
+        keep, self._stop_going_on = self._stop_going_on, frozenset()
+        for incident in self.tracker.close_all(now, keep=keep):
             self.dispatcher.forget(incident.id)
             if incident.severity is Severity.CRITICAL:
                 self._report(incident, now)

@@ -577,8 +577,13 @@ class JobMachine:
     def _wait(self) -> None:
         """``watch``: WAITING, looking for the job on every tick until it appears, or
         ``wait_s`` runs out (FATAL)."""
-        if self._found and not self.holder.follows_restarts:
-            self._cannot_follow()
+        if not self.holder.follows_restarts:
+            if self._found:
+                self._cannot_follow()
+            else:
+                # Nothing can bring it later: a process that takes the pid is someone else.
+                log.error("%s names no running process: nothing to watch", self.holder.describe())
+                self._finish(1, Phase.FATAL)
             return
         now = time.monotonic()
         if self._waiting_since is None:

@@ -336,4 +336,11 @@ def test_watch_killed_during_the_grace_the_next_watch_stops_and_rolls_back(work:
     )
     assert manifest["complete"] is True
     assert (work / "ck" / "latest").read_text() == CLEAN
-    assert "finishing what it decided" in (work / "second.err").read_text()
+    said = (work / "second.err").read_text()
+    assert "finishing what it decided" in said
+    # One incident, the one taken back from the first sentinel's memory, holds the whole
+    # stop: its timeline (and report) end on the rollback, as one sentinel's would.
+    timeline = said.split("\nTimeline\n", 1)[1].split("\nResult:", 1)[0]
+    assert "rolled back to global_step25" in timeline, said
+    assert "another took it up" in timeline, said
+    assert "attempt 1, pid" in said and "(attempt 2, pid" not in said, said
