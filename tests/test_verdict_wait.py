@@ -173,6 +173,15 @@ def writer(state: Path, code: str, delay_s: float, linger_s: float) -> subproces
     return process
 
 
+def waiting_verdict(state: Path, *, timeout_s: float, job_status: int) -> subprocess.Popen[str]:
+    """The wrapper's ``sentinel verdict --wait``, as a process that waits."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(state), "--wait",
+         "--timeout", f"{timeout_s:g}", "--job-status", str(job_status)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+
+
 def end(process: subprocess.Popen[str]) -> None:
     if process.poll() is None:
         process.kill()
@@ -201,11 +210,7 @@ def test_the_verb_after_kill_9_of_sentinel_exits_with_the_job_status(tmp_path: P
     """No sentinel takes the stop up within the wait's bound: the job's own status."""
     process = writer(tmp_path / "st", "-", delay_s=60, linger_s=0)
     try:
-        waiting = subprocess.Popen(
-            [sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(tmp_path / "st"),
-             "--wait", "--timeout", "3", "--job-status", "137"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        )  # fmt: skip
+        waiting = waiting_verdict(tmp_path / "st", timeout_s=3, job_status=137)
         time.sleep(1.0)
         assert waiting.poll() is None  # sentinel is deciding: it waits (no timeout given)
         os.kill(process.pid, signal.SIGKILL)
@@ -226,11 +231,7 @@ def test_the_verb_waits_for_the_sentinel_that_takes_up_a_dead_ones_stop(tmp_path
     first = writer(tmp_path / "st", "-", delay_s=60, linger_s=0)
     second: subprocess.Popen[str] | None = None
     try:
-        waiting = subprocess.Popen(
-            [sys.executable, "-m", "sentinel", "verdict", "--state-dir", str(tmp_path / "st"),
-             "--wait", "--timeout", "60", "--job-status", "143"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        )  # fmt: skip
+        waiting = waiting_verdict(tmp_path / "st", timeout_s=60, job_status=143)
         time.sleep(0.5)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
