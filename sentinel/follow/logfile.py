@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -65,6 +66,20 @@ def _matches(fd: int, fingerprint: str, end: int | None) -> bool:
     if start < 0:
         return False
     return _fingerprint(os.pread(fd, length, start)) == fingerprint
+
+
+def _kind(mode: int) -> str:
+    """What a path that is not a regular file is, in a word or two."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "something else"
 
 
 def _bytes_before(fd: int, offset: int) -> bytes:
@@ -220,6 +235,10 @@ class FileFollower:
             self.close()
         if path_stat is None:
             return
+        if not stat.S_ISREG(path_stat.st_mode):
+            # A FIFO blocks the open until a writer comes (sentinel hung, deaf to SIGTERM);
+            # a device never ends (/dev/zero); a directory holds no lines.
+            raise OSError(f"it is {_kind(path_stat.st_mode)}, not a regular file")
         self._open()
         self._drain(lines)
 

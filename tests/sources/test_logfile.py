@@ -403,3 +403,26 @@ def test_a_restart_on_a_short_log_that_grew_meanwhile_reads_on(tail: Tail) -> No
     assert tail.read() == ["d"]
     tail.append(b"e\n")
     assert tail.read() == ["e"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_path_that_is_no_regular_file_is_not_read_and_said_once(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO blocked the open until a writer came: sentinel hung at its start, deaf to
+    SIGTERM, the job never launched. /dev/zero never ends; a directory holds no lines."""
+    path = tmp_path / "train.log"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path = Path("/dev/zero")
+    follower = FileFollower(path)
+    with caplog.at_level("WARNING"):
+        assert follower.read() == [] and follower.read() == []
+    said = [r.getMessage() for r in caplog.records if "not a regular file" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert {"fifo": "a FIFO", "device": "a character device", "directory": "a directory"}[
+        kind
+    ] in said[0]
