@@ -122,3 +122,17 @@ def no_mentions(text: str) -> str:
     if "@" not in text and "<" not in text:
         return text
     return _MENTION.sub(lambda match: match.group() + ZERO_WIDTH_SPACE, text)
+
+
+def clipped(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters for a message that quotes it, the word the cut
+    goes through left out whole (then "..."). A token that straddled a plain cut lost the
+    length its shape needs to be masked where the message is shown, and went out in the
+    clear to every target (``ghp_A1b2C3d4E5f``)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    if not text[limit].isspace():
+        words = cut.split()
+        cut = cut[: len(cut) - len(words[-1])] if words else ""
+    return cut.rstrip() + "..."

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from sentinel.model.records import PROGRESS, Alert, Block, Line, Sample, Severity
+from sentinel.model.untrusted import clipped
 from sentinel.rules.base import BaseDetector, RuleConfig
 
 # Checked in order: a device-side assert often also mentions an index out of
@@ -185,6 +186,15 @@ def watchdog_timeout(lines: list[str]) -> str | None:
     return None if found is None else found.group(0)
 
 
+#: How much of the job's last words an alert's message quotes.
+QUOTED_CHARS = 300
+
+
+def _quoted(evidence: str) -> str:
+    """The job's words as the message quotes them (``clipped``)."""
+    return clipped(evidence, QUOTED_CHARS)
+
+
 def describe_exit(exit_code: int) -> str:
     if exit_code < 0:
         try:
@@ -273,7 +283,7 @@ class JobCrashDetector(BaseDetector):
             Alert(
                 rule=self.rule,
                 severity=Severity.WARNING,
-                message=f"{what}: likely a crash, {crash_class} ({evidence[:300]})",
+                message=f"{what}: likely a crash, {crash_class} ({_quoted(evidence)})",
                 time=now,
                 source="job",
                 step=self._last_step,
@@ -293,7 +303,7 @@ class JobCrashDetector(BaseDetector):
                 severity=Severity.WARNING,
                 message=(
                     "job exited with code 0 right after printing an error it caught, its"
-                    f" training likely cut short ({evidence[:300]})"
+                    f" training likely cut short ({_quoted(evidence)})"
                 ),
                 time=now,
                 source="job",
@@ -314,7 +324,7 @@ class JobCrashDetector(BaseDetector):
         crash_class, advice, evidence = classify(list(self._tail), exit_code)
         message = f"job {describe_exit(exit_code)}: {crash_class}"
         if evidence:
-            message += f" ({evidence[:300]})"
+            message += f" ({_quoted(evidence)})"
         last = self._last_step
         # A crash that corrupts no number began after the last step logged: a save of that
         # step, written before the crash, is clean (a real Megatron-style job saved 125 and

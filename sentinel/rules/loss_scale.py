@@ -27,6 +27,7 @@ from collections import deque
 from pydantic import Field
 
 from sentinel.model.records import PROGRESS, Alert, Block, Sample, Severity
+from sentinel.model.untrusted import clipped
 from sentinel.rules.base import BaseDetector, MetricNames, Reading, Recent, RuleConfig
 
 #: Lines of the frameworks' fatal errors: the scale is at its minimum and the run ends.
@@ -141,7 +142,8 @@ class LossScaleDetector(BaseDetector):
         fatal = FATAL.search(text)
         if fatal is not None:
             return self._collapse(
-                f"the fp16 loss scale is at its minimum and the job says so: {text.strip()[:200]}",
+                "the fp16 loss scale is at its minimum and the job says so:"
+                f" {clipped(text.strip(), 200)}",
                 self._scale,
                 source,
                 now,

@@ -375,3 +375,16 @@ def test_classify_prefers_device_assert_over_bad_data() -> None:
     crash_class, _, evidence = classify(DEVICE_ASSERT_INDEX, 1)
     assert crash_class == "device_assert"
     assert "device-side assert" in evidence
+
+
+def test_a_token_that_straddles_the_quotes_cut_is_left_out_not_cut_in_the_clear() -> None:
+    """The message quotes 300 characters of the crash: cut through a token, its first 15
+    went to every target unmasked (its shape needs more to be recognised). The word the
+    cut goes through is left out whole; one that fits is quoted whole (masked where it is
+    shown)."""
+    token = "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0"
+    (alert,) = crashed(["RuntimeError: " + "x" * 270 + " " + token], 1)
+    assert "ghp_" not in alert.message, alert.message
+    assert alert.message.endswith("x" * 270 + "...)"), alert.message
+    (alert,) = crashed(["RuntimeError: bad " + token], 1)
+    assert f"(RuntimeError: bad {token})" in alert.message
