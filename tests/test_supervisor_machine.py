@@ -81,9 +81,13 @@ class Holder:
     """A holder whose attempts are scripted: each ``begin`` takes the next job listed
     (None: the job is not there), or raises the ``OSError`` listed."""
 
-    def __init__(self, *found: Job | OSError | None, relaunches: bool = True) -> None:
+    def __init__(
+        self, *found: Job | OSError | None, relaunches: bool = True, follows: bool = True
+    ) -> None:
         self.found = list(found)
         self.relaunches = relaunches
+        #: False: a bare pid's target (``watch --pid``).
+        self.follows_restarts = follows
         self.mode = "run" if relaunches else "watch"
         self.forgot = False
 
@@ -330,6 +334,22 @@ def test_watch_waits_for_the_job_then_finds_it_and_detaches_on_sigterm(
     machine.look_for_job()
     machine.restart_due()
     assert machine.phase is Phase.DETACHED, "nothing moves a machine that has ended"
+
+
+def test_watch_of_a_bare_pid_ends_with_its_job_and_never_waits_for_one_it_never_found(
+    made: list[Parts], tmp_path: Path
+) -> None:
+    """A bare pid cannot come back: its end is the watch's (0), and one not there at the
+    first look never will be (1)."""
+    parts = build(made, tmp_path, Holder(Job(None), relaunches=False, follows=False))
+    machine = parts.machine
+    machine.begin(None)
+    assert machine.phase is Phase.STARTING
+    machine.job_exited(1, 0)
+    assert (machine.phase, machine.exit_code, machine.finished) == (Phase.EXITED, 0, True)
+    never = build(made, tmp_path / "never", Holder(None, relaunches=False, follows=False))
+    never.machine.begin(None)
+    assert (never.machine.phase, never.machine.exit_code) == (Phase.FATAL, 1)
 
 
 # -- a stop -------------------------------------------------------------------------------
