@@ -16,7 +16,7 @@ from sentinel.config import ConfigError, Settings, effective_config, load_settin
 from sentinel.config.renames import RENAMED
 from sentinel.rules.eval_loss_rise import EvalLossRiseConfig
 from sentinel.rules.loss_spike import LossSpikeConfig
-from tests.helpers.env import without_settings
+from tests.helpers.env import clean_env, without_settings
 
 # apprise (which validates and masks notify URLs) imports the stdlib ``imghdr`` on 3.11.
 pytestmark = pytest.mark.filterwarnings(
@@ -110,6 +110,24 @@ def test_an_old_variable_sets_the_new_key_and_warns_naming_both_variables(
         f"{'.'.join(old)} (from {variable(old)}) is deprecated: use {'.'.join(new)}"
         f" ({variable(new)}); the old name goes in 0.3"
     ]
+
+
+@pytest.mark.parametrize("old", OLD_KEYS)
+def test_an_old_variable_in_the_real_environment_starts_sentinel(
+    old: tuple[str, ...], tmp_path: Path
+) -> None:
+    """As a systemd env file or a Kubernetes Secret sets it: the process's own environment.
+    pydantic-settings read it a second time under its old name, beside the new one, and
+    sentinel refused to start ("persist_steps is the old name of sustain"), exit 2, the job
+    unwatched. The tests above pass ``environ``, and never saw it."""
+    text, _ = OLD_VALUES[old]
+    env = {**clean_env(), variable(old): text.strip('"')}
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "check-config"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"(from {variable(old)}) is deprecated" in result.stderr
 
 
 def test_an_old_name_in_a_secret_file_warns_naming_that_file(

@@ -14,7 +14,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic import create_model as _create_model
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from sentinel.config import resume
 from sentinel.config.addresses import parse_http_address
@@ -285,6 +290,22 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", allow_inf_nan=False
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The values given, only: ``load_settings`` reads the environment, the secrets
+        dir and the file as layers of its own (renamed keys moved, each error naming its
+        source). Read here as well, a renamed key's variable came back under its old
+        name beside the new one, and sentinel refused to start: "persist_steps is the old
+        name of sustain: give only sustain"."""
+        return (init_settings,)
 
     #: A directory of secret files (a Kubernetes or Docker secret mount): a file named
     #: like a setting's environment variable (``SENTINEL_NOTIFY__URLS``) holds its value.
