@@ -2,7 +2,8 @@
 are padded (Keras ``CSVLogger``'s ``training.log``, Ultralytics' ``results.csv``).
 
 A header names at least two columns, one a known metric or step; the rows under it that
-hold as many numbers are read, at the step (else the epoch) column's value. A loss logged
+hold as many cells are read, at the step (else the epoch) column's value (a cell of words,
+a timestamp or a phase, is no value; a row needs a number in a known metric or the step). A loss logged
 only in parts (Ultralytics' ``train/box_loss``, ``train/cls_loss``..., and
 ``val/box_loss``...) is also read whole, as the trainer sums it: ``loss`` and
 ``eval_loss``, beside each part; ``metrics/mAP50(B)`` and the like stay metrics of their
@@ -55,11 +56,13 @@ _RULE = re.compile(r"-+(?:\s+-+)*")
 class HeaderCsv:
     """Reads a header row and the rows of numbers under it."""
 
-    __slots__ = ("_columns", "_spaced", "_step_column", "_totals")
+    __slots__ = ("_columns", "_known", "_spaced", "_step_column", "_totals")
 
     def __init__(self) -> None:
         self._columns: tuple[str, ...] | None = None  # the metric name of each column
         self._step_column: int | None = None  # the step (or epoch) column
+        #: The columns of known metrics and the step's: a row needs a number in one.
+        self._known: tuple[int, ...] = ()
         # A loss logged only in parts: its name and the columns it is the sum of.
         self._totals: tuple[tuple[str, tuple[int, ...]], ...] = ()
         #: The last header's cells were separated by spaces (fastai's table).
@@ -121,7 +124,11 @@ class HeaderCsv:
         if len(cells) != len(columns):
             return None
         values = [as_float(cell) if cell else None for cell in cells]
-        if any(value is None for value, cell in zip(values, cells, strict=True) if cell):
+        # A cell of words (a timestamp, a phase) is no value: the row is still one of the
+        # table's while a known metric (or the step) of it is a number. Refused whole, a
+        # CSV with a time column gave no sample at all, and its NaN no stop.
+        words = any(value is None for value, cell in zip(values, cells, strict=True) if cell)
+        if words and not any(values[index] is not None for index in self._known):
             return None
         step: int | None = None
         if self._step_column is not None:
@@ -150,6 +157,11 @@ class HeaderCsv:
         epochs = [index for index, cell in enumerate(lowered) if cell == "epoch"]
         found = steps or epochs
         self._step_column = found[0] if found else None
+        self._known = tuple(
+            index
+            for index, cell in enumerate(lowered)
+            if cell in KNOWN_KEYS or normalise_name(cell) in KNOWN_KEYS or index in found
+        )
         self._totals = tuple(
             (total, parts)
             for total, prefix in (("loss", "train/"), ("eval_loss", "val/"))

@@ -173,6 +173,27 @@ def test_a_nan_in_one_part_of_a_padded_results_csv_is_a_nan_loss() -> None:
     assert (row["loss"].step, row["eval_loss"].value, row["lr"].value) == (0, 5.0, 0.07)
 
 
+@pytest.mark.parametrize(
+    ("header", "row", "text_cell"),
+    [
+        ("time,step,loss", "2024-01-01 10:00:02,3,nan", "2024-01-01 10:00:02"),
+        ("step,phase,loss,lr", "3,train,nan,0.001", "train"),
+    ],
+)
+def test_a_csv_with_a_column_of_words_reads_its_numbers(
+    header: str, row: str, text_cell: str
+) -> None:
+    """A timestamp or a phase column: that cell is no value, the rest of the row is read.
+    The row was refused whole, so such a file gave no sample, and a live run's NaN no stop.
+    A row with no number in a known metric or the step is still not the table's."""
+    parser = LineParser()
+    assert parser.parse(header) == []
+    samples = {sample.name: sample for sample in parser.parse(row)}
+    assert math.isnan(samples["loss"].value) and samples["loss"].step == 3
+    assert not [s for s in samples.values() if text_cell in s.name]
+    assert not parser.parse(",".join(["x"] * len(header.split(","))))
+
+
 def test_a_csv_with_its_own_loss_column_is_not_summed() -> None:
     parser = LineParser()
     parser.parse("epoch,train/loss,train/box_loss,train/cls_loss")
