@@ -532,3 +532,34 @@ def test_a_target_naming_an_unknown_rule_is_an_error_naming_it(tmp_path: Path) -
 def test_a_run_id_that_is_not_one_path_segment_is_refused(run_id: str) -> None:
     with pytest.raises(ConfigError, match="run_id"):
         load_settings(None, cli={"run_id": run_id}, environ={})
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        # YAML 1.1 reads `on` as true: a key that is no name (a TypeError traceback, exit 1).
+        ("on.yaml", "on: true\n", "the key True is not a name (YAML reads on, off, yes, no"),
+        ("one.yaml", "1: x\n", "the key 1 is not a name"),
+        # The last one silently won (max_restarts 500); TOML refuses it, and so does YAML now.
+        (
+            "dup.yaml",
+            "max_restarts: 1\nmax_restarts: 500\n",
+            "the key 'max_restarts' is given twice",
+        ),
+        ("deep.toml", "a = " + "[" * 600 + "]" * 600 + "\n", "not valid TOML: nested too deep"),
+        ("deep.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n", "not valid YAML: nested too deep"),
+        # A path with a NUL raised at its first open(), past the start (the job launched).
+        ("nul.toml", 'checkpoints = "a\\u0000b"\n', "checkpoints (from "),
+        ("nuls.toml", 'logs = ["a\\u0000b"]\n', "logs[0] (from "),
+    ],
+)
+def test_a_config_file_that_cannot_be_settings_is_one_line_naming_it(
+    tmp_path: Path, name: str, text: str, said: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, environ={})
+    [problem] = caught.value.problems
+    assert said in problem and str(path) in problem, problem
+    assert "\n" not in problem

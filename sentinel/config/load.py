@@ -108,6 +108,10 @@ def load_settings(
     merged: dict[str, Any] = {}
     for layer in reversed(layers):
         _deep_merge(merged, layer.values)
+    nul = [key_and_source(loc, layers) + ": holds a NUL character" for loc in _nul_values(merged)]
+    if nul:
+        # No path or name holds one: the first open() of it raised, past the start.
+        raise ConfigError(nul)
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as error:
@@ -158,11 +162,44 @@ def _read_file(path: Path) -> dict[str, Any]:
             data = tomllib.loads(text)
     except ValueError as error:
         raise ConfigError([f"{path}: not valid {_kind(path)}: {error}"]) from None
+    except RecursionError:
+        raise ConfigError([f"{path}: not valid {_kind(path)}: nested too deep"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a table of settings"])
+    key = _not_a_name(data)
+    if key is not None:
+        raise ConfigError(
+            [
+                f"{path}: the key {key!r} is not a name (YAML reads on, off, yes, no and"
+                " numbers as values: quote the key)"
+            ]
+        )
     return data
+
+
+def _nul_values(value: Any, loc: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
+    """Where ``value`` (the merged settings) holds a string with a NUL character."""
+    if isinstance(value, str):
+        return [loc] if "\x00" in value else []
+    if isinstance(value, dict):
+        return [found for key, item in value.items() for found in _nul_values(item, (*loc, key))]
+    if isinstance(value, list):
+        return [found for i, item in enumerate(value) for found in _nul_values(item, (*loc, i))]
+    return []
+
+
+def _not_a_name(table: dict[Any, Any]) -> Any:
+    """The first key of ``table`` or a table in it that is no string, else None."""
+    tables = [table]
+    while tables:
+        for key, value in tables.pop().items():
+            if not isinstance(key, str):
+                return key
+            if isinstance(value, dict):
+                tables.append(value)
+    return None
 
 
 def _kind(path: Path) -> str:
@@ -174,8 +211,24 @@ def _load_yaml(path: Path, text: str) -> Any:
         import yaml
     except ImportError:
         raise ConfigError([f"{path}: YAML config needs PyYAML: {install_hint('yaml')}"]) from None
+
+    class UniqueKeys(yaml.SafeLoader):
+        """A key given twice in one table is an error (TOML's rule), not the last one's."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, str) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice", key_node.start_mark
+                    )
+                if isinstance(key, str):
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeys)  # a SafeLoader: no object built
     except yaml.YAMLError as error:
         raise ValueError(_one_line(error)) from None
 

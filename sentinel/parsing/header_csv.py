@@ -2,8 +2,9 @@
 are padded (Keras ``CSVLogger``'s ``training.log``, Ultralytics' ``results.csv``).
 
 A header names at least two columns, one a known metric or step; the rows under it that
-hold as many cells are read, at the step (else the epoch) column's value (a cell of words,
-a timestamp or a phase, is no value; a row needs a number in a known metric or the step). A loss logged
+hold as many cells are read, at the step (else the epoch) column's value (a cell of
+words, a timestamp or a phase, is no value; a row needs a number in a known metric or
+the step). A loss logged
 only in parts (Ultralytics' ``train/box_loss``, ``train/cls_loss``..., and
 ``val/box_loss``...) is also read whole, as the trainer sums it: ``loss`` and
 ``eval_loss``, beside each part; ``metrics/mAP50(B)`` and the like stay metrics of their
