@@ -247,6 +247,18 @@ def test_a_checkpoint_path_that_is_a_file_is_refused_before_the_job_starts(
     assert caught.value.problems == [f"checkpoints: {not_a_dir} is not a directory"]
 
 
+def test_a_verdict_file_that_is_a_directory_is_refused_before_the_job_starts(
+    tmp_path: Path,
+) -> None:
+    """Found when the verdict was to be written, at the end: the verdict was lost."""
+    settings = load_settings(cli={"verdict_file": str(tmp_path)}, environ={})
+    with pytest.raises(ConfigError) as caught:
+        preflight(settings, [sys.executable, "-c", "pass"])
+    assert caught.value.problems == [
+        f"verdict_file: {tmp_path} is a directory, not a file to write"
+    ]
+
+
 @pytest.mark.slow
 def test_max_restarts_0_leaves_a_final_verdict_90_for_whoever_waits(
     job: Path, tmp_path: Path

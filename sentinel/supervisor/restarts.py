@@ -402,6 +402,10 @@ def preflight(settings: Settings, command: list[str]) -> None:
     problem = _state_dir_problem(settings.state_dir)
     if problem:
         problems.append(f"state_dir: {settings.state_dir} {problem}")
+    verdict_file = settings.verdict_file
+    if verdict_file is not None and verdict_file.is_dir():
+        # Found at the end, when the verdict was to be written: lost, the job long run.
+        problems.append(f"verdict_file: {verdict_file} is a directory, not a file to write")
     if problems:
         raise ConfigError(problems)
 
