@@ -27,6 +27,7 @@ says which paths are its); a path none matches is a plain log (None).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -36,6 +37,8 @@ from pathlib import Path, PurePath
 from sentinel.parsing.file_format import FileFormat, FileReader
 from sentinel.parsing.lines import LineSplitter, Splitter
 from sentinel.parsing.registry import FILE_FORMATS
+
+log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 1 << 20
 _DIGITS = re.compile(r"(\d+)")
@@ -197,7 +200,12 @@ def _walk(folder: Path) -> list[MetricsFile]:
         for name in sorted(names, key=_natural):
             if name.startswith("."):
                 continue
-            file = _classify_in_place(Path(root, name))
+            path = Path(root, name)
+            if not path.is_file():
+                # A dangling link, a FIFO: one such file aborted the whole replay.
+                log.warning("%s is no file to read (a dangling link?): skipped", path)
+                continue
+            file = _classify_in_place(path)
             if file.format is not None:
                 found.append(file)
     return found

@@ -56,3 +56,14 @@ def test_the_engine_reads_an_opened_source_with_the_reader_it_was_given() -> Non
     opened.open_source("loss.txt", MlflowMetricReader("loss"))
     opened.feed_texts("loss.txt", [line], 0.0)
     assert [(s.value, s.step) for s in opened.history["loss"]] == [(2.5, 7)]
+
+
+def test_a_dangling_link_in_a_run_folder_is_skipped_not_the_whole_replay(tmp_path: Path) -> None:
+    """One event file's link pointing nowhere aborted the replay of the folder ("No such
+    file or directory"), the NaN in the metrics.csv beside it unreported."""
+    from sentinel.parsing.files import replay_plan
+
+    (tmp_path / "metrics.csv").write_text("step,loss\n1,2.0\n2,nan\n")
+    (tmp_path / "events.out.tfevents.123.host").symlink_to(tmp_path / "gone")
+    plan = replay_plan([tmp_path])
+    assert [file.path.name for group in plan for file in group] == ["metrics.csv"]
