@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sentinel.checkpoints.keep import KEPT_DIR
-from sentinel.checkpoints.scan import QUARANTINE_DIR, own_root
+from sentinel.checkpoints.scan import QUARANTINE_DIR, checkpoint_folders, own_root
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,9 @@ def disk_use(directory: Path) -> DiskUse:
     root = Path(os.path.abspath(directory))
     own = own_root(root)
     inodes: dict[tuple[int, int], _Inode] = {}
-    for folder, quarantined in ((own / QUARANTINE_DIR, True), (own / KEPT_DIR, False)):
+    # Kept copies of a Lightning pool live in each version's checkpoints folder.
+    kept_dirs = [own_root(folder) / KEPT_DIR for folder in checkpoint_folders(root)]
+    for folder, quarantined in ((own / QUARANTINE_DIR, True), *((k, False) for k in kept_dirs)):
         for path in _files(folder):
             try:
                 stat = os.lstat(path)

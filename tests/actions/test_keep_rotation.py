@@ -549,6 +549,15 @@ def test_lightning_logs_versions_are_kept_each_and_a_rollback_puts_one_back(
     save(130, 120)  # written after the onset at 125; 120 is gone
     settle(keepers, now)
     keepers.close()
+    # What a person resuming by hand sees: the kept copy, listed and counted from the pool
+    # (only `sentinel checkpoints lightning_logs/version_0/checkpoints` listed it).
+    listed = sentinel_here("checkpoints", "--json", str(logs), cwd=tmp_path)
+    kept = json.loads(listed.stdout)["kept"]
+    assert [Path(k["original"]).name for k in kept] == [
+        "epoch=0-step=120.ckpt",
+        "epoch=0-step=130.ckpt",
+    ], kept
+    assert disk_use(logs).kept_bytes > 0
     plan = plan_rollback(logs, Onset(step=125))
     assert plan.restore is not None and plan.put_back is not None
     assert plan.restore.path == folder / "epoch=0-step=120.ckpt"

@@ -129,9 +129,14 @@ def _kept(directory: Path, onset: Onset | None) -> list[tuple[KeptVersion, bool,
     """The versions sentinel kept of the job's checkpoints (``checkpoints.keep``), each with
     whether it is still the version kept and whether it was written at or after ``onset``."""
     from sentinel.checkpoints.keep import kept_versions
+    from sentinel.checkpoints.scan import checkpoint_folders
 
     listed = []
-    for version in kept_versions(directory):
+    # A Lightning pool's copies are kept in each version's folder (``FolderKeepers``).
+    kept = [
+        version for folder in checkpoint_folders(directory) for version in kept_versions(folder)
+    ]
+    for version in kept:
         after = onset is not None and (
             (onset.step is not None and version.step is not None and version.step >= onset.step)
             or (onset.step is None and onset.time is not None and version.mtime >= onset.time)
