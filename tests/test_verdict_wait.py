@@ -377,3 +377,9 @@ def test_a_give_up_or_node_fault_stays_after_a_wait_and_a_plain_read_takes_nothi
     for _ in range(2):
         assert await_verdict(tmp_path, wait=False, job_status=0).code == 91
     assert (tmp_path / "verdict.json").is_file()
+
+
+def test_a_record_nested_too_deep_is_94_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "verdict.json").write_text("[" * 100_000 + "]" * 100_000)
+    outcome = await_verdict(tmp_path, wait=False, job_status=0)
+    assert outcome.code == 94 and "nested too deep" in outcome.reason

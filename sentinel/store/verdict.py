@@ -206,6 +206,8 @@ def read_strict(state_dir: Path, name: str = VERDICT_NAME) -> Verdict | None:
         return _parse(json.loads(text))
     except (TypeError, ValueError) as error:
         raise VerdictUnreadable(f"{path} is not a verdict record: {error}") from None
+    except RecursionError:
+        raise VerdictUnreadable(f"{path} is not a verdict record: nested too deep") from None
 
 
 def consumed(state_dir: Path) -> Verdict | None:
@@ -223,7 +225,7 @@ def read(state_dir: Path) -> Verdict | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         log.warning("could not read %s: %s", path, error)
         return None
     try:
