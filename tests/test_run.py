@@ -232,6 +232,26 @@ def test_crash_is_classified_from_the_jobs_last_output(tmp_path: Path) -> None:
     assert "CUDA out of memory" in result.stderr  # passed through to sentinel's own stderr
 
 
+def test_a_give_up_tells_each_target_what_was_done_once(tmp_path: Path) -> None:
+    """A crash with no checkpoint dir: sentinel gives up. The escalation told every target
+    what was done, and the run's end told them the same again: two "actions" messages,
+    one body, two idempotency keys (nothing dedupes them)."""
+    state = tmp_path / "state"
+    with WebhookReceiver() as hook:
+        result = sentinel(
+            "--state-dir", str(state), "--notify", hook.url, "--drain-timeout", "20", "--",
+            sys.executable, "-c", "print('step 1 loss 2.0', flush=True); raise SystemExit(1)",
+            env={"SENTINEL_NOTIFY__GROUP_WAIT_S": "0"},
+        )  # fmt: skip
+        assert result.returncode == 90, result.stderr
+        notices = [
+            notice
+            for request in hook.accepted
+            for notice in json.loads(request.json["message"])["notices"]
+        ]
+    assert [notice["kind"] for notice in notices].count("actions") == 1, notices
+
+
 def test_stall_soft_warns_then_hard_stops(tmp_path: Path) -> None:
     hang = tmp_path / "hang.py"
     hang.write_text(

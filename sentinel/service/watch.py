@@ -134,6 +134,8 @@ class Watch:
         #: Incidents of a stop a dead sentinel left (``taken_up``): what was done is told to
         #: every target, as whether any was told of the incident died with that sentinel.
         self._taken_up: set[str] = set()
+        #: How many of each incident's actions a message has told (``update``).
+        self._actions_told: dict[str, int] = {}
         #: The incident of a stop taken up, kept open when its job is found (``job_started``).
         self._stop_going_on: frozenset[str] = frozenset()
         self.dispatcher = Dispatcher(
@@ -248,7 +250,11 @@ class Watch:
         held, self._held = self._held, []
         for notice in held:
             self._announce(*notice)
-        if final and incident.actions:
+        told = self._actions_told.get(incident.id, 0)
+        if final and len(incident.actions) > told:
+            # Once for what was done: a give-up's escalation told everyone, and the run's
+            # end that follows told them the same again (two messages, two keys).
+            self._actions_told[incident.id] = len(incident.actions)
             # The notice's alert says what was done, in the alert schema, for machines.
             summary = replace(
                 incident.first,
