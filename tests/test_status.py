@@ -413,3 +413,14 @@ def test_status_after_a_run_that_gave_up_shows_the_incident_report_and_verdict(
     assert incident["report"] == str(report)
     assert (status["verdict"]["state"], status["verdict"]["code"]) == ("final", 90)
     assert status["unreadable"] == []
+
+
+def test_status_json_masks_a_token_the_verdicts_stop_quotes(tmp_path: Path) -> None:
+    """The stop in verdict.json quotes the job's crash line: ``status --json`` printed the
+    token the job had printed in it, in full."""
+    state = tmp_path / "state"
+    state.mkdir()
+    stop = {"incident": {"alerts": [{"message": "crash: xoxb-1234-5678-abcdefghij was"}]}}
+    (state / "verdict.json").write_text(json.dumps({**VERDICT, "stop": stop}))
+    printed = json.dumps(gather(state).to_json())
+    assert "xoxb-1234-5678-abcdefghij" not in printed and "xoxb-****" in printed, printed

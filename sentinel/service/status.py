@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from sentinel.checkpoints.disk import DiskUse, disk_use, human_bytes
 from sentinel.evidence.report import REPORTS_DIR, report_path
+from sentinel.model.secrets import mask_tokens_data
 from sentinel.model.untrusted import printable
 from sentinel.notify.outbox_store import read_pending
 from sentinel.notify.target_results import TargetResult, read_results
@@ -117,6 +118,12 @@ class Status:
         return self.disk is not None and limit is not None and self.disk.total_bytes > limit
 
     def to_json(self) -> dict[str, Any]:
+        """As JSON, credential-shaped words masked: the verdict's stop quotes the job's
+        crash line, which may hold a token it printed (shown in full before)."""
+        masked: dict[str, Any] = mask_tokens_data(self._json())
+        return masked
+
+    def _json(self) -> dict[str, Any]:
         return {
             "state_dir": self.state_dir,
             "last_run_id": self.last_run_id,
