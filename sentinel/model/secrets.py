@@ -295,6 +295,10 @@ def validate_url(url: str) -> str | None:
         return scrub(f"invalid notification URL {mask_url(url)}: {exc}", url)
     if plugin is None:
         return f"unsupported or malformed notification URL {mask_url(url)}"
+    try:
+        urlsplit(url).port  # noqa: B018 (raises for a port past 65535, which apprise keeps)
+    except ValueError as exc:
+        return f"invalid notification URL {mask_url(url)}: {exc}"
     return None
 
 

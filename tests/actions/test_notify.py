@@ -342,7 +342,13 @@ def test_mask_url(url: str, shown: str, hidden: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("url", "valid"),
-    [("json://127.0.0.1:1/x", True), ("notaservice://x", False), ("not a url", False)],
+    [
+        ("json://127.0.0.1:1/x", True),
+        ("notaservice://x", False),
+        ("not a url", False),
+        # apprise keeps a port past 65535: it failed only when a message was to go.
+        ("json://u:pw@127.0.0.1:99999/x", False),
+    ],
 )
 def test_validate_url(url: str, valid: bool) -> None:
     error = validate_url(url)
