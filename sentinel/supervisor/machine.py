@@ -602,7 +602,9 @@ class JobMachine:
         """``watch --pid``: the one process it names is gone, and a relaunch is another
         process. Waiting for it would never end, and a relaunch would go unwatched in
         silence (a second NaN resumed from, its poisoned saves kept): it ends, saying so."""
-        record = verdict.read(self.settings.state_dir)
+        # The wrapper may have taken the 91 already (``verdict --wait`` sets it aside).
+        state_dir = self.settings.state_dir
+        record = verdict.read(state_dir) or verdict.consumed(state_dir)
         relaunch = (
             "a relaunch is a new process, which a bare --pid cannot follow: watch it with"
             " `sentinel watch --pid NEW`, or start sentinel with --pidfile, --match or"
