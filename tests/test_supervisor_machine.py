@@ -606,3 +606,28 @@ def test_run_adopts_only_the_job_it_has_a_record_of(
     JobRecord(1, tmp_path, job, job, ["job"], time.time()).save(settings.state_dir)
     assert child.adopts(job)
     assert not child.adopts(ProcessIdentity(job.pid, job.create_time - 100.0)), "pid reused"
+
+
+def test_an_attempt_relaunched_before_the_rollback_is_rolled_back_again_not_given_up(
+    tmp_path: Path,
+) -> None:
+    """A dead sentinel's stop, taken up after the wrapper gave up waiting and relaunched the
+    job: that attempt resumed from what the dir held then (the poisoned save), so its NaN
+    at the same step is no recurrence. It was taken for one, and the rollback went further
+    back than the clean save, setting it aside (an out-of-sample run). It rolls back to the
+    clean one again; an attempt that did resume it and failed there again still gives up."""
+    ck = checkpoint_dir(tmp_path, 20, 40)
+    restarts = Restarts(JobConfig(), ck, relaunches=False)
+    first = restarts.decide(incident_at(30))
+    assert first.resume is not None and first.resume.checkpoint.endswith("global_step20")
+    rolled_at = restarts.rolled_back_at
+    assert rolled_at is not None
+    assert restarts.before_the_rollback(rolled_at - 30.0)
+    assert not restarts.before_the_rollback(rolled_at - 0.01), "the clock's tick is no lead"
+    restarts.relaunched_early = True
+    assert restarts.resumed(2) is None, "the rules are not told of a resume that did not happen"
+    again = restarts.decide(incident_at(30))
+    assert again.give_up is None and again.resume is not None, again
+    assert again.resume.checkpoint.endswith("global_step20")
+    last = restarts.decide(incident_at(30))
+    assert last.give_up is not None and "recurred at the same step (30)" in last.give_up

@@ -136,8 +136,9 @@ class Watch:
         self._taken_up: set[str] = set()
         #: How many of each incident's actions a message has told (``update``).
         self._actions_told: dict[str, int] = {}
-        #: The incident of a stop taken up, kept open when its job is found (``job_started``).
-        self._stop_going_on: frozenset[str] = frozenset()
+        #: The incident of a stop taken up and its job: kept open when that very job is
+        #: found again (``job_started``).
+        self._stop_going_on: tuple[str, tuple[int, float]] | None = None
         self.dispatcher = Dispatcher(
             notifier.outbox, routes(settings.notify), Policy.from_config(settings.notify), self.job
         )
@@ -265,12 +266,16 @@ class Watch:
             force = force_notify or incident.id in self._taken_up
             self._notify(NoticeKind.ACTIONS, incident, summary, now, force=force)
 
-    def taken_up(self, incident: Incident) -> None:
+    def taken_up(self, incident: Incident, job: tuple[int, float] | None = None) -> None:
         """``incident``'s stop was decided by a sentinel that died during it: its notices
         may never have been queued (they wait for the signal), so what this one does about
         it goes to every target its route picks, told before or not."""
         self._taken_up.add(incident.id)
-        self._stop_going_on = frozenset({incident.id})
+        # Kept open when the stopped job (``job``: pid, start time) is found again; a job
+        # found that is another (a relaunch) is the next attempt, and its NaN a new
+        # incident (joined to the stop's, it stopped nothing: a relaunch from a poisoned
+        # save trained on NaN to its end).
+        self._stop_going_on = (incident.id, job) if job is not None else None
         # Open here too: the rule's alerts from now on join it, and the summary and the
         # report tell the whole stop (it went on a copy of its own, missing from both).
         self.tracker.adopt(incident)
@@ -314,7 +319,9 @@ class Watch:
         sentinel that restarts beside the same job takes back its open incidents.
         ``resumed``: where the attempt resumed after a rollback (the ``recovery`` rule)."""
         # A stop taken up is not over when its job is found again (the same attempt).
-        keep, self._stop_going_on = self._stop_going_on, frozenset()
+        going_on, self._stop_going_on = self._stop_going_on, None
+        same = going_on is not None and identity is not None and going_on[1] == identity
+        keep = frozenset({going_on[0]}) if same and going_on is not None else frozenset()
         for incident in self.tracker.close_all(now, keep=keep):
             self.dispatcher.forget(incident.id)
             if incident.severity is Severity.CRITICAL:

@@ -78,6 +78,13 @@ class JobAttempts:
         self.attempt = attempt
         self._status.attempt_started(job.started_at)
         self.job = job
+        restarts = self._restarts
+        restarts.relaunched_early = (
+            not self.holder.relaunches
+            and not same
+            and restarts.count > 0
+            and restarts.before_the_rollback(job.started_at)
+        )
         if not self.holder.relaunches and not same:
             self.watch.safely(
                 "the attempt",
@@ -110,7 +117,9 @@ class JobAttempts:
     def announce(self, job: Handle) -> None:
         """The log line of an attempt begun: started or found, and whence it resumed."""
         whence = self._resumed_from()
-        if whence:
+        if self._restarts.relaunched_early:
+            self.resumed_from.append("a save it found (relaunched before the rollback was done)")
+        elif whence:
             self.resumed_from.append(whence.removeprefix(", resumed from ").removeprefix(", "))
         log.info(
             "job %s (attempt %d, pid %d)%s: %s",
@@ -125,6 +134,11 @@ class JobAttempts:
         """ ", resumed from <checkpoint> (step N)" for an attempt after a rollback."""
         if not self.restarts:
             return ""
+        if self._restarts.relaunched_early:
+            return (
+                ", relaunched before the rollback was done: it resumed from what the"
+                " checkpoint dir held then, perhaps a save since set aside"
+            )
         where = self._restarts.resume
         if not where.checkpoint:
             return ", from scratch"

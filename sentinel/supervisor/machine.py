@@ -252,7 +252,14 @@ class JobMachine:
         while the plan names one), BACKOFF when only the restart is left. Ready once the job
         is stopped and the rollback done; after ``MAX_TRIES`` sentinels, it gives up (90)."""
         incident = intent.the_incident()
-        self.watch.taken_up(incident)
+        self.watch.taken_up(incident, intent.job)
+        if intent.job is not None:
+            # The stop's first move, which the dead sentinel made (its record keeps no action).
+            incident.record(
+                intent.signalled_at,
+                f"{intent.signal} to the job's process tree (pid {intent.job[0]}), by the"
+                " sentinel that died during the stop",
+            )
         first = incident.first.step if incident.alerts else None
         where = entry(intent)
         if intent.tries >= MAX_TRIES:
@@ -610,15 +617,26 @@ class JobMachine:
             " `sentinel watch --pid NEW`, or start sentinel with --pidfile, --match or"
             " --systemd-unit, which find each relaunch"
         )
-        if record is not None and record.final and record.code == verdict.EXIT_ROLLED_BACK:
+        code = record.code if record is not None and record.final else None
+        status = self.exit_code
+        if record is not None and code == verdict.EXIT_ROLLED_BACK:
             log.warning(
                 "%s has ended, rolled back: whoever started it relaunches it (it resumes from"
                 " %s); %s. sentinel stops watching",
                 self.holder.describe(), record.resume_from or "the clean checkpoint", relaunch,
             )  # fmt: skip
+        elif code in (verdict.EXIT_GIVE_UP, verdict.EXIT_NODE_FAULT):
+            # The verdict's code is the watch's: a give-up with no restart left to refuse
+            # (``max_restarts`` 0) exited 0 beside a verdict of 90.
+            status = status or code
+            log.info(
+                "%s has ended; the verdict is %d: nothing should relaunch it here. sentinel"
+                " stops watching",
+                self.holder.describe(), code,
+            )  # fmt: skip
         else:
             log.info("%s has ended; %s. sentinel stops watching", self.holder.describe(), relaunch)
-        self._finish(self.exit_code, Phase.FATAL if self.exit_code else Phase.EXITED)
+        self._finish(status, Phase.FATAL if status else Phase.EXITED)
 
     def _attempt_over(self, status: int, end: Phase, incident: Incident | None = None) -> None:
         """``run`` ends with its job (``end``); ``watch`` waits for the next attempt."""

@@ -61,6 +61,11 @@ class Decision:
     notes: list[str] = field(default_factory=list)
 
 
+#: A process's start time is known to its clock tick (10 ms): one that began this much
+#: before a rollback began before it (a relaunch after the verdict begins after it).
+EARLY_MARGIN_S = 0.1
+
+
 class Restarts:
     """Counts restarts and decides each one (Supervisor's BACKOFF, with a cap)."""
 
@@ -109,6 +114,12 @@ class Restarts:
         self.resume = Resume()
         #: The failure the latest restart rolled back from: its rule and onset step.
         self.rolled_back_from: tuple[str, int | None] | None = None
+        #: When the latest rollback was decided (epoch seconds; None: none yet).
+        self.rolled_back_at: float | None = None
+        #: ``watch``: the attempt under way was relaunched before that rollback (a stop a
+        #: dead sentinel left, taken up after the wrapper gave up waiting): it resumed from
+        #: what the checkpoint dir held then, not from ``resume``.
+        self.relaunched_early = False
 
     def look(self, now: float, warned_since: tuple[int | None, float] | None = None) -> None:
         """Look at the checkpoint dir for new versions worth keeping, and for a typo in its
@@ -130,6 +141,13 @@ class Restarts:
             self.keeper.close(KEEP_FLUSH_S)
 
     def decide(self, incident: Incident, *, first_logged: bool = False) -> Decision:
+        """``_decide``; an attempt relaunched early is so for this one failure only."""
+        try:
+            return self._decide(incident, first_logged=first_logged)
+        finally:
+            self.relaunched_early = False
+
+    def _decide(self, incident: Incident, *, first_logged: bool = False) -> Decision:
         """Roll back and plan the restart after ``incident`` stopped the job.
 
         The rollback happens even when no restart follows, so that whoever resumes the
@@ -141,7 +159,7 @@ class Restarts:
         failure = (incident.rule, incident.first.step)
         self._first_logged = first_logged
         stop = ""
-        if failure == self._last_failure:
+        if failure == self._last_failure and not self.relaunched_early:
             if failure == self._further_for or not self._resumed_the_cause(incident):
                 stop = (
                     f"{incident.rule} recurred at the same step ({incident.first.step})"
@@ -168,6 +186,7 @@ class Restarts:
             return decision
         self.resume = decision.resume
         self.rolled_back_from = (incident.rule, incident.onset_step)
+        self.rolled_back_at = time.time()
         decision.backoff_s = min(job.restart_backoff_s * 2**self.count, job.restart_backoff_max_s)
         self.count += 1
         if self.relaunches:
@@ -213,6 +232,7 @@ class Restarts:
             "restarts.last_failure": json.dumps(self._last_failure),
             "restarts.resume": json.dumps([self.resume.checkpoint, self.resume.step]),
             "restarts.rolled_back_from": json.dumps(self.rolled_back_from),
+            "restarts.rolled_back_at": json.dumps(self.rolled_back_at),
         }
 
     def from_state(self, values: Mapping[str, str | None]) -> None:
@@ -227,10 +247,19 @@ class Restarts:
             rolled = json.loads(values.get("restarts.rolled_back_from") or "null")
             if rolled is not None:
                 self.rolled_back_from = (str(rolled[0]), rolled[1])
+            rolled_at = json.loads(values.get("restarts.rolled_back_at") or "null")
+            if rolled_at is not None:
+                self.rolled_back_at = float(rolled_at)
+
+    def before_the_rollback(self, started_at: float) -> bool:
+        """Whether a job found (``watch``) began before the latest rollback was decided, by
+        more than the clock's ticks: a relaunch that resumed from what the dir held then."""
+        at = self.rolled_back_at
+        return at is not None and started_at < at - EARLY_MARGIN_S
 
     def resumed(self, attempt: int) -> Resumed | None:
         """What ``attempt`` resumed from after a rollback, for the rules (None: it did not)."""
-        if not self.count or self.rolled_back_from is None:
+        if not self.count or self.rolled_back_from is None or self.relaunched_early:
             return None
         cause, onset = self.rolled_back_from
         return Resumed(attempt, self.resume.step, onset, cause)
@@ -340,6 +369,8 @@ class Restarts:
         onset = incident.onset_step
         if not self.count or self.rolled_back_from is None or onset is None:
             return False
+        if self.relaunched_early:
+            return False  # it did not resume ``resume``: what it did resume is set aside
         _, earlier = self.rolled_back_from
         resumed_at = self.resume.step
         if resumed_at is None or earlier is None or resumed_at > onset:

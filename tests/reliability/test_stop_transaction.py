@@ -344,3 +344,49 @@ def test_watch_killed_during_the_grace_the_next_watch_stops_and_rolls_back(work:
     assert "rolled back to global_step25" in timeline, said
     assert "another took it up" in timeline, said
     assert "attempt 1, pid" in said and "(attempt 2, pid" not in said, said
+
+
+def test_a_relaunch_made_before_the_rollback_is_stopped_when_it_fails_and_rolled_back_again(
+    work: Path,
+) -> None:
+    """The wrapper gave up waiting for the dead sentinel's stop (30 s) and relaunched the job,
+    which resumed what the dir held then. The next sentinel took the stop up under it. It
+    said the relaunch "resumed from global_step25" (it had not), kept the stop's incident
+    open for it, so its NaN joined that incident and stopped nothing: it trained on NaN to
+    its end, its saves left in place (an out-of-sample run, twice)."""
+    from tests.helpers.detached import launch_detached
+
+    slow = WATCHED_JOB.replace(
+        "time.sleep(0.05)", "time.sleep(float(os.environ.get('STEP_S', '0.05')))"
+    ).replace("nan = resume is None and", "nan = (resume is None or 'POISONED' in os.environ) and")
+    (work / "job.py").write_text(slow)
+    argv = [sys.executable, str(work / "job.py"), str(work / "ck"), str(FIXTURE),
+            str(work / "record.jsonl")]  # fmt: skip
+    first_job = launch_detached(["env", "JOB_ON_TERM=ignore", *argv])
+    first = _watch(work, "first")
+    _wait_for("the stop", lambda: "stop" in _verdict(work))
+    _killed(first)
+    os.kill(first_job, signal.SIGKILL)  # it ends; nobody rolled back
+    _wait_for("its end", lambda: not _running(first_job))
+    # The wrapper's relaunch resumes the newest save, the poisoned global_step30: NaN from
+    # its first step on (31, 0.3 s a step).
+    poisoned = f"SENTINEL_RESUME_FROM={work / 'ck' / 'global_step30'}"
+    relaunch = launch_detached(["env", "STEP_S=0.3", "POISONED=1", poisoned, *argv])
+    _wait_for("the relaunch's pid", lambda: (work / "job.pid").read_text() == str(relaunch))
+    second = _watch(work, "second")
+    try:
+        _wait_for("the relaunch stopped", lambda: not _running(relaunch))
+        _wait_for(
+            "its verdict",
+            lambda: _verdict(work).get("state") == "final" and _verdict(work).get("attempt") == 2,
+        )
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(DEADLINE_S) == 0, (work / "second.err").read_text()
+    said = (work / "second.err").read_text()
+    record = _verdict(work)
+    assert record["code"] == 91, (record, said)  # rolled back again, not given up as recurred
+    assert Path(record["resume_from"]).name == CLEAN, record
+    assert "relaunched before the rollback was done" in said, said
+    assert f"resumed from {work / 'ck' / CLEAN}" not in said.split("second")[0], said
+    assert not [p for p in (work / "ck").glob("global_step*") if int(p.name[11:]) >= NAN_AT]
