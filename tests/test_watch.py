@@ -221,6 +221,32 @@ def test_watch_pid_ends_after_its_rollback_and_the_relaunch_is_not_handed_a_stal
     assert "Result: sentinel stopped watching (exit 0)" in err
 
 
+def test_watch_pid_that_gives_up_exits_with_the_verdicts_90(tmp_path: Path) -> None:
+    """``--max-restarts 0``: the stop writes 90 and nothing is restarted. The watch ended
+    with 0 beside it, and told to watch a relaunch that should not come."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "job.py").write_text(JOB)
+    job = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(run), "once"])
+    try:
+        _wait_for(lambda: (run / "job.pid").is_file())
+        result = subprocess.run(
+            [sys.executable, "-m", "sentinel", "watch", "--pid", str(job.pid),
+             "--log", str(run / "train.log"), "--checkpoints", str(run / "ckpt"),
+             "--state-dir", str(tmp_path / "state"), "--max-restarts", "0"],
+            capture_output=True, text=True, timeout=90,
+            env={**os.environ, "SENTINEL_JOB__GRACE_PERIOD_S": "5"},
+        )  # fmt: skip
+    finally:
+        job.kill()
+        job.wait()
+    assert result.returncode == 90, result.stderr
+    record = json.loads((tmp_path / "state" / "verdict.json").read_text())
+    assert (record["state"], record["code"]) == ("final", 90)
+    assert "the verdict is 90: nothing should relaunch it here" in result.stderr
+    assert "watch it with `sentinel watch --pid NEW`" not in result.stderr
+
+
 def test_watch_pid_ends_when_its_job_ends_by_itself(tmp_path: Path) -> None:
     """Nothing can bring that process back: sentinel ends with it (exit 0), saying why,
     rather than wait for ever for a pid that names no one."""
