@@ -278,6 +278,12 @@ def test_without_a_deciding_mark_the_jobs_own_status_comes_at_once(tmp_path: Pat
     assert (outcome.code, outcome.record) == (3, None)
     assert time.monotonic() - start < 1.0
     assert "sentinel did not stop the job" in outcome.reason
+    assert "nobody may have watched it" not in outcome.reason, "a sentinel holds it"
+    # With none holding the state dir (`watch --pid` ended with the attempt before), "did
+    # not stop it" read as a clean bill of health for a run that trained on NaN unwatched.
+    alone = await_verdict(tmp_path, wait=True, timeout_s=30, job_status=0)
+    assert alone.code == 0 and "(no sentinel holds" in alone.reason, alone.reason
+    assert "nobody may have watched it" in alone.reason
 
 
 def _unreadable(state: Path) -> list[str]:

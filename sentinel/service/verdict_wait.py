@@ -153,14 +153,25 @@ def _no_verdict(state_dir: Path) -> str:
     attempt that started after it (never "sentinel did not stop the job" about that one)."""
     last = consumed(state_dir)
     if last is None or not last.final:
-        return f"no verdict in {state_dir}: sentinel did not stop the job"
+        return f"no verdict in {state_dir}: sentinel did not stop the job{_unwatched(state_dir)}"
     name = CODES[last.code][0] if last.code in CODES else last.verdict
     about = f"{last.rule} at step {last.step}" if last.step is not None else f"{last.rule}"
     return (
         f"no verdict for this attempt in {state_dir}: sentinel's last one ({last.code} {name},"
         f" {about}, attempt {last.attempt}) was taken by the attempt that started after it,"
-        " and sentinel did not stop this one"
+        f" and sentinel did not stop this one{_unwatched(state_dir)}"
     )
+
+
+def _unwatched(state_dir: Path) -> str:
+    """ " (no sentinel holds it: nobody watched this attempt)" where none holds the state
+    dir now (``watch --pid`` ended with the attempt before): "did not stop it" read as a
+    clean bill of health for an attempt that trained on NaN unwatched."""
+    try:
+        held = holder(state_dir) is not None
+    except OSError:
+        return ""
+    return "" if held else f" (no sentinel holds {state_dir}: nobody may have watched it)"
 
 
 def _final(state_dir: Path, record: Verdict, *, taken: bool) -> Outcome:
