@@ -56,6 +56,12 @@ class JobAttempts:
         #: The current attempt's number (1 for the first; ``watch`` counts on from the
         #: last sentinel's), and its job: None between attempts.
         self.attempt = 0 if holder.relaunches else int(store.get("watch.attempt") or 0)
+        #: ``watch``: when the last sentinel's attempt began (its process's start time), until
+        #: this one finds its first job: only that one can be the same process.
+        started = (
+            None if holder.relaunches or not self.attempt else store.get("watch.attempt_started_at")
+        )
+        self._last_started_at = None if started is None else float(started)
         self.job: Handle | None = None
         #: ``watch``: the last attempt ended and the rules were started afresh for the next.
         self._waiting_for_next = False
@@ -76,6 +82,7 @@ class JobAttempts:
         if job is None:
             return None
         self.attempt = attempt
+        self._last_started_at = None  # the first job found: no later one is the last's
         self._status.attempt_started(job.started_at)
         self.job = job
         restarts = self._restarts
@@ -108,11 +115,8 @@ class JobAttempts:
         """``watch`` restarted beside the very process the last sentinel watched (its start
         time): the same attempt, not the next one. It was numbered one more, and the
         record of the stop under way was set aside as though a new attempt had begun."""
-        if self.holder.relaunches or self.job is not None or self.attempt == 0:
-            return False
-        started = self._store.get("watch.attempt_started_at")
-        found = self.holder.found_started_at()
-        return started is not None and found is not None and float(started) == found
+        started = self._last_started_at
+        return started is not None and self.holder.found_started_at() == started
 
     def announce(self, job: Handle) -> None:
         """The log line of an attempt begun: started or found, and whence it resumed."""
