@@ -23,7 +23,9 @@ from tests.helpers.cli import run_job
 
 pytestmark = pytest.mark.slow
 
-JOB = textwrap.dedent(
+#: How both jobs begin: their checkpoint dir, the state they resume (the restart protocol's
+#: SENTINEL_RESUME_FROM), whether this is the first attempt, and a record of each start.
+RESUMING = textwrap.dedent(
     """
     import json, os, sys, time
     from pathlib import Path
@@ -34,6 +36,11 @@ JOB = textwrap.dedent(
     first = not os.environ.get("SENTINEL_RESTART")
     with open(sys.argv[2], "a") as record:
         record.write(json.dumps({"resume_from": resume, "state": state}) + "\\n")
+    """
+)
+
+JOB = RESUMING + textwrap.dedent(
+    """
     for step in range(state["step"] + 1, 121):
         if first and step == 70:
             state["bad"] = True  # nothing logs it: the checkpoints after it hold it
@@ -84,17 +91,8 @@ def test_a_restart_that_did_not_restore_health_rolls_back_further_and_recovers(
     assert f"Alert journal: {state / 'alerts.jsonl'}" in tail
 
 
-POISONED_SAVE = textwrap.dedent(
+POISONED_SAVE = RESUMING + textwrap.dedent(
     """
-    import json, os, sys, time
-    from pathlib import Path
-    ckpt = Path(sys.argv[1]); ckpt.mkdir(exist_ok=True)
-    resume = os.environ.get("SENTINEL_RESUME_FROM")
-    fresh = {"step": 0, "bad": False}
-    state = json.loads((Path(resume) / "state.json").read_text()) if resume else fresh
-    first = not os.environ.get("SENTINEL_RESTART")
-    with open(sys.argv[2], "a") as record:
-        record.write(json.dumps({"resume_from": resume, "state": state}) + "\\n")
     for step in range(state["step"] + 1, 161):
         # The loss of a step is computed before its update; the update of step 130 is the
         # first with NaN gradients, so the save of 130 holds NaN weights, and the first NaN
