@@ -23,7 +23,12 @@ Then the steady overhead at 100 lines a second, in the same run: the CPU time (u
 system) of sentinel and of ``run``'s relay (the job's own not counted) as a percent of one
 core, and their RSS, over
 ``--overhead-s`` seconds after a warm-up, for ``run`` (the job printing) and ``watch`` (the
-job appending to a log).
+job appending to a log); then, as baselines in turns with them, that of ``tail|grep`` and
+of ``python floor``, a ten-line Python loop that reads the log every 20 ms (sentinel's
+look) and looks for a non-finite token: the least any Python watcher with sentinel's
+NaN bound pays. On a shared VM the CPU a wake-up costs moves by the minute and from
+one VM to the next (a 4 KiB page first touched after a sleep: 0.1 to 4 us); the
+baselines measured beside sentinel say what the machine charged then.
 
     .venv/bin/python bench/latency.py                   # about 5 minutes
     .venv/bin/python bench/latency.py --trials 20 --overhead-s 60
@@ -67,6 +72,9 @@ TERM_TIMEOUT_S = 10.0
 #: The pipeline has no readiness to wait for: it is given this long to start.
 PIPELINE_START_S = 0.5
 OVERHEAD_RATE = 100
+#: Whose steady overhead is measured, in turns: sentinel's two ways, then two baselines
+#: (the shell one-liner and ``FLOOR``) on the same machine a minute apart.
+OVERHEAD_WATCHERS = ("run", "watch", "tail|grep", "python floor")
 WARM_UP_S = 5.0
 
 JOB = r"""
@@ -122,6 +130,24 @@ while True:
         }) + "\n")
         each.flush()
     time.sleep(max(0.0, start + step / rate - time.monotonic()))
+"""
+
+
+#: The floor of any Python watcher of this design: a loop that reads the log every 20 ms
+#: (sentinel's ``LOOK_S``: the NaN waits at most that) and looks for a non-finite token.
+#: What sentinel costs beyond it is parsing, rules, state and service; what it costs is
+#: this machine's price of a wake-up, which moves by the minute on a shared VM.
+FLOOR = "python floor"
+FLOOR_LOOP = r"""
+import os, re, signal, sys, time
+fd, job = os.open(sys.argv[1], os.O_RDONLY), int(sys.argv[2])
+token = re.compile(rb"\b(?:nan|inf)\b")
+while True:
+    data = os.read(fd, 1 << 16)
+    if data and token.search(data.lower()):
+        os.kill(job, signal.SIGTERM)
+        sys.exit(0)
+    time.sleep(0.02)
 """
 
 
@@ -188,6 +214,9 @@ class Trial:
             if self.watcher.startswith("watch"):
                 argv = [*sentinel_argv("watch", state, self.config), "--pid", str(job_proc.pid)]
                 self._spawn([*argv, "--log", str(log)], stderr, notify=True)
+            elif self.watcher == FLOOR:
+                floor = [sys.executable, "-I", "-c", FLOOR_LOOP, str(log), str(job_proc.pid)]
+                self._spawn(floor, stderr, notify=False)
             else:
                 pipeline = (
                     f"tail -n0 -F {shlex.quote(str(log))}"
@@ -388,7 +417,7 @@ def main() -> int:
         w: {f"{r:g}": [] for r in args.rates} for w in args.watchers
     }
     missed: dict[str, int] = {w: 0 for w in args.watchers}
-    costs: dict[str, list[Overhead]] = {"run": [], "watch": []}
+    costs: dict[str, list[Overhead]] = {watcher: [] for watcher in OVERHEAD_WATCHERS}
     try:
         count = 0
         for index in range(args.trials):
@@ -412,8 +441,9 @@ def main() -> int:
         print(file=sys.stderr)
         if args.overhead_s > 0:
             for round_ in range(args.rounds):
-                for watcher in ("run", "watch"):
-                    folder = work / f"overhead-{watcher}-{round_ + 1}"
+                for watcher in OVERHEAD_WATCHERS:
+                    name = watcher.replace(" ", "-").replace("|", "-")
+                    folder = work / f"overhead-{name}-{round_ + 1}"
                     costs[watcher].append(overhead(folder, watcher, args.overhead_s, config))
     finally:
         if not args.keep:
@@ -440,7 +470,7 @@ def main() -> int:
                 + (
                     f" (sentinel {cost.sentinel_cpu_percent:.2f}%, relay"
                     f" {cost.cpu_percent - cost.sentinel_cpu_percent:.2f}%)"
-                    if cost.cpu_percent != cost.sentinel_cpu_percent
+                    if watcher == "run"
                     else ""
                 )
                 + f", RSS {cost.rss_start / 2**20:.1f} -> {cost.rss_end / 2**20:.1f} MiB"

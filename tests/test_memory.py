@@ -5,18 +5,30 @@ counts on in the next."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from sentinel.engine.core import Engine
 from sentinel.model.facts import RunFacts
+from sentinel.model.incidents import IncidentTracker
+from sentinel.model.records import Alert, Severity
+from sentinel.notify.dispatch import Dispatcher, Policy
+from sentinel.notify.notices import JobInfo
+from sentinel.notify.outbox import Outbox
+from sentinel.parsing.line_parser import LineParser
+from sentinel.rules import STORIES
 from sentinel.rules.cost_overrun import CostOverrunConfig, CostOverrunDetector
+from sentinel.service.memory import MEMORY_KEY, RunMemory
+from sentinel.store.state import StateStore
 from tests.helpers.env import clean_env
 from tests.helpers.webhook import WebhookReceiver
 
@@ -122,3 +134,45 @@ def test_the_same_job_is_charged_once_for_the_time_before_the_restart() -> None:
     after.remember(memory, same_job=True)
     # 60 s before the save, then from the save on: the 30 s sentinel was down count once.
     assert after.memory(190.0)["gpu_s"] == 120.0 + 60.0  # type: ignore[index]
+
+
+def test_a_tick_saves_at_once_while_incidents_change_and_seldom_while_none_is_open(
+    tmp_path: Path,
+) -> None:
+    store = StateStore(tmp_path / "state")
+    try:
+        engine = Engine([], LineParser())
+        tracker = IncidentTracker("run", STORIES)
+        dispatcher = Dispatcher(Outbox(store), [], Policy(), JobInfo("j", "h", "run-1"))
+        memory = RunMemory(store, remember=False, run_wide=False)
+
+        def tick(now: float) -> bool:
+            due = memory.due(now, tracker)
+            if due:
+                memory.save(now, engine, tracker, dispatcher, lambda _what, write, *a: write(*a))
+            return due
+
+        def saved() -> list[str]:
+            text = store.get(MEMORY_KEY)
+            assert text is not None
+            return [incident["id"] for incident in json.loads(text)["incidents"]]
+
+        assert tick(100.0) and saved() == []
+        assert not tick(101.0) and not tick(104.9), "nothing open: not every tick"
+        assert tick(105.0)
+        alert = Alert(rule="nan_inf", severity=Severity.CRITICAL, message="m", time=105.5, step=9)
+        tracker.observe(alert)
+        assert tick(106.0), "an incident opened: at the next tick"
+        assert len(saved()) == 1
+        assert tick(107.0), "each tick while it is open"
+        tracker.close_all(107.5)
+        assert tick(108.0) and saved() == [], "its close too"
+        assert not tick(109.0)
+        tracker.observe(replace(alert, time=109.2))
+        tracker.close_all(109.4)  # opened and closed between two ticks
+        assert tick(110.0)
+        memory.job_started((4242, 100.0), engine, tracker, dispatcher)
+        assert tick(110.5), "a new attempt: whose memory it is, at once"
+        assert json.loads(store.get(MEMORY_KEY) or "{}")["job"] == [4242, 100.0]
+    finally:
+        store.close()

@@ -143,15 +143,17 @@ class JobProcess:
 
     def _read(self, name: str, pipe: BinaryIO) -> None:
         splitter = LineSplitter(self._max_line_bytes)
-        # A relay gathers as a pump would (``sentinel.process.relay``): what it sends goes on.
-        batch_s = 0.0 if self._relay is not None else self._batch_s
+        # A relay gathers as a pump would (``sentinel.process.relay``): what it sends goes on
+        # at once, and no look follows (it would be a wake-up a window for nothing: the relay
+        # sends a window's lines in one write).
+        relayed = self._relay is not None
         try:
             pump(
                 pipe.fileno(),
-                batch_s,
+                0.0 if relayed else self._batch_s,
                 lambda data: self._hand_on(name, splitter, data),
                 _READ_BYTES,
-                look_s=self._look_s,
+                look_s=0.0 if relayed else self._look_s,
             )
             rest = splitter.flush()
             if rest:

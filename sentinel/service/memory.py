@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 MEMORY_KEY = "memory"
 #: Its layout; a memory of another layout is not taken back (said once).
 MEMORY_VERSION = 1
+#: While no incident is open or was lately, the clock's ticks save what sentinel knows this
+#: often, not every tick: it is then the rules' own memory alone (the spend), and building
+#: it to see whether it changed costs a millisecond or more of a turn on a VM.
+QUIET_SAVE_S = 5.0
 
 #: ``Watch.safely``: a write to the state dir that may fail without costing detection.
 Safely = Callable[..., None]
@@ -58,8 +63,22 @@ class RunMemory:
         self._run_wide = run_wide
         self._remembered = load_memory(store) if remember else None
         self._saved = ""
+        #: When the last save was, and whether incidents were open or had closed since.
+        self._saved_at = -math.inf
+        self._saved_open = False
+        self._saved_closed = 0
         #: The attempt's process (pid, start time), where known.
         self.job_identity: list[float] | None = None
+
+    def due(self, now: float, tracker: IncidentTracker) -> bool:
+        """Whether a clock tick saves: each tick while an incident is open, was open at the
+        last save or closed since; otherwise every ``QUIET_SAVE_S``."""
+        return (
+            bool(tracker.open)
+            or self._saved_open
+            or len(tracker.closed) != self._saved_closed
+            or now - self._saved_at >= QUIET_SAVE_S
+        )
 
     def save(
         self,
@@ -77,6 +96,8 @@ class RunMemory:
             "incidents": tracker.memory(),
             "dispatch": dispatcher.memory(),
         }
+        self._saved_at, self._saved_open = now, bool(tracker.open)
+        self._saved_closed = len(tracker.closed)
         text = json.dumps(memory, default=str, sort_keys=True)
         if text != self._saved:
             safely("what sentinel knows of the run", self._store.put, MEMORY_KEY, text)
@@ -92,6 +113,7 @@ class RunMemory:
         """An attempt started (its process's pid and start time, where known): the first
         takes back what the last sentinel knew, as far as it still holds."""
         self.job_identity = None if identity is None else [identity[0], identity[1]]
+        self._saved_at = -math.inf  # the next tick saves whose memory it is
         remembered, self._remembered = self._remembered, None
         if remembered is not None:
             self._take_back(remembered, engine, tracker, dispatcher)

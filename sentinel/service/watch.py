@@ -283,7 +283,7 @@ class Watch:
     def tick(self, now: float) -> None:
         """Announce again each open critical incident whose ``repeat_interval_s`` has passed
         (one taken back from before a restart only once its rule raises it again); save
-        what sentinel knows of the run when it changed."""
+        what sentinel knows of the run when it changed (``RunMemory.due``)."""
         for incident in {id(i): i for i in self.tracker.open.values()}.values():
             if (
                 incident.severity is Severity.CRITICAL
@@ -291,7 +291,8 @@ class Watch:
                 and self.dispatcher.repeat_due(incident.id, now)
             ):
                 self._notify(NoticeKind.REPEAT, incident, incident.worst, now)
-        self.save_memory(now)
+        if self._memory.due(now, self.tracker):
+            self.save_memory(now)
 
     def warned_since(self) -> tuple[int | None, float] | None:
         """The onset (step, time) of the earliest open warning or critical incident; None

@@ -123,7 +123,7 @@ class Workers:
     def pending(self) -> int | None:
         """Messages waiting in the outbox; None when the state dir cannot say (a full disk)."""
         try:
-            return self.notifier.outbox.pending_count()
+            return self.notifier.outbox.depth()
         except (OSError, sqlite3.Error):
             return None
 

@@ -234,3 +234,26 @@ def test_a_secret_quoted_by_an_alert_is_stored_masked(store: StateStore, outbox:
     assert token not in dump
     (message,) = outbox.messages(SLACK)
     assert message.envelope.notices[0].alert["message"] == "loss nan; url=/x/****"
+
+
+def test_depth_counts_again_after_each_write_of_the_outbox_and_only_then(
+    store: StateStore, outbox: Outbox
+) -> None:
+    """The depth a clock tick reports is counted once per write of the outbox, not per tick:
+    a row written behind its back (the state dir is the outbox's alone) shows at its next
+    write, while ``pending_count`` always counts."""
+    assert outbox.depth() == 0
+    outbox.add(notice(), JOB, [SLACK, PAGER], T0, Batching())
+    assert outbox.depth() == 2
+    slack, pager = sorted(outbox.due(T0), key=lambda d: d.name, reverse=True)
+    outbox.mark_delivered(slack, T0 + 1)
+    assert outbox.depth() == 1
+    outbox.mark_failed(pager, "Connection refused", next_attempt_at=T0 + 5)
+    assert outbox.depth() == 1
+
+    behind = Outbox(store, [Target(SLACK, "slack")])
+    behind.add(notice(incident="run-1-2"), JOB, [SLACK], T0 + 2, Batching())
+    assert outbox.pending_count() == 2
+    assert outbox.depth() == 1, "counted again without a write of its own"
+    outbox.release_groups(T0 + 3)
+    assert outbox.depth() == 2
