@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from typing import Any
 
-from sentinel.supervisor.event_loop import SWITCH_INTERVAL_S, EventLoop
+from sentinel.supervisor.event_loop import SWITCH_INTERVAL_S, TICK_LATE_FRACTION, EventLoop
+from sentinel.supervisor.events import OutputLines
 from sentinel.supervisor.inbox import Inbox
 
 
@@ -39,3 +42,59 @@ def test_the_loop_runs_with_a_short_switch_interval_and_gives_the_old_one_back()
     assert handlers.seen == [min(before, SWITCH_INTERVAL_S)]
     assert handlers.seen[0] < before
     assert sys.getswitchinterval() == before
+
+
+class Recording(OneTurn):
+    """Handlers that note each tick and whether output came in its turn, until ``until``
+    (monotonic)."""
+
+    def __init__(self, until: float) -> None:
+        super().__init__()
+        self.until = until
+        self.turns: list[tuple[float, bool]] = []
+        self.ticks: list[float] = []
+        self._output = False
+
+    def turned(self) -> None:
+        self.finished = time.monotonic() >= self.until
+        self._output = False  # a new turn
+
+    def on_lines(self, source: str, lines: list[str], read_at: float) -> None:
+        self._output = True
+
+    def on_tick(self) -> None:
+        self.ticks.append(time.monotonic())
+        self.turns.append((time.monotonic(), self._output))
+
+
+def test_ticks_ride_on_output_handed_on_once_an_interval() -> None:
+    """A reader hands output on a little over once a tick interval (its window and a look):
+    each tick rides on that turn instead of waking the loop a second time an interval."""
+    tick_s, period_s, count = 0.2, 0.205, 14
+    inbox: Inbox[Any] = Inbox()
+    handlers = Recording(until=time.monotonic() + count * period_s + 0.1)
+
+    def reader() -> None:
+        started = time.monotonic()
+        for n in range(1, count + 1):
+            time.sleep(max(0.0, started + n * period_s - time.monotonic()))
+            inbox.put(OutputLines("train.log", ["{}"], time.time()))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    EventLoop(inbox, handlers, tick_s=tick_s).run()
+    thread.join()
+    alone = [at for at, output in handlers.turns if not output]
+    assert len(handlers.ticks) >= count - 2, "a tick is never lost"
+    assert len(alone) <= 3, f"{len(alone)} of {len(handlers.ticks)} ticks woke the loop alone"
+
+
+def test_without_output_ticks_keep_their_beat_at_most_a_quarter_late() -> None:
+    tick_s = 0.1
+    started = time.monotonic()
+    handlers = Recording(until=started + 1.05)
+    EventLoop(Inbox(), handlers, tick_s=tick_s).run()
+    lateness = [at - started - (n + 1) * tick_s for n, at in enumerate(handlers.ticks)]
+    assert len(handlers.ticks) >= 8
+    assert min(lateness) >= tick_s * TICK_LATE_FRACTION * 0.9, "they wait for a turn first"
+    assert max(lateness) < tick_s * TICK_LATE_FRACTION + 0.05, "and do not drift off the beat"

@@ -3,8 +3,9 @@
 Events that arrive while a turn is busy are taken together, so a chatty job costs
 a wake-up per batch, not per line; output of several files taken together is read
 with the files that may hold a non-finite value first (``shedding.suspects_first``).
-A clock tick due soon rides on a turn taken anyway (a wake-up of its own costs more
-than the tick); periodic readings put without waking wait for the next turn.
+A clock tick due soon, or due a little while ago, rides on a turn taken anyway (a
+wake-up of its own costs more than the tick); periodic readings put without waking wait
+for the next turn.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ SWITCH_INTERVAL_S = 0.0005
 #: A clock tick due within this fraction of the tick interval runs on the loop's turn
 #: now rather than on a wake-up of its own (a quarter: at most 250 ms early at 1 s).
 TICK_EARLY_FRACTION = 0.25
+#: A clock tick also waits up to this fraction of the interval for a turn taken anyway, and
+#: the next is then an interval after that turn: output handed on once a second (the
+#: readers' window) carries every tick, where ticks on their own beat woke the loop a
+#: second time a second. Without output a tick comes this late (250 ms at 1 s), on its beat.
+TICK_LATE_FRACTION = 0.25
 
 
 class Handlers(Protocol):
@@ -87,21 +93,28 @@ class EventLoop:
 
     def _run(self) -> None:
         handlers, tick_s = self.handlers, self.tick_s
-        early_s = tick_s * TICK_EARLY_FRACTION
+        early_s, late_s = tick_s * TICK_EARLY_FRACTION, tick_s * TICK_LATE_FRACTION
         next_tick = time.monotonic() + tick_s
         while not handlers.finished:
             handlers.turned()
             restart_at = handlers.restart_at
-            deadline = next_tick if restart_at is None else min(next_tick, restart_at)
+            deadline = next_tick + late_s
+            if restart_at is not None:
+                deadline = min(deadline, restart_at)
             events = self.inbox.take(max(0.0, deadline - time.monotonic()))
             now_mono = time.monotonic()
             if len(events) > 1:
                 events = suspects_first(events)
             self.dispatch(events)
             if now_mono >= next_tick - early_s:
-                # On the beat, so that early ticks do not add up to more ticks; after a
-                # long turn, a full interval from now.
-                next_tick = max(next_tick + tick_s, now_mono + tick_s - early_s)
+                if next_tick < now_mono < deadline:
+                    # Late, on a turn an event woke: the next an interval from this turn,
+                    # so that ticks ride on output that comes once an interval.
+                    next_tick = now_mono + tick_s
+                else:
+                    # On the beat, so that early ticks do not add up to more ticks; after
+                    # a long turn, a full interval from now.
+                    next_tick = max(next_tick + tick_s, now_mono + tick_s - early_s)
                 handlers.on_tick()
             restart_at = handlers.restart_at
             if restart_at is not None and now_mono >= restart_at:
