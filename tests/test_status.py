@@ -17,6 +17,7 @@ from sentinel.model.records import Severity
 from sentinel.notify.notices import JobInfo, Notice, NoticeKind
 from sentinel.notify.notifier import Notifier
 from sentinel.notify.outbox import Batching, Outbox, Target
+from sentinel.notify.target_results import record_result
 from sentinel.service.status import NoState, gather
 from sentinel.store.state import StateStore
 from tests.helpers.cli import STARTS_THINGS, sentinel_here
@@ -424,3 +425,25 @@ def test_status_json_masks_a_token_the_verdicts_stop_quotes(tmp_path: Path) -> N
     (state / "verdict.json").write_text(json.dumps({**VERDICT, "stop": stop}))
     printed = json.dumps(gather(state).to_json())
     assert "xoxb-1234-5678-abcdefghij" not in printed and "xoxb-****" in printed, printed
+
+
+def test_a_delivery_record_edited_by_hand_reads_as_not_known(tmp_path: Path) -> None:
+    """A time that is text or bytes in ``notify_targets`` (a state.db edited by hand) made
+    ``status`` end in a traceback, and ``--json`` too."""
+    store = StateStore(tmp_path)
+    record_result(store, "json://127.0.0.1:1/a", "slack", T0, None)
+    record_result(store, "json://127.0.0.1:1/b", "pager", T0, "HTTP 500")
+    with store.transaction() as conn:
+        conn.execute(
+            "UPDATE notify_targets SET last_attempt_at = 'yesterday', last_success_at = ?,"
+            " last_failure_at = 1e999, last_error = ? WHERE name = 'slack'",
+            (b"\xff\x00", b"\x00"),
+        )
+    store.close()
+    status = gather(tmp_path)
+    by_name = {result.name: result for result in status.targets}
+    assert (by_name["slack"].last_attempt_at, by_name["slack"].last_success_at) == (None, None)
+    assert (by_name["slack"].last_failure_at, by_name["slack"].last_error) == (None, None)
+    assert by_name["pager"].last_failure_at == T0 and by_name["pager"].last_error == "HTTP 500"
+    assert "slack" in "\n".join(status.lines())
+    assert json.loads(json.dumps(status.to_json()))["targets"][0]["name"] in ("slack", "pager")

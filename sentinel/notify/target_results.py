@@ -7,6 +7,7 @@ the last error, masked.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
@@ -67,4 +68,22 @@ def read_results(conn: sqlite3.Connection) -> dict[str, TargetResult]:
         if "no such table" in str(error):  # no delivery was ever attempted
             return {}
         raise
-    return {row[0]: TargetResult(*row[1:]) for row in rows}
+    return {str(row[0]): _result(*row[1:]) for row in rows}
+
+
+def _result(name: Any, attempt: Any, success: Any, failure: Any, error: Any) -> TargetResult:
+    """A row as stored, where each field holds what it should; anything else (a row edited by
+    hand: a time that is text, a name that is a number) reads as not known."""
+    return TargetResult(
+        name if isinstance(name, str) else "",
+        _time(attempt),
+        _time(success),
+        _time(failure),
+        error if isinstance(error, str) else None,
+    )
+
+
+def _time(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
