@@ -97,6 +97,24 @@ def _check_hdf5(path: Path, size: int) -> str:
     return ""
 
 
+#: How much of a file of no format sentinel knows is read to tell text from binary.
+TEXT_SNIFF_BYTES = 4096
+
+
+def is_text(path: Path) -> bool:
+    """Whether the file starts as text (UTF-8, no NUL): no weights format is (torch's zip and
+    pickle, safetensors, HDF5, msgpack all hold NULs or bytes UTF-8 never has)."""
+    with path.open("rb") as handle:
+        head = handle.read(TEXT_SNIFF_BYTES)
+    if not head or b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return error.start >= len(head) - 3 and len(head) == TEXT_SNIFF_BYTES  # a cut character
+    return True
+
+
 def says_whole(path: Path) -> bool:
     """Whether a weights file's own format says it is whole: a torch zip whose end record
     is at its end, a safetensors file exactly as long as its header says. A legacy pickle

@@ -281,3 +281,25 @@ def test_a_file_that_cannot_be_read_is_unreadable_not_corrupt(tmp_path: Path) ->
         ("model_step30.pt", 30, UNREADABLE),
     ]
     assert all("symbolic links" in c.reason for c in found)
+
+
+# -- a file of no format sentinel knows -----------------------------------------------------
+
+
+def test_a_step_named_file_of_text_is_no_weights_and_binary_stays_clean(tmp_path: Path) -> None:
+    """A ``checkpoint-800`` that is a note, or a symlink to ``/etc/passwd``, was listed clean
+    and named the one a rollback resumes; a binary file of no format sentinel knows (Flax's
+    msgpack ``checkpoint_900``, a pickle saved without a suffix) is still clean."""
+    saves, elsewhere = tmp_path / "saves", tmp_path / "etc"
+    saves.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    os.symlink(elsewhere / "passwd", saves / "checkpoint-850")
+    (saves / "checkpoint-800").write_text("the good run, see notes\n")
+    (saves / "checkpoint_900").write_bytes(b"\x82\xa6params\x81\xa1w\xc4\x04\x00\x00\x80?")
+    shutil.copy(TORCH_FILE, saves / "checkpoint-950")
+    found = {c.path.name: (c.status, c.reason) for c in scan(saves)}
+    assert found["checkpoint-800"] == (CORRUPT, "checkpoint-800: a text file, not weights")
+    assert found["checkpoint-850"] == (CORRUPT, "checkpoint-850: a text file, not weights")
+    assert found["checkpoint_900"][0] is CLEAN
+    assert found["checkpoint-950"][0] is CLEAN
