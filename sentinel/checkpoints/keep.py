@@ -261,6 +261,8 @@ class Keeper:
         self._stage = True
         #: ``poll`` (the loop's tick) and ``flush`` (a rollback's thread) both look.
         self._looking = threading.Lock()
+        #: Whether the first look dropped an earlier sentinel's stale staging.
+        self._swept = False
         #: The onset of the earliest open warning (``keep_before``); read by the worker.
         self._onset: Onset | None = None
 
@@ -278,6 +280,9 @@ class Keeper:
             self._poll(now)
 
     def _poll(self, now: float) -> None:
+        if not self._swept:
+            self._swept = True
+            self._sweep_staging()
         try:
             with os.scandir(self.directory) as listing:
                 entries = [(entry.name, _kind(entry)) for entry in listing]
@@ -344,11 +349,32 @@ class Keeper:
                     )
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Finish the versions handed over, then stop the worker."""
+        """Finish the versions handed over, then stop the worker; drop the staged links of
+        the checkpoints still in their place (the job's own stand: its links add nothing,
+        and a sentinel started later stages them again)."""
         if self._worker is not None:
             self._jobs.put(None)
             self._worker.join(timeout_s)
             self._worker = None
+        with self._looking:
+            for name, tracked in self._stepped.items():
+                if tracked.staged and os.path.lexists(self.directory / name):
+                    tracked.staged = False
+                    _discard(self._stepped_staging(name))
+
+    def _sweep_staging(self) -> None:
+        """At the first look: drop what an earlier sentinel staged of a checkpoint still in
+        its place. One the job deleted meanwhile is left as it is: its links may be the only
+        copy there is."""
+        root = own_root(self.directory) / KEPT_DIR
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return
+        for name in names:
+            staging = self._stepped_staging(name)
+            if os.path.isdir(staging) and os.path.lexists(self.directory / name):
+                _discard(staging)
 
     def _poll_stepped(self, names: list[str], now: float) -> None:
         """Look at the newest ``versions`` checkpoints named by their step: older ones were

@@ -564,3 +564,31 @@ def test_lightning_logs_versions_are_kept_each_and_a_rollback_puts_one_back(
     apply_rollback(plan, logs, label="20261129T210000-loss_spike")
     assert torch.load(folder / "epoch=0-step=120.ckpt")["global_step"] == 120
     assert not (folder / "epoch=0-step=130.ckpt").exists()
+
+
+def test_a_sentinel_that_stops_mid_save_leaves_no_staging_of_a_checkpoint_still_there(
+    tmp_path: Path,
+) -> None:
+    """``watch --pid`` ended with its job while a save was still settling: the save's staged
+    links stayed in ``.sentinel-kept/<name>/.staging-000001`` for good. A sentinel started
+    later drops such stale links of a checkpoint still in place, and leaves those of one the
+    job deleted meanwhile: they may be the only copy."""
+    keeper = Keeper(tmp_path)
+    (tmp_path / "model_step10.pt").write_bytes(version_bytes(20))
+    keeper.poll(0.0)  # staged, not settled yet
+    assert keeper.flush(timeout_s=10)
+    assert (tmp_path / KEPT_DIR / "model_step10.pt" / ".staging-000001").is_dir()
+    keeper.close()
+    assert os.listdir(tmp_path / KEPT_DIR) == [], "its staging removed"
+
+    for name in ("model_step20.pt", "model_step30.pt"):  # an earlier sentinel's, left
+        staging = tmp_path / KEPT_DIR / name / ".staging-000001"
+        staging.mkdir(parents=True)
+        (staging / name).write_bytes(version_bytes(20))
+    (tmp_path / "model_step30.pt").write_bytes(version_bytes(40))  # 20 the job deleted
+    later = Keeper(tmp_path)
+    later.poll(100.0)
+    assert later.flush(timeout_s=10)
+    later.close()
+    assert (tmp_path / KEPT_DIR / "model_step20.pt" / ".staging-000001").is_dir()
+    assert not (tmp_path / KEPT_DIR / "model_step30.pt" / ".staging-000001").exists()
