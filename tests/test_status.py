@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -447,3 +449,38 @@ def test_a_delivery_record_edited_by_hand_reads_as_not_known(tmp_path: Path) -> 
     assert by_name["pager"].last_failure_at == T0 and by_name["pager"].last_error == "HTTP 500"
     assert "slack" in "\n".join(status.lines())
     assert json.loads(json.dumps(status.to_json()))["targets"][0]["name"] in ("slack", "pager")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        pytest.param("checkpoints.dir", "9" * 5000, "File name too long", id="dir-name-too-long"),
+        pytest.param("checkpoints.dir", "/tmp/a\x00b", None, id="dir-with-a-nul"),
+        pytest.param("memory", "[" * 100_000 + "]" * 100_000, "recursion", id="memory-too-deep"),
+        pytest.param(
+            "memory",
+            json.dumps({"incidents": [{"id": "a\x00b", "rule": "nan_inf", "opened_at": 9e9}]}),
+            None,
+            id="incident-id-with-a-nul",
+        ),
+        pytest.param("job.updated_at", "inf", None, id="time-inf"),
+        pytest.param("heartbeat.last_ok_at", "nan", None, id="time-nan"),
+    ],
+)
+def test_a_state_edited_by_hand_is_read_as_far_as_it_goes(
+    tmp_path: Path, key: str, value: str, said: str | None
+) -> None:
+    """Each of these ended ``status`` in a traceback, or ``--json`` in ``NaN``, which is no
+    JSON (oos47)."""
+    StateStore(tmp_path).close()
+    with closing(sqlite3.connect(tmp_path / "state.db")) as conn:
+        conn.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+        conn.commit()
+    status = gather(tmp_path)
+    assert "\n".join(status.lines())
+    json.dumps(status.to_json(), allow_nan=False)
+    if said is None:
+        assert status.unreadable == []
+    else:
+        [line] = status.unreadable
+        assert said.lower() in line.lower() and len(line) < 400, line

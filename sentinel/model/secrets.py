@@ -102,10 +102,12 @@ _TOKEN_SHAPES = tuple(
         r"(?P<keep>\bAIza)[A-Za-z0-9_-]{30,}",  # Google API key
         r"(?P<keep>\beyJ)[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
         r"(?P<keep>(?i:\bbearer)\s+)[A-Za-z0-9._~+/=-]{12,}",
-        r"(?P<keep>[a-z][a-z0-9+.-]*://[^\s/:@]+:)[^\s/@]+(?=@)",  # user:password@ in a URL
+        # The repeats are bounded: unbounded, a long run of name characters (a job's line of
+        # 12,000 "a1-") was tried from each of its starts to its end, seconds a line.
+        r"(?P<keep>[a-z][a-z0-9+.-]{0,31}://[^\s/:@]+:)[^\s/@]+(?=@)",  # user:password@ in a URL
         # NAME=value where NAME ends in a word for a secret (HF_TOKEN=, WANDB_API_KEY=,
         # password:), not in a longer word (tokens_per_sec=, max_token_len=).
-        r"(?P<keep>(?i:\b(?:[a-z0-9]+[_-])*(?:token|secret|password|passwd|pwd|api[_-]?key"
+        r"(?P<keep>(?i:\b(?:[a-z0-9]+[_-]){0,8}(?:token|secret|password|passwd|pwd|api[_-]?key"
         r"|access[_-]?key|private[_-]?key|credentials?|auth)\b)\s*[=:]\s*[\"']?)"
         r"[^\s\"',;]{4,}",
     )

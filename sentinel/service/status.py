@@ -18,6 +18,7 @@ directory where a file belongs, a file sentinel may not open) is named in
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import stat
@@ -31,7 +32,7 @@ from typing import Any, TypeVar
 from sentinel.checkpoints.disk import DiskUse, disk_use, human_bytes
 from sentinel.evidence.report import REPORTS_DIR, report_path
 from sentinel.model.secrets import mask_tokens_data
-from sentinel.model.untrusted import printable
+from sentinel.model.untrusted import clipped, printable
 from sentinel.notify.outbox_store import read_pending
 from sentinel.notify.target_results import TargetResult, read_results
 from sentinel.service.memory import MEMORY_KEY
@@ -454,7 +455,7 @@ def _remembered(kv: dict[str, str], unreadable: list[str]) -> list[dict[str, Any
         memory = json.loads(text)
         incidents = memory["incidents"]
         return [data for data in incidents if isinstance(data, dict) and "id" in data]
-    except (ValueError, TypeError, KeyError) as error:
+    except (ValueError, TypeError, KeyError, RecursionError) as error:
         unreadable.append(f"{STATE_DB} {MEMORY_KEY}: {_why(error)}")
         return []
 
@@ -462,25 +463,31 @@ def _remembered(kv: dict[str, str], unreadable: list[str]) -> list[dict[str, Any
 def _quietly_a_file(path: Path) -> bool:
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in a name read from the state
         return False
 
 
 def _quietly_exists(path: Path) -> bool:
     try:
         os.lstat(path)
-    except OSError:
+    except (OSError, ValueError):
         return False
     return True
 
 
 def _disk(directory: str | Path | None, unreadable: list[str]) -> DiskUse | None:
-    if directory is None or not Path(directory).is_dir():
+    if directory is None:
         return None
+    named = printable(clipped(str(directory), 200))
     try:
+        if not Path(directory).is_dir():
+            return None
         return disk_use(Path(directory))
+    except ValueError:  # a NUL in the name the state holds
+        unreadable.append(f"checkpoint dir {named}: not a path")
+        return None
     except OSError as error:
-        unreadable.append(f"checkpoint dir {directory}: {_why(error)}")
+        unreadable.append(f"checkpoint dir {named}: {_why(error)}")
         return None
 
 
@@ -500,10 +507,13 @@ def _or_empty(read: Callable[[], _T], empty: _T) -> _T:
 
 
 def _float(value: str | None) -> float | None:
+    """A number the state holds; None where it holds none, or one no time or count is
+    (``nan``, ``inf``: not even JSON)."""
     try:
-        return None if value is None else float(value)
+        number = None if value is None else float(value)
     except ValueError:
         return None
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _int(value: str | None) -> int:

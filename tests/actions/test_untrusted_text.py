@@ -323,3 +323,22 @@ def test_log_lines_and_the_summary_escape_a_path(tmp_path: Path) -> None:
     assert "\x1b" not in result.stderr and "\x07" not in result.stderr
     assert not any(line.startswith("FAKE LINE") for line in result.stderr.splitlines())
     assert "st\\x1b]0;pwned\\x07\\nFAKE LINE" in result.stderr
+
+
+def test_a_long_run_of_name_characters_is_masked_in_one_pass_not_one_per_start() -> None:
+    """Two credential shapes repeated without bound: a job's line of 12,000 ``a1-`` took 1.4 s
+    to mask, 200,000 took minutes (each start tried to the run's end). A hang, not a speed:
+    the child gets 60 s for what now takes a fraction of one."""
+    code = (
+        "from sentinel.model.secrets import mask_tokens\n"
+        "for text in ('a1-' * 70000, 'y' * 200000, 'tokentoken_' * 20000):\n"
+        "    assert mask_tokens(text) == text\n"
+        "print(mask_tokens('MY_COMPANY_PROD_US_EAST_HF_TOKEN=abcd1234 --hf-token=abcdef"
+        " json://u:pw@host/x'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == (
+        "MY_COMPANY_PROD_US_EAST_HF_TOKEN=**** --hf-token=**** json://u:****@host/x"
+    )
