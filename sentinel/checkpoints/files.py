@@ -15,6 +15,8 @@ file is complete when it is exactly as long as its header says. A legacy
 from __future__ import annotations
 
 import json
+import pickletools
+import re
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -97,22 +99,54 @@ def _check_hdf5(path: Path, size: int) -> str:
     return ""
 
 
-#: How much of a file of no format sentinel knows is read to tell text from binary.
+#: How much of a file of no format sentinel knows is read to tell what it holds.
 TEXT_SNIFF_BYTES = 4096
+#: A text pickle (protocol 0) up to this size is walked to its STOP opcode to tell it.
+PICKLE_WALK_BYTES = 16 << 20
+#: A line of numbers, as ``numpy.savetxt`` writes weights (and ``#`` comment lines).
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|(?i:nan|inf(?:inity)?))"
+_NUMBERS_LINE = re.compile(rf"\s*(?:#.*|{_NUMBER}(?:[\s,;]+{_NUMBER})*[\s,;]*)?")
 
 
-def is_text(path: Path) -> bool:
-    """Whether the file starts as text (UTF-8, no NUL): no weights format is (torch's zip and
-    pickle, safetensors, HDF5, msgpack all hold NULs or bytes UTF-8 never has)."""
+def text_problem(path: Path) -> str:
+    """What is wrong with a checkpoint file of no format sentinel knows that is text (UTF-8,
+    no NUL in its first 4 KiB): "" for no text, or a text state (JSON, a protocol-0
+    pickle, a table of numbers as ``numpy.savetxt`` writes); else "a text file, not
+    weights" (a note named ``checkpoint-800``, a link to ``/etc/passwd``). Binary formats
+    (torch's zip and pickle, safetensors, HDF5, msgpack) hold NULs or bytes UTF-8 never
+    has; a pickle is walked, never loaded."""
     with path.open("rb") as handle:
         head = handle.read(TEXT_SNIFF_BYTES)
     if not head or b"\x00" in head:
-        return False
+        return ""
     try:
-        head.decode("utf-8")
+        text = head.decode("utf-8")
     except UnicodeDecodeError as error:
-        return error.start >= len(head) - 3 and len(head) == TEXT_SNIFF_BYTES  # a cut character
-    return True
+        if not (error.start >= len(head) - 3 and len(head) == TEXT_SNIFF_BYTES):
+            return ""  # bytes UTF-8 never has: binary, or text of another encoding
+        text = head[: error.start].decode("utf-8")
+    if text.lstrip()[:1] in ("{", "["):
+        return ""  # a JSON state
+    if _a_text_pickle(path):
+        return ""
+    lines = text.splitlines()
+    if len(head) == TEXT_SNIFF_BYTES and lines:
+        lines = lines[:-1]  # cut by the sniff
+    if lines and all(_NUMBERS_LINE.fullmatch(line) for line in lines):
+        return ""  # a table of numbers
+    return "a text file, not weights"
+
+
+def _a_text_pickle(path: Path) -> bool:
+    """Whether the file is a whole protocol-0 pickle: its opcodes walk to STOP."""
+    if path.stat().st_size > PICKLE_WALK_BYTES:
+        return False
+    with path.open("rb") as handle:
+        data = handle.read(PICKLE_WALK_BYTES)
+    try:
+        return any(opcode.name == "STOP" for opcode, _arg, _pos in pickletools.genops(data))
+    except Exception:  # any malformed opcode: not a pickle
+        return False
 
 
 def says_whole(path: Path) -> bool:

@@ -33,9 +33,9 @@ from sentinel.checkpoints.files import (
     LIGHTNING_VERSION_KEY,
     Content,
     check_weights,
-    is_text,
     lightning_problem,
     read_content,
+    text_problem,
 )
 from sentinel.checkpoints.names import (
     HDF5_SUFFIXES,
@@ -186,10 +186,10 @@ def judge_file(path: Path, content: Content | None = None) -> Verdict:
     suffix = checkpoint_suffix(path.name)
     layout = layout_of(path)
     problem = check_weights(path)
-    if not problem and not suffix and is_text(path):
-        # No format to check, and not weights either (a note, a symlink to /etc/passwd):
-        # listed clean, a rollback would have resumed it.
-        problem = "a text file, not weights"
+    if not problem and not suffix:
+        # No format to check: a note or a symlink to /etc/passwd was listed clean, and a
+        # rollback would have resumed it.
+        problem = text_problem(path)
     if problem:
         return Verdict(CheckpointStatus.CORRUPT, f"{path.name}: {problem}", layout)
     if suffix == ".ckpt" and content is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -289,17 +290,23 @@ def test_a_file_that_cannot_be_read_is_unreadable_not_corrupt(tmp_path: Path) ->
 def test_a_step_named_file_of_text_is_no_weights_and_binary_stays_clean(tmp_path: Path) -> None:
     """A ``checkpoint-800`` that is a note, or a symlink to ``/etc/passwd``, was listed clean
     and named the one a rollback resumes; a binary file of no format sentinel knows (Flax's
-    msgpack ``checkpoint_900``, a pickle saved without a suffix) is still clean."""
+    msgpack ``checkpoint_900``, a torch file saved without a suffix) is still clean, and so
+    is a state kept as text: JSON, a protocol-0 pickle, a table of numbers (oos47)."""
     saves, elsewhere = tmp_path / "saves", tmp_path / "etc"
     saves.mkdir()
     elsewhere.mkdir()
     (elsewhere / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
     os.symlink(elsewhere / "passwd", saves / "checkpoint-850")
     (saves / "checkpoint-800").write_text("the good run, see notes\n")
+    (saves / "checkpoint-810").write_text("step: 810\nlr: 0.001\n")
     (saves / "checkpoint_900").write_bytes(b"\x82\xa6params\x81\xa1w\xc4\x04\x00\x00\x80?")
     shutil.copy(TORCH_FILE, saves / "checkpoint-950")
+    (saves / "checkpoint-400").write_text(json.dumps({"step": 400, "w": [0.5, -1.25]}))
+    (saves / "step_126").write_bytes(pickle.dumps({"w": [0.5, 1.5], "step": 126}, protocol=0))
+    (saves / "step_220").write_text("# w\n5.000000000000000000e-01 -1.25e+00\n3.0 nan\n")
     found = {c.path.name: (c.status, c.reason) for c in scan(saves)}
     assert found["checkpoint-800"] == (CORRUPT, "checkpoint-800: a text file, not weights")
+    assert found["checkpoint-810"] == (CORRUPT, "checkpoint-810: a text file, not weights")
     assert found["checkpoint-850"] == (CORRUPT, "checkpoint-850: a text file, not weights")
-    assert found["checkpoint_900"][0] is CLEAN
-    assert found["checkpoint-950"][0] is CLEAN
+    for name in ("checkpoint_900", "checkpoint-950", "checkpoint-400", "step_126", "step_220"):
+        assert found[name][0] is CLEAN, (name, found[name])
