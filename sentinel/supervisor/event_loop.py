@@ -37,9 +37,11 @@ SWITCH_INTERVAL_S = 0.0005
 #: now rather than on a wake-up of its own (a quarter: at most 250 ms early at 1 s).
 TICK_EARLY_FRACTION = 0.25
 #: A clock tick also waits up to this fraction of the interval for a turn taken anyway, and
-#: the next is then an interval after that turn: output handed on once a second (the
-#: readers' window) carries every tick, where ticks on their own beat woke the loop a
-#: second time a second. Without output a tick comes this late (250 ms at 1 s), on its beat.
+#: the next is then an interval after that turn: output that comes about once an interval
+#: (a job logging a line a second, each handed on as it comes) carries every tick, where
+#: ticks on their own beat woke the loop a second time a second whenever the line came
+#: more than a quarter before the beat. Without output a tick comes this late (250 ms at
+#: 1 s), on its beat.
 TICK_LATE_FRACTION = 0.25
 
 
