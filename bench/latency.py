@@ -30,7 +30,7 @@ NaN bound pays. On a shared VM the CPU a wake-up costs moves by the minute and f
 one VM to the next (a 4 KiB page first touched after a sleep: 0.1 to 4 us); the
 baselines measured beside sentinel say what the machine charged then.
 
-    .venv/bin/python bench/latency.py                   # about 5 minutes
+    .venv/bin/python bench/latency.py                   # about 6 minutes
     .venv/bin/python bench/latency.py --trials 20 --overhead-s 60
     .venv/bin/python bench/latency.py --trials 0 --rounds 5     # the overhead alone, 5 rounds
 """
