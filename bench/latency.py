@@ -27,7 +27,7 @@ job appending to a log); then, as baselines in turns with them, that of ``tail|g
 of ``python floor``, a ten-line Python loop that reads the log every 20 ms (sentinel's
 look) and looks for a non-finite token: the least any Python watcher with sentinel's
 NaN bound pays. On a shared VM the CPU a wake-up costs moves by the minute and from
-one VM to the next (a 4 KiB page first touched after a sleep: 0.1 to 4 us); the
+one VM to the next (a 4 KiB page first touched after a sleep: 0.2 to 4 us); the
 baselines measured beside sentinel say what the machine charged then.
 
     .venv/bin/python bench/latency.py                   # about 6 minutes
