@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.env import clean_env
+
 pytestmark = pytest.mark.slow
 
 # Saves step_<N> every 10 steps (and step_25 right before its NaN), resumes from the
@@ -277,6 +279,42 @@ def test_watch_pid_of_no_running_process_ends_at_once(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
     assert f"pid {gone.pid} names no running process: nothing to watch" in result.stderr
+
+
+def test_watch_pid_beside_a_stop_a_dead_sentinel_left_still_finds_its_process(
+    tmp_path: Path,
+) -> None:
+    """A stop left "deciding" by a sentinel that died, finished by the new one before its
+    first look: it said "pid P names no running process" of a P that ran, and ended with 1
+    (oos47b). It now looks for P, watches it to its end, and ends with the verdict's 90."""
+    state = tmp_path / "state"
+    gave_up = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(state), "--", sys.executable,
+         "-c", "import json\nfor i in range(1, 8): print(json.dumps({'step': i, 'loss': 2.0 "
+         "if i < 5 else float('nan')}))"],
+        capture_output=True, text=True, timeout=60, env=clean_env(),
+    )  # fmt: skip
+    assert gave_up.returncode == 90, gave_up.stderr
+    record = json.loads((state / "verdict.json").read_text())
+    record.update(state="deciding", code=None)
+    record["stop"]["phase"] = "stopping"  # the sentinel died mid-stop
+    (state / "verdict.json").write_text(json.dumps(record))
+    (tmp_path / "train.log").write_text('{"step": 1, "loss": 1.0}\n')
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "sentinel", "watch", "--pid", str(job.pid),
+             "--log", str(tmp_path / "train.log"), "--state-dir", str(state)],
+            capture_output=True, text=True, timeout=60, env=clean_env(),
+        )  # fmt: skip
+    finally:
+        job.kill()
+        job.wait()
+    assert "finishing what it decided" in result.stderr
+    assert "names no running process" not in result.stderr, result.stderr
+    [found] = [line for line in result.stderr.splitlines() if "job found" in line]
+    assert f"pid {job.pid}" in found, result.stderr
+    assert result.returncode == 90, result.stderr
 
 
 def test_sigterm_stops_sentinel_and_never_the_job(tmp_path: Path) -> None:

@@ -204,6 +204,8 @@ class JobMachine:
         self._waiting_since: float | None = None
         #: An attempt was found (``watch``): a target that cannot follow a relaunch ends here.
         self._found = False
+        #: The job was looked for at least once (a stop taken up comes before the first look).
+        self._looked = False
         self._is_ready = False
 
     # -- the moves ------------------------------------------------------------
@@ -482,6 +484,7 @@ class JobMachine:
     def _start(self) -> None:
         """Launch the next attempt (``run``), or look for it (``watch``)."""
         attempts = self.attempts
+        self._looked = True
         try:
             job = attempts.begin()
         except OSError as error:
@@ -587,6 +590,12 @@ class JobMachine:
         if not self.holder.follows_restarts:
             if self._found:
                 self._cannot_follow()
+            elif not self._looked:
+                # A stop a dead sentinel left, finished before the first look: the process
+                # named may well run (it was said to be none, and sentinel ended, exit 1).
+                if self.phase is not Phase.WAITING:
+                    self._enter(Phase.WAITING)
+                self._start()
             else:
                 # Nothing can bring it later: a process that takes the pid is someone else.
                 log.error("%s names no running process: nothing to watch", self.holder.describe())
