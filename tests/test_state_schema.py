@@ -4,12 +4,17 @@ moved aside whole (never deleted) and sentinel starts afresh, saying so in one l
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sentinel.store.state import SCHEMA_VERSION, StateStore
+from tests.helpers.env import clean_env
 
 
 def _unversioned(state: Path) -> None:
@@ -72,3 +77,53 @@ def test_a_state_db_it_cannot_read_is_moved_aside_and_sentinel_starts_afresh(
     assert aside[0].read_bytes() == before, "the old database is kept, byte for byte"
     (record,) = [r for r in caplog.records if "afresh" in r.getMessage()]
     assert why in record.getMessage() and "started afresh" in record.getMessage()
+
+
+def test_a_table_of_the_same_name_with_other_columns_is_set_aside_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``kv`` made by hand with other columns: every later read and write failed (oos47b)."""
+    state = tmp_path / "state"
+    StateStore(state).close()
+    with sqlite3.connect(state / "state.db") as conn:
+        conn.execute("DROP TABLE kv")
+        conn.execute("CREATE TABLE kv (a TEXT, b TEXT)")
+    with caplog.at_level(logging.WARNING, logger="sentinel.store.state"):
+        store = StateStore(state)
+    store.put("restarts.count", "1")
+    assert store.get("restarts.count") == "1"
+    store.close()
+    assert "a table kv without sentinel's columns (key, value)" in caplog.text
+    assert [p for p in state.iterdir() if p.name.startswith("state.db.unreadable-")]
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("state.db", lambda path: path.mkdir()),
+        ("state.db", lambda path: os.symlink(path.name, path)),  # a loop
+        ("state.db-shm", lambda path: path.mkdir()),
+        ("lock", lambda path: path.mkdir()),
+        ("lock", lambda path: os.symlink(path.name, path)),
+    ],
+    ids=["db-is-a-dir", "db-symlink-loop", "shm-is-a-dir", "lock-is-a-dir", "lock-symlink-loop"],
+)
+@pytest.mark.slow
+def test_a_state_file_sentinel_cannot_use_is_one_line_and_exit_2_before_the_job(
+    tmp_path: Path, name: str, make: Callable[[Path], object]
+) -> None:
+    """Each ended ``run`` and ``watch`` in a traceback (oos47b)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    make(state / name)
+    marker = tmp_path / "job-ran"
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(state), "--",
+         sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+        capture_output=True, text=True, timeout=60, env=clean_env(),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("sentinel: ")]
+    assert f"the state dir's {name} cannot be used" in line, result.stderr
+    assert not marker.exists(), "the job never started"

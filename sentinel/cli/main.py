@@ -36,6 +36,7 @@ from sentinel.model import secrets, terminal
 from sentinel.model.untrusted import PrintableFilter, printable
 from sentinel.store import verdict as verdict_codes
 from sentinel.store.lock import StateDirLocked
+from sentinel.store.state import StateDirUnusable
 
 __all__ = ["EXIT_USAGE", "build_parser", "main"]
 
@@ -123,8 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CannotListen as error:  # --http: in use, not this host's address, unresolvable
         print(printable(f"sentinel: --http: {error.strerror}"), file=sys.stderr)
         return EXIT_USAGE
-    except StateDirLocked as error:
-        print(f"sentinel: {error}", file=sys.stderr)
+    except (StateDirLocked, StateDirUnusable) as error:
+        print(printable(f"sentinel: {error}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from sentinel.store.state import open_private, private_dir
+from sentinel.store.state import open_private, private_dir, unusable
 
 LOCK_NAME = "lock"
 #: A reader probing the lock (``holder``) holds it for microseconds; ``acquire``
@@ -69,7 +69,10 @@ def acquire(state_dir: Path) -> Lock:
     """Lock ``state_dir`` for this process (creating it, 0700); raise ``StateDirLocked`` if held."""
     private_dir(state_dir)
     path = state_dir / LOCK_NAME
-    fd = open_private(path, os.O_RDWR)
+    try:
+        fd = open_private(path, os.O_RDWR)
+    except OSError as error:  # a directory, a symlink loop: a lock sentinel cannot take
+        raise unusable(path, error) from None
     try:
         for attempt in range(_TRIES):
             try:

@@ -70,6 +70,30 @@ class StateUnreadable(Exception):
     """The database cannot be used as it is (a newer schema, or not a database)."""
 
 
+class StateDirUnusable(Exception):
+    """A file of the state dir that sentinel can neither use nor set aside by itself (a
+    directory where a file belongs, a symlink loop, a database SQLite may not write): a
+    usage error (exit 2) that names it, before anything starts."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"the state dir's {path.name} cannot be used ({why}): move it away")
+        self.path = path
+
+
+def unusable(path: Path, error: OSError | sqlite3.Error) -> StateDirUnusable:
+    """``StateDirUnusable`` for ``path`` from the error that said so."""
+    why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    return StateDirUnusable(path, why)
+
+
+#: The columns each of the store's tables must hold (a table of the same name made by hand
+#: with others is no sentinel table: the database is set aside, as one of a newer schema).
+_COLUMNS = {
+    "offsets": {"dev", "inode", "path", "offset", "head_hash", "tail_hash"},
+    "kv": {"key", "value"},
+}
+
+
 @dataclass(frozen=True, slots=True)
 class FileOffset:
     """How far a tailed file was read.
@@ -150,18 +174,25 @@ class StateStore:
     def __init__(self, state_dir: Path) -> None:
         private_dir(state_dir)
         self.path = state_dir / "state.db"
-        # SQLite gives its -wal and -shm files the database's mode: create it 0600 first.
-        os.close(open_private(self.path, os.O_RDWR))
-        for suffix in _SQLITE_SIDE_FILES:  # left by an older sentinel, with the umask's mode
-            make_private(self.path.with_name(self.path.name + suffix))
         self._lock = threading.RLock()
         try:
-            self._conn = self._open()
-        except StateUnreadable as why:
-            aside = _move_aside(self.path)
-            log.warning("%s: moved it aside to %s and started afresh", why, aside.name)
+            # SQLite gives its -wal and -shm files the database's mode: create it 0600 first.
             os.close(open_private(self.path, os.O_RDWR))
-            self._conn = self._open()
+            for suffix in _SQLITE_SIDE_FILES:  # left by an older sentinel, with the umask's mode
+                side = self.path.with_name(self.path.name + suffix)
+                if side.is_dir():  # SQLite would read the database and refuse every write
+                    raise StateDirUnusable(side, "a directory, not a file")
+                make_private(side)
+            try:
+                self._conn = self._open()
+            except StateUnreadable as why:
+                aside = _move_aside(self.path)
+                log.warning("%s: moved it aside to %s and started afresh", why, aside.name)
+                os.close(open_private(self.path, os.O_RDWR))
+                self._conn = self._open()
+        except (OSError, sqlite3.OperationalError) as error:
+            # A directory named state.db (or -shm), a symlink loop: nothing sentinel moves.
+            raise unusable(self.path, error) from None
 
     @classmethod
     def in_memory(cls) -> StateStore:
@@ -196,6 +227,16 @@ class StateStore:
                 if old or _has_rows(conn):
                     log.info("%s: migrated the state from schema %d to %d", self.path, old, old + 1)
             conn.executescript(_SCHEMA)
+            for table, needed in _COLUMNS.items():
+                have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+                if not needed <= have:
+                    raise StateUnreadable(
+                        f"{self.path} has a table {table} without sentinel's columns"
+                        f" ({', '.join(sorted(needed - have))})"
+                    )
+            # A write now, not at the first notice: a -shm that is a directory leaves the
+            # database readable and every write refused.
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as error:
             conn.close()
             if isinstance(error, sqlite3.OperationalError):
