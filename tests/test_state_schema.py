@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.model.untrusted import json_value
+from sentinel.process.relayed import CURRENT, JobRecord, jobs_dir
+from sentinel.service.memory import MEMORY_KEY, load_memory
 from sentinel.store.state import SCHEMA_VERSION, StateStore
+from sentinel.store.stop_intent import DRY_RUN_NAME, dry_run_stop
 from tests.helpers.env import clean_env
 
 
@@ -127,3 +131,35 @@ def test_a_state_file_sentinel_cannot_use_is_one_line_and_exit_2_before_the_job(
     [line] = [line for line in result.stderr.splitlines() if line.startswith("sentinel: ")]
     assert f"the state dir's {name} cannot be used" in line, result.stderr
     assert not marker.exists(), "the job never started"
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    "edit",
+    ["memory-deep", "memory-a-list", "job-record-deep", "dry-run-stop-deep"],
+)
+def test_a_state_file_nested_too_deep_or_of_another_shape_reads_as_none(
+    tmp_path: Path, edit: str
+) -> None:
+    """Each of these ended ``run`` or ``checkpoints`` in a traceback (RecursionError,
+    AttributeError) where the reader meant to say "unreadable" and go on (oos47b)."""
+    store = StateStore(tmp_path)
+    if edit.startswith("memory"):
+        store.put(MEMORY_KEY, DEEP if edit == "memory-deep" else "[1, 2]")
+        assert load_memory(store) is None
+    elif edit == "job-record-deep":
+        jobs_dir(tmp_path).mkdir(parents=True)
+        (jobs_dir(tmp_path) / CURRENT).write_text(DEEP)
+        assert JobRecord.load(tmp_path) is None
+    else:
+        (tmp_path / DRY_RUN_NAME).write_text(DEEP)
+        assert dry_run_stop(tmp_path) is None
+    store.close()
+
+
+def test_json_nested_too_deep_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="nested too deep"):
+        json_value(DEEP)
+    assert json_value('{"a": [1]}') == {"a": [1]}

@@ -65,6 +65,7 @@ from sentinel.checkpoints.layouts import (
 )
 from sentinel.checkpoints.names import checkpoint_suffix, is_in_progress, is_shard, position_of
 from sentinel.checkpoints.scan import QUARANTINE_DIR, Onset, checkpoint_folders, own_root
+from sentinel.model.untrusted import json_value
 
 log = logging.getLogger(__name__)
 
@@ -868,7 +869,7 @@ def _listdir(path: Path) -> list[str]:
 
 def _read_sidecar(folder: Path, name: str) -> KeptVersion | None:
     try:
-        raw = json.loads((folder / SIDECAR).read_text())
+        raw = json_value((folder / SIDECAR).read_text())
         return KeptVersion(
             path=folder / name,
             original=Path(raw["original"]),

@@ -21,7 +21,6 @@ weights parse; a folder with no weights file sentinel knows is not set aside.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -52,6 +51,7 @@ from sentinel.checkpoints.torch_pickle import (
     torch_object,
     walk,
 )
+from sentinel.model.untrusted import json_value
 
 # Only this deep below a checkpoint directory are files checked
 # (HF + DeepSpeed nests one level: checkpoint-N/global_stepN/*.pt).
@@ -314,7 +314,7 @@ def _has_hf_weights(path: Path) -> bool:
 
 def _trainer_state(path: Path) -> object:
     try:
-        return json.loads((path / "trainer_state.json").read_bytes())
+        return json_value((path / "trainer_state.json").read_bytes())
     except FileNotFoundError:
         return {}
     except (UnicodeDecodeError, ValueError):
@@ -445,7 +445,7 @@ _LAYOUT_RULES = {
 def _shard_names(index_path: Path) -> list[str] | None:
     """Return the shard files a ``*.index.json`` names, or None when it does not parse."""
     try:
-        index = json.loads(index_path.read_bytes())
+        index = json_value(index_path.read_bytes())
     except (UnicodeDecodeError, ValueError):
         return None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None

@@ -8,7 +8,6 @@ read back by ``sentinel checkpoints --restore``, actions/restore.py).
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
@@ -18,6 +17,7 @@ from typing import Any
 
 from sentinel.checkpoints.cross_device import move_across
 from sentinel.checkpoints.scan import QUARANTINE_DIR, own_root
+from sentinel.model.untrusted import json_value
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def like_checkpoint_dir(path: Path, directory: Path) -> None:
 def read_manifest(folder: Path) -> dict[str, Any] | None:
     """A quarantine folder's manifest; None when it has none (or it does not parse)."""
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = json_value((folder / MANIFEST).read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:

@@ -20,8 +20,10 @@ passthrough) never come here.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from typing import Any
 
 #: Named escapes for the controls people know by name; the others are ``\xNN`` or ``\uNNNN``.
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -136,3 +138,13 @@ def clipped(text: str, limit: int) -> str:
         words = cut.split()
         cut = cut[: len(cut) - len(words[-1])] if words else ""
     return cut.rstrip() + "..."
+
+
+def json_value(text: str | bytes) -> Any:
+    """``json.loads`` of a file sentinel did not write, or that may have been edited by hand:
+    JSON nested deeper than the interpreter's recursion limit is a ``ValueError`` like any
+    other JSON that does not parse, not a ``RecursionError`` past every reader's ``except``."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None

@@ -10,7 +10,6 @@ job and never a process that took over a pid.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sentinel.follow.gathering import LOOK_S
+from sentinel.model.untrusted import json_value
 from sentinel.parsing.lines import BATCH_S
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.relay import DEFAULT_COLUMNS, DEFAULT_ROWS
@@ -177,7 +177,7 @@ class JobRecord:
         """The record of the attempt that ran last; None without one (or an unreadable one)."""
         path = jobs_dir(state_dir) / CURRENT
         try:
-            data: dict[str, Any] = json.loads(path.read_text())
+            data: dict[str, Any] = json_value(path.read_text())
             return cls(
                 attempt=int(data["attempt"]),
                 directory=Path(data["directory"]),
@@ -199,7 +199,7 @@ class JobRecord:
     def exit_returncode(self) -> int | None:
         """The job's returncode as the relay wrote it at the end; None before (or if lost)."""
         try:
-            return int(json.loads((self.directory / EXIT).read_text())["returncode"])
+            return int(json_value((self.directory / EXIT).read_text())["returncode"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -212,7 +212,7 @@ class JobRecord:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                resume = json.loads(path.read_text())["resume"]
+                resume = json_value(path.read_text())["resume"]
                 return {name: max(0, int(resume.get(name, 0))) for name in STREAM_FILES}
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 if time.monotonic() >= deadline or self.relay.liveness() != "same":

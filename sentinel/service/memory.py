@@ -18,6 +18,7 @@ from typing import Any
 
 from sentinel.engine.core import Engine
 from sentinel.model.incidents import IncidentTracker
+from sentinel.model.untrusted import json_value
 from sentinel.notify.dispatch import Dispatcher
 from sentinel.store.state import StateStore
 
@@ -40,9 +41,15 @@ def load_memory(store: StateStore) -> dict[str, Any] | None:
     """What the last sentinel saved of the run; None when nothing usable is there (said)."""
     try:
         text = store.get(MEMORY_KEY)
-        memory = json.loads(text) if text else None
+        memory = json_value(text) if text else None
     except (OSError, sqlite3.Error, ValueError) as error:
         log.warning("what sentinel knew of the run cannot be read (%s): starting afresh", error)
+        return None
+    if memory is not None and not isinstance(memory, dict):
+        log.warning(
+            "what sentinel knew of the run is not a record (%s): starting afresh",
+            type(memory).__name__,
+        )
         return None
     if memory is not None and memory.get("version") != MEMORY_VERSION:
         log.warning(

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from sentinel.checkpoints.disk import DiskUse, disk_use, human_bytes
 from sentinel.evidence.report import REPORTS_DIR, report_path
 from sentinel.model.secrets import mask_tokens_data
-from sentinel.model.untrusted import clipped, printable
+from sentinel.model.untrusted import clipped, json_value, printable
 from sentinel.notify.outbox_store import read_pending
 from sentinel.notify.target_results import TargetResult, read_results
 from sentinel.service.memory import MEMORY_KEY
@@ -429,7 +429,7 @@ def _reported(state_dir: Path, unreadable: list[str]) -> Iterable[dict[str, Any]
     found, bad = [], []
     for _, path in newest[:MAX_REPORTS_READ]:
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = json_value(Path(path).read_text(encoding="utf-8"))
         except OSError as error:
             bad.append(f"{REPORTS_DIR}/{Path(path).name}: {_why(error)}")
             continue

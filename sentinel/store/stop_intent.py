@@ -34,6 +34,7 @@ from sentinel.model.incidents import (
     incident_from_memory,
     incident_memory,
 )
+from sentinel.model.untrusted import json_value
 from sentinel.store import verdict
 
 log = logging.getLogger(__name__)
@@ -283,7 +284,7 @@ def dry_run_stop(state_dir: Path) -> DryRunStop | None:
     """The last stop a dry run would have made on ``state_dir``; None when none (or it
     cannot be read)."""
     try:
-        data = json.loads((state_dir / DRY_RUN_NAME).read_text(encoding="utf-8"))
+        data = json_value((state_dir / DRY_RUN_NAME).read_text(encoding="utf-8"))
         step = data.get("onset_step")
         return DryRunStop(
             rule=str(data["rule"]),

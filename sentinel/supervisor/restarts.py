@@ -27,6 +27,7 @@ from sentinel.checkpoints.scan import EmptyDir, Onset, elsewhere, scan
 from sentinel.config import ConfigError, JobConfig, KeepConfig, Settings, resume
 from sentinel.model.facts import Resumed
 from sentinel.model.incidents import Incident
+from sentinel.model.untrusted import json_value
 from sentinel.service.http import parse_http_address
 from sentinel.store import verdict
 from sentinel.store.verdict import (
@@ -239,15 +240,15 @@ class Restarts:
         """Take back what ``to_state`` saved; a missing or unreadable value is left as is."""
         with contextlib.suppress(TypeError, ValueError):
             self.count = int(values.get("restarts.count") or 0)
-            failure = json.loads(values.get("restarts.last_failure") or "null")
+            failure = json_value(values.get("restarts.last_failure") or "null")
             if failure is not None:
                 self._last_failure = (str(failure[0]), failure[1])
-            checkpoint, step = json.loads(values.get("restarts.resume") or '["", null]')
+            checkpoint, step = json_value(values.get("restarts.resume") or '["", null]')
             self.resume = Resume(str(checkpoint), step)
-            rolled = json.loads(values.get("restarts.rolled_back_from") or "null")
+            rolled = json_value(values.get("restarts.rolled_back_from") or "null")
             if rolled is not None:
                 self.rolled_back_from = (str(rolled[0]), rolled[1])
-            rolled_at = json.loads(values.get("restarts.rolled_back_at") or "null")
+            rolled_at = json_value(values.get("restarts.rolled_back_at") or "null")
             if rolled_at is not None:
                 self.rolled_back_at = float(rolled_at)
 
