@@ -484,3 +484,13 @@ def test_a_state_edited_by_hand_is_read_as_far_as_it_goes(
     else:
         [line] = status.unreadable
         assert said.lower() in line.lower() and len(line) < 400, line
+
+
+def test_an_unreadable_verdict_is_not_said_to_be_none(tmp_path: Path) -> None:
+    """``status`` named verdict.json unreadable, then said "verdict: none", where ``sentinel
+    verdict`` exits 94: a verdict may be there (oos47b)."""
+    StateStore(tmp_path).close()
+    (tmp_path / "verdict.json").write_text('{"state": "final", "code": 9')
+    lines = gather(tmp_path).lines()
+    [said] = [line for line in lines if line.startswith("verdict:")]
+    assert said == "verdict:    unreadable (verdict.json above): a verdict may be there"

@@ -149,3 +149,39 @@ def test_marking_is_fast(tmp_path: Path) -> None:
 def test_a_record_that_is_not_one_reads_as_none(tmp_path: Path, text: str) -> None:
     (tmp_path / "verdict.json").write_text(text)
     assert read(tmp_path) is None
+
+
+def test_a_field_of_another_type_or_not_finite_reads_as_unknown(tmp_path: Path) -> None:
+    """A record edited by hand: a time that is text made ``status`` end in a traceback, a
+    NaN made its ``--json`` no JSON, a NaN grace made the stop's take-up fail to write the
+    record again (oos47b). The code still counts; the rest reads as unknown."""
+    record = {"state": "final", "code": 90, "verdict": "give_up", "rule": ["nan_inf"],
+              "step": "five", "resume_from": 7, "attempt": True, "time": "yesterday"}  # fmt: skip
+    (tmp_path / "verdict.json").write_text(json.dumps(record))
+    read = verdict.read(tmp_path)
+    assert read is not None and (read.state, read.code, read.verdict) == ("final", 90, "give_up")
+    assert (read.rule, read.step, read.resume_from, read.attempt, read.time) == (None,) * 5
+    for value in ("NaN", "Infinity", "1e400"):
+        (tmp_path / "verdict.json").write_text(
+            '{"state": "final", "code": 90, "time": ' + value + ', "step": 5}'
+        )
+        read = verdict.read(tmp_path)
+        assert read is not None and read.time is None and read.step == 5
+        json.dumps(read.to_json(), allow_nan=False)
+
+
+def test_a_stop_with_a_grace_that_is_no_number_is_no_stop_record() -> None:
+    from sentinel.model.incidents import IncidentTracker
+    from sentinel.model.records import Alert, Severity
+    from sentinel.rules import STORIES
+    from sentinel.store.stop_intent import StopIntent, compact_incident
+
+    alert = Alert(rule="nan_inf", severity=Severity.CRITICAL, message="m", time=99.0, step=5)
+    observed = IncidentTracker("run", STORIES).observe(alert)
+    assert observed is not None
+    good = {"phase": "stopping", "incident": compact_incident(observed[1]), "restart": True,
+            "attempt": 1, "job": [42, 1.5], "signal": "SIGTERM", "grace_s": 30.0,
+            "signalled_at": 100.0}  # fmt: skip
+    assert StopIntent.from_json(good) is not None
+    for bad in ({"grace_s": float("nan")}, {"signalled_at": float("inf")}, {"grace_s": "x"}):
+        assert StopIntent.from_json({**good, **bad}) is None, bad

@@ -220,6 +220,9 @@ class Status:
     def _verdict_text(self) -> str:
         if self.verdict is not None:
             return _verdict_words(self.verdict)
+        if any(why.startswith(f"{verdicts.VERDICT_NAME}:") for why in self.unreadable):
+            # Not "none": `sentinel verdict` says 94, a verdict may be there (it may be 90).
+            return f"unreadable ({verdicts.VERDICT_NAME} above): a verdict may be there"
         if self.verdict_taken is not None:
             taken = _verdict_words(self.verdict_taken)
             return f"none now; the last, taken when the next attempt started: {taken}"

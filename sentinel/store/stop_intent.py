@@ -146,8 +146,8 @@ class StopIntent:
                 attempt=int(data["attempt"]),
                 job=None if job is None else (int(job[0]), float(job[1])),
                 signal=str(data["signal"]),
-                grace_s=float(data["grace_s"]),
-                signalled_at=float(data["signalled_at"]),
+                grace_s=_finite(data["grace_s"], "grace_s"),
+                signalled_at=_finite(data["signalled_at"], "signalled_at"),
                 restarts={str(k): str(v) for k, v in dict(data.get("restarts") or {}).items()},
                 label=None if data.get("label") is None else str(data["label"]),
                 resume=None if data.get("resume") is None else str(data["resume"]),
@@ -159,6 +159,15 @@ class StopIntent:
             log.warning("the stop recorded in verdict.json is unreadable (%r): ignored", error)
             return None
         return intent
+
+
+def _finite(value: Any, name: str) -> float:
+    """A time or a duration of the record: a finite number (NaN would pass ``float`` and
+    then fail the record's next write, which allows no NaN)."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} {value!r}")
+    return number
 
 
 def compact_incident(incident: Incident) -> dict[str, Any]:

@@ -20,12 +20,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sentinel.store.state import open_private, private_dir
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -244,14 +247,28 @@ def _parse(data: Any) -> Verdict:
     return Verdict(
         state=data["state"],
         code=code,
-        verdict=data.get("verdict"),
-        rule=data.get("rule"),
-        step=data.get("step"),
-        resume_from=data.get("resume_from"),
-        attempt=data.get("attempt"),
-        time=data.get("time"),
+        verdict=_of(str, data.get("verdict")),
+        rule=_of(str, data.get("rule")),
+        step=_of(int, data.get("step")),
+        resume_from=_of(str, data.get("resume_from")),
+        attempt=_of(int, data.get("attempt")),
+        time=_time(data.get("time")),
         stop=data.get("stop") if isinstance(data.get("stop"), dict) else None,
     )
+
+
+def _of(kind: type[_T], value: Any) -> _T | None:
+    """A field of the record as its type says (a bool is no int); None where it holds
+    something else (a record edited by hand: a step that is text)."""
+    if isinstance(value, kind) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def _time(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _dumps(record: Verdict) -> str:
