@@ -109,9 +109,12 @@ def test_a_table_of_the_same_name_with_other_columns_is_set_aside_too(
         ("state.db-shm", lambda path: path.mkdir()),
         ("lock", lambda path: path.mkdir()),
         ("lock", lambda path: os.symlink(path.name, path)),
+        ("alerts.jsonl", lambda path: path.mkdir()),
+        ("alerts.jsonl", lambda path: os.symlink(path.name, path)),
     ],
-    ids=["db-is-a-dir", "db-symlink-loop", "shm-is-a-dir", "lock-is-a-dir", "lock-symlink-loop"],
-)
+    ids=["db-is-a-dir", "db-symlink-loop", "shm-is-a-dir", "lock-is-a-dir", "lock-symlink-loop",
+         "journal-is-a-dir", "journal-symlink-loop"],
+)  # fmt: skip
 @pytest.mark.slow
 def test_a_state_file_sentinel_cannot_use_is_one_line_and_exit_2_before_the_job(
     tmp_path: Path, name: str, make: Callable[[Path], object]
@@ -163,3 +166,16 @@ def test_json_nested_too_deep_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="nested too deep"):
         json_value(DEEP)
     assert json_value('{"a": [1]}') == {"a": [1]}
+
+
+@pytest.mark.slow
+def test_a_state_dir_that_is_a_symlink_loop_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    os.symlink(state.name, state)
+    result = subprocess.run(
+        [sys.executable, "-m", "sentinel", "run", "--state-dir", str(state), "--", "true"],
+        capture_output=True, text=True, timeout=60, env=clean_env(),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"sentinel: the state dir {state} cannot be used" in result.stderr

@@ -67,7 +67,10 @@ class Lock:
 
 def acquire(state_dir: Path) -> Lock:
     """Lock ``state_dir`` for this process (creating it, 0700); raise ``StateDirLocked`` if held."""
-    private_dir(state_dir)
+    try:
+        private_dir(state_dir)
+    except OSError as error:  # the state dir itself a symlink loop
+        raise unusable(state_dir, error, itself=True) from None
     path = state_dir / LOCK_NAME
     try:
         fd = open_private(path, os.O_RDWR)

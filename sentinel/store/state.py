@@ -75,15 +75,18 @@ class StateDirUnusable(Exception):
     directory where a file belongs, a symlink loop, a database SQLite may not write): a
     usage error (exit 2) that names it, before anything starts."""
 
-    def __init__(self, path: Path, why: str) -> None:
-        super().__init__(f"the state dir's {path.name} cannot be used ({why}): move it away")
+    def __init__(self, path: Path, why: str, *, itself: bool = False) -> None:
+        what = f"the state dir {path}" if itself else f"the state dir's {path.name}"
+        super().__init__(f"{what} cannot be used ({why}): move it away")
         self.path = path
 
 
-def unusable(path: Path, error: OSError | sqlite3.Error) -> StateDirUnusable:
-    """``StateDirUnusable`` for ``path`` from the error that said so."""
+def unusable(
+    path: Path, error: OSError | sqlite3.Error, *, itself: bool = False
+) -> StateDirUnusable:
+    """``StateDirUnusable`` for ``path`` (the state dir ``itself``) from the error that said so."""
     why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-    return StateDirUnusable(path, why)
+    return StateDirUnusable(path, why, itself=itself)
 
 
 #: The columns each of the store's tables must hold (a table of the same name made by hand
