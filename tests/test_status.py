@@ -494,3 +494,19 @@ def test_an_unreadable_verdict_is_not_said_to_be_none(tmp_path: Path) -> None:
     lines = gather(tmp_path).lines()
     [said] = [line for line in lines if line.startswith("verdict:")]
     assert said == "verdict:    unreadable (verdict.json above): a verdict may be there"
+
+
+def test_a_report_file_that_is_a_symlink_loop_is_named_not_its_folder(tmp_path: Path) -> None:
+    """One report's file a symlink loop made ``status`` say the whole ``reports/`` could not
+    be read, and show no last incident (oos47b)."""
+    state = tmp_path / "state"
+    broken_state_dir(state)
+    (state / "reports" / "bad.json").unlink()
+    os.symlink("loop.json", state / "reports" / "loop.json")
+    os.symlink("loop.md", state / "reports" / "loop.md")
+    status = gather(state)
+    assert status.unreadable == [
+        "state.db: file is not a database",
+        "reports/loop.json: too many levels of symbolic links",
+    ]
+    assert status.last_incident is not None and status.last_incident.rule == "nan_inf"

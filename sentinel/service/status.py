@@ -420,7 +420,8 @@ def _reported(state_dir: Path, unreadable: list[str]) -> Iterable[dict[str, Any]
     """The incidents of the newest report files (``reports/<id>.json``)."""
     folder = state_dir / REPORTS_DIR
     try:
-        entries = [(entry.stat().st_mtime, entry.path) for entry in os.scandir(folder)]
+        with os.scandir(folder) as listing:
+            listed = list(listing)
     except (FileNotFoundError, NotADirectoryError) as error:
         if isinstance(error, NotADirectoryError) and _quietly_exists(folder):
             unreadable.append(f"{REPORTS_DIR}/: not a directory")
@@ -428,8 +429,17 @@ def _reported(state_dir: Path, unreadable: list[str]) -> Iterable[dict[str, Any]
     except OSError as error:
         unreadable.append(f"{REPORTS_DIR}/: {_why(error)}")
         return []
-    newest = sorted((e for e in entries if e[1].endswith(".json")), reverse=True)
-    found, bad = [], []
+    found: list[dict[str, Any]] = []
+    bad: list[str] = []
+    entries = []
+    for entry in listed:
+        if not entry.name.endswith(".json"):
+            continue  # a report's .md is looked at where it is shown
+        try:
+            entries.append((entry.stat().st_mtime, entry.path))
+        except OSError as error:  # this file (a symlink loop), not the folder
+            bad.append(f"{REPORTS_DIR}/{entry.name}: {_why(error)}")
+    newest = sorted(entries, reverse=True)
     for _, path in newest[:MAX_REPORTS_READ]:
         try:
             data = json_value(Path(path).read_text(encoding="utf-8"))
