@@ -778,6 +778,11 @@ def test_replay_reads_paths_then_each_log_with_globs_expanded(
     assert missing.code == 2
     assert missing.err == "sentinel replay: no such file: nothing*.jsonl\n"
     assert sentinel("replay").err == "sentinel replay: give a PATH or --log to read\n"
+    # A link to nothing is there: not "no such file" alone (oos47b).
+    os.symlink("loop.log", tmp_path / "loop.log")
+    looped = sentinel("replay", "loop.log")
+    assert looped.code == 2
+    assert looped.err == "sentinel replay: no such file: loop.log (a symbolic link to no file)\n"
 
 
 def test_check_config_for_people_is_toml_that_reads_back_masked(

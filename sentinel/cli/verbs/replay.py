@@ -82,7 +82,9 @@ def _replay_inputs(given: list[str]) -> tuple[list[Path], list[str]]:
         else:
             matches = sorted(glob.glob(pattern, recursive=True))
         if not matches:
-            missing.append(pattern)
+            # A link to nothing (dangling, or a loop) is there, but names no file to read.
+            link = not glob.has_magic(pattern) and os.path.lexists(pattern)
+            missing.append(f"{pattern} (a symbolic link to no file)" if link else pattern)
         paths += [Path(match) for match in matches if Path(match) not in paths]
     return paths, missing
 
