@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from typing import Any
 
@@ -147,4 +148,12 @@ def json_value(text: str | bytes) -> Any:
     try:
         return json.loads(text)
     except RecursionError:
-        raise ValueError("JSON nested too deep") from None
+        raise ValueError("JSON nested too deep (past the recursion limit)") from None
+
+
+def finite_number(value: Any) -> float | None:
+    """A number a record read back holds, as a float; None where it holds something else (a
+    time that is text, a bool) or a number no time or count is (NaN, infinity: no JSON)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None

@@ -7,11 +7,11 @@ the last error, masked.
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from sentinel.model.untrusted import finite_number
 from sentinel.notify.outbox import target_hash
 from sentinel.store.state import StateStore
 
@@ -76,14 +76,8 @@ def _result(name: Any, attempt: Any, success: Any, failure: Any, error: Any) -> 
     hand: a time that is text, a name that is a number) reads as not known."""
     return TargetResult(
         name if isinstance(name, str) else "",
-        _time(attempt),
-        _time(success),
-        _time(failure),
+        finite_number(attempt),
+        finite_number(success),
+        finite_number(failure),
         error if isinstance(error, str) else None,
     )
-
-
-def _time(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None

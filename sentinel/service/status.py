@@ -17,8 +17,6 @@ directory where a file belongs, a file sentinel may not open) is named in
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sqlite3
 import stat
@@ -32,7 +30,7 @@ from typing import Any, TypeVar
 from sentinel.checkpoints.disk import DiskUse, disk_use, human_bytes
 from sentinel.evidence.report import REPORTS_DIR, report_path
 from sentinel.model.secrets import mask_tokens_data
-from sentinel.model.untrusted import clipped, json_value, printable
+from sentinel.model.untrusted import clipped, finite_number, json_value, printable
 from sentinel.notify.outbox_store import read_pending
 from sentinel.notify.target_results import TargetResult, read_results
 from sentinel.service.memory import MEMORY_KEY
@@ -465,10 +463,10 @@ def _remembered(kv: dict[str, str], unreadable: list[str]) -> list[dict[str, Any
     if not text:
         return []
     try:
-        memory = json.loads(text)
+        memory = json_value(text)
         incidents = memory["incidents"]
         return [data for data in incidents if isinstance(data, dict) and "id" in data]
-    except (ValueError, TypeError, KeyError, RecursionError) as error:
+    except (ValueError, TypeError, KeyError) as error:
         unreadable.append(f"{STATE_DB} {MEMORY_KEY}: {_why(error)}")
         return []
 
@@ -523,10 +521,9 @@ def _float(value: str | None) -> float | None:
     """A number the state holds; None where it holds none, or one no time or count is
     (``nan``, ``inf``: not even JSON)."""
     try:
-        number = None if value is None else float(value)
+        return None if value is None else finite_number(float(value))
     except ValueError:
         return None
-    return number if number is not None and math.isfinite(number) else None
 
 
 def _int(value: str | None) -> int:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sentinel.model.untrusted import finite_number, json_value
 from sentinel.store.state import open_private, private_dir
 
 _T = TypeVar("_T")
@@ -206,11 +206,9 @@ def read_strict(state_dir: Path, name: str = VERDICT_NAME) -> Verdict | None:
     except ValueError as error:  # not UTF-8
         raise VerdictUnreadable(f"{path} is not a verdict record: {error}") from None
     try:
-        return _parse(json.loads(text))
+        return _parse(json_value(text))
     except (TypeError, ValueError) as error:
         raise VerdictUnreadable(f"{path} is not a verdict record: {error}") from None
-    except RecursionError:
-        raise VerdictUnreadable(f"{path} is not a verdict record: nested too deep") from None
 
 
 def consumed(state_dir: Path) -> Verdict | None:
@@ -225,10 +223,10 @@ def read(state_dir: Path) -> Verdict | None:
     """The record in ``state_dir``; None when there is none or it cannot be read (logged)."""
     path = verdict_path(state_dir)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_value(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, RecursionError) as error:
+    except (OSError, ValueError) as error:
         log.warning("could not read %s: %s", path, error)
         return None
     try:
@@ -252,7 +250,7 @@ def _parse(data: Any) -> Verdict:
         step=_of(int, data.get("step")),
         resume_from=_of(str, data.get("resume_from")),
         attempt=_of(int, data.get("attempt")),
-        time=_time(data.get("time")),
+        time=finite_number(data.get("time")),
         stop=data.get("stop") if isinstance(data.get("stop"), dict) else None,
     )
 
@@ -262,12 +260,6 @@ def _of(kind: type[_T], value: Any) -> _T | None:
     something else (a record edited by hand: a step that is text)."""
     if isinstance(value, kind) and not isinstance(value, bool):
         return value
-    return None
-
-
-def _time(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
     return None
 
 
