@@ -33,7 +33,7 @@ from sentinel.model.cost import UNKNOWN_COST, IncidentCost
 from sentinel.model.incidents import Incident, alert_lines
 from sentinel.model.records import Alert, Sample, json_number
 from sentinel.model.untrusted import defang_urls, markdown_literal, printable
-from sentinel.store.state import open_private, private_dir, unusable
+from sentinel.store.state import open_own, open_private, private_dir
 
 #: The folder of the state dir that holds the incident reports.
 REPORTS_DIR = "reports"
@@ -56,10 +56,7 @@ class Journal:
         private_dir(state_dir)
         self.path = state_dir / "alerts.jsonl"
         self._lock = threading.Lock()
-        try:
-            fd = open_private(self.path, os.O_WRONLY | os.O_APPEND)
-        except OSError as error:  # a directory, a symlink loop: before anything starts
-            raise unusable(self.path, error) from None
+        fd = open_own(self.path, os.O_WRONLY | os.O_APPEND)
         self._file: IO[str] = open(fd, "a", encoding="utf-8")  # noqa: SIM115 (closed in close)
 
     def append(self, alert: Alert) -> None:

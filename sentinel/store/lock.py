@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from sentinel.store.state import open_private, private_dir, unusable
+from sentinel.store.state import open_own, private_dir, unusable
 
 LOCK_NAME = "lock"
 #: A reader probing the lock (``holder``) holds it for microseconds; ``acquire``
@@ -72,10 +72,7 @@ def acquire(state_dir: Path) -> Lock:
     except OSError as error:  # the state dir itself a symlink loop
         raise unusable(state_dir, error, itself=True) from None
     path = state_dir / LOCK_NAME
-    try:
-        fd = open_private(path, os.O_RDWR)
-    except OSError as error:  # a directory, a symlink loop: a lock sentinel cannot take
-        raise unusable(path, error) from None
+    fd = open_own(path, os.O_RDWR)
     try:
         for attempt in range(_TRIES):
             try:

@@ -151,6 +151,16 @@ def open_private(path: Path, flags: int) -> int:
     return fd
 
 
+def open_own(path: Path, flags: int) -> int:
+    """``open_private`` for a file the state dir must hold for sentinel to run (the lock,
+    the alert journal): one it cannot open (a directory, a symlink loop) is
+    ``StateDirUnusable``, before anything starts."""
+    try:
+        return open_private(path, flags)
+    except OSError as error:
+        raise unusable(path, error) from None
+
+
 def make_private(path: Path) -> None:
     """Tighten an existing file to 0600 (logged when it was open to others); none is fine."""
     try:
