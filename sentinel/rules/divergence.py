@@ -39,7 +39,10 @@ rate jumped within its evidence to above anything it had been (no schedule's res
 cycle does), or its values stay ``ORDERS_OF_MAGNITUDE`` (100) times its level or more (no
 healthy loss does), when it is ``severity``; it is confirmed by ``early_patience`` values (a run
 that logs a few values in all has few after the onset), or by ``CORROBORATED`` when an
-evaluation since the onset shows the eval loss rose with it (``eval_signal``).
+evaluation since the onset shows the eval loss rose with it (``eval_signal``). After a
+descent (``DESCENT`` values or more before the onset, each under the one before) the
+shifted run keeps falling as the run did, and its median sinks under the shift bar: there
+``early_patience`` values that none came back to the level confirm it.
 
 During warmup (configured steps, or the logged LR still rising: the loss may wobble up
 as the rate climbs) a shift is judged as from few values, a warning. With fewer than
@@ -165,6 +168,10 @@ SCANT_RISE = 2.0
 #: no healthy run's loss stays two orders of magnitude above where it was (a run that logs
 #: every 50 steps went from 4.9 to 1e27 and stayed, and only warned).
 ORDERS_OF_MAGNITUDE = 100.0
+
+#: Values before the onset, each under the one before, after which a shift judged from few
+#: values is confirmed by not coming back (``Shift.after_descent``): three falls in a row.
+DESCENT = 4
 
 #: Values since the onset that confirm a shift judged from few values when the eval loss
 #: rose with it (a run that logs six values in all has two after a failure at its fourth).
@@ -393,6 +400,15 @@ class Shift:
     #: Seen in hindsight: the level crept past the bar of the level before it (``crept``).
     crept: bool = False
 
+    @property
+    def after_descent(self) -> bool:
+        """Opened from few values on a run that was falling through all of them (at least
+        ``DESCENT`` values before the onset, each under the one before): its values keep
+        falling as the run does, so that it stays shows by their never coming back to the
+        level, not by their staying above the shift bar."""
+        values = [value for _, value in self.before]
+        return self.early and len(values) >= DESCENT and all(b < a for a, b in pairwise(values))
+
 
 class ShiftSeries:
     """One metric: its history and its candidate shift."""
@@ -570,7 +586,7 @@ class DivergenceDetector(BaseDetector):
         if len(shift.since) < patience:
             return self._confirmed_by_eval(sample.name, shift, source, time)
         latest = sorted_median(sorted(value for _, value in shift.since[-patience:]))
-        if latest > shift.bars.shift:
+        if latest > shift.bars.shift or shift.after_descent:
             shift.confirmed = True
             return [self._alert(shift, latest, sample, source, time)]
         if len(shift.since) >= self.settings.window:

@@ -230,6 +230,27 @@ def test_a_shift_after_a_descent_ever_slower_is_judged_by_the_bend_not_the_steps
     ]
 
 
+def test_a_shift_after_a_descent_that_keeps_falling_is_confirmed_by_not_coming_back() -> None:
+    """x1.5 from the sixth value of a run that fell through all five before it: the shifted
+    run goes on falling as the run did (2.19, 2.01, 1.86), so the median of its values sinks
+    under the shift bar (2.08) before it is judged, and the shift passed for one that
+    recovered. Not coming back to its level over three values is what shows it stays.
+    Where the values before it did not all fall, a value that stays off the least of them
+    is the run's own wobble: the shift bar still judges it."""
+    shifted = WHISPER[:5] + [1.5 * value for value in WHISPER[5:]]
+    alerts = feed(shifted)
+    assert [(a.severity, a.onset_step, a.step) for a in alerts] == [
+        (Severity.WARNING, 6, 8),
+        (INFO, 6, 10),  # falling on, it is back under 1.1x the level of before (1.6)
+    ]
+    # The same three values after a history that wobbled: no shift confirmed.
+    wobbly = [7.672, 3.784, 1.7, 2.1, 1.6, *shifted[5:8], *WHISPER[8:]]
+    assert feed(wobbly) == []
+    # Back at the level within three values: a bump, not a shift.
+    bump = [*WHISPER[:5], 2.19, 1.7, *WHISPER[7:]]
+    assert feed(bump) == []
+
+
 def test_an_early_climb_past_anything_before_it_is_judged_and_one_within_it_is_not() -> None:
     """With few values a climb may be a rhythm's rising half, and opens no shift; but one
     past the highest value before it by the rise is no rhythm coming back. (A real nanoGPT
