@@ -341,3 +341,39 @@ def test_the_engine_says_since_when_each_step_may_have_been_logged(lines_per_rea
     assert [engine.written_after(s) for s in first_of] == pytest.approx(expected)
     assert [engine.written_after(s) for s in last_of] == pytest.approx(expected)
     assert engine.written_after(last_of[-1] + 10) is None
+
+
+@pytest.mark.parametrize("lines_per_look", [1, 40])  # 40: the block path
+def test_lines_handed_on_with_marks_are_placed_by_the_look_that_found_them(
+    lines_per_look: int,
+) -> None:
+    """A reader gathers a window of lines and hands them on at once; each look that found
+    some noted when they were written at the earliest (``Marks``). Each step is placed by
+    its look's bound, not by the window's start (a second early, for a save made within
+    it to sit after the last healthy value); lines before the first mark by the window."""
+    from sentinel.config import Settings
+    from sentinel.engine.core import READ_WINDOW_S, Engine, build_detectors
+    from sentinel.parsing import LineParser
+
+    engine = Engine(build_detectors(Settings()), LineParser())
+    engine.feed_texts("train.log", ['{"step": 1, "loss": 1.0}'], 99.0)
+    looks = (99.2, 99.4, 99.6)  # the bound of each look's lines: the look before it
+    lines, marks = [], []
+    step = 1
+    for since in looks:
+        marks.append((len(lines), since))
+        for _ in range(lines_per_look):
+            step += 1
+            lines.append(f'{{"step": {step}, "loss": 1.0}}')
+    engine.feed_texts("train.log", ['{"step": 0, "acc": 1}', *lines], 100.0, tuple(
+        (index + 1, since) for index, since in marks
+    ))  # fmt: skip
+    firsts = [2 + look * lines_per_look for look in range(len(looks))]
+    assert [engine.written_after(s) for s in firsts] == pytest.approx(list(looks))
+    assert engine.written_after(step) == pytest.approx(looks[-1])
+    # A mark never says more than the source's read before it: 99.0, later than 98.5.
+    engine.feed_texts("train.log", ['{"step": 900, "loss": 1.0}'], 100.5, ((0, 98.5),))
+    assert engine.written_after(900) == pytest.approx(100.0)
+    # Without marks, the window's start, or the read before where later.
+    engine.feed_texts("train.log", ['{"step": 901, "loss": 1.0}'], 200.0)
+    assert engine.written_after(901) == pytest.approx(200.0 - READ_WINDOW_S)

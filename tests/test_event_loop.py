@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+from sentinel.model.records import Marks
 from sentinel.supervisor.event_loop import SWITCH_INTERVAL_S, TICK_LATE_FRACTION, EventLoop
 from sentinel.supervisor.events import OutputLines
 from sentinel.supervisor.inbox import Inbox
@@ -24,7 +25,7 @@ class OneTurn:
         self.seen.append(sys.getswitchinterval())
         self.finished = True
 
-    def on_lines(self, source: str, lines: list[str], read_at: float) -> None: ...
+    def on_lines(self, source: str, lines: list[str], read_at: float, marks: Marks) -> None: ...
     def on_system(self, readings: dict[str, Any], read_at: float) -> None: ...
     def on_trainer_state(self, source: str, text: str, read_at: float) -> None: ...
     def on_exit(self, attempt: int, returncode: int | None, *, settled: bool) -> None: ...
@@ -59,7 +60,7 @@ class Recording(OneTurn):
         self.finished = time.monotonic() >= self.until
         self._output = False  # a new turn
 
-    def on_lines(self, source: str, lines: list[str], read_at: float) -> None:
+    def on_lines(self, source: str, lines: list[str], read_at: float, marks: Marks) -> None:
         self._output = True
 
     def on_tick(self) -> None:

@@ -21,11 +21,13 @@ from sentinel.engine.position import UNCLOCKED, RunPosition
 from sentinel.engine.ranks import RunSeries, rank_rules, with_rank
 from sentinel.engine.routes import Routes
 from sentinel.engine.samples import SampleFeeder
+from sentinel.follow.gathering import LOOK_S
 from sentinel.model.facts import Resumed, RunFacts
 from sentinel.model.machine import GPU_JOB
-from sentinel.model.records import Alert, Block, Line, Sample
+from sentinel.model.records import Alert, Block, Line, Marks, Sample
 from sentinel.parsing import LineParser
 from sentinel.parsing.files import FileReader, reader_for
+from sentinel.parsing.lines import BATCH_S
 from sentinel.rules import DETECTORS, BaseDetector
 
 if TYPE_CHECKING:
@@ -39,8 +41,9 @@ _UNSEEN = object()
 #: Alerts whose history is kept for their diagnosis (``recent_for``), newest last.
 RECENT_KEPT_ALERTS = 256
 #: How long before it is handed on a line may have been read: the readers' gathering window
-#: (``tail.batch_s``, 0.25 s) and one look (``tail.look_s``, 0.02 s).
-READ_WINDOW_S = 0.27
+#: (``tail.batch_s``) and one look (``tail.look_s``). The bound of lines handed on without
+#: ``Marks``.
+READ_WINDOW_S = BATCH_S + LOOK_S
 
 
 def build_detectors(settings: Settings) -> list[BaseDetector]:
@@ -159,9 +162,13 @@ class Engine:
         """One line of output: parsed into samples, and shown to rules that watch output."""
         return self.feed_text(line.source, line.text, line.time)
 
-    def feed_texts(self, source: str, texts: list[str], now: float) -> list[Alert]:
+    def feed_texts(
+        self, source: str, texts: list[str], now: float, marks: Marks = ()
+    ) -> list[Alert]:
         """Lines of one source read together at ``now``: what ``feed_text`` on each, in
-        order, gives, and the alerts in that order.
+        order, gives, and the alerts in that order. ``marks``: when they were written at
+        the earliest (``Marks``); without, the previous read of ``source`` or the start of
+        this read's window (``read_window_s``), if later, bounds them all.
 
         A run of JSON lines of one schema goes to the rules as columns (``Block``):
         each rule it concerns says whether it is uneventful for it, and if all say so
@@ -170,11 +177,25 @@ class Engine:
         Trainer output replayed before any timestamp goes the same way, its dicts as
         the block's lines and its progress bars beside them (``Block.progress``).
         """
-        position = self.position
         before = self._read_at.get(source)
         since = now - self.read_window_s
-        position.read_since = since if before is None else max(before, since)
+        since = since if before is None else max(before, since)
         self._read_at[source] = now
+        if not marks:
+            return self._feed_read(source, texts, now, since)
+        alerts = self._feed_read(source, texts[: marks[0][0]], now, since) if marks[0][0] else []
+        ends = [index for index, _ in marks[1:]]
+        for (start, written_after), end in zip(marks, [*ends, len(texts)], strict=True):
+            if end > start:
+                alerts += self._feed_read(source, texts[start:end], now, max(since, written_after))
+        return alerts
+
+    def _feed_read(self, source: str, texts: list[str], now: float, since: float) -> list[Alert]:
+        """``feed_texts`` for lines written after ``since``."""
+        if not texts:
+            return []
+        position = self.position
+        position.read_since = since
         parser = self.parser
         try:
             if (

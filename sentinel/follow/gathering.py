@@ -49,11 +49,18 @@ _NON_FINITE = re.compile(rb"(?:nan|inf(?:inity)?)(?![a-z0-9_])")
 #: Errors in the original case: ``Traceback``, ``SomethingError``, ``error:``.
 _ERROR = re.compile(rb"Traceback|[A-Za-z]Error\b|\b[Ee]rror:")
 _WORD = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789_")
+#: A non-finite float as a binary file holds it (a TensorBoard event's scalar), little-endian:
+#: the float32 quiet NaN ``00 00 c0 7f`` and infinity ``00 00 80 7f``, the float64 ones'
+#: last four bytes (``00 00 f8 7f``, ``00 00 f0 7f``), each signed or not (x86 makes the
+#: NaN of 0/0 with its sign set). No UTF-8 text holds these bytes.
+_BINARY_NON_FINITE = re.compile(rb"\x00\x00[\x80\xc0\xf0\xf8][\x7f\xff]")
 
 
 def may_be_urgent(data: bytes) -> bool:
     """Whether ``data`` may hold a non-finite value or an error (a false positive costs one
-    early hand-on; tokens inside words are not hits)."""
+    early hand-on; tokens inside words are not hits), as text or as a binary float."""
+    if b"\x00\x00" in data and _BINARY_NON_FINITE.search(data):
+        return True
     low = data.lower()
     if b"nan" in low or b"inf" in low:
         for word in (b"nan", b"inf"):
@@ -113,49 +120,58 @@ class Gathering:
 def pump(
     fd: int,
     batch_s: float,
-    hand_on: Callable[[bytes], None],
+    hand_on: Callable[[list[tuple[bytes, float]]], None],
     read_bytes: int,
     *,
     look_s: float = LOOK_S,
+    on_read: Callable[[bytes], None] | None = None,
 ) -> None:
     """Read the pipe ``fd`` to its end, handing on what was read as ``Gathering`` says.
 
-    A read takes up to ``LOOK_BYTES`` (a small read costs no fresh mapping of memory, a
-    mebibyte one does, on every read); one that fills it is a flood: what else the pipe
-    holds (up to ``read_bytes``) is read at once and handed on with it, without a wait.
+    ``hand_on`` gets the reads held, each with a time its bytes were not written before
+    (``time.time()`` at the read before it: what that read left was written after it);
+    ``on_read`` each read as it comes (a passthrough that must not wait a window). A read
+    takes up to ``LOOK_BYTES`` (a small read costs no fresh mapping of memory, a mebibyte
+    one does, on every read); one that fills it is a flood: what else the pipe holds (up
+    to ``read_bytes``) is read at once and handed on with it, without a wait.
     """
     gathering = Gathering(batch_s, look_s)
     ready = select.poll()
     ready.register(fd, select.POLLIN)
-    held: list[bytes] = []
+    held: list[tuple[bytes, float]] = []
     # What went on at a read ended inside a line (an unbuffered print writes the text and
     # its newline apart): the end of that line goes at once too, or it would wait a window.
     partial = False
+    since = 0.0  # the first read's bytes: of any age
     while True:
         if held:
             wait_s = gathering.due() - time.monotonic()
             if wait_s <= 0 or not ready.poll(math.ceil(wait_s * 1000)):
-                hand_on(b"".join(held))
+                hand_on(held)
                 held = []
                 gathering.handed_on(time.monotonic())
                 partial = False
                 continue
+        read_at = time.time()
         chunk = os.read(fd, LOOK_BYTES)
         if not chunk:
             break
         flood = len(chunk) == LOOK_BYTES
         if flood and ready.poll(0):
             chunk += os.read(fd, read_bytes)
-        held.append(chunk)
+        if on_read is not None:
+            on_read(chunk)
+        held.append((chunk, since))
+        if not flood:
+            since = read_at  # this read left nothing: what comes next was written after it
         now = time.monotonic()
         ends_line = partial and ends_a_line(chunk)
         if flood or ends_line or gathering.hand_on_now(may_be_urgent(chunk), now):
-            data = b"".join(held) if len(held) > 1 else chunk
-            hand_on(data)
+            hand_on(held)
             held = []
             gathering.handed_on(now)
-            partial = not data.endswith((b"\n", b"\r"))
+            partial = not chunk.endswith((b"\n", b"\r"))
         if not flood and gathering.look_s:
             time.sleep(gathering.look_s)
     if held:
-        hand_on(b"".join(held))
+        hand_on(held)

@@ -13,7 +13,9 @@ on, and in between only looks at the new bytes, at most every ``LOOK_S``: a look
 that may hold a non-finite value or a traceback reads and hands on at once. A log
 written a line at a time then costs a hand-over per window, not per line, a look
 costs a ``pread`` (not a ``stat``, the checks for rotation and truncation, the
-split), and a NaN waits at most a look, not a window.
+split), and a NaN waits at most a look, not a window. Each look also notes when the
+bytes it found were written at the earliest (the look before it), so a line handed on a
+window late still says when it was written, to a look (``Marks``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from sentinel.follow.gathering import LOOK_BYTES, LOOK_S, Gathering, ends_a_line, may_be_urgent
 from sentinel.follow.logfile import FileFollower, NewSplitter, OffsetStore, plain_lines
 from sentinel.follow.tail_wakeups import TailWakeups
+from sentinel.model.records import Marks
 from sentinel.parsing.lines import BATCH_S
 
 logger = logging.getLogger(__name__)
@@ -48,7 +51,8 @@ MISSING_WARN_S = 60.0
 class LogTailer:
     """Follows paths and globs (files may not exist yet); delivers lines from its own thread.
 
-    ``on_lines(path, lines)`` gets each batch in file order; offsets are
+    ``on_lines(path, lines, marks)`` gets each batch in file order, with when its lines
+    were written at the earliest (``Marks``: by the look that first saw them); offsets are
     committed only after it returns, at most every ``COMMIT_INTERVAL_S`` and at
     ``stop``. Events only wake the thread, which also re-checks every
     ``poll_interval_s`` because events can be missed. After a read that found
@@ -61,7 +65,7 @@ class LogTailer:
     def __init__(
         self,
         patterns: Sequence[str],
-        on_lines: Callable[[str, list[str]], None],
+        on_lines: Callable[[str, list[str], Marks], None],
         *,
         offsets: OffsetStore | None = None,
         poll: bool = False,
@@ -88,14 +92,18 @@ class LogTailer:
         self._max_line_bytes = max_line_bytes
         self._batch_s = batch_s
         self._look_s = look_s
-        #: Lines read and not yet handed on, by path in the order first read.
+        #: Lines read and not yet handed on, by path in the order first read, and when
+        #: they were written at the earliest (``Marks``, as lists).
         self._held: dict[str, list[str]] = {}
+        self._held_marks: dict[str, list[tuple[int, float]]] = {}
         #: Whether the last ``_cycle`` read any line.
         self._read_any = False
         #: Whether a look found bytes not read yet: they are read at the window's end.
         self._unread = False
         #: A look found something urgent in a line not ended yet: its end is read at once.
         self._urgent_line = False
+        #: What is held goes at the next look, the window or not (``hand_on_soon``).
+        self._soon = False
         self._commit_due_s = 0.0
         # Directories are looked at again only after a directory event (or a quiet
         # poll interval), not after every write to a followed file.
@@ -151,6 +159,12 @@ class LogTailer:
         self._added.add(path)
         # A new list, not an append: the tailer's thread may be iterating the old one.
         self._patterns = [*self._patterns, pattern]
+        self._wakeups.wake.set()
+
+    def hand_on_soon(self) -> None:
+        """Hand on what the files hold at the next look, not at the window's end (any
+        thread): the job ended, and its last lines are wanted now."""
+        self._soon = True
         self._wakeups.wake.set()
 
     def stop(self) -> None:
@@ -209,7 +223,8 @@ class LogTailer:
         False when a look found nothing new."""
         while not self._stopping.is_set():
             now_s = time.monotonic()
-            if gathering.hand_on_now(False, now_s):
+            if gathering.hand_on_now(False, now_s) or self._soon:
+                self._soon = False
                 return True
             new = self._peek()
             if not new:
@@ -243,7 +258,7 @@ class LogTailer:
             try:
                 self._pump(path, follower)
                 if self._vanished(path):
-                    self._hold(path, follower.finish())
+                    self._hold(path, follower.finish(), follower.marks)
                     self._flush()  # before its offset is saved for the last time
                     follower.commit()
                     follower.close()
@@ -258,9 +273,10 @@ class LogTailer:
     def _flush(self) -> None:
         """Hand on the held lines, then save the offsets if that is due (or stopping)."""
         held, self._held = self._held, {}
+        marks, self._held_marks = self._held_marks, {}
         for path, lines in held.items():
             try:
-                self._on_lines(path, lines)
+                self._on_lines(path, lines, tuple(marks.get(path, ())))
             except Exception:
                 logger.exception("on_lines failed for %d lines of %s", len(lines), path)
         now_s = time.monotonic()
@@ -283,17 +299,22 @@ class LogTailer:
 
     def _pump(self, path: str, follower: FileFollower) -> None:
         while True:
-            self._hold(path, follower.read())
+            self._hold(path, follower.read(), follower.marks)
             if not follower.has_backlog:
                 return
             # A long backlog: hand on each batch of it, and keep what was handed on.
             self._flush()
             follower.commit()
 
-    def _hold(self, path: str, lines: list[str]) -> None:
+    def _hold(self, path: str, lines: list[str], marks: list[tuple[int, float]]) -> None:
         if lines:
             self._read_any = True
-            self._held.setdefault(path, []).extend(lines)
+            held = self._held.setdefault(path, [])
+            base = len(held)
+            self._held_marks.setdefault(path, []).extend(
+                (base + index, since) for index, since in marks
+            )
+            held.extend(lines)
 
     def _name_missing(self) -> None:
         """Name, once each, the patterns that matched no file ``missing_warn_s`` after the

@@ -61,6 +61,17 @@ class Line(NamedTuple):
     time: float
 
 
+#: When lines read together were written at the earliest: ``(index, since)`` pairs, in
+#: order, each saying that the line at ``index`` and those after it, up to the next pair's,
+#: were not written before ``since`` (epoch seconds): the reader's look before the one that
+#: first saw their bytes. Lines before the first pair have no such bound. A reader gathers
+#: output for a window and hands it on at once (one turn of the engine a window), but a
+#: rollback that places step-less saves by time needs each line's bound, not the window's.
+#: Dropping lines from a batch keeps its marks true (a line moves to an earlier index,
+#: whose bound is earlier); adding lines would not.
+Marks = tuple[tuple[int, float], ...]
+
+
 class Sample(NamedTuple):
     """One metric value: ``loss`` was 2.31 at step 120.
 

@@ -12,19 +12,30 @@ from typing import Protocol
 
 _NUL = b"\x00"
 
-#: How long a reader of a line stream (the job's pipes, a tailed log) lets output gather
-#: after a read before it reads again (``[tail] batch_s``, for both). A
-#: wake-up of sentinel's threads, on the cold caches it then runs in, costs more than a
-#: line's own work: at a hundred lines a second a window of 50 ms cost 1.6% of a core,
-#: 250 ms 0.9% (bench/overhead.py). The first line after a quiet spell never waits.
-BATCH_S = 0.25
+#: How long a reader of a line stream (the job's pipes, a tailed log) gathers lines before
+#: it hands them on to the rules (``[tail] batch_s``). A turn of the rules costs far more
+#: on the cold caches of a VM than a line's own work: at a hundred lines a second the
+#: main thread spent 0.45% of a core with 250 ms, 0.22% with 1 s (bench/RESULTS.md). A
+#: NaN or a traceback never waits for it (a look at the new bytes goes at once), nor does
+#: the first line after a quiet spell, and each line keeps when it was written, to a look
+#: (``sentinel.model.records.Marks``).
+BATCH_S = 1.0
+#: How often at most ``run``'s relay sends the job's output on (to sentinel's terminal and
+#: its rules' reader), while it flows: the job's output shows as it goes, not a second late.
+RELAY_BATCH_S = 0.25
 #: A gathering reader looks at its stream this many times a window and stops gathering at
 #: the first look that finds nothing new: a line after a quiet spell of a window (not two)
 #: then goes at once, for one more wake-up of the reader a window while output flows.
 GATHER_SLICES = 2
+
+
+def relay_window(batch_s: float) -> float:
+    """The relay's window for a reader that gathers ``batch_s``: ``RELAY_BATCH_S`` at most."""
+    return min(batch_s, RELAY_BATCH_S)
+
+
 #: The longest window the config accepts: a line inside a busy stream waits up to a window
-#: (a NaN's SIGTERM with it), and a job writing more than its pipe holds (1 MiB) within
-#: one would block on the pipe meanwhile.
+#: before the rules see it (a stall, a loss spike, a rule's alert with it; a NaN does not).
 MAX_BATCH_S = 1.0
 
 
@@ -152,3 +163,64 @@ class LineSplitter:
         for part in block.split(b"\n"):
             self._hold(part)
             self._emit(lines)
+
+
+#: The bound of bytes of unknown age (what a file held when first opened): none.
+UNKNOWN = 0.0
+
+
+class Bounds:
+    """When the lines split from a stream were written at the earliest (``Marks``).
+
+    The stream comes in parts, each with a bound (``part``: its bytes were not written
+    before it, as the look or read before the one that found them says). A line gets the
+    bound of the part it ended in; the first line a part ends, that of the part the line
+    before it ended in, unless the part began with a new line: where it began, or a part
+    before it, never a later bound than its own. Each line a splitter emits ends in the
+    part that made it emit: true of every splitter (``LineSplitter``'s lines, a CSV's
+    rows, TensorBoard's length-prefixed records).
+    """
+
+    __slots__ = ("_bytes", "_line")
+
+    def __init__(self) -> None:
+        self._bytes = self._line = UNKNOWN
+
+    def part(self, since: float, splitter: Splitter) -> None:
+        """The bytes fed to ``splitter`` from now on were written after ``since``."""
+        self._bytes = since
+        if splitter.pending_bytes == 0:
+            self._line = since  # a line begins here
+
+    def feed(
+        self, splitter: Splitter, data: bytes, lines: list[str], marks: list[tuple[int, float]]
+    ) -> int:
+        """``splitter``'s lines of ``data``, appended to ``lines`` with their ``marks``;
+        their text's length."""
+        new_lines = splitter.feed(data)
+        if not new_lines:
+            return 0
+        note(marks, len(lines), self._line)
+        if len(new_lines) > 1:
+            note(marks, len(lines) + 1, self._bytes)
+        lines.extend(new_lines)
+        self._line = self._bytes
+        return sum(map(len, new_lines))
+
+    def flush(self, splitter: Splitter, lines: list[str], marks: list[tuple[int, float]]) -> None:
+        """``splitter``'s unfinished last line, with its bound."""
+        rest = splitter.flush()
+        if rest:
+            note(marks, len(lines), self._line)
+            lines.extend(rest)
+
+
+def note(marks: list[tuple[int, float]], index: int, since: float) -> None:
+    """Lines from ``index`` on were written after ``since``: a mark, unless the one before
+    already says so (one at the same index is replaced)."""
+    if marks and marks[-1][1] == since:
+        return
+    if marks and marks[-1][0] == index:
+        marks[-1] = (index, since)
+    else:
+        marks.append((index, since))

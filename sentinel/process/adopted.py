@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 from sentinel.follow.inotify import FileWatches
 from sentinel.model import terminal
-from sentinel.parsing.lines import BATCH_S, GATHER_SLICES, LineSplitter
+from sentinel.parsing.lines import BATCH_S, GATHER_SLICES, LineSplitter, relay_window
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.launched import OnLines
 from sentinel.process.pidfd import PinnedProcess, pin
@@ -112,7 +112,8 @@ class AdoptedJob:
         try:
             while end is not None and not end.has_exited():
                 if self._read_all():
-                    time.sleep(self._batch_s / GATHER_SLICES)  # let output gather
+                    # Let output gather: the relay writes its files once a window of its own.
+                    time.sleep(relay_window(self._batch_s) / GATHER_SLICES)
                     continue
                 poller.poll(-1 if quick else POLL_S * 1000)
                 if watches is not None:
@@ -122,7 +123,7 @@ class AdoptedJob:
             for name, splitter in self._splitters.items():
                 rest = splitter.flush()
                 if rest:
-                    self._on_lines(name, rest, time.time())
+                    self._on_lines(name, rest, time.time(), ())
         except Exception:
             log.exception("following the adopted job's output failed")
         finally:
@@ -156,7 +157,7 @@ class AdoptedJob:
                         terminal.job_wrote(data)
             lines = self._splitters[name].feed(data)
             if lines:
-                self._on_lines(name, lines, time.time())
+                self._on_lines(name, lines, time.time(), ())  # each read: its own bound
         return found
 
 

@@ -27,17 +27,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import BinaryIO
 
 from sentinel.follow.gathering import LOOK_S, pump
 from sentinel.model import terminal
-from sentinel.parsing.lines import BATCH_S, LineSplitter
+from sentinel.model.records import Marks
+from sentinel.parsing.lines import BATCH_S, Bounds, LineSplitter, relay_window
 from sentinel.process.identity import ProcessIdentity
 from sentinel.process.relayed import RelayedStart
 
 log = logging.getLogger(__name__)
 
-OnLines = Callable[[str, list[str], float], None]
+#: ``(stream, lines, read_at, marks)``: lines of the job's stream read by ``read_at``, and
+#: when they were written at the earliest (``Marks``).
+OnLines = Callable[[str, list[str], float, Marks], None]
 
 #: The pipe capacity asked for (Linux ``F_SETPIPE_SZ``; 64 KiB otherwise): room for what
 #: the job writes while a pump gathers, so the job is never held up by it.
@@ -102,7 +106,7 @@ class JobProcess:
         """Launch the job in a new session (its own process group) and start the readers."""
         if self._relay is not None:
             self._popen = self._relay.start(
-                self.argv, self._env, batch_s=self._batch_s, look_s=self._look_s
+                self.argv, self._env, batch_s=relay_window(self._batch_s), look_s=self._look_s
             )
         else:
             self._popen = subprocess.Popen(
@@ -143,36 +147,47 @@ class JobProcess:
 
     def _read(self, name: str, pipe: BinaryIO) -> None:
         splitter = LineSplitter(self._max_line_bytes)
-        # A relay gathers as a pump would (``sentinel.process.relay``): what it sends goes on
-        # at once, and no look follows (it would be a wake-up a window for nothing: the relay
-        # sends a window's lines in one write).
+        bounds = Bounds()
+        passthrough = self._passthrough[name]
+        # A relay gathers as a pump would (``sentinel.process.relay``), for a shorter window:
+        # what it sends is passed through at once, and no look follows (the relay sends a
+        # window's lines in one write); its lines are handed on per ``batch_s``. Two pipes'
+        # (no terminal) go on per the relay's window: a dict on stdout takes its step from
+        # the bar on stderr next to it, and a second apart they would be far from it.
         relayed = self._relay is not None
+        batch_s = self._batch_s
+        if self._relay is not None and not self._relay.pty:
+            batch_s = relay_window(batch_s)
         try:
             pump(
                 pipe.fileno(),
-                0.0 if relayed else self._batch_s,
-                lambda data: self._hand_on(name, splitter, data),
+                batch_s,
+                lambda reads: self._hand_on(name, splitter, bounds, reads),
                 _READ_BYTES,
                 look_s=0.0 if relayed else self._look_s,
+                on_read=None if passthrough is None else partial(self._pass, name, passthrough),
             )
-            rest = splitter.flush()
-            if rest:
-                self._on_lines(name, rest, time.time())
+            lines: list[str] = []
+            marks: list[tuple[int, float]] = []
+            bounds.flush(splitter, lines, marks)
+            if lines:
+                self._on_lines(name, lines, time.time(), tuple(marks))
         except Exception:
             log.exception("reading the job's %s failed", name)
         finally:
             pipe.close()
 
-    def _hand_on(self, name: str, splitter: LineSplitter, data: bytes) -> None:
-        """Pass ``data`` through and hand its complete lines on."""
-        if not data:
-            return
-        passthrough = self._passthrough[name]
-        if passthrough is not None:
-            self._pass(name, passthrough, data)
-        lines = splitter.feed(data)
+    def _hand_on(
+        self, name: str, splitter: LineSplitter, bounds: Bounds, reads: list[tuple[bytes, float]]
+    ) -> None:
+        """Hand the complete lines of ``reads`` on, with their bounds."""
+        lines: list[str] = []
+        marks: list[tuple[int, float]] = []
+        for data, since in reads:
+            bounds.part(since, splitter)
+            bounds.feed(splitter, data, lines, marks)
         if lines:
-            self._on_lines(name, lines, time.time())
+            self._on_lines(name, lines, time.time(), tuple(marks))
 
     def _pass(self, name: str, stream: BinaryIO, chunk: bytes) -> None:
         try:

@@ -99,7 +99,7 @@ PIPE_BYTES = 1 << 20
 POLL_EVERY_S = 0.25
 #: How long a read that ended inside a line waits for the line's end.
 NAP_S = 0.002
-#: Sentinel's gathering, when ``--batch-s`` and ``--look-s`` are not given
+#: The relay's window and look, when ``--batch-s`` and ``--look-s`` are not given
 #: (``sentinel.parsing.lines``).
 BATCH_S = 0.25
 _LINE_ENDS = (b"\n", b"\r")

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 from sentinel.config import Settings
 from sentinel.config.reload import reloaded
-from sentinel.model.records import Sample
+from sentinel.model.records import Marks, Sample
 from sentinel.parsing import Garbled
 from sentinel.parsing.hf_trainer import trainer_state_info
 from sentinel.process.signal_tree import TreeStop
@@ -58,8 +58,9 @@ from sentinel.supervisor.workers import Workers
 
 log = logging.getLogger(__name__)
 
-#: How long ``watch`` waits before it judges the end of a job that ended by itself: the
-#: followers' window (``tail.batch_s``, 0.25 s) and a look, twice over, for its last lines.
+#: How long ``watch`` waits before it judges the end of a job that ended by itself, for
+#: its last lines: the followers hand on what they hold at once then (``hand_on_soon``),
+#: and this leaves a write the job's end overtook a look and a turn, twice over.
 EXIT_SETTLE_S = 0.6
 
 
@@ -229,7 +230,7 @@ class Supervisor:
 
     # -- events ---------------------------------------------------------------
 
-    def on_lines(self, source: str, lines: list[str], read_at: float) -> None:
+    def on_lines(self, source: str, lines: list[str], read_at: float, marks: Marks = ()) -> None:
         # The batch at once, then its alerts: a batch is at most a gathering window of
         # output, and the engine reads a batch of one schema far faster than line by line.
         self.service.lines(len(lines))
@@ -242,7 +243,8 @@ class Supervisor:
             lines = shedder.keep(lines, time.time() - read_at)
         self._status.lines_shed()
         parse_started = time.perf_counter()
-        alerts = self.watch.engine.feed_texts(source, lines, read_at)
+        # Lines the shedder left out move its marks' lines earlier: their bounds stay true.
+        alerts = self.watch.engine.feed_texts(source, lines, read_at, marks)
         shedder.parsed(len(lines), time.perf_counter() - parse_started)
         if alerts:
             machine.alerts(alerts)
@@ -320,6 +322,9 @@ class Supervisor:
             and not self.holder.relaunches
             and self._machine.stop is None
         ):
+            tailer = self._workers.tailer if self._workers is not None else None
+            if tailer is not None:
+                tailer.hand_on_soon()
             later = threading.Timer(
                 EXIT_SETTLE_S, self._events.put, (JobExited(attempt, None, settled=True),)
             )

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any, Protocol
 
+from sentinel.model.records import Marks
 from sentinel.supervisor.events import (
     Event,
     EvidenceTaken,
@@ -58,7 +59,7 @@ class Handlers(Protocol):
 
     def turned(self) -> None: ...
 
-    def on_lines(self, source: str, lines: list[str], read_at: float) -> None: ...
+    def on_lines(self, source: str, lines: list[str], read_at: float, marks: Marks) -> None: ...
 
     def on_system(self, readings: dict[str, Any], read_at: float) -> None: ...
 
@@ -128,7 +129,7 @@ class EventLoop:
         handlers = self.handlers
         for event in events:
             if type(event) is OutputLines:
-                handlers.on_lines(event.source, event.lines, event.read_at)
+                handlers.on_lines(event.source, event.lines, event.read_at, event.marks)
             elif type(event) is StopDone:
                 handlers.on_terminated(event.stop, event.result)
             elif type(event) is EvidenceTaken:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sentinel.model.incidents import Incident
-from sentinel.model.records import Sample
+from sentinel.model.records import Marks, Sample
 from sentinel.store import run_verdict
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ class OutputLines:
     source: str
     lines: list[str]
     read_at: float
+    #: When the lines were written at the earliest (``Marks``; none: by ``read_at``'s window).
+    marks: Marks = ()
 
 
 @dataclass(frozen=True, slots=True)

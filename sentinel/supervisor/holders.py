@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -24,10 +23,11 @@ import psutil
 
 from sentinel.config import ENV_PREFIX, RESTART_ENV, Settings
 from sentinel.follow.terminal_text import TerminalLines
+from sentinel.model.records import Marks
 from sentinel.process.adopted import AdoptedJob
 from sentinel.process.attached import AttachedJob
 from sentinel.process.identity import ProcessIdentity
-from sentinel.process.launched import JobProcess, exit_status
+from sentinel.process.launched import JobProcess, OnLines, exit_status
 from sentinel.process.relayed import JobRecord, RelayedStart, attempt_dir, prune
 from sentinel.process.target import MatchTarget, PidfileTarget, PidTarget, SystemdUnitTarget, Target
 from sentinel.service.sdnotify import strip_notify_env
@@ -191,13 +191,12 @@ class Child:
                 log.error("cannot record the job for a restart of sentinel to adopt: %s", error)
         return job
 
-    def _lines_of(
-        self, attempt: int, put: Put, *, terminal: bool
-    ) -> Callable[[str, list[str], float], None]:
-        """What hands the attempt's lines to the loop: a terminal's cleaned of escapes."""
+    def _lines_of(self, attempt: int, put: Put, *, terminal: bool) -> OnLines:
+        """What hands the attempt's lines to the loop: a terminal's cleaned of escapes (which
+        drops lines, never adds one: the marks stay true)."""
         cleaners = {"stdout": TerminalLines(), "stderr": TerminalLines()} if terminal else {}
 
-        def on_lines(source: str, lines: list[str], at: float) -> None:
+        def on_lines(source: str, lines: list[str], at: float, marks: Marks) -> None:
             # A straggler of an earlier attempt (a grandchild that escaped the stop) still
             # writing to its old terminal: its output is not this attempt's.
             if attempt != self._current:
@@ -207,7 +206,7 @@ class Child:
             if cleaner is not None:
                 lines = cleaner.clean(lines)
             if lines:
-                put(OutputLines(source, lines, at))
+                put(OutputLines(source, lines, at, marks))
 
         return on_lines
 

@@ -199,4 +199,4 @@ class Shedder:
             return event
         kept = suspects(event.lines)
         self._skipped_held += len(event.lines) - len(kept)
-        return OutputLines(event.source, kept, event.read_at)
+        return OutputLines(event.source, kept, event.read_at, event.marks)

@@ -110,7 +110,7 @@ class Workers:
 
         return LogTailer(
             settings.logs,
-            lambda path, lines: put(OutputLines(path, lines, time.time())),
+            lambda path, lines, marks: put(OutputLines(path, lines, time.time(), marks)),
             offsets=store,
             poll=settings.tail.poll,
             poll_interval_s=settings.tail.poll_interval_s,

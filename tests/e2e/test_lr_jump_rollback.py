@@ -79,6 +79,10 @@ def test_lr_jump_is_rolled_back_before_the_jump_and_finishes_clean(tmp_path: Pat
         # It saves every 20 steps, about 0.4 s apart here (a real job: minutes): sentinel's
         # looks at its checkpoints come every 0.2 s, so that each is seen before it goes.
         "SENTINEL_TICK_INTERVAL_S": "0.2",
+        # Its 160 steps take 3 s: the rules' window of a second (made for steps of a second
+        # or more) would be 50 steps here. A quarter of one keeps the stop within a save of
+        # the jump, as the second of a real job does.
+        "SENTINEL_TAIL__BATCH_S": "0.25",
         # And a stop that load delays may land two saves past the jump (the critical waits
         # for its batch): a third kept version keeps the one before the jump kept then.
         "SENTINEL_KEEP__VERSIONS": "3",

@@ -151,7 +151,7 @@ def test_a_jsonl_file_from_before_the_run_is_followed_past_its_old_lines(
     status = path.stat()
     assert found.skips == [(status.st_dev, status.st_ino, len(old))]
     lines: list[str] = []
-    tailer = LogTailer([], lambda _, read: lines.extend(read))
+    tailer = LogTailer([], lambda _, read, _marks: lines.extend(read))
     tailer.add(str(path), found.skips[0])
     tailer.start()
     tailer.stop()
@@ -160,7 +160,7 @@ def test_a_jsonl_file_from_before_the_run_is_followed_past_its_old_lines(
     replaced = tmp_path / "new.jsonl"
     replaced.write_text(old)
     replaced.replace(path)
-    again = LogTailer([], lambda _, read: lines.extend(read))
+    again = LogTailer([], lambda _, read, _marks: lines.extend(read))
     again.add(str(path), found.skips[0])
     again.start()
     again.stop()

@@ -6,8 +6,13 @@ real file, with a window of an hour, so that only an urgent read can end it in a
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +62,26 @@ def test_may_be_urgent(data: bytes, urgent: bool) -> None:
     assert may_be_urgent(data) is urgent
 
 
+def test_a_non_finite_float_in_a_binary_file_is_urgent(tmp_path: Path) -> None:
+    """A TensorBoard event file holds its scalars as binary floats: no text says NaN. Each
+    non-finite one torch writes is found; finite ones and the records around them are not."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    for index, value in enumerate((float("nan"), float("inf"), float("-inf"), -float("nan"))):
+        folder = tmp_path / str(index)
+        writer = SummaryWriter(str(folder))
+        writer.add_scalar("loss", 1.5, 1)
+        writer.add_scalar("grad_norm", 0.25, 1)
+        writer.flush()
+        (path,) = folder.iterdir()
+        healthy = path.read_bytes()
+        writer.add_scalar("loss", value, 2)
+        writer.close()
+        data = path.read_bytes()
+        assert not may_be_urgent(healthy), value
+        assert may_be_urgent(data[len(healthy) :]), value
+
+
 def test_the_first_read_goes_at_once_and_the_next_waits_for_the_window() -> None:
     gathering = Gathering(batch_s=0.25)
     assert gathering.hand_on_now(urgent=False, now=100.0)
@@ -96,9 +121,10 @@ class HandOns:
         self.calls: list[Any] = []
         self._changed = threading.Condition()
 
-    def __call__(self, *args: object) -> None:
+    def __call__(self, *args: Any) -> None:
+        """The pump's reads (joined), or the tailer's lines."""
         with self._changed:
-            self.calls.append(args[-1])
+            self.calls.append(b"".join(data for data, _ in args[0]) if len(args) == 1 else args[1])
             self._changed.notify_all()
 
     def wait(self, count: int) -> list[Any]:
@@ -175,3 +201,90 @@ def test_the_end_of_a_line_that_went_early_goes_at_once() -> None:
         os.close(write_fd)
         reader.join(DEADLINE_S)
         os.close(read_fd)
+
+
+def written(lines: list[str]) -> list[float]:
+    """The time each line says it was written (``"t"``)."""
+    return [json.loads(line)["t"] for line in lines]
+
+
+WRITER = """
+import json, sys, time
+out = open(sys.argv[1], "a", buffering=1) if sys.argv[1] != "-" else sys.stdout
+for index in range(120):
+    out.write(json.dumps({"i": index, "t": time.time()}) + "\\n")
+    out.flush()
+    time.sleep(0.01)
+"""
+
+
+def bounds_of(lines: list[str], marks: tuple[tuple[int, float], ...]) -> list[float | None]:
+    """Each line's bound by ``marks`` (None before the first)."""
+    bounds: list[float | None] = [None] * len(lines)
+    for index, since in marks:
+        bounds[index:] = [since] * (len(lines) - index)
+    return bounds
+
+
+def test_the_tailer_says_when_each_line_it_gathered_was_written_to_a_look(tmp_path: Path) -> None:
+    """A real writer appends a line every 10 ms, each holding when it was written; the
+    tailer gathers them for a second and hands them on together. Each line's bound (its
+    ``Marks``) is never after it was written, and comes within a look or so of it, where
+    the window's start is up to a second early."""
+    log = tmp_path / "train.log"
+    log.touch()
+    batches: list[tuple[list[str], tuple[tuple[int, float], ...]]] = []
+    tailer = LogTailer([str(log)], lambda _, lines, marks: batches.append((lines, marks)))
+    tailer.start()
+    try:
+        subprocess.run([sys.executable, "-c", WRITER, str(log)], check=True, timeout=60)
+    finally:
+        tailer.stop()
+    lines = [line for batch, _ in batches for line in batch]
+    assert len(lines) == 120
+    assert len(batches) < 10, "gathered"  # 1.2 s of lines: a few windows, not a batch a look
+    early = []
+    for batch, marks in batches:
+        for line_written, bound in zip(written(batch), bounds_of(batch, marks), strict=True):
+            assert bound is not None and bound <= line_written, (bound, line_written)
+            early.append(line_written - bound)
+    # Within a look and the merging of marks (0.1 s) of its write, most lines: a loaded
+    # machine delays looks, never makes a bound later than the write.
+    assert statistics.median(early) < 0.3, early
+
+
+def test_the_pump_says_when_each_read_it_gathered_was_written(tmp_path: Path) -> None:
+    """The same through a pipe: a read's bytes were written after the read before it."""
+    reads: list[list[tuple[bytes, float]]] = []
+    with subprocess.Popen([sys.executable, "-c", WRITER, "-"], stdout=subprocess.PIPE) as job:
+        assert job.stdout is not None
+        pump(job.stdout.fileno(), 1.0, reads.append, 1 << 20)
+    assert len(reads) < 10, "gathered"
+    early = []
+    for held in reads:
+        for data, since in held:
+            for line_written in written(data.decode().splitlines()):
+                if since:  # the first read: its bytes are of any age
+                    assert since <= line_written, (since, line_written)
+                    early.append(line_written - since)
+    assert early and statistics.median(early) < 0.3, early
+
+
+def test_hand_on_soon_ends_the_window_at_the_next_look(tmp_path: Path) -> None:
+    """The job ended: what the tailer holds goes now, not at the end of its window."""
+    log = tmp_path / "train.log"
+    log.touch()
+    hand_ons = HandOns()
+    tailer = LogTailer([str(log)], hand_ons, poll=True, poll_interval_s=0.02, batch_s=HOUR_S)
+    tailer.start()
+    try:
+        with open(log, "ab", buffering=0) as file:
+            file.write(b"first\n")
+            assert hand_ons.wait(1) == [["first"]]
+            file.write(b"last words\n")
+            time.sleep(0.2)
+            assert hand_ons.calls == [["first"]], "held for the window (an hour)"
+            tailer.hand_on_soon()
+            assert hand_ons.wait(2) == [["first"], ["last words"]]
+    finally:
+        tailer.stop()

@@ -46,7 +46,7 @@ class Job:
         self.process = JobProcess(
             [sys.executable, "-c", PRELUDE + textwrap.dedent(code), str(fifo)],
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            on_lines=lambda name, lines, _at: self._add(name, lines),
+            on_lines=lambda name, lines, _at, _marks: self._add(name, lines),
             on_exit=lambda code: self._add("exit", code),
             stdout=self.stdout,
             stderr=self.stderr,

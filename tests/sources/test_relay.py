@@ -44,7 +44,7 @@ class Captured:
         self.job = JobProcess(
             [sys.executable, "-c", textwrap.dedent(code)],
             env=ENV,
-            on_lines=lambda source, lines, at: self.lines[source].extend(lines),
+            on_lines=lambda source, lines, at, marks: self.lines[source].extend(lines),
             on_exit=self._exit,
             stdout=None,
             stderr=None,
@@ -247,7 +247,7 @@ def test_the_job_outlives_its_reader_and_is_adopted_from_the_files(
     ended: list[int | None] = []
     adopted = AdoptedJob(
         record,
-        on_lines=lambda source, new, at: lines.extend(new),
+        on_lines=lambda source, new, at, marks: lines.extend(new),
         on_exit=ended.append,
         stdout=None,
         stderr=None,

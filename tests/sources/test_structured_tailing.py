@@ -23,7 +23,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from sentinel.engine.core import Engine
 from sentinel.follow.logfile import FileFollower
 from sentinel.follow.tailer import LogTailer
-from sentinel.model.records import Alert, Line, Sample
+from sentinel.model.records import Alert, Line, Marks, Sample
 from sentinel.parsing import LineParser
 from sentinel.rules import BaseDetector, RuleConfig
 from sentinel.store.state import StateStore
@@ -291,7 +291,7 @@ def test_tensorboard_files_found_by_a_glob_are_tailed_as_records(tmp_path: Path)
     lines: list[tuple[str, str]] = []
     arrived = threading.Condition()
 
-    def on_lines(path: str, batch: list[str]) -> None:
+    def on_lines(path: str, batch: list[str], _marks: Marks) -> None:
         with arrived:
             lines.extend((path, line) for line in batch)
             arrived.notify_all()

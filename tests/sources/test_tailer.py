@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.follow.tailer import LogTailer
+from sentinel.model.records import Marks
 from sentinel.parsing.lines import MAX_BATCH_S
 from sentinel.store.state import StateStore
 
@@ -26,7 +27,7 @@ class Collector:
         self.cond = threading.Condition()
         self.lines: list[tuple[str, str]] = []
 
-    def __call__(self, path: str, lines: list[str]) -> None:
+    def __call__(self, path: str, lines: list[str], _marks: Marks) -> None:
         with self.cond:
             self.lines += [(path, line) for line in lines]
             self.cond.notify_all()
@@ -193,8 +194,8 @@ def test_tailer_survives_a_failing_on_lines(
     log = tmp_path / "app.log"
     collector = Collector()
 
-    def on_lines(path: str, lines: list[str]) -> None:
-        collector(path, lines)
+    def on_lines(path: str, lines: list[str], _marks: Marks) -> None:
+        collector(path, lines, _marks)
         if "boom" in lines:
             raise RuntimeError("consumer bug")
 
@@ -280,7 +281,7 @@ class Batches:
         self.batches: list[list[str]] = []
         self._changed = threading.Condition()
 
-    def __call__(self, _path: str, lines: list[str]) -> None:
+    def __call__(self, _path: str, lines: list[str], _marks: Marks) -> None:
         with self._changed:
             self.batches.append(lines)
             self._changed.notify_all()
