@@ -203,18 +203,24 @@ def test_the_end_of_a_line_that_went_early_goes_at_once() -> None:
         os.close(read_fd)
 
 
-def written(lines: list[str]) -> list[float]:
-    """The time each line says it was written (``"t"``)."""
-    return [json.loads(line)["t"] for line in lines]
+def written(lines: list[str], times: Path) -> list[float]:
+    """When each line's write had ended (``WRITER``'s ``times``, by the line's index)."""
+    after = [float(text) for text in times.read_text().split()]
+    return [after[json.loads(line)["i"]] for line in lines]
 
 
+#: Writes 120 lines to argv[1] (``-``: stdout), one every 10 ms, and the time each write had
+#: ended to argv[2]: a bound must never be after it (the time taken before a write is no
+#: reference: a look between it and the write may rightly bound the line after it).
 WRITER = """
 import json, sys, time
 out = open(sys.argv[1], "a", buffering=1) if sys.argv[1] != "-" else sys.stdout
-for index in range(120):
-    out.write(json.dumps({"i": index, "t": time.time()}) + "\\n")
-    out.flush()
-    time.sleep(0.01)
+with open(sys.argv[2], "w") as times:
+    for index in range(120):
+        out.write(json.dumps({"i": index}) + "\\n")
+        out.flush()
+        times.write(f"{time.time()!r}\\n")
+        time.sleep(0.01)
 """
 
 
@@ -231,13 +237,13 @@ def test_the_tailer_says_when_each_line_it_gathered_was_written_to_a_look(tmp_pa
     tailer gathers them for a second and hands them on together. Each line's bound (its
     ``Marks``) is never after it was written, and comes within a look or so of it, where
     the window's start is up to a second early."""
-    log = tmp_path / "train.log"
+    log, times = tmp_path / "train.log", tmp_path / "times"
     log.touch()
     batches: list[tuple[list[str], tuple[tuple[int, float], ...]]] = []
     tailer = LogTailer([str(log)], lambda _, lines, marks: batches.append((lines, marks)))
     tailer.start()
     try:
-        subprocess.run([sys.executable, "-c", WRITER, str(log)], check=True, timeout=60)
+        subprocess.run([sys.executable, "-c", WRITER, str(log), str(times)], check=True, timeout=60)
     finally:
         tailer.stop()
     lines = [line for batch, _ in batches for line in batch]
@@ -245,7 +251,7 @@ def test_the_tailer_says_when_each_line_it_gathered_was_written_to_a_look(tmp_pa
     assert len(batches) < 10, "gathered"  # 1.2 s of lines: a few windows, not a batch a look
     early = []
     for batch, marks in batches:
-        for line_written, bound in zip(written(batch), bounds_of(batch, marks), strict=True):
+        for line_written, bound in zip(written(batch, times), bounds_of(batch, marks), strict=True):
             assert bound is not None and bound <= line_written, (bound, line_written)
             early.append(line_written - bound)
     # Within a look and the merging of marks (0.1 s) of its write, most lines: a loaded
@@ -256,14 +262,16 @@ def test_the_tailer_says_when_each_line_it_gathered_was_written_to_a_look(tmp_pa
 def test_the_pump_says_when_each_read_it_gathered_was_written(tmp_path: Path) -> None:
     """The same through a pipe: a read's bytes were written after the read before it."""
     reads: list[list[tuple[bytes, float]]] = []
-    with subprocess.Popen([sys.executable, "-c", WRITER, "-"], stdout=subprocess.PIPE) as job:
+    times = tmp_path / "times"
+    argv = [sys.executable, "-c", WRITER, "-", str(times)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE) as job:
         assert job.stdout is not None
         pump(job.stdout.fileno(), 1.0, reads.append, 1 << 20)
     assert len(reads) < 10, "gathered"
     early = []
     for held in reads:
         for data, since in held:
-            for line_written in written(data.decode().splitlines()):
+            for line_written in written(data.decode().splitlines(), times):
                 if since:  # the first read: its bytes are of any age
                     assert since <= line_written, (since, line_written)
                     early.append(line_written - since)
