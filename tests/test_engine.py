@@ -350,26 +350,27 @@ def test_lines_handed_on_with_marks_are_placed_by_the_look_that_found_them(
     """A reader gathers a window of lines and hands them on at once; each look that found
     some noted when they were written at the earliest (``Marks``). Each step is placed by
     its look's bound, not by the window's start (a second early, for a save made within
-    it to sit after the last healthy value); lines before the first mark by the window."""
+    it to sit after the last healthy value); looks closer than ``PART_S`` to the one before
+    share its bound (one part, one block for the rules); lines before the first mark are
+    placed by the window."""
     from sentinel.config import Settings
-    from sentinel.engine.core import READ_WINDOW_S, Engine, build_detectors
+    from sentinel.engine.core import PART_S, READ_WINDOW_S, Engine, build_detectors
     from sentinel.parsing import LineParser
 
     engine = Engine(build_detectors(Settings()), LineParser())
     engine.feed_texts("train.log", ['{"step": 1, "loss": 1.0}'], 99.0)
-    looks = (99.2, 99.4, 99.6)  # the bound of each look's lines: the look before it
+    looks = (99.2, 99.5, 99.5 + PART_S / 2, 99.9)  # the bound of each look's lines
     lines, marks = [], []
     step = 1
     for since in looks:
-        marks.append((len(lines), since))
+        marks.append((len(lines) + 1, since))
         for _ in range(lines_per_look):
             step += 1
             lines.append(f'{{"step": {step}, "loss": 1.0}}')
-    engine.feed_texts("train.log", ['{"step": 0, "acc": 1}', *lines], 100.0, tuple(
-        (index + 1, since) for index, since in marks
-    ))  # fmt: skip
+    engine.feed_texts("train.log", ['{"step": 0, "acc": 1}', *lines], 100.0, tuple(marks))
     firsts = [2 + look * lines_per_look for look in range(len(looks))]
-    assert [engine.written_after(s) for s in firsts] == pytest.approx(list(looks))
+    placed = [engine.written_after(s) for s in firsts]
+    assert placed == pytest.approx([99.2, 99.5, 99.5, 99.9])
     assert engine.written_after(step) == pytest.approx(looks[-1])
     # A mark never says more than the source's read before it: 99.0, later than 98.5.
     engine.feed_texts("train.log", ['{"step": 900, "loss": 1.0}'], 100.5, ((0, 98.5),))

@@ -46,6 +46,25 @@ RECENT_KEPT_ALERTS = 256
 READ_WINDOW_S = BATCH_S + LOOK_S
 
 
+#: The shortest part of a batch fed with its own bound (``Engine.feed_texts``'s ``marks``):
+#: each part costs the rules a block of their own (150-250 us warm), and a part a look (ten
+#: a second at 100 lines/s) cost a batch of a second more than its gathering saved. A
+#: quarter second, the bound of a line handed on in a window of that: a save made within it
+#: after the last healthy value is set aside (a save lost, never a poisoned one resumed).
+PART_S = 0.25
+
+
+def _parts(marks: Marks, since: float) -> list[tuple[int, float]]:
+    """``marks`` coarsened to parts of at least ``PART_S``, each with the earliest bound of
+    the marks it takes in, and never before ``since`` (what bounds the whole batch)."""
+    parts: list[tuple[int, float]] = []
+    for index, written_after in marks:
+        bound = max(since, written_after)
+        if not parts or bound - parts[-1][1] >= PART_S:
+            parts.append((index, bound))
+    return parts
+
+
 def build_detectors(settings: Settings) -> list[BaseDetector]:
     """One detector per enabled rule, in registry order."""
     detectors = []
@@ -183,11 +202,12 @@ class Engine:
         self._read_at[source] = now
         if not marks:
             return self._feed_read(source, texts, now, since)
-        alerts = self._feed_read(source, texts[: marks[0][0]], now, since) if marks[0][0] else []
-        ends = [index for index, _ in marks[1:]]
-        for (start, written_after), end in zip(marks, [*ends, len(texts)], strict=True):
+        parts = _parts(marks, since)
+        alerts = self._feed_read(source, texts[: parts[0][0]], now, since) if parts[0][0] else []
+        ends = [index for index, _ in parts[1:]]
+        for (start, written_after), end in zip(parts, [*ends, len(texts)], strict=True):
             if end > start:
-                alerts += self._feed_read(source, texts[start:end], now, max(since, written_after))
+                alerts += self._feed_read(source, texts[start:end], now, written_after)
         return alerts
 
     def _feed_read(self, source: str, texts: list[str], now: float, since: float) -> list[Alert]:

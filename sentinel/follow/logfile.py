@@ -33,9 +33,9 @@ FINGERPRINT_BYTES = 4096
 #: A read stops after about this much text, so a huge backlog is handed on in batches.
 BATCH_TEXT_BYTES = 4 * 1024 * 1024
 #: Bytes first seen within this long of a bound noted before them share it (``marks``):
-#: a bound at most this much earlier than it could be, for a tenth of the marks of a look
-#: every 20 ms.
-MARK_GAP_S = 0.1
+#: a bound at most this much earlier than it could be, for a part of the marks of a look
+#: every 20 ms (the engine coarsens them further: ``sentinel.engine.core.PART_S``).
+MARK_GAP_S = 0.05
 
 #: Makes a new splitter for a file's bytes from its start, given the longest line kept:
 #: ``LineSplitter`` for a plain log, a structured format's own for a metrics file.
