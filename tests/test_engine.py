@@ -356,6 +356,7 @@ def test_lines_handed_on_with_marks_are_placed_by_the_look_that_found_them(
     from sentinel.config import Settings
     from sentinel.engine.core import PART_S, READ_WINDOW_S, Engine, build_detectors
     from sentinel.parsing import LineParser
+    from sentinel.parsing.lines import UNKNOWN
 
     engine = Engine(build_detectors(Settings()), LineParser())
     engine.feed_texts("train.log", ['{"step": 1, "loss": 1.0}'], 99.0)
@@ -372,9 +373,13 @@ def test_lines_handed_on_with_marks_are_placed_by_the_look_that_found_them(
     placed = [engine.written_after(s) for s in firsts]
     assert placed == pytest.approx([99.2, 99.5, 99.5, 99.9])
     assert engine.written_after(step) == pytest.approx(looks[-1])
-    # A mark never says more than the source's read before it: 99.0, later than 98.5.
-    engine.feed_texts("train.log", ['{"step": 900, "loss": 1.0}'], 100.5, ((0, 98.5),))
-    assert engine.written_after(900) == pytest.approx(100.0)
+    # The mark says it, not the source's read before (100.0): a reader that gathers hands
+    # on at its window's end, and what it reads after may have been written before it.
+    engine.feed_texts("train.log", ['{"step": 900, "loss": 1.0}'], 100.5, ((0, 99.95),))
+    assert engine.written_after(900) == pytest.approx(99.95)
+    # Lines of unknown age (a file's bytes from before its first read) by the read before.
+    engine.feed_texts("train.log", ['{"step": 902, "loss": 1.0}'], 100.7, ((0, UNKNOWN),))
+    assert engine.written_after(902) == pytest.approx(100.5)
     # Without marks, the window's start, or the read before where later.
-    engine.feed_texts("train.log", ['{"step": 901, "loss": 1.0}'], 200.0)
-    assert engine.written_after(901) == pytest.approx(200.0 - READ_WINDOW_S)
+    engine.feed_texts("train.log", ['{"step": 903, "loss": 1.0}'], 200.0)
+    assert engine.written_after(903) == pytest.approx(200.0 - READ_WINDOW_S)

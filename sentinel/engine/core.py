@@ -27,7 +27,7 @@ from sentinel.model.machine import GPU_JOB
 from sentinel.model.records import Alert, Block, Line, Marks, Sample
 from sentinel.parsing import LineParser
 from sentinel.parsing.files import FileReader, reader_for
-from sentinel.parsing.lines import BATCH_S
+from sentinel.parsing.lines import BATCH_S, UNKNOWN
 from sentinel.rules import DETECTORS, BaseDetector
 
 if TYPE_CHECKING:
@@ -54,14 +54,17 @@ READ_WINDOW_S = BATCH_S + LOOK_S
 PART_S = 0.25
 
 
-def _parts(marks: Marks, since: float) -> list[tuple[int, float]]:
+def _parts(marks: Marks, unknown: float) -> list[tuple[int, float]]:
     """``marks`` coarsened to parts of at least ``PART_S``, each with the earliest bound of
-    the marks it takes in, and never before ``since`` (what bounds the whole batch)."""
+    the marks it takes in; a mark of lines of unknown age (``UNKNOWN``) bounds them by
+    ``unknown``."""
     parts: list[tuple[int, float]] = []
     for index, written_after in marks:
-        bound = max(since, written_after)
+        bound = written_after if written_after != UNKNOWN else unknown
         if not parts or bound - parts[-1][1] >= PART_S:
             parts.append((index, bound))
+        elif bound < parts[-1][1]:
+            parts[-1] = (parts[-1][0], bound)
     return parts
 
 
@@ -202,6 +205,8 @@ class Engine:
         self._read_at[source] = now
         if not marks:
             return self._feed_read(source, texts, now, since)
+        # The marks say it, not the read before: a reader that gathers hands on at its
+        # window's end, and what it read after that may have been written before it.
         parts = _parts(marks, since)
         alerts = self._feed_read(source, texts[: parts[0][0]], now, since) if parts[0][0] else []
         ends = [index for index, _ in parts[1:]]

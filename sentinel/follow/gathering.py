@@ -129,7 +129,8 @@ def pump(
     """Read the pipe ``fd`` to its end, handing on what was read as ``Gathering`` says.
 
     ``hand_on`` gets the reads held, each with a time its bytes were not written before
-    (``time.time()`` at the read before it: what that read left was written after it);
+    (``time.time()`` at the read before it, less a look: what that read left was written
+    after it);
     ``on_read`` each read as it comes (a passthrough that must not wait a window). A read
     takes up to ``LOOK_BYTES`` (a small read costs no fresh mapping of memory, a mebibyte
     one does, on every read); one that fills it is a flood: what else the pipe holds (up
@@ -163,7 +164,10 @@ def pump(
             on_read(chunk)
         held.append((chunk, since))
         if not flood:
-            since = read_at  # this read left nothing: what comes next was written after it
+            # This read left nothing: what comes next was written after it, less a look for
+            # what a writer between the job and this pipe (``run``'s relay) read before it
+            # sent this and sends next.
+            since = read_at - LOOK_S
         now = time.monotonic()
         ends_line = partial and ends_a_line(chunk)
         if flood or ends_line or gathering.hand_on_now(may_be_urgent(chunk), now):
