@@ -176,11 +176,12 @@ class TailConfig(SettingsTable):
     poll: bool = False
     poll_interval_s: float = Field(default=1.0, gt=0)
     max_line_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
-    #: After reading lines (of a log, or of the job's output), let more gather this long
-    #: before reading again: a chatty job then costs a wake-up per window, not per line.
-    #: The first line after a quiet spell (no output for this long) is read at once; a
-    #: line inside a busy stream (a NaN among a hundred lines a second) waits up to this
-    #: long. 0: read at every write.
+    #: How long busy output (a log's, or the job's) gathers before the rules get it: a
+    #: chatty job then costs the rules a turn a window, not a turn a read. The first line
+    #: after a quiet spell goes at once, and so does a NaN, an error or a traceback (at the
+    #: look that finds it: ``look_s``); other lines of a busy stream reach the rules up to
+    #: this late, each still placed by when it was written (to a quarter second). ``run``
+    #: shows the job's output every quarter second at most, whatever this is. 0: every read.
     batch_s: float = Field(default=BATCH_S, ge=0, le=MAX_BATCH_S)
     #: While output flows, how often the new bytes are looked at for a NaN or an error,
     #: which is handed on at once, not at the window's end: the latency of a NaN inside a
