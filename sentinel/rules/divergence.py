@@ -33,7 +33,9 @@ value to the next (the trend left out), the envelope is not used, and a value th
 continues a climb (the last ``early_level`` values each above the one before: a
 rhythm's rising half) opens no shift: a few values show no rhythm, only steps; unless it
 rises past the highest value before the climb by ``rise`` (with ``early_history`` values
-or more before it), where no rhythm is coming back. With so
+or more before it), where no rhythm is coming back, or the values before it were a run
+learning (``DESCENT`` or more, falling ever slower: a rhythm's falling half does not slow
+so), when it is judged from its trough. With so
 little known such a shift is ``early_severity`` (a warning) unless the logged learning
 rate jumped within its evidence to above anything it had been (no schedule's restart or
 cycle does), or its values stay ``ORDERS_OF_MAGNITUDE`` (100) times its level or more (no
@@ -265,7 +267,11 @@ def opens_shift(
         # where the climb began too (its own values are no level: it rose through them).
         values = list(history.values)
         start = _climb_start(values)
-        if start < settings.early_history or value <= rise_bar(max(values[:start]), settings.rise):
+        if start < settings.early_history:
+            return None
+        if not _learning(values[: start + 1]) and value <= rise_bar(
+            max(values[:start]), settings.rise
+        ):
             return None
         trough = values[: start + 1]
         if min(trough) > 0:
@@ -312,6 +318,19 @@ def scant_shift(
     if level <= 0 or value <= SCANT_RISE * level:
         return None
     return Bars(level, 0.0, rise_bar(level, settings.rise), settings.recover * level)
+
+
+def _learning(values: Sequence[float]) -> bool:
+    """Whether ``values`` are a run learning: ``DESCENT`` or more, each under the one before
+    by no more than the one before it fell (falling ever slower, as a loss early in a run
+    does). A rhythm's falling half does not slow so (its steps are alike, or grow): a
+    climb after it is its rising half, coming back."""
+    steps = [b - a for a, b in pairwise(values)]
+    return (
+        len(values) >= DESCENT
+        and all(step < 0 for step in steps)
+        and all(b >= a for a, b in pairwise(steps))
+    )
 
 
 def _climb_start(values: Sequence[float]) -> int:

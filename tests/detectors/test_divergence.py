@@ -279,6 +279,26 @@ def test_a_long_early_climb_past_anything_before_it_is_judged_from_its_trough() 
     assert feed([*before, 0.58, 0.57, 0.575, 0.56, 0.55]) == []
 
 
+def test_a_climb_after_a_run_learning_is_judged_from_its_trough() -> None:
+    """A real CIFAR CNN's first five epochs, falling ever slower (1.63 -> 1.0), and its
+    learning rate x30 from the sixth on, not logged (cadence benchmark): the loss climbs 6%
+    an epoch and stays under its first value. A rhythm's rising half would too, but a
+    rhythm's falling half does not slow as a run learning does: after a learning curve, a
+    climb past the trough by the rise is judged from the trough. After a fall whose steps
+    do not shrink (a rhythm), the same climb says nothing."""
+    learning = [1.63, 1.24, 1.12, 1.05, 0.999]
+    climb = [1.07, 1.14, 1.21, 1.28, 1.35, 1.41, 1.46, 1.52]
+    alerts = feed(learning + climb)
+    assert [(a.severity, a.details["early"], a.details["level"]) for a in alerts] == [
+        (Severity.WARNING, True, 0.999)
+    ]
+    assert max(climb) < learning[0]  # within what the run showed: no rule judged it before
+    rhythm = [1.63, 1.45, 1.24, 1.12, 0.999]  # falling faster, then slower: no learning curve
+    assert feed(rhythm + climb) == []
+    # The run learning on, ever slower: nothing.
+    assert feed([*learning, 0.97, 0.95, 0.94, 0.935, 0.93]) == []
+
+
 def test_a_new_normal_that_neither_recovers_nor_confirms_is_learned() -> None:
     # Up past the bar once, then hovering between the recovery bar and the shift bar.
     values = [*noisy(2.0, 40), 3.0, *([2.4] * 60), *noisy(3.5, 12, seed=4)]
