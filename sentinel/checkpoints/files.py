@@ -109,22 +109,18 @@ _NUMBERS_LINE = re.compile(rf"\s*(?:#.*|{_NUMBER}(?:[\s,;]+{_NUMBER})*[\s,;]*)?"
 
 
 def text_problem(path: Path) -> str:
-    """What is wrong with a checkpoint file of no format sentinel knows that is text (UTF-8,
-    no NUL in its first 4 KiB): "" for no text, or a text state (JSON, a protocol-0
+    """What is wrong with a checkpoint file of no format sentinel knows that is text (its
+    first 4 KiB UTF-8 with no NUL, UTF-16 with its mark, or Latin-1: ``_as_text``): "" for no
+    text, or a text state (JSON, a protocol-0
     pickle, a table of numbers as ``numpy.savetxt`` writes); else "a text file, not
     weights" (a note named ``checkpoint-800``, a link to ``/etc/passwd``). Binary formats
     (torch's zip and pickle, safetensors, HDF5, msgpack) hold NULs or bytes UTF-8 never
     has; a pickle is walked, never loaded."""
     with path.open("rb") as handle:
         head = handle.read(TEXT_SNIFF_BYTES)
-    if not head or b"\x00" in head:
+    text = _as_text(head)
+    if text is None:
         return ""
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError as error:
-        if not (error.start >= len(head) - 3 and len(head) == TEXT_SNIFF_BYTES):
-            return ""  # bytes UTF-8 never has: binary, or text of another encoding
-        text = head[: error.start].decode("utf-8")
     if text.lstrip()[:1] in ("{", "["):
         return ""  # a JSON state
     if _a_text_pickle(path):
@@ -135,6 +131,38 @@ def text_problem(path: Path) -> str:
     if lines and all(_NUMBERS_LINE.fullmatch(line) for line in lines):
         return ""  # a table of numbers
     return "a text file, not weights"
+
+
+#: Bytes text holds: printable ASCII, tab and line ends, and (in Latin-1) 0xa0-0xff. Binary
+#: formats hold NULs or other control bytes (msgpack's, a zip's, gzip's, a pickle's).
+_TEXT_BYTES = frozenset(b"\t\n\r") | frozenset(range(0x20, 0x7F)) | frozenset(range(0xA0, 0x100))
+#: UTF-16's byte-order marks, little- and big-endian.
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _as_text(head: bytes) -> str | None:
+    """``head`` (a file's first bytes) as text: UTF-8; UTF-16 with its byte-order mark (a
+    note Windows' Notepad saved); Latin-1 where every byte is one text holds; None for no
+    text (empty, or binary)."""
+    if not head:
+        return None
+    if head.startswith(_UTF16_BOMS):
+        even = head[: len(head) // 2 * 2]
+        try:
+            text = even.decode("utf-16")
+        except UnicodeDecodeError:
+            return None
+        return text if text and all(c.isprintable() or c in "\t\n\r" for c in text) else None
+    if b"\x00" in head:
+        return None
+    try:
+        return head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.start >= len(head) - 3 and len(head) == TEXT_SNIFF_BYTES:
+            return head[: error.start].decode("utf-8")  # a character cut by the sniff
+    if _TEXT_BYTES.issuperset(head):
+        return head.decode("latin-1")
+    return None  # bytes no text holds: binary
 
 
 def _a_text_pickle(path: Path) -> bool:

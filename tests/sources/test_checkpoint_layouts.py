@@ -291,7 +291,8 @@ def test_a_step_named_file_of_text_is_no_weights_and_binary_stays_clean(tmp_path
     """A ``checkpoint-800`` that is a note, or a symlink to ``/etc/passwd``, was listed clean
     and named the one a rollback resumes; a binary file of no format sentinel knows (Flax's
     msgpack ``checkpoint_900``, a torch file saved without a suffix) is still clean, and so
-    is a state kept as text: JSON, a protocol-0 pickle, a table of numbers (oos47)."""
+    is a state kept as text: JSON, a protocol-0 pickle, a table of numbers (oos47). A note
+    in Latin-1 or UTF-16 is a note too."""
     saves, elsewhere = tmp_path / "saves", tmp_path / "etc"
     saves.mkdir()
     elsewhere.mkdir()
@@ -299,6 +300,8 @@ def test_a_step_named_file_of_text_is_no_weights_and_binary_stays_clean(tmp_path
     os.symlink(elsewhere / "passwd", saves / "checkpoint-850")
     (saves / "checkpoint-800").write_text("the good run, see notes\n")
     (saves / "checkpoint-810").write_text("step: 810\nlr: 0.001\n")
+    (saves / "checkpoint-820").write_bytes("Résumé: la bonne exécution\n".encode("latin-1"))
+    (saves / "checkpoint-830").write_text("Notes du modèle\r\n", encoding="utf-16")
     (saves / "checkpoint_900").write_bytes(b"\x82\xa6params\x81\xa1w\xc4\x04\x00\x00\x80?")
     shutil.copy(TORCH_FILE, saves / "checkpoint-950")
     (saves / "checkpoint-400").write_text(json.dumps({"step": 400, "w": [0.5, -1.25]}))
@@ -308,5 +311,8 @@ def test_a_step_named_file_of_text_is_no_weights_and_binary_stays_clean(tmp_path
     assert found["checkpoint-800"] == (CORRUPT, "checkpoint-800: a text file, not weights")
     assert found["checkpoint-810"] == (CORRUPT, "checkpoint-810: a text file, not weights")
     assert found["checkpoint-850"] == (CORRUPT, "checkpoint-850: a text file, not weights")
+    # Notes of other encodings: Latin-1, and UTF-16 as Windows' Notepad saves it.
+    assert found["checkpoint-820"] == (CORRUPT, "checkpoint-820: a text file, not weights")
+    assert found["checkpoint-830"] == (CORRUPT, "checkpoint-830: a text file, not weights")
     for name in ("checkpoint_900", "checkpoint-950", "checkpoint-400", "step_126", "step_220"):
         assert found[name][0] is CLEAN, (name, found[name])
