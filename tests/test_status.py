@@ -488,12 +488,18 @@ def test_a_state_edited_by_hand_is_read_as_far_as_it_goes(
 
 def test_an_unreadable_verdict_is_not_said_to_be_none(tmp_path: Path) -> None:
     """``status`` named verdict.json unreadable, then said "verdict: none", where ``sentinel
-    verdict`` exits 94: a verdict may be there (oos47b)."""
+    verdict`` exits 94: a verdict may be there (oos47b); ``--json`` gave a null verdict and
+    said why only in its list of what was unreadable."""
     StateStore(tmp_path).close()
     (tmp_path / "verdict.json").write_text('{"state": "final", "code": 9')
-    lines = gather(tmp_path).lines()
-    [said] = [line for line in lines if line.startswith("verdict:")]
+    status = gather(tmp_path)
+    [said] = [line for line in status.lines() if line.startswith("verdict:")]
     assert said == "verdict:    unreadable (verdict.json above): a verdict may be there"
+    # And --json says why beside its null verdict, which alone read as "there is none".
+    as_json = status.to_json()
+    assert (as_json["verdict"], as_json["verdict_unreadable"]) == (None, "not a verdict record")
+    (tmp_path / "verdict.json").unlink()
+    assert gather(tmp_path).to_json()["verdict_unreadable"] is None
 
 
 def test_a_report_file_that_is_a_symlink_loop_is_named_not_its_folder(tmp_path: Path) -> None:

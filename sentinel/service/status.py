@@ -146,6 +146,8 @@ class Status:
             },
             "last_incident": None if self.last_incident is None else asdict(self.last_incident),
             "verdict": None if self.verdict is None else self.verdict.to_json(),
+            # Beside a null verdict: why it could not be read (a verdict may be there).
+            "verdict_unreadable": self._verdict_unreadable(),
             "verdict_taken": None if self.verdict_taken is None else self.verdict_taken.to_json(),
             "unreadable": self.unreadable,
             "sentinel_running": self.sentinel_running,
@@ -215,10 +217,16 @@ class Status:
             out.append(f"report:     {printable(incident.report)}")
         return out
 
+    def _verdict_unreadable(self) -> str | None:
+        """Why ``verdict.json`` could not be read, None where it could or is not there."""
+        prefix = f"{verdicts.VERDICT_NAME}: "
+        found = [why for why in self.unreadable if why.startswith(prefix)]
+        return found[0].removeprefix(prefix) if found else None
+
     def _verdict_text(self) -> str:
         if self.verdict is not None:
             return _verdict_words(self.verdict)
-        if any(why.startswith(f"{verdicts.VERDICT_NAME}:") for why in self.unreadable):
+        if self._verdict_unreadable() is not None:
             # Not "none": `sentinel verdict` says 94, a verdict may be there (it may be 90).
             return f"unreadable ({verdicts.VERDICT_NAME} above): a verdict may be there"
         if self.verdict_taken is not None:
