@@ -123,7 +123,7 @@ def text_problem(path: Path) -> str:
         return ""
     if text.lstrip()[:1] in ("{", "["):
         return ""  # a JSON state
-    if _a_text_pickle(path):
+    if _a_text_pickle(path, head):
         return ""
     lines = text.splitlines()
     if len(head) == TEXT_SNIFF_BYTES and lines:
@@ -165,12 +165,17 @@ def _as_text(head: bytes) -> str | None:
     return None  # bytes no text holds: binary
 
 
-def _a_text_pickle(path: Path) -> bool:
-    """Whether the file is a whole protocol-0 pickle: its opcodes walk to STOP."""
-    if path.stat().st_size > PICKLE_WALK_BYTES:
+def _a_text_pickle(path: Path, head: bytes) -> bool:
+    """Whether the file is a whole protocol-0 pickle: its opcodes walk to STOP. ``head``: its
+    first bytes, read already (the whole of a file no longer: read once)."""
+    size = path.stat().st_size
+    if size > PICKLE_WALK_BYTES:
         return False
-    with path.open("rb") as handle:
-        data = handle.read(PICKLE_WALK_BYTES)
+    if size <= len(head):
+        data = head
+    else:
+        with path.open("rb") as handle:
+            data = handle.read(PICKLE_WALK_BYTES)
     try:
         return any(opcode.name == "STOP" for opcode, _arg, _pos in pickletools.genops(data))
     except Exception:  # any malformed opcode: not a pickle
