@@ -354,9 +354,9 @@ def test_lines_handed_on_with_marks_are_placed_by_the_look_that_found_them(
     share its bound (one part, one block for the rules); lines before the first mark are
     placed by the window."""
     from sentinel.config import Settings
-    from sentinel.engine.core import PART_S, READ_WINDOW_S, Engine, build_detectors
+    from sentinel.engine.core import READ_WINDOW_S, Engine, build_detectors
     from sentinel.parsing import LineParser
-    from sentinel.parsing.lines import UNKNOWN
+    from sentinel.parsing.lines import PART_S, UNKNOWN
 
     engine = Engine(build_detectors(Settings()), LineParser())
     engine.feed_texts("train.log", ['{"step": 1, "loss": 1.0}'], 99.0)

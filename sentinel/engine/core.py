@@ -27,7 +27,7 @@ from sentinel.model.machine import GPU_JOB
 from sentinel.model.records import Alert, Block, Line, Marks, Sample
 from sentinel.parsing import LineParser
 from sentinel.parsing.files import FileReader, reader_for
-from sentinel.parsing.lines import BATCH_S, UNKNOWN
+from sentinel.parsing.lines import BATCH_S, PART_S, UNKNOWN
 from sentinel.rules import DETECTORS, BaseDetector
 
 if TYPE_CHECKING:
@@ -44,14 +44,6 @@ RECENT_KEPT_ALERTS = 256
 #: (``tail.batch_s``) and one look (``tail.look_s``). The bound of lines handed on without
 #: ``Marks``.
 READ_WINDOW_S = BATCH_S + LOOK_S
-
-
-#: The shortest part of a batch fed with its own bound (``Engine.feed_texts``'s ``marks``):
-#: each part costs the rules a block of their own (150-250 us warm), and a part a look (ten
-#: a second at 100 lines/s) cost a batch of a second more than its gathering saved. A
-#: quarter second, the bound of a line handed on in a window of that: a save made within it
-#: after the last healthy value is set aside (a save lost, never a poisoned one resumed).
-PART_S = 0.25
 
 
 def _parts(marks: Marks, unknown: float) -> list[tuple[int, float]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from sentinel.follow.buffering import BlockWrites
-from sentinel.parsing.lines import UNKNOWN, Bounds, LineSplitter, Splitter
+from sentinel.parsing.lines import PART_S, UNKNOWN, Bounds, LineSplitter, Splitter
 from sentinel.store.state import FileOffset
 
 logger = logging.getLogger(__name__)
@@ -32,10 +32,6 @@ CHUNK_BYTES = 64 * 1024
 FINGERPRINT_BYTES = 4096
 #: A read stops after about this much text, so a huge backlog is handed on in batches.
 BATCH_TEXT_BYTES = 4 * 1024 * 1024
-#: Bytes first seen within this long of a bound noted before them share it (``marks``):
-#: a bound at most this much earlier than it could be, for a part of the marks of a look
-#: every 20 ms (the engine coarsens them further: ``sentinel.engine.core.PART_S``).
-MARK_GAP_S = 0.05
 
 #: Makes a new splitter for a file's bytes from its start, given the longest line kept:
 #: ``LineSplitter`` for a plain log, a structured format's own for a metrics file.
@@ -201,11 +197,12 @@ class FileFollower:
         return data
 
     def _mark(self, offset: int) -> None:
-        """The bytes from ``offset`` on were not there when the file's end was last seen."""
+        """The bytes from ``offset`` on were not there when the file's end was last seen;
+        within ``PART_S`` of the last mark, they share its (earlier) bound."""
         since, marks = self._seen_at, self._byte_marks
         if marks and marks[-1][0] == offset:
             marks[-1] = (offset, since)  # the end was seen there again since: a later bound
-        elif since - self._marked_at >= MARK_GAP_S or since == UNKNOWN:
+        elif since - self._marked_at >= PART_S or since == UNKNOWN:
             marks.append((offset, since))
         else:
             return

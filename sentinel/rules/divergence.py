@@ -240,7 +240,7 @@ def early_bars(history: Sequence[float], recent: list[float], settings: Divergen
     shrinking steps ``wobble`` takes for noise), no envelope."""
     level = min(recent[-settings.early_level :])
     noise = max(wobble(history), settings.noise_floor * abs(level))
-    if len(history) >= 5 and all(b < a for a, b in pairwise(history)):
+    if falling(history, 5):
         noise = max(min(noise, bend(history)), settings.noise_floor * abs(level))
     shift = max(settings.rise * level, level + settings.noise_sigmas * noise)
     back = max(settings.recover * level, level + noise)
@@ -320,17 +320,18 @@ def scant_shift(
     return Bars(level, 0.0, rise_bar(level, settings.rise), settings.recover * level)
 
 
+def falling(values: Sequence[float], least: int = DESCENT) -> bool:
+    """Whether ``values`` are ``least`` or more, each under the one before."""
+    return len(values) >= least and all(b < a for a, b in pairwise(values))
+
+
 def _learning(values: Sequence[float]) -> bool:
-    """Whether ``values`` are a run learning: ``DESCENT`` or more, each under the one before
-    by no more than the one before it fell (falling ever slower, as a loss early in a run
-    does). A rhythm's falling half does not slow so (its steps are alike, or grow): a
-    climb after it is its rising half, coming back."""
+    """Whether ``values`` are a run learning: ``falling``, each by no more than the one
+    before it fell (ever slower, as a loss early in a run does). A rhythm's falling half
+    does not slow so (its steps are alike, or grow): a climb after it is its rising half,
+    coming back."""
     steps = [b - a for a, b in pairwise(values)]
-    return (
-        len(values) >= DESCENT
-        and all(step < 0 for step in steps)
-        and all(b >= a for a, b in pairwise(steps))
-    )
+    return falling(values) and all(b >= a for a, b in pairwise(steps))
 
 
 def _climb_start(values: Sequence[float]) -> int:
@@ -425,8 +426,7 @@ class Shift:
         ``DESCENT`` values before the onset, each under the one before): its values keep
         falling as the run does, so that it stays shows by their never coming back to the
         level, not by their staying above the shift bar."""
-        values = [value for _, value in self.before]
-        return self.early and len(values) >= DESCENT and all(b < a for a, b in pairwise(values))
+        return self.early and falling([value for _, value in self.before])
 
 
 class ShiftSeries:

@@ -154,11 +154,10 @@ def test_the_pump_hands_on_a_nan_at_once_with_what_it_held(tmp_path: Path) -> No
     assert hand_ons.calls == [b"first\n", b'held\n{"loss": NaN}\n', b"after\n"]
 
 
-@pytest.mark.parametrize("mode", ["inotify", "polling"])
-def test_the_tailer_hands_on_a_nan_at_once_with_what_it_held(tmp_path: Path, mode: str) -> None:
-    log = tmp_path / "train.log"
+def hour_tailer(log: Path, hand_ons: HandOns, mode: str = "polling") -> LogTailer:
+    """A started tailer of ``log`` (made empty) with a window of an hour: only an urgent look
+    (or a call) ends it in a test."""
     log.touch()
-    hand_ons = HandOns()
     tailer = LogTailer(
         [str(log)],
         hand_ons,
@@ -167,6 +166,14 @@ def test_the_tailer_hands_on_a_nan_at_once_with_what_it_held(tmp_path: Path, mod
         batch_s=HOUR_S,
     )
     tailer.start()
+    return tailer
+
+
+@pytest.mark.parametrize("mode", ["inotify", "polling"])
+def test_the_tailer_hands_on_a_nan_at_once_with_what_it_held(tmp_path: Path, mode: str) -> None:
+    log = tmp_path / "train.log"
+    hand_ons = HandOns()
+    tailer = hour_tailer(log, hand_ons, mode)
     try:
         with open(log, "ab", buffering=0) as file:
             file.write(b"first\n")
@@ -281,10 +288,8 @@ def test_the_pump_says_when_each_read_it_gathered_was_written(tmp_path: Path) ->
 def test_hand_on_soon_ends_the_window_at_the_next_look(tmp_path: Path) -> None:
     """The job ended: what the tailer holds goes now, not at the end of its window."""
     log = tmp_path / "train.log"
-    log.touch()
     hand_ons = HandOns()
-    tailer = LogTailer([str(log)], hand_ons, poll=True, poll_interval_s=0.02, batch_s=HOUR_S)
-    tailer.start()
+    tailer = hour_tailer(log, hand_ons)
     try:
         with open(log, "ab", buffering=0) as file:
             file.write(b"first\n")
