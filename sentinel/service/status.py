@@ -101,6 +101,8 @@ class Status:
     verdict: Verdict | None = None
     #: The last verdict an attempt took when it started (``verdict.consumed.json``).
     verdict_taken: Verdict | None = None
+    #: Why ``verdict.json`` could not be read; None where it could or is not there.
+    verdict_unreadable: str | None = None
     #: What could not be read, each "what: why".
     unreadable: list[str] = field(default_factory=list)
     #: Whether a sentinel holds the state dir now: if not, ``job.state`` is its last record
@@ -147,7 +149,7 @@ class Status:
             "last_incident": None if self.last_incident is None else asdict(self.last_incident),
             "verdict": None if self.verdict is None else self.verdict.to_json(),
             # Beside a null verdict: why it could not be read (a verdict may be there).
-            "verdict_unreadable": self._verdict_unreadable(),
+            "verdict_unreadable": self.verdict_unreadable,
             "verdict_taken": None if self.verdict_taken is None else self.verdict_taken.to_json(),
             "unreadable": self.unreadable,
             "sentinel_running": self.sentinel_running,
@@ -217,16 +219,10 @@ class Status:
             out.append(f"report:     {printable(incident.report)}")
         return out
 
-    def _verdict_unreadable(self) -> str | None:
-        """Why ``verdict.json`` could not be read, None where it could or is not there."""
-        prefix = f"{verdicts.VERDICT_NAME}: "
-        found = [why for why in self.unreadable if why.startswith(prefix)]
-        return found[0].removeprefix(prefix) if found else None
-
     def _verdict_text(self) -> str:
         if self.verdict is not None:
             return _verdict_words(self.verdict)
-        if self._verdict_unreadable() is not None:
+        if self.verdict_unreadable is not None:
             # Not "none": `sentinel verdict` says 94, a verdict may be there (it may be 90).
             return f"unreadable ({verdicts.VERDICT_NAME} above): a verdict may be there"
         if self.verdict_taken is not None:
@@ -293,8 +289,14 @@ def gather(
     unreadable: list[str] = []
     database = _read_database(state_dir, unreadable)
     kv = database.kv if database is not None else {}
-    verdict = _read_verdict(state_dir, verdicts.VERDICT_NAME, unreadable)
-    taken = _read_verdict(state_dir, verdicts.CONSUMED_NAME, unreadable)
+    verdict, verdict_unreadable = _read_verdict(state_dir, verdicts.VERDICT_NAME)
+    taken, taken_unreadable = _read_verdict(state_dir, verdicts.CONSUMED_NAME)
+    for name, why in (
+        (verdicts.VERDICT_NAME, verdict_unreadable),
+        (verdicts.CONSUMED_NAME, taken_unreadable),
+    ):
+        if why is not None:
+            unreadable.append(f"{name}: {why}")
     incident = _last_incident(state_dir, kv, unreadable)
     if database is None and not unreadable and (verdict, taken, incident) == (None, None, None):
         raise NoState(f"no sentinel state in {state_dir} (no {STATE_DB})")
@@ -318,6 +320,7 @@ def gather(
         last_incident=incident,
         verdict=verdict,
         verdict_taken=taken,
+        verdict_unreadable=verdict_unreadable,
         unreadable=unreadable,
         sentinel_running=_held(state_dir),
     )
@@ -379,24 +382,24 @@ def _read_database(state_dir: Path, unreadable: list[str]) -> _Database | None:
     return _Database(kv, pending, results)
 
 
-def _read_verdict(state_dir: Path, name: str, unreadable: list[str]) -> Verdict | None:
+def _read_verdict(state_dir: Path, name: str) -> tuple[Verdict | None, str | None]:
+    """The verdict record ``name`` holds, or None and why it could not be read (None: it is
+    not there)."""
     try:
-        return verdicts.read_strict(state_dir, name)
+        return verdicts.read_strict(state_dir, name), None
     except VerdictUnreadable:
         pass
     except (NotADirectoryError, OSError):  # the state dir itself is not a folder
-        return None
+        return None, None
     try:
         (state_dir / name).read_text(encoding="utf-8")
     except IsADirectoryError:
-        unreadable.append(f"{name}: a directory, not a file")
+        return None, "a directory, not a file"
     except OSError as error:
-        unreadable.append(f"{name}: {_why(error)}")
+        return None, _why(error)
     except ValueError:
-        unreadable.append(f"{name}: not UTF-8 text")
-    else:
-        unreadable.append(f"{name}: not a verdict record")
-    return None
+        return None, "not UTF-8 text"
+    return None, "not a verdict record"
 
 
 def _last_incident(
