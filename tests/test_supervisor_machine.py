@@ -622,9 +622,12 @@ def test_an_attempt_relaunched_before_the_rollback_is_rolled_back_again_not_give
     assert first.resume is not None and first.resume.checkpoint.endswith("global_step20")
     rolled_at = restarts.rolled_back_at
     assert rolled_at is not None
-    assert restarts.before_the_rollback(rolled_at - 30.0)
-    assert not restarts.before_the_rollback(rolled_at - 0.01), "the clock's tick is no lead"
-    restarts.relaunched_early = True
+    restarts.attempt_began(rolled_at - 0.01, found_anew=True)
+    assert not restarts.relaunched_early, "the clock's tick is no lead"
+    restarts.attempt_began(rolled_at - 30.0, found_anew=False)
+    assert not restarts.relaunched_early, "run launched it: it resumed what the rollback chose"
+    restarts.attempt_began(rolled_at - 30.0, found_anew=True)
+    assert restarts.relaunched_early
     assert restarts.resumed(2) is None, "the rules are not told of a resume that did not happen"
     again = restarts.decide(incident_at(30))
     assert again.give_up is None and again.resume is not None, again

@@ -85,12 +85,8 @@ class JobAttempts:
         self._last_started_at = None  # the first job found: no later one is the last's
         self._status.attempt_started(job.started_at)
         self.job = job
-        restarts = self._restarts
-        restarts.relaunched_early = (
-            not self.holder.relaunches
-            and not same
-            and restarts.count > 0
-            and restarts.before_the_rollback(job.started_at)
+        self._restarts.attempt_began(
+            job.started_at, found_anew=not self.holder.relaunches and not same
         )
         if not self.holder.relaunches and not same:
             self.watch.safely(

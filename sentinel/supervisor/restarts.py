@@ -252,11 +252,15 @@ class Restarts:
             if rolled_at is not None:
                 self.rolled_back_at = float(rolled_at)
 
-    def before_the_rollback(self, started_at: float) -> bool:
-        """Whether a job found (``watch``) began before the latest rollback was decided, by
-        more than the clock's ticks: a relaunch that resumed from what the dir held then."""
+    def attempt_began(self, started_at: float, *, found_anew: bool) -> None:
+        """An attempt began at ``started_at``. ``found_anew``: ``watch`` found it, and had
+        not watched it before; if it began before the latest rollback was decided, by more
+        than the clock's ticks, it was relaunched early and resumed from what the checkpoint
+        dir held then (``relaunched_early``)."""
         at = self.rolled_back_at
-        return at is not None and started_at < at - EARLY_MARGIN_S
+        self.relaunched_early = (
+            found_anew and self.count > 0 and at is not None and started_at < at - EARLY_MARGIN_S
+        )
 
     def resumed(self, attempt: int) -> Resumed | None:
         """What ``attempt`` resumed from after a rollback, for the rules (None: it did not)."""
