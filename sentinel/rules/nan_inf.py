@@ -188,8 +188,10 @@ class NanInfDetector(BaseDetector):
         # After calibration (a finite grad-norm seen): whether each logged one was skipped.
         self._calibrated = False
         self._skips: deque[bool] = deque(maxlen=self.settings.skip_window)
-        # A training loss at exactly 0: the step of the first of the zeros in a row, and
-        # whether this run's loss may be 0 (its first 0 came from near 0, or came back).
+        # A training loss at exactly 0: whether it is in a row of zeros, the step of the
+        # first (None: a line with no step), and whether this run's loss may be 0 (its first
+        # 0 came from near 0, or came back).
+        self._in_zeros = False
         self._zero_start: int | None = None
         self._zeros_normal = False
 
@@ -280,8 +282,8 @@ class NanInfDetector(BaseDetector):
         name, value = sample[0], sample[1]
         self._seen_finite.add(name)
         if name == "loss":
-            if value != 0.0 and self._zero_start is not None:
-                self._zero_start = None  # back above 0: this run's loss may be 0
+            if value != 0.0 and self._in_zeros:
+                self._in_zeros, self._zero_start = False, None  # back above 0: it may be 0
                 self._zeros_normal = True
             self._losses.append(value)
             self._last_loss = (sample[2], value)
@@ -311,24 +313,25 @@ class NanInfDetector(BaseDetector):
         step = sample[2]
         if self._offending:
             return []
-        if self._zero_start is not None:
+        if self._in_zeros:
             onset = self._zero_start
+            since = "twice in a row" if onset is None else f"since step {onset}"
             message = (
-                f"loss has been exactly 0 since step {onset}: a loss that is 0 trains nothing"
-                f" ({_ZERO_WHY})"
+                f"loss has been exactly 0 {since}: a loss that is 0 trains nothing ({_ZERO_WHY})"
             )
             return self._critical(sample, source, now, onset_step=onset, message=message)
         if not before or before[-1] < ZERO_FROM or min(before) < ZERO_FLOOR:
             self._zeros_normal = True  # a loss that neared 0, or one that starts at it
             return []
-        self._zero_start = step
+        self._in_zeros, self._zero_start = True, step
         self._warned["loss"] = 0
+        at = "" if step is None else f" at step {step}"
         return [
             self.sample_alert(
                 sample,
                 severity=Severity.WARNING,
                 message=(
-                    f"loss is exactly 0 at step {step} after {before[-1]:.4g}: {_ZERO_WHY};"
+                    f"loss is exactly 0{at} after {before[-1]:.4g}: {_ZERO_WHY};"
                     " critical if the next value is 0 too"
                 ),
                 time=_time(sample, now),

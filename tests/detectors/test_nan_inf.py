@@ -425,6 +425,21 @@ def test_a_loss_that_falls_to_exactly_0_warns_then_is_critical_from_its_first_ze
     assert "exactly 0 since step 4413" in critical.message
 
 
+def test_zeros_on_lines_that_name_no_step_are_critical_from_the_second() -> None:
+    """A real Flash-VStream fine-tune's Trainer dicts (issue #24 of its repository) name no
+    step: 1.9156, 1.8055, then 0.0 five times. The second zero in a row is critical as it
+    is with steps; it was taken for the first of a new row, and the zeros for the norm."""
+    detector = NanInfDetector(NanInfConfig())
+    losses = [1.9156, 1.8055, 0.0, 0.0, 0.0]
+    alerts = feed(detector, [Sample("loss", value, None) for value in losses])
+    warning, superseded, critical = alerts
+    assert (warning.severity, warning.details["kind"]) == (Severity.WARNING, "zero_loss")
+    assert "loss is exactly 0 after 1.806" in warning.message
+    assert superseded.resolves
+    assert critical.severity == Severity.CRITICAL
+    assert "exactly 0 twice in a row" in critical.message
+
+
 def test_a_zero_that_comes_back_up_warned_once_and_its_loss_may_be_0_from_then_on() -> None:
     detector = NanInfDetector(NanInfConfig())
     alerts = feed(detector, steps("loss", [0.5, 0.4, 0.0, 0.3] + [0.2] * 10 + [0.0, 0.0, 0.0]))
