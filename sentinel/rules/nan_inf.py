@@ -2,8 +2,9 @@
 
 Which non-finite values stop the job (the manual (docs/), "Non-finite values"):
 
-- a loss (training or evaluation: ``loss``, ``eval_loss``, ``lm_loss``...) and any metric
-  named in ``stop_metrics``: critical at once;
+- a loss (training or evaluation: ``loss``, ``eval_loss``, ``lm_loss``...), a perplexity
+  (``ppl``, ``eval_perplexity``: the loss's exponent) and any metric named in
+  ``stop_metrics``: critical at once;
 - the grad-norm: under dynamic loss scaling an overflowing step logs a non-finite grad-norm
   with a finite loss and the scaler skips it, so alone among healthy values it is counted
   (``skipped_steps``), and a cluster of them warns. But HF's ``logging_nan_inf_filter``
@@ -20,7 +21,7 @@ Which non-finite values stop the job (the manual (docs/), "Non-finite values"):
   the first such value, critical when the next logged value is 0 as well (its onset the
   first). A run whose first 0 came after a loss near 0, or whose 0 came back up, has a
   loss that may be 0 (a margin loss, an RL objective): its zeros are not judged;
-- any other metric (BLEU, perplexity, a best-so-far tracker, a setting): a warning naming it,
+- any other metric (BLEU, accuracy, a best-so-far tracker, a setting): a warning naming it,
   and none for a metric that has been non-finite since its first value; but when
   ``together`` or more of them that were finite before turn non-finite on the same line,
   that is the run's objective going, whatever its names (``avg_rd: nan | cur_rd: nan |
@@ -46,6 +47,10 @@ from sentinel.rules.base import BaseDetector, MetricNames, Reading, Recent, Rule
 #: Words that make a name with "loss" in it a tracker or a setting, not a loss.
 _NOT_A_LOSS = frozenset({"best", "min", "max", "lowest", "highest", "scale", "scaler", "weight"})
 _WORDS = re.compile(r"[a-z0-9]+")
+#: A perplexity is its loss's exponent (``exp(loss)``): non-finite when the loss is, or
+#: when the loss overflowed it. A log that gives only a perplexity (OpenNMT's ``PPL nan``,
+#: MXNet's ``Train-Perplexity``) has no other loss to stop on.
+_PERPLEXITY = frozenset({"ppl", "perplexity"})
 #: Finite values of the train loss and the grad-norm kept to tell a climb.
 KEPT = 20
 #: A last grad-norm this many times the median before it is a climb. Far above the noise:
@@ -89,8 +94,8 @@ def kind_of(name: str, stop_metrics: frozenset[str]) -> Kind:
     if name == "loss_scale":
         return "loss_scale"
     words = _WORDS.findall(name)
-    if any(word.endswith("loss") for word in words) and _NOT_A_LOSS.isdisjoint(words):
-        return "loss"
+    if any(word.endswith("loss") or word in _PERPLEXITY for word in words):
+        return "loss" if _NOT_A_LOSS.isdisjoint(words) else "other"
     return "other"
 
 

@@ -307,8 +307,11 @@ def test_the_line_loss_counts_even_when_the_grad_norm_comes_first() -> None:
         ("eval_loss", Severity.CRITICAL),
         ("lm_loss", Severity.CRITICAL),
         ("eval_bleu", Severity.WARNING),
-        ("eval_perplexity", Severity.WARNING),
+        # A perplexity is its loss's exponent (OpenNMT-lua's `PPL nan`: all it logs).
+        ("ppl", Severity.CRITICAL),
+        ("eval_perplexity", Severity.CRITICAL),
         ("best_eval_loss", Severity.WARNING),
+        ("best_ppl", Severity.WARNING),
         ("objective", Severity.WARNING),  # an Optuna trial's score
         ("loss_scale", None),
     ],
@@ -330,10 +333,8 @@ def test_a_metric_non_finite_since_its_first_value_is_not_news() -> None:
 
 
 def test_stop_metrics_names_more_metrics_that_stop_the_job() -> None:
-    detector = NanInfDetector(NanInfConfig(stop_metrics=["eval_perplexity"]))
-    (alert,) = feed(
-        detector, [Sample("eval_perplexity", 9.0, 1), Sample("eval_perplexity", INF, 2)]
-    )
+    detector = NanInfDetector(NanInfConfig(stop_metrics=["eval_bleu"]))
+    (alert,) = feed(detector, [Sample("eval_bleu", 9.0, 1), Sample("eval_bleu", INF, 2)])
     assert alert.severity is Severity.CRITICAL
 
 
