@@ -1,6 +1,7 @@
 """Hand-written loops that name the epoch and the batch within it, but not the batches an
 epoch has: ``Epoch 1, Batch 100, Loss: 0.5``, ``epoch 1 batch 100 loss 0.5``, ``[Epoch 1,
-Batch 100] loss: 0.5``, and PyTorch's CIFAR-10 tutorial, ``[1,  2000] loss: 2.192``
+Batch 100] loss: 0.5``, MXNet's ``Epoch[0] Batch [50]  Speed: 31.41 samples/sec
+Train-Perplexity=12.3``, and PyTorch's CIFAR-10 tutorial, ``[1,  2000] loss: 2.192``
 (``print(f'[{epoch + 1}, {i + 1:5d}] loss: ...')``), which so many loops copy.
 
 Read as the epoch alone, every line of an epoch would share its step. The step here is the
@@ -22,9 +23,11 @@ from sentinel.model.records import Sample
 from sentinel.parsing.keyvalue import EPOCH_BATCH_OF, find_pairs
 from sentinel.parsing.values import EpochBatches
 
-#: ``Epoch 1, Batch 100`` and the like, not followed by ``/600`` (those are exact).
+#: ``Epoch 1, Batch 100``, MXNet's ``Epoch[0] Batch [50]`` and the like, not followed by
+#: ``/600`` (those are exact).
 _NAMED = re.compile(
-    r"\bepoch\s*[:=]?\s*(\d+)\W{1,4}batch\s*[:=]?\s*(\d+)(?!\s*/|\d)", re.IGNORECASE
+    r"\bepoch\s*[:=]?\s*\[?\s*(\d+)\W{1,4}batch\s*[:=]?\s*\[?\s*(\d+)(?!\s*/|\d)",
+    re.IGNORECASE,
 )
 #: A word that names the line's own step (then its step is that).
 _OWN_STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)\b", re.IGNORECASE)

@@ -112,6 +112,9 @@ _QUOTED = re.compile(r"'([^'\s]*)'")
 #: ``iter 400 step 100`` is at step 100, the optimizer's step its checkpoints are named by
 #: (``step-00000100``), not at the 400th micro-batch of a run accumulating 4.
 _STEP_NAMES = {name: rank for rank, name in enumerate(RECORD_STEP_KEYS)}
+#: The step names that may count within an epoch, where the line names its epoch and the
+#: step's total (``_EPOCH_STEP_OF``); ``global_step`` never does.
+_WITHIN_EPOCH_RANKS = frozenset(_STEP_NAMES[name] for name in ("step", "iteration", "iter"))
 #: A word after a value: prose (``UserWarning: 4 workers``) unless it starts another pair.
 #: A word after a value: prose (``time: 5 seconds``), not the next key (``layer_-1_loss: 0.17``,
 #: whose ``-`` once made ``layer_`` a word and lost the pair before it).
@@ -131,10 +134,11 @@ _STEP_BRACKETS = re.compile(
     r"(?:\bepoch:?\s*\[\s*(\d+)\s*/\s*\d+\s*\]\W{1,4})?\bstep:?\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]",
     re.IGNORECASE,
 )
-#: ``Epoch 4 Step 200/500`` (epochs from 1, as the bracketed form): the step counts within
-#: the epoch, as its total says.
+#: ``Epoch 4 Step 200/500`` (epochs from 1, as the bracketed form) and OpenNMT-lua's
+#: ``Epoch 10 ; Iteration 50/213 ;``: the step counts within the epoch, as its total says.
 _EPOCH_STEP_OF = re.compile(
-    r"\bepoch\s*:?\s*(\d+)(?:\s*/\s*\d+)?\W{1,4}step\s*:?\s*(\d+)\s*/\s*(\d+)", re.IGNORECASE
+    r"\bepoch\s*:?\s*(\d+)(?:\s*/\s*\d+)?\W{1,4}(?:step|iter(?:ation)?)\s*:?\s*(\d+)\s*/\s*(\d+)",
+    re.IGNORECASE,
 )
 #: An iteration of all in brackets: mmcv 1.x's ``Iter [1100/160000]``, ``Iter: [600/1348]``.
 _ITER_BRACKETS = re.compile(r"\biter(?:ation)?\s*:?\s*\[\s*(\d+)\s*/\s*\d+\s*\]", re.IGNORECASE)
@@ -259,7 +263,12 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
                 # loss to nan_inf, not a second value of the one series the others judge.
                 name = f"{name}#{again + 1}"
         pairs.append((name, _float(value)))
-    if step is not None and step_rank == 0 and "/" in text and ("poch" in text or "POCH" in text):
+    if (
+        step is not None
+        and step_rank in _WITHIN_EPOCH_RANKS
+        and "/" in text
+        and ("poch" in text or "POCH" in text)
+    ):
         within = _EPOCH_STEP_OF.search(text)
         if within is not None:
             epoch, batch, per_epoch = map(int, within.groups())

@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 #: What a human-written metric line cannot lack: a digit, or a non-finite value spelled out
 #: (``loss: nan``, ``Loss is Infinity``, ``avg_rd: nan | cur_rd: nan``).
 _NUMERIC = re.compile(r"\d|nan|inf", re.IGNORECASE)
+#: A JSON object's ``"epoch"`` that is a JSON integer (not ``0.25``, not ``1.0``).
+_JSON_EPOCH = re.compile(r'"epoch"\s*:\s*(\d{1,18})\s*[,}]')
 
 
 @dataclass(slots=True)
@@ -131,17 +133,27 @@ class LineParser:
         return samples
 
     def _epoch_as_step(self, samples: list[Sample], text: str) -> list[Sample]:
-        """A human-written line that names no step and leads with an integer ``epoch`` is
-        read at that epoch, as long as no line of the log named a step: there the epoch is
-        the loop's only counter (``epoch: 3451 loss: nan``)."""
+        """A line that names no step is read at its epoch, as long as no line of the log
+        named a step: there the epoch is the loop's only counter. A human-written line that
+        leads with an integer ``epoch`` (``epoch: 3451 loss: nan``); a JSON object whose
+        ``epoch`` is a JSON integer and that names no batch (the ``log.txt`` of DINO, DeiT
+        and MAE: ``{"train_loss": 10.38, "train_lr": 0.0, "epoch": 0}``). An HF Trainer
+        dict's epoch is a fraction (``'epoch': 0.25``), and its step comes from its bars."""
         if any(sample.step is not None for sample in samples):
             self._epoch_steps = False
             return samples
-        first = samples[0]
-        if first.name != "epoch" or not first.value.is_integer() or text.lstrip()[:1] in "{[":
-            return samples
+        lead = text.lstrip()[:1]
+        if lead == "{":
+            found = _JSON_EPOCH.search(text) if '"batch' not in text else None
+            if found is None:
+                return samples
+            step = int(found.group(1))
+        else:
+            first = samples[0]
+            if first.name != "epoch" or not first.value.is_integer() or lead == "[":
+                return samples
+            step = int(first.value)
         self._epoch_steps = True
-        step = int(first.value)
         return [sample._replace(step=step) for sample in samples]
 
     def _check_step(self, samples: list[Sample], text: str) -> None:

@@ -55,6 +55,7 @@ ALIASES: dict[str, str] = {
     "learning_rate": "lr",
     "train/learning_rate": "lr",
     "train/lr": "lr",
+    "train_lr": "lr",  # DINO, DeiT and MAE log.txt (beside train_loss)
     "lr/pg0": "lr",  # Ultralytics: the first parameter group's
     "current_lr": "lr",  # Coqui's trainer
     "current_lr_0": "lr",  # Coqui's trainer, its first optimizer's (a GAN's: two)
@@ -118,6 +119,13 @@ def normalise_name(name: str) -> str:
         return ALIASES[camel]  # ``TrainLoss``, ``ValLoss``, ``gradNorm``: as their snake case
     if lowered.startswith("train/") and len(lowered) > len("train/"):
         return lowered[len("train/") :]
+    if "-" in lowered:
+        # MXNet's ``Train-Perplexity``, ``Validation-accuracy``: the split's name, a hyphen.
+        split, _, rest = lowered.partition("-")
+        if split == "train" and rest:
+            return normalise_name(rest)
+        if split == "validation" and rest:
+            return normalise_name(f"eval_{rest}")
     return lowered
 
 

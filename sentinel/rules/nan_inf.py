@@ -77,7 +77,7 @@ _ZERO_WHY = (
     " setting loss value to 0'), else the loss underflowed or every label is masked"
 )
 
-Kind = Literal["loss", "grad_norm", "loss_scale", "other"]
+Kind = Literal["loss", "perplexity", "grad_norm", "loss_scale", "other"]
 
 #: A job's own count of the iterations its loss scaler skipped (Megatron's, per interval).
 #: Metrics that were finite before and turn non-finite on one line: the objective went.
@@ -94,9 +94,11 @@ def kind_of(name: str, stop_metrics: frozenset[str]) -> Kind:
     if name == "loss_scale":
         return "loss_scale"
     words = _WORDS.findall(name)
-    if any(word.endswith("loss") or word in _PERPLEXITY for word in words):
-        return "loss" if _NOT_A_LOSS.isdisjoint(words) else "other"
-    return "other"
+    if not _NOT_A_LOSS.isdisjoint(words):
+        return "other"
+    if any(word.endswith("loss") for word in words):
+        return "loss"
+    return "perplexity" if not _PERPLEXITY.isdisjoint(words) else "other"
 
 
 class NanInfConfig(RuleConfig):
@@ -227,6 +229,8 @@ class NanInfDetector(BaseDetector):
         grads: list[int] = []
         others: list[int] = []
         unseen: int | None = None  # a metric NaN before it was ever finite
+        perplexity: int | None = None  # the first non-finite perplexity
+        loss_went = False  # a non-finite loss on the line
         line_loss: tuple[int | None, float] | None = None
         # A training loss of exactly 0, judged after the line's grad-norm (a non-finite one
         # beside it says more): its index, and the losses before it.
@@ -253,6 +257,9 @@ class NanInfDetector(BaseDetector):
                 found += [(index, alert) for alert in self._finite(sample, kind, source, now)]
             elif kind == "loss":
                 found += [(index, alert) for alert in self._critical(sample, source, now)]
+                loss_went = True
+            elif kind == "perplexity":
+                perplexity = index if perplexity is None else perplexity
             elif kind == "other" and name in self._seen_finite:
                 others.append(index)
             elif kind == "other" and math.isnan(value) and unseen is None:
@@ -260,6 +267,10 @@ class NanInfDetector(BaseDetector):
                 # at inf). A real DPO run's eight rewards, log-probs and logits were NaN
                 # from its first line and raised nothing.
                 unseen = index
+        if perplexity is not None and not loss_went:
+            # Its loss's exponent: critical as the loss, named by it where the line has one.
+            sample = samples[perplexity]
+            found += [(perplexity, alert) for alert in self._critical(sample, source, now)]
         if unseen is not None and not others:
             found += [(unseen, alert) for alert in self._warn_metric(samples[unseen], source, now)]
         if len(others) >= TOGETHER:

@@ -489,3 +489,15 @@ def test_a_block_of_lines_says_what_line_by_line_says_of_a_loss_at_0() -> None:
         [("warning", False), ("info", True), ("critical", False), ("info", True)],
         [],  # it neared 0 first: its zeros are its own
     ]
+
+
+def test_a_perplexity_beside_its_loss_leaves_the_incident_to_the_loss() -> None:
+    """OpenNMT-py's ``ppl: nan; xent: nan`` (issue #1072 of its repository): one critical,
+    named by the loss; a perplexity alone is critical by its own name."""
+    detector = NanInfDetector(NanInfConfig())
+    line = [Sample("acc", 5.2, 5650), Sample("ppl", NAN, 5650), Sample("loss", NAN, 5650)]
+    found = detector.observe_samples(line, "train.log", NOW)
+    assert [(a.metric, a.severity) for _, a in found] == [("loss", Severity.CRITICAL)]
+    alone = NanInfDetector(NanInfConfig())
+    (only,) = feed(alone, [Sample("ppl", 30.0, 1), Sample("ppl", NAN, 2)])
+    assert (only.metric, only.severity) == ("ppl", Severity.CRITICAL)

@@ -42,3 +42,20 @@ def test_an_epoch_that_is_not_the_lines_counter_is_left_alone() -> None:
     assert _steps(["epoch: 0.53 loss: 2.0"]) == [[None, None]]
     assert _steps(["loss: 2.0 epoch: 3"]) == [[None, None]]
     assert _steps(["{'loss': 2.0, 'epoch': 1.0}"])[0][0] != 1
+
+
+def test_a_json_record_whose_only_counter_is_an_integer_epoch_is_read_at_it() -> None:
+    """DINO's, DeiT's and MAE's ``log.txt``: a JSON object an epoch, ``"epoch": N`` its only
+    counter (facebookresearch/dino issue #246). Not an HF dict's fraction of an epoch, not
+    a record that also names its batch, not once a line named a step."""
+    dino = [
+        '{"train_loss": 10.3797, "train_lr": 0.0, "train_wd": 0.04, "epoch": 0}',
+        '{"train_loss": 10.4696, "train_lr": 0.000111, "train_wd": 0.0401, "epoch": 1}',
+    ]
+    assert _steps(dino) == [[0, 0, 0, 0], [1, 1, 1, 1]]
+    assert _steps(['{"loss": 2.0, "epoch": 1.0}']) == [[None, None]]
+    assert _steps(['{"loss": 2.0, "epoch": 1, "batch": 100}']) == [[None, None, None]]
+    assert _steps(['{"step": 10, "loss": 2.0}', '{"loss": 1.9, "epoch": 1}']) == [
+        [10],
+        [None, None],
+    ]

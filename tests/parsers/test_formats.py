@@ -547,8 +547,14 @@ def test_an_espnet_log_that_starts_late_names_no_step_and_funasr_names_its_updat
         ["epoch 0 batch 100 loss 0.5", "epoch 0 batch 200 loss 0.4", "epoch 1 batch 100 loss 0.3"],
         # PyTorch's CIFAR-10 tutorial: print(f'[{epoch + 1}, {i + 1:5d}] loss: ...')
         ["[1,   100] loss: 0.500", "[1,   200] loss: 0.400", "[2,   100] loss: 0.300"],
+        # MXNet's Speedometer (apache/mxnet issue #2805), its metric Train-<name>
+        [
+            "04:38:54 INFO:Epoch[0] Batch [100]\tSpeed: 31.41 samples/sec\tTrain-loss=0.500",
+            "04:39:46 INFO:Epoch[0] Batch [200]\tSpeed: 30.42 samples/sec\tTrain-loss=0.400",
+            "04:40:39 INFO:Epoch[1] Batch [100]\tSpeed: 30.15 samples/sec\tTrain-loss=0.300",
+        ],
     ],
-    ids=["named", "lower-from-0", "cifar-tutorial"],
+    ids=["named", "lower-from-0", "cifar-tutorial", "mxnet-speedometer"],
 )
 def test_an_epoch_and_its_batch_count_on_across_epochs(lines: list[str]) -> None:
     """The batch restarts each epoch: the step is the batches before it plus the batch."""

@@ -50,3 +50,34 @@ def test_the_epoch_line_is_no_progress_and_no_metric() -> None:
     line = "12/12 - 0s - 3ms/step - loss: nan - mae: nan - val_loss: nan - val_mae: nan"
     found = parser.parse(line)
     assert {s.step for s in found if s.name != PROGRESS} == {48}
+
+
+def test_keras_0x_heads_its_epochs_from_0_and_its_bar_counts_samples() -> None:
+    """keras-team/keras issue #21 (2015): ``Epoch 0`` then ``61878/61878 [===] - 5s -
+    loss: 1.1788``. Each epoch's end is a step of its own (the first is 61878)."""
+    parser = LineParser()
+    lines = ["Epoch 0", "61878/61878 [====] - 5s - loss: 1.1788"]
+    lines += ["Epoch 1", "61878/61878 [====] - 5s - loss: 1.0403"]
+    found = [s for line in lines for s in parser.parse(line) if s.name == "loss"]
+    assert [(s.step, s.value) for s in found] == [(61878, 1.1788), (123756, 1.0403)]
+
+
+def test_without_its_epoch_heads_each_epoch_is_read_at_a_step_of_its_own() -> None:
+    """An excerpt with the heads cut reads each line where the whole log does: a count that
+    went back, or an epoch's end again with other values, begins the next epoch; the end
+    redrawn with the validation's metrics is the same step."""
+    text = (FIXTURES / "verbose1" / "console.txt").read_text()
+    headed = [s.step for s in _losses_of(text.splitlines())]
+    cut = [s.step for s in _losses_of([x for x in text.splitlines() if not x.startswith("Epoch")])]
+    assert cut == headed
+    # keras-team/keras issue #932: verbose=1 to a file, one end-of-epoch line an epoch.
+    ends = [
+        f"370784/370784 [====] - 6700s - loss: {loss} - acc: 0.4 - val_loss: 1.9"
+        for loss in ("1.8887", "1.9328", "1.9986")
+    ]
+    assert [s.step for s in _losses_of(ends)] == [370784, 741568, 1112352]
+
+
+def _losses_of(lines: list[str]) -> list[Sample]:
+    parser = LineParser()
+    return [s for line in lines for s in parser.parse(line) if s.name == "loss"]

@@ -405,6 +405,21 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="a-leading-step-of-its-total-in-brackets",
         ),
         pytest.param(
+            "Epoch 10 ; Iter 50/213 ; LR 1.0000 ; Target tokens/s 2135 ; PPL nan ;",
+            [
+                Sample("epoch", 10.0, 1967),
+                Sample("lr", 1.0, 1967),
+                Sample("tokens_per_sec", 2135.0, 1967),
+                Sample("ppl", NAN, 1967),
+            ],
+            id="lua-seq2seq-an-iteration-of-the-epochs-total",
+        ),
+        pytest.param(
+            "Epoch 2, Iteration 100/500: loss=0.5",
+            [Sample("epoch", 2.0, 600), Sample("loss", 0.5, 600)],
+            id="an-iteration-of-the-epochs-total-after-its-epoch",
+        ),
+        pytest.param(
             "step 315 micro 2 loss 0.3259 scaled 0.0815",
             [Sample("micro_loss", 0.3259, 315)],
             id="a-micro-batch-loss-is-not-the-steps",

@@ -7,7 +7,18 @@ import pytest
 from sentinel.parsing import ALIASES, normalise_name
 
 CASES = {
-    "loss": ["loss", "Loss", "train_loss", "train/loss", "training_loss", "loss/train"],
+    "loss": [
+        "loss",
+        "Loss",
+        "train_loss",
+        "train/loss",
+        "training_loss",
+        "loss/train",
+        "train-loss",
+    ],
+    # MXNet's metric names: the split, a hyphen, the metric.
+    "perplexity": ["Train-Perplexity"],
+    "eval_perplexity": ["Validation-Perplexity"],
     "grad_norm": [
         "grad_norm",
         "grad-norm",
@@ -16,7 +27,7 @@ CASES = {
         "train/grad_norm",
         "gnorm",
     ],
-    "lr": ["lr", "LR", "learning_rate", "train/learning_rate", "train/lr"],
+    "lr": ["lr", "LR", "learning_rate", "train/learning_rate", "train/lr", "train_lr"],
     "tokens_per_sec": [
         "tokens_per_sec",
         "tok/s",
@@ -32,6 +43,7 @@ CASES = {
         "validation_loss",
         "val/loss",
         "valid_loss",
+        "validation-loss",
     ],
     "epoch": ["epoch", "train/epoch"],
     "mfu": ["MFU", "train/mfu"],
