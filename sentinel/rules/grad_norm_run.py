@@ -12,6 +12,9 @@ a job before its checkpoints are poisoned. Three kinds, one rule, one episode
   and more than ``noise_sigmas`` robust standard deviations of that window above
   it (a change inside the run's own wobble is none, whatever its ratio), on
   ``sustain`` consecutive steps, some of them under ``threshold``;
+- ``"leap"``: a high value ``LEAP`` (1,000) times the run's level (its rolling median, or
+  the highest value seen before the median is judged), on its own value: orders of
+  magnitude in one logged value, where ``sustain`` values may be thousands of steps;
 - ``"clipping"``: when ``max_grad_norm`` is known, at least ``clip_fraction`` of
   the last ``clip_window`` logged grad-norms are >= it. Trainers log the norm
   before clipping (``clip_grad_norm_`` returns it), so that is clipping engaged
@@ -167,6 +170,13 @@ def clips_needed(settings: GradNormRunConfig) -> int:
 METRIC = "grad_norm"
 #: Values before a run's onset kept as evidence.
 CONTEXT = 10
+#: A high grad-norm this many times the run's level (its rolling median, or before it has
+#: ``min_history`` values the highest seen) is a leap of orders of magnitude: it warns on
+#: its own value, without waiting for ``sustain`` (a real fairseq run's went 2.75 ->
+#: 100,616 in one logged value, its loss exploding the next; at 1,000 steps a value).
+LEAP = 1000.0
+#: Values a leap is judged against, at least.
+LEAP_HISTORY = 3
 
 
 class GradNormRunDetector(BaseDetector):
@@ -277,6 +287,8 @@ class GradNormRunDetector(BaseDetector):
             return self._count_calm(high or clipping, sample, source, time)
         if len(self._run) >= settings.sustain:
             return [self._open_run(median, sample, source, time)]
+        if len(self._run) == 1 and (base := self._leap_base(median)) and value >= LEAP * base:
+            return [self._open_leap(base, median, sample, source, time)]
         if clipping:
             return [self._open_clipping(sample, source, time)]
         return []
@@ -425,6 +437,38 @@ class GradNormRunDetector(BaseDetector):
             time=time,
             source=source,
             onset_step=onset,
+            details=details,
+        )
+
+    def _leap_base(self, median: float | None) -> float | None:
+        """What a leap is judged against: the rolling median, or before it is judged the
+        highest value seen (None: fewer than ``LEAP_HISTORY`` values, or a level of 0)."""
+        rolling = self._median
+        if median is not None:
+            return median or None
+        if len(rolling) < LEAP_HISTORY:
+            return None
+        return rolling.ordered()[-1] or None
+
+    def _open_leap(
+        self, base: float, median: float | None, sample: Sample, source: str, time: float
+    ) -> Alert:
+        step, value = sample.step, sample.value
+        self._open, self._onset_step, self._calm = True, step, 0
+        level = "its rolling median" if median is not None else "the highest it has been"
+        message = (
+            f"grad_norm {value:.4g} at step {step} is {value / base:.3g}x {level} ({base:.4g})"
+            " in one logged value: a leap of orders of magnitude"
+        )
+        evidence = list(self._recent)[-(1 + CONTEXT) :]
+        details = self._details("leap", LEAP * base, median, step, evidence)
+        return self.sample_alert(
+            sample,
+            severity=self.settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=step,
             details=details,
         )
 

@@ -300,3 +300,36 @@ def test_a_run_whose_normal_sits_near_the_absolute_bar_is_judged_by_its_own_leve
     # Far above that level it is still high.
     alerts = run([*values, 60.0, 70.0, 80.0])
     assert [(alert.details["kind"], alert.onset_step) for alert in alerts] == [("relative", 13)]
+
+
+def test_a_leap_of_orders_of_magnitude_warns_on_its_own_value() -> None:
+    """A real fairseq fconv run (facebookresearch/fairseq issue #41), a value every 1,000
+    steps: gnorm 2.05, 1.71, 2.75, then 100,616 at step 4000; its loss exploded at 5000.
+    Three values above the bar would have been 3,000 steps."""
+    detector = GradNormRunDetector(GradNormRunConfig())
+    values = [2.054, 1.7149, 2.7501, 100615.8788]
+    (alert,) = feed(
+        detector, [Sample("grad_norm", v, 1000 * (i + 1)) for i, v in enumerate(values)]
+    )
+    assert (alert.severity, alert.step, alert.details["kind"]) == (Severity.WARNING, 4000, "leap")
+    assert "3.66e+04x the highest it has been (2.75)" in alert.message
+
+
+@pytest.mark.parametrize(
+    ("before", "jump", "raised"),
+    [
+        pytest.param([1.0] * 12, 1500.0, True, id="1500x-its-median"),
+        pytest.param([1.0] * 12, 500.0, False, id="500x-waits-for-a-run"),
+        pytest.param([2.0, 2.0], 5000.0, False, id="two-values-are-no-level"),
+    ],
+)
+def test_a_leap_needs_a_level_and_three_orders_of_magnitude(
+    before: list[float], jump: float, raised: bool
+) -> None:
+    alerts = run([*before, jump])
+    assert [a.details["kind"] for a in alerts] == (["leap"] if raised else [])
+
+
+def test_a_leap_that_stays_is_one_episode() -> None:
+    alerts = run([1.0] * 12 + [1500.0, 1600.0, 1700.0, 1800.0])
+    assert [a.details["kind"] for a in alerts] == ["leap"]
