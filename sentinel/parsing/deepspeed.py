@@ -6,7 +6,9 @@ step 10, and the pairs a script appends to it, ``loss=2.31``), its throughput ti
 at step 100) and its fp16 loss-scale messages: ``OVERFLOW! ... Attempted loss scale: 65536,
 reducing to 32768`` is a ``loss_scale`` of 32768, ``... but hysteresis is 2`` keeps the
 attempted scale, ``Attempted loss scale: 1, reducing to 1`` (the scaler at its floor, the
-step skipped all the same) is also ``loss_scale_at_floor`` 1, ``Current loss scale already
+step skipped all the same) is also ``loss_scale_at_floor`` 1, an overflow that lowered the
+scale is also ``loss_scale_overflow`` (the new scale: a first one already far down is a
+collapse, where a level alone may be a run that sets its scale there), ``Current loss scale already
 at minimum`` is ``loss_scale_at_minimum`` 1 (the same words from apex and Megatron's
 optimizers), fairseq's ``overflow detected, setting loss scale to: 0.5`` a ``loss_scale`` of
 0.5, and apex amp's ``Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to
@@ -43,7 +45,9 @@ def parse_deepspeed(text: str) -> list[Sample] | None:
             tried = as_float(overflow.group(1)) if overflow.group(2) else None
             if tried is not None and scale >= tried:  # at the floor: the step skipped anyway
                 return [Sample("loss_scale", scale), Sample("loss_scale_at_floor", scale)]
-            return [Sample("loss_scale", scale)]
+            if overflow.group(1) is not None and overflow.group(2) is None:
+                return [Sample("loss_scale", scale)]  # hysteresis: the scale kept
+            return [Sample("loss_scale", scale), Sample("loss_scale_overflow", scale)]
         if "already at minimum" in text:
             return [Sample("loss_scale_at_minimum", 1.0)]
         return None

@@ -44,6 +44,13 @@ OVERFLOW = re.compile(
 #: The sample a parser makes of an overflow that could not lower the scale (DeepSpeed's
 #: ``Attempted loss scale: 1, reducing to 1``): its value is the scale.
 AT_FLOOR = "loss_scale_at_floor"
+#: The sample a parser makes of an overflow that lowered the scale (apex's ``reducing loss
+#: scale to``, fairseq's ``setting loss scale to``, DeepSpeed's ``reducing to``): its value
+#: is the new scale. Read where output lines are not shown to the rules (replay before any
+#: timestamp): an overflow that sets the scale at or below ``min_loss_scale`` collapses it
+#: there too, from the first such line (a level alone, that low from its first reading, may
+#: be a run that sets it there).
+OVERFLOWED = "loss_scale_overflow"
 #: Overflows in a row that could not lower the scale (at the scaler's floor) that collapse
 #: it: no step is applied any more.
 STUCK_OVERFLOWS = 3
@@ -182,6 +189,16 @@ class LossScaleDetector(BaseDetector):
                 found += [(index, alert) for alert in self._skipped(value, source, now)]
             elif name == AT_FLOOR:
                 found += [(index, alert) for alert in self._at_floor(value, source, now)]
+            elif name == OVERFLOWED and value <= self.settings.min_loss_scale:
+                alerts = self._collapse(
+                    f"an fp16 overflow set the loss scale to {value:g}, at or below"
+                    f" {self.settings.min_loss_scale:g}: the gradients overflow even unscaled",
+                    value,
+                    source,
+                    now,
+                    onset=self._step,
+                )
+                found += [(index, alert) for alert in alerts]
             elif name == AT_MINIMUM and value > 0:
                 alerts = self._collapse(
                     "the fp16 loss scale is at its minimum and the job says so",
@@ -357,7 +374,7 @@ class LossScaleDetector(BaseDetector):
         names = block.names
         if not self._scale_names.isdisjoint(names) or not self._skipped_names.isdisjoint(names):
             return False
-        if AT_MINIMUM in names or AT_FLOOR in names:
+        if AT_MINIMUM in names or AT_FLOOR in names or OVERFLOWED in names:
             return False
         # One search in C over the joined block, not a Python test per line (replay's speed).
         return not (block.output and _MARK in "\n".join(block.texts))

@@ -165,23 +165,35 @@ def test_megatron_counter_from_samples_when_the_line_is_not_seen() -> None:
     assert (alert.severity, alert.onset_step) == (Severity.CRITICAL, 20)
 
 
-def test_a_scale_still_halving_below_the_floor_from_the_first_value_is_critical() -> None:
+def test_an_overflow_that_sets_the_scale_below_the_floor_is_critical_from_its_first_line() -> None:
     """A log that begins amid the cascade (an excerpt, a watcher attached late): apex's
-    lines as a real maskrcnn-benchmark run printed them, their scale already 2e-25 and
-    halving, read as samples (replay shows no output line to the rules before a
-    timestamp). A scale set that low and kept there says nothing."""
+    lines as a real maskrcnn-benchmark run printed them, their scale already 2e-25, read as
+    samples (replay shows no output line to the rules before a timestamp). The overflow is
+    critical on its first line, as it is live: it waited for the second before (a YOLACT
+    run's three lines late). A logged level set that low and kept there says nothing."""
     from sentinel.parsing import LineParser
 
     apex = "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {}"
     parser = LineParser()
     run = Run()
     for scale in (2.0679515313825692e-25, 1.0339757656912846e-25):
-        (sample,) = parser.parse(apex.format(scale))
-        assert (sample.name, sample.value) == ("loss_scale", scale)
-        run.alerts += [a for _, a in run.detector.observe_samples([sample], "train.log", NOW)]
+        samples = parser.parse(apex.format(scale))
+        assert [(s.name, s.value) for s in samples] == [
+            ("loss_scale", scale),
+            ("loss_scale_overflow", scale),
+        ]
+        run.alerts += [a for _, a in run.detector.observe_samples(samples, "train.log", NOW)]
     (alert,) = run.alerts
     assert alert.severity is Severity.CRITICAL
-    assert "fell to 1.03398e-25 from 2.06795e-25" in alert.message
+    assert "an fp16 overflow set the loss scale to 2.06795e-25" in alert.message
+
+    live = Run()  # the same line shown as output first, then its samples: one alert
+    line = apex.format(2.0679515313825692e-25)
+    live.alerts += live.detector.output_text(line, "train.log", NOW)
+    live.alerts += [
+        a for _, a in live.detector.observe_samples(parser.parse(line), "train.log", NOW)
+    ]
+    assert [a.severity for a in live.alerts] == [Severity.CRITICAL]
 
     kept = Run()
     for step in range(1, 20):
