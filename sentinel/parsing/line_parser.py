@@ -77,6 +77,8 @@ class LineParser:
         self._hf_blocks = (
             self._brace is not None and not self._regexes and tqdm.parse_tqdm in self._human
         )
+        #: Whether a bar with text glued after it is read as the two lines it was.
+        self._splits_glued = tqdm.parse_tqdm in self._human
         self._hf = hf_steps.HfSteps(bars_teach=logging_steps is None)
         self._formats = formats.Formats() if "keyvalue" in names else None
         #: The lines so far of a dict ``pprint`` spread over several (``_printed_dict``).
@@ -202,10 +204,19 @@ class LineParser:
             if found is not None:
                 return found
         if "\r" not in text:
-            return self._counted(self._parse_segment, text) or []
+            glued = self._glued(text)
+            if glued is None:
+                return self._counted(self._parse_segment, text) or []
+            segments = glued
+        else:
+            segments = [
+                piece
+                for segment in text.split("\r")
+                for piece in self._glued(segment) or (segment,)
+            ]
         samples: list[Sample] = []
         garbled = False
-        for segment in text.split("\r"):
+        for segment in segments:
             try:
                 samples.extend(self._parse_segment(segment))
             except Garbled:
@@ -220,6 +231,13 @@ class LineParser:
         else:
             stats.unparsed += 1
         return samples
+
+    def _glued(self, text: str) -> list[str] | None:
+        """A progress bar and the text glued after it, as two lines (``tqdm.split_glued``):
+        read whole, the line is one of the two, or neither; None for any other line."""
+        if not self._splits_glued or "]" not in text or "it" not in text:
+            return None
+        return tqdm.split_glued(text)
 
     def _counted(self, parse: ParseFn, text: str) -> list[Sample] | None:
         """``parse(text)``, counted in the stats: a garbled line or a parser's bug gives

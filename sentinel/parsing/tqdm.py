@@ -27,9 +27,24 @@ _BAR = re.compile(
     r"(?P<count>\d+)(?:/(?:\d+|\?))?(?:it)?\s+"
     rf"\[{CLOCK}(?:<(?:{CLOCK}|\?))?(?:,\s*(?P<rest>[^\]]*))?\]\s*$"
 )
-#: Where a bar's bracket closes, with text glued after it (a logger's line after the bar,
-#: stdout and stderr sharing a terminal: ``75/6249 [08:38<11:33:05,  6.74s/it][INFO|...``).
-_BAR_END = re.compile(r"(?:it/s|s/it|it)(?:,[^\]]*)?\](?=\[[A-Za-z0-9])")
+#: Where a bar's bracket closes, with text glued after it: stdout and stderr sharing a
+#: terminal, a logger's line lands right after the bar (``75/6249 [08:38<11:33:05,
+#: 6.74s/it][INFO|...``, DeepSpeed's ``..., step_loss=nan][2024-07-10 ...] OVERFLOW! ...``,
+#: Lightning's ``..., loss=nan, v_num=11]Using /home/...``). tqdm itself writes nothing after
+#: its bracket but the cursor moves of a bar nested under another (``\x1b[A``): those are
+#: the bar's own, and no glued line.
+_BAR_END = re.compile(r"(?:it/s|s/it|it)(?:,[^\]]*)?\](?=[^\s\x1b])")
+
+
+def split_glued(text: str) -> list[str] | None:
+    """A line holding a progress bar with other text glued after it, as the two lines it
+    was (the bar, then the rest); None for a line with no such bar."""
+    glued = _BAR_END.search(text)
+    if glued is None or _BAR.search(text, 0, glued.end()) is None:
+        return None
+    return [text[: glued.end()], text[glued.end() :]]
+
+
 #: Tags a log's own prefix puts before the bar: a line number, a time, a stream
 #: (``[1745] ``, ``[08:03:59] [STDERR] ``); not a word in brackets (``[Epoch 3]``).
 _PREFIX_TAGS = re.compile(r"^(?:\[(?:[\d:.,\-T ]+|[A-Z]+)\]\s*)+")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sentinel.model.records import PROGRESS, Sample
+from sentinel.parsing import LineParser
 from sentinel.parsing.tqdm import parse_tqdm
 
 
@@ -99,3 +102,40 @@ from sentinel.parsing.tqdm import parse_tqdm
 )
 def test_parse_tqdm(line: str, expected: list[Sample] | None) -> None:
     assert parse_tqdm(line) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "names", "step"),
+    [
+        pytest.param(
+            "Steps:   0%|          | 1/2000 [00:14<8:16:07, 14.89s/it, lr=1e-5, step_loss=nan,"
+            " td=2.85s][2024-07-10 15:50:50,576] [INFO] [loss_scaler.py:183:update_scale]"
+            " [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 131072,"
+            " reducing to 65536",
+            {"lr", "loss", "loss_scale", "loss_scale_overflow"},
+            1,
+            id="deepspeed-overflow-after-an-accelerate-bar",
+        ),
+        pytest.param(
+            "Epoch 0:  19%|█▉        | 2013/10572 [3:51:13<16:23:08,  6.89s/it, loss=nan,"
+            " v_num=11]Using /home/user/.cache/torch_extensions as PyTorch extensions root...",
+            {"loss"},
+            None,
+            id="a-message-after-a-lightning-bar",
+        ),
+    ],
+)
+def test_a_bar_with_a_line_glued_after_it_is_read_as_the_two_lines(
+    line: str, names: set[str], step: int | None
+) -> None:
+    """Real logs (the hallo and Lightning issue threads): stdout and stderr share the
+    terminal, and a message lands right after the bar's bracket. Read whole, the line was
+    the message's alone (the bar's NaN lost) or the bar's read at no step with ``v_num`` a
+    metric."""
+    parser = LineParser()
+    samples = parser.parse(line)
+    assert {s.name for s in samples if s.name != PROGRESS} == names
+    nan = next(s for s in samples if s.name == "loss")
+    assert math.isnan(nan.value)
+    if step is not None:
+        assert {s.step for s in samples if s.name == PROGRESS} == {step}
