@@ -108,6 +108,11 @@ _MICRO_KEYS = frozenset(
      "micro-step", "accum_step", "accumulation_step"}
 )  # fmt: skip
 _QUOTED = re.compile(r"'([^'\s]*)'")
+#: A value printed as a one-element list (a PaddlePaddle tensor's ``loss: [2.3456]``), not
+#: one list followed by another (``Epoch: [2][ 130/500]``).
+_LIST_VALUE = re.compile(rf"([:=]\s*)\[\s*({_NUMBER})\s*\](?!\s*\[)", re.IGNORECASE)
+#: TensorFlow's logging prefix, ``INFO:tensorflow:``.
+_TF_LOG_PREFIX = re.compile(r"^(?:INFO|WARNING):tensorflow:")
 #: A line's step names, by how specific each is (``RECORD_STEP_KEYS``' order): LitGPT's
 #: ``iter 400 step 100`` is at step 100, the optimizer's step its checkpoints are named by
 #: (``step-00000100``), not at the 400th micro-batch of a run accumulating 4.
@@ -140,8 +145,11 @@ _EPOCH_STEP_OF = re.compile(
     r"\bepoch\s*:?\s*(\d+)(?:\s*/\s*\d+)?\W{1,4}(?:step|iter(?:ation)?)\s*:?\s*(\d+)\s*/\s*(\d+)",
     re.IGNORECASE,
 )
-#: An iteration of all in brackets: mmcv 1.x's ``Iter [1100/160000]``, ``Iter: [600/1348]``.
-_ITER_BRACKETS = re.compile(r"\biter(?:ation)?\s*:?\s*\[\s*(\d+)\s*/\s*\d+\s*\]", re.IGNORECASE)
+#: An iteration of all in brackets: mmcv 1.x's ``Iter [1100/160000]``, ``Iter: [600/1348]``,
+#: PaddlePaddle's ICNet ``Iter[110]; train loss: nan``.
+_ITER_BRACKETS = re.compile(
+    r"\biter(?:ation)?\s*:?\s*\[\s*(\d+)\s*(?:/\s*\d+\s*)?\]", re.IGNORECASE
+)
 #: A name with a ``loss`` word and its value apart by spaces alone (``loss_total 116.117``):
 #: read though the name is no known one, as a loss is what such a line is about.
 _LOSS_WORD = re.compile(r"(?:^|_)loss(?:$|_)")
@@ -181,8 +189,12 @@ _EPOCH_OF_ALL = re.compile(
     r"\bepoch\s*:?\s*\[\s*(\d+)\s*/\s*\d+\s*\](?!\W{0,4}(?:\[|batch|step|iter))", re.I
 )
 #: A loop's evaluation line, ``Test set: Average loss: 0.0500, Accuracy: ...`` (PyTorch's
-#: MNIST example), ``Validation set: loss: ...``: its loss is no training loss.
-_EVALUATION_LINE = re.compile(r"(?:Test|Validation|Val|Eval(?:uation)?) set:", re.I)
+#: MNIST example), ``Validation set: loss: ...``, OpenNMT-tf's ``Evaluation result for step
+#: 435000: loss = 148890.71 ; perplexity = inf`` (behind TensorFlow's ``INFO:tensorflow:``):
+#: its loss is no training loss.
+_EVALUATION_LINE = re.compile(
+    r"(?:Test|Validation|Val|Eval(?:uation)?) (?:set:|results? for step \d+:)", re.I
+)
 #: The HF Flax examples' line: ``Step... (500 | Loss: 2.31, Learning Rate: 1e-4)``, also
 #: ``Step... (500/2000 | Training Loss: ...``, ``Step... (500 / 2000 | Loss: ...``.
 _FLAX_STEP = re.compile(r"Step\.\.\. \((\d+)(?:\s*/\s*\d+)?\s")
@@ -225,6 +237,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
     if "': '" in text:
         # PaddleDetection's ``'loss': '1.263390'``: the quotes around names and values go.
         text = _QUOTED.sub(r"\1", text)
+    if "[" in text:
+        text = _LIST_VALUE.sub(r"\1\2", text)
     pairs: list[tuple[str, float]] = []
     step: int | None = None
     step_rank = len(_STEP_NAMES)
@@ -392,7 +406,7 @@ def parse_keyvalue(text: str) -> list[Sample] | None:
     pairs, step = find_pairs(text)
     if not pairs:
         return None
-    if text[:1] in "TVE" and _EVALUATION_LINE.match(text) is not None:
+    if text[:1] in "TVEI" and _EVALUATION_LINE.match(_TF_LOG_PREFIX.sub("", text)) is not None:
         pairs = [(as_evaluation(name), value) for name, value in pairs]
     time = None
     stamp = _LEADING_TIMESTAMP.match(text.lstrip())

@@ -405,6 +405,22 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="a-leading-step-of-its-total-in-brackets",
         ),
         pytest.param(
+            "Iter[110]; train loss: nan; sub4_loss: nan",
+            [Sample("loss", NAN, 110), Sample("sub4_loss", NAN, 110)],
+            id="paddle-icnet-an-iteration-in-brackets-with-no-total",
+        ),
+        pytest.param(
+            "INFO:tensorflow:Evaluation result for step 435000: loss = 148890.718750 ;"
+            " perplexity = inf",
+            [Sample("eval_loss", 148890.71875, 435000), Sample("eval_perplexity", INF, 435000)],
+            id="opennmt-tf-an-evaluation-result-is-no-training-loss",
+        ),
+        pytest.param(
+            "Total iter: 10, loss: [nan], lr: [0.001]",
+            [Sample("loss", NAN, 10), Sample("lr", 0.001, 10)],
+            id="paddle-a-value-printed-as-a-one-element-list",
+        ),
+        pytest.param(
             "Epoch 10 ; Iter 50/213 ; LR 1.0000 ; Target tokens/s 2135 ; PPL nan ;",
             [
                 Sample("epoch", 10.0, 1967),
