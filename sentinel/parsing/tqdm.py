@@ -8,7 +8,8 @@ per-epoch ``Epoch 0``, whose count restarts every epoch) are recognised and
 give no progress, unless their postfix names the global step (NeMo's
 ``global_step=5.000``): then that is their step. ``key=value`` pairs in a bar's postfix
 become samples, and so do the metrics a loop writes in its description
-(``loss: 2.31: 26%|...``); torchtune's
+(``loss: 2.31: 26%|...``); ColossalAI's ``[Epoch 1 / Train]:  10%|...| 42/420 [...]`` is a
+training bar at 420 + 42; torchtune's
 ``1|130|Loss: 2.31`` (epoch, global step, loss) is a training bar at its global step.
 """
 
@@ -24,7 +25,7 @@ _new_tuple = tuple.__new__
 CLOCK = r"(?:\d+:)?\d+:\d{2}"
 _BAR = re.compile(
     r"(?:(?P<percent>\d{1,3})%\|[^|]*\|\s*)?"
-    r"(?P<count>\d+)(?:/(?:\d+|\?))?(?:it)?\s+"
+    r"(?P<count>\d+)(?:/(?:(?P<total>\d+)|\?))?(?:it)?\s+"
     rf"\[{CLOCK}(?:<(?:{CLOCK}|\?))?(?:,\s*(?P<rest>[^\]]*))?\]\s*$"
 )
 #: Where a bar's bracket closes, with text glued after it: stdout and stderr sharing a
@@ -48,6 +49,12 @@ def split_glued(text: str) -> list[str] | None:
 #: Tags a log's own prefix puts before the bar: a line number, a time, a stream
 #: (``[1745] ``, ``[08:03:59] [STDERR] ``); not a word in brackets (``[Epoch 3]``).
 _PREFIX_TAGS = re.compile(r"^(?:\[(?:[\d:.,\-T ]+|[A-Z]+)\]\s*)+")
+#: ColossalAI's trainers' bar, ``[Epoch 0 / Train]:   0% 420/788222 [...]`` (epochs from 0,
+#: the count the epoch's batches, of its total; the bar's glyphs may be missing): a
+#: training bar at the epochs before times the total, plus the count.
+_EPOCH_TRAIN_DESCRIPTION = re.compile(
+    r"\[\s*epoch\s+(\d+)\s*/\s*train\s*\]\s*:?(?:\s*\d{1,3}%)?", re.IGNORECASE
+)
 #: Postfix fields that are not metrics (Lightning's logger version number).
 _NOT_METRICS = frozenset({"v_num"})
 _TRAINING_DESCRIPTION = re.compile(
@@ -79,6 +86,11 @@ def parse_tqdm(text: str) -> list[Sample] | None:
         description = _PREFIX_TAGS.sub("", description)
     training = not description or _TRAINING_DESCRIPTION.fullmatch(description) is not None
     count = int(bar.group("count"))
+    if not training and description[:1] == "[" and bar.group("total"):
+        epoch = _EPOCH_TRAIN_DESCRIPTION.fullmatch(description)
+        if epoch is not None:
+            training, description = True, ""
+            count += int(epoch.group(1)) * int(bar.group("total"))
     step = count if training else None
     samples: list[Sample] = []
     said: list[tuple[str, float]] = []

@@ -139,3 +139,21 @@ def test_a_bar_with_a_line_glued_after_it_is_read_as_the_two_lines(
     assert math.isnan(nan.value)
     if step is not None:
         assert {s.step for s in samples if s.name == PROGRESS} == {step}
+
+
+@pytest.mark.parametrize(
+    ("line", "step"),
+    [
+        # ColossalAI issue #1375's bar: no glyphs, the epoch's batches of their total.
+        ("[Epoch 0 / Train]:   0% 420/788222 [28:47<810:51:33,  3.71s/it, loss=nan]", 420),
+        ("[Epoch 1 / Train]:  10%|█         | 42/420 [00:47<08:51,  3.71s/it, loss=2.1]", 462),
+        ("[Epoch 1 / Eval]:  10%|█         | 42/420 [00:47<08:51,  3.71s/it, loss=2.1]", None),
+    ],
+)
+def test_a_colossalai_epoch_bar_is_at_the_epochs_before_times_its_total(
+    line: str, step: int | None
+) -> None:
+    samples = parse_tqdm(line)
+    assert samples is not None
+    assert {s.step for s in samples} == {step}
+    assert [s.name for s in samples if s.name != PROGRESS] == ["loss"]
