@@ -506,3 +506,13 @@ def test_a_shift_of_orders_of_magnitude_from_few_values_is_critical(
     values = [4.9, 4.1, 3.5] + [3.5 * factor * (1 + 0.01 * i) for i in range(4)]
     alerts = feed(values)
     assert [(a.severity, a.onset_step) for a in alerts] == [(severity, 4)]
+
+
+def test_a_loss_two_orders_of_magnitude_up_for_a_second_value_is_confirmed() -> None:
+    """A real MindYOLO run (mindspore-lab/mindyolo issue #402), logged every 100 steps:
+    11.67, 8.85, then 8,713 and 15,806, where its log ends. Two values that far up are no
+    spike: critical at the second, onset at the first, where it waited for a third. Two
+    values at 50x wait for the shift's patience, as any shift judged from few values."""
+    (alert,) = feed([11.67, 8.85, 8712.6, 15806.4])
+    assert (alert.severity, alert.step, alert.onset_step) == (Severity.CRITICAL, 4, 3)
+    assert feed([4.9, 4.1, 3.5, 3.5 * 50, 3.5 * 50]) == []
