@@ -111,6 +111,11 @@ _QUOTED = re.compile(r"'([^'\s]*)'")
 #: A value printed as a one-element list (a PaddlePaddle tensor's ``loss: [2.3456]``), not
 #: one list followed by another (``Epoch: [2][ 130/500]``).
 _LIST_VALUE = re.compile(rf"([:=]\s*)\[\s*({_NUMBER})\s*\](?!\s*\[)", re.IGNORECASE)
+#: A key in brackets between pipes, its value after it (a loguru trainer's ``| [Loss] nan |
+#: [step]   104 |``): read as ``Loss: nan``, only where the value ends its cell.
+_BRACKET_KEY = re.compile(
+    rf"(?<=\|)(\s*)\[([a-z][a-z_]*)\]\s+(?=(?:{_NUMBER})\s*(?:\||$))", re.IGNORECASE
+)
 #: TensorFlow's logging prefix, ``INFO:tensorflow:``.
 _TF_LOG_PREFIX = re.compile(r"^(?:INFO|WARNING):tensorflow:")
 #: A line's step names, by how specific each is (``RECORD_STEP_KEYS``' order): LitGPT's
@@ -239,6 +244,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         text = _QUOTED.sub(r"\1", text)
     if "[" in text:
         text = _LIST_VALUE.sub(r"\1\2", text)
+        if "| [" in text:
+            text = _BRACKET_KEY.sub(r"\1\2: ", text)
     pairs: list[tuple[str, float]] = []
     step: int | None = None
     step_rank = len(_STEP_NAMES)

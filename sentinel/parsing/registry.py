@@ -34,6 +34,7 @@ from sentinel.parsing import (
     ultralytics,
     verl,
     wenet,
+    yolact,
     yolo_results,
 )
 from sentinel.parsing.file_format import FileFormat
@@ -61,6 +62,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "tfod": tfod.parse_tfod,
     "detectron2": detectron2.parse_detectron2,
     "yolo_results": yolo_results.parse_yolo_results,
+    "yolact": yolact.parse_yolact,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a

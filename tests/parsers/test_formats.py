@@ -700,3 +700,23 @@ def test_detectron2s_floating_point_error_is_the_loss_at_its_iteration(tmp_path:
     result = replay([log], load_settings(None, environ={}))
     nan = [a for a in result.alerts if a.rule == "nan_inf"]
     assert [(a.severity, a.step) for a in nan][:1] == [(Severity.CRITICAL, 4311)]
+
+
+def test_yolact_lines_are_read_at_their_iteration_with_their_total_as_the_loss() -> None:
+    """dbolya/yolact issue #359: ``[  1]    1510 || B: 5.515 | ... | T: 16.955 || ETA: ...``."""
+    parser = LineParser()
+    line = (
+        "[  1]    1510 || B: 5.515 | C: 3.088 | M: 7.223 | S: 1.129 | T: nan ||"
+        " ETA: 196 days, 13:00:18 || timer: 0.310"
+    )
+    samples = parser.parse(line)
+    assert {s.step for s in samples} == {1510}
+    assert [s.name for s in samples] == [
+        "loss_box",
+        "loss_class",
+        "loss_mask",
+        "loss_semantic",
+        "loss",
+        "epoch",
+    ]
+    assert math.isnan(next(s.value for s in samples if s.name == "loss"))

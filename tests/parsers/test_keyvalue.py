@@ -405,6 +405,13 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="a-leading-step-of-its-total-in-brackets",
         ),
         pytest.param(
+            "2023-01-25 00:21:34.569 | INFO     | trainers.base_trainer:train_epochs:256 - [R0]"
+            " | E6 iter[ 14/ 15] | [Loss] nan | [exp] ./exp/0125/car | [step]   104 |"
+            " [best] 0 -100.000x1e-2",
+            [Sample("loss", NAN, 104, 1674606094.569)],
+            id="loguru-keys-in-brackets-between-pipes",
+        ),
+        pytest.param(
             "Iter[110]; train loss: nan; sub4_loss: nan",
             [Sample("loss", NAN, 110), Sample("sub4_loss", NAN, 110)],
             id="paddle-icnet-an-iteration-in-brackets-with-no-total",
