@@ -316,15 +316,7 @@ class GradNormRunDetector(BaseDetector):
         details = self._details("warmup", warmup_bar(least, settings), None, onset, evidence)
         details["run_length"] = len(self._warmup_run)
         return [
-            self.sample_alert(
-                sample,
-                severity=settings.severity,
-                message=message,
-                time=stamp if stamp is not None else now,
-                source=source,
-                onset_step=onset,
-                details=details,
-            )
+            self._warn(sample, message, stamp if stamp is not None else now, source, onset, details)
         ]
 
     def can_absorb(self, block: Block) -> bool:
@@ -430,15 +422,7 @@ class GradNormRunDetector(BaseDetector):
             )
         evidence = list(self._recent)[-(len(self._run) + CONTEXT) :]
         details = self._details(kind, bar, median, onset, evidence)
-        return self.sample_alert(
-            sample,
-            severity=settings.severity,
-            message=message,
-            time=time,
-            source=source,
-            onset_step=onset,
-            details=details,
-        )
+        return self._warn(sample, message, time, source, onset, details)
 
     def _leap_base(self, median: float | None) -> float | None:
         """What a leap is judged against: the rolling median, or before it is judged the
@@ -462,15 +446,7 @@ class GradNormRunDetector(BaseDetector):
         )
         evidence = list(self._recent)[-(1 + CONTEXT) :]
         details = self._details("leap", LEAP * base, median, step, evidence)
-        return self.sample_alert(
-            sample,
-            severity=self.settings.severity,
-            message=message,
-            time=time,
-            source=source,
-            onset_step=step,
-            details=details,
-        )
+        return self._warn(sample, message, time, source, step, details)
 
     def _open_clipping(self, sample: Sample, source: str, time: float) -> Alert:
         settings = self.settings
@@ -487,15 +463,7 @@ class GradNormRunDetector(BaseDetector):
         assert settings.max_grad_norm is not None
         details = self._details("clipping", settings.max_grad_norm, median, onset, window)
         details.update(clipped=len(clipped), clip_window=settings.clip_window)
-        return self.sample_alert(
-            sample,
-            severity=settings.severity,
-            message=message,
-            time=time,
-            source=source,
-            onset_step=onset,
-            details=details,
-        )
+        return self._warn(sample, message, time, source, onset, details)
 
     def _count_calm(self, busy: bool, sample: Sample, source: str, time: float) -> list[Alert]:
         if busy:
@@ -523,6 +491,26 @@ class GradNormRunDetector(BaseDetector):
                 details=details,
             )
         ]
+
+    def _warn(
+        self,
+        sample: Sample,
+        message: str,
+        time: float,
+        source: str,
+        onset: int | None,
+        details: dict[str, Any],
+    ) -> Alert:
+        """The rule's alert (``severity``) on ``sample``, its episode from ``onset``."""
+        return self.sample_alert(
+            sample,
+            severity=self.settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=onset,
+            details=details,
+        )
 
     def _details(
         self,
