@@ -421,6 +421,10 @@ class Cell:
     #: how many of them were found.
     apart: int = 0
     apart_found: int = 0
+    #: Cases whose first value after the onset is above every loss logged before it
+    #: (``rises_above``), and how many of them were critical on that value.
+    above: int = 0
+    above_first: int = 0
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -484,6 +488,9 @@ def run_cell(cell: Cell, runs: Sequence[Run], settings: Settings) -> Cell:
         if critical:
             cell.criticals += 1
             cell.to_critical.append(_values_between(texts, onset_line, critical[0]))
+        if rises_above(logged.records[first:before], logged.records[before:last]):
+            cell.above += 1
+            cell.above_first += bool(critical) and cell.to_critical[-1] == 0
     return cell
 
 
@@ -510,6 +517,16 @@ def stands_apart(before: Sequence[Record], after: Sequence[Record]) -> bool:
     if not losses_before or len(losses_after) < 2:
         return False
     return statistics.median(losses_after) > max(losses_before)
+
+
+def rises_above(before: Sequence[Record], after: Sequence[Record]) -> bool:
+    """Whether the first training loss after the onset is above every one logged before
+    it. A blow-up of x150 injected into a run whose loss fell 1,000x stays under where the
+    run began: a real healthy BERT-tiny classifier had hard batches just so (179x its
+    level, its grad-norm 24x), so a blow-up is judged above anything the run has shown."""
+    losses_before = [r["loss"] for r in before if "loss" in r]
+    losses_after = [r["loss"] for r in after if "loss" in r]
+    return bool(losses_before and losses_after) and losses_after[0] > max(losses_before)
 
 
 def _values_between(texts: list[str], onset_line: int, line: int) -> int:
@@ -637,6 +654,11 @@ def targets(cells: Sequence[Cell], healthy: Sequence[Healthy], every_step: str) 
         "a corroborated blow-up of x100 or more critical on its first value",
         [where(c) for c in cells if c.shape.startswith("blowup") and c.cases
          and (c.criticals < c.cases or any(v > 0 for v in c.to_critical))],
+    ))  # fmt: skip
+    out.append(check(
+        "the same, of the blow-ups above every loss logged before them",
+        [f"{where(c)}: {c.above_first} of {c.above}" for c in cells
+         if c.shape.startswith("blowup") and c.above_first < c.above],
     ))  # fmt: skip
     out.append(check(
         "a spike under x100 that recovers never critical",
