@@ -88,7 +88,6 @@ class LineParser:
         #: iterations as epochs: ``epoch: 3451 loss: nan``): None until a line decides it;
         #: False for good once any line names a step (then the epoch is no step unit).
         self._epoch_steps: bool | None = None
-        self._last_epoch_step: int | None = None  # the epoch the last such line was read at
 
     @property
     def reads_hf_blocks(self) -> bool:
@@ -141,9 +140,7 @@ class LineParser:
         leads with an integer ``epoch`` (``epoch: 3451 loss: nan``); a JSON object whose
         ``epoch`` is a JSON integer and that names no batch (the ``log.txt`` of DINO, DeiT
         and MAE: ``{"train_loss": 10.38, "train_lr": 0.0, "epoch": 0}``). An HF Trainer
-        dict's epoch is a fraction (``'epoch': 0.25``), and its step comes from its bars.
-        Once a line repeats the epoch before it (a loop that logs many lines an epoch), the
-        epoch is no step: reading them all at one step would keep one of them."""
+        dict's epoch is a fraction (``'epoch': 0.25``), and its step comes from its bars."""
         if any(sample.step is not None for sample in samples):
             self._epoch_steps = False
             return samples
@@ -158,11 +155,6 @@ class LineParser:
             if first.name != "epoch" or not first.value.is_integer() or lead == "[":
                 return samples
             step = int(first.value)
-        last, self._last_epoch_step = self._last_epoch_step, step
-        if last is not None and step <= last:
-            # The same epoch again: many lines an epoch, the epoch no counter of lines.
-            self._epoch_steps = False
-            return samples
         self._epoch_steps = True
         return [sample._replace(step=step) for sample in samples]
 

@@ -59,11 +59,3 @@ def test_a_json_record_whose_only_counter_is_an_integer_epoch_is_read_at_it() ->
         [10],
         [None, None],
     ]
-
-
-def test_an_epoch_repeated_on_the_next_line_is_no_step_from_then_on() -> None:
-    """A loop that logs several records an epoch with no other counter: reading them at
-    their epoch would put them all at one step, and keep one."""
-    lines = ['{"loss": 2.0, "epoch": 0}', '{"loss": 1.9, "epoch": 0}', '{"loss": 1.8, "epoch": 1}']
-    assert _steps(lines) == [[0, 0], [None, None], [None, None]]
-    assert _steps(["epoch: 3 loss: 2.0", "epoch: 3 loss: 1.9"]) == [[3, 3], [None, None]]
