@@ -195,10 +195,15 @@ _EPOCH_OF_ALL = re.compile(
 )
 #: A loop's evaluation line, ``Test set: Average loss: 0.0500, Accuracy: ...`` (PyTorch's
 #: MNIST example), ``Validation set: loss: ...``, OpenNMT-tf's ``Evaluation result for step
-#: 435000: loss = 148890.71 ; perplexity = inf`` (behind TensorFlow's ``INFO:tensorflow:``):
-#: its loss is no training loss.
+#: 435000: loss = 148890.71 ; perplexity = inf`` (behind TensorFlow's ``INFO:tensorflow:``),
+#: DETR's MetricLogger ``Test:  [3/4]  eta: ...  loss: 54.98 (56.33) ...`` and the
+#: ``Averaged stats:`` after it (the training epoch's own has its ``lr:``): its loss is no
+#: training loss.
 _EVALUATION_LINE = re.compile(
-    r"(?:Test|Validation|Val|Eval(?:uation)?) (?:set:|results? for step \d+:)", re.I
+    r"(?:Test|Validation|Val|Eval(?:uation)?) (?:set:|results? for step \d+:)"
+    r"|Test:\s+\["
+    r"|Averaged stats: (?!.*\blr: )",
+    re.I,
 )
 #: The HF Flax examples' line: ``Step... (500 | Loss: 2.31, Learning Rate: 1e-4)``, also
 #: ``Step... (500/2000 | Training Loss: ...``, ``Step... (500 / 2000 | Loss: ...``.
@@ -413,7 +418,7 @@ def parse_keyvalue(text: str) -> list[Sample] | None:
     pairs, step = find_pairs(text)
     if not pairs:
         return None
-    if text[:1] in "TVEI" and _EVALUATION_LINE.match(_TF_LOG_PREFIX.sub("", text)) is not None:
+    if text[:1] in "TVEIA" and _EVALUATION_LINE.match(_TF_LOG_PREFIX.sub("", text)) is not None:
         pairs = [(as_evaluation(name), value) for name, value in pairs]
     time = None
     stamp = _LEADING_TIMESTAMP.match(text.lstrip())

@@ -412,6 +412,21 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="loguru-keys-in-brackets-between-pipes",
         ),
         pytest.param(
+            "Test:  [3/4]  eta: 0:00:00  class_error: 100.00  loss: 54.9872 (56.3321)",
+            [Sample("eval_loss", 54.9872, None)],
+            id="detr-metriclogger-test-lines-are-the-evaluations",
+        ),
+        pytest.param(
+            "Averaged stats: class_error: 100.00  loss: 54.9872 (56.3321)",
+            [Sample("eval_loss", 54.9872, None)],
+            id="detr-averaged-stats-with-no-lr-are-the-evaluations",
+        ),
+        pytest.param(
+            "Averaged stats: lr: 0.000100  class_error: 100.00  loss: 34.8483 (43.3952)",
+            [Sample("lr", 0.0001, None), Sample("loss", 34.8483, None)],
+            id="detr-averaged-stats-of-a-training-epoch",
+        ),
+        pytest.param(
             "Iter[110]; train loss: nan; sub4_loss: nan",
             [Sample("loss", NAN, 110), Sample("sub4_loss", NAN, 110)],
             id="paddle-icnet-an-iteration-in-brackets-with-no-total",
