@@ -5,7 +5,8 @@
 ``Epoch 3/10`` is at step ``(epoch - 1) x 100 + 100``; before any epoch line, at its batch.
 ``verbose=2`` prints one such line an epoch, with no bar: ``100/100 - 1s - loss: 0.1234
 - accuracy: 0.9 - 1s/epoch - 10ms/step`` (Keras 2), ``100/100 - 1s - 10ms/step -
-accuracy: 0.9 - loss: 0.1234`` (Keras 3). A ``LineFormat``: it keeps the epoch the last
+accuracy: 0.9 - loss: 0.1234`` (Keras 3); Keras 1's, ``3083s - loss: 1.7197 - acc: ...``,
+is at the epochs done. A ``LineFormat``: it keeps the epoch the last
 head named. Under a head, a line also gives the epochs done (``epoch``, as the HF
 Trainer logs it: 3.5 is half of the fourth), which places its step among the run's epochs
 (a NaN at the fourth epoch is no first step, however few lines came before it).
@@ -27,6 +28,8 @@ from sentinel.parsing.keyvalue import find_pairs
 
 _EPOCH = re.compile(r"Epoch (\d+)(/\d+)?")
 _PROGRESS = re.compile(r"(\d+)/(\d+) (?:\[[=>.]*\]|━|- \d+m?s - )")
+#: Keras 1's ``verbose=2`` line an epoch, with no count: ``3083s - loss: 1.7197 - acc: ...``.
+_SECONDS = re.compile(r"\d+s - (?=[a-z_]+: )")
 
 
 class KerasProgress:
@@ -56,7 +59,7 @@ class KerasProgress:
         if first.isdigit() and " - " in text:
             found = _PROGRESS.match(text)
             if found is None:
-                return None
+                return self._epoch_line(text)
             pairs, _ = find_pairs(text[found.end() :])
             batch, per_epoch = int(found.group(1)), int(found.group(2))
             if self._epoch is None:
@@ -69,6 +72,19 @@ class KerasProgress:
                 samples.append(Sample("epoch", done, step))
             return samples
         return None
+
+    def _epoch_line(self, text: str) -> list[Sample] | None:
+        """Keras 1's ``verbose=2`` line under its head (``Epoch 3/10``, then ``3083s - loss:
+        ...``): at the epochs done, the only count it gives; None for another line."""
+        found = _SECONDS.match(text)
+        if found is None or self._epoch is None:
+            return None
+        pairs, _ = find_pairs(text[found.end() :])
+        step = self._epoch + 1
+        return [
+            *(Sample(name, value, step) for name, value in pairs),
+            Sample("epoch", float(step), step),
+        ]
 
     def _unheaded(self, pairs: list[tuple[str, float]], batch: int, per_epoch: int) -> list[Sample]:
         """A progress line with no epoch head before it: at its count since the first. A

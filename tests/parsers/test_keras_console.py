@@ -81,3 +81,13 @@ def test_without_its_epoch_heads_each_epoch_is_read_at_a_step_of_its_own() -> No
 def _losses_of(lines: list[str]) -> list[Sample]:
     parser = LineParser()
     return [s for line in lines for s in parser.parse(line) if s.name == "loss"]
+
+
+def test_keras_1_verbose_2_lines_are_at_the_epochs_done() -> None:
+    """KyotoSunshine/CNN-for-handwritten-kanji's log (Keras 1, ``verbose=2``): ``Epoch 1/10``
+    then ``3083s - loss: 1.7197 - ...``, a line an epoch with no count. They named no step."""
+    lines = ["Train on 400000 samples, validate on 10000 samples", "Epoch 1/10"]
+    lines += ["3083s - loss: 1.7197 - acc: 0.5893 - val_loss: 0.3504 - val_acc: 0.8959"]
+    lines += ["Epoch 2/10", "3086s - loss: 0.6644 - acc: 0.8074 - val_loss: 0.2832"]
+    read = _losses_of(lines)
+    assert [(s.step, s.value) for s in read] == [(1, 1.7197), (2, 0.6644)]
