@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 #: What a human-written metric line cannot lack: a digit, or a non-finite value spelled out
 #: (``loss: nan``, ``Loss is Infinity``, ``avg_rd: nan | cur_rd: nan``).
 _NUMERIC = re.compile(r"\d|nan|inf", re.IGNORECASE)
+#: Typographic single quotes, as straight ones.
+_STRAIGHT_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'"})
 #: A JSON object's ``"epoch"`` that is a JSON integer (not ``0.25``, not ``1.0``).
 _JSON_EPOCH = re.compile(r'"epoch"\s*:\s*(\d{1,18})\s*[,}]')
 
@@ -125,6 +127,9 @@ class LineParser:
         (``parsers.hf_steps``); the first metrics with no step while none was seen are
         logged once, as a notice that the log names no step.
         """
+        if text[:2] == "{\u2018":
+            # An HF dict pasted through an editor that curls its quotes: ``{‘loss’: 1.45}``.
+            text = text.translate(_STRAIGHT_QUOTES)
         samples = self._parse_line(text)
         if "{'" in text or "%|" in text:
             samples = self._hf.process(text, samples)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from sentinel.model.records import PROGRESS, Sample
-from sentinel.parsing import Garbled, hf_trainer
+from sentinel.parsing import Garbled, LineParser, hf_trainer
 from sentinel.parsing.hf_trainer import parse_hf_dict, read_trainer_state, trainer_state_info
 
 # Each test runs with the stdlib and with orjson (tests/parsers/conftest.py).
@@ -255,3 +255,14 @@ def test_json_fast_path_reads_what_the_regexes_read(
 )
 def test_json_fast_path_takes_only_plain_dicts(line: str, fast: bool) -> None:
     assert (hf_trainer._fields_as_json(line) is not None) is fast
+
+
+def test_a_dict_whose_quotes_an_editor_curled_is_read() -> None:
+    """huggingface/transformers issue #33336 pasted its dicts as ``{‘loss’: 1.453, ...}``."""
+    line = "{\u2018loss\u2019: 1.453, \u2018grad_norm\u2019: 2.4744, \u2018epoch\u2019: 0.19}"
+    samples = LineParser().parse(line)
+    assert [(s.name, s.value) for s in samples] == [
+        ("loss", 1.453),
+        ("grad_norm", 2.4744),
+        ("epoch", 0.19),
+    ]
