@@ -116,6 +116,8 @@ _LIST_VALUE = re.compile(rf"([:=]\s*)\[\s*({_NUMBER})\s*\](?!\s*\[)", re.IGNOREC
 _BRACKET_KEY = re.compile(
     rf"(?<=\|)(\s*)\[([a-z][a-z_]*)\]\s+(?=(?:{_NUMBER})\s*(?:\||$))", re.IGNORECASE
 )
+#: A rate's unit after its value that counts samples, not tokens (``sample_per_sec``).
+_SAMPLES_UNIT = re.compile(r"\s*samples?(?:_per_|/)", re.IGNORECASE)
 #: TensorFlow's logging prefix, ``INFO:tensorflow:``.
 _TF_LOG_PREFIX = re.compile(r"^(?:INFO|WARNING):tensorflow:")
 #: A line's step names, by how specific each is (``RECORD_STEP_KEYS``' order): LitGPT's
@@ -279,6 +281,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
                 step, step_rank = stepped, rank
             continue
         name = _LINE_ALIASES.get(lowered) or normalise_name(key)
+        if name == "tokens_per_sec" and _SAMPLES_UNIT.match(text, match.end()) is not None:
+            name = "samples_per_sec"  # ColossalAI's ``throughput=0.29466 sample_per_sec``
         if lowered == "val" and pairs and pairs[-1][0] == "loss":
             name = "eval_loss"  # LitGPT's ``loss train: 2.846, val: 2.861``
         if name in _ONCE:

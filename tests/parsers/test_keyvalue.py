@@ -427,6 +427,15 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             id="detr-averaged-stats-of-a-training-epoch",
         ),
         pytest.param(
+            "loss=2.1, throughput=0.29466 sample_per_sec, lr=1e-4",
+            [
+                Sample("loss", 2.1, None),
+                Sample("samples_per_sec", 0.29466, None),
+                Sample("lr", 1e-4, None),
+            ],
+            id="colossalai-a-throughput-in-samples-is-no-tokens-rate",
+        ),
+        pytest.param(
             "Iter[110]; train loss: nan; sub4_loss: nan",
             [Sample("loss", NAN, 110), Sample("sub4_loss", NAN, 110)],
             id="paddle-icnet-an-iteration-in-brackets-with-no-total",
