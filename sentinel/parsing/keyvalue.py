@@ -213,12 +213,13 @@ _FLAX_STEP = re.compile(r"Step\.\.\. \((\d+)(?:\s*/\s*\d+)?\s")
 #: A job's settings as it prints them when it starts, not metrics: a settings object's repr
 #: (argparse's ``Namespace(lr=0.001, batch_size=32)``, ``TrainingArguments(...)``), the
 #: whole line, naming no step (``Metrics(step=5, loss=2.3)`` is a record), and a layer of
-#: a model's printed repr (``(0): Linear(in_features=2, out_features=32, bias=True)``);
+#: a model's printed repr (``(0): Linear(in_features=2, out_features=32, bias=True)``); a
+#: shell's ``export CPU_NUM=32`` (PaddleRec's log, and ``bash -x``'s ``+ export ...``);
 #: Ultralytics' ``engine/trainer: lr0=0.01, momentum=0.937, ...``, coloured or not.
 _SETTINGS = re.compile(
     r"(?:\x1b\[[0-9;]*m)*(?:\(\w+\):\s*)?"
     r"(?:[A-Za-z_][\w.]*\((?!.*\b(?:step|global_step|iteration|iter)=)"
-    r"\w+=.*\)$|engine/trainer: )"
+    r"\w+=.*\)$|engine/trainer: |(?:\+ )?(?:export|set|setenv) [A-Za-z_]\w*=)"
 )
 #: ``Loss is 1.26``; Deeplearning4j's ``Score at iteration 1500 is 1.26``; BigDL's
 #: ``Throughput is 408.4 records/second. Loss is 1.26. Current learning rate is 0.046.``

@@ -435,6 +435,8 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             ],
             id="colossalai-a-throughput-in-samples-is-no-tokens-rate",
         ),
+        pytest.param("export CPU_NUM=32", None, id="a-shells-export-is-a-setting"),
+        pytest.param("+ export FLAGS_lr=0.1", None, id="bash-x-traces-its-export"),
         pytest.param(
             "Iter[110]; train loss: nan; sub4_loss: nan",
             [Sample("loss", NAN, 110), Sample("sub4_loss", NAN, 110)],
