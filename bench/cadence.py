@@ -512,8 +512,7 @@ def stands_apart(before: Sequence[Record], after: Sequence[Record]) -> bool:
     run: x2 of a loss that fell 4x in the values before is still under them), or one value
     is all there is (a spike and a shift look alike), no rule can tell it from a healthy
     run with the values it has."""
-    losses_before = [r["loss"] for r in before if "loss" in r]
-    losses_after = [r["loss"] for r in after if "loss" in r][:APART_VALUES]
+    losses_before, losses_after = _losses(before), _losses(after)[:APART_VALUES]
     if not losses_before or len(losses_after) < 2:
         return False
     return statistics.median(losses_after) > max(losses_before)
@@ -524,9 +523,13 @@ def rises_above(before: Sequence[Record], after: Sequence[Record]) -> bool:
     it. A blow-up of x150 injected into a run whose loss fell 1,000x stays under where the
     run began: a real healthy BERT-tiny classifier had hard batches just so (179x its
     level, its grad-norm 24x), so a blow-up is judged above anything the run has shown."""
-    losses_before = [r["loss"] for r in before if "loss" in r]
-    losses_after = [r["loss"] for r in after if "loss" in r]
+    losses_before, losses_after = _losses(before), _losses(after)
     return bool(losses_before and losses_after) and losses_after[0] > max(losses_before)
+
+
+def _losses(records: Sequence[Record]) -> list[float]:
+    """The training losses of ``records``, in order."""
+    return [r["loss"] for r in records if "loss" in r]
 
 
 def _values_between(texts: list[str], onset_line: int, line: int) -> int:

@@ -251,7 +251,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         # PaddleDetection's ``'loss': '1.263390'``: the quotes around names and values go.
         text = _QUOTED.sub(r"\1", text)
     if "[" in text:
-        text = _LIST_VALUE.sub(r"\1\2", text)
+        if ": [" in text or ":[" in text or "=[" in text or "= [" in text:
+            text = _LIST_VALUE.sub(r"\1\2", text)  # only where a value may open a list
         if "| [" in text:
             text = _BRACKET_KEY.sub(r"\1\2: ", text)
     pairs: list[tuple[str, float]] = []
@@ -376,6 +377,13 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
     return pairs, step
 
 
+def _is_evaluation_line(text: str) -> bool:
+    """Whether a line is an evaluation's (``_EVALUATION_LINE``), behind TensorFlow's prefix
+    or not."""
+    prefix = _TF_LOG_PREFIX.match(text)
+    return _EVALUATION_LINE.match(text, prefix.end() if prefix else 0) is not None
+
+
 def as_evaluation(name: str) -> str:
     """A metric of an evaluation line under its evaluation name: ``loss`` -> ``eval_loss``."""
     return name if name.startswith(("eval_", "test_")) else f"eval_{name}"
@@ -423,7 +431,7 @@ def parse_keyvalue(text: str) -> list[Sample] | None:
     pairs, step = find_pairs(text)
     if not pairs:
         return None
-    if text[:1] in "TVEIA" and _EVALUATION_LINE.match(_TF_LOG_PREFIX.sub("", text)) is not None:
+    if text[:1] in "TVEIA" and _is_evaluation_line(text):
         pairs = [(as_evaluation(name), value) for name, value in pairs]
     time = None
     stamp = _LEADING_TIMESTAMP.match(text.lstrip())

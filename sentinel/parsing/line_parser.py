@@ -240,7 +240,7 @@ class LineParser:
     def _glued(self, text: str) -> list[str] | None:
         """A progress bar and the text glued after it, as two lines (``tqdm.split_glued``):
         read whole, the line is one of the two, or neither; None for any other line."""
-        if not self._splits_glued or "]" not in text or "it" not in text:
+        if not self._splits_glued or ("it/s" not in text and "s/it" not in text):
             return None
         return tqdm.split_glued(text)
 

@@ -432,7 +432,7 @@ class GradNormRunDetector(BaseDetector):
             return median or None
         if len(rolling) < LEAP_HISTORY:
             return None
-        return rolling.ordered()[-1] or None
+        return max(rolling.values) or None
 
     def _open_leap(
         self, base: float, median: float | None, sample: Sample, source: str, time: float
