@@ -53,7 +53,9 @@ them opens a shift (confirmed, a warning, by ``early_patience`` values above ``r
 that least); nothing is judged with
 fewer, or while the level is <= 0 (a ratio to it means nothing). Non-finite values are
 ``nan_inf``'s business and are skipped. A confirmed shift resolves (info) when the metric
-comes back under the recovery bar.
+comes back under the recovery bar. A replayed log that ends while a shift is open, not yet
+confirmed, warns when ``CORROBORATED`` values or more since its onset stay above its bar
+at their median (``log_ended``): an excerpt that ends two values after the loss doubled.
 
 ``details``: ``kind`` (``"unrecovered"`` or ``"recovered"``), ``metric``, ``level``,
 ``early`` (judged from fewer than ``min_history`` values),
@@ -423,6 +425,8 @@ class Shift:
     early: bool = False
     #: Seen in hindsight: the level crept past the bar of the level before it (``crept``).
     crept: bool = False
+    #: Where its values were read (the log its alert names).
+    source: str = ""
 
     @property
     def after_descent(self) -> bool:
@@ -586,7 +590,9 @@ class DivergenceDetector(BaseDetector):
                 if scant is None:
                     series.learn(step, value)
                     return []
-                series.shift = Shift(scant, step, list(series.recent), [(step, value)], early=True)
+                series.shift = Shift(
+                    scant, step, list(series.recent), [(step, value)], early=True, source=source
+                )
                 return []
             # In warmup the loss may wobble up as the rate climbs: judged as from few values.
             early = len(series.history) < settings.min_history or self._warmup.active(step)
@@ -595,7 +601,9 @@ class DivergenceDetector(BaseDetector):
             if current is None:
                 series.learn(step, value)
                 return [] if early else self._crept(series, sample, source, now)
-            series.shift = Shift(current, step, list(series.recent), [(step, value)], early=early)
+            series.shift = Shift(
+                current, step, list(series.recent), [(step, value)], early=early, source=source
+            )
             return []
         time = stamp if stamp is not None else now
         if value <= shift.bars.back:
@@ -619,6 +627,28 @@ class DivergenceDetector(BaseDetector):
         if len(shift.since) >= self.settings.window:
             series.forget_shift()  # neither back nor up: the run's new normal
         return []
+
+    def log_ended(self, now: float, tail: Sequence[str]) -> list[Alert]:
+        """A replayed log that ends while a shift is open, unconfirmed: a warning when
+        ``CORROBORATED`` values or more since its onset stay above its bar at their median
+        (or, after a descent, none came back to the level), none back under the recovery
+        bar. An excerpt that ends two values after the loss doubled (a Keras run's 0.047
+        -> 0.096 -> 0.088 at its last epochs) holds no more evidence than that, and said
+        nothing."""
+        del tail
+        alerts: list[Alert] = []
+        for name, series in self._series.items():
+            shift = series.shift
+            if shift is None or shift.confirmed or len(shift.since) < CORROBORATED:
+                continue
+            latest = sorted_median(sorted(value for _, value in shift.since))
+            if latest <= shift.bars.shift and not shift.after_descent:
+                continue
+            step, value = shift.since[-1]
+            last = Sample(name, value, step)
+            alert = self._alert(shift, latest, last, shift.source, now, ended=True)
+            alerts.append(alert)
+        return alerts
 
     def _crept(self, series: ShiftSeries, sample: Sample, source: str, now: float) -> list[Alert]:
         """The level crept past the bar of the run at its best (``crept``): a shift seen in
@@ -669,9 +699,11 @@ class DivergenceDetector(BaseDetector):
         time: float,
         *,
         corroboration: str | None = None,
+        ended: bool = False,
     ) -> Alert:
         """The confirmed shift's alert; ``corroboration``: the eval loss's rise with it, by
-        which a shift judged from few values is confirmed sooner."""
+        which a shift judged from few values is confirmed sooner; ``ended``: the log ended
+        before the shift was confirmed (a warning, whatever else is known)."""
         level = shift.bars.level
         count = len(shift.since)
         details = self._details("unrecovered", shift, sample, latest)
@@ -688,6 +720,8 @@ class DivergenceDetector(BaseDetector):
             known = f" (judged from {len(shift.before)} values before it)"
         elif shift.crept and not unexplained:
             severity = self.settings.early_severity  # a climb: no cause known to stop it for
+        if ended:
+            severity = min(severity, Severity.WARNING)
         act = (
             f"; rolling back to before step {shift.onset_step}"
             if severity == Severity.CRITICAL
@@ -705,6 +739,14 @@ class DivergenceDetector(BaseDetector):
             f" {shift.bars.shift:.4g}) for {count} values"
             f"{' ' + corroboration if corroboration else ''}{act}"
         )
+        if ended:
+            message = (
+                f"{sample.name} shifted up at step {shift.onset_step} and the log ended"
+                f" {count} values later, none back near its level: median {latest:.4g},"
+                f" {how_far_above(latest, level, shift.bars.noise)} its level {level:.4g}"
+                f" before the shift and above its bar {shift.bars.shift:.4g}"
+                f" ({len(shift.before)} values before it; {judged} confirm a shift)"
+            )
         return self.sample_alert(
             sample,
             severity=severity,

@@ -516,3 +516,60 @@ def test_a_loss_two_orders_of_magnitude_up_for_a_second_value_is_confirmed() -> 
     (alert,) = feed([11.67, 8.85, 8712.6, 15806.4])
     assert (alert.severity, alert.step, alert.onset_step) == (Severity.CRITICAL, 4, 3)
     assert feed([4.9, 4.1, 3.5, 3.5 * 50, 3.5 * 50]) == []
+
+
+def ended(values: Sequence[float], **config: Any) -> tuple[list[Alert], list[Alert]]:
+    """The alerts while ``values`` are fed, and those at the end of the log."""
+    detector = DivergenceDetector(DivergenceConfig(**config))
+    alerts: list[Alert] = []
+    for step, value in enumerate(values, start=1):
+        alerts += detector.observe(Sample("loss", value, step), "log", NOW)
+    return alerts, detector.log_ended(NOW, [])
+
+
+#: A Keras run's last epochs (DeepJ issue #49): flat at 0.047, then the loss doubles and the
+#: paste ends two epochs later.
+KERAS_DEEPJ = [0.0475, 0.0474, 0.0473, 0.0471, 0.0472, 0.0612, 0.0958, 0.0877]
+
+
+def test_a_log_that_ends_two_values_into_a_shift_warns_at_its_end() -> None:
+    during, at_end = ended(KERAS_DEEPJ)
+    assert during == []  # too few values since the onset to confirm it while it ran
+    assert [(a.severity, a.onset_step, a.step, a.details["early"]) for a in at_end] == [
+        (Severity.WARNING, 7, 8, True)
+    ]
+    message = at_end[0].message
+    assert "shifted up at step 7 and the log ended 2 values later" in message
+    assert "1.95x its level 0.0471" in message
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        [0.0958],  # one value up: a spike, as far as the log shows
+        [0.0958, 0.0480],  # back near the level
+        [0.0958, 0.0500, 0.0600],  # back under the recovery bar once
+    ],
+)
+def test_a_log_that_ends_without_two_values_up_says_nothing_at_its_end(
+    tail: list[float],
+) -> None:
+    during, at_end = ended(KERAS_DEEPJ[:5] + tail)
+    assert during == [] and at_end == []
+
+
+def test_a_shift_confirmed_before_the_log_ended_is_not_raised_again_at_its_end() -> None:
+    during, at_end = ended([*KERAS_DEEPJ, 0.0901, 0.0930])
+    assert [a.severity for a in during] == [Severity.WARNING]
+    assert at_end == []
+
+
+def test_a_critical_shift_cut_short_by_the_end_of_the_log_is_a_warning() -> None:
+    """Settled at 2.0 for 40 values, then x1.6 for 6: a shift that would be critical after
+    10 values, cut short; the end of a log is no evidence that it stays."""
+    during, at_end = ended(noisy(2.0, 40) + noisy(3.2, 6, seed=8))
+    assert during == []
+    assert [(a.severity, a.onset_step, a.details["early"]) for a in at_end] == [
+        (Severity.WARNING, 41, False)
+    ]
+    assert "10 confirm a shift" in at_end[0].message
