@@ -8,10 +8,21 @@
 too. The evaluation's ``validation loss at iteration 1000 | LM loss: 4.5E+00 | LM PPL: ...``
 is ``eval_loss`` and ``eval_ppl`` at that iteration, never the training loss. Stateless, one
 line each (``ParseFn``).
+
+A NaN loss leaves the line without its loss: Megatron (and Megatron-DeepSpeed, GPT-NeoX)
+prints each loss of the interval only ``if avg > 0.0``, which a NaN is not, and counts a
+NaN iteration only when it was skipped (fp16's overflow), so in bf16 a run whose loss turned
+NaN logs ``... | loss scale: 1.0 | number of skipped iterations:   0 | number of nan
+iterations:   0 |`` and nothing else says so (Megatron-DeepSpeed PR 434, Megatron-LLM issue
+33). A training line with no loss at all on which no iteration was skipped is read as a
+loss of NaN (an average of 0 or less is as bad for a training loss). One on which every
+iteration was skipped shows no loss for that reason (fp16's first steps, while the loss
+scale settles), and one that names no skipped count is not judged.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 from sentinel.model.records import Sample
@@ -92,4 +103,19 @@ def parse_megatron(text: str) -> list[Sample] | None:
         else:
             name = megatron_name(pair.group(1))
         samples.append(Sample(name, value, step, time))
+    if not evaluation and _loss_left_out(samples):
+        samples.append(Sample("loss", math.nan, step, time))
     return samples
+
+
+def _loss_left_out(samples: list[Sample]) -> bool:
+    """Whether a training line shows no loss though none of its iterations was skipped:
+    Megatron left the loss out because its average was not above 0 (NaN)."""
+    skipped = None
+    for sample in samples:
+        name = sample.name
+        if name == "skipped_iterations":
+            skipped = sample.value
+        elif "loss" in name and name != "loss_scale":
+            return False
+    return skipped == 0

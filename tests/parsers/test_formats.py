@@ -720,3 +720,60 @@ def test_yolact_lines_are_read_at_their_iteration_with_their_total_as_the_loss()
         "epoch",
     ]
     assert math.isnan(next(s.value for s in samples if s.name == "loss"))
+
+
+#: Megatron-DeepSpeed PR 434: a bf16 run whose loss turned NaN at iteration 9; Megatron
+#: prints a loss only ``if avg > 0.0``, and counts NaN iterations only when skipped.
+MEGATRON_NAN_LEFT_OUT = (
+    " iteration        9/      10 | consumed samples:          108 | consumed tokens:"
+    "       442368 | elapsed time per iteration (ms): 1979.2 | learning rate: 4.219E-07 |"
+    " global batch size:    12 | loss scale: 1.0 | actual seqlen:  4096 | number of skipped"
+    " iterations:   0 | number of nan iterations:   0 | samples per second: 6.063 | tokens"
+    " per gpu per second (tgs): 2069.506 | TFLOPs: 127.00 |"
+)
+#: Megatron-LM BERT in fp16 (NVIDIA/nccl issue 743): every iteration of the first interval
+#: skipped while the loss scale settles, so no loss is shown, rightly.
+MEGATRON_ALL_SKIPPED = (
+    " iteration       10/ 1000000 | consumed samples:           40 | elapsed time per"
+    " iteration (ms): 356.2 | learning rate: 0.000E+00 | global batch size:     4 | loss"
+    " scale: 8388608.0 | number of skipped iterations:  10 | number of nan iterations:   0 |"
+)
+
+
+def test_a_megatron_line_that_left_its_loss_out_unskipped_is_a_nan_loss() -> None:
+    found = [(s.name, s.step) for s in LineParser().parse(MEGATRON_NAN_LEFT_OUT)]
+    assert ("loss", 9) in found
+    loss = next(s for s in LineParser().parse(MEGATRON_NAN_LEFT_OUT) if s.name == "loss")
+    assert math.isnan(loss.value)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        MEGATRON_ALL_SKIPPED,
+        # the same NaN line cut before its skipped count: nothing says none was skipped
+        MEGATRON_NAN_LEFT_OUT.split("| number of skipped")[0],
+        # a line with its loss, and one with another loss of the model's (BERT's sop loss)
+        MEGATRON_NAN_LEFT_OUT.replace("loss scale", "lm loss: 2.5E+00 | loss scale"),
+        MEGATRON_NAN_LEFT_OUT.replace("loss scale", "sop loss: 6.9E-01 | loss scale"),
+    ],
+)
+def test_a_megatron_line_is_read_as_nan_only_where_its_loss_was_left_out(line: str) -> None:
+    losses = [s.value for s in LineParser().parse(line) if s.name == "loss"]
+    assert not any(math.isnan(value) for value in losses)
+
+
+def test_a_megatron_run_whose_loss_line_goes_silent_is_stopped_at_that_iteration(
+    tmp_path: Path,
+) -> None:
+    lines = [
+        MEGATRON_NAN_LEFT_OUT.replace("iteration        9/", f"iteration        {step}/").replace(
+            "loss scale", f"lm loss: {loss} | loss scale"
+        )
+        for step, loss in ((6, "2.9E+00"), (7, "2.8E+00"), (8, "2.8E+00"))
+    ] + [MEGATRON_NAN_LEFT_OUT]
+    log = tmp_path / "megatron.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = replay([log], load_settings(None, environ={}))
+    criticals = [a for a in result.alerts if a.severity == Severity.CRITICAL]
+    assert [(a.rule, a.step) for a in criticals] == [("nan_inf", 9)]
