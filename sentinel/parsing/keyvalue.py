@@ -160,9 +160,12 @@ _ITER_BRACKETS = re.compile(
 #: A name with a ``loss`` word and its value apart by spaces alone (``loss_total 116.117``):
 #: read though the name is no known one, as a loss is what such a line is about.
 _LOSS_WORD = re.compile(r"(?:^|_)loss(?:$|_)")
-#: PyTorch's ImageNet example (its ``ProgressMeter``): ``Epoch: [2][ 130/500]`` (from 0).
+#: PyTorch's ImageNet example (its ``ProgressMeter``): ``Epoch: [2][ 130/500]`` (from 0);
+#: with the epochs of all too, Swin Transformer's and SimMIM's ``Train: [6/300][900/1251]``
+#: (``f'Train: [{epoch}/{EPOCHS}][{idx}/{num_steps}]'``, from 0) and ``Epoch: [127/300][ 35/464]``.
 _EPOCH_BATCH_BRACKETS = re.compile(
-    r"\bepoch:\s*\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]", re.IGNORECASE
+    r"\b(?:epoch|train):\s*\[\s*(\d+)\s*(?:/\s*\d+\s*)?\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]",
+    re.IGNORECASE,
 )
 #: PyTorch-GAN's ``[Epoch 2/200] [Batch 130/938]`` (epochs from 0).
 _EPOCH_OF_BATCH_OF = re.compile(
@@ -315,8 +318,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         if counted is not None:
             epoch, batch, per_epoch = map(int, counted.groups())
             step = epoch * per_epoch + batch
-    if step is None and "]" in text and ("poch" in text or "POCH" in text):
-        step = _bracketed_epoch_step(text)  # each of its forms names the epoch
+    if step is None and "]" in text and ("poch" in text or "POCH" in text or "rain:" in text):
+        step = _bracketed_epoch_step(text)  # each of its forms names the epoch (or Train:)
     if step is None and "[" in text:
         bracketed = _STEP_BRACKETS.search(text)
         if bracketed is not None:

@@ -12,6 +12,8 @@ from sentinel.parsing.keyvalue import parse_keyvalue
 NAN = math.nan
 INF = math.inf
 STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
+#: ``2022-02-05 15:20:13``, read as UTC.
+SIMMIM_STAMP = 1644074413.0
 
 
 @pytest.mark.parametrize(
@@ -249,6 +251,23 @@ STAMP = 1714564801.0  # 2024-05-01 12:00:01 UTC
             "Epoch: [2][ 130/500]\tTime  0.100 ( 0.100)\tLoss 6.9100e+00 (6.9300e+00)",
             [Sample("loss", 6.91, 2 * 500 + 130)],
             id="pytorch-imagenet-progress-meter",
+        ),
+        pytest.param(
+            "[2022-02-05 15:20:13 simmim_pretrain] (main_simmim.py 185): INFO Train:"
+            " [6/100][900/1251]\teta 0:05:41 lr 0.000539\ttime 3.8164 (0.9736)\tloss 0.4383"
+            " (0.4707)\tgrad_norm 0.0261 (nan)\tmem 18243MB",
+            [
+                Sample("lr", 0.000539, 6 * 1251 + 900, SIMMIM_STAMP),
+                Sample("loss", 0.4383, 6 * 1251 + 900, SIMMIM_STAMP),
+                Sample("grad_norm", 0.0261, 6 * 1251 + 900, SIMMIM_STAMP),
+            ],
+            id="swin-simmim-epoch-of-all-and-batch",
+        ),
+        pytest.param(
+            "Train - Epoch: [127/300][ 35/464]\tTime  0.738 ( 0.738)\tData  0.000 ( 0.014)"
+            "\tLoss 2.1274e+00 (1.5406e+00)",
+            [Sample("loss", 2.1274, 127 * 464 + 35)],
+            id="epoch-of-all-in-brackets-and-batch",
         ),
         pytest.param(
             "[Epoch 2/200] [Batch 130/938] [D loss: 0.500000] [G loss: nan]",
