@@ -13,7 +13,7 @@ from sentinel.parsing.files import FileReader
 from sentinel.parsing.hf_blocks import HfPiece
 from sentinel.parsing.regex import UserRegex, compile_regexes, parse_with_regexes
 from sentinel.parsing.registry import PARSERS
-from sentinel.parsing.values import Garbled, ParseFn
+from sentinel.parsing.values import RECORD_STEP_KEYS, Garbled, ParseFn
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,13 @@ class LineParser:
         self._formats = formats.Formats() if "keyvalue" in names else None
         #: The lines so far of a dict ``pprint`` spread over several (``_printed_dict``).
         self._dict_lines: list[str] | None = None
+        #: The lines so far of a JSON object indented over several (``_json_block``), and
+        #: how deep in it the last one left off.
+        self._json_lines: list[str] | None = None
+        self._json_depth = 0
+        #: The hashes of the indented records read: a file rewritten whole (Chainer's
+        #: ``LogReport`` replaces its ``log`` at each report) gives each once.
+        self._json_seen: set[int] = set()
         self._no_step_yet = True
         #: Whether a line's leading integer ``epoch`` is its step (a loop that counts its
         #: iterations as epochs: ``epoch: 3451 loss: nan``): None until a line decides it;
@@ -188,6 +195,10 @@ class LineParser:
                 return ranked
         stats = self.stats
         stats.lines += 1
+        if self._json_lines is not None or text[-1:] == "{":
+            found = self._json_block(text)
+            if found is not None:
+                return found
         # (Not a dict's first line of several, which ends with its first entry's comma.)
         if self._brace_fast and text[:1] == "{" and text[-1:] != ",":
             fast_loads = self._fast_loads
@@ -357,6 +368,53 @@ class LineParser:
         self._dict_lines = [stripped[start:]]
         return []
 
+    def _json_block(self, text: str) -> list[Sample] | None:
+        """A JSON object written over several lines (``json.dump(..., indent=4)``: Chainer's
+        ``LogReport`` file, an array of ``{`` ... ``"iteration": 100,`` ... ``},``
+        records): its lines are held and read as one object at its closing line, counted
+        (the held ones read as nothing). Read only when it names its step (``iteration``,
+        ``step``, ``epoch``...): a config dumped so holds no metrics. None for a line that
+        is no part of one; a line that cannot go on with a held object drops it (garbled)
+        and is read on its own."""
+        stripped = text.strip()
+        held = self._json_lines
+        if held is None:
+            if stripped != "{":
+                return None
+            self._json_lines, self._json_depth = [stripped], 1
+            self.stats.unparsed += 1
+            return []
+        if not stripped or stripped[0] not in _JSON_STARTS or len(held) >= _JSON_LINES:
+            self._json_lines = None
+            self.stats.unparsed -= 1  # its opening line, counted as held: garbled after all
+            self.stats.garbled += 1
+            return None
+        held.append(stripped)
+        bare = _JSON_STRING.sub('""', stripped)
+        self._json_depth += bare.count("{") + bare.count("[") - bare.count("}") - bare.count("]")
+        if self._json_depth > 0:
+            self.stats.unparsed += 1
+            return []
+        self._json_lines = None
+        joined = " ".join(held).rstrip(",")
+        try:
+            record = fields.loads(joined)
+        except (ValueError, RecursionError):
+            record = None
+        if not isinstance(record, dict):
+            self.stats.garbled += 1
+            return []
+        seen = hash(joined)
+        if seen in self._json_seen or _JSON_PLACES.isdisjoint(record):
+            self.stats.unparsed += 1
+            return []
+        if len(self._json_seen) >= _JSON_SEEN:
+            self._json_seen.clear()  # a file that long is not rewritten whole each time
+        self._json_seen.add(seen)
+        samples = fields.samples_from_mapping(record)
+        self.stats.parsed += 1
+        return samples
+
     def _read_dict(self, text: str) -> list[Sample]:
         assert self._brace is not None
         return self._brace(text) or []
@@ -371,6 +429,17 @@ class LineParser:
 
 #: The most lines of a printed dict held before it is given up (a dict of metrics is short).
 _DICT_LINES = 64
+#: The most lines of an indented JSON object held before it is given up.
+_JSON_LINES = 512
+#: How a line inside an indented JSON object starts: a key, a closing or opening bracket,
+#: a value of an array.
+_JSON_STARTS = frozenset('"{}[]-0123456789tfnNI')
+#: A JSON string, its brackets no structure.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+#: The most indented records remembered, to read each once.
+_JSON_SEEN = 100_000
+#: The keys that place a record (its step or epoch): a JSON object without one is no record.
+_JSON_PLACES = frozenset({*RECORD_STEP_KEYS, "epoch"})
 
 
 def _has_number(text: str) -> bool:

@@ -119,6 +119,11 @@ def normalise_name(name: str) -> str:
         return ALIASES[camel]  # ``TrainLoss``, ``ValLoss``, ``gradNorm``: as their snake case
     if lowered.startswith("train/") and len(lowered) > len("train/"):
         return lowered[len("train/") :]
+    if lowered.startswith(("main/", "validation/main/")) and lowered[-1] != "/":
+        # Chainer's reports: the model its ``main`` optimizer trains (``main/loss``), and
+        # the ``Evaluator``'s ``validation/`` run of it (``validation/main/loss``).
+        rest = normalise_name(lowered.rpartition("main/")[2])
+        return f"eval_{rest}" if lowered[0] == "v" else rest
     if "-" in lowered:
         # MXNet's ``Train-Perplexity``, ``Validation-accuracy``: the split's name, a hyphen.
         split, _, rest = lowered.partition("-")
