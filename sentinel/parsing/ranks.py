@@ -42,8 +42,9 @@ _GLUED = re.compile(
 )
 #: ``rank 1:``, ``Rank1 |``, ``RANK 1 `` (the last one not sure).
 _NAMED = re.compile(r"rank ?(\d{1,6})(?: ?([:|]) ?| )", re.IGNORECASE)
-#: srun --label: ``1: `` (right-aligned to the widest task id).
-_LABEL = re.compile(r" *(\d{1,5}): ")
+#: srun --label: ``1: `` (right-aligned to the widest task id); not CatBoost's iteration
+#: before its ``learn`` value (``61:     learn 0.1211``: ``boosting``'s).
+_LABEL = re.compile(r" *(\d{1,5}): (?!\s*learn\b)")
 #: icefall's (k2's) head: ``<date> <time> <LEVEL> [<file>:<line>] (<rank>/<world>) ``.
 _ICEFALL = re.compile(r"[\d-]+ [\d:,.]+ [A-Z]+ \[[\w./-]+:\d+\] \((\d{1,6})/(\d{1,6})\) ")
 

@@ -9,6 +9,7 @@ with its ``FileFormat`` and one line in ``FILE_FORMATS``.
 from __future__ import annotations
 
 from sentinel.parsing import (
+    boosting,
     composer,
     coqui,
     deepspeed,
@@ -63,6 +64,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "detectron2": detectron2.parse_detectron2,
     "yolo_results": yolo_results.parse_yolo_results,
     "yolact": yolact.parse_yolact,
+    "boosting": boosting.parse_boosting,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a

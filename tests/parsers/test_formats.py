@@ -777,3 +777,59 @@ def test_a_megatron_run_whose_loss_line_goes_silent_is_stopped_at_that_iteration
     result = replay([log], load_settings(None, environ={}))
     criticals = [a for a in result.alerts if a.severity == Severity.CRITICAL]
     assert [(a.rule, a.step) for a in criticals] == [("nan_inf", 9)]
+
+
+#: A NaN, for comparing samples (NaN is equal to nothing).
+NAN_TEXT = "nan"
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(
+            "[44]\ttrain-logloss:-nan\ttrain-auc:0.874943\tvalid-logloss:0.332257\tvalid-auc:0.873648",
+            [("loss", NAN_TEXT, 44), ("auc", 0.874943, 44), ("eval_loss", 0.332257, 44),
+             ("eval_auc", 0.873648, 44)],
+            id="xgboost-train-and-valid",
+        ),
+        pytest.param(
+            "[180]   cv-test-logloss:0.045664+0.000217       cv-train-logloss:nan+nan",
+            [("eval_loss", 0.045664, 180), ("loss", NAN_TEXT, 180)],
+            id="xgboost-cv-mean-and-deviation",
+        ),
+        pytest.param(
+            "[1]\tvalidation-mlogloss:15.24863",
+            [("eval_loss", 15.24863, 1)],
+            id="xgboost-validation-set-only",
+        ),
+        pytest.param(
+            "[2]\ttraining's binary_logloss: 0.732192\tvalid_1's binary_logloss: 0.731889",
+            [("loss", 0.732192, 2), ("eval_loss", 0.731889, 2)],
+            id="lightgbm-training-and-valid",
+        ),
+        pytest.param(
+            "[1]\tvalid_0's l1: inf\tvalid_0's l2: inf",
+            [("eval_loss", math.inf, 1)],
+            id="lightgbm-first-loss-metric-of-a-set",
+        ),
+        pytest.param(
+            "100:\tlearn: 0.1697219\ttest: 0.1530068\tbest: 0.1530068 (100)\ttotal: 3.7s"
+            "\tremaining: 33s",
+            [("loss", 0.1697219, 100), ("eval_loss", 0.1530068, 100)],
+            id="catboost-learn-and-test",
+        ),
+        pytest.param(
+            "65:     learn nanpassed: 17.5 sec      total: 21m 50s  remaining: 11m 45s",
+            [("loss", NAN_TEXT, 65)],
+            id="catboost-older-value-glued-to-passed",
+        ),
+    ],
+)  # fmt: skip
+def test_boosting_libraries_lines_are_read_at_their_round(
+    line: str, expected: list[tuple[str, float | str, int]]
+) -> None:
+    found = [
+        (s.name, NAN_TEXT if math.isnan(s.value) else s.value, s.step)
+        for s in LineParser().parse(line)
+    ]
+    assert found == expected
