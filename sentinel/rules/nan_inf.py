@@ -2,7 +2,8 @@
 
 Which non-finite values stop the job (the manual (docs/), "Non-finite values"):
 
-- a loss (training or evaluation: ``loss``, ``eval_loss``, ``lm_loss``...), a perplexity
+- a loss (training or evaluation: ``loss``, ``eval_loss``, ``lm_loss``..., or a loss
+  function's name: ``SmoothL1``, ``CrossEntropy``, ``logloss``), a perplexity
   (``ppl``, ``eval_perplexity``: the loss's exponent) and any metric named in
   ``stop_metrics``: critical at once;
 - the grad-norm: under dynamic loss scaling an overflowing step logs a non-finite grad-norm
@@ -47,6 +48,25 @@ from sentinel.rules.base import BaseDetector, MetricNames, Reading, Recent, Rule
 #: Words that make a name with "loss" in it a tracker or a setting, not a loss.
 _NOT_A_LOSS = frozenset({"best", "min", "max", "lowest", "highest", "scale", "scaler", "weight"})
 _WORDS = re.compile(r"[a-z0-9]+")
+#: Loss functions a log names a loss by, without the word (GluonCV's SSD logs
+#: ``CrossEntropy=12.25, SmoothL1=nan``; a boosting library its ``logloss``).
+_LOSS_FUNCTIONS = frozenset(
+    {
+        "crossentropy",
+        "xent",
+        "nll",
+        "bce",
+        "smoothl1",
+        "l1",
+        "l2",
+        "mse",
+        "rmse",
+        "logloss",
+        "mlogloss",
+        "huber",
+        "kld",
+    }
+)
 #: A perplexity is its loss's exponent (``exp(loss)``): non-finite when the loss is, or
 #: when the loss overflowed it. A log that gives only a perplexity (OpenNMT's ``PPL nan``,
 #: MXNet's ``Train-Perplexity``) has no other loss to stop on.
@@ -96,7 +116,7 @@ def kind_of(name: str, stop_metrics: frozenset[str]) -> Kind:
     words = _WORDS.findall(name)
     if not _NOT_A_LOSS.isdisjoint(words):
         return "other"
-    if any(word.endswith("loss") for word in words):
+    if any(word.endswith("loss") or word in _LOSS_FUNCTIONS for word in words):
         return "loss"
     return "perplexity" if not _PERPLEXITY.isdisjoint(words) else "other"
 

@@ -371,16 +371,17 @@ def test_metrics_that_turn_non_finite_together_stop_as_a_loss_whatever_their_nam
     history: int,
 ) -> None:
     """A compression model's objective has no metric named loss: ``avg_rd: nan | cur_rd: nan
-    | avg_mse: nan`` after finite values is the run going, at any history length."""
+    | avg_bpp: nan`` after finite values is the run going, at any history length (its
+    ``avg_mse`` beside them is a loss function's name, a loss of its own)."""
     detector = NanInfDetector(NanInfConfig())
     for step in range(1, history + 1):
-        assert _line(detector, step, {"avg_rd": 1.0 / step, "cur_rd": 2.0, "avg_mse": 0.5}) == []
+        assert _line(detector, step, {"avg_rd": 1.0 / step, "cur_rd": 2.0, "avg_bpp": 0.5}) == []
     bad = history + 1
-    (alert,) = _line(detector, bad, {"avg_rd": NAN, "cur_rd": NAN, "avg_mse": NAN})
+    (alert,) = _line(detector, bad, {"avg_rd": NAN, "cur_rd": NAN, "avg_bpp": NAN})
     assert (alert.severity, alert.step, alert.onset_step) == (Severity.CRITICAL, bad, bad)
     assert "3 metrics that were finite turned non-finite together" in alert.message
     assert alert.details["kind"] == "together"
-    assert _line(detector, bad + 1, {"avg_rd": NAN, "cur_rd": NAN, "avg_mse": NAN}) == []
+    assert _line(detector, bad + 1, {"avg_rd": NAN, "cur_rd": NAN, "avg_bpp": NAN}) == []
 
 
 def test_one_metric_alone_or_trackers_that_start_at_inf_only_warn() -> None:
@@ -501,3 +502,21 @@ def test_a_perplexity_beside_its_loss_leaves_the_incident_to_the_loss() -> None:
     alone = NanInfDetector(NanInfConfig())
     (only,) = feed(alone, [Sample("ppl", 30.0, 1), Sample("ppl", NAN, 2)])
     assert (only.metric, only.severity) == ("ppl", Severity.CRITICAL)
+
+
+@pytest.mark.parametrize(
+    ("name", "severity"),
+    [
+        ("smoothl1", Severity.CRITICAL),  # GluonCV SSD's box loss, beside its CrossEntropy
+        ("crossentropy", Severity.CRITICAL),
+        ("eval_logloss", Severity.CRITICAL),
+        ("train_mse", Severity.CRITICAL),
+        ("accuracy", Severity.WARNING),
+        ("mae_best", Severity.WARNING),  # no loss word, and a best-so-far tracker at that
+        ("min_l1", Severity.WARNING),
+    ],
+)
+def test_a_loss_functions_name_is_a_loss(name: str, severity: Severity) -> None:
+    detector = NanInfDetector(NanInfConfig())
+    alerts = feed(detector, [Sample(name, 1.0, 1), Sample(name, math.nan, 2)])
+    assert [(alert.severity, alert.step) for alert in alerts] == [(severity, 2)]
