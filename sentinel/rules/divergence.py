@@ -427,6 +427,8 @@ class Shift:
     crept: bool = False
     #: Where its values were read (the log its alert names).
     source: str = ""
+    #: A non-finite value came since its onset: ``nan_inf``'s story from there on.
+    broke: bool = False
 
     @property
     def after_descent(self) -> bool:
@@ -560,7 +562,11 @@ class DivergenceDetector(BaseDetector):
                 if judged.shift is not None:
                     alerts += self._confirmed_by_eval(name, judged.shift, source, time)
         series = self._series.get(sample.name)
-        if series is None or not math.isfinite(sample.value):
+        if series is None:
+            return alerts
+        if not math.isfinite(sample.value):
+            if series.shift is not None:
+                series.shift.broke = True
             return alerts
         return alerts + self._judge(series, sample, source, now)
 
@@ -632,14 +638,14 @@ class DivergenceDetector(BaseDetector):
         """A replayed log that ends while a shift is open, unconfirmed: a warning when
         ``CORROBORATED`` values or more since its onset stay above its bar at their median
         (or, after a descent, none came back to the level), none back under the recovery
-        bar. An excerpt that ends two values after the loss doubled (a Keras run's 0.047
-        -> 0.096 -> 0.088 at its last epochs) holds no more evidence than that, and said
-        nothing."""
+        bar, and none non-finite (then ``nan_inf`` told the story). An excerpt that ends two
+        values after the loss doubled (a Keras run's 0.047 -> 0.096 -> 0.088 at its last
+        epochs) holds no more evidence than that, and said nothing."""
         del tail
         alerts: list[Alert] = []
         for name, series in self._series.items():
             shift = series.shift
-            if shift is None or shift.confirmed or len(shift.since) < CORROBORATED:
+            if shift is None or shift.confirmed or shift.broke or len(shift.since) < CORROBORATED:
                 continue
             latest = sorted_median(sorted(value for _, value in shift.since))
             if latest <= shift.bars.shift and not shift.after_descent:

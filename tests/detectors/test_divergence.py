@@ -573,3 +573,10 @@ def test_a_critical_shift_cut_short_by_the_end_of_the_log_is_a_warning() -> None
         (Severity.WARNING, 41, False)
     ]
     assert "10 confirm a shift" in at_end[0].message
+
+
+def test_a_shift_that_went_non_finite_before_the_log_ended_is_nan_infs_story() -> None:
+    detector = DivergenceDetector(DivergenceConfig())
+    for step, value in enumerate([*KERAS_DEEPJ, math.nan], start=1):
+        assert detector.observe(Sample("loss", value, step), "log", NOW) == []
+    assert detector.log_ended(NOW, []) == []
