@@ -210,6 +210,13 @@ _EVALUATION_LINE = re.compile(
     r"|Averaged stats: (?!.*\blr: )",
     re.I,
 )
+#: icefall's (k2's) validation, behind its head: ``... (0/8) Epoch 1, validation: loss=8.6,
+#: simple_loss=6.902, ... over 944034.00 frames.``
+_EPOCH_VALIDATION = re.compile(r"\bEpoch \d+, validation: ")
+#: icefall's running average beside the batch's own ``loss[loss=1.621, ...]``:
+#: ``tot_loss[loss=3.721, simple_loss=3.037, ..., over 2196903.96 frames. ]``, no value of
+#: the step's.
+_RUNNING_TOTAL = re.compile(r"\btot_loss\[[^\]]*\]")
 #: The HF Flax examples' line: ``Step... (500 | Loss: 2.31, Learning Rate: 1e-4)``, also
 #: ``Step... (500/2000 | Training Loss: ...``, ``Step... (500 / 2000 | Loss: ...``.
 _FLAX_STEP = re.compile(r"Step\.\.\. \((\d+)(?:\s*/\s*\d+)?\s")
@@ -254,6 +261,8 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         # PaddleDetection's ``'loss': '1.263390'``: the quotes around names and values go.
         text = _QUOTED.sub(r"\1", text)
     if "[" in text:
+        if "tot_loss[" in text:
+            text = _RUNNING_TOTAL.sub("", text)
         if ": [" in text or ":[" in text or "=[" in text or "= [" in text:
             text = _LIST_VALUE.sub(r"\1\2", text)  # only where a value may open a list
         if "| [" in text:
@@ -389,7 +398,7 @@ def _is_evaluation_line(text: str) -> bool:
 
 def as_evaluation(name: str) -> str:
     """A metric of an evaluation line under its evaluation name: ``loss`` -> ``eval_loss``."""
-    return name if name.startswith(("eval_", "test_")) else f"eval_{name}"
+    return name if name.startswith(("eval_", "test_")) or name == "epoch" else f"eval_{name}"
 
 
 def _bracketed_epoch_step(text: str) -> int | None:
@@ -434,7 +443,9 @@ def parse_keyvalue(text: str) -> list[Sample] | None:
     pairs, step = find_pairs(text)
     if not pairs:
         return None
-    if text[:1] in "TVEIA" and _is_evaluation_line(text):
+    if (text[:1] in "TVEIA" and _is_evaluation_line(text)) or (
+        ", validation: " in text and _EPOCH_VALIDATION.search(text) is not None
+    ):
         pairs = [(as_evaluation(name), value) for name, value in pairs]
     time = None
     stamp = _LEADING_TIMESTAMP.match(text.lstrip())

@@ -833,3 +833,32 @@ def test_boosting_libraries_lines_are_read_at_their_round(
         for s in LineParser().parse(line)
     ]
     assert found == expected
+
+
+#: icefall's zipformer recipe (k2-fsa/icefall issue 1628): a batch line, with the batch's
+#: own loss and the running average beside it, and a validation line.
+ICEFALL_BATCH = (
+    "2024-05-17 01:48:24,230 INFO [train.py:1034] (0/8) Epoch 1, batch 50, loss[loss=1.621,"
+    " simple_loss=1.207, pruned_loss=1.377, ctc_loss=1.301, over 49372.00 frames. ],"
+    " tot_loss[loss=3.721, simple_loss=3.037, pruned_loss=2.626, ctc_loss=2.074, over"
+    " 2196903.96 frames. ], batch size: 138, lr: 2.48e-02, grad_scale: 0.125"
+)
+ICEFALL_VALIDATION = (
+    "2024-05-17 01:46:36,929 INFO [train.py:1066] (0/8) Epoch 1, validation: loss=8.6,"
+    " simple_loss=6.902, pruned_loss=6.767, ctc_loss=5.098, over 944034.00 frames. "
+)
+
+
+def test_icefalls_batch_line_is_the_batchs_loss_not_its_running_average() -> None:
+    parser = LineParser()
+    found = {s.name: s.value for s in parser.parse(ICEFALL_BATCH)}
+    assert found["loss"] == 1.621 and found["simple_loss"] == 1.207
+    assert "loss#2" not in found and 3.721 not in found.values()
+
+
+def test_icefalls_validation_is_the_evaluations_loss() -> None:
+    parser = LineParser()
+    parser.parse(ICEFALL_BATCH)
+    found = {s.name: s.value for s in parser.parse(ICEFALL_VALIDATION)}
+    assert found["eval_loss"] == 8.6 and found["eval_ctc_loss"] == 5.098
+    assert "loss" not in found
