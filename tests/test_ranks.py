@@ -449,3 +449,26 @@ def test_micro_batch_lines_are_no_ranks_and_their_nan_is_the_steps(tmp_path: Pat
     (nan,) = [a for a in replay([poisoned], Settings()).alerts if not a.resolves]
     assert (nan.rule, nan.severity, nan.step) == ("nan_inf", "critical", 200)
     assert nan.message == "micro_loss is nan at step 200"
+
+
+#: A one-process BMN run (its issue thread): the epoch is the only counter its lines name.
+BMN = [
+    "BMN training loss(epoch 0): tem_loss: 1.184, pem class_loss: 0.458, pem reg_loss: 0.024,"
+    " total_loss: 1.883",
+    "BMN training loss(epoch 0): tem_loss: 1.184, pem class_loss: 0.458, pem reg_loss: 0.024,"
+    " total_loss: 1.884",
+    "BMN training loss(epoch 0): tem_loss: 1.184, pem class_loss: nan, pem reg_loss: 0.024,"
+    " total_loss: nan",
+    "BMN training loss(epoch 0): tem_loss: nan, pem class_loss: nan, pem reg_loss: 0.024,"
+    " total_loss: nan",
+]
+
+
+def test_lines_at_their_own_epoch_are_one_series_not_ranks() -> None:
+    """Each line of the epoch repeats its step; read as ranks, one process's NaN was raised
+    as "rank 1" and "rank 2", the second's diagnosis drawn from the first's metric."""
+    alerts = [a for a in feed(engine(), BMN) if not a.resolves]
+    assert [(a.rule, a.step, a.details.get("rank"), a.metric) for a in alerts] == [
+        ("nan_inf", 0, None, "class_loss")
+    ]
+    assert "rank" not in alerts[0].message

@@ -252,7 +252,7 @@ class RunSeries:
         if not stepped:
             return samples, labelled
         rank = labelled if labelled is not None else self._source_rank.get(source)
-        if rank is None:
+        if rank is None and not _at_its_epoch(stepped):
             names = tuple([sample[0] for sample in stepped])
             values = tuple([sample[1] for sample in stepped])
             step: int = stepped[0][2]  # type: ignore[assignment]
@@ -447,6 +447,14 @@ def may_be_a_ranks_file(source: str) -> bool:
     which draws a step's values a redraw late: read as ranks, a one-process job had three
     (its NaN raised on "ranks" 1 and 2), or its output was "rank 1" where the CSV came first."""
     return not one_writer(source) or _RANK_IN_NAME.search(source) is not None
+
+
+def _at_its_epoch(stepped: list[Sample]) -> bool:
+    """Whether an unlabelled line's step is its own epoch (``BMN training loss(epoch 0):
+    tem_loss: ...``, a loop whose epoch is its only counter): many lines of one process
+    name it in turn, which is no rank's step. Such lines are one series."""
+    step = stepped[0][2]
+    return any(sample[0] == "epoch" and sample[1] == step for sample in stepped)
 
 
 def one_writer(source: str) -> bool:
