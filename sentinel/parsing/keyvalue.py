@@ -79,11 +79,11 @@ _PAIR = re.compile(
     r"(?<![\w/.\-])"
     r"(?P<key>(?:eval|val|valid|validation|test|train|training|total)\s+loss|global\s+step"
     r"|loss\s+(?:train(?:ing)?|val(?:id(?:ation)?)?|eval|test)(?=\s*[:=])"
-    r"|grad(?:ient)?\s+norm|learning\s+rate|loss\s+scale|[a-z_][\w/.\-]*)"
+    r"|grad(?:ient)?\s+norm|learning\s+rate|loss\s+scale|fp16\s+grad\s+scale|[a-z_][\w/.\-]*)"
     r"(?P<sep>\s*=\s*|\s*:\s*|\s+)"
     rf"(?P<value>{_NUMBER})(?:\s*/\s*\d+(?!\.\d))?"
-    # Not part of something longer: 12:00:01, 10.0.0.1, 100%, 1.5s/it, 1,000.
-    r"(?![\w%]|[.:]\w|,\d{3})",
+    # Not part of something longer: 12:00:01, 10.0.0.1, 100%, 1.5s/it, 1,000, 2023-03-14.
+    r"(?![\w%]|[.:]\w|,\d{3}|-\d\d-)",
     re.IGNORECASE,
 )
 _LEADING_TIMESTAMP = re.compile(

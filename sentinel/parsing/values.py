@@ -60,6 +60,7 @@ ALIASES: dict[str, str] = {
     "current_lr": "lr",  # Coqui's trainer
     "current_lr_0": "lr",  # Coqui's trainer, its first optimizer's (a GAN's: two)
     "amp_scaler": "loss_scale",  # Coqui's trainer: the fp16 GradScaler's scale
+    "fp16_grad_scale": "loss_scale",  # insightface's arcface_torch: its GradScaler's scale
     "tokens_per_sec": "tokens_per_sec",
     "tok/s": "tokens_per_sec",
     "tokens/s": "tokens_per_sec",

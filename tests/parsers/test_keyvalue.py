@@ -290,6 +290,17 @@ SIMMIM_STAMP = 1644074413.0
         ),
         pytest.param("The mean wait is 3 s", None, id="prose-with-is-stays-prose"),
         pytest.param(
+            "Training: 2023-03-14 09:08:47,984-Speed 2183.37 samples/sec   Loss nan   LearningRate"
+            " 0.001000   Epoch: 0   Global Step: 30   Fp16 Grad Scale:  0   Required: 144 hours",
+            [Sample("loss", NAN, 30), Sample("epoch", 0.0, 30), Sample("loss_scale", 0.0, 30)],
+            id="insightface-fp16-grad-scale-and-no-date-as-value",
+        ),
+        pytest.param(
+            "[before the start of training step] datetime: 2022-10-31 08:35:51",
+            None,
+            id="megatron-datetime-is-no-value",
+        ),
+        pytest.param(
             "| epoch 002:   7000 / 331737 loss=3.012, nll_loss=1.2",
             [
                 Sample("epoch", 2.0, 331737 + 7000),
