@@ -52,12 +52,16 @@ _SPACY_HEAD = re.compile(r"E\s{2,}#\s{2,}")
 _SPACY_NAMES = {"E": "epoch", "#": "step"}
 _WIDE_GAP = re.compile(r"\s{2,}")
 _RULE = re.compile(r"-+(?:\s+-+)*")
+#: A Markdown table's rule under its header: ``-- | --``, ``|---|:---:|``.
+_PIPE_RULE = re.compile(r"\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?")
+#: A number standing as a word in a cell (``step 120``): no header's.
+_NUMBER_WORD = re.compile(r"(?:^|\s)[-+]?\d")
 
 
 class HeaderCsv:
     """Reads a header row and the rows of numbers under it."""
 
-    __slots__ = ("_columns", "_known", "_spaced", "_step_column", "_totals")
+    __slots__ = ("_columns", "_known", "_piped", "_spaced", "_step_column", "_totals")
 
     def __init__(self) -> None:
         self._columns: tuple[str, ...] | None = None  # the metric name of each column
@@ -68,11 +72,15 @@ class HeaderCsv:
         self._totals: tuple[tuple[str, tuple[int, ...]], ...] = ()
         #: The last header's cells were separated by spaces (fastai's table).
         self._spaced = False
+        #: The last header's cells were separated by ``|`` (a notebook's table as Markdown).
+        self._piped = False
 
     def parse(self, text: str) -> list[Sample] | None:
         """Samples of one stripped line; None for a line in another format."""
         separator = "," if "," in text else "\t" if "\t" in text else None
         if separator is None:
+            if "|" in text:
+                return self._piped_line(text)
             return self._spaced_line(text)
         if text[0].isalpha():
             cells = [cell.strip() for cell in text.split(separator)]
@@ -80,14 +88,38 @@ class HeaderCsv:
                 cells = [_SPACES.sub("_", _SLASH.sub("/", cell)) for cell in cells]
             found = self._header(cells)
             if found is not None:
-                self._spaced = False
+                self._spaced = self._piped = False
             return found
-        if self._spaced:
+        if self._spaced or self._piped:
             return None
         cells = [cell.strip() for cell in text.split(separator)]
         if separator == "\t":
             cells = ["" if cell == _NO_LOG else cell for cell in cells]
         return self._row(cells)
+
+    def _piped_line(self, text: str) -> list[Sample] | None:
+        """The HF Trainer's notebook table pasted as Markdown (an issue thread, a README):
+        ``Step | Training Loss | reward | kl`` (or ``| Step | ... |``), a rule of dashes
+        (``-- | --``, ``|---|---|``), rows ``1 | -0.283600 | 13.4375 | nan``; ``No Log`` is
+        no value. A line of pairs apart by ``|`` (``step 120 | loss 2.3``) is no header:
+        a header's cells hold no number."""
+        cells = [cell.strip() for cell in text.strip().strip("|").split("|")]
+        first = cells[0][:1]
+        if first.isalpha():
+            if len(cells) < 3 or any(_NUMBER_WORD.search(cell) for cell in cells):
+                return None
+            named = [_SPACES.sub("_", _SLASH.sub("/", cell)) for cell in cells]
+            found = self._header(named)
+            if found is not None:
+                self._spaced, self._piped = False, True
+            return found
+        if not self._piped:
+            return None
+        if _PIPE_RULE.fullmatch(text.strip()):
+            return []
+        if not (first.isdigit() or first == "-"):
+            return None
+        return self._row(["" if cell == _NO_LOG or cell == "No Log" else cell for cell in cells])
 
     def _spaced_line(self, text: str) -> list[Sample] | None:
         """fastai's table: a header that starts with ``epoch`` (or a step column), cells

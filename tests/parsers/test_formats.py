@@ -862,3 +862,33 @@ def test_icefalls_validation_is_the_evaluations_loss() -> None:
     found = {s.name: s.value for s in parser.parse(ICEFALL_VALIDATION)}
     assert found["eval_loss"] == 8.6 and found["eval_ctc_loss"] == 5.098
     assert "loss" not in found
+
+
+def test_a_notebook_table_pasted_as_markdown_is_read_at_its_steps() -> None:
+    """TRL's GRPO notebook table, pasted into an issue: ``-- | --`` under its header, ``No
+    Log`` for a value not logged yet; and the ``| Step | ... |`` form with outer pipes."""
+    trl = [
+        "Step | Training Loss | reward | reward_std | kl | entropy",
+        "-- | -- | -- | -- | -- | --",
+        "1 | -0.283600 | 13.437500 | 21.810942 | nan | 0",
+        "2 | -0.149100 | 6.931818 | 14.526671 | nan | No Log",
+    ]
+    parser = LineParser()
+    found = [(s.name, s.step) for line in trl for s in parser.parse(line)]
+    assert found[:5] == [("loss", 1), ("reward", 1), ("reward_std", 1), ("kl", 1), ("entropy", 1)]
+    assert ("entropy", 2) not in found and ("kl", 2) in found
+    outer = ["| Step | Training Loss | Validation Loss |", "|---|---|---|", "| 1000 | nan | 7.6 |"]
+    parser = LineParser()
+    read = [s for line in outer for s in parser.parse(line)]
+    assert [(s.name, s.step) for s in read] == [("loss", 1000), ("eval_loss", 1000)]
+    assert math.isnan(read[0].value)
+
+
+def test_pairs_apart_by_pipes_are_no_table_header() -> None:
+    parser = LineParser()
+    read = parser.parse("step 120 | loss 2.3141 | tok/s 15321")
+    assert [(s.name, s.step) for s in read] == [("loss", 120), ("tokens_per_sec", 120)]
+    assert [(s.name, s.step) for s in parser.parse("step 130 | loss 2.2 | tok/s 15300")] == [
+        ("loss", 130),
+        ("tokens_per_sec", 130),
+    ]
