@@ -6,6 +6,7 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from sentinel.model.records import Sample
 from sentinel.parsing import fields, formats, hf_steps, hf_trainer, jsonl, ranks, tqdm
@@ -299,7 +300,18 @@ class LineParser:
         # An HF dict is what parse_jsonl would hand on to parse_hf_dict anyway.
         parse = hf_trainer.parse_hf_dict if text[1:2] == "'" else self._brace
         assert parse is not None
-        return self._counted(parse, text)
+        return self._counted(partial(self._brace_or_dict_then_text, parse), text)
+
+    def _brace_or_dict_then_text(self, parse: ParseFn, text: str) -> list[Sample] | None:
+        """``parse(text)``, or a dict with text after it (``_dict_then_text``) where that is
+        garbled."""
+        try:
+            return parse(text)
+        except Garbled:
+            found = self._dict_then_text(text.strip())
+            if found is None:
+                raise
+            return found
 
     def parse_with(self, reader: FileReader, text: str) -> list[Sample]:
         """One line of a structured file, read by its file's own reader; counted like ``parse``."""
@@ -320,7 +332,12 @@ class LineParser:
             if printed is not None:
                 return printed
         if stripped[0] == "{" and self._brace is not None:
-            found = self._brace(stripped)
+            try:
+                found = self._brace(stripped)
+            except Garbled:
+                found = self._dict_then_text(stripped)
+                if found is None:
+                    raise
             if found is not None:
                 return found
         if stripped[-1] == "}" and self._brace is not None:
@@ -343,6 +360,33 @@ class LineParser:
             if found is not None:
                 return found
         return []
+
+    def _dict_then_text(self, stripped: str) -> list[Sample] | None:
+        """A dict with text after it on its line: ``{'loss': 1.51, 'grad_norm': 11140.0}
+        <-- spike #2`` (a note pasted after it), a bar or a message glued on. The dict is
+        read, then the rest as a line of its own; None where the line holds no whole dict
+        before other text."""
+        assert self._brace is not None
+        if stripped[1:2] == '"':
+            try:
+                _, end = fields.decode_prefix(stripped)
+            except ValueError:
+                return None
+        else:
+            end = stripped.find("}") + 1  # an HF dict holds no braces within
+        if end <= 1 or end >= len(stripped) or stripped[end:].lstrip(", ")[:1] in "]}":
+            return None  # (a piece of a bigger structure: ``{'y': 2}]}, ...``)
+        try:
+            found = self._brace(stripped[:end])
+        except Garbled:
+            return None
+        if not found:
+            return None
+        try:
+            rest = self._parse_segment(stripped[end:])
+        except Garbled:
+            rest = []
+        return found + rest
 
     def _printed_dict(self, stripped: str) -> list[Sample] | None:
         """A dict of metrics that ``pprint`` spread over lines, one entry each (the TF Object

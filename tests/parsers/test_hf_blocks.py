@@ -303,10 +303,10 @@ CASES: list[tuple[str, str, str, Reading]] = [
     ("one-name-twice", "{'loss': '2.5', 'train_loss': '3'}", BY_LINE, _names("loss", "loss")),
     ("non-numeric-string", "{'loss': '2.5', 'note': 'warmup'}", BY_LINE, _names("loss")),
     ("cut-off", TRAIN[:-3], REFUSED, _garbled),
-    ("two-dicts", "{'loss': '2.5'}{'loss': '2.4'}", REFUSED, _garbled),
-    ("two-dicts-comma", "{'loss': '2.5'}, {'loss': '2.4'}", REFUSED, _garbled),
+    ("two-dicts", "{'loss': '2.5'}{'loss': '2.4'}", REFUSED, _names("loss", "loss")),
+    ("two-dicts-comma", "{'loss': '2.5'}, {'loss': '2.4'}", REFUSED, _names("loss", "loss")),
     ("dict-cr-dict", "{'loss': '2.5'}\r{'loss': '9.5'}", REFUSED, _names("loss", "loss")),
-    ("dict-newline-dict", "{'loss': '2.5'}\n{'loss': '9.5'}", REFUSED, _garbled),
+    ("dict-newline-dict", "{'loss': '2.5'}\n{'loss': '9.5'}", REFUSED, _names("loss", "loss")),
     ("indented-dict", " {'loss': '2.5'}", REFUSED, _names("loss")),
     ("empty-dict", "{}", REFUSED, _nothing),
 ]

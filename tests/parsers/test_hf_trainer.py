@@ -266,3 +266,24 @@ def test_a_dict_whose_quotes_an_editor_curled_is_read() -> None:
         ("grad_norm", 2.4744),
         ("epoch", 0.19),
     ]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(
+            "{'loss': 1.51,  'grad_norm': 11140.00}    <-- spike #2 (step 9): ~1500x",
+            [("loss", 1.51), ("grad_norm", 11140.0)],
+            id="a-note-pasted-after-an-hf-dict",
+        ),
+        pytest.param(
+            '{"step": 5, "loss": 2.0} (resumed here)',
+            [("loss", 2.0)],
+            id="text-after-a-json-object",
+        ),
+    ],
+)
+def test_a_dict_with_text_after_it_is_read(line: str, expected: list[tuple[str, float]]) -> None:
+    parser = LineParser()
+    assert [(s.name, s.value) for s in parser.parse(line)] == expected
+    assert parser.stats.garbled == 0
