@@ -34,9 +34,12 @@ def parse_verl(text: str) -> list[Sample] | None:
         return None
     step = int(found.group(1))
     samples = []
-    for part in text[found.end() :].split(" - "):
+    parts = text[found.end() :].split(" - ")
+    for index, part in enumerate(parts):
         key, colon, value = part.strip().rpartition(":")
         if not colon or not key:
+            if index == len(parts) - 1 and len(samples) >= 2:
+                break  # a line cut short (a full disk, a paste): its pairs before still count
             return None  # not verl's: every part is a key and its number
         wrapped = _NUMPY.fullmatch(value)
         number = as_float(wrapped.group(1) if wrapped else value)

@@ -316,6 +316,12 @@ def test_verl_lines_are_read_at_their_step_under_their_own_names() -> None:
         "epoch",
         "loss",
     ]
+    # A line cut short after its pairs (Agent-R1's GRPO run, its NaN at step 83) is read.
+    cut = "(main_task pid=63313) step:83 - actor/pg_loss:nan - actor/grad_norm:nan - prompt"
+    assert [(s.name, s.step) for s in parser.parse(cut)] == [
+        ("actor/pg_loss", 83),
+        ("actor/grad_norm", 83),
+    ]
 
 
 #: NeMo's bars, as its docs and issues show them (the run's global step and
