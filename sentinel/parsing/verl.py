@@ -33,7 +33,7 @@ def parse_verl(text: str) -> list[Sample] | None:
     if found is None:
         return None
     step = int(found.group(1))
-    samples = []
+    samples: list[Sample] = []
     parts = text[found.end() :].split(" - ")
     for index, part in enumerate(parts):
         key, colon, value = part.strip().rpartition(":")
