@@ -14,6 +14,7 @@ from sentinel.parsing import (
     coqui,
     deepspeed,
     detectron2,
+    dreamer,
     epoch_batch,
     espnet,
     header_csv,
@@ -65,6 +66,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "yolo_results": yolo_results.parse_yolo_results,
     "yolact": yolact.parse_yolact,
     "boosting": boosting.parse_boosting,
+    "dreamer": dreamer.parse_dreamer,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a

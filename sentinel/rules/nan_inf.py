@@ -668,10 +668,11 @@ def nan_reading(
             " check that the batches still have labels (not all -100)",
             metric,
         )
+    # The rule counts the train loss's and the grad-norm's finite values; another metric's
+    # (Dreamer's ``model_loss``) are the ones the diagnosis reads.
     told = nan_alert.details.get("finite_before")
-    before = (
-        told if isinstance(told, int) else len(_finite_before(recent.get(metric or "", ()), step))
-    )
+    shown = len(_finite_before(recent.get(metric or "", ()), step))
+    before = max(told, shown) if isinstance(told, int) else shown
     grad = _grad_norm_rise(recent, step)
     diverged = bool(divergent) or (grad is not None or _loss_climbed(recent, step))
     drawn = "grad_norm" if "grad_norm" in recent else metric

@@ -898,3 +898,38 @@ def test_pairs_apart_by_pipes_are_no_table_header() -> None:
         ("loss", 130),
         ("tokens_per_sec", 130),
     ]
+
+
+#: Dreamer (TF2, mixed precision) blowing up (danijar/dreamer's issue thread): its
+#: ``logger.write`` line every 1,000 environment steps.
+DREAMER = [
+    "[5000] expl_amount 0.0 / model_grad_norm nan / value_grad_norm 40.3 / image_loss 11650.7"
+    " / div 77.2 / model_loss 5864.5 / value_loss 6.4 / actor_loss -6.9 / action_ent -23.6",
+    "[6000] expl_amount 0.3 / model_grad_norm 4468751873343488.0 / image_loss 304112.1 / div"
+    " 234.1 / model_loss 152175.0 / value_loss 6.3 / actor_loss -14.7 / fps 1.0",
+    "[7000] expl_amount 0.3 / model_grad_norm nan / image_loss"
+    " 8496855334057326588896827408384.0 / div inf / model_loss inf / value_loss 5.0 / fps 9.3",
+]
+
+
+def test_dreamers_lines_are_read_at_their_step_with_every_pair() -> None:
+    parser = LineParser()
+    read = [parser.parse(line) for line in DREAMER]
+    assert {s.step for line in read for s in line} == {5000, 6000, 7000}
+    second = {s.name: s.value for s in read[1]}
+    assert second["model_grad_norm"] == 4468751873343488.0 and second["model_loss"] == 152175.0
+    assert math.isinf(next(s.value for s in read[2] if s.name == "model_loss"))
+    # Pairs apart by " / " that are no Dreamer line: a step of all, a ratio in prose.
+    assert parser.parse("[100/900] level=0 loss=0.8160")[0].step == 100
+
+
+def test_dreamers_inf_loss_is_critical_at_its_step_and_counts_the_values_before(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(DREAMER) + "\n")
+    result = replay([log], load_settings(None, environ={}))
+    (critical,) = [a for a in result.alerts if a.severity == Severity.CRITICAL]
+    assert (critical.rule, critical.step, critical.metric) == ("nan_inf", 7000, "model_loss")
+    cause = critical.details["diagnosis"]["cause"]
+    assert "2 finite values before it" in cause and "nothing before it" not in cause
