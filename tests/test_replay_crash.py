@@ -85,3 +85,27 @@ def test_replay_fail_on_warning_exits_1_on_a_log_that_ends_on_a_crash(tmp_path: 
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
     assert "warning job_crash: the log ends on an error: likely a crash, oom" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        "Killed",  # bash, the job in the foreground (a stable-baselines3 run's paste)
+        "./train.sh: line 3: 48213 Killed                  python train.py --env Breakout",
+    ],
+)
+def test_a_log_that_ends_in_the_shells_killed_is_an_oom_kill(tmp_path: Path, last: str) -> None:
+    lines = [json.dumps({"step": step, "loss": 2 - step / 100}) for step in range(1, 51)]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([*lines, last]) + "\n")
+    [(severity, crash_class, message)] = crashes(log)
+    assert (severity, crash_class) == (Severity.WARNING, "oom")
+    assert message == f"the log ends on an error: likely a crash, oom ({last})"
+
+
+@pytest.mark.parametrize("last", ["Killed 3 stale workers, training on", "Process killed: no"])
+def test_killed_in_a_sentence_is_no_kill(tmp_path: Path, last: str) -> None:
+    lines = [json.dumps({"step": step, "loss": 2 - step / 100}) for step in range(1, 51)]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([*lines, last]) + "\n")
+    assert crashes(log) == []

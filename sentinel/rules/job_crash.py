@@ -186,6 +186,18 @@ def watchdog_timeout(lines: list[str]) -> str | None:
     return None if found is None else found.group(0)
 
 
+#: The shell's word for a child killed by SIGKILL, as the job's last line: bash's bare
+#: ``Killed`` (a job in the foreground), or ``./run.sh: line 3: 12345 Killed    python ...``.
+_KILLED = re.compile(r"Killed$|.*:\s*(?:line \d+:\s*)?\d+\s+Killed\s.*")
+
+
+def killed(lines: list[str]) -> str | None:
+    """The shell's ``Killed`` a job's output ended on (the kernel's OOM killer, most often:
+    nothing else is printed), else None."""
+    stripped = [text.strip() for text in lines if text.strip()]
+    return stripped[-1] if stripped and _KILLED.fullmatch(stripped[-1]) else None
+
+
 #: How much of the job's last words an alert's message quotes.
 QUOTED_CHARS = 300
 
@@ -259,8 +271,10 @@ class JobCrashDetector(BaseDetector):
     def log_ended(self, now: float, tail: Sequence[str]) -> list[Alert]:
         """A replayed log that ends right after an exception (``tail``: its last lines): a
         warning that the job likely crashed, as ``watch`` says of a job it did not start (a
-        log holds no exit status); one that ends on NCCL's watchdog timeout too. Three real
-        crash logs (an OOM, two NCCL timeouts) gave nothing."""
+        log holds no exit status); one that ends on NCCL's watchdog timeout, or on the
+        shell's ``Killed`` (a SIGKILL: the OOM killer, most often), too. Three real crash
+        logs (an OOM, two NCCL timeouts) gave nothing, nor a stable-baselines3 run whose
+        log ends in ``Killed``."""
         lines = list(tail)[-(self._tail.maxlen or len(tail)) :]
         return self._ended_on_error(now, "the log ends on an error", lines)
 
@@ -276,9 +290,12 @@ class JobCrashDetector(BaseDetector):
 
     def _ended_on_error(self, now: float, what: str, lines: list[str]) -> list[Alert]:
         evidence = swallowed_error(lines) or watchdog_timeout(lines)
+        code = 1
+        if evidence is None:
+            evidence, code = killed(lines), -signal.SIGKILL
         if evidence is None:
             return []
-        crash_class, advice, _ = classify(lines, 1)
+        crash_class, advice, _ = classify(lines, code)
         return [
             Alert(
                 rule=self.rule,
