@@ -81,11 +81,16 @@ _PAIR = re.compile(
     r"|loss\s+(?:train(?:ing)?|val(?:id(?:ation)?)?|eval|test)(?=\s*[:=])"
     r"|grad(?:ient)?\s+norm|learning\s+rate|loss\s+scale|fp16\s+grad\s+scale|[a-z_][\w/.\-]*)"
     r"(?P<sep>\s*=\s*|\s*:\s*|\s+)"
-    rf"(?P<value>{_NUMBER})(?:\s*/\s*\d+(?!\.\d))?"
+    rf"(?P<value>{_NUMBER})(?P<unit>(?-i:[KMGT])(?![\w%]))?(?:\s*/\s*\d+(?!\.\d))?"
     # Not part of something longer: 12:00:01, 10.0.0.1, 100%, 1.5s/it, 1,000, 2023-03-14.
     r"(?![\w%]|[.:]\w|,\d{3}|-\d\d-)",
     re.IGNORECASE,
 )
+#: nanotron's ``human_format`` (on its lines only): ``tokens_per_sec: 14.2K``,
+#: ``cuda_memory_allocated: 75.2M``.
+_UNITS = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+#: nanotron's head, ``[INFO|DP=0|PP=0|TP=0|ip-26-0-160-225]:``: its ranks, no metrics.
+_NANOTRON_HEAD = re.compile(r"\[[A-Z]+\|DP=\d+\|PP=\d+\|TP=\d+[^\]]*\]:?")
 _LEADING_TIMESTAMP = re.compile(
     r"\[?(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)"
 )
@@ -267,6 +272,9 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             text = _LIST_VALUE.sub(r"\1\2", text)  # only where a value may open a list
         if "| [" in text:
             text = _BRACKET_KEY.sub(r"\1\2: ", text)
+    scaled = "|DP=" in text
+    if scaled:
+        text = _NANOTRON_HEAD.sub("", text, count=1)
     pairs: list[tuple[str, float]] = []
     step: int | None = None
     step_rank = len(_STEP_NAMES)
@@ -306,7 +314,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
                 # ..]``, a validation loss after the training one) is ``loss#2``: still a
                 # loss to nan_inf, not a second value of the one series the others judge.
                 name = f"{name}#{again + 1}"
-        pairs.append((name, _float(value)))
+        unit = match.group("unit")
+        if unit and not scaled:
+            continue  # ``max_mem: 1234M`` (detectron2's MiB): no unit known to scale by
+        pairs.append((name, _float(value) * _UNITS[unit] if unit else _float(value)))
     if (
         step is not None
         and step_rank in _WITHIN_EPOCH_RANKS

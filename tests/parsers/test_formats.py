@@ -933,3 +933,19 @@ def test_dreamers_inf_loss_is_critical_at_its_step_and_counts_the_values_before(
     assert (critical.rule, critical.step, critical.metric) == ("nan_inf", 7000, "model_loss")
     cause = critical.details["diagnosis"]["cause"]
     assert "2 finite values before it" in cause and "nothing before it" not in cause
+
+
+def test_nanotrons_line_reads_its_scaled_values_and_no_ranks_as_metrics() -> None:
+    """nanotron (its PR 23's log): ``[INFO|DP=0|PP=0|TP=0|host]:`` names the ranks, and
+    ``human_format`` writes ``14.2K``; the throughput went unread, the ranks were metrics."""
+    line = (
+        "01/17/2024 13:47:27 [INFO|DP=0|PP=0|TP=0|ip-26-0-160-225]: iteration: 991 / 1000 |"
+        " consumed_tokens: 634K | elapsed_time_per_iteration_ms: 45 | tokens_per_sec: 14.2K |"
+        " tokens_per_sec_per_gpu: 1.78K | global_batch_size: 20 | lm_loss: 10.6 | lr: 1e-05 |"
+        " grad_norm: 0.515 | cuda_memory_allocated: 75.2M |"
+    )
+    read = {s.name: (s.value, s.step) for s in LineParser().parse(line)}
+    assert read["tokens_per_sec"] == (pytest.approx(14_200.0), 991)
+    assert read["loss"] == (10.6, 991) and read["grad_norm"] == (0.515, 991)
+    assert read["cuda_memory_allocated"][0] == pytest.approx(75.2e6)
+    assert not {"dp", "pp", "tp"} & set(read)
