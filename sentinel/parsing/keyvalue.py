@@ -41,6 +41,7 @@ its other pairs (``Epoch 3 Iteration 1500: Loss is nan``).
 
 from __future__ import annotations
 
+import math
 import re
 
 from sentinel.model.records import Sample
@@ -86,6 +87,10 @@ _PAIR = re.compile(
     r"(?![\w%]|[.:]\w|,\d{3}|-\d\d-)",
     re.IGNORECASE,
 )
+#: Caffe's softmax loss of a NaN or Inf output, as it prints it: it clamps the probability
+#: at ``FLT_MIN``, so the loss reads -ln(FLT_MIN) = 87.3365 and stays there, a NaN in all but
+#: name (a GoogLeNet run's 11.23 -> 87.3365 at iteration 100, for good): read as NaN.
+CAFFE_CLAMPED = "87.3365"
 #: nanotron's ``human_format`` (on its lines only): ``tokens_per_sec: 14.2K``,
 #: ``cuda_memory_allocated: 75.2M``.
 _UNITS = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
@@ -317,7 +322,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         unit = match.group("unit")
         if unit and not scaled:
             continue  # ``max_mem: 1234M`` (detectron2's MiB): no unit known to scale by
-        pairs.append((name, _float(value) * _UNITS[unit] if unit else _float(value)))
+        number = _float(value) * _UNITS[unit] if unit else _float(value)
+        if value == CAFFE_CLAMPED and name.split("#")[0] == "loss":
+            number = math.nan  # Caffe's softmax loss of a NaN output: -ln(FLT_MIN)
+        pairs.append((name, number))
     if (
         step is not None
         and step_rank in _WITHIN_EPOCH_RANKS

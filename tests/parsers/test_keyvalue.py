@@ -290,6 +290,16 @@ SIMMIM_STAMP = 1644074413.0
         ),
         pytest.param("The mean wait is 3 s", None, id="prose-with-is-stays-prose"),
         pytest.param(
+            "Iteration 100 (3.06368 iter/s, 32.6405s/100 iters), loss = 87.3365",
+            [Sample("loss", NAN, 100)],
+            id="caffe-clamped-softmax-loss-is-nan",
+        ),
+        pytest.param(
+            "Iteration 100 (3.06368 iter/s, 32.6405s/100 iters), loss = 87.3366",
+            [Sample("loss", 87.3366, 100)],
+            id="a-loss-beside-the-clamp-is-a-loss",
+        ),
+        pytest.param(
             "Training: 2023-03-14 09:08:47,984-Speed 2183.37 samples/sec   Loss nan   LearningRate"
             " 0.001000   Epoch: 0   Global Step: 30   Fp16 Grad Scale:  0   Required: 144 hours",
             [Sample("loss", NAN, 30), Sample("epoch", 0.0, 30), Sample("loss_scale", 0.0, 30)],
