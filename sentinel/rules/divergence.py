@@ -326,6 +326,16 @@ def scant_shift(
     return Bars(level, 0.0, rise_bar(level, settings.rise), settings.recover * level)
 
 
+def _trailing_above(values: Sequence[float], bar: float) -> int:
+    """How many of the last ``values`` are above ``bar``, one after another up to the last."""
+    count = 0
+    for value in reversed(values):
+        if value <= bar:
+            break
+        count += 1
+    return count
+
+
 def falling(values: Sequence[float], least: int = DESCENT) -> bool:
     """Whether ``values`` are ``least`` or more, each under the one before."""
     return len(values) >= least and all(b < a for a, b in pairwise(values))
@@ -596,8 +606,15 @@ class DivergenceDetector(BaseDetector):
                 if scant is None:
                     series.learn(step, value)
                     return []
+                # The values before it up there too are the shift's (a loss 11.23 -> 87.3 at
+                # a run's second value, learned then with one value known): its onset.
+                bar = SCANT_RISE * scant.level
+                back = _trailing_above(series.history.values, bar)
+                taken = series.take_back(back) if back else []
+                onset = taken[0][0] if taken else step
+                since = [*taken, (step, value)]
                 series.shift = Shift(
-                    scant, step, list(series.recent), [(step, value)], early=True, source=source
+                    scant, onset, list(series.recent), since, early=True, source=source
                 )
                 return []
             # In warmup the loss may wobble up as the rate climbs: judged as from few values.

@@ -580,3 +580,18 @@ def test_a_shift_that_went_non_finite_before_the_log_ended_is_nan_infs_story() -
     for step, value in enumerate([*KERAS_DEEPJ, math.nan], start=1):
         assert detector.observe(Sample("loss", value, step), "log", NOW) == []
     assert detector.log_ended(NOW, []) == []
+
+
+def test_a_jump_at_a_runs_second_value_is_dated_at_it() -> None:
+    """Caffe's GoogLeNet, 11.23 at iteration 0 and 87.3 from iteration 100 on: the second
+    value was learned with one value known, and the shift opened at the third; its onset
+    is the second's, so a rollback goes back before it."""
+    alerts = feed([11.23, 87.3, 87.3, 87.3, 87.3])
+    assert [(a.severity, a.step, a.onset_step) for a in alerts] == [(Severity.WARNING, 4, 2)]
+    assert alerts[0].details["values"] == [11.23, 87.3, 87.3, 87.3]
+
+
+def test_a_jump_at_a_runs_third_value_keeps_its_own_onset() -> None:
+    """An MLX LoRA run, 1.593 and 1.406, then 3.316 and up: nothing before it was up."""
+    alerts = feed([1.593, 1.406, 3.316, 6.437, 5.478, 4.857])
+    assert [(a.step, a.onset_step) for a in alerts] == [(5, 3)]
