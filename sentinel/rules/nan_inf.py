@@ -71,6 +71,10 @@ _LOSS_FUNCTIONS = frozenset(
 #: when the loss overflowed it. A log that gives only a perplexity (OpenNMT's ``PPL nan``,
 #: MXNet's ``Train-Perplexity``) has no other loss to stop on.
 _PERPLEXITY = frozenset({"ppl", "perplexity"})
+#: From this logged epoch, or this step, on, a run is long past the start, where a loss
+#: scaler calibrates (its first few dozen steps: 2**16 halved down to a scale that fits).
+CALIBRATED_EPOCH = 1.0
+CALIBRATED_STEP = 1000
 #: Finite values of the train loss and the grad-norm kept to tell a climb.
 KEPT = 20
 #: A last grad-norm this many times the median before it is a climb. Far above the noise:
@@ -214,6 +218,8 @@ class NanInfDetector(BaseDetector):
         self._run = 0
         # After calibration (a finite grad-norm seen): whether each logged one was skipped.
         self._calibrated = False
+        #: The last epoch the job logged: far past its start, no scaler is calibrating.
+        self._epoch: float | None = None
         self._skips: deque[bool] = deque(maxlen=self.settings.skip_window)
         # A training loss at exactly 0: whether it is in a row of zeros, the step of the
         # first (None: a line with no step), and whether this run's loss may be 0 (its first
@@ -261,6 +267,8 @@ class NanInfDetector(BaseDetector):
             name, value, step = sample[0], sample[1], sample[2]
             if name == PROGRESS:
                 continue
+            if name == "epoch":
+                self._epoch = value
             kind = kind_of_name(name)
             if kind is None:
                 continue
@@ -407,7 +415,7 @@ class NanInfDetector(BaseDetector):
         self._run += 1
         if loss is not None and not math.isfinite(loss[1]):
             return []  # the loss itself said so
-        reasons = self._corroboration(loss)
+        reasons = self._corroboration(loss, step)
         if skipped_none:
             reasons.append("the job counts no skipped iteration beside it")
         if reasons:
@@ -438,7 +446,7 @@ class NanInfDetector(BaseDetector):
             )
         ]
 
-    def _corroboration(self, loss: tuple[int | None, float] | None) -> list[str]:
+    def _corroboration(self, loss: tuple[int | None, float] | None, step: int | None) -> list[str]:
         """What says a non-finite grad-norm (with a finite loss) is a failure, not a skip."""
         settings = self.settings
         reasons = []
@@ -463,10 +471,22 @@ class NanInfDetector(BaseDetector):
                 )
         if climbed(self._losses, LOSS_CLIMB, last=2, above_all=True):
             reasons.append(f"the loss climbed to {max(list(self._losses)[-2:]):.4g} before it")
-        limit = settings.persist if self._calibrated else settings.calibration
+        past_start = self._past_start(step)
+        limit = settings.persist if self._calibrated or past_start else settings.calibration
         if self._run >= limit:
-            reasons.append(f"it persisted for {self._run} logged values")
+            where = "" if self._calibrated or not past_start else f", {past_start}"
+            reasons.append(f"it persisted for {self._run} logged values{where}")
         return reasons
+
+    def _past_start(self, step: int | None) -> str:
+        """Why the run is far past its start, where no finite grad-norm was seen (an excerpt
+        of a run whose every grad-norm went NaN long ago): no loss scaler calibrates there
+        (it does in its first few dozen steps); "" where nothing says so."""
+        if self._epoch is not None and self._epoch >= CALIBRATED_EPOCH:
+            return f"at epoch {self._epoch:g}, long past the start, when a loss scaler calibrates"
+        if step is not None and step >= CALIBRATED_STEP:
+            return f"at step {step}, long past the start, when a loss scaler calibrates"
+        return ""
 
     # -- alerts --------------------------------------------------------------------
 
@@ -610,6 +630,9 @@ class NanInfDetector(BaseDetector):
     def absorb(self, block: Block) -> None:
         """What feeding the block's finite values line by line leaves."""
         columns = block.columns
+        epochs = columns.get("epoch")
+        if epochs:
+            self._epoch = epochs[-1]
         for name in block.names:
             kind = self._kind(name)
             if kind is None:

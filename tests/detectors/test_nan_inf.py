@@ -520,3 +520,32 @@ def test_a_loss_functions_name_is_a_loss(name: str, severity: Severity) -> None:
     detector = NanInfDetector(NanInfConfig())
     alerts = feed(detector, [Sample(name, 1.0, 1), Sample(name, math.nan, 2)])
     assert [(alert.severity, alert.step) for alert in alerts] == [(severity, 2)]
+
+
+@pytest.mark.parametrize(
+    ("place", "where"),
+    [({"epoch": 1.95}, "at epoch 1.95"), ({}, "at step 12020")],
+    ids=["by-its-epoch", "by-its-step"],
+)
+def test_nan_grad_norms_long_past_the_start_are_no_calibration(
+    place: dict[str, float], where: str
+) -> None:
+    """An excerpt whose every grad-norm is NaN beside a loss stuck at 7.14, at epoch 1.95
+    (a real HF run's): no scaler calibrates there, so 3 in a row are a failure, not 20."""
+    detector = NanInfDetector(NanInfConfig())
+    alerts: list[Alert] = []
+    for index in range(3):
+        step = 12_000 + index * 10
+        values = {"loss": 7.14, "grad_norm": NAN, **place}
+        alerts += _line(detector, step, values)
+    (alert,) = alerts
+    assert (alert.severity, alert.step, alert.onset_step) == (Severity.CRITICAL, 12_020, 12_000)
+    assert where in alert.message and "persisted for 3 logged values" in alert.message
+
+
+def test_nan_grad_norms_at_the_start_are_the_scaler_calibrating() -> None:
+    detector = NanInfDetector(NanInfConfig())
+    alerts: list[Alert] = []
+    for step in range(10, 110, 10):
+        alerts += _line(detector, step, {"loss": 7.14, "grad_norm": NAN, "epoch": step / 1000})
+    assert alerts == []
