@@ -17,8 +17,10 @@ Per watched metric (``metrics``, default the train loss):
   median absolute deviation of ``settled`` (a robust standard deviation), at least
   ``noise_floor`` x the level.
 - A value opens a candidate shift when it is above the bar: the highest of ``rise`` x the
-  level, the level plus ``noise_sigmas`` x the noise, and the ``envelope`` quantile of
-  ``settled`` (what the run shows at the top of its normal wobble or rhythm).
+  level, the level plus ``noise_sigmas`` x the noise, the ``envelope`` quantile of
+  ``settled`` (what the run shows at the top of its normal wobble or rhythm), and the level
+  plus ``SCALE_FLOOR`` of the highest value learned (``scale_floor``: ratios to a level
+  near 0 mean little).
 - The candidate recovers (is forgotten, its values learned as normal) at the first value
   at most the recovery bar: ``recover`` x the level, or the level plus the noise.
 - It is confirmed, critical, once ``patience`` values have come since its onset and the
@@ -168,6 +170,11 @@ class Bars:
 SCANT_HISTORY = 2
 SCANT_RISE = 2.0
 
+#: The least a shift rises above its level, as a fraction of the highest the loss has been
+#: (``scale_floor``): ratios to a level near 0 mean little (a P-Tuning run's 0.0077 ->
+#: 0.012, +0.004 after a fall from 4.26, came back by itself, and was a critical).
+SCALE_FLOOR = 0.01
+
 #: A shift judged from few values whose values stay this many times the level is critical:
 #: no healthy run's loss stays two orders of magnitude above where it was (a run that logs
 #: every 50 steps went from 4.9 to 1e27 and stayed, and only warned).
@@ -212,10 +219,13 @@ def level_of(recent: list[float]) -> float:
     return level
 
 
-def bars(history: Sequence[float], recent: list[float], settings: DivergenceConfig) -> Bars:
+def bars(
+    history: Sequence[float], recent: list[float], settings: DivergenceConfig, floor: float = 0.0
+) -> Bars:
     """The level (``level_of`` ``recent``), the noise and envelope of the history ``settled``
     at the median of ``recent`` (a run still falling settles where it was: a rhythm's whole
-    swing stays in its envelope), the shift and recovery bars."""
+    swing stays in its envelope), the shift and recovery bars; the shift bar at least
+    ``floor`` above the level (``scale_floor``)."""
     level = level_of(recent)
     ordered = sorted(settled(history, sorted_median(sorted(recent))))
     noise = robust_sigma(ordered, level, settings.noise_floor)
@@ -223,9 +233,18 @@ def bars(history: Sequence[float], recent: list[float], settings: DivergenceConf
         settings.rise * level,
         level + settings.noise_sigmas * noise,
         quantile(ordered, settings.envelope),
+        level + floor,
     )
     back = max(settings.recover * level, level + noise)
     return Bars(level, noise, shift, back)
+
+
+def scale_floor(peak: float) -> float:
+    """How far above its level a shift must go, whatever its ratio: ``SCALE_FLOOR`` of the
+    highest the loss has been (its start, for a run that fell). A loss that fell 500x,
+    to 0.0077, wobbles by ratios (1.56x: +0.004) that are no shift of a run that began at
+    4.26."""
+    return SCALE_FLOOR * peak if peak > 0 else 0.0
 
 
 def settled(values: Sequence[float], level: float) -> list[float]:
@@ -238,7 +257,9 @@ def settled(values: Sequence[float], level: float) -> list[float]:
     return list(islice(values, start, None))
 
 
-def early_bars(history: Sequence[float], recent: list[float], settings: DivergenceConfig) -> Bars:
+def early_bars(
+    history: Sequence[float], recent: list[float], settings: DivergenceConfig, floor: float = 0.0
+) -> Bars:
     """``bars`` from fewer than ``min_history`` values: the level is the least of the last
     ``early_level``, the noise is taken from one value to the next (``wobble``), or, for a
     history of 5 values or more each under the one before, where less, from how those
@@ -248,7 +269,7 @@ def early_bars(history: Sequence[float], recent: list[float], settings: Divergen
     noise = max(wobble(history), settings.noise_floor * abs(level))
     if falling(history, 5):
         noise = max(min(noise, bend(history)), settings.noise_floor * abs(level))
-    shift = max(settings.rise * level, level + settings.noise_sigmas * noise)
+    shift = max(settings.rise * level, level + settings.noise_sigmas * noise, level + floor)
     back = max(settings.recover * level, level + noise)
     return Bars(level, noise, shift, back)
 
@@ -260,6 +281,7 @@ def opens_shift(
     settings: DivergenceConfig,
     *,
     early: bool = False,
+    floor: float = 0.0,
 ) -> Bars | None:
     """The bars ``value`` clears (it opens a candidate shift), or None when it is under
     them: a level <= 0 means nothing, and a value under ``rise_bar`` of the level is
@@ -281,7 +303,7 @@ def opens_shift(
             return None
         trough = values[: start + 1]
         if min(trough) > 0:
-            current = early_bars(trough, trough[-1:], settings)
+            current = early_bars(trough, trough[-1:], settings, floor)
             if value > current.shift:
                 return current
         # Or above the bars of the values it has, as any value.
@@ -290,7 +312,7 @@ def opens_shift(
         return None if early else below_zero_shift(value, history, recent, settings)
     if value <= rise_bar(level, settings.rise):
         return None
-    current = (early_bars if early else bars)(history.values, recent, settings)
+    current = (early_bars if early else bars)(history.values, recent, settings, floor)
     return current if value > current.shift else None
 
 
@@ -359,7 +381,9 @@ def _climb_start(values: Sequence[float]) -> int:
     return start
 
 
-def crept(history: Sequence[float], settings: DivergenceConfig) -> tuple[Bars, int] | None:
+def crept(
+    history: Sequence[float], settings: DivergenceConfig, floor: float = 0.0
+) -> tuple[Bars, int] | None:
     """The bars the level crept past and the values since the run's best (the climb, its
     onset the first of them), or None: the median of the last ``level_window``
     values of ``history``, and the last of them, above the shift bar of the run at its
@@ -388,7 +412,7 @@ def crept(history: Sequence[float], settings: DivergenceConfig) -> tuple[Bars, i
         return None  # under every bar: a level is never under its least
     ends = range(max(size, settings.min_history), len(before) + 1)
     end = min(ends, key=lambda end: level_of(before[end - size : end]))
-    current = bars(before, before[end - size : end], settings)
+    current = bars(before, before[end - size : end], settings, floor)
     return (current, count - end) if now > current.shift else None
 
 
@@ -452,7 +476,7 @@ class Shift:
 class ShiftSeries:
     """One metric: its history and its candidate shift."""
 
-    __slots__ = ("history", "recent", "resumed", "shift", "steps")
+    __slots__ = ("history", "peak", "recent", "resumed", "shift", "steps")
 
     def __init__(self, settings: DivergenceConfig) -> None:
         self.history = Rolling(settings.window)
@@ -463,14 +487,20 @@ class ShiftSeries:
         self.shift: Shift | None = None
         #: A new attempt began: its first step says how much of the history still holds.
         self.resumed = False
+        #: The highest value learned: the run's scale (``scale_floor``).
+        self.peak = 0.0
 
     def learn(self, step: int | None, value: float) -> None:
+        if value > self.peak:
+            self.peak = value
         self.history.add(value)
         self.steps.append(step)
         self.recent.append((step, value))
 
     def learn_all(self, values: list[float], steps: list[int]) -> None:
         """``learn`` each of a block's values, in order."""
+        if values:
+            self.peak = max(self.peak, max(values))
         self.history.extend(values)
         self.steps.extend(steps)
         kept = self.recent.maxlen or len(values)
@@ -620,7 +650,8 @@ class DivergenceDetector(BaseDetector):
             # In warmup the loss may wobble up as the rate climbs: judged as from few values.
             early = len(series.history) < settings.min_history or self._warmup.active(step)
             recent = [value for _, value in series.recent]
-            current = opens_shift(value, series.history, recent, settings, early=early)
+            floor = scale_floor(series.peak)
+            current = opens_shift(value, series.history, recent, settings, early=early, floor=floor)
             if current is None:
                 series.learn(step, value)
                 return [] if early else self._crept(series, sample, source, now)
@@ -676,7 +707,7 @@ class DivergenceDetector(BaseDetector):
     def _crept(self, series: ShiftSeries, sample: Sample, source: str, now: float) -> list[Alert]:
         """The level crept past the bar of the run at its best (``crept``): a shift seen in
         hindsight, its onset the first value after that best, confirmed."""
-        found = crept(series.history.values, self.settings)
+        found = crept(series.history.values, self.settings, scale_floor(series.peak))
         if found is None:
             return []
         current, climb = found

@@ -152,6 +152,11 @@ class LossSpikeConfig(MetricRuleConfig):
         return self
 
 
+#: The least a spike rises above its baseline, as a fraction of the highest the metric has
+#: been (``spikes``): ratios to a level near 0 mean little.
+SPIKE_FLOOR = 0.01
+
+
 def spike_bar(baseline: float, factor: float) -> float:
     """The value above which a sample is a spike against ``baseline``: ``factor`` x it.
 
@@ -173,9 +178,17 @@ def growth_bar(least: float, settings: LossSpikeConfig) -> float:
     return settings.warmup_factor * least
 
 
-def spikes(value: float, baseline: float, noise: deque[float], settings: LossSpikeConfig) -> bool:
+def spikes(
+    value: float,
+    baseline: float,
+    noise: deque[float],
+    settings: LossSpikeConfig,
+    peak: float = 0.0,
+) -> bool:
     """The rule's decision on a value past warmup: a spike against the median ``baseline``
-    (``is_spike``) and above the run's own ``noise`` (``above_noise``).
+    (``is_spike``), above the run's own ``noise`` (``above_noise``) and more than
+    ``SPIKE_FLOOR`` of the highest the metric has been (``peak``) above the baseline: a
+    loss that fell 500x, to 0.0084, has batches 2.6x that (+0.014) that are no spike.
 
     Until the noise window is full the run has not shown its whole rhythm (the first
     epoch has no earlier one to compare with): a spike must then be far beyond its noise,
@@ -184,8 +197,10 @@ def spikes(value: float, baseline: float, noise: deque[float], settings: LossSpi
     sigmas = settings.noise_sigmas
     if len(noise) < settings.noise_window:
         sigmas *= settings.extreme_factor
-    return is_spike(value, baseline, settings.factor) and above_noise(
-        value, baseline, noise, sigmas, settings.noise_floor
+    return (
+        is_spike(value, baseline, settings.factor)
+        and value > baseline + SPIKE_FLOOR * peak
+        and above_noise(value, baseline, noise, sigmas, settings.noise_floor)
     )
 
 
@@ -274,6 +289,7 @@ class SpikeSeries:
         "least",
         "noise",
         "offending",
+        "peak",
         "recent",
         "run",
         "seen",
@@ -295,6 +311,8 @@ class SpikeSeries:
         self.seen: deque[float] = deque(maxlen=tail_window)
         #: The least finite value of the attempt (the warmup's yardstick).
         self.least = math.inf
+        #: The highest value learned: the run's scale (``spike_floor``).
+        self.peak = 0.0
         #: The rule's count of judged values when this metric last spiked.
         self.spiked_at: int | None = None
         #: This metric's spikes in the open episode: the run's behaviour once it recovers.
@@ -317,6 +335,8 @@ class SpikeSeries:
         self.noise.add(value)
         self.seen.append(value)
         self.least = min(self.least, value)
+        if value > self.peak:
+            self.peak = value
 
 
 #: ``BaseDetector.sample_alert`` of the rule: how its alerts are built.
@@ -726,7 +746,7 @@ class LossSpikeDetector(BaseDetector):
         near = (
             baseline > 0
             and value >= settings.tail_floor * baseline
-            and not spikes(value, baseline, series.noise.values, settings)
+            and not spikes(value, baseline, series.noise.values, settings, series.peak)
         )
         alerts = self._against_level(series, sample, judged, source, time)
         if near:
@@ -746,7 +766,7 @@ class LossSpikeDetector(BaseDetector):
             series.learn(value)
             return alerts
         baseline = rolling.median()
-        if spikes(value, baseline, series.noise.values, self.settings):
+        if spikes(value, baseline, series.noise.values, self.settings, series.peak):
             series.spiked_at = self._count
             series.least = min(series.least, value)
             if not judged:
@@ -895,3 +915,4 @@ class LossSpikeDetector(BaseDetector):
             series.noise.extend(values)
             series.seen.extend(values)
             series.least = min(series.least, *values)
+            series.peak = max(series.peak, *values)
