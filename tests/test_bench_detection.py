@@ -11,7 +11,7 @@ from sentinel.model.records import Severity
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILED = "hf/nan/trainer_state.json"
-HEALTHY = "corpus/healthy/dnabert2-finetune"
+HEALTHY = "corpus/healthy/bert-mood-per-epoch"
 
 
 def cases() -> dict[str, detection.Case]:

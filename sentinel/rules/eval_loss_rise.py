@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate, compress, count, islice, repeat
 from operator import gt, le, lt, sub
 from typing import ClassVar
@@ -18,6 +18,40 @@ from sentinel.rules.series import LazyRolling, Warmup, sorted_median
 
 #: Evaluations since the best kept as evidence for the alert's details.
 KEPT_EVALS = 32
+#: Task metrics an evaluation may log beside its loss, by the direction that is better
+#: (``eval_`` before each): a run judged by one (its ``metric_for_best_model``) that still
+#: improves is not overfitting by what it is trained for, whatever its loss does (a Whisper
+#: fine-tune's eval loss rises 0.31 -> 0.47 as its WER falls 34.6 -> 32.0: the usual curve).
+LOWER_BETTER = ("wer", "cer", "ter", "mer", "error_rate")
+HIGHER_BETTER = (
+    "accuracy",
+    "acc",
+    "f1",
+    "bleu",
+    "sacrebleu",
+    "chrf",
+    "rouge1",
+    "rouge2",
+    "rougel",
+    "rougelsum",
+    "meteor",
+    "map",
+    "exact_match",
+    "auc",
+    "roc_auc",
+    "precision",
+    "recall",
+    "matthews_correlation",
+    "pearson",
+    "spearmanr",
+)
+TASK_METRICS: dict[str, bool] = {
+    **{f"eval_{name}": False for name in LOWER_BETTER},
+    **{f"eval_{name}": True for name in HIGHER_BETTER},
+}
+#: Values of each task metric kept, with their steps.
+TASK_KEPT = 64
+
 #: Excursions above the best that came back, kept as the run's tail: the last few, so that
 #: a first epoch's chaos does not hide an overfit a hundred epochs on.
 TAILS_KEPT = 3
@@ -127,7 +161,7 @@ class EvalLossRiseDetector(BaseDetector):
     def __init__(self, config: EvalLossRiseConfig) -> None:
         super().__init__(config)
         self.settings = config
-        self.watches = frozenset({config.eval_metric, config.train_metric, "lr"})
+        self.watches = frozenset({config.eval_metric, config.train_metric, "lr", *TASK_METRICS})
         self._warmup = Warmup(config.warmup_steps)
         self._train_label = "train loss" if config.train_metric == "loss" else config.train_metric
         self._reset()
@@ -145,7 +179,11 @@ class EvalLossRiseDetector(BaseDetector):
         self._last_eval: tuple[int | None, float] | None = None
         #: The latest evaluations, whose changes are the metric's own noise.
         self._evals: deque[float] = deque(maxlen=self.settings.noise_evals)
+        #: (step, value) of each task metric the evaluations logged (``TASK_METRICS``).
+        self._tasks: dict[str, deque[tuple[int | None, float]]] = {}
         self._rise_run = 0
+        #: Where the evaluations were read (the log an alert at its end names).
+        self._source = ""
         #: Consecutive evaluations above the bar (``_bar``) of the best before each.
         self._above_run = 0
         #: The highest evaluation since the best (None: none since).
@@ -167,6 +205,9 @@ class EvalLossRiseDetector(BaseDetector):
         if sample.name == self.settings.train_metric:
             self._train.add(sample.value)
             self._train_seen = True
+            return []
+        if sample.name in TASK_METRICS and sample.name != self.settings.eval_metric:
+            self._task(sample.name).append((sample.step, sample.value))
             return []
         if sample.name != self.settings.eval_metric:
             return []
@@ -191,6 +232,14 @@ class EvalLossRiseDetector(BaseDetector):
         judged = self._judged(block)
         assert judged is not None
         name, values, steps = judged
+        for task in TASK_METRICS.keys() & block.columns.keys():
+            if task != self.settings.eval_metric:
+                finite = [
+                    (step, value)
+                    for step, value in zip(block.steps, block.columns[task], strict=True)
+                    if math.isfinite(value) and not self._warmup.active(step)
+                ]
+                self._task(task).extend(finite)
         if not values:
             return
         if name == self.settings.train_metric:
@@ -200,6 +249,7 @@ class EvalLossRiseDetector(BaseDetector):
             self._train_seen = True
             return
         train_now = self._train.median() if len(self._train) else None
+        self._source = block.source
         for step, value in zip(steps, values, strict=True):
             self._note(step, value, train_now)
 
@@ -268,6 +318,7 @@ class EvalLossRiseDetector(BaseDetector):
 
     def _evaluation(self, sample: Sample, source: str, now: float) -> list[Alert]:
         step, value = sample.step, sample.value
+        self._source = source
         last = self._last_eval
         if last is not None and step is not None and last[0] is not None and step <= last[0]:
             if step == last[0]:
@@ -295,6 +346,8 @@ class EvalLossRiseDetector(BaseDetector):
             return []
         if self._train_seen and not train_falling(train_now, self._train_at_best):
             return []  # train loss not falling: divergence or a data problem, not overfitting
+        if self._task_improved(best[0], step):
+            return []  # the metric the run is judged by still improves: no overfit of it
         self._open = True
         return [
             self._overfit_alert(
@@ -306,6 +359,29 @@ class EvalLossRiseDetector(BaseDetector):
                 by_rises=by_rises,
             )
         ]
+
+    def _task(self, name: str) -> deque[tuple[int | None, float]]:
+        found = self._tasks.get(name)
+        if found is None:
+            found = self._tasks[name] = deque(maxlen=TASK_KEPT)
+        return found
+
+    def _task_improved(self, best: int | None, now: int | None) -> bool:
+        """Whether the task metric the evaluations log (the first of ``TASK_METRICS`` known
+        at both: the WER before the accuracy, the accuracy before the F1) is better at the
+        evaluation ``now`` than at the ``best`` one's: the metric the run is judged by."""
+        if best is None or now is None:
+            return False
+        for name, higher in TASK_METRICS.items():
+            values = self._tasks.get(name)
+            if not values:
+                continue
+            then = next((v for s, v in reversed(values) if s is not None and s <= best), None)
+            later = next((v for s, v in reversed(values) if s is not None and s <= now), None)
+            if then is None or later is None:
+                continue
+            return later > then if higher else later < then
+        return False
 
     def _note(self, step: int | None, value: float, train_now: float | None) -> None:
         """What one evaluation (after the previous, at a later step) changes, alerts aside:
@@ -344,6 +420,37 @@ class EvalLossRiseDetector(BaseDetector):
         got there: the margin, and the run's own tail."""
         return max(margin_bar(best, self.settings.margin), self._tail_bar(best))
 
+    def log_ended(self, now: float, tail: Sequence[str]) -> list[Alert]:
+        """A replayed log whose last evaluation is past the bar (``_bar``) of its best and
+        its own noise, the train loss falling and the task metric no better: a warning,
+        though no second evaluation came to confirm it. A 3-epoch fine-tune's last
+        evaluation 12% above its best, its accuracy down, is the commonest overfit, and the
+        last word of its log."""
+        del tail
+        last, best = self._last_eval, self._best
+        if self._open or last is None or best is None or self._above_run < 1:
+            return []
+        step, value = last
+        if value - best[1] <= self.settings.noise_sigmas * eval_noise(self._evals):
+            return []
+        train_now = self._train.median() if len(self._train) else None
+        if self._train_seen and not train_falling(train_now, self._train_at_best):
+            return []
+        if self._task_improved(best[0], step):
+            return []
+        self._open = True
+        sample = Sample(self.settings.eval_metric, value, step)
+        alert = self._overfit_alert(
+            sample,
+            source=self._source,
+            time=now,
+            best=best,
+            train_now=train_now,
+            by_rises=False,
+            note=" (at the log's last evaluation)",
+        )
+        return [alert]
+
     def _overfit_alert(
         self,
         sample: Sample,
@@ -353,6 +460,7 @@ class EvalLossRiseDetector(BaseDetector):
         best: tuple[int | None, float],
         train_now: float | None,
         by_rises: bool,
+        note: str = "",
     ) -> Alert:
         """The episode's warning: the eval metric above its ``best`` (step, value)."""
         best_step, best_value = best
@@ -374,7 +482,7 @@ class EvalLossRiseDetector(BaseDetector):
         return Alert(
             rule=self.rule,
             severity=self.settings.severity,
-            message=f"{what} above its best {best_value:.4g}{at}{train}: overfitting{keep}",
+            message=f"{what} above its best {best_value:.4g}{at}{train}: overfitting{keep}{note}",
             time=time,
             source=source,
             step=sample.step,

@@ -10,7 +10,7 @@ import pydantic
 import pytest
 
 from sentinel.model.records import Alert, Sample, Severity
-from sentinel.rules.eval_loss_rise import EvalLossRiseConfig, EvalLossRiseDetector
+from sentinel.rules.eval_loss_rise import TASK_METRICS, EvalLossRiseConfig, EvalLossRiseDetector
 
 NOW = 1_700_000_000.0
 EVAL_EVERY = 100
@@ -213,7 +213,9 @@ def test_non_finite_eval_is_ignored() -> None:
 
 @pytest.mark.parametrize("metrics", ["val_acc_loss", ["val_acc_loss"]], ids=["string", "list"])
 def test_watches_eval_train_and_lr(metrics: str | list[str]) -> None:
-    assert detector(metrics=metrics).watches == frozenset({"val_acc_loss", "loss", "lr"})
+    watched = detector(metrics=metrics).watches
+    assert watched is not None and {"val_acc_loss", "loss", "lr"} <= watched
+    assert watched - {"val_acc_loss", "loss", "lr"} == TASK_METRICS.keys()
 
 
 def test_job_started_forgets_the_best() -> None:
@@ -266,3 +268,57 @@ def test_an_earlier_step_starts_a_new_run_judged_from_its_own_best() -> None:
 def test_config_rejects_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(pydantic.ValidationError):
         EvalLossRiseConfig(**bad)
+
+
+#: A Whisper-small fine-tune's evaluations (its trainer_state.json): the eval loss rises at
+#: every evaluation after the first while the WER it is judged by falls to its best at
+#: step 4000, the checkpoint the run kept.
+WHISPER = [(0.307, 34.63), (0.356, 33.13), (0.421, 32.59), (0.452, 32.01), (0.468, 32.10)]
+
+
+def _with_task(metric: str, pairs: list[tuple[float, float]]) -> list[Sample]:
+    samples: list[Sample] = []
+    for index, (loss, task) in enumerate(pairs):
+        step = 1000 * (index + 1)
+        samples += [
+            Sample("loss", 0.5 - 0.05 * index - 0.001 * k, step - 90 + 10 * k) for k in range(10)
+        ]
+        samples += [Sample("eval_loss", loss, step), Sample(metric, task, step)]
+    return samples
+
+
+def test_an_eval_loss_that_rises_while_the_task_metric_improves_is_no_overfit() -> None:
+    assert feed(detector(), _with_task("eval_wer", WHISPER)) == []
+    # The same eval loss, with a WER that got worse since its best: an overfit.
+    worse = [(loss, 30.0 + index) for index, (loss, _) in enumerate(WHISPER)]
+    (alert,) = feed(detector(), _with_task("eval_wer", worse))
+    assert (alert.step, alert.details["best_step"]) == (3000, 1000)  # 2 evaluations 10% up
+
+
+def test_a_higher_better_task_metric_that_improves_keeps_it_quiet() -> None:
+    rising = [(loss, 0.80 + 0.01 * index) for index, (loss, _) in enumerate(WHISPER)]
+    assert feed(detector(), _with_task("eval_accuracy", rising)) == []
+
+
+def test_a_log_whose_last_evaluation_is_past_the_margin_warns_at_its_end() -> None:
+    """A 3-epoch BERT fine-tune (its trainer_state.json): the last evaluation 12% above its
+    best, the accuracy down: no second evaluation comes to confirm it live."""
+    evals = [0.8084, 0.8074, 0.9018]
+    accuracy = [0.681, 0.682, 0.674]
+    samples = _with_task("eval_accuracy", list(zip(evals, accuracy, strict=True)))
+    rule = detector()
+    assert feed(rule, samples) == []
+    (alert,) = rule.log_ended(NOW, [])
+    assert (alert.step, alert.details["best_step"]) == (3000, 2000)
+    assert alert.message.endswith("(at the log's last evaluation)")
+    # With the accuracy up at the last evaluation, or the last evaluation back under the
+    # margin, nothing.
+    better = _with_task("eval_accuracy", list(zip(evals, [0.681, 0.682, 0.69], strict=True)))
+    rule = detector()
+    feed(rule, better)
+    assert rule.log_ended(NOW, []) == []
+    rule = detector()
+    feed(
+        rule, _with_task("eval_accuracy", list(zip([0.8084, 0.8074, 0.85], accuracy, strict=True)))
+    )
+    assert rule.log_ended(NOW, []) == []
