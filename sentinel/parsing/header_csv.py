@@ -52,6 +52,8 @@ _SPACY_HEAD = re.compile(r"E\s{2,}#\s{2,}")
 _SPACY_NAMES = {"E": "epoch", "#": "step"}
 _WIDE_GAP = re.compile(r"\s{2,}")
 _RULE = re.compile(r"-+(?:\s+-+)*")
+#: A column only an RL run's table has: its episodes' reward or return.
+_RL_COLUMN = re.compile(r"ep_?rew|episode_?reward|rollout/|(?:^|_)return(?:$|_)")
 #: A Markdown table's rule under its header: ``-- | --``, ``|---|:---:|``.
 _PIPE_RULE = re.compile(r"\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?")
 #: A number standing as a word in a cell (``step 120``): no header's.
@@ -84,8 +86,9 @@ class HeaderCsv:
             return self._spaced_line(text)
         if text[0].isalpha():
             cells = [cell.strip() for cell in text.split(separator)]
-            if separator == "\t":
-                cells = [_SPACES.sub("_", _SLASH.sub("/", cell)) for cell in cells]
+            # A name with spaces (``Training Loss`` in a notebook's table, ``total
+            # timesteps`` in a PPO's CSV) as its words joined by ``_``.
+            cells = [_SPACES.sub("_", _SLASH.sub("/", cell)) for cell in cells]
             found = self._header(cells)
             if found is not None:
                 self._spaced = self._piped = False
@@ -185,7 +188,13 @@ class HeaderCsv:
         lowered = [cell.lower() for cell in cells]
         if not any(cell in KNOWN_KEYS or normalise_name(cell) in KNOWN_KEYS for cell in lowered):
             return None
-        self._columns = tuple(normalise_name(cell) for cell in cells)
+        # An RL run's table (its episodes' reward beside the losses): its objective is no
+        # supervised loss and keeps its name (``sb3``'s rule), a NaN of it still a loss's.
+        rl = any(_RL_COLUMN.search(cell) for cell in lowered)
+        self._columns = tuple(
+            low if rl and "loss" in low else normalise_name(cell)
+            for cell, low in zip(cells, lowered, strict=True)
+        )
         steps = [index for index, cell in enumerate(lowered) if cell in _STEP_COLUMNS]
         epochs = [index for index, cell in enumerate(lowered) if cell == "epoch"]
         found = steps or epochs

@@ -23,6 +23,7 @@ from sentinel.parsing import (
     keras,
     keyvalue,
     lightning_csv,
+    llmc,
     marian,
     megatron,
     mlflow,
@@ -67,6 +68,7 @@ FRAMEWORK_LINES: dict[str, ParseFn] = {
     "yolact": yolact.parse_yolact,
     "boosting": boosting.parse_boosting,
     "dreamer": dreamer.parse_dreamer,
+    "llmc": llmc.parse_llmc,
 }
 
 #: Formats whose step or names an earlier line gave (a header, an epoch line): each a

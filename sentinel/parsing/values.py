@@ -92,6 +92,8 @@ RECORD_STEP_KEYS: tuple[str, ...] = (
     "steps",
     "global step",
     "global_step/max_steps",  # ms-swift: "601/2161"
+    "total_timesteps",  # an RL run's environment steps (stable-baselines' progress.csv)
+    "time/total_timesteps",
 )
 #: Field names (lower-cased) that carry the data's own timestamp.
 TIME_KEYS: tuple[str, ...] = ("time", "timestamp", "ts", "wall_time")

@@ -949,3 +949,41 @@ def test_nanotrons_line_reads_its_scaled_values_and_no_ranks_as_metrics() -> Non
     assert read["loss"] == (10.6, 991) and read["grad_norm"] == (0.515, 991)
     assert read["cuda_memory_allocated"][0] == pytest.approx(75.2e6)
     assert not {"dp", "pp", "tp"} & set(read)
+
+
+def test_llm_cs_log_file_is_read_at_its_steps() -> None:
+    """llm.c's ``main.log`` (modded-nanogpt's record of it): a training step's loss,
+    learning rate and grad-norm, the validation loss, HellaSwag's accuracy."""
+    parser = LineParser()
+    read = [
+        (s.name, s.value, s.step)
+        for line in ["s:0 tel:11.0092", "s:3 trl:10.7157 lr:0.000003 norm:13.12", "s:250 eval:0.29"]
+        for s in parser.parse(line)
+    ]
+    assert read == [
+        ("eval_loss", 11.0092, 0),
+        ("loss", 10.7157, 3),
+        ("lr", 0.000003, 3),
+        ("grad_norm", 13.12, 3),
+        ("eval_acc", 0.29, 250),
+    ]
+    assert parser.parse("s:3 a note: of no metric") == []
+
+
+def test_an_rl_runs_csv_with_spaced_names_keeps_its_objective_apart() -> None:
+    """A PPO run's progress CSV (its ``total timesteps`` column spelt with a space): read at
+    its environment steps, its ``total_loss`` under its own name (an RL objective moves
+    with its rewards: as ``loss`` it raised a critical divergence while the reward climbed)."""
+    lines = [
+        "num_episodes,ep_rew_mean,total timesteps,total_time,total_loss,value_loss",
+        "547,11.42926302,8192,2.69327712059021,,",
+        "1050,9.8131856,16384,12.688928365707397,1.1647271305515068,1.1696610785555095",
+    ]
+    parser = LineParser()
+    read = [(s.name, s.step) for line in lines for s in parser.parse(line)]
+    assert ("total_loss", 16384) in read and ("ep_rew_mean", 8192) in read
+    assert not any(name == "loss" for name, _ in read)
+    # The same columns in a supervised run's CSV: its total loss is the loss.
+    parser = LineParser()
+    supervised = ["epoch,total loss,val_loss", "1,0.91,0.95"]
+    assert [s.name for line in supervised for s in parser.parse(line)] == ["loss", "eval_loss"]
