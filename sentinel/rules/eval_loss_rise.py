@@ -338,11 +338,16 @@ class EvalLossRiseDetector(BaseDetector):
         if self._open:
             return []
         best_value = best[1]
-        by_rises = self._rise_run >= self.settings.rises and value > self._tail_bar(best_value)
-        if not by_rises and (
-            self._above_run < self.settings.margin_evals
-            or value - best_value <= self.settings.noise_sigmas * eval_noise(self._evals)
-        ):
+        # Either way, the eval above its best by more than its own wobble: three small
+        # rises of a noisy validation set (0.634 -> 0.637 -> 0.658 -> 0.678, where it
+        # was at 0.687 four epochs before) are its noise.
+        beyond_noise = value - best_value > self.settings.noise_sigmas * eval_noise(self._evals)
+        by_rises = (
+            self._rise_run >= self.settings.rises
+            and value > self._tail_bar(best_value)
+            and beyond_noise
+        )
+        if not by_rises and (self._above_run < self.settings.margin_evals or not beyond_noise):
             return []
         if self._train_seen and not train_falling(train_now, self._train_at_best):
             return []  # train loss not falling: divergence or a data problem, not overfitting

@@ -322,3 +322,12 @@ def test_a_log_whose_last_evaluation_is_past_the_margin_warns_at_its_end() -> No
         rule, _with_task("eval_accuracy", list(zip([0.8084, 0.8074, 0.85], accuracy, strict=True)))
     )
     assert rule.log_ended(NOW, []) == []
+
+
+def test_three_small_rises_within_the_evals_own_wobble_are_no_overfit() -> None:
+    """Keras' CIFAR-10 example at epochs 39-48 (keras-team/keras issue 8680): the
+    validation loss wobbles by 0.02-0.05 an epoch; 0.634 -> 0.637 -> 0.658 -> 0.678 is
+    three rises, but under where it stood four epochs before (0.687)."""
+    evals = [0.6673, 0.6600, 0.6830, 0.6429, 0.6869, 0.6340, 0.6367, 0.6579, 0.6780, 0.6450]
+    train = [0.7744, 0.7758, 0.7737, 0.7729, 0.7743, 0.7655, 0.7670, 0.7712, 0.7676, 0.7610]
+    assert feed(detector(), run(evals, train)) == []
