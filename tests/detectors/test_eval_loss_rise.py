@@ -116,8 +116,9 @@ def test_an_overfit_past_the_runs_own_excursions_still_warns() -> None:
     """After excursions of 20% that came back, a climb to 40% above the best that stays."""
     evals = [3.0, 2.5, 2.0, 2.4, 1.9, 2.28, 1.8, 2.16, 1.7, 1.9, 2.1, 2.3, 2.38, 2.4]
     alerts = feed(detector(), run(evals, falling(len(evals))))
-    assert [(a.step, a.details["best_value"]) for a in alerts] == [(1200, 1.7)]
-    assert alerts[0].value == 2.3  # 35% above 1.7: past the 20% the run came back from
+    assert [(a.step, a.details["best_value"]) for a in alerts] == [(1400, 1.7)]
+    # 41% above 1.7: past the 20% the run came back from, and its zigzag's own noise.
+    assert alerts[0].value == 2.4
 
 
 def test_a_margin_inside_the_evals_own_wobble_is_no_rise() -> None:
@@ -188,7 +189,7 @@ def test_rises_after_a_resolve_open_a_new_episode() -> None:
 
 
 def test_rises_from_config() -> None:
-    (alert,) = feed(detector(rises=2), run(OVERFIT, falling(len(OVERFIT))))
+    (alert,) = feed(detector(rises=2, noise_sigmas=0.0), run(OVERFIT, falling(len(OVERFIT))))
     assert alert.step == 600
 
 
