@@ -12,8 +12,17 @@ as logged, is judged.
 A warning (``severity``) once the run of equal values reaches ``repeats``, its onset the first
 of them; it resolves when the loss moves. The message names ln K where the value is one.
 
-``details``: ``kind`` (``"frozen"``), ``repeats``, ``since`` (the step of the first),
-``classes`` (K where the value is ln K, else None).
+A loss at chance is the same failure seen through its last digits: a uniform guess over K
+classes has loss ln K, and a model stuck there logs values that differ only past the fourth
+digit (a FractalNet on CIFAR-10 at 2.3028-2.3030 = ln 10 for every epoch shown; a DINO run
+collapsed to 11.0903 = ln 65536, its output's size, for 200 epochs). ``repeats`` values in a
+row, each within ``LN_TOLERANCE`` of the same ln K, warn too (``"chance"``), where K can be
+told from its neighbours at that precision: up to ``CHANCE_CLASSES`` classes, or a power of 2
+or of 10 (an output layer's usual sizes; ln K of a large K other than those is near any
+value).
+
+``details``: ``kind`` (``"frozen"`` or ``"chance"``), ``repeats``, ``since`` (the step of the
+first), ``classes`` (K where the value is ln K, else None).
 """
 
 from __future__ import annotations
@@ -82,6 +91,31 @@ def creeps(value: float, runs: Iterable[float]) -> bool:
     return False
 
 
+#: Classes up to which ln K is told from ln (K +- 1) at ``LN_TOLERANCE``: K ln K < 1 / (2 x
+#: the tolerance).
+CHANCE_CLASSES = 190
+#: Powers of 2 and of 10 up to which ln K counts as a chance level too.
+CHANCE_POWERS = frozenset({*(2**n for n in range(1, 21)), *(10**n for n in range(1, 7))})
+#: Significant digits a value must show, as logged, to be read as at a chance level.
+CHANCE_DIGITS = 4
+#: Above this no loss is ln K of a K in ``CHANCE_POWERS``'s range (ln 2**20 is 13.9).
+CHANCE_TOP = 14.0
+
+
+def chance_classes(value: float) -> int | None:
+    """K where ``value`` is at the chance level ln K (``classes_of``) and K can be told at
+    that precision (``CHANCE_CLASSES``, ``CHANCE_POWERS``); else None."""
+    classes = classes_of(value)
+    if classes is None:
+        return None
+    if classes <= CHANCE_CLASSES:
+        return classes
+    for power in (2 ** round(math.log2(classes)), 10 ** round(math.log10(classes))):
+        if power in CHANCE_POWERS and abs(math.log(power) - value) <= LN_TOLERANCE * value:
+            return int(power)
+    return None
+
+
 def classes_of(value: float) -> int | None:
     """K where ``value`` is ln K (2 or more), within ``LN_TOLERANCE``; else None."""
     if not 0.5 < value < math.log(MAX_CLASSES):
@@ -125,15 +159,27 @@ class LossFrozenDetector(BaseDetector):
         self._runs: deque[float] = deque(maxlen=RUNS_KEPT)
         #: Whether the warning for the current run of values is open.
         self._open = False
+        #: The chance level ln K the last values sat at (K), how many in a row, the step of
+        #: the first, and whether its warning is open.
+        self._chance: int | None = None
+        self._chance_count = 0
+        self._chance_since: int | None = None
+        self._chance_open = False
 
     def job_started(self, now: float) -> None:
         self._reset()
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
-        name, value, step, stamp = sample[:4]
-        if name != METRIC:
+        if sample.name != METRIC:
             return []
-        time = stamp if stamp is not None else now
+        time = sample.time if sample.time is not None else now
+        alerts = self._equal(sample, source, time)
+        return alerts + self._at_chance(sample, source, time)
+
+    def _equal(self, sample: Sample, source: str, time: float) -> list[Alert]:
+        """The run of equal values: a warning when it reaches ``repeats``."""
+        value, step = sample.value, sample.step
+        alerts: list[Alert] = []
         if value == self._last:
             self._count += 1
             settings = self.settings
@@ -146,7 +192,6 @@ class LossFrozenDetector(BaseDetector):
                 self._open = True
                 return [self._frozen(sample, source, time)]
             return []
-        alerts = []
         if self._open:
             self._open = False
             alerts.append(
@@ -165,6 +210,59 @@ class LossFrozenDetector(BaseDetector):
         self._count = 1
         self._since = step
         return alerts
+
+    def _at_chance(self, sample: Sample, source: str, time: float) -> list[Alert]:
+        """The run of values at one chance level (``chance_classes``): a warning when it
+        reaches ``repeats`` (unless the loss is frozen already), resolved when it leaves."""
+        value = sample.value
+        classes = (
+            chance_classes(value)
+            if math.isfinite(value) and significant_digits(value) >= CHANCE_DIGITS
+            else None
+        )
+        if classes is not None and classes == self._chance:
+            self._chance_count += 1
+            if self._chance_count == self.settings.repeats and not self._open:
+                self._chance_open = True
+                return [self._stuck(sample, classes, source, time)]
+            return []
+        alerts = []
+        if self._chance_open:
+            self._chance_open = False
+            alerts.append(
+                self.sample_alert(
+                    sample,
+                    severity=Severity.INFO,
+                    message=f"loss left its chance level: {value:g} at step {sample.step}",
+                    time=time,
+                    source=source,
+                    resolves=True,
+                )
+            )
+        self._chance, self._chance_count, self._chance_since = classes, 1, sample.step
+        return alerts
+
+    def _stuck(self, sample: Sample, classes: int, source: str, time: float) -> Alert:
+        message = (
+            f"loss has stayed at {sample.value:g} = ln {classes} for {self._chance_count} logged"
+            f" values (since step {self._chance_since}): a uniform guess over {classes}"
+            " classes, the model predicts no better than chance"
+        )
+        details: dict[str, Any] = {
+            "kind": "chance",
+            "repeats": self._chance_count,
+            "since": self._chance_since,
+            "classes": classes,
+        }
+        return self.sample_alert(
+            sample,
+            severity=self.settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=self._chance_since,
+            details=details,
+        )
 
     def _frozen(self, sample: Sample, source: str, time: float) -> Alert:
         value = sample.value
@@ -191,14 +289,42 @@ class LossFrozenDetector(BaseDetector):
             details=details,
         )
 
+    def _chance_runs(
+        self, column: list[float], steps: list[int]
+    ) -> tuple[bool, int | None, int, int | None]:
+        """Line by line over a block's losses, the chance level's run (``_at_chance``):
+        whether it reaches ``repeats`` in the block, and the run it leaves (K, count,
+        step of the first), in one pass."""
+        chance, count, since = self._chance, self._chance_count, self._chance_since
+        repeats = self.settings.repeats
+        reached = False
+        exp = math.exp
+        for value, step in zip(column, steps, strict=True):
+            classes = None
+            if 0.5 < value < CHANCE_TOP:
+                guess = exp(value)
+                if abs(guess - round(guess)) <= LN_TOLERANCE * value * guess:
+                    classes = chance_classes(value)
+                    if classes is not None and significant_digits(value) < CHANCE_DIGITS:
+                        classes = None
+            if classes is not None and classes == chance:
+                count += 1
+                reached = reached or count >= repeats
+            else:
+                chance, count, since = classes, 1, step
+        return reached, chance, count, since
+
     def can_absorb(self, block: Block) -> bool:
-        """Uneventful: no episode open, and no run of equal values in the block (with the
-        one it continues) reaches ``repeats`` on a value precise enough to be judged."""
-        if self._open:
+        """Uneventful: no episode open, no run of equal values in the block (with the
+        one it continues) reaching ``repeats`` on a value precise enough to be judged, and
+        no run at one chance level reaching it (``_chance_runs``)."""
+        if self._open or self._chance_open:
             return False
         column = block.columns.get(METRIC)
         if column is None:
             return True
+        if self._chance_runs(column, block.steps)[0]:
+            return False
         if not any(map(eq, column, islice(column, 1, None))) and column[0] != self._last:
             return True  # no two equal values in a row: no run longer than one
         last, count = self._last, self._count
@@ -214,6 +340,9 @@ class LossFrozenDetector(BaseDetector):
         column = block.columns.get(METRIC)
         if not column:
             return
+        _, self._chance, self._chance_count, self._chance_since = self._chance_runs(
+            column, block.steps
+        )
         value = column[-1]
         run = 1
         while run < len(column) and column[-run - 1] == value:

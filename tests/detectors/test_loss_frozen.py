@@ -138,3 +138,44 @@ def test_a_converged_loss_creeping_under_its_printed_precision_is_not_frozen() -
     line_by_line = run(only, texts, blocks=False)
     blocks = run(only, texts, blocks=True)
     assert (blocks.alerts, blocks.state) == (line_by_line.alerts, line_by_line.state)
+
+
+@pytest.mark.parametrize(
+    ("values", "classes"),
+    [
+        # A FractalNet on CIFAR-10 (keras-team/keras issue): every epoch at ln 10.
+        ([2.3030, 2.3030, 2.3029, 2.3029, 2.3030, 2.3028, 2.3029, 2.3030, 2.3029, 2.3029], 10),
+        # A DINO run collapsed to a uniform output over its 65,536 prototypes.
+        ([11.0879 + 0.00005 * i for i in range(10)], 65536),
+    ],
+    ids=["ln-10", "ln-2-to-the-16"],
+)
+def test_a_loss_that_stays_at_a_chance_level_warns(values: list[float], classes: int) -> None:
+    detector = LossFrozenDetector(LossFrozenConfig())
+    alerts = [
+        a
+        for step, v in enumerate(values)
+        for a in detector.observe(Sample("loss", v, step), "x", 0.0)
+    ]
+    assert [(a.severity, a.details["kind"], a.details["classes"]) for a in alerts] == [
+        (Severity.WARNING, "chance", classes)
+    ]
+    assert f"ln {classes}" in alerts[0].message
+    back = detector.observe(Sample("loss", 1.9, 10), "x", 0.0)
+    assert [(a.severity, a.resolves) for a in back] == [(Severity.INFO, True)]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [2.3030, 2.3030, 2.3029, 2.3029, 2.3030, 2.2100, 2.3029, 2.3030, 2.3029, 2.3029],  # moved
+        [2.302, 2.3, 2.302, 2.3, 2.302, 2.3, 2.302, 2.3, 2.302, 2.3],  # every other: 2 digits
+        [5.8103 + 0.0001 * i for i in range(10)],  # ln 333.7: no K told at that precision
+    ],
+    ids=["a-value-off-the-level", "too-few-digits", "no-chance-level"],
+)
+def test_values_near_but_not_at_a_chance_level_raise_nothing(values: list[float]) -> None:
+    detector = LossFrozenDetector(LossFrozenConfig())
+    assert [
+        a for s, v in enumerate(values) for a in detector.observe(Sample("loss", v, s), "x", 0.0)
+    ] == []
