@@ -472,3 +472,14 @@ def test_lines_at_their_own_epoch_are_one_series_not_ranks() -> None:
         ("nan_inf", 0, None, "class_loss")
     ]
     assert "rank" not in alerts[0].message
+
+
+def test_lines_at_one_step_of_different_epochs_are_one_series_not_ranks() -> None:
+    """MindSpore's ``LossMonitor`` printing once an epoch: ``epoch: N step: 1875, loss is
+    x``, its step the count within the epoch. Read as ranks, 4 of 20 values were read and a
+    NaN at epoch 7 was "rank 5, the first loss the log shows"."""
+    lines = [f"epoch: {epoch} step: 1875, loss is {2.0 / epoch:.4f}" for epoch in range(1, 7)]
+    lines.append("epoch: 7 step: 1875, loss is nan")
+    alerts = [a for a in feed(engine(), lines) if not a.resolves]
+    assert [(a.rule, a.details.get("rank")) for a in alerts] == [("nan_inf", None)]
+    assert "rank" not in alerts[0].message

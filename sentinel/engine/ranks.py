@@ -218,7 +218,7 @@ def _close_value(a: float, b: float) -> bool:
 class RunSeries:
     """Per line: its rank, and its samples that are new observations (see module doc)."""
 
-    __slots__ = ("_last", "_nonfinite", "_recent", "_source_rank", "_streams")
+    __slots__ = ("_epoch_at", "_last", "_nonfinite", "_recent", "_source_rank", "_streams")
 
     def __init__(self) -> None:
         # Per (source, stepped metric names): the series of unlabelled lines.
@@ -232,13 +232,28 @@ class RunSeries:
         # Sources whose values differ from another source's at the same steps: a rank's own
         # file (``metrics_rank1.jsonl``), with the rank its lines are.
         self._source_rank: dict[str, int] = {}
+        #: Per source, the step and epoch its last unlabelled line named.
+        self._epoch_at: dict[str, tuple[int, float]] = {}
 
     def restart(self) -> None:
         """A new attempt: its steps start again."""
         self._streams.clear()
+        self._epoch_at.clear()
         self._last.clear()
         self._recent.clear()
         self._nonfinite.clear()
+
+    def _epoch_moved(self, stepped: list[Sample], source: str) -> bool:
+        """Whether an unlabelled line names the step the source's last line named, at
+        another epoch: a count within the epoch, not a rank's step (MindSpore's
+        ``epoch: 3 step: 1875, loss is 0.23``, an epoch's bar ending at its ``99it``)."""
+        epoch = _epoch_of(stepped)
+        if epoch is None:
+            return False
+        step: int = stepped[0][2]  # type: ignore[assignment]
+        before = self._epoch_at.get(source)
+        self._epoch_at[source] = (step, epoch)
+        return before is not None and before[0] == step and before[1] != epoch
 
     def admit(self, samples: Iterable[Sample], source: str) -> tuple[list[Sample], int | None]:
         """The samples of one line that are new observations, and the line's rank (None:
@@ -252,7 +267,7 @@ class RunSeries:
         if not stepped:
             return samples, labelled
         rank = labelled if labelled is not None else self._source_rank.get(source)
-        if rank is None and not _at_its_epoch(stepped):
+        if rank is None and not _at_its_epoch(stepped) and not self._epoch_moved(stepped, source):
             names = tuple([sample[0] for sample in stepped])
             values = tuple([sample[1] for sample in stepped])
             step: int = stepped[0][2]  # type: ignore[assignment]
@@ -447,6 +462,10 @@ def may_be_a_ranks_file(source: str) -> bool:
     which draws a step's values a redraw late: read as ranks, a one-process job had three
     (its NaN raised on "ranks" 1 and 2), or its output was "rank 1" where the CSV came first."""
     return not one_writer(source) or _RANK_IN_NAME.search(source) is not None
+
+
+def _epoch_of(stepped: list[Sample]) -> float | None:
+    return next((sample[1] for sample in stepped if sample[0] == "epoch"), None)
 
 
 def _at_its_epoch(stepped: list[Sample]) -> bool:
