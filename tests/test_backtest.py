@@ -124,8 +124,10 @@ def test_hf_overfit_run_raises_eval_loss_rise_near_the_minimum(
     alert = result.alerts[0]
     assert alert.details["best_step"] == truth["eval_min_step"]
     eval_steps = truth["hyperparameters"]["eval_steps"]
-    # Three rising evaluations after the best one: the earliest the rule can be sure.
-    assert alert.step == truth["eval_min_step"] + 3 * eval_steps
+    # Rising evaluations after the best one, the last beyond the eval loss's own wobble: at
+    # the third (2.6557, +0.055) it is still within the changes of the fall before it; the
+    # fourth (2.67) is past them.
+    assert alert.step == truth["eval_min_step"] + 4 * eval_steps
     assert alert.details["diagnosis"]["cause"].startswith("overfitting")
 
 
