@@ -130,6 +130,8 @@ _BRACKET_KEY = re.compile(
 _SAMPLES_UNIT = re.compile(r"\s*samples?(?:_per_|/)", re.IGNORECASE)
 #: TensorFlow's logging prefix, ``INFO:tensorflow:``.
 _TF_LOG_PREFIX = re.compile(r"^(?:INFO|WARNING):tensorflow:")
+#: glog's and absl's head: ``I1002 21:38:13.425730 139917864867392 logging_writer.py:35] ``.
+_GLOG_HEAD = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.\-]+:\d+\] ")
 #: A line's step names, by how specific each is (``RECORD_STEP_KEYS``' order): LitGPT's
 #: ``iter 400 step 100`` is at step 100, the optimizer's step its checkpoints are named by
 #: (``step-00000100``), not at the 400th micro-batch of a run accumulating 4.
@@ -217,7 +219,8 @@ _EPOCH_OF_ALL = re.compile(
 _EVALUATION_LINE = re.compile(
     r"(?:Test|Validation|Val|Eval(?:uation)?) (?:set:|results? for step \d+:)"
     r"|Test:\s+\["
-    r"|Averaged stats: (?!.*\blr: )",
+    r"|Averaged stats: (?!.*\blr: )"
+    r"|eval epoch: \d+,",  # Flax's ImageNet example, behind absl's head
     re.I,
 )
 #: icefall's (k2's) validation, behind its head: ``... (0/8) Epoch 1, validation: loss=8.6,
@@ -267,9 +270,16 @@ def _float(value: str) -> float:
 
 def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
     """The metric (name, value) pairs in a line, names normalised, and its step if any."""
-    if "': '" in text:
-        # PaddleDetection's ``'loss': '1.263390'``: the quotes around names and values go.
+    if "':" in text:
+        # PaddleDetection's ``'loss': '1.263390'``, PaddleOCR 1.1's ``'loss': nan``: the
+        # quotes around names and values go.
         text = _QUOTED.sub(r"\1", text)
+    if text[:1] in "IWEF" and "] " in text:
+        # glog's and absl's head (``I1002 21:38:13.425730 139917864867392
+        # logging_writer.py:35] [400] train_loss=3.21``): what follows is the line.
+        head = _GLOG_HEAD.match(text)
+        if head is not None:
+            text = text[head.end() :]
     if "[" in text:
         if "tot_loss[" in text:
             text = _RUNNING_TOTAL.sub("", text)
@@ -411,7 +421,7 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
 def _is_evaluation_line(text: str) -> bool:
     """Whether a line is an evaluation's (``_EVALUATION_LINE``), behind TensorFlow's prefix
     or not."""
-    prefix = _TF_LOG_PREFIX.match(text)
+    prefix = _TF_LOG_PREFIX.match(text) or _GLOG_HEAD.match(text)
     return _EVALUATION_LINE.match(text, prefix.end() if prefix else 0) is not None
 
 

@@ -12,6 +12,7 @@ from sentinel.model.records import Sample
 from sentinel.parsing import fields, formats, hf_steps, hf_trainer, jsonl, ranks, tqdm
 from sentinel.parsing.files import FileReader
 from sentinel.parsing.hf_blocks import HfPiece
+from sentinel.parsing.keyvalue import find_pairs
 from sentinel.parsing.regex import UserRegex, compile_regexes, parse_with_regexes
 from sentinel.parsing.registry import PARSERS
 from sentinel.parsing.values import RECORD_STEP_KEYS, Garbled, ParseFn
@@ -346,7 +347,14 @@ class LineParser:
             brace = stripped.find("{")
             found = self._brace(stripped[brace:]) if brace > 0 else None
             if found is not None:
-                return self._parse_segment(stripped[:brace]) + found
+                before = self._parse_segment(stripped[:brace])
+                if not before and found and found[0].step is None:
+                    # TF Model Garden's ``train | step: 1 | ... | output: {'train_loss':
+                    # 12.63}``: the text before the dict names its step.
+                    step = find_pairs(stripped[:brace])[1]
+                    if step is not None:
+                        found = [sample._replace(step=step) for sample in found]
+                return before + found
         formats = self._formats
         if formats is not None:
             # Frameworks' own lines, and those whose step or names an earlier line gave.

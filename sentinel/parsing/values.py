@@ -56,6 +56,7 @@ ALIASES: dict[str, str] = {
     "train/learning_rate": "lr",
     "train/lr": "lr",
     "train_lr": "lr",  # DINO, DeiT and MAE log.txt (beside train_loss)
+    "train_learning_rate": "lr",  # Flax's ImageNet example (CLU's metric writer)
     "lr/pg0": "lr",  # Ultralytics: the first parameter group's
     "current_lr": "lr",  # Coqui's trainer
     "current_lr_0": "lr",  # Coqui's trainer, its first optimizer's (a GAN's: two)

@@ -987,3 +987,40 @@ def test_an_rl_runs_csv_with_spaced_names_keeps_its_objective_apart() -> None:
     parser = LineParser()
     supervised = ["epoch,total loss,val_loss", "1,0.91,0.95"]
     assert [s.name for line in supervised for s in parser.parse(line)] == ["loss", "eval_loss"]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(
+            "I1002 21:38:13.425730 139917864867392 logging_writer.py:35] [400]"
+            " steps_per_second=1.583725, train_learning_rate=0.358, train_loss=3.2198",
+            [("steps_per_second", 400), ("lr", 400), ("loss", 400)],
+            id="clu-metric-writer-behind-absl-head",
+        ),
+        pytest.param(
+            "I0324 07:55:20.597360 140348344015936 controller.py:479] train | step:      1 |"
+            " steps/sec:    xxxxx | output: {'train_accuracy': 0.0, 'train_loss': 12.634554}",
+            [("train_accuracy", 1), ("loss", 1)],
+            id="tf-model-garden-output-dict-at-its-step",
+        ),
+        pytest.param(
+            "2021-05-14 11:36:51,758-INFO: epoch: 0, iter: 2, lr: 0.000001, 'loss': nan,"
+            " 'acc': 0.0, time: 2.346",
+            [("epoch", 2), ("lr", 2), ("loss", 2), ("acc", 2), ("time", 2)],
+            id="paddleocr-quoted-names-bare-values",
+        ),
+    ],
+)
+def test_jax_and_tf_heads_and_quoted_names(line: str, expected: list[tuple[str, int]]) -> None:
+    assert [(s.name, s.step) for s in LineParser().parse(line)] == expected
+
+
+def test_flaxs_eval_epoch_line_is_the_evaluations() -> None:
+    parser = LineParser()
+    parser.parse("I1002 21:42:00.000000 139917864867392 logging_writer.py:35] [900] train_loss=3.0")
+    line = (
+        "I1002 21:43:14.804613 140411760846848 train.py:415] eval epoch: 2, loss: 6.6112,"
+        " accuracy: 0.59"
+    )
+    assert [s.name for s in parser.parse(line)] == ["epoch", "eval_loss", "eval_accuracy"]
