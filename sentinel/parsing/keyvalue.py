@@ -200,6 +200,11 @@ _EPOCH_COMMA_BATCH = re.compile(r"\bepoch\s+(\d+)\s*,\s*(\d+)\s*/\s*(\d+)\s*;", 
 _LEADING_STEP = re.compile(
     r"\[\s*(\d+)\s*(?:/\s*\d+\s*)?\](?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE
 )
+#: An epoch of all and a batch of the epoch's, in brackets, starting the line: a CRNN's
+#: ``[1/25][300/3183] Loss: 22.858639`` (epochs from 1).
+_LEADING_EPOCH_ITER = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+#: A metric indexed by its step: a CRNN's ``train_batch_loss[ 6590 ]:  nan``.
+_NAME_AT_STEP = re.compile(rf"([a-z_][\w/.\-]*)\[\s*(\d+)\s*\]:\s*({_NUMBER})", re.I)
 #: ``it`` for the iteration, starting the line before its pairs: ``it 130: loss=1.41 lr=0.01``.
 _LEADING_IT = re.compile(r"it\s+(\d+)\s*:?(?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
 #: PyTorch's MNIST example, ``Train Epoch: 2 [6400/60000 (11%)]\tLoss: 0.1234`` (epochs
@@ -401,6 +406,11 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         leading = _LEADING_STEP.match(text)
         if leading is not None:
             step = int(leading.group(1))
+        else:
+            both = _LEADING_EPOCH_ITER.match(text)
+            if both is not None:
+                epoch, batch, per_epoch = map(int, both.groups())
+                step = max(epoch - 1, 0) * per_epoch + batch
     if step is None and text[:3].lower() == "it " and pairs:
         leading = _LEADING_IT.match(text)
         if leading is not None:
@@ -467,6 +477,11 @@ def _is_form(text: str) -> tuple[list[tuple[str, float]], int | None]:
 def parse_keyvalue(text: str) -> list[Sample] | None:
     """Samples of one human-written metric line; None when it has no metric (plain text),
     or when it is a job's settings printed at its start (``_SETTINGS``)."""
+    if "]:" in text:
+        indexed = _NAME_AT_STEP.fullmatch(text.strip())
+        if indexed is not None:
+            name, step, value = indexed.groups()
+            return [Sample(normalise_name(name), _float(value), int(step))]
     if "=" in text and _SETTINGS.match(text) is not None:
         return None
     pairs, step = find_pairs(text)

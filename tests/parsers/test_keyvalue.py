@@ -290,6 +290,21 @@ SIMMIM_STAMP = 1644074413.0
         ),
         pytest.param("The mean wait is 3 s", None, id="prose-with-is-stays-prose"),
         pytest.param(
+            "[1/25][300/3183] Loss: 22.858639",
+            [Sample("loss", 22.858639, 300)],
+            id="leading-epoch-of-all-and-batch-of-epoch",
+        ),
+        pytest.param(
+            "[2/25][300/3183] Loss: 22.858639",
+            [Sample("loss", 22.858639, 3183 + 300)],
+            id="leading-epoch-of-all-second-epoch",
+        ),
+        pytest.param(
+            "train_batch_loss[ 6590 ]:  nan",
+            [Sample("train_batch_loss", NAN, 6590)],
+            id="a-metric-indexed-by-its-step",
+        ),
+        pytest.param(
             "Iteration 100 (3.06368 iter/s, 32.6405s/100 iters), loss = 87.3365",
             [Sample("loss", NAN, 100)],
             id="caffe-clamped-softmax-loss-is-nan",
