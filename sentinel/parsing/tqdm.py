@@ -66,6 +66,8 @@ _NOT_METRICS = frozenset({"v_num"})
 _TRAINING_DESCRIPTION = re.compile(
     r"(?:train(?:ing)?|steps?|iter(?:ation)?s?|global[ _]step)\b[^:]*:?", re.IGNORECASE
 )
+#: A postfix's epoch of all: ``epoch=1/100``.
+_EPOCH_OF_ALL = re.compile(r"\bepoch=(\d+)/\d+")
 #: torchtune's description: ``1|130|Loss: 2.3145`` (epoch from 1, global step, loss), on a
 #: bar whose count is the step within the epoch.
 _EPOCH_STEP_DESCRIPTION = re.compile(r"(\d+)\|(\d+)\|")
@@ -120,6 +122,15 @@ def parse_tqdm(text: str) -> list[Sample] | None:
         # 7/15 [..., reduced_train_loss=11.50, global_step=5.000, ...]``): its step.
         training, count = True, named
         step = named
+    elif training and rest and "epoch=" in rest and bar.group("total"):
+        # A bar a new epoch starts again whose postfix names the epoch of all (GluonTS's
+        # ``4000/4000 [22:33<00:00, 2.95it/s, epoch=1/100, avg_epoch_loss=0.348]``, from
+        # 1): the epochs before it times the bar's total, plus its count.
+        of_all = _EPOCH_OF_ALL.search(rest)
+        if of_all is not None:
+            count += max(int(of_all.group(1)) - 1, 0) * int(bar.group("total"))
+            step = count
+            said = [pair for pair in said if pair[0] != "epoch"]
     if said and not training and _EVALUATION_DESCRIPTION.match(description) is not None:
         said = [(as_evaluation(name), value) for name, value in said]
     if said:

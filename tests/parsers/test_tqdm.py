@@ -166,3 +166,18 @@ def test_a_bar_described_as_an_evaluation_gives_the_evaluations_metrics() -> Non
     assert [(s.name, s.value) for s in parse_tqdm(valid) or []] == [("eval_loss", 0.309)]
     train = "epoch 1: 100%|██████| 275/275 [00:01<00:00, 250.35it/s, loss=0.41]"
     assert [(s.name, s.value) for s in parse_tqdm(train) or []] == [("loss", 0.41)]
+
+
+def test_a_bar_that_starts_again_each_epoch_is_at_its_epochs_of_all() -> None:
+    """GluonTS's DeepAR trainer: one bar an epoch, ending at 4000/4000, its postfix the
+    epoch of all. Read at its count alone, every epoch ended at step 4000, and a healthy
+    run's replay raised a critical stall ("no step after 4000 for 4173 s")."""
+    lines = [
+        "100%|██████████| 4000/4000 [22:33<00:00,  2.95it/s, epoch=1/100, avg_epoch_loss=0.348]",
+        "100%|██████████| 4000/4000 [34:43<00:00,  1.92it/s, epoch=2/100, avg_epoch_loss=0.289]",
+        " 50%|█████     | 2000/4000 [17:20<17:20,  1.92it/s, epoch=3/100, avg_epoch_loss=0.285]",
+    ]
+    parser = LineParser()
+    read = [(s.name, s.step) for line in lines for s in parser.parse(line)]
+    assert [step for name, step in read if name == "avg_epoch_loss"] == [4000, 8000, 10000]
+    assert "epoch" not in {name for name, _ in read}
