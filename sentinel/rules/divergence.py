@@ -19,8 +19,8 @@ Per watched metric (``metrics``, default the train loss):
 - A value opens a candidate shift when it is above the bar: the highest of ``rise`` x the
   level, the level plus ``noise_sigmas`` x the noise, the ``envelope`` quantile of
   ``settled`` (what the run shows at the top of its normal wobble or rhythm), and the level
-  plus ``SCALE_FLOOR`` of the highest value learned (``scale_floor``: ratios to a level
-  near 0 mean little).
+  plus ``SCALE_FLOOR`` of where the run began (``scale_floor``: ratios to a level near 0
+  mean little).
 - The candidate recovers (is forgotten, its values learned as normal) at the first value
   at most the recovery bar: ``recover`` x the level, or the level plus the noise.
 - It is confirmed, critical, once ``patience`` values have come since its onset and the
@@ -170,10 +170,12 @@ class Bars:
 SCANT_HISTORY = 2
 SCANT_RISE = 2.0
 
-#: The least a shift rises above its level, as a fraction of the highest the loss has been
+#: The least a shift rises above its level, as a fraction of where the run began
 #: (``scale_floor``): ratios to a level near 0 mean little (a P-Tuning run's 0.0077 ->
 #: 0.012, +0.004 after a fall from 4.26, came back by itself, and was a critical).
 SCALE_FLOOR = 0.01
+#: The first values learned whose median is where the run began.
+START_VALUES = 3
 
 #: A shift judged from few values whose values stay this many times the level is critical:
 #: no healthy run's loss stays two orders of magnitude above where it was (a run that logs
@@ -239,12 +241,15 @@ def bars(
     return Bars(level, noise, shift, back)
 
 
-def scale_floor(peak: float) -> float:
-    """How far above its level a shift must go, whatever its ratio: ``SCALE_FLOOR`` of the
-    highest the loss has been (its start, for a run that fell). A loss that fell 500x,
-    to 0.0077, wobbles by ratios (1.56x: +0.004) that are no shift of a run that began at
+def scale_floor(start: list[float]) -> float:
+    """How far above its level a shift must go, whatever its ratio: ``SCALE_FLOOR`` of where
+    the run began (the median of its first values, ``start``). A loss that fell 500x, to
+    0.0077, wobbles by ratios (1.56x: +0.004) that are no shift of a run that began at
     4.26."""
-    return SCALE_FLOOR * peak if peak > 0 else 0.0
+    if not start:
+        return 0.0
+    began = sorted_median(sorted(start))
+    return SCALE_FLOOR * began if began > 0 else 0.0
 
 
 def settled(values: Sequence[float], level: float) -> list[float]:
@@ -476,7 +481,7 @@ class Shift:
 class ShiftSeries:
     """One metric: its history and its candidate shift."""
 
-    __slots__ = ("history", "peak", "recent", "resumed", "shift", "steps")
+    __slots__ = ("history", "recent", "resumed", "shift", "start", "steps")
 
     def __init__(self, settings: DivergenceConfig) -> None:
         self.history = Rolling(settings.window)
@@ -487,20 +492,21 @@ class ShiftSeries:
         self.shift: Shift | None = None
         #: A new attempt began: its first step says how much of the history still holds.
         self.resumed = False
-        #: The highest value learned: the run's scale (``scale_floor``).
-        self.peak = 0.0
+        #: The first ``START_VALUES`` values learned: where the run began, its scale
+        #: (``scale_floor``; a median of them, so one transient at the start is none).
+        self.start: list[float] = []
 
     def learn(self, step: int | None, value: float) -> None:
-        if value > self.peak:
-            self.peak = value
+        if len(self.start) < START_VALUES:
+            self.start.append(value)
         self.history.add(value)
         self.steps.append(step)
         self.recent.append((step, value))
 
     def learn_all(self, values: list[float], steps: list[int]) -> None:
         """``learn`` each of a block's values, in order."""
-        if values:
-            self.peak = max(self.peak, max(values))
+        if len(self.start) < START_VALUES:
+            self.start.extend(values[: START_VALUES - len(self.start)])
         self.history.extend(values)
         self.steps.extend(steps)
         kept = self.recent.maxlen or len(values)
@@ -650,7 +656,7 @@ class DivergenceDetector(BaseDetector):
             # In warmup the loss may wobble up as the rate climbs: judged as from few values.
             early = len(series.history) < settings.min_history or self._warmup.active(step)
             recent = [value for _, value in series.recent]
-            floor = scale_floor(series.peak)
+            floor = scale_floor(series.start)
             current = opens_shift(value, series.history, recent, settings, early=early, floor=floor)
             if current is None:
                 series.learn(step, value)
@@ -707,7 +713,7 @@ class DivergenceDetector(BaseDetector):
     def _crept(self, series: ShiftSeries, sample: Sample, source: str, now: float) -> list[Alert]:
         """The level crept past the bar of the run at its best (``crept``): a shift seen in
         hindsight, its onset the first value after that best, confirmed."""
-        found = crept(series.history.values, self.settings, scale_floor(series.peak))
+        found = crept(series.history.values, self.settings, scale_floor(series.start))
         if found is None:
             return []
         current, climb = found

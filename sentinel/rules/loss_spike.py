@@ -152,9 +152,11 @@ class LossSpikeConfig(MetricRuleConfig):
         return self
 
 
-#: The least a spike rises above its baseline, as a fraction of the highest the metric has
-#: been (``spikes``): ratios to a level near 0 mean little.
+#: The least a spike rises above its baseline, as a fraction of where the run began
+#: (``spikes``): ratios to a level near 0 mean little.
 SPIKE_FLOOR = 0.01
+#: The first values learned whose median is where the run began.
+START_VALUES = 3
 
 
 def spike_bar(baseline: float, factor: float) -> float:
@@ -183,12 +185,12 @@ def spikes(
     baseline: float,
     noise: deque[float],
     settings: LossSpikeConfig,
-    peak: float = 0.0,
+    began: float = 0.0,
 ) -> bool:
     """The rule's decision on a value past warmup: a spike against the median ``baseline``
     (``is_spike``), above the run's own ``noise`` (``above_noise``) and more than
-    ``SPIKE_FLOOR`` of the highest the metric has been (``peak``) above the baseline: a
-    loss that fell 500x, to 0.0084, has batches 2.6x that (+0.014) that are no spike.
+    ``SPIKE_FLOOR`` of where the run began (``began``) above the baseline: a loss that
+    fell 500x, to 0.0084, has batches 2.6x that (+0.014) that are no spike.
 
     Until the noise window is full the run has not shown its whole rhythm (the first
     epoch has no earlier one to compare with): a spike must then be far beyond its noise,
@@ -199,7 +201,7 @@ def spikes(
         sigmas *= settings.extreme_factor
     return (
         is_spike(value, baseline, settings.factor)
-        and value > baseline + SPIKE_FLOOR * peak
+        and value > baseline + SPIKE_FLOOR * began
         and above_noise(value, baseline, noise, sigmas, settings.noise_floor)
     )
 
@@ -289,11 +291,11 @@ class SpikeSeries:
         "least",
         "noise",
         "offending",
-        "peak",
         "recent",
         "run",
         "seen",
         "spiked_at",
+        "start",
         "tail",
     )
 
@@ -311,8 +313,8 @@ class SpikeSeries:
         self.seen: deque[float] = deque(maxlen=tail_window)
         #: The least finite value of the attempt (the warmup's yardstick).
         self.least = math.inf
-        #: The highest value learned: the run's scale (``spike_floor``).
-        self.peak = 0.0
+        #: The first ``START_VALUES`` values learned: where the run began (``spike_floor``).
+        self.start: list[float] = []
         #: The rule's count of judged values when this metric last spiked.
         self.spiked_at: int | None = None
         #: This metric's spikes in the open episode: the run's behaviour once it recovers.
@@ -329,14 +331,21 @@ class SpikeSeries:
         #: None before it has a median. A corroborating metric's, for a blow-up's record.
         self.last_ratio: tuple[int | None, float] | None = None
 
+    def began(self) -> float:
+        """Where the run began: the median of its first values learned (0 before any)."""
+        start = self.start
+        if len(start) == START_VALUES:
+            return start[1] if start[0] <= start[1] <= start[2] else sorted(start)[1]
+        return sorted_median(sorted(start)) if start else 0.0
+
     def learn(self, value: float) -> None:
         """A value that is no spike: part of the baseline and the noise."""
         self.baseline.add(value)
         self.noise.add(value)
         self.seen.append(value)
         self.least = min(self.least, value)
-        if value > self.peak:
-            self.peak = value
+        if len(self.start) < START_VALUES:
+            self.start.append(value)
 
 
 #: ``BaseDetector.sample_alert`` of the rule: how its alerts are built.
@@ -746,7 +755,7 @@ class LossSpikeDetector(BaseDetector):
         near = (
             baseline > 0
             and value >= settings.tail_floor * baseline
-            and not spikes(value, baseline, series.noise.values, settings, series.peak)
+            and not spikes(value, baseline, series.noise.values, settings, series.began())
         )
         alerts = self._against_level(series, sample, judged, source, time)
         if near:
@@ -766,7 +775,7 @@ class LossSpikeDetector(BaseDetector):
             series.learn(value)
             return alerts
         baseline = rolling.median()
-        if spikes(value, baseline, series.noise.values, self.settings, series.peak):
+        if spikes(value, baseline, series.noise.values, self.settings, series.began()):
             series.spiked_at = self._count
             series.least = min(series.least, value)
             if not judged:
@@ -915,4 +924,5 @@ class LossSpikeDetector(BaseDetector):
             series.noise.extend(values)
             series.seen.extend(values)
             series.least = min(series.least, *values)
-            series.peak = max(series.peak, *values)
+            if len(series.start) < START_VALUES:
+                series.start.extend(values[: START_VALUES - len(series.start)])

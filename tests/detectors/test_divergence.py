@@ -595,3 +595,24 @@ def test_a_jump_at_a_runs_third_value_keeps_its_own_onset() -> None:
     """An MLX LoRA run, 1.593 and 1.406, then 3.316 and up: nothing before it was up."""
     alerts = feed([1.593, 1.406, 3.316, 6.437, 5.478, 4.857])
     assert [(a.step, a.onset_step) for a in alerts] == [(5, 3)]
+
+
+def test_a_loss_near_0_after_a_long_fall_is_judged_against_where_the_run_began() -> None:
+    """A P-Tuning run (its trainer_state.json): 4.26 down to about 0.008, then a wobble to a
+    median of 0.012 (+0.004) that came back by itself; a critical before the floor of scale.
+    A shift of the same run by 1% of where it began and more is still one."""
+    rng = random.Random(3)
+    fall = [4.26 * (0.008 / 4.26) ** (i / 59) for i in range(60)]
+    settled = [0.008 * rng.uniform(0.85, 1.15) for _ in range(30)]
+    wobble_ = [0.012 * rng.uniform(0.85, 1.15) for _ in range(15)]
+    assert feed([*fall, *settled, *wobble_]) == []
+    shifted = [0.06 * rng.uniform(0.9, 1.1) for _ in range(15)]
+    assert [a.severity for a in feed([*fall, *settled, *shifted])] == [CRIT]
+
+
+def test_one_transient_at_the_start_does_not_raise_the_floor() -> None:
+    """Where the run began is the median of its first values: a first-step spike to 1000
+    (a bad first batch) leaves the floor at 1% of 4, and a shift of 2 -> 6 is one."""
+    start = [4.0, 1000.0, 3.9, 3.5, 3.0, 2.6, 2.3, 2.1]
+    values = start + noisy(2.0, 40) + noisy(6.0, 15, seed=8)
+    assert CRIT in [a.severity for a in feed(values)]
