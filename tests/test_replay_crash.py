@@ -109,3 +109,20 @@ def test_killed_in_a_sentence_is_no_kill(tmp_path: Path, last: str) -> None:
     log = tmp_path / "train.log"
     log.write_text("\n".join([*lines, last]) + "\n")
     assert crashes(log) == []
+
+
+def test_a_log_that_ends_on_torchruns_sigterm_was_stopped_not_crashed(tmp_path: Path) -> None:
+    """OLMo under torchrun, stopped from outside: its log ends on the elastic agent's
+    SignalException (and an NCCL teardown would say "distributed", which it is not)."""
+    lines = [json.dumps({"step": step, "loss": 3.0}) for step in range(1, 51)]
+    tail = [
+        "Traceback (most recent call last):",
+        '  File "api.py", line 85, in _terminate_process_handler',
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 9724 got"
+        " signal: 15",
+    ]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([*lines, *tail]) + "\n")
+    [(severity, crash_class, message)] = crashes(log)
+    assert (severity, crash_class) == (Severity.WARNING, "terminated")
+    assert "stopped from outside, not a crash" in message

@@ -203,6 +203,15 @@ _LEADING_STEP = re.compile(
 #: An epoch of all and a batch of the epoch's, in brackets, starting the line: a CRNN's
 #: ``[1/25][300/3183] Loss: 22.858639`` (epochs from 1).
 _LEADING_EPOCH_ITER = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+#: A word before a step's or an epoch's name that makes it a setting's (``Warmup steps:
+#: 1000``, ``Total optimization steps = 564``, ``Steps per epoch = 188``, ``Gradient
+#: Accumulation steps = 2``): read as the step, it put a line ahead of the run's own steps
+#: (a stall raised at step 1000 of a run at 500).
+_SETTING_BEFORE = re.compile(
+    r"\b(?:warmup|per|accumulation|max|optimization|num|number|save|saving|logging|log"
+    r"|decay|update|checkpoint|scheduler|of)[ \t]+$",
+    re.IGNORECASE,
+)
 #: A metric indexed by its step: a CRNN's ``train_batch_loss[ 6590 ]:  nan``.
 _NAME_AT_STEP = re.compile(rf"([a-z_][\w/.\-]*)\[\s*(\d+)\s*\]:\s*({_NUMBER})", re.I)
 #: ``it`` for the iteration, starting the line before its pairs: ``it 130: loss=1.41 lr=0.01``.
@@ -318,6 +327,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             if _WORD_AFTER.match(text, match.end()) is not None:
                 continue
         rank = _STEP_NAMES.get(lowered)
+        if (rank is not None or lowered == "epoch") and _SETTING_BEFORE.search(
+            text, 0, match.start()
+        ):
+            continue  # a setting's last word: ``Warmup steps: 1000``, ``Steps per epoch = 188``
         if rank is not None:
             if rank < step_rank and (stepped := as_step(value)) is not None:
                 step, step_rank = stepped, rank

@@ -48,6 +48,8 @@ ALIASES: dict[str, str] = {
     "grad-norm": "grad_norm",
     "gradnorm": "grad_norm",
     "grad_norm/total": "grad_norm",
+    "optim/total_grad_norm": "grad_norm",  # OLMo's
+    "train/crossentropyloss": "loss",  # OLMo's training loss (beside train/ZLoss)
     "train/grad_norm": "grad_norm",
     "gnorm": "grad_norm",
     "gradient_norm": "grad_norm",

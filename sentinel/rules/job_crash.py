@@ -72,6 +72,15 @@ CRASH_CLASSES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         ),
     ),
     (
+        "terminated",
+        "stopped from outside by SIGTERM (a preemption, `scancel`, `kill`, an orchestrator's"
+        " stop), not a crash of its own: resume from the last checkpoint; if unexpected, the"
+        " scheduler's log says who sent it",
+        # torchrun's elastic agent, handed the signal: its SignalException names it (and an
+        # NCCL teardown may follow it, which is not the cause).
+        re.compile(r"got signal: 15\b|\bSIGTERM\b.*(?:received|caught)|received SIGTERM"),
+    ),
+    (
         "distributed",
         "distributed failure (NCCL/c10d): a rank died or a collective timed out; check"
         " the other ranks' logs and the network",
@@ -112,7 +121,7 @@ class JobCrashConfig(RuleConfig):
 #: applied no update (out of memory, a collective that failed, a batch that did not load, a
 #: kernel's index assert). A numerical blow-up (``non_finite``, ``loss_scale``) and an
 #: unknown crash (``other``) may have written bad numbers first.
-HARMLESS_TO_WEIGHTS = frozenset({"oom", "distributed", "bad_data", "device_assert"})
+HARMLESS_TO_WEIGHTS = frozenset({"oom", "distributed", "bad_data", "device_assert", "terminated"})
 
 
 def classify(lines: list[str], exit_code: int) -> tuple[str, str, str]:
@@ -300,7 +309,11 @@ class JobCrashDetector(BaseDetector):
             Alert(
                 rule=self.rule,
                 severity=Severity.WARNING,
-                message=f"{what}: likely a crash, {crash_class} ({_quoted(evidence)})",
+                message=(
+                    f"{what}: stopped from outside, not a crash ({_quoted(evidence)})"
+                    if crash_class == "terminated"
+                    else f"{what}: likely a crash, {crash_class} ({_quoted(evidence)})"
+                ),
                 time=now,
                 source="job",
                 step=self._last_step,

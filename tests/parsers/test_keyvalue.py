@@ -290,6 +290,15 @@ SIMMIM_STAMP = 1644074413.0
         ),
         pytest.param("The mean wait is 3 s", None, id="prose-with-is-stays-prose"),
         pytest.param(
+            "Warmup steps: 1000, Update frequency: 500",
+            [Sample("frequency", 500.0)],
+            id="a-settings-steps-are-no-step",
+        ),
+        pytest.param("Steps per epoch = 188", None, id="steps-per-epoch-is-no-epoch"),
+        pytest.param(
+            "  Gradient Accumulation steps = 2", None, id="accumulation-steps-are-no-step"
+        ),
+        pytest.param(
             "[1/25][300/3183] Loss: 22.858639",
             [Sample("loss", 22.858639, 300)],
             id="leading-epoch-of-all-and-batch-of-epoch",
