@@ -26,6 +26,7 @@ from sentinel.parsing.values import as_float
 _DEEPSPEED_STEP = re.compile(
     r"(?:\[Rank \d+\] )?step=(\d+), skipped=(\d+), lr=\[([-+0-9.e]+)", re.IGNORECASE
 )
+_OLD_TIMER = re.compile(r"\]\s+\d+/(\d+), SamplesPerSec=([-+0-9.e]+|inf|nan)\b", re.I)
 _TIMER = re.compile(r"/global_step=(\d+),.*?\bCurrSamplesPerSec=([-+0-9.e]+|inf|nan)", re.I)
 _OVERFLOW = re.compile(
     r"Attempted loss scale: ([-+0-9.e]+),? (?:reducing to ([-+0-9.e]+)|but hysteresis)"
@@ -51,6 +52,13 @@ def parse_deepspeed(text: str) -> list[Sample] | None:
         if "already at minimum" in text:
             return [Sample("loss_scale_at_minimum", 1.0)]
         return None
+    if "SamplesPerSec=" in text and "micro_step=" not in text:
+        # DeepSpeed 0.3's timer: ``[timer.py:166:stop] 0/130, SamplesPerSec=29.52`` (the
+        # epoch, then the step).
+        old = _OLD_TIMER.search(text)
+        if old is not None:
+            rate = as_float(old.group(2))
+            return [] if rate is None else [Sample("samples_per_sec", rate, int(old.group(1)))]
     if "step=" not in text:
         return None
     if "micro_step=" in text:

@@ -40,6 +40,9 @@ from sentinel.model.records import Alert, Block, Sample, Severity
 from sentinel.rules.base import BaseDetector, Reading, Recent, RuleConfig
 
 METRIC = "loss"
+GRAD_NORM = "grad_norm"
+#: Logged grad-norms of exactly 0 in a row that are no gradient reaching the weights.
+ZERO_GRADS = 3
 #: ln K is named for K up to this many classes (a vocabulary's ln 50257 too).
 MAX_CLASSES = 1_000_000
 #: How close (relative) a value is to ln K to be named as it.
@@ -131,10 +134,18 @@ class LossFrozenDetector(BaseDetector):
 
     rule = "loss_frozen"
     config_model = LossFrozenConfig
-    watches = frozenset({METRIC})
+    watches = frozenset({METRIC, GRAD_NORM})
 
     @classmethod
     def read_alert(cls, alert: Alert, recent: Recent) -> Reading | None:
+        if alert.details.get("kind") == "no_gradient":
+            return (
+                "no gradient reaches the weights: the grad-norm is exactly 0",
+                "check that parameters train (requires_grad; a LoRA or adapter that wraps no"
+                " module; a frozen base with nothing left to train), that the loss is not"
+                " detached from the graph, and that not every label is masked (-100)",
+                alert.metric,
+            )
         classes = alert.details.get("classes")
         chance = f" (ln {classes}: a uniform guess over {classes} classes)" if classes else ""
         return (
@@ -159,6 +170,11 @@ class LossFrozenDetector(BaseDetector):
         self._runs: deque[float] = deque(maxlen=RUNS_KEPT)
         #: Whether the warning for the current run of values is open.
         self._open = False
+        #: Logged grad-norms of exactly 0 in a row, the step of the first, and whether its
+        #: warning is open.
+        self._zeros = 0
+        self._zeros_since: int | None = None
+        self._zeros_open = False
         #: The chance level ln K the last values sat at (K), how many in a row, the step of
         #: the first, and whether its warning is open.
         self._chance: int | None = None
@@ -170,9 +186,11 @@ class LossFrozenDetector(BaseDetector):
         self._reset()
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        time = sample.time if sample.time is not None else now
+        if sample.name == GRAD_NORM:
+            return self._grad_norm(sample, source, time)
         if sample.name != METRIC:
             return []
-        time = sample.time if sample.time is not None else now
         alerts = self._equal(sample, source, time)
         return alerts + self._at_chance(sample, source, time)
 
@@ -210,6 +228,54 @@ class LossFrozenDetector(BaseDetector):
         self._count = 1
         self._since = step
         return alerts
+
+    def _grad_norm(self, sample: Sample, source: str, time: float) -> list[Alert]:
+        """A grad-norm of exactly 0, ``ZERO_GRADS`` logged in a row: no gradient reaches the
+        weights (a DPO run's loss at ln 2 beside ``'grad_norm': 0.0`` on every line, its
+        rewards all 0); resolved by the first that is not."""
+        if sample.value == 0.0:
+            if self._zeros == 0:
+                self._zeros_since = sample.step
+            self._zeros += 1
+            if self._zeros == ZERO_GRADS and not self._zeros_open:
+                self._zeros_open = True
+                return [self._no_gradient(sample, source, time)]
+            return []
+        self._zeros = 0
+        if not self._zeros_open:
+            return []
+        self._zeros_open = False
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.INFO,
+                message=f"grad_norm is {sample.value:g} at step {sample.step}: gradients flow",
+                time=time,
+                source=source,
+                resolves=True,
+            )
+        ]
+
+    def _no_gradient(self, sample: Sample, source: str, time: float) -> Alert:
+        message = (
+            f"grad_norm has been exactly 0 for {self._zeros} logged values in a row (since step"
+            f" {self._zeros_since}): no gradient reaches the weights, so nothing trains"
+        )
+        details: dict[str, Any] = {
+            "kind": "no_gradient",
+            "repeats": self._zeros,
+            "since": self._zeros_since,
+            "classes": None,
+        }
+        return self.sample_alert(
+            sample,
+            severity=self.settings.severity,
+            message=message,
+            time=time,
+            source=source,
+            onset_step=self._zeros_since,
+            details=details,
+        )
 
     def _at_chance(self, sample: Sample, source: str, time: float) -> list[Alert]:
         """The run of values at one chance level (``chance_classes``): a warning when it
@@ -318,8 +384,11 @@ class LossFrozenDetector(BaseDetector):
         """Uneventful: no episode open, no run of equal values in the block (with the
         one it continues) reaching ``repeats`` on a value precise enough to be judged, and
         no run at one chance level reaching it (``_chance_runs``)."""
-        if self._open or self._chance_open:
+        if self._open or self._chance_open or self._zeros_open:
             return False
+        grads = block.columns.get(GRAD_NORM)
+        if grads is not None and 0.0 in grads:
+            return False  # a zero grad-norm: line by line (rare)
         column = block.columns.get(METRIC)
         if column is None:
             return True
@@ -337,6 +406,8 @@ class LossFrozenDetector(BaseDetector):
         return True
 
     def absorb(self, block: Block) -> None:
+        if GRAD_NORM in block.columns:
+            self._zeros = 0  # no zero in the block (``can_absorb``)
         column = block.columns.get(METRIC)
         if not column:
             return

@@ -179,3 +179,27 @@ def test_values_near_but_not_at_a_chance_level_raise_nothing(values: list[float]
     assert [
         a for s, v in enumerate(values) for a in detector.observe(Sample("loss", v, s), "x", 0.0)
     ] == []
+
+
+def test_grad_norms_of_exactly_0_in_a_row_are_no_gradient() -> None:
+    """A TRL DPO run (its issue): loss 0.6934 and ``'grad_norm': 0.0`` on every line."""
+    detector = LossFrozenDetector(LossFrozenConfig())
+    alerts: list[Alert] = []
+    for step in (10, 20, 30):
+        alerts += detector.observe(Sample("loss", 0.6934, step), "x", 0.0)
+        alerts += detector.observe(Sample("grad_norm", 0.0, step), "x", 0.0)
+    assert [(a.severity, a.step, a.onset_step, a.details["kind"]) for a in alerts] == [
+        (Severity.WARNING, 30, 10, "no_gradient")
+    ]
+    back = detector.observe(Sample("grad_norm", 0.4, 40), "x", 0.0)
+    assert [(a.severity, a.resolves) for a in back] == [(Severity.INFO, True)]
+
+
+def test_a_zero_grad_norm_now_and_then_is_no_alarm() -> None:
+    detector = LossFrozenDetector(LossFrozenConfig())
+    values = [0.5, 0.0, 0.4, 0.0, 0.0, 0.3, 0.0]
+    assert [
+        a
+        for s, v in enumerate(values)
+        for a in detector.observe(Sample("grad_norm", v, s), "x", 0.0)
+    ] == []
