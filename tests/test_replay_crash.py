@@ -126,3 +126,14 @@ def test_a_log_that_ends_on_torchruns_sigterm_was_stopped_not_crashed(tmp_path: 
     [(severity, crash_class, message)] = crashes(log)
     assert (severity, crash_class) == (Severity.WARNING, "terminated")
     assert "stopped from outside, not a crash" in message
+
+
+def test_replay_of_a_file_it_reads_nothing_from_says_so(tmp_path: Path) -> None:
+    """An RL run's progress CSV whose columns none of sentinel's names are: 4,720 lines, 0
+    samples, and no word of it; a NaN in it would go by in silence."""
+    log = tmp_path / "progress.csv"
+    log.write_text("episode;time;reward\n1;0.5;-21\n2;0.6;-20\n")
+    result = sentinel_here("replay", str(log), cwd=tmp_path, env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert "no metric was read from 3 lines" in result.stderr
+    assert "[parsers] regexes" in result.stderr

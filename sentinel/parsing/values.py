@@ -96,6 +96,7 @@ RECORD_STEP_KEYS: tuple[str, ...] = (
     "global step",
     "global_step/max_steps",  # ms-swift: "601/2161"
     "total_timesteps",  # an RL run's environment steps (stable-baselines' progress.csv)
+    "steps_done",  # the PyTorch DQN tutorial's count of environment steps
     "time/total_timesteps",
 )
 #: Field names (lower-cased) that carry the data's own timestamp.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,8 @@ from sentinel.cli.verbs.common import settings_of, usage_error
 from sentinel.config import Settings
 from sentinel.model.records import Severity
 from sentinel.model.untrusted import printable
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from sentinel.engine.replay import ReplayResult
@@ -61,6 +64,14 @@ def handle(args: argparse.Namespace) -> int:
         result = replay(paths, settings)
     except FileNotFoundError as error:
         return usage_error("sentinel replay", error)
+    if result.lines and not result.samples:
+        # Nothing read: a format sentinel does not know, whose NaN would go by in silence.
+        log.warning(
+            "no metric was read from %d lines: their form is none sentinel knows; a"
+            " [parsers] regexes pattern with (?P<step>...) and the metric's name reads it"
+            " (docs/configuration.md, Log formats)",
+            result.lines,
+        )
     if args.json:
         for alert in result.alerts:
             print(json.dumps(alert.to_json(), allow_nan=False))
