@@ -231,8 +231,10 @@ class GradNormRunDetector(BaseDetector):
         self._recent: deque[tuple[int | None, float]] = deque(
             maxlen=max(config.clip_window, config.sustain + CONTEXT)
         )
-        #: The current run of high values, as (step, value).
+        #: The current run of high values, as (step, value), and whether one value under
+        #: the bar came inside it (a dip: the run goes on past one).
         self._run: list[tuple[int | None, float]] = []
+        self._dipped = False
         self._open = False
         self._onset_step: int | None = None
         self._calm = 0
@@ -247,6 +249,7 @@ class GradNormRunDetector(BaseDetector):
         self._clips.clear()
         self._recent.clear()
         self._run.clear()
+        self._dipped = False
         self._open = False
         self._onset_step = None
         self._calm = 0
@@ -275,7 +278,13 @@ class GradNormRunDetector(BaseDetector):
         if high:
             self._run.append((step, value))
         else:
-            self._run.clear()
+            if self._run and not self._dipped:
+                # One value under the bar inside a run is a dip, not its end: a real
+                # explosion's grad-norm went 17, 7.1, 22, 23, 3.8, 14 (after 0.27).
+                self._dipped = True
+            else:
+                self._run.clear()
+                self._dipped = False
             rolling.add(value)
         self._recent.append((step, value))
         clipping = False
@@ -384,7 +393,11 @@ class GradNormRunDetector(BaseDetector):
         self._median.extend(values)
         if in_warmup:
             return
-        self._run.clear()
+        if len(values) == 1 and self._run and not self._dipped:
+            self._dipped = True  # the block's one value is the run's dip, as line by line
+        else:
+            self._run.clear()
+            self._dipped = False
         kept = self._recent.maxlen or len(values)
         self._recent.extend(zip(steps[-kept:], values[-kept:], strict=True))
         max_grad_norm = self.settings.max_grad_norm
@@ -399,7 +412,7 @@ class GradNormRunDetector(BaseDetector):
 
     def _recent_level(self) -> float | None:
         """The median of the latest judged grad-norms before the current run (None: none)."""
-        before = len(self._recent) - len(self._run)
+        before = len(self._recent) - len(self._run) - self._dipped
         values = sorted(value for _, value in islice(self._recent, 0, max(0, before)))
         return sorted_median(values) if values else None
 
@@ -407,7 +420,11 @@ class GradNormRunDetector(BaseDetector):
         settings = self.settings
         onset = self._run[0][0]
         self._open, self._onset_step, self._calm = True, onset, 0
-        steps = f"{len(self._run)} consecutive steps since step {onset}"
+        steps = (
+            f"{len(self._run)} of {len(self._run) + 1} logged steps since step {onset}"
+            if self._dipped
+            else f"{len(self._run)} consecutive steps since step {onset}"
+        )
         absolute = absolute_applies(self._recent_level(), self._least, settings)
         if absolute and all(value > settings.threshold for _, value in self._run):
             kind, bar = "absolute", settings.threshold

@@ -48,7 +48,8 @@ def noisy(count: int, low: float, high: float, seed: int = 0) -> list[float]:
     ("values", "expected"),
     [
         ([*CALM, 20.0, 20.0, 20.0], [(WARN, 8, 6, False)]),
-        ([*CALM, 20.0, 20.0, 1.0, 20.0, 20.0, 1.0], []),
+        ([*CALM, 20.0, 20.0, 1.0, 20.0, 20.0, 1.0], [(WARN, 9, 6, False)]),
+        ([*CALM, 20.0, 20.0, 1.0, 1.0, 20.0, 20.0, 1.0, 1.0], []),
         ([*CALM, 10.0, 10.0, 10.0], []),
         ([1.06, 347424.0, 458866.0, 507514.0, NAN, NAN], [(WARN, 4, 2, False)]),
         ([*CALM, 20.0, NAN, 20.0, INF, 20.0], [(WARN, 10, 6, False)]),
@@ -65,7 +66,8 @@ def noisy(count: int, low: float, high: float, seed: int = 0) -> list[float]:
     ],
     ids=[
         "absolute-run-fires-at-third-consecutive-step",
-        "runs-of-two-never-fire",
+        "runs-of-two-one-dip-apart-fire",
+        "runs-of-two-two-dips-apart-never-fire",
         "at-threshold-is-not-above",
         "diverging-series-fires-before-the-nan",
         "non-finite-values-are-skipped",
@@ -333,3 +335,16 @@ def test_a_leap_needs_a_level_and_three_orders_of_magnitude(
 def test_a_leap_that_stays_is_one_episode() -> None:
     alerts = run([1.0] * 12 + [1500.0, 1600.0, 1700.0, 1800.0])
     assert [a.details["kind"] for a in alerts] == ["leap"]
+
+
+def test_one_dip_under_the_bar_does_not_end_a_run() -> None:
+    """A real HF run's grad-norm exploding with its loss rising: 0.24, 0.27, 1.36, 1.28, then
+    17.2, 7.1, 21.8, 23.0, 3.77, 14.4. Each dip under 10 ended the run of 3 it needed."""
+    values = [0.24, 0.27, 1.36, 1.28, 17.2, 7.1, 21.8, 23.0, 3.77, 14.4]
+    alerts = [a for a in run(values) if not a.resolves]
+    assert [(a.severity, a.step, a.onset_step) for a in alerts] == [(Severity.WARNING, 8, 5)]
+    assert "3 of 4 logged steps since step 5" in alerts[0].message
+
+
+def test_two_dips_in_a_row_end_the_run() -> None:
+    assert [a for a in run([0.3, 0.3, 0.3, 17.0, 5.0, 4.0, 18.0, 19.0]) if not a.resolves] == []
