@@ -119,6 +119,18 @@ def chance_classes(value: float) -> int | None:
     return None
 
 
+def chance_level(value: float) -> int | None:
+    """``chance_classes`` of a value logged with ``CHANCE_DIGITS`` or more; None for any
+    other (most values: the first test, ln K of a near-integer K, costs one ``exp``)."""
+    if not 0.5 < value < CHANCE_TOP:  # NaN too
+        return None
+    guess = math.exp(value)
+    if abs(guess - round(guess)) > LN_TOLERANCE * value * guess:
+        return None
+    classes = chance_classes(value)
+    return classes if classes is not None and significant_digits(value) >= CHANCE_DIGITS else None
+
+
 def classes_of(value: float) -> int | None:
     """K where ``value`` is ln K (2 or more), within ``LN_TOLERANCE``; else None."""
     if not 0.5 < value < math.log(MAX_CLASSES):
@@ -213,14 +225,7 @@ class LossFrozenDetector(BaseDetector):
         if self._open:
             self._open = False
             alerts.append(
-                self.sample_alert(
-                    sample,
-                    severity=Severity.INFO,
-                    message=f"loss moves again: {value:g} at step {step}",
-                    time=time,
-                    source=source,
-                    resolves=True,
-                )
+                self._resolved(sample, f"loss moves again: {value:g} at step {step}", source, time)
             )
         if self._last is not None and self._count >= CREEP_RUN:
             self._runs.append(self._last)
@@ -245,27 +250,33 @@ class LossFrozenDetector(BaseDetector):
         if not self._zeros_open:
             return []
         self._zeros_open = False
-        return [
-            self.sample_alert(
-                sample,
-                severity=Severity.INFO,
-                message=f"grad_norm is {sample.value:g} at step {sample.step}: gradients flow",
-                time=time,
-                source=source,
-                resolves=True,
-            )
-        ]
+        message = f"grad_norm is {sample.value:g} at step {sample.step}: gradients flow"
+        return [self._resolved(sample, message, source, time)]
 
     def _no_gradient(self, sample: Sample, source: str, time: float) -> Alert:
         message = (
             f"grad_norm has been exactly 0 for {self._zeros} logged values in a row (since step"
             f" {self._zeros_since}): no gradient reaches the weights, so nothing trains"
         )
+        run = ("no_gradient", self._zeros, self._zeros_since, None)
+        return self._warning(sample, run, message, source, time)
+
+    def _warning(
+        self,
+        sample: Sample,
+        run: tuple[str, int, int | None, int | None],
+        message: str,
+        source: str,
+        time: float,
+    ) -> Alert:
+        """The rule's warning on ``sample``: ``run`` is its kind, the values in the run,
+        the step of the first (the onset) and K where the loss sits at ln K."""
+        kind, repeats, since, classes = run
         details: dict[str, Any] = {
-            "kind": "no_gradient",
-            "repeats": self._zeros,
-            "since": self._zeros_since,
-            "classes": None,
+            "kind": kind,
+            "repeats": repeats,
+            "since": since,
+            "classes": classes,
         }
         return self.sample_alert(
             sample,
@@ -273,19 +284,20 @@ class LossFrozenDetector(BaseDetector):
             message=message,
             time=time,
             source=source,
-            onset_step=self._zeros_since,
+            onset_step=since,
             details=details,
+        )
+
+    def _resolved(self, sample: Sample, message: str, source: str, time: float) -> Alert:
+        return self.sample_alert(
+            sample, severity=Severity.INFO, message=message, time=time, source=source, resolves=True
         )
 
     def _at_chance(self, sample: Sample, source: str, time: float) -> list[Alert]:
         """The run of values at one chance level (``chance_classes``): a warning when it
         reaches ``repeats`` (unless the loss is frozen already), resolved when it leaves."""
         value = sample.value
-        classes = (
-            chance_classes(value)
-            if math.isfinite(value) and significant_digits(value) >= CHANCE_DIGITS
-            else None
-        )
+        classes = chance_level(value)
         if classes is not None and classes == self._chance:
             self._chance_count += 1
             if self._chance_count == self.settings.repeats and not self._open:
@@ -295,16 +307,8 @@ class LossFrozenDetector(BaseDetector):
         alerts = []
         if self._chance_open:
             self._chance_open = False
-            alerts.append(
-                self.sample_alert(
-                    sample,
-                    severity=Severity.INFO,
-                    message=f"loss left its chance level: {value:g} at step {sample.step}",
-                    time=time,
-                    source=source,
-                    resolves=True,
-                )
-            )
+            message = f"loss left its chance level: {value:g} at step {sample.step}"
+            alerts.append(self._resolved(sample, message, source, time))
         self._chance, self._chance_count, self._chance_since = classes, 1, sample.step
         return alerts
 
@@ -314,21 +318,8 @@ class LossFrozenDetector(BaseDetector):
             f" values (since step {self._chance_since}): a uniform guess over {classes}"
             " classes, the model predicts no better than chance"
         )
-        details: dict[str, Any] = {
-            "kind": "chance",
-            "repeats": self._chance_count,
-            "since": self._chance_since,
-            "classes": classes,
-        }
-        return self.sample_alert(
-            sample,
-            severity=self.settings.severity,
-            message=message,
-            time=time,
-            source=source,
-            onset_step=self._chance_since,
-            details=details,
-        )
+        run = ("chance", self._chance_count, self._chance_since, classes)
+        return self._warning(sample, run, message, source, time)
 
     def _frozen(self, sample: Sample, source: str, time: float) -> Alert:
         value = sample.value
@@ -339,20 +330,8 @@ class LossFrozenDetector(BaseDetector):
             f" step {self._since}{chance}): a loss on changing batches moves in its last digits;"
             " this one no longer depends on its input"
         )
-        details: dict[str, Any] = {
-            "kind": "frozen",
-            "repeats": self._count,
-            "since": self._since,
-            "classes": classes,
-        }
-        return self.sample_alert(
-            sample,
-            severity=self.settings.severity,
-            message=message,
-            time=time,
-            source=source,
-            onset_step=self._since,
-            details=details,
+        return self._warning(
+            sample, ("frozen", self._count, self._since, classes), message, source, time
         )
 
     def _chance_runs(
@@ -364,15 +343,8 @@ class LossFrozenDetector(BaseDetector):
         chance, count, since = self._chance, self._chance_count, self._chance_since
         repeats = self.settings.repeats
         reached = False
-        exp = math.exp
         for value, step in zip(column, steps, strict=True):
-            classes = None
-            if 0.5 < value < CHANCE_TOP:
-                guess = exp(value)
-                if abs(guess - round(guess)) <= LN_TOLERANCE * value * guess:
-                    classes = chance_classes(value)
-                    if classes is not None and significant_digits(value) < CHANCE_DIGITS:
-                        classes = None
+            classes = chance_level(value)
             if classes is not None and classes == chance:
                 count += 1
                 reached = reached or count >= repeats
