@@ -267,7 +267,9 @@ class RunSeries:
         if not stepped:
             return samples, labelled
         rank = labelled if labelled is not None else self._source_rank.get(source)
-        if rank is None and not _at_its_epoch(stepped) and not self._epoch_moved(stepped, source):
+        # (Kept for every stepped line, so the next is compared with the one just before.)
+        moved = self._epoch_moved(stepped, source)
+        if rank is None and not moved and not _at_its_epoch(stepped):
             names = tuple([sample[0] for sample in stepped])
             values = tuple([sample[1] for sample in stepped])
             step: int = stepped[0][2]  # type: ignore[assignment]

@@ -25,9 +25,11 @@ from sentinel.parsing.values import as_float
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
 #: ``[44]\t`` or ``[180]   ``: XGBoost's and LightGBM's round, opening the line.
 _ROUND = re.compile(r"\[(\d+)\]\s+")
-#: XGBoost's ``train-logloss:0.33`` (``cv-test-logloss:0.04+0.0002``).
+#: XGBoost's ``train-logloss:0.33``, ``xgb.cv``'s ``cv-test-logloss:0.04+0.0002`` (its set
+#: ``cv-test``).
 _XGBOOST_PAIR = re.compile(
-    rf"(?<!\S)([A-Za-z][\w.]*)-([A-Za-z][\w@.\-]*):({_NUMBER})(?:\+{_NUMBER})?(?=\s|$)", re.I
+    rf"(?<!\S)((?:cv-)?[A-Za-z][\w.]*)-([A-Za-z][\w@.\-]*):({_NUMBER})(?:\+{_NUMBER})?(?=\s|$)",
+    re.I,
 )
 #: LightGBM's ``training's binary_logloss: 0.2``, ``valid_0's l1: inf``.
 _LIGHTGBM_PAIR = re.compile(rf"([A-Za-z][\w.\-]*)'s\s+([A-Za-z][\w@.\-]*):\s*({_NUMBER})", re.I)
@@ -88,13 +90,6 @@ def parse_boosting(text: str) -> list[Sample] | None:
             pairs = [(m[1], m[2], m[3]) for m in _LIGHTGBM_PAIR.finditer(rest)]
         else:
             pairs = [(m[1], m[2], m[3]) for m in _XGBOOST_PAIR.finditer(rest)]
-            # ``cv-test-logloss``: the split's name is the set's (``cv-``, then the rest).
-            pairs = [
-                (f"{data}-{metric.split('-', 1)[0]}", metric.split("-", 1)[1], value)
-                if data.lower() == "cv" and "-" in metric
-                else (data, metric, value)
-                for data, metric, value in pairs
-            ]
         if not pairs:
             return None
         samples: list[Sample] = []

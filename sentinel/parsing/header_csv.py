@@ -122,7 +122,7 @@ class HeaderCsv:
             return []
         if not (first.isdigit() or first == "-"):
             return None
-        return self._row(["" if cell == _NO_LOG or cell == "No Log" else cell for cell in cells])
+        return self._row(["" if cell.lower() == "no log" else cell for cell in cells])
 
     def _spaced_line(self, text: str) -> list[Sample] | None:
         """fastai's table: a header that starts with ``epoch`` (or a step column), cells

@@ -207,6 +207,8 @@ _LEADING_EPOCH_ITER = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*
 #: 1000``, ``Total optimization steps = 564``, ``Steps per epoch = 188``, ``Gradient
 #: Accumulation steps = 2``): read as the step, it put a line ahead of the run's own steps
 #: (a stall raised at step 1000 of a run at 500).
+#: How far before a name ``_SETTING_BEFORE`` looks (its longest word and the spaces).
+_SETTING_REACH = 24
 _SETTING_BEFORE = re.compile(
     r"\b(?:warmup|per|accumulation|max|optimization|num|number|save|saving|logging|log"
     r"|decay|update|checkpoint|scheduler|of)[ \t]+$",
@@ -328,7 +330,7 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
                 continue
         rank = _STEP_NAMES.get(lowered)
         if (rank is not None or lowered == "epoch") and _SETTING_BEFORE.search(
-            text, 0, match.start()
+            text, max(0, match.start() - _SETTING_REACH), match.start()
         ):
             continue  # a setting's last word: ``Warmup steps: 1000``, ``Steps per epoch = 188``
         if rank is not None:
