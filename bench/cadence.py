@@ -74,6 +74,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -421,10 +422,10 @@ class Cell:
     #: how many of them were found.
     apart: int = 0
     apart_found: int = 0
-    #: Cases whose first value after the onset is above every loss logged before it
-    #: (``rises_above``), and how many of them were critical on that value.
-    above: int = 0
-    above_first: int = 0
+    #: Cases whose first record after the onset is a corroborated blow-up of x100 or more
+    #: as the log shows it (``blows_up``), and how many of them were critical on it.
+    blowups: int = 0
+    blowups_first: int = 0
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -488,9 +489,9 @@ def run_cell(cell: Cell, runs: Sequence[Run], settings: Settings) -> Cell:
         if critical:
             cell.criticals += 1
             cell.to_critical.append(_values_between(texts, onset_line, critical[0]))
-        if rises_above(logged.records[first:before], logged.records[before:last]):
-            cell.above += 1
-            cell.above_first += bool(critical) and cell.to_critical[-1] == 0
+        if blows_up(logged.records[first:before], logged.records[before:last]):
+            cell.blowups += 1
+            cell.blowups_first += bool(critical) and cell.to_critical[-1] == 0
     return cell
 
 
@@ -501,30 +502,66 @@ def run_cell(cell: Cell, runs: Sequence[Run], settings: Settings) -> Cell:
 STAYING = ("lr_jump", "shift", "drift")
 STAYS = 3
 
-#: Training losses after the onset whose median ``stands_apart`` compares.
+#: Training losses after the onset whose median ``stands_apart`` compares...
 APART_VALUES = 5
+#: ...and the least ratio of it to the level before that is a change of the run's course
+#: (divergence's default ``rise``: a loss 1.07x its level is within any run's wobble).
+APART_RISE = 1.3
 
 
 def stands_apart(before: Sequence[Record], after: Sequence[Record]) -> bool:
-    """Whether a failure can be told from the run's own course: two training losses or
-    more after the onset, the median of the first ``APART_VALUES`` of them above the
-    highest logged before it. Where it stays under (a loss still falling fast early in a
-    run: x2 of a loss that fell 4x in the values before is still under them), or one value
-    is all there is (a spike and a shift look alike), no rule can tell it from a healthy
-    run with the values it has."""
+    """Whether a failure shows in the log as a change of the run's course: two training
+    losses or more after the onset, the median of the first ``APART_VALUES`` of them above
+    every loss logged before it past the run's first descent (``past_descent``: a descent is
+    the run learning, not its range), by a ratio to the level before it (the median of the
+    last 3) of ``APART_RISE`` or more and more than any rise the run made from one logged
+    value to the next past that descent. Where it stays under (a loss still falling fast
+    early in a run: x2 of a loss that fell 4x in the values before is still under them), or
+    within the run's own swings (a BERT-tiny classifier's logged loss went 0.0018 -> 0.0433
+    on its own: a x2 shift of it looks as it does), or one value is all there is (a spike
+    and a shift look alike), no rule can tell it from a healthy run with the values it has."""
     losses_before, losses_after = _losses(before), _losses(after)[:APART_VALUES]
-    if not losses_before or len(losses_after) < 2:
+    if not losses_before or len(losses_after) < 2 or min(losses_before) <= 0:
         return False
-    return statistics.median(losses_after) > max(losses_before)
+    past = past_descent(losses_before)
+    now = statistics.median(losses_after)
+    level = statistics.median(losses_before[-3:])
+    swing = max((b / a for a, b in pairwise(past)), default=1.0)
+    return now > max(past) and now / level >= max(APART_RISE, swing)
 
 
-def rises_above(before: Sequence[Record], after: Sequence[Record]) -> bool:
-    """Whether the first training loss after the onset is above every one logged before
-    it. A blow-up of x150 injected into a run whose loss fell 1,000x stays under where the
-    run began: a real healthy BERT-tiny classifier had hard batches just so (179x its
-    level, its grad-norm 24x), so a blow-up is judged above anything the run has shown."""
-    losses_before, losses_after = _losses(before), _losses(after)
-    return bool(losses_before and losses_after) and losses_after[0] > max(losses_before)
+def past_descent(losses: Sequence[float]) -> list[float]:
+    """``losses`` from the trough of the descent they open with (the last value before the
+    first that rises; the last value when none does)."""
+    trough = next((i for i, (a, b) in enumerate(pairwise(losses)) if b > a), len(losses) - 1)
+    return list(losses[trough:])
+
+
+#: A blow-up's size, as ``blows_up`` measures it: the first loss after the onset against
+#: the least of the last ``BLOWUP_LEVEL`` logged before it, floored at ``SCALE_FLOOR`` of
+#: where the log began (the median of its first ``BLOWUP_LEVEL``); the corroboration: the
+#: grad-norm on its record ``BLOWUP_GRAD`` times the median of those logged before it.
+BLOWUP_FACTOR, BLOWUP_GRAD, BLOWUP_LEVEL, SCALE_FLOOR = 100.0, 10.0, 3, 0.01
+
+
+def blows_up(before: Sequence[Record], after: Sequence[Record]) -> bool:
+    """Whether the first record after the onset is a corroborated blow-up of x100 or more
+    as the log shows it: its loss ``BLOWUP_FACTOR`` times the level before it, that level
+    floored at ``SCALE_FLOOR`` of where the log began (the floor of scale issue 29 asks
+    for: a real healthy BERT-tiny classifier whose loss fell 1,000x had a hard batch 179x
+    its level, a fifth of where it began, its grad-norm 24x with it), its grad-norm
+    ``BLOWUP_GRAD`` times theirs. A x150 injected into a run that fell fast, averaged
+    over a window that holds the fall, can be much less once logged."""
+    losses, grads = _losses(before), [r["grad_norm"] for r in before if "grad_norm" in r]
+    if not losses or not grads or not after or "loss" not in after[0]:
+        return False
+    level = max(min(losses[-BLOWUP_LEVEL:]), SCALE_FLOOR * statistics.median(losses[:BLOWUP_LEVEL]))
+    grad = after[0].get("grad_norm", 0.0)
+    return (
+        level > 0
+        and after[0]["loss"] >= BLOWUP_FACTOR * level
+        and grad >= BLOWUP_GRAD * statistics.median(grads)
+    )
 
 
 def _losses(records: Sequence[Record]) -> list[float]:
@@ -641,27 +678,36 @@ def targets(cells: Sequence[Cell], healthy: Sequence[Healthy], every_step: str) 
     ))  # fmt: skip
     big_jumps = ("lr_jump_x30", "lr_jump_x100", "lr_jump_x1000")
     shifts = ("shift_x1.5", "shift_x2", "shift_x3")
+    staying = [c for c in cells if c.shape in big_jumps + shifts and c.pre == 5 and c.cases]
     out.append(check(
-        "LR jumps of x30 or more and shifts of x1.5 or more found with 5 values before them",
-        [where(c) for c in cells if c.shape in big_jumps + shifts and c.pre == 5 and c.cases
-         and c.found < c.cases],
+        "LR jumps of x30 or more and shifts of x1.5 or more found with 5 values before them,"
+        " where the log shows them (the median of the first"
+        f" {APART_VALUES} losses after the onset, 2 or more, above every loss logged before it"
+        f" past the run's first descent, {APART_RISE:g}x or more its level before and more"
+        " than the run's own rises from one value to the next)",
+        [f"{where(c)}: {c.apart_found} of {c.apart}" for c in staying
+         if c.apart_found < c.apart],
     ))  # fmt: skip
-    out.append(check(
-        "the same, of the cases that stand apart from the run before them (the median of"
-        f" the first {APART_VALUES} losses after the onset above the highest before it, 2"
-        " values or more after)",
-        [f"{where(c)}: {c.apart_found} of {c.apart}" for c in cells
-         if c.shape in big_jumps + shifts and c.pre == 5 and c.apart_found < c.apart],
+    out.append(_as_injected(
+        "the same, as injected", sum(c.found for c in staying), sum(c.cases for c in staying),
+        "the others stay within the run's own course (a loss still falling fast, or"
+        " swinging more than the shift): a healthy run's log looks the same",
     ))  # fmt: skip
+    blowups = [c for c in cells if c.shape.startswith("blowup") and c.cases]
     out.append(check(
-        "a corroborated blow-up of x100 or more critical on its first value",
-        [where(c) for c in cells if c.shape.startswith("blowup") and c.cases
-         and (c.criticals < c.cases or any(v > 0 for v in c.to_critical))],
+        "a corroborated blow-up of x100 or more critical on its first value, as the log"
+        f" shows it (its loss {BLOWUP_FACTOR:g}x the least of the {BLOWUP_LEVEL} logged"
+        f" before it, floored at {SCALE_FLOOR:.0%} of where the log began; its grad-norm"
+        f" {BLOWUP_GRAD:g}x their median)",
+        [f"{where(c)}: {c.blowups_first} of {c.blowups}" for c in blowups
+         if c.blowups_first < c.blowups],
     ))  # fmt: skip
-    out.append(check(
-        "the same, of the blow-ups above every loss logged before them",
-        [f"{where(c)}: {c.above_first} of {c.above}" for c in cells
-         if c.shape.startswith("blowup") and c.above_first < c.above],
+    out.append(_as_injected(
+        "the same, as injected (x150 and x5,000 the median of the last 10 steps)",
+        sum(c.criticals - sum(1 for v in c.to_critical if v > 0) for c in blowups),
+        sum(c.cases for c in blowups),
+        "the others are under x100 of the floored level once averaged and logged, as a"
+        " healthy run's hard batch can be",
     ))  # fmt: skip
     out.append(check(
         "a spike under x100 that recovers never critical",
@@ -681,6 +727,12 @@ def targets(cells: Sequence[Cell], healthy: Sequence[Healthy], every_step: str) 
         "at most 1 warning per 10,000 logged values of the healthy every-step run", misses
     ))  # fmt: skip
     return out
+
+
+def _as_injected(name: str, found: int, cases: int, others: str) -> str:
+    """A line of figures beside a target: what sentinel did with every injected case."""
+    rest = f"; {others}" if found < cases else ""
+    return f"- {name}: {found} of {cases}{rest}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -728,11 +780,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         "Values to warning and to critical: logged values from the onset's (0) to the"
         " first alert, the median over the cases. False alarms: alerts before the onset"
-        " per 1,000 values fed before it. Found / stands apart: of the cases whose loss after"
-        f" the onset (the median of its first {APART_VALUES} values, 2 or more) rises above"
-        " the highest before it, how many were found: the others stay within what the run"
-        " showed before the onset (a loss still falling fast), and no rule can tell them"
-        " from a healthy run.\n"
+        " per 1,000 values fed before it. Found / stands apart: of the cases the log shows"
+        " (``stands_apart``: the median of the first"
+        f" {APART_VALUES} losses after the onset, 2 or more, above every loss logged before"
+        f" it past the run's first descent, {APART_RISE:g}x or more its level before and more"
+        " than the run's own rises from one value to the next), how many were found: the"
+        " others stay within the run's own course (a loss still falling fast, or swinging"
+        " more than the shift), and no rule can tell them from a healthy run.\n"
     )
     print(markdown(
         ["shape", "cadence", "pre", "cases", "recall", "values to warning", "critical",

@@ -44,24 +44,43 @@ def test_a_run_too_short_or_too_coarse_for_a_cell_is_skipped_and_counted() -> No
 
 
 def test_a_target_a_cell_misses_says_not_met_and_names_the_cell() -> None:
-    missed = cadence.Cell("shift_x2", 100, 5, cases=4, found=3)
+    missed = cadence.Cell("shift_x2", 100, 5, cases=4, found=3, apart=3, apart_found=2)
     met = cadence.Cell("nan", 100, 5, cases=4, found=4, to_warning=[0, 0, 0, 0])
     lines = cadence.targets([missed, met], [], "hf-every-step")
     assert lines[0].startswith("- met: NaN")
-    assert lines[1].startswith("- NOT met: LR jumps") and "shift_x2 @100 pre 5" in lines[1]
+    assert lines[1].startswith("- NOT met: LR jumps") and "shift_x2 @100 pre 5: 2 of 3" in lines[1]
+    # Beside it, what sentinel did with every injected case, the log showing it or not.
+    assert lines[2].startswith("- the same, as injected: 3 of 4; the others stay within")
     assert math.isclose(missed.recall or 0, 0.75)
 
 
-def test_a_failure_stands_apart_only_above_the_run_before_it_with_two_values_after() -> None:
+def test_a_failure_stands_apart_only_above_the_run_past_its_descent_with_two_values_after() -> None:
     before = [{"loss": loss} for loss in (8.0, 4.0, 2.0, 1.0)]
     assert cadence.stands_apart(before, [{"loss": 9.0}, {"loss": 9.5}])
-    # x2 of a loss still falling fast stays under what it showed before: no rule can tell.
+    # x2 of a loss still falling fast stays under its level before: no rule can tell.
     assert not cadence.stands_apart(before, [{"loss": 1.8}, {"loss": 1.6}, {"loss": 1.5}])
     assert not cadence.stands_apart(before, [{"loss": 9.0}]), "one value: spike or shift"
-    missed = cadence.Cell("shift_x2", 100, 5, cases=4, found=3, apart=2, apart_found=1)
-    lines = cadence.targets([missed], [], "hf-every-step")
-    assert lines[2].startswith("- NOT met: the same, of the cases that stand apart")
-    assert "shift_x2 @100 pre 5: 1 of 2" in lines[2]
+    # Under where the run began, but above all it showed once its first descent ended.
+    learnt = [{"loss": loss} for loss in (0.855, 0.448, 0.332, 0.376, 0.329)]
+    assert cadence.stands_apart(learnt, [{"loss": v} for v in (0.65, 0.62, 0.71, 0.49, 0.5)])
+    # Within the run's own swings from one value to the next (0.0018 -> 0.0433): no shift.
+    swinging = [{"loss": loss} for loss in (0.29, 0.036, 0.014, 0.0018, 0.0433)]
+    assert not cadence.stands_apart(swinging, [{"loss": v} for v in (0.0012, 0.061, 0.075)])
+
+
+def test_a_blow_up_is_judged_as_the_log_shows_it_against_a_floor_of_scale() -> None:
+    def records(losses: list[float], grad: float = 0.5) -> list[cadence.Record]:
+        return [{"loss": loss, "grad_norm": grad} for loss in losses]
+
+    fell = records([0.69, 0.48, 0.19, 0.002, 0.001, 0.0009])
+    # 179x its level, but a fifth of where the run began: a hard batch, no blow-up.
+    assert not cadence.blows_up(fell, records([0.16], grad=12.0))
+    assert cadence.blows_up(fell, records([48.0], grad=12.0))
+    assert not cadence.blows_up(fell, records([48.0], grad=2.0)), "not corroborated"
+    missed = cadence.Cell("blowup_x150", 10, 20, cases=3, criticals=3, to_critical=[0, 1, 0])
+    missed.blowups, missed.blowups_first = 2, 1
+    line = next(t for t in cadence.targets([missed], [], "x") if "blow-up of x100" in t)
+    assert line.startswith("- NOT met") and "blowup_x150 @10 pre 20: 1 of 2" in line
 
 
 def test_a_shape_that_stays_needs_three_values_from_its_onset() -> None:

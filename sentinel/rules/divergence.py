@@ -262,16 +262,32 @@ def settled(values: Sequence[float], level: float) -> list[float]:
     return list(islice(values, start, None))
 
 
+def early_noise(values: Sequence[float]) -> float:
+    """The noise of a few values, from one value to the next: past the descent they open
+    with (from its trough, the last value before the first that rises, when 3 or more are
+    left), the root mean square of their steps over sqrt 2 (2 to 4 steps give a median
+    absolute deviation of nothing, or of one step), where less than ``wobble``. A loss falling fast
+    in its first values is learning, not noise: a real run's 0.855, 0.448, 0.332, 0.376,
+    0.329 wobbles by 0.05, not by the 0.4 of its first step (``wobble`` 0.085 put it, doubled
+    to 0.65 and staying there, under a bar of four)."""
+    noise = wobble(values)
+    trough = next((index for index, (a, b) in enumerate(pairwise(values)) if b > a), None)
+    if trough is None or trough == 0 or len(values) - trough < 3:
+        return noise
+    steps = [b - a for a, b in pairwise(islice(values, trough, None))]
+    return min(noise, math.sqrt(math.fsum(step * step for step in steps) / len(steps) / 2))
+
+
 def early_bars(
     history: Sequence[float], recent: list[float], settings: DivergenceConfig, floor: float = 0.0
 ) -> Bars:
     """``bars`` from fewer than ``min_history`` values: the level is the least of the last
-    ``early_level``, the noise is taken from one value to the next (``wobble``), or, for a
+    ``early_level``, the noise is taken from one value to the next (``early_noise``), or, for a
     history of 5 values or more each under the one before, where less, from how those
     steps change (``bend``: a loss falling fast and ever slower early in a run, whose
     shrinking steps ``wobble`` takes for noise), no envelope."""
     level = min(recent[-settings.early_level :])
-    noise = max(wobble(history), settings.noise_floor * abs(level))
+    noise = max(early_noise(history), settings.noise_floor * abs(level))
     if falling(history, 5):
         noise = max(min(noise, bend(history)), settings.noise_floor * abs(level))
     shift = max(settings.rise * level, level + settings.noise_sigmas * noise, level + floor)

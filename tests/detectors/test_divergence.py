@@ -230,6 +230,33 @@ def test_a_shift_after_a_descent_ever_slower_is_judged_by_the_bend_not_the_steps
     ]
 
 
+#: A real sentiment classifier's train loss every 100 steps (tests/corpus/healthy/
+#: sentiment-customer-feedback, its logged values averaged by 2): a first descent, then a
+#: wobble of 0.05.
+SENTIMENT = [0.855, 0.448, 0.3315, 0.3763, 0.3289, 0.3237, 0.3098, 0.3557, 0.2457, 0.2504]
+
+
+def test_a_shift_after_a_first_descent_is_judged_by_the_wobble_past_it() -> None:
+    """The first step, 0.855 -> 0.448, is the run learning: taken for noise, it put the
+    bar of four wobbles at 0.67, over the run doubled from its sixth value on (0.65, 0.62,
+    0.71). Past the descent's trough the run wobbles by 0.05."""
+    assert feed(SENTIMENT) == []
+    shifted = SENTIMENT[:5] + [2 * value for value in SENTIMENT[5:]]
+    alerts = feed(shifted)
+    assert [(a.severity, a.onset_step, a.details["early"]) for a in alerts] == [
+        (Severity.WARNING, 6, True)
+    ]
+
+
+def test_a_wobble_of_few_values_past_a_descent_is_never_taken_for_less_than_the_whole() -> None:
+    """A real ViT's loss every 10 steps (tests/corpus/healthy/vit-irrigation): past its
+    first descent two steps alike (-0.028, -0.026) give a median deviation of nothing; the
+    wobble of the whole history bounds the noise, and its swing back to 0.044 is none."""
+    vit = [0.2579, 0.1457, 0.0975, 0.0565, 0.0579, 0.0302, 0.0039, 0.0441, 0.0414, 0.0443]
+    vit += [0.1463, 0.0683, 0.0551, 0.1104, 0.0087, 0.0566, 0.1618, 0.1098, 0.0608, 0.0349]
+    assert feed(vit) == []
+
+
 def test_a_shift_after_a_descent_that_keeps_falling_is_confirmed_by_not_coming_back() -> None:
     """x1.5 from the sixth value of a run that fell through all five before it: the shifted
     run goes on falling as the run did (2.19, 2.01, 1.86), so the median of its values sinks

@@ -345,6 +345,30 @@ def test_a_blow_up_its_record_does_not_corroborate_is_no_critical() -> None:
     assert alerts and all(alert.severity != Severity.CRITICAL for alert in alerts)
 
 
+def _fell(losses: list[float]) -> list[dict[str, float]]:
+    return [{"loss": loss, "grad_norm": 2.0 * loss} for loss in losses]
+
+
+def test_a_hard_batch_under_the_floor_of_scale_is_no_blow_up() -> None:
+    """A real BERT-tiny classifier: the loss fell from 0.69 to 0.0008; a batch at 0.14 is
+    179x that, with its grad-norm 24x, and a fifth of where the run began."""
+    fell = _fell([0.69, 0.48, 0.19, 0.05, 0.01, 0.004, 0.002, 0.001, 0.0009, 0.0008])
+    alerts = _blow_up_feed([*fell, {"loss": 0.14, "grad_norm": 0.05}])
+    assert all(alert.severity != Severity.CRITICAL for alert in alerts)
+
+
+def test_a_blow_up_past_the_floor_of_scale_is_critical_though_under_where_the_run_began() -> None:
+    """SmolVLM fell from 19.2 to 0.0036: a loss of 17.9 with its grad-norm 20,000x is a
+    blow-up, 100x and more its level floored at 1% of where the run began (14.4)."""
+    fell = _fell([19.2, 14.4, 5.46, 0.41, 0.12, 0.04, 0.02, 0.01, 0.005, 0.0036])
+    alerts = _blow_up_feed([*fell, {"loss": 17.9, "grad_norm": 400.0}])
+    critical = [alert for alert in alerts if alert.severity == Severity.CRITICAL]
+    assert [(a.details["kind"], a.step) for a in critical] == [("blow_up", 11)]
+    # Under it (14.4 x 100 x 1% = 14.4) the same record is a spike, no blow-up.
+    alerts = _blow_up_feed([*fell, {"loss": 12.0, "grad_norm": 400.0}])
+    assert all(alert.severity != Severity.CRITICAL for alert in alerts)
+
+
 def test_a_bad_batch_under_100x_that_recovers_is_no_critical_even_with_its_grad_norm() -> None:
     calm = [{"loss": 2.0 + 0.01 * (i % 4), "grad_norm": 1.0} for i in range(20)]
     alerts = _blow_up_feed([*calm, {"loss": 120.0, "grad_norm": 40.0}, *calm[:5]])
