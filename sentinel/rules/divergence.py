@@ -40,9 +40,10 @@ learning (``DESCENT`` or more, falling ever slower: a rhythm's falling half does
 so), when it is judged from its trough. With so
 little known such a shift is ``early_severity`` (a warning) unless the logged learning
 rate jumped within its evidence to above anything it had been (no schedule's restart or
-cycle does), or its values stay ``ORDERS_OF_MAGNITUDE`` (100) times its level or more (no
-healthy loss does), when it is ``severity``; it is confirmed by ``early_patience`` values (a run
-that logs a few values in all has few after the onset), or by ``CORROBORATED`` when an
+cycle does), or its values stay ``DECADE`` (10) times its level or more, floored at
+``SCALE_FLOOR`` of where the run began (no healthy loss does), when it is ``severity``; it
+is confirmed by ``early_patience`` values (a run that logs a few values in all has few after
+the onset), or by ``CORROBORATED`` when an
 evaluation since the onset shows the eval loss rose with it (``eval_signal``). After a
 descent (``DESCENT`` values or more before the onset, each under the one before) the
 shifted run keeps falling as the run did, and its median sinks under the shift bar: there
@@ -57,7 +58,8 @@ fewer, or while the level is <= 0 (a ratio to it means nothing). Non-finite valu
 ``nan_inf``'s business and are skipped. A confirmed shift resolves (info) when the metric
 comes back under the recovery bar. A replayed log that ends while a shift is open, not yet
 confirmed, warns when ``CORROBORATED`` values or more since its onset stay above its bar
-at their median (``log_ended``): an excerpt that ends two values after the loss doubled.
+at their median (``log_ended``): an excerpt that ends two values after the loss doubled;
+values ``ORDERS_OF_MAGNITUDE`` (100) times the level are ``severity`` there too.
 
 ``details``: ``kind`` (``"unrecovered"`` or ``"recovered"``), ``metric``, ``level``,
 ``early`` (judged from fewer than ``min_history`` values),
@@ -181,6 +183,10 @@ START_VALUES = 3
 #: no healthy run's loss stays two orders of magnitude above where it was (a run that logs
 #: every 50 steps went from 4.9 to 1e27 and stayed, and only warned).
 ORDERS_OF_MAGNITUDE = 100.0
+#: A shift judged from few values and confirmed, whose values stay this many times its level
+#: (floored at ``SCALE_FLOOR`` of where the run began) is critical too: a Keras run's loss
+#: went 0.74 -> 13.4 -> 26.6 and stayed there, dead, and only warned from 5 values before.
+DECADE = 10.0
 #: Values since the onset, each ``ORDERS_OF_MAGNITUDE`` times the level, that confirm a shift
 #: before its patience: a loss that stays two orders of magnitude up for a second value is
 #: no spike (a real MindYOLO run's 8.85 -> 8,713 -> 15,806, logged every 100 steps).
@@ -310,12 +316,12 @@ def opens_shift(
     ``min_history`` values, or ``early`` (in warmup), ``early_bars``."""
     early = early or len(history) < settings.min_history
     latest = recent[-settings.early_level :] if early else recent
-    if early and len(latest) > 1 and all(b > a for a, b in pairwise(latest)):
+    if early and len(latest) > 1 and all(climbs(a, b, settings) for a, b in pairwise(latest)):
         # A climb under way (a rhythm's rising half), not a step up; but one past anything
         # the run showed before the climb by the rise is no rhythm coming back: judged from
         # where the climb began too (its own values are no level: it rose through them).
         values = list(history.values)
-        start = _climb_start(values)
+        start = _climb_start(values, settings)
         if start < settings.early_history:
             return None
         if not _learning(values[: start + 1]) and value <= rise_bar(
@@ -393,11 +399,18 @@ def _learning(values: Sequence[float]) -> bool:
     return falling(values) and all(b >= a for a, b in pairwise(steps))
 
 
-def _climb_start(values: Sequence[float]) -> int:
+def climbs(before: float, after: float, settings: DivergenceConfig) -> bool:
+    """Whether ``after`` is a step of a climb from ``before``: above it by more than
+    ``noise_floor`` of it. A Keras loss's 0.0471 -> 0.0472 is flat, no climb's start: taken
+    for one, the jump to 0.0958 two values on was a climb's rising half, and judged not."""
+    return after - before > settings.noise_floor * abs(before)
+
+
+def _climb_start(values: Sequence[float], settings: DivergenceConfig) -> int:
     """The index where the climb ``values`` end on began: the first of the values that rise
-    one after another up to the last."""
+    (``climbs``) one after another up to the last."""
     start = len(values) - 1
-    while start > 0 and values[start - 1] < values[start]:
+    while start > 0 and climbs(values[start - 1], values[start], settings):
         start -= 1
     return start
 
@@ -789,14 +802,17 @@ class DivergenceDetector(BaseDetector):
         first = evidence[0][0] if evidence else None
         unexplained = self._lr.unexplained_within(first, shift.onset_step)
         orders = level > 0 and latest >= ORDERS_OF_MAGNITUDE * level
-        if shift.early and not unexplained and not orders:
+        series = self._series.get(sample.name)
+        floor = scale_floor(series.start) if series is not None else 0.0
+        decade = level > 0 and latest >= DECADE * max(level, floor)
+        if shift.early and not unexplained and not orders and not decade:
             severity = self.settings.early_severity
             known = f" (judged from {len(shift.before)} values before it)"
         elif shift.early:
             known = f" (judged from {len(shift.before)} values before it)"
         elif shift.crept and not unexplained:
             severity = self.settings.early_severity  # a climb: no cause known to stop it for
-        if ended:
+        if ended and not orders:
             severity = min(severity, Severity.WARNING)
         act = (
             f"; rolling back to before step {shift.onset_step}"

@@ -523,12 +523,14 @@ def test_the_block_proof_of_no_creep_holds_wherever_a_window_creeps() -> None:
     assert checked > 50 and creeping > 20
 
 
-@pytest.mark.parametrize(("factor", "severity"), [(1e6, CRIT), (50.0, Severity.WARNING)])
+@pytest.mark.parametrize(
+    ("factor", "severity"), [(1e6, CRIT), (50.0, CRIT), (12.0, CRIT), (5.0, Severity.WARNING)]
+)
 def test_a_shift_of_orders_of_magnitude_from_few_values_is_critical(
     factor: float, severity: Severity
 ) -> None:
     """A run that logs every 50 steps went from 4.9 to 1e27 and stayed: judged from three
-    values it only warned. No healthy loss stays 100x above where it was; 50x is a warning
+    values it only warned. No healthy loss stays 10x above where it was; 5x is a warning
     still, as any shift judged from few values."""
     values = [4.9, 4.1, 3.5] + [3.5 * factor * (1 + 0.01 * i) for i in range(4)]
     alerts = feed(values)
@@ -589,6 +591,37 @@ def test_a_shift_confirmed_before_the_log_ended_is_not_raised_again_at_its_end()
     during, at_end = ended([*KERAS_DEEPJ, 0.0901, 0.0930])
     assert [a.severity for a in during] == [Severity.WARNING]
     assert at_end == []
+
+
+@pytest.mark.parametrize("before", [1, 3, 5])
+def test_the_log_ended_two_values_into_a_shift_of_the_deepj_run_from_few_values(
+    before: int,
+) -> None:
+    """The DeepJ excerpt started ``before`` values before the loss doubled: 0.0471 ->
+    0.0472 (+0.2%) is flat, no climb's start whose rising half the jump would be."""
+    during, at_end = ended(KERAS_DEEPJ[5 - before :])
+    assert during == []
+    assert [(a.severity, a.step) for a in at_end] == [(Severity.WARNING, before + 3)]
+
+
+def test_a_log_that_ends_two_values_into_a_shift_of_orders_of_magnitude_is_critical() -> None:
+    """MindYOLO's excerpt from one value before: 8.85, 8,713, 15,806, then the end. The log
+    ending is no evidence that it stays; two values 1,000x up are."""
+    during, at_end = ended([8.85, 8712.6, 15806.4])
+    assert during == []
+    assert [(a.severity, a.onset_step) for a in at_end] == [(Severity.CRITICAL, 2)]
+
+
+@pytest.mark.parametrize("before", [1, 3, 5])
+def test_an_early_shift_an_order_of_magnitude_up_that_stays_is_critical(before: int) -> None:
+    """A real Keras 0.x run (tests/corpus/failed/keras0-diverges-at-epoch-10) from
+    ``before`` epochs before it died: 0.74 -> 13.4 -> 26.6, and stayed. A shift x3 from
+    as few values stays a warning."""
+    keras = [0.8484, 0.8145, 0.7909, 0.7627, 0.7407][5 - before :]
+    alerts = feed([*keras, 13.3614, 26.6396, 26.6453, 26.6462])
+    assert [(a.severity, a.onset_step) for a in alerts] == [(Severity.CRITICAL, before + 1)]
+    alerts = feed([*keras, 2.22, 2.24, 2.23, 2.25])
+    assert [a.severity for a in alerts] == [Severity.WARNING]
 
 
 def test_a_critical_shift_cut_short_by_the_end_of_the_log_is_a_warning() -> None:
