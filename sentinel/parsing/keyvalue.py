@@ -205,8 +205,9 @@ _LEADING_STEP = re.compile(
 _LEADING_EPOCH_ITER = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 #: A word before a step's or an epoch's name that makes it a setting's (``Warmup steps:
 #: 1000``, ``Total optimization steps = 564``, ``Steps per epoch = 188``, ``Gradient
-#: Accumulation steps = 2``): read as the step, it put a line ahead of the run's own steps
-#: (a stall raised at step 1000 of a run at 500).
+#: Accumulation steps = 2``, Unsloth's banner ``Num Epochs = 1 | Total steps = 300``): read
+#: as the step, it put a line ahead of the run's own steps (a stall raised at step 1000 of a
+#: run at 500; Unsloth's first two dicts read at step 300, then 15, 20...).
 #: How far before a name ``_SETTING_BEFORE`` looks (its longest word and the spaces).
 _SETTING_REACH = 24
 _SETTING_BEFORE = re.compile(
@@ -214,6 +215,10 @@ _SETTING_BEFORE = re.compile(
     r"|decay|update|checkpoint|scheduler|of)[ \t]+$",
     re.IGNORECASE,
 )
+#: ``Total`` before a count of steps (``Total steps = 300``) is a setting too; before one
+#: step (Paddle's ``Total iter: 10, loss: [nan]``) it is the run's own.
+_TOTAL_BEFORE = re.compile(r"\btotal[ \t]+$", re.IGNORECASE)
+_COUNTS = frozenset({"steps", "iterations", "iters", "epochs"})
 #: A metric indexed by its step: a CRNN's ``train_batch_loss[ 6590 ]:  nan``.
 _NAME_AT_STEP = re.compile(rf"([a-z_][\w/.\-]*)\[\s*(\d+)\s*\]:\s*({_NUMBER})", re.I)
 #: ``it`` for the iteration, starting the line before its pairs: ``it 130: loss=1.41 lr=0.01``.
@@ -329,8 +334,12 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             if _WORD_AFTER.match(text, match.end()) is not None:
                 continue
         rank = _STEP_NAMES.get(lowered)
-        if (rank is not None or lowered == "epoch") and _SETTING_BEFORE.search(
-            text, max(0, match.start() - _SETTING_REACH), match.start()
+        if (rank is not None or lowered == "epoch") and (
+            _SETTING_BEFORE.search(text, max(0, match.start() - _SETTING_REACH), match.start())
+            or (
+                lowered in _COUNTS
+                and _TOTAL_BEFORE.search(text, max(0, match.start() - 8), match.start())
+            )
         ):
             continue  # a setting's last word: ``Warmup steps: 1000``, ``Steps per epoch = 188``
         if rank is not None:

@@ -296,6 +296,11 @@ SIMMIM_STAMP = 1644074413.0
         ),
         pytest.param("Steps per epoch = 188", None, id="steps-per-epoch-is-no-epoch"),
         pytest.param(
+            r"   \\   /|    Num examples = 300 | Num Epochs = 1 | Total steps = 300",
+            [Sample("examples", 300.0), Sample("epochs", 1.0)],
+            id="unsloths-banner-total-steps-are-no-step",
+        ),
+        pytest.param(
             "  Gradient Accumulation steps = 2", None, id="accumulation-steps-are-no-step"
         ),
         pytest.param(
