@@ -223,6 +223,10 @@ _COUNTS = frozenset({"steps", "iterations", "iters", "epochs"})
 _NAME_AT_STEP = re.compile(rf"([a-z_][\w/.\-]*)\[\s*(\d+)\s*\]:\s*({_NUMBER})", re.I)
 #: ``it`` for the iteration, starting the line before its pairs: ``it 130: loss=1.41 lr=0.01``.
 _LEADING_IT = re.compile(r"it\s+(\d+)\s*:?(?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
+#: LitGPT's (lit-gpt's) ``iter 16 step 1: loss nan, train time: 1405.01ms``: each micro-batch
+#: (``iter``) a line, ``step`` the optimizer's, shared by the micro-batches of one
+#: accumulation. Read at ``step``, the 15 micro-batches of step 0 were 14 ranks' values.
+_ITER_AND_STEP = re.compile(r"iter (\d+) step \d+: ")
 #: PyTorch's MNIST example, ``Train Epoch: 2 [6400/60000 (11%)]\tLoss: 0.1234`` (epochs
 #: from 1): the samples seen so far.
 _SAMPLES_SEEN = re.compile(r"\bepoch:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\s*\(\s*\d+%\)\]", re.I)
@@ -439,6 +443,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         leading = _LEADING_IT.match(text)
         if leading is not None:
             step = int(leading.group(1))
+    if text[:5] == "iter " and pairs:
+        litgpt = _ITER_AND_STEP.match(text)
+        if litgpt is not None:
+            step = int(litgpt.group(1))
     if " is " in text:
         # ``Step 1500: Loss is 1.26``, ``Epoch 1 Iteration 100: Loss is nan``: the message
         # form beside the pairs and the step the line names otherwise.

@@ -296,6 +296,11 @@ SIMMIM_STAMP = 1644074413.0
         ),
         pytest.param("Steps per epoch = 188", None, id="steps-per-epoch-is-no-epoch"),
         pytest.param(
+            "iter 16 step 1: loss nan, train time: 1405.01ms",
+            [Sample("loss", NAN, 16)],
+            id="litgpt-iter-is-the-step-its-micro-batches-share-the-optimizers",
+        ),
+        pytest.param(
             r"   \\   /|    Num examples = 300 | Num Epochs = 1 | Total steps = 300",
             [Sample("examples", 300.0), Sample("epochs", 1.0)],
             id="unsloths-banner-total-steps-are-no-step",
