@@ -194,6 +194,9 @@ _TIMM_TRAIN = re.compile(r"\btrain:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)\b", re.IGNO
 _FAIRSEQ_EPOCH = re.compile(r"\|\s*epoch\s+(\d+)\s*:?\s+(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
 #: OpenNMT-py's legacy progress: ``Epoch  1, 13350/37527; acc: ...; xent: ...`` (from 1).
 _EPOCH_COMMA_BATCH = re.compile(r"\bepoch\s+(\d+)\s*,\s*(\d+)\s*/\s*(\d+)\s*;", re.IGNORECASE)
+#: The step of its total that starts the line, before its pairs: keras-rl's
+#: ``11087/50000: episode: 81, duration: 5.514s, episode steps: 164, ... loss: 0.27``.
+_LEADING_OF_TOTAL = re.compile(r"\s*(\d+)/\d+:(?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
 #: A step in brackets that starts the line, before its pairs: CLU's metric writer (JAX,
 #: Flax), ``[130] train/loss=2.31, train/learning_rate=0.001``, and a loop's own
 #: ``[100/900] level=0 loss=0.8160`` (the step of its total).
@@ -205,14 +208,15 @@ _LEADING_STEP = re.compile(
 _LEADING_EPOCH_ITER = re.compile(r"\[\s*(\d+)\s*/\s*\d+\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 #: A word before a step's or an epoch's name that makes it a setting's (``Warmup steps:
 #: 1000``, ``Total optimization steps = 564``, ``Steps per epoch = 188``, ``Gradient
-#: Accumulation steps = 2``, Unsloth's banner ``Num Epochs = 1 | Total steps = 300``): read
-#: as the step, it put a line ahead of the run's own steps (a stall raised at step 1000 of a
-#: run at 500; Unsloth's first two dicts read at step 300, then 15, 20...).
+#: Accumulation steps = 2``, keras-rl's ``episode steps: 164``, Unsloth's banner ``Num
+#: Epochs = 1 | Total steps = 300``): read as the step, it put a line ahead of the run's own
+#: steps (a stall raised at step 1000 of a run at 500; Unsloth's first two dicts read at
+#: step 300, then 15, 20...).
 #: How far before a name ``_SETTING_BEFORE`` looks (its longest word and the spaces).
 _SETTING_REACH = 24
 _SETTING_BEFORE = re.compile(
     r"\b(?:warmup|per|accumulation|max|optimization|num|number|save|saving|logging|log"
-    r"|decay|update|checkpoint|scheduler|of)[ \t]+$",
+    r"|decay|update|checkpoint|scheduler|of|episode)[ \t]+$",
     re.IGNORECASE,
 )
 #: ``Total`` before a count of steps (``Total steps = 300``) is a setting too; before one
@@ -443,6 +447,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         leading = _LEADING_IT.match(text)
         if leading is not None:
             step = int(leading.group(1))
+    if step is None and pairs and "/" in text[:24]:
+        counted = _LEADING_OF_TOTAL.match(text)
+        if counted is not None:
+            step = int(counted.group(1))
     if text[:5] == "iter " and pairs:
         litgpt = _ITER_AND_STEP.match(text)
         if litgpt is not None:

@@ -296,6 +296,15 @@ SIMMIM_STAMP = 1644074413.0
         ),
         pytest.param("Steps per epoch = 188", None, id="steps-per-epoch-is-no-epoch"),
         pytest.param(
+            " 11087/50000: episode: 81, episode steps: 164, loss: 357.5, mean_q: -2.9",
+            [
+                Sample("episode", 81.0, 11087),
+                Sample("loss", 357.5, 11087),
+                Sample("mean_q", -2.9, 11087),
+            ],
+            id="keras-rl-the-step-of-its-total-leads-an-episodes-steps-are-its-length",
+        ),
+        pytest.param(
             "iter 16 step 1: loss nan, train time: 1405.01ms",
             [Sample("loss", NAN, 16)],
             id="litgpt-iter-is-the-step-its-micro-batches-share-the-optimizers",
