@@ -323,6 +323,10 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
     step: int | None = None
     step_rank = len(_STEP_NAMES)
     micro = False
+    # ``| Val Loss: 0.34, Acc: 0.86, F1: 0.85``: the pairs after an evaluation's, up to the
+    # next ``|``, are the evaluation's too (its Acc was read as the training one's).
+    sections = "|" in text
+    evaluation_at = -1
     for match in _PAIR.finditer(text):
         key, separator, value = match.group("key", "sep", "value")
         if " " in key or "\t" in key:
@@ -359,6 +363,15 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             name = "samples_per_sec"  # ColossalAI's ``throughput=0.29466 sample_per_sec``
         if lowered == "val" and pairs and pairs[-1][0] == "loss":
             name = "eval_loss"  # LitGPT's ``loss train: 2.846, val: 2.861``
+        if sections:
+            if name.startswith("eval_"):
+                evaluation_at = match.end()
+            elif evaluation_at >= 0:
+                if "|" in text[evaluation_at : match.start()]:
+                    evaluation_at = -1
+                else:
+                    name = as_evaluation(name)
+                    evaluation_at = match.end()
         if name in _ONCE:
             again = sum(1 for known, _ in pairs if known.split("#")[0] == name)
             if again:

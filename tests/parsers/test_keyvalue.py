@@ -296,6 +296,18 @@ SIMMIM_STAMP = 1644074413.0
         ),
         pytest.param("Steps per epoch = 188", None, id="steps-per-epoch-is-no-epoch"),
         pytest.param(
+            "Epoch 2/5 | Train Loss: 0.5887, Acc: 0.6518 | Val Loss: 0.3400, Acc: 0.8610 | lr 3",
+            [
+                Sample("epoch", 2.0),
+                Sample("loss", 0.5887),
+                Sample("acc", 0.6518),
+                Sample("eval_loss", 0.34),
+                Sample("eval_acc", 0.861),
+                Sample("lr", 3.0),
+            ],
+            id="the-pairs-after-an-evaluations-up-to-the-next-bar-are-its-too",
+        ),
+        pytest.param(
             " 11087/50000: episode: 81, episode steps: 164, loss: 357.5, mean_q: -2.9",
             [
                 Sample("episode", 81.0, 11087),
