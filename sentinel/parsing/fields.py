@@ -99,6 +99,11 @@ SCHEMAS: dict[tuple[str, ...], Schema] = {}
 _SCHEMAS_MAX = 1024
 
 
+#: Fields only a record of sampled completions has (TRL's ``GRPOTrainer``, and the RL
+#: trainers built like it): its ``loss`` is a policy objective.
+_SAMPLED_COMPLETIONS = frozenset({"reward_std", "frac_reward_zero_std", "completion_length"})
+
+
 def schema_of(keys: tuple[str, ...]) -> Schema:
     """The schema of a record with these field names, cached."""
     names: list[str | None] = []
@@ -116,6 +121,13 @@ def schema_of(keys: tuple[str, ...]) -> Schema:
             names.append(None)
         else:
             names.append(normalise_name(key))
+    if "loss" in names and any(
+        key in _SAMPLED_COMPLETIONS or key[:12] == "completions/" for key in keys
+    ):
+        # TRL's GRPO record: its loss is the policy objective, near 0 and either sign by
+        # design (its advantages are normalised in each group), rising with the KL term; a
+        # ratio to it means nothing. Its NaN is still a loss's (``nan_inf``).
+        names[names.index("loss")] = "policy_loss"
     step_keys.sort(key=lambda key: _STEP_PRIORITY[key.strip().lower()])
     time_keys.sort(key=lambda key: _TIME_PRIORITY[key.strip().lower()])
     schema = Schema(tuple(names), tuple(step_keys), tuple(time_keys))

@@ -23,8 +23,9 @@ a job before its checkpoints are poisoned. Three kinds, one rule, one episode
 During warmup (configured steps, or the logged LR still rising) a high grad-norm
 is normal, so the rule relaxes, it does not switch off: it learns the median, and
 warns once (``"warmup"``) when the grad-norm stays above ``warmup_factor`` x the
-least it has been in this attempt for ``sustain`` consecutive steps: far above the
-run's own early values, whatever the learning rate does. Non-finite values are
+least it has been in this attempt (``lower_least``: a value that far under it is a batch
+with no gradient) for ``sustain`` consecutive steps: far above the run's own early values,
+whatever the learning rate does. Non-finite values are
 ``nan_inf``'s business and are skipped. The episode resolves after
 ``resolve_after`` consecutive values under every bar (not in a run, and clipping
 under ``clip_fraction``). ``onset_step`` is the first step of the run (of the
@@ -157,6 +158,16 @@ def warmup_bar(least: float, settings: GradNormRunConfig) -> float:
     return settings.warmup_factor * least
 
 
+def lower_least(least: float, value: float, settings: GradNormRunConfig) -> float:
+    """The least grad-norm of the attempt after ``value``: it falls by ``warmup_factor`` at
+    most a value. A grad-norm that much under the least before it is a batch with no
+    gradient, no yardstick: a GRPO run whose groups all had one reward logged 2.8e-05 amid
+    0.37-0.9, and its ordinary values after were "far above the run's own early values"."""
+    if value >= least or (value * settings.warmup_factor < least and least < math.inf):
+        return least
+    return value
+
+
 def is_clipped(value: float, max_grad_norm: float) -> bool:
     """Whether a logged (pre-clipping) grad-norm means the trainer clipped it."""
     return value >= max_grad_norm
@@ -240,6 +251,8 @@ class GradNormRunDetector(BaseDetector):
         self._calm = 0
         #: The least grad-norm of the attempt, and the run above the warmup bar.
         self._least = math.inf
+        #: The warmup's yardstick: the least, falling by ``warmup_factor`` at most a value.
+        self._warmup_least = math.inf
         self._warmup_run: list[tuple[int | None, float]] = []
         self._warmup_warned = False
 
@@ -254,6 +267,7 @@ class GradNormRunDetector(BaseDetector):
         self._onset_step = None
         self._calm = 0
         self._least = math.inf
+        self._warmup_least = math.inf
         self._warmup_run.clear()
         self._warmup_warned = False
 
@@ -270,6 +284,7 @@ class GradNormRunDetector(BaseDetector):
             rolling.add(value)
             alerts = [] if self._warmup_warned else self._in_warmup(sample, source, now)
             self._least = min(self._least, value)
+            self._warmup_least = lower_least(self._warmup_least, value, settings)
             return alerts
         self._least = min(self._least, value)
         median = rolling.median() if len(rolling) >= settings.min_history else None
@@ -306,7 +321,7 @@ class GradNormRunDetector(BaseDetector):
         """A grad-norm in warmup: part of a run far above the least seen, or not."""
         name, value, step, stamp = sample[:4]
         settings = self.settings
-        least = self._least
+        least = self._warmup_least
         if not (least > 0 and value > warmup_bar(least, settings)):
             self._warmup_run.clear()
             return []
@@ -345,10 +360,10 @@ class GradNormRunDetector(BaseDetector):
             # In warmup every value is only learned, unless it is far above the least.
             if self._warmup_warned or not values:
                 return True
-            if self._least <= 0:
+            if self._warmup_least <= 0:
                 return not self._warmup_run  # no warning now (the least only falls)
             bar = partial(warmup_bar, settings=settings)
-            return not self._warmup_run and never_above(values, bar, self._least, 0)
+            return not self._warmup_run and never_above(values, bar, self._warmup_least, 0)
         if self._open:
             return False  # a calm value counts towards the resolve
         if not values:
@@ -390,6 +405,9 @@ class GradNormRunDetector(BaseDetector):
         if not values:
             return
         self._least = min(self._least, *values)
+        if in_warmup:
+            for value in values:
+                self._warmup_least = lower_least(self._warmup_least, value, self.settings)
         self._median.extend(values)
         if in_warmup:
             return

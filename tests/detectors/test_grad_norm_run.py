@@ -288,6 +288,19 @@ def test_warmup_high_values_that_are_not_a_run_only_learn() -> None:
     assert feed(detector, with_rising_lr(values)) == []
 
 
+def test_in_warmup_a_batch_with_no_gradient_is_no_yardstick() -> None:
+    """A real GRPO run (tests/corpus/healthy/unsloth-grpo-bimodal-gradnorm): on steps where
+    every group had one reward the grad-norm is 1e-4 and less, amid 0.37-0.9; 10x such a
+    value is no "far above the run's own early values". A grad-norm falling 10x a value at
+    most still lowers the yardstick: the warmup run above still warns."""
+    values = [0.7478, 0.458, 0.3709, 2.784e-05, 0.4626, 0.4445, 1.434e-04, 0.4498, 1.659e-04]
+    values += [0.6747, 0.6072, 0.4049, 0.385, 0.6862, 0.9363]
+    assert feed(GradNormRunDetector(GradNormRunConfig()), with_rising_lr(values)) == []
+    falling = [2.0, 0.5, 0.1, 0.05, 0.9, 1.2, 1.1]
+    alerts = feed(GradNormRunDetector(GradNormRunConfig()), with_rising_lr(falling))
+    assert [(a.details["kind"], a.onset_step) for a in alerts] == [("warmup", 5)]
+
+
 def test_the_absolute_bar_needs_a_run_that_has_been_under_it() -> None:
     # An fp16 run logging scaled norms: 1e6 from the first step is its normal.
     assert run([2.1e6, 2.2e6, 1.4e6, 1.5e6, 1.6e6, 1.8e6]) == []

@@ -287,3 +287,18 @@ def test_a_dict_with_text_after_it_is_read(line: str, expected: list[tuple[str, 
     parser = LineParser()
     assert [(s.name, s.value) for s in parser.parse(line)] == expected
     assert parser.stats.garbled == 0
+
+
+def test_a_grpo_records_loss_is_its_policy_objective_not_a_loss_to_judge_by_ratio() -> None:
+    """TRL's GRPOTrainer (a real Kaggle run's dicts): its loss is near 0 and either sign by
+    design; read as ``loss``, 0.005 -> 0.019 -> 0.033 was a shift up. A DPO record (its
+    ``rewards/`` and no sampled completions) keeps its loss."""
+    grpo = (
+        "{'loss': '0.005131', 'grad_norm': '0.7478', 'learning_rate': '5e-06',"
+        " 'completions/mean_length': '369.6', 'reward': '0.1476', 'reward_std': '0.7427',"
+        " 'kl': '1.05e-05', 'epoch': '0.01'}"
+    )
+    names = [sample.name for sample in parse_hf_dict(grpo) or []]
+    assert "policy_loss" in names and "loss" not in names
+    dpo = "{'loss': 0.6931, 'rewards/chosen': 0.0, 'rewards/margins': 0.0, 'epoch': 0.01}"
+    assert "loss" in [sample.name for sample in parse_hf_dict(dpo) or []]
