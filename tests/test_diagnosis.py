@@ -432,3 +432,24 @@ def test_the_onset_moves_back_to_just_after_the_last_healthy_value_logged() -> N
     incident = incident_of(nan)
     explain(incident, nan, {"loss": series("loss", [0.5, 0.5, NAN], first_step=319)})
     assert incident.onset_step == 321
+
+
+def test_a_nan_after_the_loss_climbed_says_the_loss_climbed_not_the_grad_norm() -> None:
+    """A DDPG log with no grad-norm (keras-rl issue #36): its loss climbed, then NaN. The
+    diagnosis said "grad-norm rose before the NaN", of a metric the log never had."""
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 6))
+    recent = {"loss": series("loss", [0.8, 0.9, 3.0, 6.5, 9.0, NAN])}
+    cause = diagnose(incident, recent).cause
+    assert cause.startswith("optimisation blow-up (the loss climbed before the NaN)")
+
+
+def test_a_nan_as_the_loss_scale_falls_overflow_after_overflow_is_fp16s() -> None:
+    """A VERSE run (its issue #31): ``loss_scale: 32768`` at iter 0, 785 beside the first
+    NaN at iter 100, 1.0 at 200. Read as "look at the data" before: one finite value."""
+    incident = incident_of(alert("nan_inf", Severity.CRITICAL, 100, "loss_net"))
+    recent = {
+        "loss_net": [Sample("loss_net", 0.9443, 0), Sample("loss_net", NAN, 100)],
+        "loss_scale": [Sample("loss_scale", 32768.0, 0), Sample("loss_scale", 785.42, 100)],
+    }
+    cause = diagnose(incident, recent).cause
+    assert cause.startswith("fp16 overflow: the loss scale fell")

@@ -697,7 +697,8 @@ def nan_reading(
     shown = len(_finite_before(recent.get(metric or "", ()), step))
     before = max(told, shown) if isinstance(told, int) else shown
     grad = _grad_norm_rise(recent, step)
-    diverged = bool(divergent) or (grad is not None or _loss_climbed(recent, step))
+    climbed = _loss_climbed(recent, step)
+    diverged = bool(divergent) or grad is not None or climbed
     drawn = "grad_norm" if "grad_norm" in recent else metric
     beside = f"; {grad}" if grad else ""
     if lr is not None and lr[0].startswith("the logged learning rate jumped"):
@@ -705,8 +706,10 @@ def nan_reading(
     if lr is not None and diverged:
         return (f"divergence during warmup: {lr[0]}{beside}", lr[1], drawn)
     if diverged:
+        # What the log showed: a run with no grad-norm was told its grad-norm rose.
+        rose = "grad-norm rose" if grad else "the loss climbed" if climbed else "the run diverged"
         return (
-            f"optimisation blow-up (grad-norm rose before the NaN){beside}",
+            f"optimisation blow-up ({rose} before the NaN){beside}",
             "lower the learning rate, add or lengthen warmup, clip gradients at 1.0,"
             " use bf16 rather than fp16",
             drawn,
@@ -714,9 +717,12 @@ def nan_reading(
     where = _position(step, recent.get(metric or "", ()), recent)
     evidence = nan_alert.details.get("evidence") or []
     unscaled = _no_loss_scaling(recent, step)
-    if not unscaled and any("loss scale" in str(item) for item in evidence):
+    at_minimum = any("loss scale" in str(item) for item in evidence)
+    if not unscaled and (at_minimum or _scale_fell(recent, step)):
         return (
-            "fp16 overflow: the loss scale is at its minimum and the gradients still overflow",
+            "fp16 overflow: the loss scale is at its minimum and the gradients still overflow"
+            if at_minimum
+            else "fp16 overflow: the loss scale fell overflow after overflow before the NaN",
             "train in bf16, or lower the learning rate and clip gradients; roll back to the"
             " last checkpoint before the overflows began",
             drawn,
@@ -820,6 +826,24 @@ def _no_loss_scaling(recent: Recent, step: int | None) -> bool:
         if step is None or sample.step is None or sample.step <= step
     ]
     return bool(scales) and all(scale == 1.0 for scale in scales)
+
+
+#: A logged loss scale this many times under its first by the NaN's step: the scaler halved
+#: it at overflow after overflow (a dynamic fp16 scaler halves at each one, and doubles
+#: only after a long clean stretch).
+SCALE_FELL = 8.0
+
+
+def _scale_fell(recent: Recent, step: int | None) -> bool:
+    """Whether the logged loss scale fell ``SCALE_FELL`` times or more up to ``step``: a
+    run's 32768 -> 785 -> 1.0 beside its first NaN is fp16 overflowing, not the data."""
+    scales = [
+        sample.value
+        for sample in recent.get("loss_scale", ())
+        if math.isfinite(sample.value)
+        and (step is None or sample.step is None or sample.step <= step)
+    ]
+    return len(scales) >= 2 and scales[0] > 0 and scales[-1] * SCALE_FELL <= scales[0]
 
 
 def _finite_before(samples: Sequence[Sample], step: int | None) -> list[float]:
