@@ -168,6 +168,10 @@ class EvalLossRiseDetector(BaseDetector):
 
     def _reset(self) -> None:
         self._warmup.reset()
+        self._forget()
+
+    def _forget(self) -> None:
+        """What the evaluations and train values so far taught: none of it."""
         # Its median is asked for at evaluations only: sorted then, not on every train value.
         self._train = LazyRolling(self.settings.train_window)
         self._train_seen = False
@@ -199,7 +203,13 @@ class EvalLossRiseDetector(BaseDetector):
 
     def observe(self, sample: Sample, source: str, now: float) -> list[Alert]:
         if sample.name == "lr":
+            known = self._warmup.lr_rising
             self._warmup.observe(sample)
+            if known is None and self._warmup.lr_rising and not self._open:
+                # The rate rises from its first values on: what came with the first was in
+                # warmup too (a YOLOv8 run's epoch-1 evaluation stood as "the best" for
+                # 55 epochs of a 34-epoch warmup).
+                self._forget()
         if not math.isfinite(sample.value) or self._warmup.active(sample.step):
             return []
         if sample.name == self.settings.train_metric:

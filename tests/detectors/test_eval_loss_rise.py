@@ -200,6 +200,19 @@ def test_evals_in_warmup_are_ignored() -> None:
     assert feed(detector(warmup_steps=150), run(evals)) == []
 
 
+def test_an_evaluation_with_the_rates_first_value_was_in_a_warmup_seen_after_it() -> None:
+    """A real YOLOv8 fine-tune (its results.csv, an evaluation an epoch): the learning rate
+    rises for 34 epochs, seen rising only at its second value; its epoch-1 evaluation, the
+    lowest until then, stood as "the best" and was the checkpoint to keep."""
+    evals = [1.0, 2.0, 2.05, 2.1, 2.15]
+    samples: list[Sample] = []
+    for index, value in enumerate(evals):
+        step = index + 1
+        rate = 1e-4 * step if step <= 3 else 3e-4
+        samples += [Sample("lr", rate, step), Sample("eval_loss", value, step)]
+    assert feed(detector(), samples) == []
+
+
 def test_the_same_evaluation_twice_counts_once() -> None:
     samples = run([2.0, 2.1, 2.2])
     samples += [Sample("eval_loss", 2.3, 300)]  # a re-read of step 300, as a rise
