@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 import threading
 import time
@@ -98,4 +99,8 @@ def test_without_output_ticks_keep_their_beat_at_most_a_quarter_late() -> None:
     lateness = [at - started - (n + 1) * tick_s for n, at in enumerate(handlers.ticks)]
     assert len(handlers.ticks) >= 8
     assert min(lateness) >= tick_s * TICK_LATE_FRACTION * 0.9, "they wait for a turn first"
-    assert max(lateness) < tick_s * TICK_LATE_FRACTION + 0.05, "and do not drift off the beat"
+    # Each tick is due on the beat, not a tick after the last one: a tick the scheduler
+    # held up on a loaded machine is one late tick, not a later beat for all that follow
+    # (the median; a beat drifting by a quarter a tick puts it a tick off by the tenth).
+    drift = statistics.median(lateness)
+    assert drift < tick_s * TICK_LATE_FRACTION + 0.05, "and do not drift off the beat"
