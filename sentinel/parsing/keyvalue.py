@@ -134,7 +134,9 @@ _TF_LOG_PREFIX = re.compile(r"^(?:INFO|WARNING):tensorflow:")
 _GLOG_HEAD = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.\-]+:\d+\] ")
 #: A line's step names, by how specific each is (``RECORD_STEP_KEYS``' order): LitGPT's
 #: ``iter 400 step 100`` is at step 100, the optimizer's step its checkpoints are named by
-#: (``step-00000100``), not at the 400th micro-batch of a run accumulating 4.
+#: (``step-00000100``), not at the 400th micro-batch of a run accumulating 4 (the older
+#: lit-gpt's ``iter 16 step 1: loss ...``, a line a micro-batch and checkpoints named by
+#: the iter, ``iter-000016-ckpt.pth``, is at its iter: ``_ITER_AND_STEP``).
 _STEP_NAMES = {name: rank for rank, name in enumerate(RECORD_STEP_KEYS)}
 #: The step names that may count within an epoch, where the line names its epoch and the
 #: step's total (``_EPOCH_STEP_OF``); ``global_step`` never does.
@@ -227,9 +229,10 @@ _COUNTS = frozenset({"steps", "iterations", "iters", "epochs"})
 _NAME_AT_STEP = re.compile(rf"([a-z_][\w/.\-]*)\[\s*(\d+)\s*\]:\s*({_NUMBER})", re.I)
 #: ``it`` for the iteration, starting the line before its pairs: ``it 130: loss=1.41 lr=0.01``.
 _LEADING_IT = re.compile(r"it\s+(\d+)\s*:?(?=\s+[a-z_][\w/.\-]*\s*[=:])", re.IGNORECASE)
-#: LitGPT's (lit-gpt's) ``iter 16 step 1: loss nan, train time: 1405.01ms``: each micro-batch
+#: The older lit-gpt's ``iter 16 step 1: loss nan, train time: 1405.01ms``: each micro-batch
 #: (``iter``) a line, ``step`` the optimizer's, shared by the micro-batches of one
-#: accumulation. Read at ``step``, the 15 micro-batches of step 0 were 14 ranks' values.
+#: accumulation; its checkpoints are named by the iter (``iter-000016-ckpt.pth``). Read at
+#: ``step``, the 15 micro-batches of step 0 were 14 ranks' values.
 _ITER_AND_STEP = re.compile(r"iter (\d+) step \d+: ")
 #: PyTorch's MNIST example, ``Train Epoch: 2 [6400/60000 (11%)]\tLoss: 0.1234`` (epochs
 #: from 1): the samples seen so far.
