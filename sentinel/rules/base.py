@@ -6,6 +6,7 @@ A rule module imports this, never the package (whose ``__init__`` loads the regi
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
@@ -45,6 +46,9 @@ def _one_or_more_names(value: object) -> object:
 #: Metric names: a list, or one name as a plain string (in a file or a variable).
 MetricNames = Annotated[list[str], NoDecode, BeforeValidator(_one_or_more_names)]
 
+
+#: A step a message names of a sample at no step: `` at step None``, `` since step None``.
+_NO_STEP = re.compile(r" (?:at|since|from) step None\b")
 
 class RuleConfig(SettingsTable):
     """Settings every rule has (and the bounds of every setting: ``sentinel.model.bounds``)."""
@@ -222,7 +226,10 @@ class BaseDetector:
     ) -> Alert:
         """An alert of this rule about ``sample``: its step, metric and value; ``fields``
         (``onset_step``, ``resolves``, ``details``) for the rest. Keyword arguments only, so
-        every rule builds its alerts the one way."""
+        every rule builds its alerts the one way. A sample at no step (a log that names none:
+        apex's overflow lines, HF dicts with no progress bar) has its message name none."""
+        if sample.step is None and "step None" in message:
+            message = _NO_STEP.sub("", message)
         return Alert(
             rule=self.rule,
             severity=severity,

@@ -549,3 +549,12 @@ def test_nan_grad_norms_at_the_start_are_the_scaler_calibrating() -> None:
     for step in range(10, 110, 10):
         alerts += _line(detector, step, {"loss": 7.14, "grad_norm": NAN, "epoch": step / 1000})
     assert alerts == []
+
+
+def test_a_value_at_no_step_has_a_message_that_names_none() -> None:
+    """HF dicts with no progress bar, apex's overflow lines: no step is known, and the
+    message said "at step None"."""
+    samples = [Sample("loss", value) for value in (2.3, 2.2, 2.1, math.nan)]
+    (alert,) = feed(NanInfDetector(NanInfConfig()), samples)
+    assert alert.step is None and "step None" not in alert.message
+    assert alert.message.startswith("loss is nan")

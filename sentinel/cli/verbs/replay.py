@@ -128,7 +128,8 @@ def _print_replay_table(result: ReplayResult, settings: Settings) -> None:
     for alert in result.alerts:
         if not alert.resolves:
             message = printable(alert.message)  # it may quote the log: one line, no escapes
-            print(f"  step {alert.step}: {alert.severity} {alert.rule}: {message}")
+            where = "no step" if alert.step is None else f"step {alert.step}"
+            print(f"  {where}: {alert.severity} {alert.rule}: {message}")
             diagnosis = alert.details.get("diagnosis")
             if diagnosis:
                 reading = printable(f"{diagnosis['cause']}: {diagnosis['advice']}")
