@@ -50,6 +50,7 @@ MetricNames = Annotated[list[str], NoDecode, BeforeValidator(_one_or_more_names)
 #: A step a message names of a sample at no step: `` at step None``, `` since step None``.
 _NO_STEP = re.compile(r" (?:at|since|from) step None\b")
 
+
 class RuleConfig(SettingsTable):
     """Settings every rule has (and the bounds of every setting: ``sentinel.model.bounds``)."""
 
