@@ -94,6 +94,10 @@ EARLY = 3
 ZERO_FROM = 0.05
 ZERO_FLOOR = 0.01
 ZERO_LAST = 5
+#: Training losses of exactly 0 from the first one on that warn: a loss that starts at 0
+#: and stays there trains nothing (an MMSegmentation run's ``loss: 0.0000, acc_seg:
+#: 100.0000`` from its first line, its labels all ignored).
+START_ZEROS = 3
 #: What a training loss of exactly 0 means, as its alerts say it.
 _ZERO_WHY = (
     "a trainer that drops a non-finite loss logs 0 for it (the HF Trainer for an interval"
@@ -227,6 +231,8 @@ class NanInfDetector(BaseDetector):
         self._in_zeros = False
         self._zero_start: int | None = None
         self._zeros_normal = False
+        #: Training losses of exactly 0 since the first (None: one was not).
+        self._start_zeros: int | None = 0
 
     def job_started(self, now: float) -> None:
         self.skipped_steps = 0
@@ -326,6 +332,8 @@ class NanInfDetector(BaseDetector):
         name, value = sample[0], sample[1]
         self._seen_finite.add(name)
         if name == "loss":
+            if value != 0.0:
+                self._start_zeros = None
             if value != 0.0 and self._in_zeros:
                 self._in_zeros, self._zero_start = False, None  # back above 0: it may be 0
                 self._zeros_normal = True
@@ -364,6 +372,8 @@ class NanInfDetector(BaseDetector):
                 f"loss has been exactly 0 {since}: a loss that is 0 trains nothing ({_ZERO_WHY})"
             )
             return self._critical(sample, source, now, onset_step=onset, message=message)
+        if self._start_zeros is not None:
+            return self._zero_from_start(sample, source, now)
         if not before or before[-1] < ZERO_FROM or min(before) < ZERO_FLOOR:
             self._zeros_normal = True  # a loss that neared 0, or one that starts at it
             return []
@@ -382,6 +392,30 @@ class NanInfDetector(BaseDetector):
                 source=source,
                 onset_step=step,
                 details=self._details("zero_loss"),
+            )
+        ]
+
+    def _zero_from_start(self, sample: Sample, source: str, now: float) -> list[Alert]:
+        """A training loss exactly 0 from its first value on: a warning at the
+        ``START_ZEROS``th (no loss starts at 0 and stays there: every label masked, an empty
+        target, a loss term left out), and no more; a loss that moves from 0 may be 0."""
+        assert self._start_zeros is not None
+        self._start_zeros += 1
+        if self._start_zeros < START_ZEROS:
+            return []
+        count, self._start_zeros, self._zeros_normal = self._start_zeros, None, True
+        return [
+            self.sample_alert(
+                sample,
+                severity=Severity.WARNING,
+                message=(
+                    f"loss has been exactly 0 since its first value ({count} values): a loss"
+                    " that is 0 trains nothing (every label masked or ignored, an empty"
+                    " target, the loss term left out of the sum)"
+                ),
+                time=_time(sample, now),
+                source=source,
+                details=self._details("zero_from_start"),
             )
         ]
 
@@ -640,6 +674,8 @@ class NanInfDetector(BaseDetector):
             self._seen_finite.add(name)
             column = columns[name]
             if name == "loss":
+                if any(value != 0.0 for value in column):
+                    self._start_zeros = None
                 self._losses.extend(column[-KEPT:])
                 self._last_loss = (block.steps[-1], column[-1])
                 self._healthy["loss"] += len(column)

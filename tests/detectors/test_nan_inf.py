@@ -492,6 +492,34 @@ def test_a_block_of_lines_says_what_line_by_line_says_of_a_loss_at_0() -> None:
     ]
 
 
+def test_a_loss_exactly_0_from_its_first_value_warns_once_at_its_third() -> None:
+    """An MMSegmentation run (its issue #3080): ``loss: 0.0000, acc_seg: 100.0000`` from its
+    first line, every label ignored. An RL objective at 0 for two values, then moving, is
+    its own (``an-rl-objective-that-starts-at-0`` above)."""
+    alerts = feed(NanInfDetector(NanInfConfig()), steps("loss", [0.0] * 12, first_step=50))
+    assert [(a.severity, a.step, a.details["kind"]) for a in alerts] == [
+        (Severity.WARNING, 52, "zero_from_start")
+    ]
+    assert "exactly 0 since its first value" in alerts[0].message
+
+
+def test_a_block_of_zeros_from_the_start_says_what_line_by_line_says() -> None:
+    import json
+
+    from sentinel.rules import DETECTORS
+    from tests.detectors.blockcheck import run
+
+    def only() -> list[NanInfDetector]:
+        return [DETECTORS["nan_inf"](NanInfConfig())]  # type: ignore[list-item]
+
+    for losses in ([0.0] * 60, [0.0, 0.0] + [0.5] * 60 + [0.0] * 5):
+        texts = [json.dumps({"step": 10 * (i + 1), "loss": v}) for i, v in enumerate(losses)]
+        line_by_line = run(only, texts, blocks=False)
+        blocks = run(only, texts, blocks=True)
+        assert blocks.alerts == line_by_line.alerts
+        assert blocks.state == line_by_line.state
+
+
 def test_a_perplexity_beside_its_loss_leaves_the_incident_to_the_loss() -> None:
     """OpenNMT-py's ``ppl: nan; xent: nan`` (issue #1072 of its repository): one critical,
     named by the loss; a perplexity alone is critical by its own name."""
