@@ -287,6 +287,7 @@ class GradNormRunDetector(BaseDetector):
             self._warmup_least = lower_least(self._warmup_least, value, settings)
             return alerts
         self._least = min(self._least, value)
+        self._warmup_least = lower_least(self._warmup_least, value, settings)
         median = rolling.median() if len(rolling) >= settings.min_history else None
         level = self._recent_level() if value > settings.threshold else None
         high = is_high(value, median, settings, rolling, self._least, level)
@@ -405,9 +406,8 @@ class GradNormRunDetector(BaseDetector):
         if not values:
             return
         self._least = min(self._least, *values)
-        if in_warmup:
-            for value in values:
-                self._warmup_least = lower_least(self._warmup_least, value, self.settings)
+        for value in values:
+            self._warmup_least = lower_least(self._warmup_least, value, self.settings)
         self._median.extend(values)
         if in_warmup:
             return
