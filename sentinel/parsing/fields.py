@@ -101,7 +101,7 @@ _SCHEMAS_MAX = 1024
 
 #: Fields only a record of sampled completions has (TRL's ``GRPOTrainer``, and the RL
 #: trainers built like it): its ``loss`` is a policy objective.
-_SAMPLED_COMPLETIONS = frozenset({"reward_std", "frac_reward_zero_std", "completion_length"})
+SAMPLED_COMPLETIONS = frozenset({"reward_std", "frac_reward_zero_std", "completion_length"})
 
 
 def schema_of(keys: tuple[str, ...]) -> Schema:
@@ -122,7 +122,7 @@ def schema_of(keys: tuple[str, ...]) -> Schema:
         else:
             names.append(normalise_name(key))
     if "loss" in names and any(
-        key in _SAMPLED_COMPLETIONS or key[:12] == "completions/" for key in keys
+        key in SAMPLED_COMPLETIONS or key[:12] == "completions/" for key in keys
     ):
         # TRL's GRPO record: its loss is the policy objective, near 0 and either sign by
         # design (its advantages are normalised in each group), rising with the KL term; a

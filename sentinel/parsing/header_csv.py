@@ -31,7 +31,8 @@ from __future__ import annotations
 import re
 
 from sentinel.model.records import Sample
-from sentinel.parsing.keyvalue import KNOWN_KEYS
+from sentinel.parsing.fields import SAMPLED_COMPLETIONS
+from sentinel.parsing.keyvalue import KNOWN_KEYS, as_evaluation
 from sentinel.parsing.values import RECORD_STEP_KEYS, as_float, normalise_name
 
 _HEADER_CELL = re.compile(r"[A-Za-z_][\w/.()\-:]*")
@@ -190,13 +191,25 @@ class HeaderCsv:
             return None
         # An RL run's table (its episodes' reward beside the losses): its objective is no
         # supervised loss and keeps its name (``sb3``'s rule), a NaN of it still a loss's.
-        rl = any(_RL_COLUMN.search(cell) for cell in lowered)
+        # TRL's GRPO table too (``reward_std`` beside it): its loss is a policy objective.
+        rl = any(_RL_COLUMN.search(cell) for cell in lowered) or any(
+            cell in SAMPLED_COMPLETIONS or cell[:12] == "completions/" for cell in lowered
+        )
         self._columns = tuple(
             low if rl and "loss" in low else normalise_name(cell)
             for cell, low in zip(cells, lowered, strict=True)
         )
         steps = [index for index, cell in enumerate(lowered) if cell in _STEP_COLUMNS]
         epochs = [index for index, cell in enumerate(lowered) if cell == "epoch"]
+        if "training_loss" in lowered and "validation_loss" in lowered:
+            # The HF Trainer's table (a notebook's, a model card's): the evaluation's
+            # metrics follow its loss (``| Validation Loss | Wer |``); ``wer`` was no
+            # task metric ``eval_loss_rise`` knew.
+            after = lowered.index("validation_loss") + 1
+            self._columns = tuple(
+                as_evaluation(name) if index >= after and index not in steps + epochs else name
+                for index, name in enumerate(self._columns)
+            )
         found = steps or epochs
         self._step_column = found[0] if found else None
         self._known = tuple(

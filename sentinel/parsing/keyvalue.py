@@ -543,6 +543,11 @@ def parse_keyvalue(text: str) -> list[Sample] | None:
     pairs, step = find_pairs(text)
     if not pairs:
         return None
+    if step is None and len(pairs) == 1 and text[:2] == "- ":
+        # A list item of one setting or result, a model card's (``- Loss: 1.6051`` under
+        # "results on the evaluation set", ``- seed: 42``): no record of the run's. Read as
+        # the training loss, it put the final evaluation's before the run's first value.
+        return None
     if (text[:1] in "TVEIA" and _is_evaluation_line(text)) or (
         ", validation: " in text and _EPOCH_VALIDATION.search(text) is not None
     ):

@@ -261,23 +261,25 @@ def test_an_epoch_table_with_no_training_loss_yet_reads_the_rest_of_its_row() ->
     not logged yet."""
     parser = LineParser()
     parser.parse("Epoch\tTraining Loss\tValidation Loss\tAccuracy")
+    # The evaluation's metrics follow its loss: its accuracy is the evaluation's.
     assert parser.parse("1\tNo log\t0.693147\t0.500000") == [
         Sample("eval_loss", 0.693147, 1),
-        Sample("accuracy", 0.5, 1),
+        Sample("eval_accuracy", 0.5, 1),
     ]
     assert [s.name for s in parser.parse("2\t0.654300\t0.612000\t0.700000")] == [
         "loss",
         "eval_loss",
-        "accuracy",
+        "eval_accuracy",
     ]
 
 
 def test_a_tab_table_names_with_slashes_keep_them() -> None:
-    """TRL's GRPO columns: ``completions / mean_length`` is ``completions/mean_length``."""
+    """TRL's GRPO columns: ``completions / mean_length`` is ``completions/mean_length`` (and
+    its loss, a policy objective, keeps its name)."""
     parser = LineParser()
     parser.parse("Step\tTraining Loss\treward\tcompletions / mean_length")
     assert parser.parse("10\t0.0123\t0.5\t187.2") == [
-        Sample("loss", 0.0123, 10),
+        Sample("training_loss", 0.0123, 10),
         Sample("reward", 0.5, 10),
         Sample("completions/mean_length", 187.2, 10),
     ]
@@ -881,13 +883,34 @@ def test_a_notebook_table_pasted_as_markdown_is_read_at_its_steps() -> None:
     ]
     parser = LineParser()
     found = [(s.name, s.step) for line in trl for s in parser.parse(line)]
-    assert found[:5] == [("loss", 1), ("reward", 1), ("reward_std", 1), ("kl", 1), ("entropy", 1)]
+    # A GRPO run's (``reward_std``): its loss is a policy objective and keeps its name.
+    assert found[:5] == [
+        ("training_loss", 1),
+        ("reward", 1),
+        ("reward_std", 1),
+        ("kl", 1),
+        ("entropy", 1),
+    ]
     assert ("entropy", 2) not in found and ("kl", 2) in found
     outer = ["| Step | Training Loss | Validation Loss |", "|---|---|---|", "| 1000 | nan | 7.6 |"]
     parser = LineParser()
     read = [s for line in outer for s in parser.parse(line)]
     assert [(s.name, s.step) for s in read] == [("loss", 1000), ("eval_loss", 1000)]
     assert math.isnan(read[0].value)
+    card = [
+        "| Training Loss | Epoch | Step | Validation Loss | Wer    |",
+        "|:-------------:|:-----:|:----:|:---------------:|:------:|",
+        "| 0.522         | 1.0   | 400  | 1.2550          | 0.5649 |",
+    ]
+    parser = LineParser()
+    read = [s for line in card for s in parser.parse(line)]
+    # A model card's: the evaluation's metrics follow its loss, eval_loss_rise's task metric.
+    assert [(s.name, s.step) for s in read] == [
+        ("loss", 400),
+        ("epoch", 400),
+        ("eval_loss", 400),
+        ("eval_wer", 400),
+    ]
 
 
 def test_pairs_apart_by_pipes_are_no_table_header() -> None:

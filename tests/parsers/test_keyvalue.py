@@ -295,6 +295,8 @@ SIMMIM_STAMP = 1644074413.0
             id="a-settings-steps-are-no-step",
         ),
         pytest.param("Steps per epoch = 188", None, id="steps-per-epoch-is-no-epoch"),
+        pytest.param("- Loss: 1.6051", None, id="a-model-cards-result-in-a-list-is-no-record"),
+        pytest.param("- learning_rate: 0.0001", None, id="a-model-cards-setting-is-no-record"),
         pytest.param(
             "Epoch 2/5 | Train Loss: 0.5887, Acc: 0.6518 | Val Loss: 0.3400, Acc: 0.8610 | lr 3",
             [
