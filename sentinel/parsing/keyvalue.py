@@ -276,10 +276,12 @@ _SETTINGS = re.compile(
     r"(?:[A-Za-z_][\w.]*\((?!.*\b(?:step|global_step|iteration|iter)=)"
     r"\w+=.*\)$|engine/trainer: |(?:\+ )?(?:export|set|setenv) [A-Za-z_]\w*=)"
 )
-#: ``Loss is 1.26``; Deeplearning4j's ``Score at iteration 1500 is 1.26``; BigDL's
+#: ``Loss is 1.26``; ESPnet2's ``WARNING: The grad norm is nan. Skipping updating the
+#: model.``; Deeplearning4j's ``Score at iteration 1500 is 1.26``; BigDL's
 #: ``Throughput is 408.4 records/second. Loss is 1.26. Current learning rate is 0.046.``
 _IS_FORM = re.compile(
-    r"\b(?P<key>learning\s+rate|[a-z][\w]*)(?:\s+at\s+(?:iteration|step)\s+(?P<step>\d+))?"
+    r"\b(?P<key>learning\s+rate|grad(?:ient)?\s+norm|[a-z][\w]*)"
+    r"(?:\s+at\s+(?:iteration|step)\s+(?P<step>\d+))?"
     r"\s+is\s+"
     rf"(?P<value>{_NUMBER})(?![\w%]|[.:]\w)",
     re.IGNORECASE,

@@ -64,6 +64,7 @@ ALIASES: dict[str, str] = {
     "current_lr_0": "lr",  # Coqui's trainer, its first optimizer's (a GAN's: two)
     "amp_scaler": "loss_scale",  # Coqui's trainer: the fp16 GradScaler's scale
     "fp16_grad_scale": "loss_scale",  # insightface's arcface_torch: its GradScaler's scale
+    "grad_scale": "loss_scale",  # icefall's (k2) trainer, vall-e, ESPnet2: the same
     "tokens_per_sec": "tokens_per_sec",
     "tok/s": "tokens_per_sec",
     "tokens/s": "tokens_per_sec",

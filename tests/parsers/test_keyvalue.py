@@ -296,6 +296,17 @@ SIMMIM_STAMP = 1644074413.0
         ),
         pytest.param("Steps per epoch = 188", None, id="steps-per-epoch-is-no-epoch"),
         pytest.param("- Loss: 1.6051", None, id="a-model-cards-result-in-a-list-is-no-record"),
+        pytest.param(
+            "[user] 2021-04-23 19:22:52,420 (trainer:581) WARNING: The grad norm is nan."
+            " Skipping updating the model.",
+            [Sample("grad_norm", NAN)],
+            id="espnet2s-grad-norm-is-nan-skipping",
+        ),
+        pytest.param(
+            "step 8500, loss: 3.2, grad_scale: 0.0",
+            [Sample("loss", 3.2, 8500), Sample("loss_scale", 0.0, 8500)],
+            id="icefalls-grad-scale-is-the-loss-scale",
+        ),
         pytest.param("- learning_rate: 0.0001", None, id="a-model-cards-setting-is-no-record"),
         pytest.param(
             "Epoch 2/5 | Train Loss: 0.5887, Acc: 0.6518 | Val Loss: 0.3400, Acc: 0.8610 | lr 3",
