@@ -40,7 +40,7 @@ learning (``DESCENT`` or more, falling ever slower: a rhythm's falling half does
 so), when it is judged from its trough. With so
 little known such a shift is ``early_severity`` (a warning) unless the logged learning
 rate jumped within its evidence to above anything it had been (no schedule's restart or
-cycle does), or its values stay ``DECADE`` (10) times its level or more, floored at
+cycle does), or its values stay ``DECADE`` (10) times the median before it or more, floored at
 ``SCALE_FLOOR`` of where the run began (no healthy loss does), when it is ``severity``; it
 is confirmed by ``early_patience`` values (a run that logs a few values in all has few after
 the onset), or by ``CORROBORATED`` when an
@@ -183,9 +183,11 @@ START_VALUES = 3
 #: no healthy run's loss stays two orders of magnitude above where it was (a run that logs
 #: every 50 steps went from 4.9 to 1e27 and stayed, and only warned).
 ORDERS_OF_MAGNITUDE = 100.0
-#: A shift judged from few values and confirmed, whose values stay this many times its level
-#: (floored at ``SCALE_FLOOR`` of where the run began) is critical too: a Keras run's loss
-#: went 0.74 -> 13.4 -> 26.6 and stayed there, dead, and only warned from 5 values before.
+#: A shift judged from few values and confirmed, whose values stay this many times the median
+#: of the values before it (floored at ``SCALE_FLOOR`` of where the run began) is critical
+#: too: a Keras run's loss went 0.74 -> 13.4 -> 26.6 and stayed there, dead, and only warned
+#: from 5 values before. The median, not the level (the least of the last 3): a noisy loss's
+#: one low batch (a ViT's 0.0039 amid 0.03-0.06) is no yardstick for a tenfold.
 DECADE = 10.0
 #: Values since the onset, each ``ORDERS_OF_MAGNITUDE`` times the level, that confirm a shift
 #: before its patience: a loss that stays two orders of magnitude up for a second value is
@@ -801,10 +803,21 @@ class DivergenceDetector(BaseDetector):
         evidence = [*shift.before, *shift.since]
         first = evidence[0][0] if evidence else None
         unexplained = self._lr.unexplained_within(first, shift.onset_step)
-        orders = level > 0 and latest >= ORDERS_OF_MAGNITUDE * level
+        # Against the median of the values before the shift, not its level (the least of
+        # the last 3): a noisy loss's one low batch (a LeNet's 0.00058 amid 0.005-0.03, a
+        # ViT's 0.0039 amid 0.03-0.06) is no yardstick for orders of magnitude.
         series = self._series.get(sample.name)
         floor = scale_floor(series.start) if series is not None else 0.0
-        decade = level > 0 and latest >= DECADE * max(level, floor)
+        values = sorted(value for _, value in shift.before)
+        typical = max(sorted_median(values), floor) if values else level
+        orders = typical > 0 and latest >= ORDERS_OF_MAGNITUDE * typical
+        # A tenfold needs a few values before it: after one, the first value may be that
+        # low batch.
+        decade = (
+            len(values) >= self.settings.early_history
+            and typical > 0
+            and latest >= DECADE * typical
+        )
         if shift.early and not unexplained and not orders and not decade:
             severity = self.settings.early_severity
             known = f" (judged from {len(shift.before)} values before it)"

@@ -42,8 +42,9 @@ One episode of the rule, shared by every watched metric:
 
 A blow-up needs no window: a value ``blowup_factor`` (100) times or more the least of
 the last 3 values before it (however few there are), that level floored at 1% of where
-the run began (a floor of scale: a loss that fell 1,000x has hard batches 100x its level
-that are no blow-up; ``blows_up``), on a record whose grad-norm (a ``corroborate``
+the run began, and above anything the metric has shown (a floor of scale: a loss that fell
+1,000x has hard batches 100x its level that are no blow-up; ``blows_up``), on a record
+whose grad-norm (a ``corroborate``
 metric) is ``blowup_corroboration`` (10) times or more its own median is
 ``sustain_severity`` (critical) on that first value (``"blow_up"``): at a logging
 interval of 100 steps, waiting for ``sustain`` values would let 400 steps of a blown-up
@@ -245,14 +246,18 @@ def recent_level(baseline: Rolling) -> float:
     return min(islice(reversed(baseline.values), BLOWUP_LEVEL))
 
 
-def blows_up(value: float, before: float, began: float, factor: float) -> bool:
+def blows_up(value: float, before: float, series: SpikeSeries, factor: float) -> bool:
     """Whether ``value`` is a blow-up: ``factor`` (100) times or more the level just
-    ``before`` it, that level floored at ``SPIKE_FLOOR`` of where the run ``began`` (ratios
-    to a level near 0 mean little). A loss that fell 1,000x to 0.0008 and has one batch at
-    0.14 is a hard batch, 179x its level but a fifth of where the run began (a real
-    BERT-tiny classifier's, its grad-norm 24x with it); one at 17.9 after a fall from 14.4
-    to 0.0036 is a blow-up, though the run once stood at 19.2."""
-    return before > 0 and value >= factor * max(before, SPIKE_FLOOR * began)
+    ``before`` it, that level floored at ``SPIKE_FLOOR`` of where the run began (ratios to a
+    level near 0 mean little), and above anything the metric has shown (its last
+    ``tail_window`` values that were no spike). A loss that fell 1,000x to 0.0008 and has
+    one batch at 0.14 is a hard batch, 179x its level but a fifth of where the run began (a
+    real BERT-tiny classifier's, its grad-norm 24x with it); a watcher attached after the
+    fall knows no start, and its next hard batch, no higher than the last, is one too."""
+    floored = max(before, SPIKE_FLOOR * series.began())
+    return (
+        before > 0 and value >= factor * floored and (not series.seen or value > max(series.seen))
+    )
 
 
 def never_blows_up(values: list[float], baseline: Rolling, settings: LossSpikeConfig) -> bool:
@@ -724,9 +729,7 @@ class LossSpikeDetector(BaseDetector):
             self._pending = None
             # Against the level the loss had just before it (it may still fall fast).
             before = recent_level(rolling) if len(rolling) else None
-            if before is not None and blows_up(
-                value, before, series.began(), settings.blowup_factor
-            ):
+            if before is not None and blows_up(value, before, series, settings.blowup_factor):
                 evidence = self._corroboration(step)
                 if evidence is not None:
                     series.recent.append((step, value))

@@ -357,15 +357,16 @@ def test_a_hard_batch_under_the_floor_of_scale_is_no_blow_up() -> None:
     assert all(alert.severity != Severity.CRITICAL for alert in alerts)
 
 
-def test_a_blow_up_past_the_floor_of_scale_is_critical_though_under_where_the_run_began() -> None:
-    """SmolVLM fell from 19.2 to 0.0036: a loss of 17.9 with its grad-norm 20,000x is a
-    blow-up, 100x and more its level floored at 1% of where the run began (14.4)."""
+def test_a_blow_up_past_the_floor_of_scale_and_all_the_run_showed_is_critical() -> None:
+    """A loss that fell from 19.2 to 0.0036, then 25 with its grad-norm 20,000x: 100x and
+    more its level floored at 1% of where the run began (14.4), above all it showed. At
+    17.9, under its first value, it is a spike: a watcher that attached after the fall
+    cannot tell it from a hard batch, and it waits for its second signal."""
     fell = _fell([19.2, 14.4, 5.46, 0.41, 0.12, 0.04, 0.02, 0.01, 0.005, 0.0036])
-    alerts = _blow_up_feed([*fell, {"loss": 17.9, "grad_norm": 400.0}])
+    alerts = _blow_up_feed([*fell, {"loss": 25.0, "grad_norm": 400.0}])
     critical = [alert for alert in alerts if alert.severity == Severity.CRITICAL]
     assert [(a.details["kind"], a.step) for a in critical] == [("blow_up", 11)]
-    # Under it (14.4 x 100 x 1% = 14.4) the same record is a spike, no blow-up.
-    alerts = _blow_up_feed([*fell, {"loss": 12.0, "grad_norm": 400.0}])
+    alerts = _blow_up_feed([*fell, {"loss": 17.9, "grad_norm": 400.0}])
     assert all(alert.severity != Severity.CRITICAL for alert in alerts)
 
 
