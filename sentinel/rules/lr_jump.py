@@ -158,9 +158,12 @@ class LrJumpDetector(BaseDetector):
         self._appended = 0
         self._appended_at_rate = 0
         self._jump: Jump | None = None
+        #: The step of the attempt's first logged rate.
+        self._first_step: int | None = None
 
     def job_started(self, now: float) -> None:
         """A new attempt: its rates start afresh (a resume's come from its checkpoint)."""
+        self._first_step = None
         self._count = 0
         self._highest = 0.0
         self._last = None
@@ -187,6 +190,12 @@ class LrJumpDetector(BaseDetector):
         if value <= 0:
             return []
         settings = self.settings
+        if self._starts_again(step):
+            # Another run from its start in the same log (Keras' CSVLogger(append=True)
+            # appends each fit to one file): its schedule starts afresh, as a new attempt's.
+            self.job_started(now)
+        if self._first_step is None:
+            self._first_step = step
         last, highest = self._last, self._highest
         # The losses since the last rate: the record of this one, and any between.
         fresh = min(self._appended - self._appended_at_rate, len(self._loss))
@@ -300,6 +309,20 @@ class LrJumpDetector(BaseDetector):
             "loss_level": jump.level,
         }
 
+    def _starts_again(self, step: int | None) -> bool:
+        """Whether a rate at ``step`` is another run's first: at or before the attempt's
+        first rate's step, after later ones. A resume to a step in between is the same
+        run's schedule going on (its rate a jump where a resume changed it)."""
+        last, first = self._last, self._first_step
+        return (
+            step is not None
+            and first is not None
+            and last is not None
+            and last[0] is not None
+            and step < last[0]
+            and step <= first
+        )
+
     def can_absorb(self, block: Block) -> bool:
         """Uneventful: no loss for a jump it may still confirm, and no rate in the block
         can be a jump (each is at most ``above_seen`` x the highest logged before the
@@ -311,9 +334,12 @@ class LrJumpDetector(BaseDetector):
         column = block.columns.get("lr")
         if column is None:
             return True
-        positive = [value for value in finite_with_steps(column, block.steps)[0] if value > 0]
+        values, steps = finite_with_steps(column, block.steps)
+        positive = [value for value in values if value > 0]
         if not positive:
             return True
+        if any(self._starts_again(step) for step in steps) or steps != sorted(steps):
+            return False  # another run from its start: line by line
         return self._highest > 0 and max(positive) <= self.settings.above_seen * self._highest
 
     def absorb(self, block: Block) -> None:
@@ -324,6 +350,8 @@ class LrJumpDetector(BaseDetector):
             values, steps = finite_with_steps(column, block.steps)
             rates = [(step, value) for step, value in zip(steps, values, strict=True) if value > 0]
             if rates:
+                if self._first_step is None:
+                    self._first_step = rates[0][0]
                 self._count += len(rates)
                 self._last = rates[-1]
                 self._highest = max(self._highest, max(value for _, value in rates))

@@ -188,3 +188,15 @@ def test_a_jump_in_records_that_name_no_step_acts_as_live() -> None:
     ]
     assert alerts[1].details["loss_since"][:2] == [2.13, 1.856]
     assert "step None" not in alerts[0].message + alerts[1].message
+
+
+def test_another_run_from_its_start_in_the_same_log_is_no_jump() -> None:
+    """Keras' CSVLogger(append=True) appends each fit to one file: a log seen from the
+    middle of the first (its rate decayed to 1e-4) whose second starts again at 1e-3 from
+    epoch 0, its loss back at its start. A resume to a step in between with the rate 10x is
+    the same run's schedule, and still a jump."""
+    first = _log([{"epoch": 5 + i, "loss": 0.5 - 0.01 * i, "lr": 1e-4} for i in range(5)])
+    again = _log([{"epoch": i, "loss": 1.2 - 0.05 * i, "lr": 1e-3} for i in range(4)])
+    assert _alerts(first + again) == []
+    resumed = _log([{"epoch": 7 + i, "loss": 1.2 - 0.05 * i, "lr": 1e-3} for i in range(4)])
+    assert [a.severity for a in _alerts(first + resumed)][-1] == Severity.CRITICAL
