@@ -706,7 +706,7 @@ def targets(cells: Sequence[Cell], healthy: Sequence[Healthy], every_step: str) 
     ))  # fmt: skip
     out.append(_as_injected(
         "the same, as injected (x150 and x5,000 the median of the last 10 steps)",
-        sum(c.criticals - sum(1 for v in c.to_critical if v > 0) for c in blowups),
+        sum(c.to_critical.count(0) for c in blowups),
         sum(c.cases for c in blowups),
         "the others are under x100 of the floored level once averaged and logged, or under"
         " a loss the run logged before, as a healthy run's hard batch can be",

@@ -8,7 +8,7 @@ record into samples. ``jsonl`` and ``hf_trainer`` both build on it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +101,13 @@ _SCHEMAS_MAX = 1024
 
 #: Fields only a record of sampled completions has (TRL's ``GRPOTrainer``, and the RL
 #: trainers built like it): its ``loss`` is a policy objective.
-SAMPLED_COMPLETIONS = frozenset({"reward_std", "frac_reward_zero_std", "completion_length"})
+_SAMPLED_COMPLETIONS = frozenset({"reward_std", "frac_reward_zero_std", "completion_length"})
+
+
+def samples_completions(names: Iterable[str]) -> bool:
+    """Whether a record (a dict's keys, a table's header) is one of sampled completions:
+    its ``loss`` is a policy objective, near 0 and either sign by design (TRL's GRPO)."""
+    return any(name in _SAMPLED_COMPLETIONS or name[:12] == "completions/" for name in names)
 
 
 def schema_of(keys: tuple[str, ...]) -> Schema:
@@ -121,9 +127,7 @@ def schema_of(keys: tuple[str, ...]) -> Schema:
             names.append(None)
         else:
             names.append(normalise_name(key))
-    if "loss" in names and any(
-        key in SAMPLED_COMPLETIONS or key[:12] == "completions/" for key in keys
-    ):
+    if "loss" in names and samples_completions(keys):
         # TRL's GRPO record: its loss is the policy objective, near 0 and either sign by
         # design (its advantages are normalised in each group), rising with the KL term; a
         # ratio to it means nothing. Its NaN is still a loss's (``nan_inf``).

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 
 from sentinel.model.records import Sample
-from sentinel.parsing.fields import SAMPLED_COMPLETIONS
+from sentinel.parsing.fields import samples_completions
 from sentinel.parsing.keyvalue import KNOWN_KEYS, as_evaluation
 from sentinel.parsing.values import RECORD_STEP_KEYS, as_float, normalise_name
 
@@ -192,9 +192,7 @@ class HeaderCsv:
         # An RL run's table (its episodes' reward beside the losses): its objective is no
         # supervised loss and keeps its name (``sb3``'s rule), a NaN of it still a loss's.
         # TRL's GRPO table too (``reward_std`` beside it): its loss is a policy objective.
-        rl = any(_RL_COLUMN.search(cell) for cell in lowered) or any(
-            cell in SAMPLED_COMPLETIONS or cell[:12] == "completions/" for cell in lowered
-        )
+        rl = any(_RL_COLUMN.search(cell) for cell in lowered) or samples_completions(lowered)
         self._columns = tuple(
             low if rl and "loss" in low else normalise_name(cell)
             for cell, low in zip(cells, lowered, strict=True)
@@ -206,8 +204,9 @@ class HeaderCsv:
             # metrics follow its loss (``| Validation Loss | Wer |``); ``wer`` was no
             # task metric ``eval_loss_rise`` knew.
             after = lowered.index("validation_loss") + 1
+            kept = {*steps, *epochs}
             self._columns = tuple(
-                as_evaluation(name) if index >= after and index not in steps + epochs else name
+                as_evaluation(name) if index >= after and index not in kept else name
                 for index, name in enumerate(self._columns)
             )
         found = steps or epochs

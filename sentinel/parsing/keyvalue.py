@@ -351,14 +351,13 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
             if _WORD_AFTER.match(text, match.end()) is not None:
                 continue
         rank = _STEP_NAMES.get(lowered)
-        if (rank is not None or lowered == "epoch") and (
-            _SETTING_BEFORE.search(text, max(0, match.start() - _SETTING_REACH), match.start())
-            or (
-                lowered in _COUNTS
-                and _TOTAL_BEFORE.search(text, max(0, match.start() - 8), match.start())
-            )
-        ):
-            continue  # a setting's last word: ``Warmup steps: 1000``, ``Steps per epoch = 188``
+        if rank is not None or lowered == "epoch":
+            start = match.start()
+            reach = max(0, start - _SETTING_REACH)
+            if _SETTING_BEFORE.search(text, reach, start) or (
+                lowered in _COUNTS and _TOTAL_BEFORE.search(text, reach, start)
+            ):
+                continue  # a setting's last word: ``Warmup steps: 1000``, ``Steps per epoch = 188``
         if rank is not None:
             if rank < step_rank and (stepped := as_step(value)) is not None:
                 step, step_rank = stepped, rank
@@ -465,7 +464,7 @@ def find_pairs(text: str) -> tuple[list[tuple[str, float]], int | None]:
         leading = _LEADING_IT.match(text)
         if leading is not None:
             step = int(leading.group(1))
-    if step is None and pairs and "/" in text[:24]:
+    if step is None and pairs and text.find("/", 0, 24) >= 0:
         counted = _LEADING_OF_TOTAL.match(text)
         if counted is not None:
             step = int(counted.group(1))

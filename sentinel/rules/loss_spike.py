@@ -254,9 +254,11 @@ def blows_up(value: float, before: float, series: SpikeSeries, factor: float) ->
     one batch at 0.14 is a hard batch, 179x its level but a fifth of where the run began (a
     real BERT-tiny classifier's, its grad-norm 24x with it); a watcher attached after the
     fall knows no start, and its next hard batch, no higher than the last, is one too."""
-    floored = max(before, SPIKE_FLOOR * series.began())
     return (
-        before > 0 and value >= factor * floored and (not series.seen or value > max(series.seen))
+        before > 0
+        and value >= factor * before  # the cheap test first: most values end here
+        and value >= factor * SPIKE_FLOOR * series.began()
+        and (not series.seen or value > max(series.seen))
     )
 
 
